@@ -1,0 +1,39 @@
+# The commands the README tells people to type. Each installs missing Debian
+# packages first (scripts/deps.sh, idempotent), then drives CMake.
+BUILD      ?= build
+JOBS       ?= $(shell nproc)
+FUZZ_SECONDS ?= 60
+
+.PHONY: all deps build test unit sanitize fuzz demo clean
+
+all: build
+
+deps:
+	@bash scripts/deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+# Every test: the plain build, then the same suite under ASan + UBSan, then a
+# bounded libFuzzer run of the wire decoder.
+test: unit sanitize fuzz
+
+unit: build
+	cd $(BUILD) && ctest --output-on-failure
+
+sanitize: deps
+	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DECX_SANITIZE=ON >/dev/null
+	@cmake --build $(BUILD)-asan -j $(JOBS)
+	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure
+
+fuzz: deps
+	@CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECX_FUZZ=ON >/dev/null
+	@cmake --build $(BUILD)-fuzz -j $(JOBS)
+	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_wire $(FUZZ_SECONDS)
+
+demo: build
+	bash scripts/demo.sh $(BUILD)/ecx
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz

@@ -1,0 +1,104 @@
+/*
+ * compat — the peer-compatibility hash (SPEC §3): SHA-256 over Python's
+ * json.dumps([vllm_version, model, dtype, block_size_bytes],
+ * separators=(",", ":")) with ensure_ascii=True.
+ *
+ * The JSON text is streamed straight into libsodium's SHA-256, so nothing is
+ * allocated whatever the input size. The escaping is written here because no
+ * C JSON library promises Python's exact output: every character outside
+ * space..'~' is escaped, the six short escapes \" \\ \n \r \t \b \f are used
+ * where Python uses them, others become \u00XX / \uXXXX in lowercase hex,
+ * with a UTF-16 surrogate pair above U+FFFF.
+ */
+#include <inttypes.h>
+#include <sodium.h>
+#include <stdio.h>
+
+#include "ecx.h"
+#include "util.h"
+
+/* Small staging buffer in front of the hash, so it is fed in chunks. */
+typedef struct sink {
+    crypto_hash_sha256_state st;
+    unsigned char buf[256];
+    size_t n;
+} sink;
+
+static void put(sink *s, const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (s->n == sizeof s->buf) {
+            crypto_hash_sha256_update(&s->st, s->buf, s->n);
+            s->n = 0;
+        }
+        s->buf[s->n++] = (unsigned char)p[i];
+    }
+}
+
+static void put_u16_escape(sink *s, uint32_t u)
+{
+    static const char digits[] = "0123456789abcdef";
+    char e[6] = {'\\', 'u', digits[u >> 12 & 15], digits[u >> 8 & 15], digits[u >> 4 & 15],
+                 digits[u & 15]};
+    put(s, e, 6);
+}
+
+static int put_json_string(sink *s, const char *str, size_t len)
+{
+    const uint8_t *p = (const uint8_t *)str;
+    put(s, "\"", 1);
+    while (len) {
+        uint32_t cp;
+        size_t k = ecx_utf8_next(p, len, &cp);
+        if (k == 0) return ECX_EUTF8;
+        p += k, len -= k;
+        switch (cp) {
+        case '"': put(s, "\\\"", 2); continue;
+        case '\\': put(s, "\\\\", 2); continue;
+        case '\n': put(s, "\\n", 2); continue;
+        case '\r': put(s, "\\r", 2); continue;
+        case '\t': put(s, "\\t", 2); continue;
+        case '\b': put(s, "\\b", 2); continue;
+        case '\f': put(s, "\\f", 2); continue;
+        }
+        if (cp >= 0x20 && cp <= 0x7e) {
+            char c = (char)cp;
+            put(s, &c, 1);
+        } else if (cp < 0x10000) {
+            put_u16_escape(s, cp);
+        } else {
+            cp -= 0x10000;
+            put_u16_escape(s, 0xd800 | (cp >> 10));
+            put_u16_escape(s, 0xdc00 | (cp & 0x3ff));
+        }
+    }
+    put(s, "\"", 1);
+    return 0;
+}
+
+int ecx_compat_hash(const char *vllm_version, size_t vllm_version_len, const char *model,
+                    size_t model_len, const char *dtype, size_t dtype_len,
+                    int64_t block_size_bytes, char out[ECX_COMPAT_HASH_HEX + 1])
+{
+    if (!out || (!vllm_version && vllm_version_len) || (!model && model_len) ||
+        (!dtype && dtype_len))
+        return ECX_EINVAL;
+    if (sodium_init() < 0) return ECX_ECRYPTO;
+    sink s = {.n = 0};
+    crypto_hash_sha256_init(&s.st);
+    int rc;
+    put(&s, "[", 1);
+    if ((rc = put_json_string(&s, vllm_version, vllm_version_len))) return rc;
+    put(&s, ",", 1);
+    if ((rc = put_json_string(&s, model, model_len))) return rc;
+    put(&s, ",", 1);
+    if ((rc = put_json_string(&s, dtype, dtype_len))) return rc;
+    char num[32];
+    int k = snprintf(num, sizeof num, ",%" PRId64 "]", block_size_bytes);
+    put(&s, num, (size_t)k);
+    unsigned char digest[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256_update(&s.st, s.buf, s.n);
+    crypto_hash_sha256_final(&s.st, digest);
+    ecx_hex_encode(digest, sizeof digest, out);
+    return 0;
+}

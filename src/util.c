@@ -1,0 +1,114 @@
+/* util — logging, UTF-8 validation and hex helpers shared by every layer. */
+#include "util.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "ecx.h"
+
+static int log_level = -1;
+
+void ecx_log_set_level(int level) { log_level = level; }
+
+int ecx_log_level(void)
+{
+    if (log_level < 0) {
+        const char *e = getenv("ECX_LOG");
+        static const char *names[] = {"error", "warn", "info", "debug"};
+        log_level = ECX_LOG_WARN;
+        for (int i = 0; e && i < 4; i++)
+            if (strcasecmp(e, names[i]) == 0) log_level = i;
+    }
+    return log_level;
+}
+
+void ecx_log(int level, const char *fmt, ...)
+{
+    static const char *tags[] = {"error", "warn", "info", "debug"};
+    if (level > ecx_log_level()) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "ecx %s: %s\n", tags[level < 0 ? 0 : level > 3 ? 3 : level], line);
+}
+
+size_t ecx_utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
+{
+    if (n == 0) return 0;
+    uint8_t b = s[0];
+    if (b < 0x80) {
+        *cp = b;
+        return 1;
+    }
+    size_t len;
+    uint32_t c, min;
+    if (b >= 0xc2 && b <= 0xdf) {
+        len = 2, c = b & 0x1f, min = 0x80;
+    } else if (b >= 0xe0 && b <= 0xef) {
+        len = 3, c = b & 0x0f, min = 0x800;
+    } else if (b >= 0xf0 && b <= 0xf4) {
+        len = 4, c = b & 0x07, min = 0x10000;
+    } else {
+        return 0;
+    }
+    if (n < len) return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0;
+        c = (c << 6) | (s[i] & 0x3f);
+    }
+    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff)) return 0;
+    *cp = c;
+    return len;
+}
+
+bool ecx_utf8_valid(const void *s, size_t n)
+{
+    const uint8_t *p = s;
+    while (n) {
+        /* Fast path for ASCII runs: mm_hash and session ids are all ASCII. */
+        if (*p < 0x80) {
+            p++, n--;
+            continue;
+        }
+        uint32_t cp;
+        size_t k = ecx_utf8_next(p, n, &cp);
+        if (k == 0) return false;
+        p += k, n -= k;
+    }
+    return true;
+}
+
+void ecx_hex_encode(const void *in, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    const uint8_t *p = in;
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[p[i] >> 4];
+        out[2 * i + 1] = digits[p[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+long ecx_hex_decode(const char *hex, size_t len, uint8_t *out)
+{
+    if (len % 2) return ECX_EINVAL;
+    for (size_t i = 0; i < len / 2; i++) {
+        int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) return ECX_EINVAL;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return (long)(len / 2);
+}

@@ -1,0 +1,37 @@
+/*
+ * util — small helpers every layer uses: logging, UTF-8 validation, hex.
+ *
+ * Logging writes one line per event to stderr with a level prefix. The level
+ * comes from ECX_LOG (error, warn, info, debug; default warn) or from
+ * ecx_log_set_level(). Anything a peer can trigger must go through
+ * ECX_LOG_RATELIMITED so a hostile peer cannot flood the log.
+ */
+#ifndef ECX_UTIL_H
+#define ECX_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum ecx_log_level { ECX_LOG_ERROR = 0, ECX_LOG_WARN = 1, ECX_LOG_INFO = 2, ECX_LOG_DEBUG = 3 };
+
+void ecx_log_set_level(int level);
+int ecx_log_level(void);
+void ecx_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* True if the n bytes at s are well-formed UTF-8 (no overlongs, no
+ * surrogates, nothing above U+10FFFF), as Python's strict decoder wants. */
+bool ecx_utf8_valid(const void *s, size_t n);
+
+/* Decode one code point from s[0..n); returns bytes consumed (1..4) or 0 if
+ * the sequence is not well-formed UTF-8. */
+size_t ecx_utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
+
+/* Lowercase hex of n bytes into out (2n chars + NUL). */
+void ecx_hex_encode(const void *in, size_t n, char *out);
+
+/* Parse 2n hex digits (either case) into n bytes. Returns the byte count or
+ * ECX_EINVAL on an odd length or a non-hex digit. out must hold len/2 bytes. */
+long ecx_hex_decode(const char *hex, size_t len, uint8_t *out);
+
+#endif

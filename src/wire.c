@@ -1,0 +1,401 @@
+/*
+ * wire — XferReq / XferAck encoding (msgpack-c packer) and a strict,
+ * allocation-free decoder. See wire.h for why the decoder is our own.
+ */
+#include "wire.h"
+
+#include <string.h>
+
+#include "util.h"
+
+/* ---------- encoding ---------- */
+
+void ecx_req_init(ecx_req *r)
+{
+    memset(r, 0, sizeof *r);
+    r->connector_version = ECX_CONNECTOR_VERSION;
+}
+
+void ecx_ack_init(ecx_ack *a) { memset(a, 0, sizeof *a); }
+
+static int pack_key(msgpack_packer *pk, const char *key)
+{
+    size_t n = strlen(key);
+    return msgpack_pack_str(pk, n) || msgpack_pack_str_body(pk, key, n);
+}
+
+static int check_str(ecx_span s)
+{
+    if (s.n > UINT32_MAX) return ECX_EWIRE_TOO_LARGE;
+    if (s.n && !s.p) return ECX_EINVAL;
+    return ecx_utf8_valid(s.p, s.n) ? 0 : ECX_EUTF8;
+}
+
+static int check_bin(ecx_span s)
+{
+    if (s.n > UINT32_MAX) return ECX_EWIRE_TOO_LARGE;
+    return s.n && !s.p ? ECX_EINVAL : 0;
+}
+
+static int pack_str(msgpack_packer *pk, const char *key, ecx_span s)
+{
+    return pack_key(pk, key) || msgpack_pack_str(pk, s.n) || msgpack_pack_str_body(pk, s.p, s.n);
+}
+
+static int pack_bin(msgpack_packer *pk, const char *key, ecx_span s)
+{
+    return pack_key(pk, key) || msgpack_pack_bin(pk, s.n) || msgpack_pack_bin_body(pk, s.p, s.n);
+}
+
+int ecx_wire_encode_req(const ecx_req *r, msgpack_sbuffer *buf)
+{
+    int rc;
+    if ((rc = check_str(r->mm_hash)) || (rc = check_str(r->compatibility_hash)) ||
+        (rc = check_str(r->session_id)))
+        return rc;
+    msgpack_sbuffer_clear(buf);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, buf, msgpack_sbuffer_write);
+    bool has_sid = r->session_id.n > 0;
+    bool has_ver = r->connector_version != ECX_CONNECTOR_VERSION;
+    int fail = msgpack_pack_map(&pk, 3 + has_sid + has_ver) || pack_key(&pk, "type") ||
+               pack_key(&pk, "req") || pack_str(&pk, "mm_hash", r->mm_hash) ||
+               pack_str(&pk, "compatibility_hash", r->compatibility_hash) ||
+               (has_sid && pack_str(&pk, "session_id", r->session_id)) ||
+               (has_ver && (pack_key(&pk, "connector_version") ||
+                            msgpack_pack_int64(&pk, r->connector_version)));
+    return fail ? ECX_ENOMEM : 0;
+}
+
+int ecx_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf)
+{
+    int rc;
+    if ((rc = check_str(a->mm_hash)) || (rc = check_str(a->session_id)) ||
+        (rc = check_bin(a->agent_metadata)) || (rc = check_bin(a->mem_descriptor)))
+        return rc;
+    if (a->status < 0 || a->status > ECX_STATUS_MAX) return ECX_EINVAL;
+    if (a->n_indices > UINT32_MAX) return ECX_EWIRE_TOO_LARGE;
+    if (a->n_indices && !a->indices) return ECX_EINVAL;
+    msgpack_sbuffer_clear(buf);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, buf, msgpack_sbuffer_write);
+    bool has_sid = a->session_id.n > 0, has_idx = a->n_indices > 0;
+    bool has_meta = a->agent_metadata.n > 0, has_desc = a->mem_descriptor.n > 0;
+    int fail = msgpack_pack_map(&pk, 3 + has_sid + has_idx + has_meta + has_desc) ||
+               pack_key(&pk, "type") || pack_key(&pk, "ack") ||
+               pack_str(&pk, "mm_hash", a->mm_hash) || pack_key(&pk, "status") ||
+               msgpack_pack_int(&pk, a->status) ||
+               (has_sid && pack_str(&pk, "session_id", a->session_id));
+    if (!fail && has_idx) {
+        fail = pack_key(&pk, "src_block_indices") || msgpack_pack_array(&pk, a->n_indices);
+        for (size_t i = 0; !fail && i < a->n_indices; i++)
+            fail = msgpack_pack_int64(&pk, a->indices[i]);
+    }
+    fail = fail || (has_meta && pack_bin(&pk, "agent_metadata", a->agent_metadata)) ||
+           (has_desc && pack_bin(&pk, "mem_descriptor", a->mem_descriptor));
+    return fail ? ECX_ENOMEM : 0;
+}
+
+/* ---------- decoding ---------- */
+
+typedef struct cursor {
+    const uint8_t *p, *end;
+} cursor;
+
+static size_t left(const cursor *c) { return (size_t)(c->end - c->p); }
+
+static uint64_t be(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = v << 8 | p[i];
+    return v;
+}
+
+/* Read a big-endian length of n bytes that follows the type byte. */
+static int take_len(cursor *c, int n, uint64_t *out)
+{
+    if (left(c) < (size_t)n) return ECX_EWIRE_TRUNCATED;
+    *out = be(c->p, n);
+    c->p += n;
+    return 0;
+}
+
+/* Advance over n payload bytes, returning a view of them. */
+static int take_body(cursor *c, uint64_t n, ecx_span *out)
+{
+    if (left(c) < n) return ECX_EWIRE_TRUNCATED;
+    out->p = (const char *)c->p;
+    out->n = (size_t)n;
+    c->p += n;
+    return 0;
+}
+
+/* A str value (fixstr, str8/16/32); UTF-8 is checked by the caller. */
+static int read_str_raw(cursor *c, ecx_span *out)
+{
+    if (!left(c)) return ECX_EWIRE_TRUNCATED;
+    uint8_t t = *c->p++;
+    uint64_t n;
+    int rc = 0;
+    if (t >= 0xa0 && t <= 0xbf)
+        n = t & 0x1f;
+    else if (t >= 0xd9 && t <= 0xdb)
+        rc = take_len(c, 1 << (t - 0xd9), &n);
+    else
+        return t == 0xc1 ? ECX_EWIRE_INVALID : ECX_EWIRE_TYPE;
+    return rc ? rc : take_body(c, n, out);
+}
+
+static int read_str(cursor *c, ecx_span *out)
+{
+    int rc = read_str_raw(c, out);
+    if (rc) return rc;
+    return ecx_utf8_valid(out->p, out->n) ? 0 : ECX_EWIRE_UTF8;
+}
+
+static int read_bin(cursor *c, ecx_span *out)
+{
+    if (!left(c)) return ECX_EWIRE_TRUNCATED;
+    uint8_t t = *c->p++;
+    uint64_t n;
+    if (t < 0xc4 || t > 0xc6) return t == 0xc1 ? ECX_EWIRE_INVALID : ECX_EWIRE_TYPE;
+    int rc = take_len(c, 1 << (t - 0xc4), &n);
+    return rc ? rc : take_body(c, n, out);
+}
+
+/* Any msgpack int form; bool, float, nil and the rest are not ints. */
+static int read_int(cursor *c, int64_t *out)
+{
+    if (!left(c)) return ECX_EWIRE_TRUNCATED;
+    uint8_t t = *c->p++;
+    uint64_t u;
+    int rc;
+    if (t <= 0x7f) {
+        *out = t;
+        return 0;
+    }
+    if (t >= 0xe0) {
+        *out = (int8_t)t;
+        return 0;
+    }
+    if (t >= 0xcc && t <= 0xcf) { /* uint 8/16/32/64 */
+        if ((rc = take_len(c, 1 << (t - 0xcc), &u))) return rc;
+        if (u > INT64_MAX) return ECX_EWIRE_INT;
+        *out = (int64_t)u;
+        return 0;
+    }
+    if (t >= 0xd0 && t <= 0xd3) { /* int 8/16/32/64, sign-extended */
+        int n = 1 << (t - 0xd0);
+        if ((rc = take_len(c, n, &u))) return rc;
+        int shift = 64 - 8 * n;
+        *out = (int64_t)(u << shift) >> shift;
+        return 0;
+    }
+    return t == 0xc1 ? ECX_EWIRE_INVALID : ECX_EWIRE_TYPE;
+}
+
+/* Array header; the claimed count can never exceed the bytes left, since
+ * every element takes at least one byte. */
+static int read_array(cursor *c, uint64_t *n)
+{
+    if (!left(c)) return ECX_EWIRE_TRUNCATED;
+    uint8_t t = *c->p++;
+    int rc = 0;
+    if (t >= 0x90 && t <= 0x9f)
+        *n = t & 0x0f;
+    else if (t == 0xdc || t == 0xdd)
+        rc = take_len(c, t == 0xdc ? 2 : 4, n);
+    else
+        return t == 0xc1 ? ECX_EWIRE_INVALID : ECX_EWIRE_TYPE;
+    if (!rc && *n > left(c)) rc = ECX_EWIRE_TRUNCATED;
+    return rc;
+}
+
+/*
+ * Skip values without recursion: `pending` counts the values still to be
+ * skipped; containers add their elements to it. Since each pending value
+ * needs at least one byte, pending > bytes left means truncation, which
+ * also bounds the counter.
+ */
+static int skip_values(cursor *c, uint64_t pending)
+{
+    while (pending) {
+        if (pending > left(c)) return ECX_EWIRE_TRUNCATED;
+        pending--;
+        uint8_t t = *c->p++;
+        uint64_t n = 0;
+        int rc = 0;
+        if (t <= 0x7f || t >= 0xe0 || t == 0xc0 || t == 0xc2 || t == 0xc3) continue;
+        if (t >= 0x80 && t <= 0x8f) {
+            pending += 2u * (t & 0x0f);
+            continue;
+        }
+        if (t >= 0x90 && t <= 0x9f) {
+            pending += t & 0x0f;
+            continue;
+        }
+        if (t >= 0xa0 && t <= 0xbf) {
+            n = t & 0x1f;
+        } else {
+            switch (t) {
+            case 0xc1: return ECX_EWIRE_INVALID;
+            case 0xc4: case 0xc5: case 0xc6: /* bin 8/16/32 */
+                rc = take_len(c, 1 << (t - 0xc4), &n);
+                break;
+            case 0xd9: case 0xda: case 0xdb: /* str 8/16/32 */
+                rc = take_len(c, 1 << (t - 0xd9), &n);
+                break;
+            case 0xc7: case 0xc8: case 0xc9: /* ext 8/16/32: type byte + data */
+                rc = take_len(c, 1 << (t - 0xc7), &n);
+                n += 1;
+                break;
+            case 0xca: n = 4; break; /* float32 */
+            case 0xcb: n = 8; break; /* float64 */
+            case 0xcc: case 0xcd: case 0xce: case 0xcf: n = 1u << (t - 0xcc); break;
+            case 0xd0: case 0xd1: case 0xd2: case 0xd3: n = 1u << (t - 0xd0); break;
+            case 0xd4: case 0xd5: case 0xd6: case 0xd7: case 0xd8: /* fixext */
+                n = 1 + (1u << (t - 0xd4));
+                break;
+            case 0xdc: case 0xdd: /* array 16/32 */
+            case 0xde: case 0xdf: /* map 16/32 */
+                rc = take_len(c, (t & 1) ? 4 : 2, &n);
+                if (rc) return rc;
+                pending += t >= 0xde ? 2 * n : n;
+                continue;
+            }
+        }
+        if (rc) return rc;
+        if (left(c) < n) return ECX_EWIRE_TRUNCATED;
+        c->p += n;
+    }
+    return 0;
+}
+
+/* Open the top-level map; returns its entry count in *n. */
+static int open_map(cursor *c, uint64_t *n)
+{
+    if (!left(c)) return ECX_EWIRE_EMPTY;
+    uint8_t t = *c->p++;
+    int rc = 0;
+    if (t >= 0x80 && t <= 0x8f)
+        *n = t & 0x0f;
+    else if (t == 0xde || t == 0xdf)
+        rc = take_len(c, t == 0xde ? 2 : 4, n);
+    else
+        return ECX_EWIRE_NOT_MAP;
+    if (!rc && *n > left(c) / 2) rc = ECX_EWIRE_TRUNCATED;
+    return rc;
+}
+
+static bool key_is(ecx_span k, const char *name)
+{
+    size_t n = strlen(name);
+    return k.n == n && memcmp(k.p, name, n) == 0;
+}
+
+/* The "type" tag is optional, but when present must be a str naming us. */
+static int read_tag(cursor *c, const char *want)
+{
+    ecx_span v;
+    int rc = read_str(c, &v);
+    if (rc) return rc;
+    return key_is(v, want) ? 0 : ECX_EWIRE_TAG;
+}
+
+int ecx_wire_decode_req(const void *frame, size_t len, ecx_req *r)
+{
+    cursor c = {frame, (const uint8_t *)frame + len};
+    uint64_t n;
+    int rc = open_map(&c, &n);
+    if (rc) return rc;
+    ecx_req_init(r);
+    bool have_hash = false, have_compat = false;
+    for (uint64_t i = 0; i < n; i++) {
+        ecx_span k;
+        if ((rc = read_str_raw(&c, &k))) return rc;
+        if (key_is(k, "type"))
+            rc = read_tag(&c, "req");
+        else if (key_is(k, "mm_hash"))
+            rc = read_str(&c, &r->mm_hash), have_hash = true;
+        else if (key_is(k, "compatibility_hash"))
+            rc = read_str(&c, &r->compatibility_hash), have_compat = true;
+        else if (key_is(k, "session_id"))
+            rc = read_str(&c, &r->session_id);
+        else if (key_is(k, "connector_version"))
+            rc = read_int(&c, &r->connector_version);
+        else
+            rc = skip_values(&c, 1);
+        if (rc) return rc;
+    }
+    if (left(&c)) return ECX_EWIRE_TRAILING;
+    return have_hash && have_compat ? 0 : ECX_EWIRE_MISSING;
+}
+
+static int read_status(cursor *c, int *status)
+{
+    int64_t v;
+    int rc = read_int(c, &v);
+    if (rc) return rc == ECX_EWIRE_INT ? ECX_EWIRE_STATUS : rc;
+    if (v < 0 || v > ECX_STATUS_MAX) return ECX_EWIRE_STATUS;
+    *status = (int)v;
+    return 0;
+}
+
+static int read_indices(cursor *c, ecx_ack *a)
+{
+    uint64_t n;
+    int rc = read_array(c, &n);
+    if (rc) return rc;
+    const uint8_t *body = c->p;
+    for (uint64_t i = 0; i < n; i++) {
+        int64_t v;
+        if ((rc = read_int(c, &v))) return rc;
+    }
+    a->indices_raw = (ecx_span){(const char *)body, (size_t)(c->p - body)};
+    a->n_indices = (size_t)n;
+    return 0;
+}
+
+int ecx_wire_decode_ack(const void *frame, size_t len, ecx_ack *a)
+{
+    cursor c = {frame, (const uint8_t *)frame + len};
+    uint64_t n;
+    int rc = open_map(&c, &n);
+    if (rc) return rc;
+    ecx_ack_init(a);
+    bool have_hash = false, have_status = false;
+    for (uint64_t i = 0; i < n; i++) {
+        ecx_span k;
+        if ((rc = read_str_raw(&c, &k))) return rc;
+        if (key_is(k, "type"))
+            rc = read_tag(&c, "ack");
+        else if (key_is(k, "mm_hash"))
+            rc = read_str(&c, &a->mm_hash), have_hash = true;
+        else if (key_is(k, "status"))
+            rc = read_status(&c, &a->status), have_status = true;
+        else if (key_is(k, "session_id"))
+            rc = read_str(&c, &a->session_id);
+        else if (key_is(k, "src_block_indices"))
+            rc = read_indices(&c, a);
+        else if (key_is(k, "agent_metadata"))
+            rc = read_bin(&c, &a->agent_metadata);
+        else if (key_is(k, "mem_descriptor"))
+            rc = read_bin(&c, &a->mem_descriptor);
+        else
+            rc = skip_values(&c, 1);
+        if (rc) return rc;
+    }
+    if (left(&c)) return ECX_EWIRE_TRAILING;
+    return have_hash && have_status ? 0 : ECX_EWIRE_MISSING;
+}
+
+size_t ecx_wire_ack_indices(const ecx_ack *a, int64_t *out, size_t cap)
+{
+    if (a->n_indices == 0 || !a->indices_raw.p) return 0;
+    const uint8_t *body = (const uint8_t *)a->indices_raw.p;
+    cursor c = {body, body + a->indices_raw.n};
+    size_t n = a->n_indices < cap ? a->n_indices : cap;
+    for (size_t i = 0; i < n; i++)
+        if (read_int(&c, &out[i])) return i;
+    return n;
+}

@@ -1,0 +1,18 @@
+/*
+ * cli — what the ecx subcommands share: exit codes and the entry points
+ * that tools/ecx.c dispatches to.
+ *
+ * Exit codes: 0 success, 1 the input or the operation failed, 2 usage error.
+ */
+#ifndef ECX_CLI_H
+#define ECX_CLI_H
+
+enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
+
+int cmd_proto(int argc, char **argv);
+int cmd_compat_hash(int argc, char **argv);
+
+/* Print "ecx: <msg>" to stderr and return EXIT_USAGE. */
+int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

@@ -1,0 +1,49 @@
+/* ecx — the command line: dispatches to one subcommand per file. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char HELP[] =
+    "usage: ecx COMMAND [ARGS]\n"
+    "\n"
+    "ecx moves vision-encoder outputs between LLM serving instances\n"
+    "(protocol version 1 of vLLM's ECCPUConnector).\n"
+    "\n"
+    "commands:\n"
+    "  compat-hash VLLM_VERSION MODEL DTYPE BLOCK_SIZE_BYTES\n"
+    "                 print the peer-compatibility hash (64 hex characters)\n"
+    "  proto decode [--as req|ack] [HEX]\n"
+    "                 decode one XferReq / XferAck frame and print it as JSON\n"
+    "  proto encode   read that JSON on stdin and print the frame as hex\n"
+    "\n"
+    "Run 'ecx COMMAND --help' for a command's options.\n"
+    "Exit status: 0 success, 1 failure, 2 usage error.\n";
+
+int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("ecx: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs("\n", stderr);
+    va_end(ap);
+    return EXIT_USAGE;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(HELP, stderr);
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        fputs(HELP, stdout);
+        return EXIT_OK;
+    }
+    if (!strcmp(cmd, "proto")) return cmd_proto(argc - 1, argv + 1);
+    if (!strcmp(cmd, "compat-hash")) return cmd_compat_hash(argc - 1, argv + 1);
+    return usage_error("unknown command '%s' (try 'ecx --help')", cmd);
+}
