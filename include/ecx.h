@@ -46,6 +46,10 @@ enum ecx_error {
     ECX_EWIRE_INT = -29,       /* int outside the range ecx accepts */
     ECX_EWIRE_INVALID = -30,   /* byte that is not msgpack (0xc1) */
     ECX_EWIRE_TOO_LARGE = -31, /* frame or field larger than allowed */
+
+    /* -40..-59: region and cache (src/region.c, src/cache.c). */
+
+    /* -60..-79: data plane (src/data*.c). */
 };
 
 /* Name of an error code ("ECX_EWIRE_TYPE: field has wrong type"). Never NULL. */
