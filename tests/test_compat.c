@@ -86,11 +86,11 @@ static size_t random_str(char *buf)
 
 static int64_t random_int(void)
 {
-    int64_t big = ((int64_t)rand() << 33) ^ ((int64_t)rand() << 2) ^ rand();
+    int64_t big = (int64_t)(((uint64_t)rand() << 33) ^ ((uint64_t)rand() << 2) ^ (uint64_t)rand());
     switch (rand() % 4) {
     case 0: return rand() % 100000;
     case 1: return big;
-    case 2: return -big;
+    case 2: return big == INT64_MIN ? big : -big;
     default: return rand() % 2 ? INT64_MAX : INT64_MIN;
     }
 }

@@ -409,7 +409,7 @@ static void test_roundtrip_random(void **state)
         a.status = rand() % 6;
         a.n_indices = (size_t)(rand() % 200);
         for (size_t k = 0; k < a.n_indices; k++)
-            idx[k] = ((int64_t)rand() << 20) ^ rand() ^ (rand() % 2 ? 0 : -1);
+            idx[k] = (int64_t)(((uint64_t)rand() << 20) ^ (uint64_t)rand()) ^ (rand() % 2 ? 0 : -1);
         a.indices = idx;
         a.agent_metadata = (ecx_span){(char *)meta, ml};
         assert_int_equal(ecx_wire_encode_ack(&a, &buf), 0);
