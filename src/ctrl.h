@@ -1,0 +1,101 @@
+/*
+ * ctrl — the control plane's sockets (SPEC §3, §5): one ROUTER per producer,
+ * one DEALER per (consumer, producer) pair, and nothing else.
+ *
+ * It owns framing and liveness, not meaning: the producer's ROUTER accepts
+ * exactly [identity, "", payload] and drops (and counts) any other framing;
+ * the consumer's DEALER sends ["", payload] and accepts exactly ["", payload]
+ * back. Payloads are handed up as views into zmq messages, so nothing is
+ * allocated per request. Every socket caps inbound frame size
+ * (ZMQ_MAXMSGSIZE), so a hostile peer cannot make us allocate without bound:
+ * libzmq drops the connection instead. DEALERs carry ZMQ heartbeats
+ * (2000 / 4000 / 8000 ms) and a socket monitor, so a dead producer shows up
+ * as a disconnect event the consumer session can act on.
+ *
+ * Addresses are "HOST:PORT" with HOST an IPv4 or IPv6 address ([::1] or
+ * ::1), or a host name. Binding resolves names here (libzmq binds only to
+ * numeric addresses and interfaces); connecting leaves the name to libzmq,
+ * which resolves it on its own I/O thread, so the caller never blocks on DNS.
+ */
+#ifndef ECX_CTRL_H
+#define ECX_CTRL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <zmq.h>
+
+/* Socket options both ends share; zero fields take the SPEC defaults. */
+typedef struct ecx_ctrl_opts {
+    int64_t max_frame_bytes;  /* inbound frame cap; default ECX_CTRL_MAX_FRAME */
+    int heartbeat_ivl_ms;     /* DEALER only; default 2000 */
+    int heartbeat_timeout_ms; /* default 4000 */
+    int heartbeat_ttl_ms;     /* default 8000 */
+} ecx_ctrl_opts;
+
+/* Default inbound frame cap. A request is a few hundred bytes; an ack from
+ * the Python reference carries ~14 B per block of the producer's region
+ * (≈0.85 MB for 2 GB), so 16 MiB leaves room and still bounds memory. */
+#define ECX_CTRL_MAX_FRAME (16 << 20)
+
+/* Counters of what ctrl dropped, for metrics. */
+typedef struct ecx_ctrl_stats {
+    uint64_t bad_framing; /* messages with the wrong number or shape of frames */
+    uint64_t send_failed; /* replies that could not be queued (peer gone, HWM) */
+} ecx_ctrl_stats;
+
+/* Split "HOST:PORT" / "[V6]:PORT" into host (no brackets) and port.
+ * Returns 0 or ECX_EINVAL. host must hold at least 256 bytes. */
+int ecx_ctrl_parse_addr(const char *addr, char host[256], int *port);
+
+/* ---------- producer: ROUTER ---------- */
+
+typedef struct ecx_ctrl_server ecx_ctrl_server;
+
+/* One received request: the asker's identity and the payload, valid until
+ * the next receive into the same msg or ecx_ctrl_msg_fini(). One msg is
+ * reused for every receive, so nothing is allocated per request. */
+typedef struct ecx_ctrl_msg {
+    zmq_msg_t parts[3];
+    const void *identity;
+    size_t identity_len;
+    const void *payload;
+    size_t payload_len;
+} ecx_ctrl_msg;
+
+/* Bind a ROUTER on host:port (port 0 picks a free one). */
+int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_opts *opts,
+                        ecx_ctrl_server **out);
+void ecx_ctrl_server_free(ecx_ctrl_server *s);
+/* The port actually bound. */
+int ecx_ctrl_server_port(const ecx_ctrl_server *s);
+/* Receive one well-framed request without blocking: 1 got one, 0 none
+ * waiting. Badly framed messages are drained, counted and skipped. */
+int ecx_ctrl_server_recv(ecx_ctrl_server *s, ecx_ctrl_msg *m);
+void ecx_ctrl_msg_init(ecx_ctrl_msg *m);
+void ecx_ctrl_msg_fini(ecx_ctrl_msg *m);
+/* Reply [identity, "", payload]. Never blocks; 0 or ECX_ESYS (counted). */
+int ecx_ctrl_server_send(ecx_ctrl_server *s, const void *identity, size_t identity_len,
+                         const void *payload, size_t len);
+void *ecx_ctrl_server_socket(const ecx_ctrl_server *s); /* for zmq_poll */
+ecx_ctrl_stats ecx_ctrl_server_stats(const ecx_ctrl_server *s);
+
+/* ---------- consumer: DEALER to one producer ---------- */
+
+typedef struct ecx_ctrl_peer ecx_ctrl_peer;
+
+int ecx_ctrl_peer_new(void *zctx, const char *host, int port, const ecx_ctrl_opts *opts,
+                      ecx_ctrl_peer **out);
+void ecx_ctrl_peer_free(ecx_ctrl_peer *p);
+/* Send ["", payload] without blocking: 0, or ECX_ESYS if it cannot be queued. */
+int ecx_ctrl_peer_send(ecx_ctrl_peer *p, const void *payload, size_t len);
+/* Receive one ["", payload] reply without blocking: 1 got one (view valid
+ * until the next call or ecx_ctrl_peer_free), 0 none waiting. */
+int ecx_ctrl_peer_recv(ecx_ctrl_peer *p, const void **payload, size_t *len);
+/* True once the connection to the producer was lost (disconnect seen by the
+ * monitor, which includes a heartbeat timeout). Sticky. */
+bool ecx_ctrl_peer_lost(ecx_ctrl_peer *p);
+void *ecx_ctrl_peer_socket(const ecx_ctrl_peer *p); /* for zmq_poll */
+ecx_ctrl_stats ecx_ctrl_peer_stats(const ecx_ctrl_peer *p);
+
+#endif

@@ -1,0 +1,276 @@
+/* test_ctrl — the control-plane sockets on real ZeroMQ over loopback:
+ * request/reply round trips on IPv4, IPv6 and host names; bad framings
+ * dropped and counted; oversized frames refused; a producer killed with
+ * SIGKILL, or frozen with SIGSTOP (heartbeat timeout), seen as lost. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ctrl.h"
+#include "ecx.h"
+
+static void *zctx;
+
+static int setup(void **state)
+{
+    (void)state;
+    zctx = zmq_ctx_new();
+    return zctx ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    zmq_ctx_term(zctx);
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Wait (bounded) for one request on the server. */
+static int server_wait(ecx_ctrl_server *s, ecx_ctrl_msg *m, int ms)
+{
+    zmq_pollitem_t it = {ecx_ctrl_server_socket(s), 0, ZMQ_POLLIN, 0};
+    double end = now_s() + ms / 1000.0;
+    while (now_s() < end) {
+        int rc = ecx_ctrl_server_recv(s, m);
+        if (rc) return rc;
+        zmq_poll(&it, 1, 20);
+    }
+    return 0;
+}
+
+static int peer_wait(ecx_ctrl_peer *p, const void **pl, size_t *n, int ms)
+{
+    zmq_pollitem_t it = {ecx_ctrl_peer_socket(p), 0, ZMQ_POLLIN, 0};
+    double end = now_s() + ms / 1000.0;
+    while (now_s() < end) {
+        int rc = ecx_ctrl_peer_recv(p, pl, n);
+        if (rc) return rc;
+        zmq_poll(&it, 1, 20);
+    }
+    return 0;
+}
+
+static void roundtrip(const char *bind_host, const char *connect_host)
+{
+    ecx_ctrl_server *s;
+    ecx_ctrl_peer *p;
+    assert_int_equal(ecx_ctrl_server_new(zctx, bind_host, 0, NULL, &s), 0);
+    int port = ecx_ctrl_server_port(s);
+    assert_true(port > 0);
+    assert_int_equal(ecx_ctrl_peer_new(zctx, connect_host, port, NULL, &p), 0);
+    assert_int_equal(ecx_ctrl_peer_send(p, "hello", 5), 0);
+    ecx_ctrl_msg m;
+    ecx_ctrl_msg_init(&m);
+    assert_int_equal(server_wait(s, &m, 5000), 1);
+    assert_int_equal(m.payload_len, 5);
+    assert_memory_equal(m.payload, "hello", 5);
+    assert_int_equal(ecx_ctrl_server_send(s, m.identity, m.identity_len, "world!", 6), 0);
+    const void *pl;
+    size_t n;
+    assert_int_equal(peer_wait(p, &pl, &n, 5000), 1);
+    assert_int_equal(n, 6);
+    assert_memory_equal(pl, "world!", 6);
+    assert_false(ecx_ctrl_peer_lost(p));
+    ecx_ctrl_msg_fini(&m);
+    ecx_ctrl_peer_free(p);
+    ecx_ctrl_server_free(s);
+}
+
+static void test_roundtrip_v4(void **state)
+{
+    (void)state;
+    roundtrip("127.0.0.1", "127.0.0.1");
+}
+static void test_roundtrip_v6(void **state)
+{
+    (void)state;
+    roundtrip("::1", "::1");
+}
+static void test_roundtrip_names(void **state)
+{
+    (void)state;
+    roundtrip("localhost", "localhost");
+}
+
+static void test_parse_addr(void **state)
+{
+    (void)state;
+    char h[256];
+    int port;
+    assert_int_equal(ecx_ctrl_parse_addr("127.0.0.1:5601", h, &port), 0);
+    assert_string_equal(h, "127.0.0.1");
+    assert_int_equal(port, 5601);
+    assert_int_equal(ecx_ctrl_parse_addr("[::1]:80", h, &port), 0);
+    assert_string_equal(h, "::1");
+    assert_int_equal(ecx_ctrl_parse_addr("localhost:0", h, &port), 0);
+    const char *bad[] = {"",        ":5601",  "host",    "host:",   "host:x", "host:65536",
+                         "host:-1", "::1:80", "[::1:80", "host: 1", NULL};
+    for (int i = 0; bad[i]; i++)
+        if (ecx_ctrl_parse_addr(bad[i], h, &port) != ECX_EINVAL) fail_msg("accepted '%s'", bad[i]);
+    assert_int_equal(ecx_ctrl_parse_addr(NULL, h, &port), ECX_EINVAL);
+    ecx_ctrl_server *s;
+    assert_int_equal(ecx_ctrl_server_new(zctx, "no-such-host.invalid", 0, NULL, &s), ECX_EINVAL);
+}
+
+/* A raw DEALER sends badly framed messages; each is dropped and counted,
+ * and a well-framed one after them still gets through. */
+static void test_bad_framing(void **state)
+{
+    (void)state;
+    ecx_ctrl_server *s;
+    assert_int_equal(ecx_ctrl_server_new(zctx, "127.0.0.1", 0, NULL, &s), 0);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ecx_ctrl_server_port(s));
+    void *d = zmq_socket(zctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_connect(d, ep), 0);
+    zmq_send(d, "payload-only", 12, 0); /* no delimiter */
+    zmq_send(d, "x", 1, ZMQ_SNDMORE);   /* non-empty delimiter */
+    zmq_send(d, "payload", 7, 0);
+    zmq_send(d, "", 0, ZMQ_SNDMORE); /* too many frames */
+    zmq_send(d, "a", 1, ZMQ_SNDMORE);
+    zmq_send(d, "b", 1, 0);
+    zmq_send(d, "", 0, ZMQ_SNDMORE); /* good */
+    zmq_send(d, "good", 4, 0);
+    ecx_ctrl_msg m;
+    ecx_ctrl_msg_init(&m);
+    assert_int_equal(server_wait(s, &m, 5000), 1);
+    assert_int_equal(m.payload_len, 4);
+    assert_memory_equal(m.payload, "good", 4);
+    assert_int_equal(ecx_ctrl_server_stats(s).bad_framing, 3);
+    /* A reply to an identity that is not connected fails and is counted. */
+    assert_int_equal(ecx_ctrl_server_send(s, "nobody", 6, "x", 1), ECX_ESYS);
+    assert_int_equal(ecx_ctrl_server_stats(s).send_failed, 1);
+    ecx_ctrl_msg_fini(&m);
+    zmq_close(d);
+    ecx_ctrl_server_free(s);
+}
+
+/* A frame over the cap never reaches us; a small one afterwards does. */
+static void test_max_frame(void **state)
+{
+    (void)state;
+    ecx_ctrl_opts o = {.max_frame_bytes = 1024};
+    ecx_ctrl_server *s;
+    ecx_ctrl_peer *big, *small;
+    assert_int_equal(ecx_ctrl_server_new(zctx, "127.0.0.1", 0, &o, &s), 0);
+    int port = ecx_ctrl_server_port(s);
+    assert_int_equal(ecx_ctrl_peer_new(zctx, "127.0.0.1", port, NULL, &big), 0);
+    static char blob[4096];
+    assert_int_equal(ecx_ctrl_peer_send(big, blob, sizeof blob), 0);
+    ecx_ctrl_msg m;
+    ecx_ctrl_msg_init(&m);
+    assert_int_equal(server_wait(s, &m, 500), 0);
+    assert_int_equal(ecx_ctrl_peer_new(zctx, "127.0.0.1", port, NULL, &small), 0);
+    assert_int_equal(ecx_ctrl_peer_send(small, blob, 1000), 0);
+    assert_int_equal(server_wait(s, &m, 5000), 1);
+    assert_int_equal(m.payload_len, 1000);
+    ecx_ctrl_msg_fini(&m);
+    ecx_ctrl_peer_free(big);
+    ecx_ctrl_peer_free(small);
+    ecx_ctrl_server_free(s);
+}
+
+/* A Python ROUTER in its own process that echoes, prints its port, then
+ * waits to be killed. */
+static const char PY_ECHO[] = "import zmq, sys\n"
+                              "s = zmq.Context().socket(zmq.ROUTER)\n"
+                              "port = s.bind_to_random_port('tcp://127.0.0.1')\n"
+                              "print(port, flush=True)\n"
+                              "while True:\n"
+                              "    ident, empty, payload = s.recv_multipart()\n"
+                              "    s.send_multipart([ident, b'', payload])\n";
+
+static pid_t spawn_python(const char *code, int *port)
+{
+    int fds[2];
+    if (pipe(fds)) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        execl("/usr/bin/python3", "python3", "-c", code, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    FILE *f = fdopen(fds[0], "r");
+    if (!f || fscanf(f, "%d", port) != 1) *port = -1;
+    if (f) fclose(f);
+    return pid;
+}
+
+/* Connect, prove the echo works, apply `sig` to the producer, and return
+ * how long it took the peer to see the loss (or -1 if it never did in 15 s). */
+static double loss_after(int sig, const ecx_ctrl_opts *o)
+{
+    int port;
+    pid_t pid = spawn_python(PY_ECHO, &port);
+    assert_true(pid > 0);
+    assert_true(port > 0);
+    ecx_ctrl_peer *p;
+    assert_int_equal(ecx_ctrl_peer_new(zctx, "127.0.0.1", port, o, &p), 0);
+    assert_int_equal(ecx_ctrl_peer_send(p, "ping", 4), 0);
+    const void *pl;
+    size_t n;
+    assert_int_equal(peer_wait(p, &pl, &n, 10000), 1);
+    assert_false(ecx_ctrl_peer_lost(p));
+    kill(pid, sig);
+    double t0 = now_s(), waited = -1;
+    while (now_s() - t0 < 15) {
+        if (ecx_ctrl_peer_lost(p)) {
+            waited = now_s() - t0;
+            break;
+        }
+        usleep(20000);
+    }
+    kill(pid, SIGKILL);
+    kill(pid, SIGCONT);
+    waitpid(pid, NULL, 0);
+    ecx_ctrl_peer_free(p);
+    return waited;
+}
+
+static void test_lost_on_kill(void **state)
+{
+    (void)state;
+    assert_true(loss_after(SIGKILL, NULL) >= 0);
+}
+
+/* A frozen producer keeps its TCP connection open: only the heartbeat
+ * timeout can tell. Short heartbeats keep the test quick. */
+static void test_lost_on_heartbeat_timeout(void **state)
+{
+    (void)state;
+    ecx_ctrl_opts o = {
+        .heartbeat_ivl_ms = 100, .heartbeat_timeout_ms = 300, .heartbeat_ttl_ms = 1000};
+    assert_true(loss_after(SIGSTOP, &o) >= 0);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_addr),   cmocka_unit_test(test_roundtrip_v4),
+        cmocka_unit_test(test_roundtrip_v6), cmocka_unit_test(test_roundtrip_names),
+        cmocka_unit_test(test_bad_framing),  cmocka_unit_test(test_max_frame),
+        cmocka_unit_test(test_lost_on_kill), cmocka_unit_test(test_lost_on_heartbeat_timeout),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
