@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "ecx.h"
 
@@ -35,6 +36,31 @@ void ecx_log(int level, const char *fmt, ...)
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     fprintf(stderr, "ecx %s: %s\n", tags[level < 0 ? 0 : level > 3 ? 3 : level], line);
+}
+
+int64_t ecx_now_ms(const ecx_clock *c)
+{
+    if (c && c->now_ms) return c->now_ms(c->arg);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+bool ecx_ratelimit_allow(ecx_ratelimit *rl, uint32_t burst, uint64_t *dropped)
+{
+    int64_t now = ecx_now_ms(NULL);
+    if (now - rl->window_start_ms >= 1000) {
+        rl->window_start_ms = now;
+        rl->in_window = 0;
+    }
+    if (rl->in_window >= burst) {
+        rl->dropped++;
+        return false;
+    }
+    rl->in_window++;
+    *dropped = rl->dropped;
+    rl->dropped = 0;
+    return true;
 }
 
 size_t ecx_utf8_next(const uint8_t *s, size_t n, uint32_t *cp)

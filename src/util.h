@@ -19,6 +19,40 @@ void ecx_log_set_level(int level);
 int ecx_log_level(void);
 void ecx_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Log at most `burst` lines per second from one call site (anything a peer
+ * can trigger), and say how many were suppressed when it resumes. */
+#define ECX_LOG_RATELIMITED(level, ...)                                                            \
+    do {                                                                                           \
+        static ecx_ratelimit rl_;                                                                  \
+        if (ecx_log_level() >= (level)) {                                                          \
+            uint64_t dropped_;                                                                     \
+            if (ecx_ratelimit_allow(&rl_, 5, &dropped_)) {                                         \
+                if (dropped_) ecx_log(level, "(%llu similar lines suppressed)",                   \
+                                      (unsigned long long)dropped_);                              \
+                ecx_log(level, __VA_ARGS__);                                                       \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+typedef struct ecx_ratelimit {
+    int64_t window_start_ms;
+    uint32_t in_window;
+    uint64_t dropped;
+} ecx_ratelimit;
+
+/* True if another event may be logged in this one-second window. When it
+ * returns true, *dropped is how many were refused since the last allowed. */
+bool ecx_ratelimit_allow(ecx_ratelimit *rl, uint32_t burst, uint64_t *dropped);
+
+/* A clock in milliseconds. Sessions take one so tests can drive timeouts
+ * with a fake clock; NULL (or a NULL now_ms) means CLOCK_MONOTONIC. */
+typedef struct ecx_clock {
+    int64_t (*now_ms)(void *arg);
+    void *arg;
+} ecx_clock;
+
+int64_t ecx_now_ms(const ecx_clock *c);
+
 /* True if the n bytes at s are well-formed UTF-8 (no overlongs, no
  * surrogates, nothing above U+10FFFF), as Python's strict decoder wants. */
 bool ecx_utf8_valid(const void *s, size_t n);
