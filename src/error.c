@@ -23,6 +23,29 @@ const char *ecx_strerror(int err)
     case ECX_EWIRE_INT: return "integer out of the accepted range";
     case ECX_EWIRE_INVALID: return "byte 0xc1 is not msgpack";
     case ECX_EWIRE_TOO_LARGE: return "frame or field too large";
+    case ECX_EDATA_META: return "agent_metadata malformed";
+    case ECX_EDATA_DESC: return "mem_descriptor malformed";
+    case ECX_EDATA_VERSION: return "data-plane format version not supported";
+    case ECX_EDATA_MISMATCH: return "descriptor does not match the producer or block sizes differ";
+    case ECX_EDATA_INDEX: return "block index out of range";
+    case ECX_EDATA_COUNT: return "block count is zero or differs between the sides";
+    case ECX_EDATA_NOPATH: return "no data path reaches the peer";
+    case ECX_EDATA_UCX: return "UCX call failed";
+    case ECX_EDATA_PEER: return "data-plane peer unreachable or broken";
+    case ECX_EDATA_FAULT: return "injected data-plane fault";
+    case ECX_EDATA_ROLE: return "call not valid for this data-plane role";
+    case ECX_EDATA_NOTIF: return "notification empty or too long";
+    case ECX_EREGION_SIZE: return "region size is zero, too large, or not whole blocks";
+    case ECX_EREGION_EXISTS: return "region file already exists";
+    case ECX_EREGION_NOTFOUND: return "region file not found";
+    case ECX_EREGION_NOSPC: return "shared memory too small for the region";
+    case ECX_EREGION_BADFILE: return "region file is a symlink, not regular, or not ours";
+    case ECX_EREGION_BUSY: return "region file is being reclaimed";
+    case ECX_ECACHE_FULL: return "cache full: not enough free or evictable blocks";
+    case ECX_ECACHE_EXISTS: return "cache entry already exists";
+    case ECX_ECACHE_MISSING: return "no cache entry for that key";
+    case ECX_ECACHE_NOT_READY: return "cache entry is not ready";
+    case ECX_ECACHE_STATE: return "operation not allowed in the cache entry's state";
     }
     return "unknown error";
 }
@@ -38,4 +61,26 @@ const char *ecx_status_name(int status)
     case ECX_STATUS_NACK_NOT_READY: return "NACK_NOT_READY";
     }
     return "UNKNOWN";
+}
+
+const char *ecx_reason_name(int reason)
+{
+    static const char *const names[ECX_REASON_COUNT] = {
+        [ECX_REASON_NONE] = "NONE",
+        [ECX_REASON_NO_PEER] = "NO_PEER",
+        [ECX_REASON_SIZE_MISMATCH] = "SIZE_MISMATCH",
+        [ECX_REASON_INVALID] = "INVALID",
+        [ECX_REASON_NO_ROOM] = "NO_ROOM",
+        [ECX_REASON_NACK_MISSING] = "NACK_MISSING",
+        [ECX_REASON_NACK_INCOMPAT] = "NACK_INCOMPAT",
+        [ECX_REASON_NACK_VERSION] = "NACK_VERSION",
+        [ECX_REASON_NACK_INTERNAL] = "NACK_INTERNAL",
+        [ECX_REASON_NOT_READY_TIMEOUT] = "NOT_READY_TIMEOUT",
+        [ECX_REASON_ACK_TIMEOUT] = "ACK_TIMEOUT",
+        [ECX_REASON_BAD_ACK] = "BAD_ACK",
+        [ECX_REASON_READ_FAILED] = "READ_FAILED",
+        [ECX_REASON_QUARANTINED] = "QUARANTINED",
+        [ECX_REASON_SEND_FAILED] = "SEND_FAILED",
+    };
+    return reason >= 0 && reason < ECX_REASON_COUNT ? names[reason] : "UNKNOWN";
 }

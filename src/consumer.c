@@ -1,0 +1,642 @@
+/*
+ * consumer — sessions and per-transfer state machines; see consumer.h for
+ * the states and the rules, this file for their mechanics.
+ */
+#include "consumer.h"
+
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "table.h"
+#include "wire.h"
+
+const double ecx_latency_bounds_ms[ECX_LATENCY_BUCKETS - 1] = {
+    1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 20000};
+
+enum xstate { WAITING_ACK, READING, RETRY, QUARANTINED, TOMBSTONE };
+
+typedef struct session session;
+
+typedef struct xfer {
+    ecx_table_node node;      /* by mm_hash */
+    struct xfer *prev, *next; /* every transfer; next = free list */
+    session *s;               /* WAITING_ACK, READING, QUARANTINED; else NULL */
+    int state;                /* enum xstate */
+    int reason;               /* TOMBSTONE / QUARANTINED: why */
+    bool reported;            /* QUARANTINED: the engine was told already */
+    bool holds_blocks;        /* a local cache entry is reserved for it */
+    int64_t deadline_ms;      /* ack / read / quarantine / retry / tombstone */
+    int64_t first_ask_ms;
+    int64_t backoff_ms; /* RETRY */
+    uint64_t size_bytes, n_blocks;
+    ecx_data_xfer *dx; /* READING, QUARANTINED */
+    int port;
+    char host[256];
+    uint32_t hash_len;
+    char hash[ECX_MM_HASH_MAX];
+} xfer;
+
+struct session {
+    ecx_table_node node; /* by "host|port" */
+    session *next;
+    ecx_ctrl_peer *peer;
+    ecx_data_peer *dpeer; /* registered from the first OK ack */
+    char sid[37];         /* UUID4 text */
+    char key[270];
+    char host[256];
+    int port;
+};
+
+struct ecx_consumer {
+    ecx_cache *cache;
+    ecx_data *data;
+    ecx_consumer_opts o;
+    char compat[ECX_COMPAT_HASH_HEX + 1];
+    ecx_consumer_stats st;
+    ecx_table xfers, sessions;
+    xfer *head, *free_xfers;
+    session *sessions_list;
+    msgpack_sbuffer out;
+    int64_t *idx;             /* scratch: ack indices */
+    uint64_t *remote, *local; /* scratch for read_post */
+    size_t scratch_cap;
+};
+
+/* ---------- small helpers ---------- */
+
+static int64_t now_ms(const ecx_consumer *c)
+{
+    return ecx_now_ms(c->o.clock);
+}
+
+static int reason_of_status(int status)
+{
+    switch (status) {
+    case ECX_STATUS_NACK_MISSING: return ECX_REASON_NACK_MISSING;
+    case ECX_STATUS_NACK_INCOMPAT: return ECX_REASON_NACK_INCOMPAT;
+    case ECX_STATUS_NACK_VERSION: return ECX_REASON_NACK_VERSION;
+    default: return ECX_REASON_NACK_INTERNAL;
+    }
+}
+
+static void uuid4(char out[37])
+{
+    unsigned char b[16];
+    randombytes_buf(b, sizeof b);
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    char hex[33];
+    ecx_hex_encode(b, sizeof b, hex);
+    snprintf(out, 37, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
+}
+
+static int grow_scratch(ecx_consumer *c, size_t n)
+{
+    if (n <= c->scratch_cap) return 0;
+    int64_t *i = realloc(c->idx, n * sizeof *i);
+    if (i) c->idx = i;
+    uint64_t *r = realloc(c->remote, n * sizeof *r);
+    if (r) c->remote = r;
+    uint64_t *l = realloc(c->local, n * sizeof *l);
+    if (l) c->local = l;
+    if (!i || !r || !l) return ECX_ENOMEM;
+    c->scratch_cap = n;
+    return 0;
+}
+
+/* ---------- transfers ---------- */
+
+static xfer *xfer_find(const ecx_consumer *c, const char *hash, size_t len)
+{
+    ecx_table_node *n = ecx_table_find(&c->xfers, hash, len);
+    return n ? ECX_CONTAINER_OF(n, xfer, node) : NULL;
+}
+
+static xfer *xfer_new(ecx_consumer *c, const char *hash, size_t len)
+{
+    xfer *x = c->free_xfers;
+    if (x)
+        c->free_xfers = x->next;
+    else if (!(x = malloc(sizeof *x)))
+        return NULL;
+    memset(x, 0, offsetof(xfer, hash));
+    memcpy(x->hash, hash, len);
+    x->hash_len = (uint32_t)len;
+    x->node.key = x->hash;
+    x->node.key_len = len;
+    ecx_table_insert(&c->xfers, &x->node);
+    x->next = c->head;
+    if (c->head) c->head->prev = x;
+    c->head = x;
+    c->st.in_flight++;
+    return x;
+}
+
+static void xfer_delete(ecx_consumer *c, xfer *x)
+{
+    ecx_table_remove(&c->xfers, &x->node);
+    if (x->prev)
+        x->prev->next = x->next;
+    else
+        c->head = x->next;
+    if (x->next) x->next->prev = x->prev;
+    x->next = c->free_xfers, c->free_xfers = x;
+    c->st.in_flight--;
+}
+
+/* Give the local blocks back (the entry is not ready). */
+static void free_blocks(ecx_consumer *c, xfer *x)
+{
+    if (!x->holds_blocks) return;
+    int rc = ecx_cache_discard(c->cache, x->hash, x->hash_len);
+    if (rc) ecx_log(ECX_LOG_ERROR, "consumer: discard failed: %s", ecx_strerror(rc));
+    x->holds_blocks = false;
+}
+
+static void tombstone(ecx_consumer *c, xfer *x, int reason, int64_t now)
+{
+    int level = reason == ECX_REASON_NACK_MISSING ? ECX_LOG_INFO : ECX_LOG_WARN;
+    ECX_LOG_RATELIMITED(level, "consumer: %.*s from %s:%d falls back: %s", (int)x->hash_len,
+                        x->hash, x->host, x->port, ecx_reason_name(reason));
+    if (x->dx) {
+        ecx_data_read_release(x->dx);
+        x->dx = NULL;
+    }
+    free_blocks(c, x);
+    x->state = TOMBSTONE;
+    x->reason = reason;
+    x->s = NULL;
+    x->deadline_ms = now + c->o.tombstone_ttl_ms;
+}
+
+/* NOT_READY (or a lost producer before its ack): free the blocks and ask
+ * again after a backoff, within the item's overall wait. */
+static void retry_later(ecx_consumer *c, xfer *x, int64_t now)
+{
+    free_blocks(c, x);
+    x->s = NULL;
+    if (now - x->first_ask_ms >= c->o.item_wait_ms) {
+        tombstone(c, x, ECX_REASON_NOT_READY_TIMEOUT, now);
+        return;
+    }
+    x->backoff_ms = x->backoff_ms ? x->backoff_ms * 2 : 20;
+    if (x->backoff_ms > 500) x->backoff_ms = 500;
+    x->state = RETRY;
+    x->deadline_ms = now + x->backoff_ms;
+    c->st.retries++;
+}
+
+/* ---------- sessions ---------- */
+
+static void session_close(ecx_consumer *c, session *s, int64_t now)
+{
+    for (xfer *x = c->head; x; x = x->next) {
+        if (x->s != s) continue;
+        if (x->state == WAITING_ACK) {
+            retry_later(c, x, now);
+        } else if (x->state == READING) {
+            x->state = QUARANTINED;
+            x->reason = ECX_REASON_QUARANTINED;
+            x->deadline_ms = now + c->o.quarantine_ms;
+            c->st.quarantines++;
+        }
+        x->s = NULL;
+    }
+    /* Dropping the data peer fails its running READs: nothing writes into
+     * the quarantined blocks after this, so they settle on the next poll. */
+    ecx_data_peer_drop(s->dpeer);
+    ecx_ctrl_peer_free(s->peer);
+    ecx_table_remove(&c->sessions, &s->node);
+    for (session **pp = &c->sessions_list; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    free(s);
+}
+
+static session *session_get(ecx_consumer *c, const char *host, int port)
+{
+    char key[270];
+    int kl = snprintf(key, sizeof key, "%s|%d", host, port);
+    ecx_table_node *n = ecx_table_find(&c->sessions, key, (size_t)kl);
+    if (n) return ECX_CONTAINER_OF(n, session, node);
+    session *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    int rc = ecx_ctrl_peer_new(c->o.zctx, host, port, &c->o.ctrl, &s->peer);
+    if (rc) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: cannot open a session to %s:%d: %s", host,
+                            port, ecx_strerror(rc));
+        free(s);
+        return NULL;
+    }
+    uuid4(s->sid);
+    memcpy(s->key, key, (size_t)kl + 1);
+    snprintf(s->host, sizeof s->host, "%s", host);
+    s->port = port;
+    s->node.key = s->key;
+    s->node.key_len = (size_t)kl;
+    ecx_table_insert(&c->sessions, &s->node);
+    s->next = c->sessions_list, c->sessions_list = s;
+    ecx_log(ECX_LOG_INFO, "consumer: session %s to %s:%d", s->sid, host, port);
+    return s;
+}
+
+/* Reserve local blocks and send the XferReq. On failure the transfer is a
+ * tombstone. */
+static void ask(ecx_consumer *c, xfer *x, int64_t now)
+{
+    int rc = ecx_cache_reserve(c->cache, x->hash, x->hash_len, x->n_blocks);
+    if (!rc && (rc = ecx_cache_set_size(c->cache, x->hash, x->hash_len, x->size_bytes)))
+        ecx_cache_discard(c->cache, x->hash, x->hash_len);
+    if (rc) {
+        tombstone(c, x, ECX_REASON_NO_ROOM, now);
+        return;
+    }
+    x->holds_blocks = true;
+    session *s = session_get(c, x->host, x->port);
+    if (!s) {
+        tombstone(c, x, ECX_REASON_SEND_FAILED, now);
+        return;
+    }
+    ecx_req r;
+    ecx_req_init(&r);
+    r.mm_hash = (ecx_span){x->hash, x->hash_len};
+    r.compatibility_hash = (ecx_span){c->compat, strlen(c->compat)};
+    r.session_id = (ecx_span){s->sid, 36};
+    if ((rc = ecx_wire_encode_req(&r, &c->out)) ||
+        (rc = ecx_ctrl_peer_send(s->peer, c->out.data, c->out.size))) {
+        tombstone(c, x, ECX_REASON_SEND_FAILED, now);
+        return;
+    }
+    c->st.requests++;
+    x->s = s;
+    x->state = WAITING_ACK;
+    x->deadline_ms = now + c->o.ack_timeout_ms;
+}
+
+/* ---------- acks ---------- */
+
+/* Validate an OK ack and post the READ; on any failure, tombstone. */
+static void start_read(ecx_consumer *c, session *s, xfer *x, const ecx_ack *a, int64_t now)
+{
+    if (a->n_indices != x->n_blocks) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: ack for %.*s has %zu blocks, reserved %llu",
+                            (int)x->hash_len, x->hash, a->n_indices,
+                            (unsigned long long)x->n_blocks);
+        tombstone(c, x, ECX_REASON_BAD_ACK, now);
+        return;
+    }
+    const uint8_t *meta = (const uint8_t *)a->agent_metadata.p;
+    const uint8_t *desc = (const uint8_t *)a->mem_descriptor.p;
+    size_t ml = a->agent_metadata.n, dl = a->mem_descriptor.n;
+    if (s->dpeer && !ecx_data_peer_same(s->dpeer, meta, ml, desc, dl)) {
+        ecx_log(ECX_LOG_WARN, "consumer: producer %s:%d restarted (new metadata); re-registering",
+                s->host, s->port);
+        /* READs still running on the old registration fail and settle. */
+        ecx_data_peer_drop(s->dpeer);
+        s->dpeer = NULL;
+        c->st.peer_restarts++;
+    }
+    int rc;
+    if (!s->dpeer && (rc = ecx_data_peer_add(c->data, meta, ml, desc, dl, &s->dpeer))) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: unusable metadata from %s:%d: %s", s->host,
+                            s->port, ecx_strerror(rc));
+        s->dpeer = NULL;
+        tombstone(c, x, ECX_REASON_BAD_ACK, now);
+        return;
+    }
+    size_t n = (size_t)x->n_blocks, got = 0;
+    if (grow_scratch(c, n)) {
+        tombstone(c, x, ECX_REASON_READ_FAILED, now);
+        return;
+    }
+    if (ecx_wire_ack_indices(a, c->idx, n) != n) {
+        tombstone(c, x, ECX_REASON_BAD_ACK, now);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (c->idx[i] < 0) {
+            tombstone(c, x, ECX_REASON_BAD_ACK, now);
+            return;
+        }
+        c->remote[i] = (uint64_t)c->idx[i];
+    }
+    if (ecx_cache_blocks(c->cache, x->hash, x->hash_len, c->idx, n, &got) || got != n) {
+        tombstone(c, x, ECX_REASON_READ_FAILED, now);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        c->local[i] = (uint64_t)c->idx[i];
+    char notif[ECX_DATA_NOTIF_MAX];
+    int nl = snprintf(notif, sizeof notif, "%s:%.*s", s->sid, (int)x->hash_len, x->hash);
+    rc = ecx_data_read_post(s->dpeer, c->remote, c->local, n, notif, (size_t)nl, &x->dx);
+    if (rc) {
+        x->dx = NULL;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: READ of %.*s not posted: %s", (int)x->hash_len,
+                            x->hash, ecx_strerror(rc));
+        bool bad = rc == ECX_EDATA_INDEX || rc == ECX_EDATA_COUNT;
+        tombstone(c, x, bad ? ECX_REASON_BAD_ACK : ECX_REASON_READ_FAILED, now);
+        return;
+    }
+    x->state = READING;
+    x->deadline_ms = now + c->o.read_timeout_ms;
+}
+
+static void on_ack(ecx_consumer *c, session *s, const void *payload, size_t len, int64_t now)
+{
+    ecx_ack a;
+    int rc = ecx_wire_decode_ack(payload, len, &a);
+    if (rc) {
+        c->st.malformed_acks++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: dropped undecodable ack from %s:%d: %s",
+                            s->host, s->port, ecx_strerror(rc));
+        return;
+    }
+    xfer *x = a.mm_hash.n <= ECX_MM_HASH_MAX ? xfer_find(c, a.mm_hash.p, a.mm_hash.n) : NULL;
+    /* A NACK may leave session_id out (the reference's do); an OK ack must
+     * echo ours. */
+    bool sid_ok = a.session_id.n == 0 ? a.status != ECX_STATUS_OK
+                                      : a.session_id.n == 36 && !memcmp(a.session_id.p, s->sid, 36);
+    if (!x || x->s != s || x->state != WAITING_ACK || !sid_ok) {
+        c->st.stale_acks++;
+        ECX_LOG_RATELIMITED(ECX_LOG_INFO, "consumer: ignored an ack for no waiting transfer");
+        return;
+    }
+    if (a.status == ECX_STATUS_OK)
+        start_read(c, s, x, &a, now);
+    else if (a.status == ECX_STATUS_NACK_NOT_READY)
+        retry_later(c, x, now);
+    else
+        tombstone(c, x, reason_of_status(a.status), now);
+}
+
+/* ---------- timers and READs ---------- */
+
+static void record_done(ecx_consumer *c, xfer *x, int64_t now)
+{
+    double ms = (double)(now - x->first_ask_ms);
+    int b = 0;
+    while (b < ECX_LATENCY_BUCKETS - 1 && ms > ecx_latency_bounds_ms[b])
+        b++;
+    c->st.latency_count[b]++;
+    c->st.latency_sum_ms += ms;
+    c->st.ready++;
+    c->st.bytes += x->size_bytes;
+}
+
+/* Settle a quarantined transfer: its READ has ended (or was cancelled with
+ * its peer), so the blocks can go back. */
+static void settle(ecx_consumer *c, xfer *x, int64_t now)
+{
+    ecx_data_read_release(x->dx);
+    x->dx = NULL;
+    free_blocks(c, x);
+    c->st.settled++;
+    if (x->reported) {
+        xfer_delete(c, x);
+    } else {
+        x->state = TOMBSTONE; /* the engine has yet to hear of it */
+        x->deadline_ms = now + c->o.tombstone_ttl_ms;
+    }
+}
+
+static int advance(ecx_consumer *c, xfer *x, int64_t now)
+{
+    int st;
+    switch (x->state) {
+    case WAITING_ACK:
+        if (now < x->deadline_ms) return 0;
+        tombstone(c, x, ECX_REASON_ACK_TIMEOUT, now);
+        return 1;
+    case READING:
+        st = ecx_data_read_poll(x->dx);
+        if (st == ECX_XFER_DONE) {
+            ecx_data_read_release(x->dx);
+            x->dx = NULL;
+            int rc = ecx_cache_mark_ready(c->cache, x->hash, x->hash_len);
+            if (rc) {
+                tombstone(c, x, ECX_REASON_READ_FAILED, now);
+                return 1;
+            }
+            x->holds_blocks = false; /* the ready entry now belongs to the cache */
+            record_done(c, x, now);
+            xfer_delete(c, x);
+            return 1;
+        }
+        if (st == ECX_XFER_FAILED) {
+            tombstone(c, x, ECX_REASON_READ_FAILED, now);
+            return 1;
+        }
+        if (now < x->deadline_ms) return 0;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: READ of %.*s overran; quarantined",
+                            (int)x->hash_len, x->hash);
+        x->state = QUARANTINED;
+        x->reason = ECX_REASON_QUARANTINED;
+        x->deadline_ms = now + c->o.quarantine_ms;
+        c->st.quarantines++;
+        return 1;
+    case QUARANTINED:
+        if (ecx_data_read_poll(x->dx) != ECX_XFER_RUNNING) {
+            settle(c, x, now);
+            return 1;
+        }
+        if (now < x->deadline_ms) return 0;
+        /* Out of patience: drop the registration so the READ is cancelled
+         * and can no longer write, then free. */
+        if (x->s) {
+            ecx_data_peer_drop(x->s->dpeer);
+            x->s->dpeer = NULL;
+        }
+        settle(c, x, now);
+        return 1;
+    case RETRY:
+        if (now < x->deadline_ms) return 0;
+        ask(c, x, now);
+        return 1;
+    case TOMBSTONE:
+        if (now < x->deadline_ms) return 0;
+        xfer_delete(c, x);
+        return 1;
+    }
+    return 0;
+}
+
+int ecx_consumer_poll(ecx_consumer *c)
+{
+    int events = 0;
+    int64_t now = now_ms(c);
+    int n = ecx_data_progress(c->data);
+    if (n > 0) events += n;
+    for (session *s = c->sessions_list, *next; s; s = next) {
+        next = s->next;
+        const void *pl;
+        size_t len;
+        for (int i = 0; i < 4096 && ecx_ctrl_peer_recv(s->peer, &pl, &len) == 1; i++, events++)
+            on_ack(c, s, pl, len, now);
+        if (ecx_ctrl_peer_lost(s->peer)) {
+            ecx_log(ECX_LOG_WARN, "consumer: lost producer %s:%d; session %s closed", s->host,
+                    s->port, s->sid);
+            c->st.peers_lost++;
+            session_close(c, s, now);
+            events++;
+        }
+    }
+    for (xfer *x = c->head, *next; x; x = next) {
+        next = x->next;
+        events += advance(c, x, now);
+    }
+    return events;
+}
+
+/* ---------- engine-facing ---------- */
+
+int ecx_consumer_fetch(ecx_consumer *c, const char *mm_hash, size_t hash_len, const char *host,
+                       int port, uint64_t size_bytes, uint64_t expected_size, int *reason)
+{
+    *reason = ECX_REASON_NONE;
+    if (!mm_hash || hash_len == 0 || hash_len > ECX_MM_HASH_MAX) {
+        *reason = ECX_REASON_INVALID;
+        c->st.fallbacks[*reason]++;
+        return ECX_FETCH_LOCAL;
+    }
+    xfer *x = xfer_find(c, mm_hash, hash_len);
+    if (x) {
+        switch (x->state) {
+        case TOMBSTONE:
+            *reason = x->reason;
+            xfer_delete(c, x);
+            c->st.fallbacks[*reason]++;
+            return ECX_FETCH_LOCAL;
+        case QUARANTINED: /* told once; its blocks are still held */
+            *reason = ECX_REASON_QUARANTINED;
+            if (!x->reported) c->st.fallbacks[*reason]++;
+            x->reported = true;
+            return ECX_FETCH_LOCAL;
+        default: return ECX_FETCH_PENDING;
+        }
+    }
+    ecx_cache_info info;
+    if (ecx_cache_lookup(c->cache, mm_hash, hash_len, &info) == 0)
+        return info.state == ECX_CACHE_READY ? ECX_FETCH_READY : ECX_FETCH_PENDING;
+    if (!host || !*host || strlen(host) >= 256 || port <= 0 || port > 65535) {
+        *reason = ECX_REASON_NO_PEER;
+        c->st.fallbacks[*reason]++;
+        return ECX_FETCH_LOCAL;
+    }
+    if (expected_size && expected_size != size_bytes) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s announced as %llu bytes, expected %llu",
+                            (int)hash_len, mm_hash, (unsigned long long)size_bytes,
+                            (unsigned long long)expected_size);
+        *reason = ECX_REASON_SIZE_MISMATCH;
+        c->st.fallbacks[*reason]++;
+        return ECX_FETCH_LOCAL;
+    }
+    if (size_bytes == 0 || size_bytes / c->o.block_bytes >= ECX_CACHE_MAX_BLOCKS) {
+        *reason = ECX_REASON_INVALID;
+        c->st.fallbacks[*reason]++;
+        return ECX_FETCH_LOCAL;
+    }
+    int64_t now = now_ms(c);
+    if (!(x = xfer_new(c, mm_hash, hash_len))) {
+        *reason = ECX_REASON_NO_ROOM;
+        c->st.fallbacks[*reason]++;
+        return ECX_FETCH_LOCAL;
+    }
+    snprintf(x->host, sizeof x->host, "%s", host);
+    x->port = port;
+    x->size_bytes = size_bytes;
+    x->n_blocks = (size_bytes + c->o.block_bytes - 1) / c->o.block_bytes;
+    x->first_ask_ms = now;
+    ask(c, x, now);
+    if (x->state == TOMBSTONE) { /* failed at once: answer now */
+        *reason = x->reason;
+        xfer_delete(c, x);
+        c->st.fallbacks[*reason]++;
+        return ECX_FETCH_LOCAL;
+    }
+    return ECX_FETCH_PENDING;
+}
+
+size_t ecx_consumer_pollitems(ecx_consumer *c, zmq_pollitem_t *items, size_t cap)
+{
+    size_t n = 0;
+    for (session *s = c->sessions_list; s; s = s->next, n++)
+        if (n < cap) items[n] = (zmq_pollitem_t){ecx_ctrl_peer_socket(s->peer), 0, ZMQ_POLLIN, 0};
+    return n;
+}
+
+int64_t ecx_consumer_next_timeout(ecx_consumer *c)
+{
+    int64_t now = now_ms(c), best = -1;
+    for (xfer *x = c->head; x; x = x->next) {
+        /* READs are polled, not timed: wake soon while any runs. */
+        int64_t due = x->state == READING || x->state == QUARANTINED ? 1 : x->deadline_ms - now;
+        if (due < 0) due = 0;
+        if (best < 0 || due < best) best = due;
+    }
+    return best;
+}
+
+ecx_consumer_stats ecx_consumer_get_stats(const ecx_consumer *c)
+{
+    return c->st;
+}
+
+/* ---------- lifecycle ---------- */
+
+int ecx_consumer_new(ecx_cache *cache, ecx_data *data, const ecx_consumer_opts *opts,
+                     ecx_consumer **out)
+{
+    if (!cache || !data || !opts || !opts->zctx || !opts->compat_hash || !out ||
+        opts->block_bytes == 0 || strlen(opts->compat_hash) > ECX_COMPAT_HASH_HEX)
+        return ECX_EINVAL;
+    ecx_consumer *c = calloc(1, sizeof *c);
+    if (!c) return ECX_ENOMEM;
+    c->cache = cache, c->data = data, c->o = *opts;
+    snprintf(c->compat, sizeof c->compat, "%s", opts->compat_hash);
+    c->o.compat_hash = c->compat;
+    if (c->o.ack_timeout_ms <= 0) c->o.ack_timeout_ms = 2000;
+    if (c->o.read_timeout_ms <= 0) c->o.read_timeout_ms = 20000;
+    if (c->o.quarantine_ms <= 0) c->o.quarantine_ms = 60000;
+    if (c->o.item_wait_ms <= 0) c->o.item_wait_ms = 60000;
+    if (c->o.tombstone_ttl_ms <= 0) c->o.tombstone_ttl_ms = 600000;
+    int rc = ecx_table_init(&c->xfers);
+    if (!rc && (rc = ecx_table_init(&c->sessions))) ecx_table_fini(&c->xfers);
+    if (!rc && (rc = grow_scratch(c, 256))) {
+        ecx_table_fini(&c->xfers);
+        ecx_table_fini(&c->sessions);
+    }
+    if (rc) {
+        free(c->idx), free(c->remote), free(c->local), free(c);
+        return rc;
+    }
+    msgpack_sbuffer_init(&c->out);
+    *out = c;
+    return 0;
+}
+
+void ecx_consumer_free(ecx_consumer *c)
+{
+    if (!c) return;
+    int64_t now = now_ms(c);
+    while (c->sessions_list)
+        session_close(c, c->sessions_list, now);
+    /* Every READ is now failed or cancelled with its peer: free it all. */
+    while (c->head) {
+        xfer *x = c->head;
+        if (x->dx) ecx_data_read_release(x->dx);
+        x->dx = NULL;
+        free_blocks(c, x);
+        xfer_delete(c, x);
+    }
+    for (xfer *x = c->free_xfers, *n; x; x = n)
+        n = x->next, free(x);
+    ecx_table_fini(&c->xfers);
+    ecx_table_fini(&c->sessions);
+    msgpack_sbuffer_destroy(&c->out);
+    free(c->idx), free(c->remote), free(c->local);
+    free(c);
+}

@@ -1,0 +1,111 @@
+/*
+ * consumer — the consumer sessions (SPEC §5): one session per producer
+ * address, and one state machine per transfer.
+ *
+ *   WAITING_ACK --OK ack, valid--> READING --read done--> DONE (entry ready)
+ *        |  NACK_NOT_READY: free blocks, RETRY (ask again after a backoff,
+ *        |      within the per-item wait) -- no tombstone
+ *        |  other NACK, bad ack, ack timeout: tombstone, free blocks
+ *   READING --read failed--> tombstone READ_FAILED, free blocks
+ *        --deadline passed--> QUARANTINED: tombstone now, keep the blocks
+ *   QUARANTINED --read ends, or the quarantine limit passes--> SETTLED:
+ *        free the blocks (at the limit, the data peer is dropped first so
+ *        nothing can still write into them)
+ *
+ * A tombstone answers the engine's next fetch of that item with
+ * "encode locally" and the reason, and is then gone. Every ack is
+ * validated before a READ is posted: the session id must be echoed, the
+ * block count must equal the reservation, every index must be in the
+ * producer's range (the data plane checks that against its descriptor),
+ * and its metadata must register. An OK ack whose agent_metadata differs
+ * from the registered one means the producer restarted: the old
+ * registration is dropped and the new one made.
+ *
+ * A session is a DEALER with heartbeats and a disconnect monitor, and a
+ * random UUID4 session_id. When the producer is lost, transfers waiting for
+ * an ack become retryable, transfers reading are quarantined (and, since
+ * the data peer is dropped with the session, settle at once), and the
+ * session is closed: the next contact opens a fresh socket and session id.
+ * No reserved block is ever lost: every path frees it, at the latest when
+ * the quarantine limit passes.
+ */
+#ifndef ECX_CONSUMER_H
+#define ECX_CONSUMER_H
+
+#include <stdint.h>
+#include <zmq.h>
+
+#include "cache.h"
+#include "ctrl.h"
+#include "data.h"
+#include "util.h"
+
+typedef struct ecx_consumer ecx_consumer;
+
+/* Longest mm_hash a consumer fetches: "{uuid}:{mm_hash}" must fit a
+ * notification. */
+#define ECX_MM_HASH_MAX 256
+
+typedef struct ecx_consumer_opts {
+    void *zctx;               /* ZeroMQ context for the sessions' sockets */
+    const char *compat_hash;  /* sent in every XferReq */
+    uint64_t block_bytes;     /* of the local region */
+    int64_t ack_timeout_ms;   /* default 2000 */
+    int64_t read_timeout_ms;  /* default 20000 */
+    int64_t quarantine_ms;    /* default 60000 */
+    int64_t item_wait_ms;     /* overall NOT_READY wait per item; default 60000 */
+    int64_t tombstone_ttl_ms; /* unclaimed tombstones are dropped; default 600000 */
+    ecx_ctrl_opts ctrl;
+    const ecx_clock *clock; /* NULL: monotonic */
+} ecx_consumer_opts;
+
+/* Upper bounds (ms) of the fetch-latency histogram; the last is +Inf. */
+#define ECX_LATENCY_BUCKETS 14
+extern const double ecx_latency_bounds_ms[ECX_LATENCY_BUCKETS - 1];
+
+typedef struct ecx_consumer_stats {
+    uint64_t requests;                    /* XferReqs sent */
+    uint64_t ready;                       /* items fetched */
+    uint64_t fallbacks[ECX_REASON_COUNT]; /* items answered "encode locally", by reason */
+    uint64_t retries;                     /* NOT_READY (or lost-peer) re-asks */
+    uint64_t quarantines;
+    uint64_t settled;    /* quarantined transfers whose blocks came back */
+    uint64_t bytes;      /* bytes fetched */
+    uint64_t stale_acks; /* acks for no waiting transfer, or with another session id */
+    uint64_t malformed_acks;
+    uint64_t peer_restarts;
+    uint64_t peers_lost;
+    uint64_t in_flight;                          /* transfers not yet settled */
+    uint64_t latency_count[ECX_LATENCY_BUCKETS]; /* fetch latency, non-cumulative */
+    double latency_sum_ms;
+} ecx_consumer_stats;
+
+int ecx_consumer_new(ecx_cache *cache, ecx_data *data, const ecx_consumer_opts *opts,
+                     ecx_consumer **out);
+/* Close every session and free every reserved block. NULL is a no-op. */
+void ecx_consumer_free(ecx_consumer *c);
+
+/*
+ * Ask for mm_hash from the producer at host:port (host NULL: not
+ * announced), announced as size_bytes long, where the engine expects
+ * expected_size (0: any). Returns enum ecx_fetch_state; for
+ * ECX_FETCH_LOCAL, *reason says why. Asking again about a pending item is
+ * cheap and is how the engine learns it finished.
+ */
+int ecx_consumer_fetch(ecx_consumer *c, const char *mm_hash, size_t hash_len, const char *host,
+                       int port, uint64_t size_bytes, uint64_t expected_size, int *reason);
+
+/* Receive acks, advance READs and timers. Never blocks; returns the number
+ * of events handled. */
+int ecx_consumer_poll(ecx_consumer *c);
+
+/* Fill items with the sessions' sockets (for zmq_poll); returns how many
+ * there are (may exceed cap: then only cap were written). */
+size_t ecx_consumer_pollitems(ecx_consumer *c, zmq_pollitem_t *items, size_t cap);
+
+/* Milliseconds until the next timer is due (0 if one is due, -1 if none). */
+int64_t ecx_consumer_next_timeout(ecx_consumer *c);
+
+ecx_consumer_stats ecx_consumer_get_stats(const ecx_consumer *c);
+
+#endif

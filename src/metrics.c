@@ -1,0 +1,129 @@
+/* metrics — Prometheus text rendering of the counters; see metrics.h. */
+#include "metrics.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+typedef struct out {
+    char *buf;
+    size_t cap, len;
+    bool full;
+} out;
+
+static void put(out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(out *o, const char *fmt, ...)
+{
+    if (o->full) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= o->cap - o->len)
+        o->full = true;
+    else
+        o->len += (size_t)n;
+}
+
+static void counter(out *o, const char *name, const char *help, unsigned long long v)
+{
+    put(o, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, v);
+}
+
+static void gauge(out *o, const char *name, const char *help, unsigned long long v)
+{
+    put(o, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", name, help, name, name, v);
+}
+
+static void producer(out *o, const ecx_producer_stats *p, const ecx_ctrl_stats *c)
+{
+    counter(o, "ecx_producer_requests_total", "XferReq frames received.", p->requests);
+    counter(o, "ecx_producer_malformed_total", "Requests dropped because they did not decode.",
+            p->malformed);
+    counter(o, "ecx_producer_bad_framing_total", "Messages dropped for their ZeroMQ framing.",
+            c ? c->bad_framing : 0);
+    counter(o, "ecx_producer_grants_total", "OK acks: entries pinned for a consumer.", p->grants);
+    put(o, "# HELP ecx_producer_nacks_total NACKs sent, by status.\n"
+           "# TYPE ecx_producer_nacks_total counter\n");
+    for (int s = 1; s <= ECX_STATUS_MAX; s++)
+        put(o, "ecx_producer_nacks_total{status=\"%s\"} %llu\n", ecx_status_name(s),
+            (unsigned long long)p->nacks[s]);
+    counter(o, "ecx_producer_regrants_total", "Repeated requests that replaced a grant.",
+            p->regrants);
+    gauge(o, "ecx_producer_active_grants", "Grants holding a pin now.", p->active_grants);
+    counter(o, "ecx_producer_expired_leases_total", "Grants unpinned because the lease expired.",
+            p->expired_leases);
+    counter(o, "ecx_producer_completions_total", "Completion notifications that released a grant.",
+            p->completions);
+    counter(o, "ecx_producer_unknown_notifications_total",
+            "Completion notifications that matched no grant.", p->unknown_notifs);
+    counter(o, "ecx_producer_bytes_served_total", "Bytes (whole blocks) of completed transfers.",
+            p->bytes_served);
+    counter(o, "ecx_producer_reply_failed_total", "Acks that could not be sent.", p->reply_failed);
+}
+
+static void consumer(out *o, const ecx_consumer_stats *c)
+{
+    put(o, "# HELP ecx_consumer_fetches_total Items answered, by outcome (ready, or the reason "
+           "for encoding locally).\n# TYPE ecx_consumer_fetches_total counter\n");
+    put(o, "ecx_consumer_fetches_total{outcome=\"ready\"} %llu\n", (unsigned long long)c->ready);
+    for (int r = 1; r < ECX_REASON_COUNT; r++)
+        put(o, "ecx_consumer_fetches_total{outcome=\"%s\"} %llu\n", ecx_reason_name(r),
+            (unsigned long long)c->fallbacks[r]);
+    counter(o, "ecx_consumer_requests_total", "XferReqs sent.", c->requests);
+    counter(o, "ecx_consumer_retries_total", "Requests repeated after NOT_READY or a lost peer.",
+            c->retries);
+    counter(o, "ecx_consumer_quarantines_total", "READs that overran their deadline.",
+            c->quarantines);
+    counter(o, "ecx_consumer_settled_total", "Quarantined transfers whose blocks came back.",
+            c->settled);
+    counter(o, "ecx_consumer_bytes_total", "Bytes fetched.", c->bytes);
+    counter(o, "ecx_consumer_stale_acks_total", "Acks for no waiting transfer.", c->stale_acks);
+    counter(o, "ecx_consumer_malformed_acks_total", "Acks dropped because they did not decode.",
+            c->malformed_acks);
+    counter(o, "ecx_consumer_peer_restarts_total", "Producers seen restarting (new metadata).",
+            c->peer_restarts);
+    counter(o, "ecx_consumer_peers_lost_total", "Producer connections lost.", c->peers_lost);
+    gauge(o, "ecx_consumer_in_flight", "Transfers not yet settled.", c->in_flight);
+    put(o, "# HELP ecx_consumer_fetch_latency_seconds Time from first request to the bytes in "
+           "place.\n# TYPE ecx_consumer_fetch_latency_seconds histogram\n");
+    unsigned long long cum = 0;
+    for (int b = 0; b < ECX_LATENCY_BUCKETS; b++) {
+        cum += c->latency_count[b];
+        if (b < ECX_LATENCY_BUCKETS - 1)
+            put(o, "ecx_consumer_fetch_latency_seconds_bucket{le=\"%g\"} %llu\n",
+                ecx_latency_bounds_ms[b] / 1000.0, cum);
+        else
+            put(o, "ecx_consumer_fetch_latency_seconds_bucket{le=\"+Inf\"} %llu\n", cum);
+    }
+    put(o, "ecx_consumer_fetch_latency_seconds_sum %.6f\n", c->latency_sum_ms / 1000.0);
+    put(o, "ecx_consumer_fetch_latency_seconds_count %llu\n", cum);
+}
+
+static void cache(out *o, const ecx_cache_stats *c, unsigned long long block_bytes)
+{
+    gauge(o, "ecx_region_block_bytes", "Size of one block.", block_bytes);
+    put(o, "# HELP ecx_region_blocks Blocks of the region, by state.\n"
+           "# TYPE ecx_region_blocks gauge\n");
+    put(o, "ecx_region_blocks{state=\"free\"} %llu\n", (unsigned long long)c->free_blocks);
+    put(o, "ecx_region_blocks{state=\"evictable\"} %llu\n",
+        (unsigned long long)c->evictable_blocks);
+    put(o, "ecx_region_blocks{state=\"owned\"} %llu\n", (unsigned long long)c->owned_blocks);
+    put(o, "# HELP ecx_cache_entries Entries, by state.\n# TYPE ecx_cache_entries gauge\n");
+    put(o, "ecx_cache_entries{state=\"not_ready\"} %llu\n", (unsigned long long)c->not_ready);
+    put(o, "ecx_cache_entries{state=\"ready\"} %llu\n", (unsigned long long)c->ready);
+    put(o, "ecx_cache_entries{state=\"pinned\"} %llu\n", (unsigned long long)c->pinned);
+    counter(o, "ecx_cache_evictions_total", "Entries evicted to make room.", c->evictions);
+    counter(o, "ecx_cache_reserve_full_total", "Reservations refused for lack of room.",
+            c->reserve_full);
+}
+
+int ecx_metrics_render(const ecx_metrics_src *m, char *buf, size_t cap)
+{
+    out o = {buf, cap, 0, cap == 0};
+    if (m->producer) producer(&o, m->producer, m->ctrl);
+    if (m->consumer) consumer(&o, m->consumer);
+    if (m->cache) cache(&o, m->cache, m->block_bytes);
+    if (o.full) return ECX_ERANGE;
+    return (int)o.len;
+}

@@ -1,0 +1,30 @@
+/*
+ * metrics — renders a context's counters as Prometheus text (exposition
+ * format 0.0.4): the producer's grants, NACKs by status, malformed frames,
+ * leases and bytes; the region's blocks by state; the consumer's fetches by
+ * outcome, retries, quarantines, bytes and a fetch-latency histogram.
+ * It only formats: the counters live with the sessions that own them.
+ */
+#ifndef ECX_METRICS_H
+#define ECX_METRICS_H
+
+#include <stddef.h>
+
+#include "cache.h"
+#include "consumer.h"
+#include "ctrl.h"
+#include "producer.h"
+
+typedef struct ecx_metrics_src {
+    const ecx_producer_stats *producer; /* NULL if not a producer */
+    const ecx_ctrl_stats *ctrl;         /* the producer's ROUTER */
+    const ecx_consumer_stats *consumer; /* NULL if not a consumer */
+    const ecx_cache_stats *cache;
+    unsigned long long block_bytes;
+} ecx_metrics_src;
+
+/* Returns the length written (NUL excluded) or ECX_ERANGE if cap is too
+ * small. */
+int ecx_metrics_render(const ecx_metrics_src *m, char *buf, size_t cap);
+
+#endif

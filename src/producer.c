@@ -1,0 +1,317 @@
+/*
+ * producer — grants, leases and completion notifications of the producer
+ * session. See producer.h for the rules; this file is their mechanics.
+ */
+#include "producer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "table.h"
+#include "wire.h"
+
+typedef struct grant {
+    ecx_table_node node;       /* keyed by key[0..key_len) */
+    struct grant *prev, *next; /* lease queue, oldest first; next = free list */
+    int64_t expires_ms;
+    uint64_t n_blocks;
+    uint32_t hash_off; /* mm_hash starts at key + hash_off */
+    uint32_t key_len;
+    char key[ECX_DATA_NOTIF_MAX]; /* "{session_id}:{mm_hash}" */
+} grant;
+
+struct ecx_producer {
+    ecx_cache *cache;
+    ecx_data *data;
+    ecx_ctrl_server *srv;
+    ecx_producer_opts o;
+    char compat[ECX_COMPAT_HASH_HEX + 1];
+    size_t compat_len;
+    ecx_producer_stats st;
+
+    ecx_table grants;
+    grant *oldest, *newest; /* lease queue */
+    grant *free_list;       /* pooled records */
+
+    ecx_ctrl_msg msg;    /* reused for every request */
+    msgpack_sbuffer out; /* reused for every ack */
+    int64_t *idx;        /* reused block-index buffer */
+    size_t idx_cap;
+};
+
+/* ---------- grant table ---------- */
+
+static grant *grant_find(const ecx_producer *p, const char *key, size_t len)
+{
+    ecx_table_node *n = ecx_table_find(&p->grants, key, len);
+    return n ? ECX_CONTAINER_OF(n, grant, node) : NULL;
+}
+
+static void grant_unlink(ecx_producer *p, grant *g)
+{
+    ecx_table_remove(&p->grants, &g->node);
+    if (g->prev)
+        g->prev->next = g->next;
+    else
+        p->oldest = g->next;
+    if (g->next)
+        g->next->prev = g->prev;
+    else
+        p->newest = g->prev;
+    g->next = p->free_list, p->free_list = g;
+    p->st.active_grants--;
+}
+
+/* Drop a grant and the pin it holds. */
+static void grant_release(ecx_producer *p, grant *g)
+{
+    int rc = ecx_cache_unpin(p->cache, g->key + g->hash_off, g->key_len - g->hash_off);
+    if (rc)
+        ecx_log(ECX_LOG_ERROR, "producer: unpin of a granted entry failed: %s", ecx_strerror(rc));
+    grant_unlink(p, g);
+}
+
+static grant *grant_add(ecx_producer *p, ecx_span sid, ecx_span hash, uint64_t n_blocks,
+                        int64_t now)
+{
+    grant *g = p->free_list;
+    if (g) {
+        p->free_list = g->next;
+    } else if (!(g = malloc(sizeof *g))) {
+        return NULL;
+    }
+    memcpy(g->key, sid.p, sid.n);
+    g->key[sid.n] = ':';
+    memcpy(g->key + sid.n + 1, hash.p, hash.n);
+    g->hash_off = (uint32_t)(sid.n + 1);
+    g->key_len = (uint32_t)(sid.n + 1 + hash.n);
+    g->n_blocks = n_blocks;
+    g->expires_ms = now + p->o.lease_ms;
+    g->node.key = g->key;
+    g->node.key_len = g->key_len;
+    ecx_table_insert(&p->grants, &g->node);
+    g->prev = p->newest, g->next = NULL;
+    if (p->newest)
+        p->newest->next = g;
+    else
+        p->oldest = g;
+    p->newest = g;
+    p->st.active_grants++;
+    return g;
+}
+
+/* ---------- lifecycle ---------- */
+
+int ecx_producer_new(ecx_cache *cache, ecx_data *data, ecx_ctrl_server *srv,
+                     const ecx_producer_opts *opts, ecx_producer **out)
+{
+    if (!cache || !data || !srv || !opts || !opts->compat_hash || !out) return ECX_EINVAL;
+    size_t cl = strlen(opts->compat_hash);
+    if (cl > ECX_COMPAT_HASH_HEX) return ECX_EINVAL;
+    ecx_producer *p = calloc(1, sizeof *p);
+    if (!p) return ECX_ENOMEM;
+    p->cache = cache, p->data = data, p->srv = srv, p->o = *opts;
+    if (p->o.lease_ms <= 0) p->o.lease_ms = 30000;
+    if (p->o.max_grants == 0) p->o.max_grants = 65536;
+    memcpy(p->compat, opts->compat_hash, cl + 1);
+    p->compat_len = cl;
+    p->o.compat_hash = p->compat;
+    p->idx_cap = 1024;
+    p->idx = malloc(p->idx_cap * sizeof *p->idx);
+    int rc = p->idx ? ecx_table_init(&p->grants) : ECX_ENOMEM;
+    if (rc) {
+        free(p->idx), free(p);
+        return rc;
+    }
+    ecx_ctrl_msg_init(&p->msg);
+    msgpack_sbuffer_init(&p->out);
+    *out = p;
+    return 0;
+}
+
+void ecx_producer_free(ecx_producer *p)
+{
+    if (!p) return;
+    while (p->oldest)
+        grant_release(p, p->oldest);
+    for (grant *g = p->free_list, *n; g; g = n)
+        n = g->next, free(g);
+    ecx_ctrl_msg_fini(&p->msg);
+    msgpack_sbuffer_destroy(&p->out);
+    ecx_table_fini(&p->grants);
+    free(p->idx);
+    free(p);
+}
+
+int64_t ecx_producer_next_timeout(const ecx_producer *p)
+{
+    if (!p->oldest) return -1;
+    int64_t due = p->oldest->expires_ms - ecx_now_ms(p->o.clock);
+    return due < 0 ? 0 : due;
+}
+
+ecx_producer_stats ecx_producer_get_stats(const ecx_producer *p)
+{
+    return p->st;
+}
+
+/* ---------- requests ---------- */
+
+static void reply(ecx_producer *p, const ecx_ack *a)
+{
+    int rc = ecx_wire_encode_ack(a, &p->out);
+    if (!rc)
+        rc = ecx_ctrl_server_send(p->srv, p->msg.identity, p->msg.identity_len, p->out.data,
+                                  p->out.size);
+    if (rc) {
+        p->st.reply_failed++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: ack not sent: %s", ecx_strerror(rc));
+    }
+}
+
+static void nack(ecx_producer *p, ecx_span hash, int status, const char *why)
+{
+    p->st.nacks[status]++;
+    /* Expected outcomes are info, the rest warnings (SPEC §3). */
+    int level = status == ECX_STATUS_NACK_MISSING || status == ECX_STATUS_NACK_NOT_READY
+                    ? ECX_LOG_INFO
+                    : ECX_LOG_WARN;
+    ECX_LOG_RATELIMITED(level, "producer: %s for %.*s: %s", ecx_status_name(status),
+                        (int)(hash.n > 80 ? 80 : hash.n), hash.p, why);
+    ecx_ack a;
+    ecx_ack_init(&a);
+    a.mm_hash = hash;
+    a.status = status;
+    reply(p, &a);
+}
+
+/* Copy the entry's block indices into p->idx, growing it if needed. */
+static int entry_blocks(ecx_producer *p, ecx_span hash, size_t *n)
+{
+    int rc = ecx_cache_blocks(p->cache, hash.p, hash.n, p->idx, p->idx_cap, n);
+    if (rc != ECX_ERANGE) return rc;
+    int64_t *bigger = realloc(p->idx, *n * sizeof *bigger);
+    if (!bigger) return ECX_ENOMEM;
+    p->idx = bigger, p->idx_cap = *n;
+    return ecx_cache_blocks(p->cache, hash.p, hash.n, p->idx, p->idx_cap, n);
+}
+
+static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
+{
+    if (r->connector_version != ECX_CONNECTOR_VERSION) {
+        nack(p, r->mm_hash, ECX_STATUS_NACK_VERSION, "connector version differs");
+        return;
+    }
+    if (r->compatibility_hash.n != p->compat_len ||
+        memcmp(r->compatibility_hash.p, p->compat, p->compat_len)) {
+        nack(p, r->mm_hash, ECX_STATUS_NACK_INCOMPAT, "compatibility hash differs");
+        return;
+    }
+    if (r->session_id.n == 0) {
+        nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "request has no session_id");
+        return;
+    }
+    if (r->session_id.n + 1 + r->mm_hash.n > ECX_DATA_NOTIF_MAX) {
+        nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "session_id:mm_hash too long");
+        return;
+    }
+
+    char key[ECX_DATA_NOTIF_MAX];
+    memcpy(key, r->session_id.p, r->session_id.n);
+    key[r->session_id.n] = ':';
+    memcpy(key + r->session_id.n + 1, r->mm_hash.p, r->mm_hash.n);
+    grant *old = grant_find(p, key, r->session_id.n + 1 + r->mm_hash.n);
+    if (old) { /* the consumer asked again: its old pin goes first */
+        grant_release(p, old);
+        p->st.regrants++;
+    } else if (p->st.active_grants >= p->o.max_grants) {
+        nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "too many active grants");
+        return;
+    }
+
+    int rc = ecx_cache_pin_if_ready(p->cache, r->mm_hash.p, r->mm_hash.n);
+    if (rc == ECX_ECACHE_MISSING || rc == ECX_EINVAL) {
+        nack(p, r->mm_hash, ECX_STATUS_NACK_MISSING, "not held");
+        return;
+    }
+    if (rc == ECX_ECACHE_NOT_READY) {
+        nack(p, r->mm_hash, ECX_STATUS_NACK_NOT_READY, "save not landed yet");
+        return;
+    }
+    if (rc) {
+        nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, ecx_strerror(rc));
+        return;
+    }
+
+    size_t n = 0;
+    grant *g = NULL;
+    if ((rc = entry_blocks(p, r->mm_hash, &n)) ||
+        !(g = grant_add(p, r->session_id, r->mm_hash, n, now))) {
+        ecx_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
+        nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, rc ? ecx_strerror(rc) : "out of memory");
+        return;
+    }
+    ecx_ack a;
+    ecx_ack_init(&a);
+    a.mm_hash = r->mm_hash;
+    a.status = ECX_STATUS_OK;
+    a.session_id = r->session_id;
+    a.n_indices = n;
+    a.indices = p->idx;
+    size_t ml, dl;
+    const uint8_t *meta = ecx_data_agent_metadata(p->data, &ml);
+    const uint8_t *desc = ecx_data_mem_descriptor(p->data, &dl);
+    a.agent_metadata = (ecx_span){(const char *)meta, ml};
+    a.mem_descriptor = (ecx_span){(const char *)desc, dl};
+    uint64_t failed_before = p->st.reply_failed;
+    reply(p, &a);
+    if (p->st.reply_failed != failed_before) {
+        grant_release(p, g); /* nobody will read it */
+        return;
+    }
+    p->st.grants++;
+}
+
+static void on_notif(void *arg, const char *msg, size_t len)
+{
+    ecx_producer *p = arg;
+    grant *g = len <= ECX_DATA_NOTIF_MAX ? grant_find(p, msg, len) : NULL;
+    if (!g) {
+        p->st.unknown_notifs++;
+        ECX_LOG_RATELIMITED(ECX_LOG_INFO, "producer: notification for no grant (%zu bytes)", len);
+        return;
+    }
+    p->st.completions++;
+    p->st.bytes_served += g->n_blocks * p->o.block_bytes;
+    grant_release(p, g);
+}
+
+int ecx_producer_poll(ecx_producer *p)
+{
+    int events = 0;
+    int64_t now = ecx_now_ms(p->o.clock);
+    /* Bounded per call so one flooding peer cannot starve the engine loop. */
+    for (int i = 0; i < 4096 && ecx_ctrl_server_recv(p->srv, &p->msg) == 1; i++, events++) {
+        p->st.requests++;
+        ecx_req r;
+        int rc = ecx_wire_decode_req(p->msg.payload, p->msg.payload_len, &r);
+        if (rc) {
+            p->st.malformed++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: dropped undecodable request: %s",
+                                ecx_strerror(rc));
+            continue;
+        }
+        serve(p, &r, now);
+    }
+    int n = ecx_data_poll_notifs(p->data, on_notif, p);
+    if (n > 0) events += n;
+    while (p->oldest && p->oldest->expires_ms <= now) {
+        grant *g = p->oldest;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: lease expired for %.*s; unpinned",
+                            (int)(g->key_len > 120 ? 120 : g->key_len), g->key);
+        p->st.expired_leases++;
+        grant_release(p, g);
+        events++;
+    }
+    return events;
+}

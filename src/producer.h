@@ -1,0 +1,77 @@
+/*
+ * producer — the producer session (SPEC §4.3–§4.5): answers each XferReq,
+ * holds the pins it grants, and lets them go.
+ *
+ * A request is checked in the SPEC's order: connector_version != 1 →
+ * NACK_VERSION; compatibility hash differs → NACK_INCOMPAT; empty
+ * session_id → NACK_INTERNAL (grants are keyed by session_id:mm_hash, so
+ * an empty id would alias two consumers); no entry → NACK_MISSING; not
+ * ready → NACK_NOT_READY; otherwise the entry is pinned and the ack carries
+ * all its block indices, the data plane's agent_metadata and
+ * mem_descriptor, and the echoed session_id. A NACK carries only mm_hash
+ * and status, as the reference's does.
+ *
+ * Grants are keyed "{session_id}:{mm_hash}", the same string the consumer
+ * sends as its completion notification, so a notification releases its
+ * grant by exact lookup. Each grant holds one pin under a lease (30 s); a
+ * lease that expires unpins with a warning. A repeated request for a key
+ * already granted (the consumer timed out and asked again) releases the old
+ * pin before taking the new one. Frames that do not decode get no reply and
+ * are counted. Since the lease is the same for every grant, grants expire
+ * in the order they were made: a list in grant order is the expiry queue.
+ *
+ * Limits, so a hostile peer cannot grow us without bound: a grant key
+ * longer than ECX_DATA_NOTIF_MAX, or a grant beyond max_grants, is refused
+ * with NACK_INTERNAL. Grant records come from a pool that grows to its peak
+ * and is reused; the grant table is hashed with a random SipHash key.
+ */
+#ifndef ECX_PRODUCER_H
+#define ECX_PRODUCER_H
+
+#include <stdint.h>
+
+#include "cache.h"
+#include "ctrl.h"
+#include "data.h"
+#include "util.h"
+
+typedef struct ecx_producer ecx_producer;
+
+typedef struct ecx_producer_opts {
+    const char *compat_hash; /* ours: requests with another one get NACK_INCOMPAT */
+    int64_t lease_ms;        /* default 30000 */
+    uint32_t max_grants;     /* default 65536 */
+    uint64_t block_bytes;    /* for bytes_served */
+    const ecx_clock *clock;  /* NULL: monotonic */
+} ecx_producer_opts;
+
+typedef struct ecx_producer_stats {
+    uint64_t requests;                  /* frames received */
+    uint64_t malformed;                 /* frames that did not decode (dropped) */
+    uint64_t grants;                    /* OK acks */
+    uint64_t nacks[ECX_STATUS_MAX + 1]; /* by status; nacks[0] unused */
+    uint64_t regrants;                  /* repeated requests that replaced a grant */
+    uint64_t active_grants;
+    uint64_t expired_leases;
+    uint64_t completions;    /* notifications that released a grant */
+    uint64_t unknown_notifs; /* notifications matching no grant */
+    uint64_t bytes_served;   /* whole blocks of completed grants */
+    uint64_t reply_failed;   /* acks that could not be sent */
+} ecx_producer_stats;
+
+/* None of cache, data, srv is owned; all must outlive the producer. */
+int ecx_producer_new(ecx_cache *cache, ecx_data *data, ecx_ctrl_server *srv,
+                     const ecx_producer_opts *opts, ecx_producer **out);
+/* Release every grant (unpinning) and free. NULL is a no-op. */
+void ecx_producer_free(ecx_producer *p);
+
+/* Drain requests and reply, drain notifications, sweep expired leases.
+ * Never blocks. Returns the number of events handled. */
+int ecx_producer_poll(ecx_producer *p);
+
+ecx_producer_stats ecx_producer_get_stats(const ecx_producer *p);
+
+/* Milliseconds until the oldest lease expires (0 if due, -1 if no grant). */
+int64_t ecx_producer_next_timeout(const ecx_producer *p);
+
+#endif
