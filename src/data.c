@@ -1,0 +1,722 @@
+/*
+ * data — the data-plane front: the public calls (which check what is
+ * common to every backend and then dispatch through the vtable), the
+ * agent_metadata / mem_descriptor codec, and the "auto" backend, which
+ * publishes both real paths and picks one per peer.
+ *
+ * Why the checks live here: every backend gets the same guarantees (counts
+ * equal and non-zero, every index below both block counts, block sizes
+ * equal, descriptor and metadata from the same producer), so a backend
+ * cannot forget one, and a malformed ack is refused before any backend
+ * code sees it.
+ */
+#include "data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include "data_impl.h"
+#include "util.h"
+
+/* ---- little-endian helpers ------------------------------------------- */
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8);
+}
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/*
+ * Formats. Both are little-endian, start with a 24-byte head and carry
+ * typed sections (u16 type, u16 length, body); sections of an unknown type
+ * are skipped, so later versions can add paths without breaking older
+ * consumers; a known section twice, a length that overruns, a total length
+ * different from the bytes received, or any non-zero reserved field is
+ * refused. Neither carries anything per block.
+ *
+ * agent_metadata  "ECXM" | u8 version=1 | u8 flags=0 | u16 nsections |
+ *                 u32 total_len | u32 reserved=0 | u64 nonce | sections
+ *   1 shm         16B boot_id | u64 st_dev | u64 st_ino | u16 path_len |
+ *                 path | u16 sock_len | abstract socket name
+ *   2 ucx         16B BLAKE2b of the address | packed ucp worker address
+ * mem_descriptor  "ECXD" | u8 version=1 | u8 flags=0 | u16 nsections |
+ *                 u32 total_len | u32 reserved=0 | u64 nonce |
+ *                 u64 block_bytes | u64 num_blocks | sections
+ *   2 ucx         u64 base address | 16B BLAKE2b of the rkey | packed rkey
+ * The nonce is random per producer context: a descriptor is accepted only
+ * with the metadata of the same producer. The digests guard the two UCX
+ * blobs, which UCX parses without a length: a truncated or corrupted blob
+ * is refused here and never reaches it.
+ */
+#define META_MAGIC "ECXM"
+#define DESC_MAGIC "ECXD"
+#define HEAD_LEN 24
+#define DESC_HEAD_LEN 40
+#define SEC_SHM 1
+#define SEC_UCX 2
+#define DIGEST 16
+
+static void digest(const uint8_t *b, size_t n, uint8_t out[DIGEST])
+{
+    crypto_generichash(out, DIGEST, b, n, NULL, 0);
+}
+
+static bool digest_ok(const uint8_t *want, const uint8_t *b, size_t n)
+{
+    uint8_t got[DIGEST];
+    digest(b, n, got);
+    return sodium_memcmp(got, want, DIGEST) == 0;
+}
+
+typedef struct wbuf {
+    uint8_t *p;
+    size_t cap, len;
+    bool overflow;
+} wbuf;
+
+static uint8_t *wb_take(wbuf *w, size_t n)
+{
+    if (w->overflow || n > w->cap - w->len) {
+        w->overflow = true;
+        return NULL;
+    }
+    uint8_t *q = w->p + w->len;
+    w->len += n;
+    return q;
+}
+static void wb_bytes(wbuf *w, const void *b, size_t n)
+{
+    uint8_t *q = wb_take(w, n);
+    if (q && n) memcpy(q, b, n);
+}
+static void wb16(wbuf *w, uint16_t v)
+{
+    uint8_t *q = wb_take(w, 2);
+    if (q) put16(q, v);
+}
+static void wb64(wbuf *w, uint64_t v)
+{
+    uint8_t *q = wb_take(w, 8);
+    if (q) put64(q, v);
+}
+
+static void head(wbuf *w, const char *magic, uint16_t nsec, uint64_t nonce)
+{
+    wb_bytes(w, magic, 4);
+    uint8_t *q = wb_take(w, 12);
+    if (q) {
+        q[0] = ECX_DATA_FORMAT_VERSION, q[1] = 0;
+        put16(q + 2, nsec);
+        put32(q + 4, 0); /* total length, patched at the end */
+        put32(q + 8, 0);
+    }
+    wb64(w, nonce);
+}
+
+static long finish(wbuf *w)
+{
+    if (w->overflow || w->len > UINT32_MAX) return ECX_ERANGE;
+    put32(w->p + 8, (uint32_t)w->len);
+    return (long)w->len;
+}
+
+long ecx_data_meta_encode(const ecx_data_meta *m, uint8_t *buf, size_t cap)
+{
+    if (!m || !buf) return ECX_EINVAL;
+    if (m->has_shm && (m->path_len == 0 || m->path_len > ECX_DATA_PATH_MAX || m->sock_len == 0 ||
+                       m->sock_len > ECX_DATA_SOCK_MAX))
+        return ECX_EINVAL;
+    if (m->has_ucx && (m->ucx_addr_len == 0 || m->ucx_addr_len > UINT16_MAX - DIGEST))
+        return ECX_EINVAL;
+    wbuf w = {buf, cap, 0, false};
+    head(&w, META_MAGIC, (uint16_t)(m->has_shm + m->has_ucx), m->nonce);
+    if (m->has_shm) {
+        wb16(&w, SEC_SHM);
+        wb16(&w, (uint16_t)(16 + 8 + 8 + 2 + m->path_len + 2 + m->sock_len));
+        wb_bytes(&w, m->boot_id, 16);
+        wb64(&w, m->dev);
+        wb64(&w, m->ino);
+        wb16(&w, (uint16_t)m->path_len);
+        wb_bytes(&w, m->path, m->path_len);
+        wb16(&w, (uint16_t)m->sock_len);
+        wb_bytes(&w, m->sock, m->sock_len);
+    }
+    if (m->has_ucx) {
+        wb16(&w, SEC_UCX);
+        wb16(&w, (uint16_t)(DIGEST + m->ucx_addr_len));
+        uint8_t dg[DIGEST];
+        digest(m->ucx_addr, m->ucx_addr_len, dg);
+        wb_bytes(&w, dg, DIGEST);
+        wb_bytes(&w, m->ucx_addr, m->ucx_addr_len);
+    }
+    return finish(&w);
+}
+
+long ecx_data_desc_encode(const ecx_data_desc *d, uint8_t *buf, size_t cap)
+{
+    if (!d || !buf) return ECX_EINVAL;
+    if (d->has_ucx && (d->rkey_len == 0 || d->rkey_len > UINT16_MAX - 8 - DIGEST))
+        return ECX_EINVAL;
+    wbuf w = {buf, cap, 0, false};
+    head(&w, DESC_MAGIC, (uint16_t)d->has_ucx, d->nonce);
+    wb64(&w, d->block_bytes);
+    wb64(&w, d->num_blocks);
+    if (d->has_ucx) {
+        wb16(&w, SEC_UCX);
+        wb16(&w, (uint16_t)(8 + DIGEST + d->rkey_len));
+        wb64(&w, d->ucx_base);
+        uint8_t dg[DIGEST];
+        digest(d->rkey, d->rkey_len, dg);
+        wb_bytes(&w, dg, DIGEST);
+        wb_bytes(&w, d->rkey, d->rkey_len);
+    }
+    return finish(&w);
+}
+
+/* Common head check; on success *p points at the first section. */
+static int check_head(const uint8_t *buf, size_t len, const char *magic, size_t head_len, int bad,
+                      uint16_t *nsec)
+{
+    if (!buf || len < head_len || len > UINT32_MAX) return bad;
+    if (memcmp(buf, magic, 4) != 0) return bad;
+    if (buf[4] != ECX_DATA_FORMAT_VERSION) return ECX_EDATA_VERSION;
+    if (buf[5] != 0 || get32(buf + 12) != 0) return bad;
+    if (get32(buf + 8) != len) return bad;
+    *nsec = get16(buf + 6);
+    return 0;
+}
+
+int ecx_data_meta_decode(const uint8_t *buf, size_t len, ecx_data_meta *m)
+{
+    if (!m) return ECX_EINVAL;
+    memset(m, 0, sizeof *m);
+    uint16_t nsec;
+    int rc = check_head(buf, len, META_MAGIC, HEAD_LEN, ECX_EDATA_META, &nsec);
+    if (rc) return rc;
+    if (len > ECX_DATA_META_MAX) return ECX_EDATA_META;
+    m->nonce = get64(buf + 16);
+    size_t off = HEAD_LEN;
+    for (unsigned s = 0; s < nsec; s++) {
+        if (len - off < 4) return ECX_EDATA_META;
+        uint16_t type = get16(buf + off), slen = get16(buf + off + 2);
+        off += 4;
+        if (slen > len - off) return ECX_EDATA_META;
+        const uint8_t *b = buf + off;
+        if (type == SEC_SHM) {
+            if (m->has_shm || slen < 16 + 8 + 8 + 2) return ECX_EDATA_META;
+            memcpy(m->boot_id, b, 16);
+            m->dev = get64(b + 16);
+            m->ino = get64(b + 24);
+            size_t q = 32;
+            m->path_len = get16(b + q);
+            q += 2;
+            if (m->path_len == 0 || m->path_len > ECX_DATA_PATH_MAX || m->path_len > slen - q)
+                return ECX_EDATA_META;
+            m->path = (const char *)b + q;
+            q += m->path_len;
+            if (slen - q < 2) return ECX_EDATA_META;
+            m->sock_len = get16(b + q);
+            q += 2;
+            if (m->sock_len == 0 || m->sock_len > ECX_DATA_SOCK_MAX || m->sock_len != slen - q)
+                return ECX_EDATA_META;
+            m->sock = (const char *)b + q;
+            /* The path is used with open(): no NUL inside, absolute. */
+            if (memchr(m->path, 0, m->path_len) || m->path[0] != '/') return ECX_EDATA_META;
+            m->has_shm = true;
+        } else if (type == SEC_UCX) {
+            if (m->has_ucx || slen <= DIGEST || !digest_ok(b, b + DIGEST, slen - DIGEST))
+                return ECX_EDATA_META;
+            m->ucx_addr = b + DIGEST;
+            m->ucx_addr_len = slen - DIGEST;
+            m->has_ucx = true;
+        }
+        off += slen;
+    }
+    if (off != len) return ECX_EDATA_META;
+    return 0;
+}
+
+int ecx_data_desc_decode(const uint8_t *buf, size_t len, ecx_data_desc *d)
+{
+    if (!d) return ECX_EINVAL;
+    memset(d, 0, sizeof *d);
+    uint16_t nsec;
+    int rc = check_head(buf, len, DESC_MAGIC, DESC_HEAD_LEN, ECX_EDATA_DESC, &nsec);
+    if (rc) return rc;
+    if (len > ECX_DATA_DESC_MAX) return ECX_EDATA_DESC;
+    d->nonce = get64(buf + 16);
+    d->block_bytes = get64(buf + 24);
+    d->num_blocks = get64(buf + 32);
+    if (d->block_bytes == 0 || d->num_blocks == 0 || d->num_blocks > ECX_REGION_MAX_BLOCKS ||
+        d->block_bytes > UINT64_MAX / d->num_blocks ||
+        d->block_bytes * d->num_blocks > (uint64_t)SIZE_MAX)
+        return ECX_EDATA_DESC;
+    size_t off = DESC_HEAD_LEN;
+    for (unsigned s = 0; s < nsec; s++) {
+        if (len - off < 4) return ECX_EDATA_DESC;
+        uint16_t type = get16(buf + off), slen = get16(buf + off + 2);
+        off += 4;
+        if (slen > len - off) return ECX_EDATA_DESC;
+        const uint8_t *b = buf + off;
+        if (type == SEC_UCX) {
+            if (d->has_ucx || slen <= 8 + DIGEST ||
+                !digest_ok(b + 8, b + 8 + DIGEST, slen - 8u - DIGEST))
+                return ECX_EDATA_DESC;
+            d->ucx_base = get64(b);
+            d->rkey = b + 8 + DIGEST;
+            d->rkey_len = slen - 8u - DIGEST;
+            uint64_t size = d->block_bytes * d->num_blocks;
+            if (d->ucx_base > UINT64_MAX - size) return ECX_EDATA_DESC;
+            d->has_ucx = true;
+        }
+        off += slen;
+    }
+    if (off != len) return ECX_EDATA_DESC;
+    return 0;
+}
+
+int ecx_data_boot_id(uint8_t out[16])
+{
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ECX_ESYS;
+    char txt[64];
+    ssize_t n = read(fd, txt, sizeof txt - 1);
+    close(fd);
+    if (n < 36) return ECX_ESYS;
+    char hex[32];
+    size_t k = 0;
+    for (ssize_t i = 0; i < 36 && k < 32; i++)
+        if (txt[i] != '-') hex[k++] = txt[i];
+    if (k != 32 || ecx_hex_decode(hex, 32, out) != 16) return ECX_ESYS;
+    return 0;
+}
+
+/* ---- peer head ------------------------------------------------------- */
+
+int ecx_data_peer_head_init(ecx_data_peer *p, ecx_data *owner, const char *backend,
+                            uint64_t num_blocks, const uint8_t *meta, size_t meta_len,
+                            const uint8_t *desc, size_t desc_len)
+{
+    p->owner = owner;
+    p->backend = backend;
+    p->num_blocks = num_blocks;
+    p->meta = malloc(meta_len ? meta_len : 1);
+    p->desc = malloc(desc_len ? desc_len : 1);
+    if (!p->meta || !p->desc) {
+        free(p->meta), free(p->desc);
+        p->meta = p->desc = NULL;
+        return ECX_ENOMEM;
+    }
+    if (meta_len) memcpy(p->meta, meta, meta_len);
+    if (desc_len) memcpy(p->desc, desc, desc_len);
+    p->meta_len = meta_len;
+    p->desc_len = desc_len;
+    return 0;
+}
+
+void ecx_data_peer_head_fini(ecx_data_peer *p)
+{
+    free(p->meta);
+    free(p->desc);
+    p->meta = p->desc = NULL;
+}
+
+/* ---- auto: both paths, chosen per peer --------------------------------- */
+
+typedef struct auto_data {
+    ecx_data base;
+    ecx_data *shm, *ucx; /* either may be NULL */
+    int epfd;            /* joins the inner descriptors */
+    int ucx_fd_added;
+} auto_data;
+
+static const struct ecx_data_ops auto_ops;
+
+static void auto_join_fd(auto_data *a, ecx_data *inner)
+{
+    if (!inner || a->epfd < 0) return;
+    int fd = inner->ops->fd(inner);
+    if (fd < 0) return;
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+    if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, fd, &ev) != 0 && errno != EEXIST)
+        ecx_log(ECX_LOG_WARN, "data: epoll_ctl: %s", strerror(errno));
+}
+
+static void auto_free(ecx_data *d)
+{
+    auto_data *a = (auto_data *)d;
+    if (a->shm) a->shm->ops->free(a->shm);
+    if (a->ucx) a->ucx->ops->free(a->ucx);
+    if (a->epfd >= 0) close(a->epfd);
+    free(a);
+}
+
+static int auto_progress(ecx_data *d)
+{
+    auto_data *a = (auto_data *)d;
+    int n = 0, rc;
+    if (a->shm) {
+        if ((rc = a->shm->ops->progress(a->shm)) < 0) return rc;
+        n += rc;
+    }
+    if (a->ucx) {
+        if ((rc = a->ucx->ops->progress(a->ucx)) < 0) return rc;
+        n += rc;
+    }
+    return n;
+}
+
+static int auto_fd(ecx_data *d)
+{
+    return ((auto_data *)d)->epfd;
+}
+
+static int auto_arm(ecx_data *d)
+{
+    auto_data *a = (auto_data *)d;
+    int rc;
+    if (a->shm && (rc = a->shm->ops->arm(a->shm)) != 0) return rc;
+    if (a->ucx && (rc = a->ucx->ops->arm(a->ucx)) != 0) return rc;
+    return 0;
+}
+
+static int auto_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
+{
+    auto_data *a = (auto_data *)d;
+    int n = 0, rc;
+    if (a->shm) {
+        if ((rc = a->shm->ops->poll_notifs(a->shm, cb, arg)) < 0) return rc;
+        n += rc;
+    }
+    if (a->ucx) {
+        if ((rc = a->ucx->ops->poll_notifs(a->ucx, cb, arg)) < 0) return rc;
+        n += rc;
+    }
+    return n;
+}
+
+/* The same-host path when it reaches the producer, else UCX (created on
+ * first need: a consumer that only ever talks to local producers never
+ * starts UCX). Peers returned are the inner backend's own. */
+static int auto_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
+                         ecx_data_peer **out)
+{
+    auto_data *a = (auto_data *)d;
+    int rc = ECX_EDATA_NOPATH;
+    if (a->shm && m->has_shm) {
+        rc = a->shm->ops->peer_add(a->shm, m, desc, out);
+        if (rc == 0) return 0;
+        ecx_log(ECX_LOG_DEBUG, "data: same-host path not usable (%s); trying ucx",
+                ecx_strerror(rc));
+    }
+    if (!m->has_ucx || !desc->has_ucx) return rc;
+    if (!a->ucx) {
+        int r2 = ecx_data_ucx_new_consumer(d->region, &a->ucx);
+        if (r2) return r2;
+        a->ucx->role = ECX_DATA_CONSUMER;
+        a->ucx->region = d->region;
+        auto_join_fd(a, a->ucx);
+    }
+    return a->ucx->ops->peer_add(a->ucx, m, desc, out);
+}
+
+static const struct ecx_data_ops auto_ops = {
+    .name = "auto",
+    .free = auto_free,
+    .progress = auto_progress,
+    .fd = auto_fd,
+    .arm = auto_arm,
+    .poll_notifs = auto_poll_notifs,
+    .peer_add = auto_peer_add,
+    /* peers and xfers are the inner backends' own: never dispatched here */
+};
+
+/* ---- public calls ---------------------------------------------------- */
+
+int ecx_data_backend_parse(const char *s, int *out)
+{
+    if (!s || !out) return ECX_EINVAL;
+    if (strcmp(s, "auto") == 0)
+        *out = ECX_DATA_AUTO;
+    else if (strcmp(s, "shm") == 0)
+        *out = ECX_DATA_SHM;
+    else if (strcmp(s, "ucx") == 0)
+        *out = ECX_DATA_UCX;
+    else
+        return ECX_EINVAL;
+    return 0;
+}
+
+const char *ecx_data_backend_name(int backend)
+{
+    switch (backend) {
+    case ECX_DATA_AUTO: return "auto";
+    case ECX_DATA_SHM: return "shm";
+    case ECX_DATA_UCX: return "ucx";
+    }
+    return "unknown";
+}
+
+static int random_nonce(uint64_t *out)
+{
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ECX_ESYS;
+    ssize_t n = read(fd, out, sizeof *out);
+    close(fd);
+    return n == (ssize_t)sizeof *out ? 0 : ECX_ESYS;
+}
+
+static int make_auto(ecx_region *r, int role, ecx_data *shm, ecx_data *ucx, ecx_data **out)
+{
+    auto_data *a = calloc(1, sizeof *a);
+    if (!a) return ECX_ENOMEM;
+    a->base.ops = &auto_ops;
+    a->base.role = role;
+    a->base.region = r;
+    a->shm = shm;
+    a->ucx = ucx;
+    a->epfd = epoll_create1(EPOLL_CLOEXEC);
+    auto_join_fd(a, shm);
+    auto_join_fd(a, ucx);
+    *out = &a->base;
+    return 0;
+}
+
+static int new_ctx(ecx_region *region, const ecx_data_opts *opts, int role, ecx_data **out)
+{
+    if (!region || !out) return ECX_EINVAL;
+    *out = NULL;
+    int backend = opts ? opts->backend : ECX_DATA_AUTO;
+    if (backend != ECX_DATA_AUTO && backend != ECX_DATA_SHM && backend != ECX_DATA_UCX)
+        return ECX_EINVAL;
+    ecx_data_meta m = {0};
+    ecx_data_desc dd = {0};
+    ecx_data *shm = NULL, *ucx = NULL;
+    int rc = 0, rc_shm = 0, rc_ucx = 0;
+    if (role == ECX_DATA_PRODUCER) {
+        if ((rc = random_nonce(&m.nonce))) return rc;
+        dd.nonce = m.nonce;
+        dd.block_bytes = ecx_region_block_bytes(region);
+        dd.num_blocks = ecx_region_num_blocks(region);
+    }
+    if (backend != ECX_DATA_UCX) {
+        rc_shm = role == ECX_DATA_PRODUCER ? ecx_data_shm_new_producer(region, &m, &dd, &shm)
+                                           : ecx_data_shm_new_consumer(region, &shm);
+        if (rc_shm && backend == ECX_DATA_SHM) return rc_shm;
+        if (rc_shm)
+            ecx_log(ECX_LOG_WARN, "data: same-host path unavailable: %s", ecx_strerror(rc_shm));
+    }
+    /* An auto consumer starts UCX on first need (auto_peer_add). */
+    if (backend == ECX_DATA_UCX || (backend == ECX_DATA_AUTO && role == ECX_DATA_PRODUCER)) {
+        rc_ucx = role == ECX_DATA_PRODUCER ? ecx_data_ucx_new_producer(region, &m, &dd, &ucx)
+                                           : ecx_data_ucx_new_consumer(region, &ucx);
+        if (rc_ucx && (backend == ECX_DATA_UCX || !shm)) {
+            if (shm) shm->ops->free(shm);
+            return rc_ucx;
+        }
+        if (rc_ucx) ecx_log(ECX_LOG_WARN, "data: UCX path unavailable: %s", ecx_strerror(rc_ucx));
+    }
+    if (shm) shm->role = role, shm->region = region;
+    if (ucx) ucx->role = role, ucx->region = region;
+    ecx_data *d = NULL;
+    if (backend == ECX_DATA_AUTO) {
+        rc = make_auto(region, role, shm, ucx, &d);
+        if (rc) {
+            if (shm) shm->ops->free(shm);
+            if (ucx) ucx->ops->free(ucx);
+            return rc;
+        }
+    } else {
+        d = shm ? shm : ucx;
+    }
+    if (role == ECX_DATA_PRODUCER) {
+        uint8_t mb[ECX_DATA_META_MAX], db[ECX_DATA_DESC_MAX];
+        long ml = ecx_data_meta_encode(&m, mb, sizeof mb);
+        long dl = ecx_data_desc_encode(&dd, db, sizeof db);
+        if (ml < 0 || dl < 0) {
+            ecx_log(ECX_LOG_ERROR, "data: metadata does not fit (%ld / %ld)", ml, dl);
+            d->ops->free(d);
+            return ECX_ERANGE;
+        }
+        d->meta = malloc((size_t)ml);
+        d->desc = malloc((size_t)dl);
+        if (!d->meta || !d->desc) {
+            free(d->meta), free(d->desc);
+            d->meta = d->desc = NULL;
+            d->ops->free(d);
+            return ECX_ENOMEM;
+        }
+        memcpy(d->meta, mb, (size_t)ml);
+        memcpy(d->desc, db, (size_t)dl);
+        d->meta_len = (size_t)ml;
+        d->desc_len = (size_t)dl;
+    }
+    *out = d;
+    return 0;
+}
+
+int ecx_data_new_producer(ecx_region *region, const ecx_data_opts *opts, ecx_data **out)
+{
+    return new_ctx(region, opts, ECX_DATA_PRODUCER, out);
+}
+
+int ecx_data_new_consumer(ecx_region *region, const ecx_data_opts *opts, ecx_data **out)
+{
+    return new_ctx(region, opts, ECX_DATA_CONSUMER, out);
+}
+
+const uint8_t *ecx_data_agent_metadata(const ecx_data *d, size_t *len)
+{
+    if (len) *len = d ? d->meta_len : 0;
+    return d ? d->meta : NULL;
+}
+
+const uint8_t *ecx_data_mem_descriptor(const ecx_data *d, size_t *len)
+{
+    if (len) *len = d ? d->desc_len : 0;
+    return d ? d->desc : NULL;
+}
+
+int ecx_data_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
+{
+    if (!d || !cb) return ECX_EINVAL;
+    if (d->role != ECX_DATA_PRODUCER) return ECX_EDATA_ROLE;
+    return d->ops->poll_notifs(d, cb, arg);
+}
+
+int ecx_data_peer_add(ecx_data *d, const uint8_t *meta, size_t meta_len, const uint8_t *desc,
+                      size_t desc_len, ecx_data_peer **out)
+{
+    if (!d || !out) return ECX_EINVAL;
+    *out = NULL;
+    if (d->role != ECX_DATA_CONSUMER) return ECX_EDATA_ROLE;
+    ecx_data_meta m;
+    ecx_data_desc dd;
+    int rc = ecx_data_meta_decode(meta, meta_len, &m);
+    if (rc) return rc;
+    if ((rc = ecx_data_desc_decode(desc, desc_len, &dd))) return rc;
+    if (m.nonce != dd.nonce || dd.block_bytes != ecx_region_block_bytes(d->region))
+        return ECX_EDATA_MISMATCH;
+    rc = d->ops->peer_add(d, &m, &dd, out);
+    if (rc == 0) {
+        ecx_data_peer *p = *out;
+        rc = ecx_data_peer_head_init(p, p->owner, p->backend, dd.num_blocks, meta, meta_len, desc,
+                                     desc_len);
+        if (rc) {
+            p->owner->ops->peer_drop(p);
+            *out = NULL;
+        }
+    }
+    return rc;
+}
+
+bool ecx_data_peer_same(const ecx_data_peer *p, const uint8_t *meta, size_t meta_len,
+                        const uint8_t *desc, size_t desc_len)
+{
+    return p && meta && desc && p->meta_len == meta_len && p->desc_len == desc_len &&
+           memcmp(p->meta, meta, meta_len) == 0 && memcmp(p->desc, desc, desc_len) == 0;
+}
+
+const char *ecx_data_peer_backend(const ecx_data_peer *p)
+{
+    return p ? p->backend : "none";
+}
+
+void ecx_data_peer_drop(ecx_data_peer *p)
+{
+    if (!p) return;
+    /* The head's copies go first: the backend frees the peer itself. */
+    ecx_data_peer_head_fini(p);
+    p->owner->ops->peer_drop(p);
+}
+
+int ecx_data_read_post(ecx_data_peer *p, const uint64_t *remote, const uint64_t *local, size_t n,
+                       uint64_t nbytes, const char *notif, size_t notif_len, ecx_data_xfer **out)
+{
+    if (!p || !out || (n && (!remote || !local)) || (notif_len && !notif)) return ECX_EINVAL;
+    *out = NULL;
+    if (n == 0) return ECX_EDATA_COUNT;
+    if (notif_len == 0 || notif_len > ECX_DATA_NOTIF_MAX) return ECX_EDATA_NOTIF;
+    uint64_t lblocks = ecx_region_num_blocks(p->owner->region);
+    uint64_t bs = ecx_region_block_bytes(p->owner->region);
+    if (n > lblocks || n > p->num_blocks) return ECX_EDATA_COUNT;
+    if (nbytes == 0) nbytes = n * bs;
+    if (nbytes <= (n - 1) * bs || nbytes > n * bs) return ECX_EDATA_COUNT;
+    for (size_t i = 0; i < n; i++)
+        if (remote[i] >= p->num_blocks || local[i] >= lblocks) return ECX_EDATA_INDEX;
+    return p->owner->ops->read_post(p, remote, local, n, nbytes, notif, notif_len, out);
+}
+
+int ecx_data_read_poll(ecx_data_xfer *x)
+{
+    if (!x) return ECX_EINVAL;
+    return x->owner->ops->read_poll(x);
+}
+
+void ecx_data_read_release(ecx_data_xfer *x)
+{
+    if (x) x->owner->ops->read_release(x);
+}
+
+int ecx_data_progress(ecx_data *d)
+{
+    if (!d) return ECX_EINVAL;
+    return d->ops->progress(d);
+}
+
+int ecx_data_fd(ecx_data *d)
+{
+    return d ? d->ops->fd(d) : -1;
+}
+
+int ecx_data_arm(ecx_data *d)
+{
+    if (!d) return ECX_EINVAL;
+    return d->ops->arm(d);
+}
+
+const char *ecx_data_name(const ecx_data *d)
+{
+    return d ? d->ops->name : "none";
+}
+
+void ecx_data_free(ecx_data *d)
+{
+    if (!d) return;
+    free(d->meta);
+    free(d->desc);
+    d->meta = d->desc = NULL;
+    d->ops->free(d);
+}

@@ -1,0 +1,186 @@
+/* data_fault — the fault-injecting wrapper backend (tests only); see
+ * data_fault.h for what each fault does. Not in any hot path, so it simply
+ * allocates per peer and per xfer. */
+#include "data_fault.h"
+
+#include <stdlib.h>
+
+#include "data_impl.h"
+
+typedef struct fault_data {
+    ecx_data base;
+    ecx_data *inner;
+    int kind, skip, count;
+    unsigned posts, hits;
+} fault_data;
+
+typedef struct fault_peer {
+    ecx_data_peer head;
+    ecx_data_peer *inner;
+} fault_peer;
+
+typedef struct fault_xfer {
+    ecx_data_xfer head;
+    ecx_data_xfer *inner; /* NULL when the fault replaced the READ */
+    int kind, state;
+    uint64_t local0;
+    bool corrupted;
+} fault_xfer;
+
+static const struct ecx_data_ops fault_ops;
+
+int ecx_data_fault_wrap(ecx_data *inner, ecx_data **out)
+{
+    if (!inner || !out) return ECX_EINVAL;
+    fault_data *f = calloc(1, sizeof *f);
+    if (!f) return ECX_ENOMEM;
+    f->base.ops = &fault_ops;
+    f->base.role = inner->role;
+    f->base.region = inner->region;
+    /* The published bytes move to the wrapper, which frees them. */
+    f->base.meta = inner->meta, f->base.meta_len = inner->meta_len;
+    f->base.desc = inner->desc, f->base.desc_len = inner->desc_len;
+    inner->meta = inner->desc = NULL;
+    inner->meta_len = inner->desc_len = 0;
+    f->inner = inner;
+    *out = &f->base;
+    return 0;
+}
+
+int ecx_data_fault_set(ecx_data *d, int kind, int skip, int count)
+{
+    if (!d || d->ops != &fault_ops || kind < ECX_FAULT_NONE || kind > ECX_FAULT_CORRUPT || skip < 0)
+        return ECX_EINVAL;
+    fault_data *f = (fault_data *)d;
+    f->kind = kind, f->skip = skip, f->count = count;
+    f->posts = 0;
+    return 0;
+}
+
+unsigned ecx_data_fault_hits(const ecx_data *d)
+{
+    return d && d->ops == &fault_ops ? ((const fault_data *)d)->hits : 0;
+}
+
+static void fault_free(ecx_data *d)
+{
+    fault_data *f = (fault_data *)d;
+    f->inner->ops->free(f->inner);
+    free(f);
+}
+
+static int fault_progress(ecx_data *d)
+{
+    fault_data *f = (fault_data *)d;
+    return f->inner->ops->progress(f->inner);
+}
+
+static int fault_fd(ecx_data *d)
+{
+    fault_data *f = (fault_data *)d;
+    return f->inner->ops->fd(f->inner);
+}
+
+static int fault_arm(ecx_data *d)
+{
+    fault_data *f = (fault_data *)d;
+    return f->inner->ops->arm(f->inner);
+}
+
+static int fault_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
+{
+    fault_data *f = (fault_data *)d;
+    return f->inner->ops->poll_notifs(f->inner, cb, arg);
+}
+
+static int fault_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
+                          ecx_data_peer **out)
+{
+    fault_data *f = (fault_data *)d;
+    fault_peer *p = calloc(1, sizeof *p);
+    if (!p) return ECX_ENOMEM;
+    int rc = f->inner->ops->peer_add(f->inner, m, desc, &p->inner);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    p->head.owner = d;
+    p->head.backend = p->inner->backend;
+    *out = &p->head;
+    return 0;
+}
+
+static void fault_peer_drop(ecx_data_peer *hp)
+{
+    fault_peer *p = (fault_peer *)hp;
+    p->inner->owner->ops->peer_drop(p->inner);
+    free(p);
+}
+
+static int fault_read_post(ecx_data_peer *hp, const uint64_t *remote, const uint64_t *local,
+                           size_t n, uint64_t nbytes, const char *notif, size_t notif_len,
+                           ecx_data_xfer **out)
+{
+    fault_peer *p = (fault_peer *)hp;
+    fault_data *f = (fault_data *)hp->owner;
+    f->posts++;
+    int kind = ECX_FAULT_NONE;
+    if (f->kind != ECX_FAULT_NONE && f->posts > (unsigned)f->skip &&
+        (f->count < 0 || f->posts <= (unsigned)f->skip + (unsigned)f->count))
+        kind = f->kind;
+    if (kind != ECX_FAULT_NONE) f->hits++;
+    if (kind == ECX_FAULT_POST_FAIL) return ECX_EDATA_FAULT;
+    fault_xfer *x = calloc(1, sizeof *x);
+    if (!x) return ECX_ENOMEM;
+    x->head.owner = hp->owner;
+    x->kind = kind;
+    x->local0 = local[0];
+    if (kind == ECX_FAULT_READ_FAIL) {
+        x->state = ECX_XFER_FAILED;
+    } else if (kind == ECX_FAULT_HANG) {
+        x->state = ECX_XFER_RUNNING;
+    } else {
+        int rc = p->inner->owner->ops->read_post(p->inner, remote, local, n, nbytes, notif,
+                                                 notif_len, &x->inner);
+        if (rc) {
+            free(x);
+            return rc;
+        }
+    }
+    *out = &x->head;
+    return 0;
+}
+
+static int fault_read_poll(ecx_data_xfer *hx)
+{
+    fault_xfer *x = (fault_xfer *)hx;
+    if (!x->inner) return x->state;
+    int st = x->inner->owner->ops->read_poll(x->inner);
+    if (st == ECX_XFER_DONE && x->kind == ECX_FAULT_CORRUPT && !x->corrupted) {
+        ecx_region *r = hx->owner->region;
+        ecx_region_base(r)[x->local0 * ecx_region_block_bytes(r)] ^= 0xff;
+        x->corrupted = true;
+    }
+    return st;
+}
+
+static void fault_read_release(ecx_data_xfer *hx)
+{
+    fault_xfer *x = (fault_xfer *)hx;
+    if (x->inner) x->inner->owner->ops->read_release(x->inner);
+    free(x);
+}
+
+static const struct ecx_data_ops fault_ops = {
+    .name = "fault",
+    .free = fault_free,
+    .progress = fault_progress,
+    .fd = fault_fd,
+    .arm = fault_arm,
+    .poll_notifs = fault_poll_notifs,
+    .peer_add = fault_peer_add,
+    .peer_drop = fault_peer_drop,
+    .read_post = fault_read_post,
+    .read_poll = fault_read_poll,
+    .read_release = fault_read_release,
+};

@@ -1,0 +1,39 @@
+/*
+ * data_fault — a data-plane backend for tests only: it wraps a real
+ * context and makes chosen READs misbehave, so the session tests can drive
+ * every failure path of SPEC §5 (read error, quarantine, corrupt bytes)
+ * without a broken network.
+ *
+ * Faults apply to posts counted on the wrapper: after `skip` posts, the
+ * next `count` posts (count < 0: all of them) get the fault.
+ *   POST_FAIL  ecx_data_read_post() returns ECX_EDATA_FAULT
+ *   READ_FAIL  the post succeeds, moves nothing, and polls FAILED
+ *   HANG       the post succeeds, moves nothing, and polls RUNNING forever
+ *              (the quarantine path); release works as for any xfer
+ *   CORRUPT    the real READ runs; when it is done, the first byte of the
+ *              first local block is flipped before DONE is reported
+ * Everything else (peers, notifications, progress) passes through.
+ */
+#ifndef ECX_DATA_FAULT_H
+#define ECX_DATA_FAULT_H
+
+#include "data.h"
+
+enum ecx_data_fault_kind {
+    ECX_FAULT_NONE = 0,
+    ECX_FAULT_POST_FAIL = 1,
+    ECX_FAULT_READ_FAIL = 2,
+    ECX_FAULT_HANG = 3,
+    ECX_FAULT_CORRUPT = 4,
+};
+
+/* Wrap inner (taking ownership: ecx_data_free(*out) frees it). */
+int ecx_data_fault_wrap(ecx_data *inner, ecx_data **out);
+
+/* Arm a fault; ECX_EINVAL if d is not a fault wrapper or kind unknown. */
+int ecx_data_fault_set(ecx_data *d, int kind, int skip, int count);
+
+/* How many posts got a fault so far. */
+unsigned ecx_data_fault_hits(const ecx_data *d);
+
+#endif

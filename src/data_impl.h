@@ -1,0 +1,131 @@
+/*
+ * data_impl — what the data-plane backends share and nobody else needs:
+ * the vtable every backend fills, the common head of contexts / peers /
+ * xfers that lets data.c dispatch on any of them, the parsed form of
+ * agent_metadata and mem_descriptor with their codec, and the run
+ * coalescing both real backends use.
+ *
+ * Dispatch: every ecx_data, ecx_data_peer and ecx_data_xfer starts with
+ * the head below; the public calls in data.c follow x->owner->ops. A
+ * wrapper (auto, fault) may hand out its inner backend's peers and xfers
+ * or its own, as it likes: each object names its real owner.
+ */
+#ifndef ECX_DATA_IMPL_H
+#define ECX_DATA_IMPL_H
+
+#include "data.h"
+
+enum ecx_data_role { ECX_DATA_PRODUCER = 1, ECX_DATA_CONSUMER = 2 };
+
+/* agent_metadata, parsed. Pointers are views into the bytes parsed. */
+typedef struct ecx_data_meta {
+    uint64_t nonce; /* random per producer context; ties meta and desc */
+    bool has_shm;
+    uint8_t boot_id[16];
+    uint64_t dev, ino; /* of the region file, as the producer sees it */
+    const char *path;  /* region file path (not NUL-terminated) */
+    size_t path_len;   /* 1..ECX_DATA_PATH_MAX */
+    const char *sock;  /* abstract unix socket name for notifications */
+    size_t sock_len;   /* 1..ECX_DATA_SOCK_MAX */
+    bool has_ucx;
+    const uint8_t *ucx_addr; /* packed ucp worker address */
+    size_t ucx_addr_len;
+} ecx_data_meta;
+
+/* mem_descriptor, parsed. */
+typedef struct ecx_data_desc {
+    uint64_t nonce;
+    uint64_t block_bytes;
+    uint64_t num_blocks;
+    bool has_ucx;
+    uint64_t ucx_base;   /* remote virtual address of block 0 */
+    const uint8_t *rkey; /* packed ucp remote key */
+    size_t rkey_len;
+} ecx_data_desc;
+
+#define ECX_DATA_PATH_MAX 1024
+#define ECX_DATA_SOCK_MAX 100
+#define ECX_DATA_FORMAT_VERSION 1
+
+/* Encode into buf (cap bytes); returns the length or a negative error
+ * (ECX_ERANGE if it does not fit). */
+long ecx_data_meta_encode(const ecx_data_meta *m, uint8_t *buf, size_t cap);
+long ecx_data_desc_encode(const ecx_data_desc *d, uint8_t *buf, size_t cap);
+/* Strict parse; ECX_EDATA_META / ECX_EDATA_DESC / ECX_EDATA_VERSION. */
+int ecx_data_meta_decode(const uint8_t *buf, size_t len, ecx_data_meta *m);
+int ecx_data_desc_decode(const uint8_t *buf, size_t len, ecx_data_desc *d);
+
+struct ecx_data_ops {
+    const char *name;
+    void (*free)(ecx_data *d);
+    int (*progress)(ecx_data *d);
+    int (*fd)(ecx_data *d);
+    int (*arm)(ecx_data *d);
+    /* producer */
+    int (*poll_notifs)(ecx_data *d, ecx_data_notif_cb cb, void *arg);
+    /* consumer: meta and desc are already parsed, validated, and agree
+     * (same nonce, same block size as the local region). */
+    int (*peer_add)(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
+                    ecx_data_peer **out);
+    void (*peer_drop)(ecx_data_peer *p);
+    /* Indices are already checked against both block counts, n > 0,
+     * nbytes is in ((n-1) * block_bytes, n * block_bytes] (never 0) and
+     * 0 < notif_len <= ECX_DATA_NOTIF_MAX. */
+    int (*read_post)(ecx_data_peer *p, const uint64_t *remote, const uint64_t *local, size_t n,
+                     uint64_t nbytes, const char *notif, size_t notif_len, ecx_data_xfer **out);
+    int (*read_poll)(ecx_data_xfer *x);
+    void (*read_release)(ecx_data_xfer *x);
+};
+
+/* Head of every context. The front (data.c) fills role, region and the
+ * published bytes; backends fill ops. */
+struct ecx_data {
+    const struct ecx_data_ops *ops;
+    int role;
+    ecx_region *region;
+    uint8_t *meta, *desc; /* producer: published bytes (malloc'd) */
+    size_t meta_len, desc_len;
+};
+
+/* Head of every peer: its owner, and the bytes it was registered from. */
+struct ecx_data_peer {
+    ecx_data *owner;
+    const char *backend; /* "shm" / "ucx" */
+    uint64_t num_blocks; /* of the remote region */
+    uint8_t *meta, *desc;
+    size_t meta_len, desc_len;
+};
+
+/* Head of every xfer. */
+struct ecx_data_xfer {
+    ecx_data *owner;
+};
+
+/* Fill the peer head (copies meta and desc bytes); ECX_ENOMEM. */
+int ecx_data_peer_head_init(ecx_data_peer *p, ecx_data *owner, const char *backend,
+                            uint64_t num_blocks, const uint8_t *meta, size_t meta_len,
+                            const uint8_t *desc, size_t desc_len);
+void ecx_data_peer_head_fini(ecx_data_peer *p);
+
+/* Length of the run of consecutive block pairs starting at i: the largest
+ * k with remote[i+j] == remote[i]+j and local[i+j] == local[i]+j, j < k. */
+static inline size_t ecx_data_run_len(const uint64_t *remote, const uint64_t *local, size_t i,
+                                      size_t n)
+{
+    size_t k = 1;
+    while (i + k < n && remote[i + k] == remote[i] + k && local[i + k] == local[i] + k)
+        k++;
+    return k;
+}
+
+/* The bytes of /proc/sys/kernel/random/boot_id as 16 raw bytes. */
+int ecx_data_boot_id(uint8_t out[16]);
+
+/* Backend constructors (data_shm.c, data_ucx.c). The producer ones fill
+ * their part of *m and *dd; pointers they set stay valid until free. */
+int ecx_data_shm_new_producer(ecx_region *r, ecx_data_meta *m, ecx_data_desc *dd, ecx_data **out);
+int ecx_data_shm_new_consumer(ecx_region *r, ecx_data **out);
+int ecx_data_ucx_new_producer(ecx_region *r, ecx_data_meta *m, ecx_data_desc *dd, ecx_data **out);
+int ecx_data_ucx_new_consumer(ecx_region *r, ecx_data **out);
+
+#endif

@@ -1,0 +1,648 @@
+/* test_data — the data plane in one process: the metadata / descriptor
+ * codec (round trip, every truncation, malformed fields, random
+ * mutations), READs of every shape through the shm and UCX paths (one
+ * block, many, non-contiguous, the whole region, a partial last block)
+ * byte for byte with their notifications, the auto choice, argument
+ * validation, and the fault wrapper. Two processes and two network
+ * namespaces are covered by test_data_procs.sh / test_data_netns.sh. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "data.h"
+#include "data_fault.h"
+#include "data_impl.h"
+#include "region.h"
+#include "util.h"
+
+#define BS 65536u
+#define NB 64u
+
+static char dir[64];
+
+/* ---- fixtures ---------------------------------------------------------- */
+
+static int group_setup(void **state)
+{
+    (void)state;
+    strcpy(dir, "/dev/shm/ecx-test-data-XXXXXX");
+    if (!mkdtemp(dir)) {
+        strcpy(dir, "/tmp/ecx-test-data-XXXXXX");
+        if (!mkdtemp(dir)) return -1;
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static ecx_region *mkregion(uint64_t blocks, uint64_t bs)
+{
+    char id[ECX_REGION_INSTANCE_ID_LEN + 1];
+    assert_int_equal(ecx_region_instance_id(id), 0);
+    static int rank;
+    ecx_region *r = NULL;
+    assert_int_equal(ecx_region_create_in(dir, id, rank++, blocks * bs, bs, &r), 0);
+    return r;
+}
+
+static uint8_t pat(uint64_t seed, uint64_t off)
+{
+    uint64_t x = (seed + 1) * 0x9e3779b97f4a7c15ull ^ (off * 0xbf58476d1ce4e5b9ull);
+    x ^= x >> 29;
+    return (uint8_t)(x ^ (x >> 17));
+}
+
+static void fill(ecx_region *r, uint64_t seed)
+{
+    uint8_t *b = ecx_region_base(r);
+    for (uint64_t i = 0; i < ecx_region_size(r); i++)
+        b[i] = pat(seed, i);
+}
+
+typedef struct notes {
+    int n;
+    char last[ECX_DATA_NOTIF_MAX + 1];
+    char all[16][64];
+} notes;
+
+static void on_notif(void *arg, const char *msg, size_t len)
+{
+    notes *ns = arg;
+    assert_int_equal(strlen(msg), len);
+    if (ns->n < 16) snprintf(ns->all[ns->n], sizeof ns->all[0], "%s", msg);
+    snprintf(ns->last, sizeof ns->last, "%s", msg);
+    ns->n++;
+}
+
+/* Drive both sides until the xfer ends and `want` notifications arrived
+ * (bounded: 10 s). Returns the xfer's end state. */
+static int pump(ecx_data *prod, ecx_data *cons, ecx_data_xfer *x, notes *ns, int want)
+{
+    int64_t end = ecx_now_ms(NULL) + 10000;
+    int st = ECX_XFER_RUNNING;
+    while (ecx_now_ms(NULL) < end) {
+        assert_true(ecx_data_progress(cons) >= 0);
+        assert_true(ecx_data_poll_notifs(prod, on_notif, ns) >= 0);
+        st = ecx_data_read_poll(x);
+        if (st != ECX_XFER_RUNNING && ns->n >= want) break;
+    }
+    return st;
+}
+
+typedef struct pair {
+    ecx_region *pr, *cr;
+    ecx_data *prod, *cons;
+    ecx_data_peer *peer;
+} pair;
+
+static void pair_open(pair *p, int pb, int cb, uint64_t cons_bs)
+{
+    memset(p, 0, sizeof *p);
+    p->pr = mkregion(NB, BS);
+    p->cr = mkregion(NB, cons_bs);
+    fill(p->pr, 7);
+    ecx_data_opts po = {.backend = pb}, co = {.backend = cb};
+    assert_int_equal(ecx_data_new_producer(p->pr, &po, &p->prod), 0);
+    assert_int_equal(ecx_data_new_consumer(p->cr, &co, &p->cons), 0);
+}
+
+static int pair_peer(pair *p)
+{
+    size_t ml, dl;
+    const uint8_t *m = ecx_data_agent_metadata(p->prod, &ml);
+    const uint8_t *d = ecx_data_mem_descriptor(p->prod, &dl);
+    return ecx_data_peer_add(p->cons, m, ml, d, dl, &p->peer);
+}
+
+static void pair_close(pair *p)
+{
+    ecx_data_peer_drop(p->peer);
+    ecx_data_free(p->cons);
+    ecx_data_free(p->prod);
+    ecx_region_free(p->cr);
+    ecx_region_free(p->pr);
+}
+
+/* ---- codec ------------------------------------------------------------- */
+
+static const uint8_t fake_addr[40] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+/* a well-formed rkey shape: md_map = 0b101, mem_type 0, two md entries */
+static const uint8_t fake_rkey[] = {5, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0xaa, 0xbb, 0};
+
+static void sample(ecx_data_meta *m, ecx_data_desc *d)
+{
+    memset(m, 0, sizeof *m);
+    memset(d, 0, sizeof *d);
+    m->nonce = d->nonce = 0x1122334455667788ull;
+    m->has_shm = true;
+    memset(m->boot_id, 0xab, 16);
+    m->dev = 42, m->ino = 4242;
+    m->path = "/dev/shm/ecx_x_0.mmap", m->path_len = strlen(m->path);
+    m->sock = "ecx-ntf-1", m->sock_len = 9;
+    m->has_ucx = true;
+    m->ucx_addr = fake_addr, m->ucx_addr_len = sizeof fake_addr;
+    d->block_bytes = BS, d->num_blocks = NB;
+    d->has_ucx = true;
+    d->ucx_base = 0x7f0000000000ull;
+    d->rkey = fake_rkey, d->rkey_len = sizeof fake_rkey;
+}
+
+static void test_codec_roundtrip(void **state)
+{
+    (void)state;
+    ecx_data_meta m, m2;
+    ecx_data_desc d, d2;
+    sample(&m, &d);
+    uint8_t mb[512], db[512];
+    long ml = ecx_data_meta_encode(&m, mb, sizeof mb);
+    long dl = ecx_data_desc_encode(&d, db, sizeof db);
+    assert_true(ml > 0 && ml < 200);
+    assert_true(dl > 0 && dl < 100);
+    assert_int_equal(ecx_data_meta_decode(mb, (size_t)ml, &m2), 0);
+    assert_int_equal(ecx_data_desc_decode(db, (size_t)dl, &d2), 0);
+    assert_true(m2.has_shm && m2.has_ucx);
+    assert_int_equal(m2.nonce, m.nonce);
+    assert_int_equal(m2.dev, 42);
+    assert_int_equal(m2.ino, 4242);
+    assert_memory_equal(m2.boot_id, m.boot_id, 16);
+    assert_int_equal(m2.path_len, m.path_len);
+    assert_memory_equal(m2.path, m.path, m.path_len);
+    assert_memory_equal(m2.sock, m.sock, m.sock_len);
+    assert_int_equal(m2.ucx_addr_len, sizeof fake_addr);
+    assert_memory_equal(m2.ucx_addr, fake_addr, sizeof fake_addr);
+    assert_int_equal(d2.block_bytes, BS);
+    assert_int_equal(d2.num_blocks, NB);
+    assert_int_equal(d2.ucx_base, d.ucx_base);
+    assert_int_equal(d2.rkey_len, sizeof fake_rkey);
+    assert_memory_equal(d2.rkey, fake_rkey, sizeof fake_rkey);
+    /* Too small a buffer is ECX_ERANGE, not an overrun. */
+    assert_int_equal(ecx_data_meta_encode(&m, mb, 30), ECX_ERANGE);
+    assert_int_equal(ecx_data_desc_encode(&d, db, 30), ECX_ERANGE);
+}
+
+static void test_codec_truncated_and_flipped(void **state)
+{
+    (void)state;
+    ecx_data_meta m, m2;
+    ecx_data_desc d, d2;
+    sample(&m, &d);
+    uint8_t mb[512], db[512], tmp[512];
+    long ml = ecx_data_meta_encode(&m, mb, sizeof mb);
+    long dl = ecx_data_desc_encode(&d, db, sizeof db);
+    for (long n = 0; n < ml; n++) {
+        uint8_t *h = malloc((size_t)n + 1);
+        memcpy(h, mb, (size_t)n);
+        assert_int_equal(ecx_data_meta_decode(h, (size_t)n, &m2), ECX_EDATA_META);
+        free(h);
+    }
+    for (long n = 0; n < dl; n++) {
+        uint8_t *h = malloc((size_t)n + 1);
+        memcpy(h, db, (size_t)n);
+        assert_int_equal(ecx_data_desc_decode(h, (size_t)n, &d2), ECX_EDATA_DESC);
+        free(h);
+    }
+    /* Every single-bit flip either fails cleanly or leaves a well-formed
+     * value (a flipped nonce, dev, path byte...), never crashes; flips in
+     * the UCX blobs are always caught by their digest. */
+    int refused = 0;
+    for (long i = 0; i < ml; i++)
+        for (int bit = 0; bit < 8; bit++) {
+            memcpy(tmp, mb, (size_t)ml);
+            tmp[i] ^= (uint8_t)(1u << bit);
+            int rc = ecx_data_meta_decode(tmp, (size_t)ml, &m2);
+            if (rc) refused++;
+            if (i >= ml - (long)sizeof fake_addr) assert_int_equal(rc, ECX_EDATA_META);
+        }
+    assert_true(refused > ml * 2);
+    for (long i = 0; i < dl; i++)
+        for (int bit = 0; bit < 8; bit++) {
+            memcpy(tmp, db, (size_t)dl);
+            tmp[i] ^= (uint8_t)(1u << bit);
+            int rc = ecx_data_desc_decode(tmp, (size_t)dl, &d2);
+            if (i >= dl - (long)sizeof fake_rkey) assert_int_equal(rc, ECX_EDATA_DESC);
+        }
+}
+
+static void test_codec_malformed(void **state)
+{
+    (void)state;
+    ecx_data_meta m, m2;
+    ecx_data_desc d, d2;
+    sample(&m, &d);
+    uint8_t mb[512], db[512], t[600];
+    long ml = ecx_data_meta_encode(&m, mb, sizeof mb);
+    long dl = ecx_data_desc_encode(&d, db, sizeof db);
+
+    memcpy(t, mb, (size_t)ml);
+    t[4] = 2; /* version */
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_VERSION);
+    memcpy(t, db, (size_t)dl);
+    t[4] = 9;
+    assert_int_equal(ecx_data_desc_decode(t, (size_t)dl, &d2), ECX_EDATA_VERSION);
+    memcpy(t, mb, (size_t)ml);
+    t[0] = 'X'; /* magic */
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
+    /* A descriptor is not metadata and vice versa. */
+    assert_int_equal(ecx_data_meta_decode(db, (size_t)dl, &m2), ECX_EDATA_META);
+    assert_int_equal(ecx_data_desc_decode(mb, (size_t)ml, &d2), ECX_EDATA_DESC);
+    /* Trailing byte: total length no longer matches. */
+    memcpy(t, mb, (size_t)ml);
+    t[ml] = 0;
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml + 1, &m2), ECX_EDATA_META);
+    /* More sections claimed than present. */
+    memcpy(t, mb, (size_t)ml);
+    t[6] = 3;
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
+    /* Fewer sections claimed than present: leftover bytes. */
+    t[6] = 1;
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
+    /* Section length overrunning the buffer. */
+    memcpy(t, mb, (size_t)ml);
+    t[24 + 2] = 0xff, t[24 + 3] = 0x7f;
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
+    /* Reserved field set. */
+    memcpy(t, mb, (size_t)ml);
+    t[12] = 1;
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
+    /* An unknown section is skipped (forward compatible). */
+    memcpy(t, mb, (size_t)ml);
+    memcpy(t + ml, "\x09\x00\x03\x00xyz", 7);
+    t[6] = 3;
+    t[8] = (uint8_t)(ml + 7);
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml + 7, &m2), 0);
+    assert_true(m2.has_shm && m2.has_ucx);
+    /* A known section twice is refused. */
+    ecx_data_meta one = m;
+    one.has_shm = false;
+    long ol = ecx_data_meta_encode(&one, t, sizeof t);
+    memcpy(t + ol, t + 24, (size_t)(ol - 24));
+    t[6] = 2;
+    t[8] = (uint8_t)(ol + ol - 24);
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)(ol + ol - 24), &m2), ECX_EDATA_META);
+    /* Path must be absolute, without NUL. */
+    ecx_data_meta bad = m;
+    bad.path = "rel/path", bad.path_len = 8;
+    long bl = ecx_data_meta_encode(&bad, t, sizeof t);
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)bl, &m2), ECX_EDATA_META);
+    bad.path = "/a\0b", bad.path_len = 4;
+    bl = ecx_data_meta_encode(&bad, t, sizeof t);
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)bl, &m2), ECX_EDATA_META);
+    /* Descriptor layouts that cannot be. */
+    ecx_data_desc bd = d;
+    bd.block_bytes = 0;
+    bl = ecx_data_desc_encode(&bd, t, sizeof t);
+    assert_int_equal(ecx_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
+    bd = d, bd.num_blocks = 0;
+    bl = ecx_data_desc_encode(&bd, t, sizeof t);
+    assert_int_equal(ecx_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
+    bd = d, bd.num_blocks = 1ull << 40;
+    bl = ecx_data_desc_encode(&bd, t, sizeof t);
+    assert_int_equal(ecx_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
+    bd = d, bd.block_bytes = 1ull << 62, bd.num_blocks = 8;
+    bl = ecx_data_desc_encode(&bd, t, sizeof t);
+    assert_int_equal(ecx_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
+    bd = d, bd.ucx_base = UINT64_MAX - 10;
+    bl = ecx_data_desc_encode(&bd, t, sizeof t);
+    assert_int_equal(ecx_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
+    /* NULL and empty input. */
+    assert_int_equal(ecx_data_meta_decode(NULL, 0, &m2), ECX_EDATA_META);
+    assert_int_equal(ecx_data_desc_decode(NULL, 0, &d2), ECX_EDATA_DESC);
+}
+
+/* ---- fetches ----------------------------------------------------------- */
+
+typedef struct fcase {
+    const char *name;
+    size_t n;
+    uint64_t remote[NB], local[NB];
+    uint64_t nbytes; /* 0 = whole blocks */
+} fcase;
+
+static void check_case(pair *p, const fcase *c)
+{
+    const uint8_t *src = ecx_region_base(p->pr), *dst = ecx_region_base(p->cr);
+    uint64_t left = c->nbytes ? c->nbytes : c->n * BS;
+    for (size_t i = 0; i < c->n; i++) {
+        uint64_t len = left < BS ? left : BS;
+        assert_memory_equal(dst + c->local[i] * BS, src + c->remote[i] * BS, len);
+        /* Past the encoding's end the local block is untouched. */
+        for (uint64_t j = len; j < BS; j++)
+            assert_int_equal(dst[c->local[i] * BS + j], 0xee);
+        left -= len;
+    }
+}
+
+static void run_cases(int pb, int cb, const char *want_path)
+{
+    pair p;
+    pair_open(&p, pb, cb, BS);
+    assert_int_equal(pair_peer(&p), 0);
+    assert_string_equal(ecx_data_peer_backend(p.peer), want_path);
+
+    static fcase cs[5];
+    memset(cs, 0, sizeof cs);
+    cs[0] = (fcase){.name = "one", .n = 1, .remote = {5}, .local = {9}, .nbytes = 1000};
+    cs[1].name = "many", cs[1].n = 20;
+    for (int i = 0; i < 20; i++)
+        cs[1].remote[i] = 10 + i, cs[1].local[i] = i;
+    cs[2] = (fcase){.name = "scattered",
+                    .n = 6,
+                    .remote = {3, 40, 41, 42, 7, 63},
+                    .local = {50, 1, 2, 3, 60, 10},
+                    .nbytes = 5 * BS + 123};
+    cs[3].name = "largest", cs[3].n = NB;
+    for (unsigned i = 0; i < NB; i++)
+        cs[3].remote[i] = i, cs[3].local[i] = i;
+    cs[4].name = "reversed", cs[4].n = NB, cs[4].nbytes = NB * BS - 1;
+    for (unsigned i = 0; i < NB; i++)
+        cs[4].remote[i] = i, cs[4].local[i] = NB - 1 - i;
+
+    notes ns = {0};
+    for (int k = 0; k < 5; k++) {
+        memset(ecx_region_base(p.cr), 0xee, ecx_region_size(p.cr));
+        char msg[64];
+        int ml = snprintf(msg, sizeof msg, "sess-%d:hash-%s", k, cs[k].name);
+        ecx_data_xfer *x = NULL;
+        assert_int_equal(ecx_data_read_post(p.peer, cs[k].remote, cs[k].local, cs[k].n,
+                                            cs[k].nbytes, msg, (size_t)ml, &x),
+                         0);
+        assert_int_equal(pump(p.prod, p.cons, x, &ns, k + 1), ECX_XFER_DONE);
+        check_case(&p, &cs[k]);
+        assert_int_equal(ns.n, k + 1);
+        assert_string_equal(ns.last, msg);
+        ecx_data_read_release(x);
+    }
+    pair_close(&p);
+}
+
+static void test_fetch_shm(void **state)
+{
+    (void)state;
+    run_cases(ECX_DATA_SHM, ECX_DATA_SHM, "shm");
+}
+
+static void test_fetch_ucx(void **state)
+{
+    (void)state;
+    run_cases(ECX_DATA_UCX, ECX_DATA_UCX, "ucx");
+}
+
+static void test_fetch_ucx_tcp(void **state)
+{
+    (void)state;
+    setenv("UCX_TLS", "tcp", 1);
+    run_cases(ECX_DATA_UCX, ECX_DATA_UCX, "ucx");
+    unsetenv("UCX_TLS");
+}
+
+static void test_auto_choice(void **state)
+{
+    (void)state;
+    run_cases(ECX_DATA_AUTO, ECX_DATA_AUTO, "shm"); /* same host: memcpy path */
+    run_cases(ECX_DATA_AUTO, ECX_DATA_UCX, "ucx");  /* forced */
+    run_cases(ECX_DATA_UCX, ECX_DATA_AUTO, "ucx");  /* producer offers only ucx */
+    pair p;
+    pair_open(&p, ECX_DATA_SHM, ECX_DATA_UCX, BS); /* nothing in common */
+    assert_int_equal(pair_peer(&p), ECX_EDATA_NOPATH);
+    assert_null(p.peer);
+    pair_close(&p);
+}
+
+/* ---- validation -------------------------------------------------------- */
+
+static void test_validation(void **state)
+{
+    (void)state;
+    pair p;
+    pair_open(&p, ECX_DATA_AUTO, ECX_DATA_AUTO, BS);
+    assert_int_equal(pair_peer(&p), 0);
+    ecx_data_xfer *x = (ecx_data_xfer *)1;
+    uint64_t r1[1] = {NB}, l1[1] = {0}, r2[2] = {0, 1}, l2[2] = {0, NB};
+    assert_int_equal(ecx_data_read_post(p.peer, r1, l1, 1, 0, "a:b", 3, &x), ECX_EDATA_INDEX);
+    assert_null(x);
+    assert_int_equal(ecx_data_read_post(p.peer, r2, l2, 2, 0, "a:b", 3, &x), ECX_EDATA_INDEX);
+    assert_int_equal(ecx_data_read_post(p.peer, r2, l1, 0, 0, "a:b", 3, &x), ECX_EDATA_COUNT);
+    uint64_t ok[2] = {0, 1};
+    assert_int_equal(ecx_data_read_post(p.peer, ok, ok, 2, 2 * BS + 1, "a:b", 3, &x),
+                     ECX_EDATA_COUNT);
+    assert_int_equal(ecx_data_read_post(p.peer, ok, ok, 2, BS, "a:b", 3, &x), ECX_EDATA_COUNT);
+    assert_int_equal(ecx_data_read_post(p.peer, ok, ok, 2, 0, "", 0, &x), ECX_EDATA_NOTIF);
+    static char big[ECX_DATA_NOTIF_MAX + 1];
+    memset(big, 'x', sizeof big);
+    assert_int_equal(ecx_data_read_post(p.peer, ok, ok, 2, 0, big, sizeof big, &x),
+                     ECX_EDATA_NOTIF);
+    /* The longest notification is fine. */
+    notes ns = {0};
+    assert_int_equal(ecx_data_read_post(p.peer, ok, ok, 2, 0, big, ECX_DATA_NOTIF_MAX, &x), 0);
+    assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECX_XFER_DONE);
+    assert_int_equal(strlen(ns.last), ECX_DATA_NOTIF_MAX);
+    ecx_data_read_release(x);
+
+    /* Roles. */
+    assert_int_equal(ecx_data_poll_notifs(p.cons, on_notif, &ns), ECX_EDATA_ROLE);
+    size_t ml, dl;
+    const uint8_t *m = ecx_data_agent_metadata(p.prod, &ml);
+    const uint8_t *d = ecx_data_mem_descriptor(p.prod, &dl);
+    ecx_data_peer *q = NULL;
+    assert_int_equal(ecx_data_peer_add(p.prod, m, ml, d, dl, &q), ECX_EDATA_ROLE);
+    assert_true(ml < 512 && dl < 256); /* a few hundred bytes, whatever the region */
+
+    /* Same bytes: same producer; another producer's metadata is not. */
+    assert_true(ecx_data_peer_same(p.peer, m, ml, d, dl));
+    pair o;
+    pair_open(&o, ECX_DATA_AUTO, ECX_DATA_AUTO, BS);
+    size_t oml, odl;
+    const uint8_t *om = ecx_data_agent_metadata(o.prod, &oml);
+    const uint8_t *od = ecx_data_mem_descriptor(o.prod, &odl);
+    assert_false(ecx_data_peer_same(p.peer, om, oml, od, odl));
+    /* A descriptor from another producer does not go with this metadata. */
+    assert_int_equal(ecx_data_peer_add(p.cons, m, ml, od, odl, &q), ECX_EDATA_MISMATCH);
+    assert_null(q);
+    pair_close(&o);
+    pair_close(&p);
+
+    /* Block sizes must agree. */
+    pair_open(&p, ECX_DATA_AUTO, ECX_DATA_AUTO, BS / 2);
+    assert_int_equal(pair_peer(&p), ECX_EDATA_MISMATCH);
+    pair_close(&p);
+
+    int b;
+    assert_int_equal(ecx_data_backend_parse("shm", &b), 0);
+    assert_int_equal(b, ECX_DATA_SHM);
+    assert_int_equal(ecx_data_backend_parse("ucx", &b), 0);
+    assert_int_equal(b, ECX_DATA_UCX);
+    assert_int_equal(ecx_data_backend_parse("rdma", &b), ECX_EINVAL);
+    ecx_data_opts bad = {.backend = 9};
+    ecx_data *dd = NULL;
+    ecx_region *r = mkregion(2, BS);
+    assert_int_equal(ecx_data_new_producer(r, &bad, &dd), ECX_EINVAL);
+    ecx_region_free(r);
+}
+
+/* Random damage to real metadata and descriptors through the public
+ * call: always a clean error or a usable peer, never a crash. */
+static void test_peer_add_mutations(void **state)
+{
+    (void)state;
+    pair p;
+    pair_open(&p, ECX_DATA_AUTO, ECX_DATA_SHM, BS);
+    size_t ml, dl;
+    const uint8_t *m = ecx_data_agent_metadata(p.prod, &ml);
+    const uint8_t *d = ecx_data_mem_descriptor(p.prod, &dl);
+    uint8_t *tm = malloc(ml), *td = malloc(dl);
+    srand(1234);
+    int refused = 0;
+    for (int it = 0; it < 3000; it++) {
+        memcpy(tm, m, ml);
+        memcpy(td, d, dl);
+        int flips = 1 + rand() % 3;
+        for (int f = 0; f < flips; f++) {
+            if (rand() % 2)
+                tm[(size_t)rand() % ml] ^= (uint8_t)(1 + rand() % 255);
+            else
+                td[(size_t)rand() % dl] ^= (uint8_t)(1 + rand() % 255);
+        }
+        size_t cut_m = rand() % 8 == 0 ? (size_t)rand() % ml : ml;
+        ecx_data_peer *q = NULL;
+        int rc = ecx_data_peer_add(p.cons, tm, cut_m, td, dl, &q);
+        assert_true(rc <= 0);
+        if (rc == 0)
+            ecx_data_peer_drop(q);
+        else
+            refused++;
+    }
+    assert_true(refused > 2000);
+    free(tm);
+    free(td);
+    pair_close(&p);
+}
+
+/* ---- UCX lifetimes ------------------------------------------------------ */
+
+static void test_ucx_drop_and_release_in_flight(void **state)
+{
+    (void)state;
+    pair p;
+    pair_open(&p, ECX_DATA_UCX, ECX_DATA_UCX, BS);
+    assert_int_equal(pair_peer(&p), 0);
+    uint64_t all[NB];
+    for (unsigned i = 0; i < NB; i++)
+        all[i] = i;
+    /* Released while running (the producer never progressed): the xfer is
+     * reclaimed once UCX lets go of it; nothing leaks (ASan checks). */
+    ecx_data_xfer *x = NULL;
+    assert_int_equal(ecx_data_read_post(p.peer, all, all, NB, 0, "s:a", 3, &x), 0);
+    ecx_data_read_release(x);
+    /* Dropped while running: the READ ends (failed or done), never hangs. */
+    assert_int_equal(ecx_data_read_post(p.peer, all, all, NB, 0, "s:b", 3, &x), 0);
+    ecx_data_peer_drop(p.peer);
+    p.peer = NULL;
+    int64_t end = ecx_now_ms(NULL) + 10000;
+    int st;
+    while ((st = ecx_data_read_poll(x)) == ECX_XFER_RUNNING && ecx_now_ms(NULL) < end)
+        ecx_data_progress(p.cons);
+    assert_int_not_equal(st, ECX_XFER_RUNNING);
+    ecx_data_read_release(x);
+    /* A fresh registration works after that. */
+    notes ns = {0};
+    assert_int_equal(pair_peer(&p), 0);
+    assert_int_equal(ecx_data_read_post(p.peer, all, all, 4, 0, "s:c", 3, &x), 0);
+    assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECX_XFER_DONE);
+    assert_string_equal(ns.last, "s:c");
+    ecx_data_read_release(x);
+    /* The fd and arm protocol. */
+    assert_true(ecx_data_fd(p.cons) >= 0);
+    assert_true(ecx_data_fd(p.prod) >= 0);
+    assert_true(ecx_data_arm(p.cons) >= 0);
+    pair_close(&p);
+}
+
+/* ---- faults ------------------------------------------------------------ */
+
+static void test_fault(void **state)
+{
+    (void)state;
+    pair p;
+    pair_open(&p, ECX_DATA_AUTO, ECX_DATA_AUTO, BS);
+    ecx_data *f = NULL;
+    assert_int_equal(ecx_data_fault_wrap(p.cons, &f), 0);
+    p.cons = f;
+    assert_string_equal(ecx_data_name(f), "fault");
+    assert_int_equal(pair_peer(&p), 0);
+    uint64_t r[3] = {4, 5, 6}, l[3] = {7, 8, 9};
+    notes ns = {0};
+    ecx_data_xfer *x = NULL;
+
+    assert_int_equal(ecx_data_fault_set(f, ECX_FAULT_POST_FAIL, 0, 1), 0);
+    assert_int_equal(ecx_data_read_post(p.peer, r, l, 3, 0, "s:1", 3, &x), ECX_EDATA_FAULT);
+    /* count = 1: the next post is clean. */
+    assert_int_equal(ecx_data_read_post(p.peer, r, l, 3, 0, "s:2", 3, &x), 0);
+    assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECX_XFER_DONE);
+    ecx_data_read_release(x);
+
+    assert_int_equal(ecx_data_fault_set(f, ECX_FAULT_READ_FAIL, 0, -1), 0);
+    assert_int_equal(ecx_data_read_post(p.peer, r, l, 3, 0, "s:3", 3, &x), 0);
+    assert_int_equal(ecx_data_read_poll(x), ECX_XFER_FAILED);
+    ecx_data_read_release(x);
+
+    assert_int_equal(ecx_data_fault_set(f, ECX_FAULT_HANG, 0, -1), 0);
+    assert_int_equal(ecx_data_read_post(p.peer, r, l, 3, 0, "s:4", 3, &x), 0);
+    for (int i = 0; i < 100; i++)
+        ecx_data_progress(p.cons);
+    assert_int_equal(ecx_data_read_poll(x), ECX_XFER_RUNNING);
+    ecx_data_read_release(x);
+    /* A hung or failed READ sends no notification. */
+    assert_int_equal(ecx_data_poll_notifs(p.prod, on_notif, &ns), 0);
+    assert_int_equal(ns.n, 1);
+
+    /* skip 1, count 1: clean, corrupt, clean. */
+    assert_int_equal(ecx_data_fault_set(f, ECX_FAULT_CORRUPT, 1, 1), 0);
+    const uint8_t *src = ecx_region_base(p.pr), *dst = ecx_region_base(p.cr);
+    for (int k = 0; k < 3; k++) {
+        memset(ecx_region_base(p.cr), 0, ecx_region_size(p.cr));
+        assert_int_equal(ecx_data_read_post(p.peer, r, l, 3, 0, "s:5", 3, &x), 0);
+        assert_int_equal(pump(p.prod, p.cons, x, &ns, 2 + k), ECX_XFER_DONE);
+        if (k == 1) {
+            assert_int_equal(dst[7 * BS], (uint8_t)(src[4 * BS] ^ 0xff));
+            assert_memory_equal(dst + 7 * BS + 1, src + 4 * BS + 1, 3 * BS - 1);
+        } else {
+            assert_memory_equal(dst + 7 * BS, src + 4 * BS, 3 * BS);
+        }
+        ecx_data_read_release(x);
+    }
+    assert_int_equal(ecx_data_fault_hits(f), 4); /* one per fault armed above */
+    assert_int_equal(ecx_data_fault_set(p.prod, ECX_FAULT_HANG, 0, 1), ECX_EINVAL);
+    assert_int_equal(ecx_data_fault_set(f, 99, 0, 1), ECX_EINVAL);
+    pair_close(&p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_codec_roundtrip),
+        cmocka_unit_test(test_codec_truncated_and_flipped),
+        cmocka_unit_test(test_codec_malformed),
+        cmocka_unit_test(test_fetch_shm),
+        cmocka_unit_test(test_fetch_ucx),
+        cmocka_unit_test(test_fetch_ucx_tcp),
+        cmocka_unit_test(test_auto_choice),
+        cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_peer_add_mutations),
+        cmocka_unit_test(test_ucx_drop_and_release_in_flight),
+        cmocka_unit_test(test_fault),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
