@@ -424,6 +424,8 @@ static void ucx_peer_drop(ecx_data_peer *hp)
     ucx_peer *p = (ucx_peer *)hp;
     ucx_data *u = (ucx_data *)hp->owner;
     p->dropped = true;
+    /* What UCX ended up using (after wire-up), for whoever debugs a path. */
+    if (ecx_log_level() >= ECX_LOG_DEBUG && p->ep) ucp_ep_print_info(p->ep, stderr);
     /* READs still running are failed by a forced close. With none, the
      * endpoint is flushed only if a notification is still on its way, so
      * that it arrives; else it is closed at once. */
