@@ -1,0 +1,791 @@
+/* test_sessions — producer and consumer sessions driven through every
+ * transition of SPEC §4–§5, in one process: real ZeroMQ sockets on
+ * loopback, real regions in a private /dev/shm directory, the real
+ * same-host data path, and a fake clock for the timeouts. Faults the real
+ * data path cannot produce on demand (a READ that fails or never ends) come
+ * from the fault backend (src/data_fault.c); misbehaving producers are raw
+ * ROUTER sockets scripted here. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "consumer.h"
+#include "data_fault.h"
+#include "producer.h"
+#include "region.h"
+#include "wire.h"
+
+#define BLOCK 4096
+#define BLOCKS 64
+
+static int64_t fake_now = 1000000;
+static int64_t fake_clock(void *arg)
+{
+    (void)arg;
+    return fake_now;
+}
+static const ecx_clock CLOCK = {fake_clock, NULL};
+
+typedef struct side {
+    ecx_region *region;
+    ecx_cache *cache;
+    ecx_data *data;
+} side;
+
+typedef struct world {
+    void *zctx;
+    char dir[64];
+    side P, C;
+    ecx_ctrl_server *srv;
+    ecx_producer *prod;
+    ecx_consumer *cons;
+    char compat[ECX_COMPAT_HASH_HEX + 1];
+    int port;
+} world;
+
+static double real_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void side_init(world *w, side *s, const char *name, bool producer)
+{
+    assert_int_equal(ecx_region_create_in(w->dir, name, 0, BLOCK * BLOCKS, BLOCK, &s->region), 0);
+    ecx_cache_opts co = {.num_blocks = BLOCKS};
+    assert_int_equal(ecx_cache_new(&co, &s->cache), 0);
+    ecx_data_opts d = {.backend = ECX_DATA_SHM};
+    if (producer) {
+        assert_int_equal(ecx_data_new_producer(s->region, &d, &s->data), 0);
+    } else {
+        ecx_data *inner;
+        assert_int_equal(ecx_data_new_consumer(s->region, &d, &inner), 0);
+        assert_int_equal(ecx_data_fault_wrap(inner, &s->data), 0);
+    }
+}
+
+static void side_fini(side *s)
+{
+    ecx_data_free(s->data);
+    ecx_cache_free(s->cache);
+    ecx_region_free(s->region);
+}
+
+/* A producer and a consumer; the consumer's compat hash may differ. */
+static world *world_new(const char *consumer_compat)
+{
+    world *w = calloc(1, sizeof *w);
+    snprintf(w->dir, sizeof w->dir, "/dev/shm/ecx-test-XXXXXX");
+    assert_non_null(mkdtemp(w->dir));
+    w->zctx = zmq_ctx_new();
+    assert_int_equal(ecx_compat_hash("v", 1, "m", 1, "bf16", 4, BLOCK, w->compat), 0);
+    side_init(w, &w->P, "prod", true);
+    side_init(w, &w->C, "cons", false);
+    assert_int_equal(ecx_ctrl_server_new(w->zctx, "127.0.0.1", 0, NULL, &w->srv), 0);
+    w->port = ecx_ctrl_server_port(w->srv);
+    ecx_producer_opts po = {.compat_hash = w->compat, .block_bytes = BLOCK, .clock = &CLOCK};
+    assert_int_equal(ecx_producer_new(w->P.cache, w->P.data, w->srv, &po, &w->prod), 0);
+    ecx_consumer_opts co = {.zctx = w->zctx,
+                            .compat_hash = consumer_compat ? consumer_compat : w->compat,
+                            .block_bytes = BLOCK,
+                            .clock = &CLOCK};
+    assert_int_equal(ecx_consumer_new(w->C.cache, w->C.data, &co, &w->cons), 0);
+    return w;
+}
+
+static void world_free(world *w)
+{
+    ecx_consumer_free(w->cons);
+    ecx_producer_free(w->prod);
+    ecx_ctrl_server_free(w->srv);
+    side_fini(&w->C);
+    side_fini(&w->P);
+    zmq_ctx_term(w->zctx);
+    rmdir(w->dir);
+    free(w);
+}
+
+static void pump(world *w)
+{
+    if (w->prod) ecx_producer_poll(w->prod);
+    ecx_consumer_poll(w->cons);
+    usleep(500);
+}
+
+static uint8_t pattern(const char *hash, size_t i) { return (uint8_t)(hash[0] * 7 + i * 31 + i / 4096); }
+
+/* Save an item on the producer: reserve, write, and (if ready) mark ready. */
+static void save(world *w, const char *hash, size_t size, bool ready)
+{
+    size_t hl = strlen(hash), nb = (size + BLOCK - 1) / BLOCK, n;
+    assert_int_equal(ecx_cache_reserve(w->P.cache, hash, hl, nb), 0);
+    int64_t idx[BLOCKS];
+    assert_int_equal(ecx_cache_blocks(w->P.cache, hash, hl, idx, BLOCKS, &n), 0);
+    uint8_t *base = ecx_region_base(w->P.region);
+    for (size_t i = 0; i < size; i++) base[idx[i / BLOCK] * BLOCK + i % BLOCK] = pattern(hash, i);
+    if (ready) assert_int_equal(ecx_cache_mark_ready(w->P.cache, hash, hl), 0);
+}
+
+static bool consumer_has(world *w, const char *hash, size_t size)
+{
+    size_t hl = strlen(hash), n;
+    int64_t idx[BLOCKS];
+    if (ecx_cache_blocks(w->C.cache, hash, hl, idx, BLOCKS, &n)) return false;
+    const uint8_t *base = ecx_region_base(w->C.region);
+    for (size_t i = 0; i < size; i++)
+        if (base[idx[i / BLOCK] * BLOCK + i % BLOCK] != pattern(hash, i)) return false;
+    return true;
+}
+
+/* Fetch until the answer is not PENDING (bounded: 10 s of real time). */
+static int fetch_wait(world *w, const char *hash, size_t size, int port, int *reason)
+{
+    double end = real_s() + 10;
+    int st;
+    while ((st = ecx_consumer_fetch(w->cons, hash, strlen(hash), "127.0.0.1", port, size, 0,
+                                    reason)) == ECX_FETCH_PENDING &&
+           real_s() < end)
+        pump(w);
+    return st;
+}
+
+static uint64_t free_blocks(ecx_cache *c)
+{
+    ecx_cache_stats st;
+    ecx_cache_get_stats(c, &st);
+    return st.free_blocks;
+}
+
+/* ---------- happy paths ---------- */
+
+static void test_fetch_sizes(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    const char *names[] = {"one-byte", "one-block", "many-blocks", "largest"};
+    size_t sizes[] = {1, BLOCK, 10 * BLOCK + 17, (BLOCKS - 16) * BLOCK};
+    for (int i = 0; i < 4; i++) {
+        save(w, names[i], sizes[i], true);
+        int reason;
+        assert_int_equal(fetch_wait(w, names[i], sizes[i], w->port, &reason), ECX_FETCH_READY);
+        assert_true(consumer_has(w, names[i], sizes[i]));
+        /* A second ask is answered from the local cache. */
+        assert_int_equal(ecx_consumer_fetch(w->cons, names[i], strlen(names[i]), NULL, 0, 0, 0,
+                                            &reason),
+                         ECX_FETCH_READY);
+    }
+    for (int i = 0; i < 50 && ecx_producer_get_stats(w->prod).active_grants; i++) pump(w);
+    ecx_producer_stats ps = ecx_producer_get_stats(w->prod);
+    assert_int_equal(ps.grants, 4);
+    assert_int_equal(ps.completions, 4);
+    assert_int_equal(ps.active_grants, 0);
+    ecx_cache_info info;
+    assert_int_equal(ecx_cache_lookup(w->P.cache, "largest", 7, &info), 0);
+    assert_int_equal(info.pins, 0); /* the notification unpinned it */
+    ecx_consumer_stats cs = ecx_consumer_get_stats(w->cons);
+    assert_int_equal(cs.ready, 4);
+    assert_int_equal(cs.in_flight, 0);
+    world_free(w);
+}
+
+/* Non-contiguous source blocks: fragment the producer's free space first. */
+static void test_fetch_fragmented(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    char name[16];
+    for (int i = 0; i < 8; i++) {
+        snprintf(name, sizeof name, "fill%d", i);
+        save(w, name, 8 * BLOCK, true);
+    }
+    for (int i = 0; i < 8; i += 2) { /* pin the odd ones, evict the even ones */
+        snprintf(name, sizeof name, "fill%d", i + 1);
+        assert_int_equal(ecx_cache_pin(w->P.cache, name, strlen(name)), 0);
+    }
+    save(w, "scattered", 20 * BLOCK, true); /* evicts fill0, 2, 4: three runs */
+    ecx_cache_info info;
+    assert_int_equal(ecx_cache_lookup(w->P.cache, "scattered", 9, &info), 0);
+    assert_true(info.n_runs >= 3);
+    int reason;
+    assert_int_equal(fetch_wait(w, "scattered", 20 * BLOCK, w->port, &reason), ECX_FETCH_READY);
+    assert_true(consumer_has(w, "scattered", 20 * BLOCK));
+    world_free(w);
+}
+
+/* ---------- NACKs ---------- */
+
+static void test_nack_missing(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    int reason;
+    assert_int_equal(fetch_wait(w, "absent", 100, w->port, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NACK_MISSING);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS); /* blocks came back */
+    assert_int_equal(ecx_producer_get_stats(w->prod).nacks[ECX_STATUS_NACK_MISSING], 1);
+    /* The tombstone was consumed: asking again sends a new request. */
+    assert_int_equal(fetch_wait(w, "absent", 100, w->port, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(ecx_consumer_get_stats(w->cons).requests, 2);
+    world_free(w);
+}
+
+static void test_nack_incompat(void **state)
+{
+    (void)state;
+    world *w = world_new("0000000000000000000000000000000000000000000000000000000000000000");
+    save(w, "item", 100, true);
+    int reason;
+    assert_int_equal(fetch_wait(w, "item", 100, w->port, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NACK_INCOMPAT);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    world_free(w);
+}
+
+static void test_not_ready_then_ready(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    save(w, "slow", 3 * BLOCK, false);
+    int reason;
+    for (int i = 0; i < 200; i++) {
+        assert_int_equal(ecx_consumer_fetch(w->cons, "slow", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
+                                            &reason),
+                         ECX_FETCH_PENDING);
+        pump(w);
+        fake_now += 5;
+    }
+    assert_true(ecx_consumer_get_stats(w->cons).retries >= 2);
+    assert_true(ecx_producer_get_stats(w->prod).nacks[ECX_STATUS_NACK_NOT_READY] >= 2);
+    assert_int_equal(ecx_cache_mark_ready(w->P.cache, "slow", 4), 0);
+    assert_int_equal(fetch_wait(w, "slow", 3 * BLOCK, w->port, &reason), ECX_FETCH_READY);
+    assert_true(consumer_has(w, "slow", 3 * BLOCK));
+    world_free(w);
+}
+
+static void test_not_ready_timeout(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    save(w, "never", 100, false);
+    int reason, st = ECX_FETCH_PENDING;
+    for (int i = 0; i < 2000 && st == ECX_FETCH_PENDING; i++) {
+        st = ecx_consumer_fetch(w->cons, "never", 5, "127.0.0.1", w->port, 100, 0, &reason);
+        pump(w);
+        fake_now += 100; /* 60 s pass in 600 steps */
+    }
+    assert_int_equal(st, ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NOT_READY_TIMEOUT);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    world_free(w);
+}
+
+/* ---------- the producer against raw requests ---------- */
+
+typedef struct raw {
+    void *sock;
+} raw;
+
+static raw raw_dealer(world *w)
+{
+    raw r = {zmq_socket(w->zctx, ZMQ_DEALER)};
+    int zero = 0;
+    zmq_setsockopt(r.sock, ZMQ_LINGER, &zero, sizeof zero);
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", w->port);
+    assert_int_equal(zmq_connect(r.sock, ep), 0);
+    return r;
+}
+
+static void raw_send_req(raw *r, const char *hash, const char *compat, const char *sid,
+                         int64_t version)
+{
+    ecx_req q;
+    ecx_req_init(&q);
+    q.mm_hash = (ecx_span){hash, strlen(hash)};
+    q.compatibility_hash = (ecx_span){compat, strlen(compat)};
+    q.session_id = (ecx_span){sid, strlen(sid)};
+    q.connector_version = version;
+    msgpack_sbuffer b;
+    msgpack_sbuffer_init(&b);
+    assert_int_equal(ecx_wire_encode_req(&q, &b), 0);
+    zmq_send(r->sock, "", 0, ZMQ_SNDMORE);
+    zmq_send(r->sock, b.data, b.size, 0);
+    msgpack_sbuffer_destroy(&b);
+}
+
+/* Wait for one reply; returns its payload length (0 if none in 2 s). */
+static size_t raw_recv(world *w, raw *r, uint8_t *buf, size_t cap)
+{
+    double end = real_s() + 2;
+    while (real_s() < end) {
+        ecx_producer_poll(w->prod);
+        char empty[8];
+        if (zmq_recv(r->sock, empty, sizeof empty, ZMQ_DONTWAIT) >= 0) {
+            int n = zmq_recv(r->sock, buf, cap, 0);
+            return n > 0 ? (size_t)n : 0;
+        }
+        usleep(1000);
+    }
+    return 0;
+}
+
+static void test_producer_checks_in_order(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    save(w, "item", 100, true);
+    save(w, "pending", 100, false);
+    raw r = raw_dealer(w);
+    uint8_t buf[4096];
+    ecx_ack a;
+    struct {
+        const char *hash, *compat, *sid;
+        int64_t version;
+        int status;
+    } cases[] = {
+        /* version is checked first, even with a wrong hash and no session */
+        {"item", "bad", "", 2, ECX_STATUS_NACK_VERSION},
+        {"item", "bad", "", 1, ECX_STATUS_NACK_INCOMPAT},
+        {"item", w->compat, "", 1, ECX_STATUS_NACK_INTERNAL},
+        {"nothing", w->compat, "s1", 1, ECX_STATUS_NACK_MISSING},
+        {"pending", w->compat, "s1", 1, ECX_STATUS_NACK_NOT_READY},
+        {"item", w->compat, "s1", 1, ECX_STATUS_OK},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        raw_send_req(&r, cases[i].hash, cases[i].compat, cases[i].sid, cases[i].version);
+        size_t n = raw_recv(w, &r, buf, sizeof buf);
+        assert_true(n > 0);
+        assert_int_equal(ecx_wire_decode_ack(buf, n, &a), 0);
+        if (a.status != cases[i].status) fail_msg("case %zu: status %d want %d", i, a.status, cases[i].status);
+        assert_int_equal(a.mm_hash.n, strlen(cases[i].hash));
+        if (a.status == ECX_STATUS_OK) {
+            assert_int_equal(a.session_id.n, 2); /* echoed */
+            assert_int_equal(a.n_indices, 1);
+            assert_true(a.agent_metadata.n > 0 && a.agent_metadata.n <= 512);
+            assert_true(a.mem_descriptor.n > 0 && a.mem_descriptor.n <= 512);
+        } else {
+            /* A NACK carries mm_hash and status only. */
+            assert_int_equal(a.session_id.n, 0);
+            assert_int_equal(a.n_indices, 0);
+            assert_int_equal(a.agent_metadata.n, 0);
+        }
+    }
+    zmq_close(r.sock);
+    world_free(w);
+}
+
+/* A repeated request for a held grant releases the old pin first; a lease
+ * that is never completed expires and unpins. */
+static void test_regrant_and_lease_expiry(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    save(w, "item", 100, true);
+    raw r = raw_dealer(w);
+    uint8_t buf[4096];
+    ecx_cache_info info;
+    for (int i = 0; i < 3; i++) {
+        raw_send_req(&r, "item", w->compat, "sess", 1);
+        assert_true(raw_recv(w, &r, buf, sizeof buf) > 0);
+        assert_int_equal(ecx_cache_lookup(w->P.cache, "item", 4, &info), 0);
+        assert_int_equal(info.pins, 1);
+    }
+    raw_send_req(&r, "item", w->compat, "other", 1); /* another session: a second pin */
+    assert_true(raw_recv(w, &r, buf, sizeof buf) > 0);
+    assert_int_equal(ecx_cache_lookup(w->P.cache, "item", 4, &info), 0);
+    assert_int_equal(info.pins, 2);
+    ecx_producer_stats ps = ecx_producer_get_stats(w->prod);
+    assert_int_equal(ps.regrants, 2);
+    assert_int_equal(ps.active_grants, 2);
+    fake_now += 29999;
+    ecx_producer_poll(w->prod);
+    assert_int_equal(ecx_producer_get_stats(w->prod).expired_leases, 0);
+    fake_now += 1;
+    ecx_producer_poll(w->prod);
+    ps = ecx_producer_get_stats(w->prod);
+    assert_int_equal(ps.expired_leases, 2);
+    assert_int_equal(ps.active_grants, 0);
+    assert_int_equal(ecx_cache_lookup(w->P.cache, "item", 4, &info), 0);
+    assert_int_equal(info.pins, 0);
+    zmq_close(r.sock);
+    world_free(w);
+}
+
+static void test_producer_drops_garbage(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    save(w, "item", 100, true);
+    raw r = raw_dealer(w);
+    uint8_t buf[4096];
+    const char *junk[] = {"", "\xc1", "\x93\x01\x02\x03", "\xdf\xff\xff\xff\xff", "\x81\xa1z"};
+    for (int i = 0; i < 5; i++) {
+        zmq_send(r.sock, "", 0, ZMQ_SNDMORE);
+        zmq_send(r.sock, junk[i], strlen(junk[i]) + (i == 1), 0);
+    }
+    assert_int_equal(raw_recv(w, &r, buf, sizeof buf), 0); /* no reply to any */
+    assert_int_equal(ecx_producer_get_stats(w->prod).malformed, 5);
+    raw_send_req(&r, "item", w->compat, "s", 1); /* still serving */
+    size_t n = raw_recv(w, &r, buf, sizeof buf);
+    ecx_ack a;
+    assert_int_equal(ecx_wire_decode_ack(buf, n, &a), 0);
+    assert_int_equal(a.status, ECX_STATUS_OK);
+    zmq_close(r.sock);
+    world_free(w);
+}
+
+/* ---------- the consumer against a scripted producer ---------- */
+
+typedef struct fakep {
+    void *sock;
+    int port;
+} fakep;
+
+static fakep fake_producer(world *w)
+{
+    fakep f = {zmq_socket(w->zctx, ZMQ_ROUTER), 0};
+    int zero = 0;
+    zmq_setsockopt(f.sock, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_bind(f.sock, "tcp://127.0.0.1:*"), 0);
+    char ep[64];
+    size_t n = sizeof ep;
+    zmq_getsockopt(f.sock, ZMQ_LAST_ENDPOINT, ep, &n);
+    f.port = atoi(strrchr(ep, ':') + 1);
+    return f;
+}
+
+/* Receive the consumer's request (pumping it), returning identity + req. */
+static bool fake_recv(world *w, fakep *f, uint8_t *id, size_t *idl, ecx_req *q, uint8_t *buf)
+{
+    double end = real_s() + 5;
+    while (real_s() < end) {
+        ecx_consumer_poll(w->cons);
+        int n = zmq_recv(f->sock, id, 256, ZMQ_DONTWAIT);
+        if (n >= 0) {
+            *idl = (size_t)n;
+            char empty[8];
+            zmq_recv(f->sock, empty, sizeof empty, 0);
+            int m = zmq_recv(f->sock, buf, 1024, 0);
+            return m > 0 && ecx_wire_decode_req(buf, (size_t)m, q) == 0;
+        }
+        usleep(1000);
+    }
+    return false;
+}
+
+static void fake_reply(fakep *f, const uint8_t *id, size_t idl, const ecx_ack *a)
+{
+    msgpack_sbuffer b;
+    msgpack_sbuffer_init(&b);
+    assert_int_equal(ecx_wire_encode_ack(a, &b), 0);
+    zmq_send(f->sock, id, idl, ZMQ_SNDMORE);
+    zmq_send(f->sock, "", 0, ZMQ_SNDMORE);
+    zmq_send(f->sock, b.data, b.size, 0);
+    msgpack_sbuffer_destroy(&b);
+}
+
+/* Ask for an item from the fake producer and answer with *a (session and
+ * hash filled in from the request unless set); return the outcome. */
+static int scripted(world *w, fakep *f, const char *hash, size_t size, ecx_ack *a, bool echo,
+                    int *reason)
+{
+    assert_int_equal(ecx_consumer_fetch(w->cons, hash, strlen(hash), "127.0.0.1", f->port, size,
+                                        0, reason),
+                     ECX_FETCH_PENDING);
+    uint8_t id[256], buf[1024];
+    size_t idl;
+    ecx_req q;
+    assert_true(fake_recv(w, f, id, &idl, &q, buf));
+    a->mm_hash = q.mm_hash;
+    if (echo) a->session_id = q.session_id;
+    fake_reply(f, id, idl, a);
+    return fetch_wait(w, hash, size, f->port, reason);
+}
+
+static void test_consumer_validates_acks(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    fakep f = fake_producer(w);
+    size_t ml, dl;
+    const uint8_t *meta = ecx_data_agent_metadata(w->P.data, &ml);
+    const uint8_t *desc = ecx_data_mem_descriptor(w->P.data, &dl);
+    int64_t two[2] = {0, 1}, oob[2] = {0, BLOCKS}, neg[2] = {0, -1};
+    struct {
+        const char *what;
+        const int64_t *idx;
+        size_t n;
+        const char *meta;
+        size_t meta_len;
+        int want;
+    } cases[] = {
+        {"count differs from the reservation", two, 1, NULL, 0, ECX_REASON_BAD_ACK},
+        {"index beyond the producer's region", oob, 2, NULL, 0, ECX_REASON_BAD_ACK},
+        {"negative index", neg, 2, NULL, 0, ECX_REASON_BAD_ACK},
+        {"garbage metadata", two, 2, "\x00garbage", 8, ECX_REASON_BAD_ACK},
+        {"empty metadata", two, 2, "", 0, ECX_REASON_BAD_ACK},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ecx_ack a;
+        ecx_ack_init(&a);
+        a.status = ECX_STATUS_OK;
+        a.indices = cases[i].idx;
+        a.n_indices = cases[i].n;
+        a.agent_metadata = cases[i].meta ? (ecx_span){cases[i].meta, cases[i].meta_len}
+                                         : (ecx_span){(const char *)meta, ml};
+        a.mem_descriptor = (ecx_span){(const char *)desc, dl};
+        char hash[32];
+        snprintf(hash, sizeof hash, "bad%zu", i);
+        int reason;
+        int st = scripted(w, &f, hash, 2 * BLOCK, &a, true, &reason);
+        if (st != ECX_FETCH_LOCAL || reason != cases[i].want)
+            fail_msg("%s: state %d reason %s", cases[i].what, st, ecx_reason_name(reason));
+        assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    }
+    /* An OK ack that does not echo our session id is ignored: the request
+     * then times out. */
+    ecx_ack a;
+    ecx_ack_init(&a);
+    a.status = ECX_STATUS_OK;
+    a.indices = two;
+    a.n_indices = 2;
+    a.agent_metadata = (ecx_span){(const char *)meta, ml};
+    a.mem_descriptor = (ecx_span){(const char *)desc, dl};
+    a.session_id = (ecx_span){"someone-else", 12};
+    assert_int_equal(ecx_consumer_fetch(w->cons, "noecho", 6, "127.0.0.1", f.port, 100, 0,
+                                        &(int){0}),
+                     ECX_FETCH_PENDING);
+    uint8_t id[256], buf[1024];
+    size_t idl;
+    ecx_req q;
+    assert_true(fake_recv(w, &f, id, &idl, &q, buf));
+    a.mm_hash = q.mm_hash;
+    fake_reply(&f, id, idl, &a);
+    for (int i = 0; i < 100; i++) pump(w);
+    assert_int_equal(ecx_consumer_get_stats(w->cons).stale_acks, 1);
+    fake_now += 2000; /* the ack timeout */
+    int reason;
+    assert_int_equal(fetch_wait(w, "noecho", 100, f.port, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_ACK_TIMEOUT);
+    /* Garbage acks are dropped and counted. */
+    zmq_send(f.sock, id, idl, ZMQ_SNDMORE);
+    zmq_send(f.sock, "", 0, ZMQ_SNDMORE);
+    zmq_send(f.sock, "\xc1\xc1", 2, 0);
+    for (int i = 0; i < 100 && !ecx_consumer_get_stats(w->cons).malformed_acks; i++) pump(w);
+    assert_int_equal(ecx_consumer_get_stats(w->cons).malformed_acks, 1);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    zmq_close(f.sock);
+    world_free(w);
+}
+
+static void test_every_nack_status(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    fakep f = fake_producer(w);
+    int statuses[] = {ECX_STATUS_NACK_MISSING, ECX_STATUS_NACK_INCOMPAT, ECX_STATUS_NACK_VERSION,
+                      ECX_STATUS_NACK_INTERNAL};
+    int reasons[] = {ECX_REASON_NACK_MISSING, ECX_REASON_NACK_INCOMPAT, ECX_REASON_NACK_VERSION,
+                     ECX_REASON_NACK_INTERNAL};
+    for (int i = 0; i < 4; i++) {
+        ecx_ack a;
+        ecx_ack_init(&a);
+        a.status = statuses[i];
+        char hash[16];
+        snprintf(hash, sizeof hash, "n%d", i);
+        int reason;
+        assert_int_equal(scripted(w, &f, hash, 100, &a, false, &reason), ECX_FETCH_LOCAL);
+        assert_int_equal(reason, reasons[i]);
+    }
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    zmq_close(f.sock);
+    world_free(w);
+}
+
+static void test_ack_timeout(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    fakep f = fake_producer(w); /* receives, never answers */
+    int reason;
+    assert_int_equal(ecx_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
+                     ECX_FETCH_PENDING);
+    fake_now += 1999;
+    pump(w);
+    assert_int_equal(ecx_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
+                     ECX_FETCH_PENDING);
+    fake_now += 1;
+    pump(w);
+    assert_int_equal(ecx_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
+                     ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_ACK_TIMEOUT);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    zmq_close(f.sock);
+    world_free(w);
+}
+
+/* ---------- READ faults ---------- */
+
+static void test_read_failed(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    save(w, "item", 5 * BLOCK, true);
+    assert_int_equal(ecx_data_fault_set(w->C.data, ECX_FAULT_READ_FAIL, 0, 1), 0);
+    int reason;
+    assert_int_equal(fetch_wait(w, "item", 5 * BLOCK, w->port, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_READ_FAILED);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    assert_int_equal(ecx_data_fault_set(w->C.data, ECX_FAULT_POST_FAIL, 0, 1), 0);
+    assert_int_equal(fetch_wait(w, "item", 5 * BLOCK, w->port, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_READ_FAILED);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    /* The fault is spent: the next fetch works. */
+    assert_int_equal(fetch_wait(w, "item", 5 * BLOCK, w->port, &reason), ECX_FETCH_READY);
+    world_free(w);
+}
+
+/* A READ that never ends: quarantined at the read deadline (blocks kept),
+ * settled at the quarantine limit (blocks back). */
+static void test_quarantine(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    save(w, "stuck", 7 * BLOCK, true);
+    assert_int_equal(ecx_data_fault_set(w->C.data, ECX_FAULT_HANG, 0, 1), 0);
+    int reason;
+    assert_int_equal(ecx_consumer_fetch(w->cons, "stuck", 5, "127.0.0.1", w->port, 7 * BLOCK, 0,
+                                        &reason),
+                     ECX_FETCH_PENDING);
+    for (int i = 0; i < 200 && ecx_data_fault_hits(w->C.data) == 0; i++) pump(w);
+    assert_int_equal(ecx_data_fault_hits(w->C.data), 1);
+    fake_now += 20000; /* read deadline */
+    pump(w);
+    assert_int_equal(ecx_consumer_fetch(w->cons, "stuck", 5, "127.0.0.1", w->port, 7 * BLOCK, 0,
+                                        &reason),
+                     ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_QUARANTINED);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS - 7); /* held: the DMA may still write */
+    assert_int_equal(ecx_consumer_get_stats(w->cons).quarantines, 1);
+    fake_now += 59999;
+    pump(w);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS - 7);
+    fake_now += 1;
+    pump(w);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    ecx_consumer_stats cs = ecx_consumer_get_stats(w->cons);
+    assert_int_equal(cs.settled, 1);
+    assert_int_equal(cs.in_flight, 0);
+    world_free(w);
+}
+
+/* ---------- liveness ---------- */
+
+/* The producer goes away while a request waits for its ack: the transfer
+ * is retried on a fresh session, times out there, and every block comes
+ * back. */
+static void test_producer_lost(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    fakep f = fake_producer(w);
+    int reason;
+    assert_int_equal(ecx_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
+                     ECX_FETCH_PENDING);
+    uint8_t id[256], buf[1024];
+    size_t idl;
+    ecx_req q;
+    assert_true(fake_recv(w, &f, id, &idl, &q, buf));
+    zmq_close(f.sock); /* the producer dies */
+    double end = real_s() + 10;
+    while (!ecx_consumer_get_stats(w->cons).peers_lost && real_s() < end) pump(w);
+    ecx_consumer_stats cs = ecx_consumer_get_stats(w->cons);
+    assert_int_equal(cs.peers_lost, 1);
+    assert_true(cs.retries >= 1);
+    fake_now += 10000;
+    assert_int_equal(fetch_wait(w, "x", 100, f.port, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_ACK_TIMEOUT);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    world_free(w);
+}
+
+/* An OK ack with new metadata from the same address: the producer
+ * restarted; the consumer re-registers and reads from the new one. */
+static void test_producer_restart(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    save(w, "a", 100, true);
+    int reason;
+    assert_int_equal(fetch_wait(w, "a", 100, w->port, &reason), ECX_FETCH_READY);
+    /* Restart the producer's data plane and cache on the same port. */
+    ecx_producer_free(w->prod);
+    side_fini(&w->P);
+    side_init(w, &w->P, "prod2", true);
+    ecx_producer_opts po = {.compat_hash = w->compat, .block_bytes = BLOCK, .clock = &CLOCK};
+    assert_int_equal(ecx_producer_new(w->P.cache, w->P.data, w->srv, &po, &w->prod), 0);
+    save(w, "b", 2 * BLOCK, true);
+    assert_int_equal(fetch_wait(w, "b", 2 * BLOCK, w->port, &reason), ECX_FETCH_READY);
+    assert_true(consumer_has(w, "b", 2 * BLOCK));
+    assert_int_equal(ecx_consumer_get_stats(w->cons).peer_restarts, 1);
+    world_free(w);
+}
+
+static void test_fetch_refusals(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    int reason;
+    assert_int_equal(ecx_consumer_fetch(w->cons, "h", 1, NULL, 0, 100, 0, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NO_PEER);
+    assert_int_equal(ecx_consumer_fetch(w->cons, "h", 1, "127.0.0.1", w->port, 100, 99, &reason),
+                     ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_SIZE_MISMATCH);
+    assert_int_equal(ecx_consumer_fetch(w->cons, "h", 1, "127.0.0.1", w->port, 0, 0, &reason),
+                     ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_INVALID);
+    assert_int_equal(ecx_consumer_fetch(w->cons, "", 0, "127.0.0.1", w->port, 10, 0, &reason),
+                     ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_INVALID);
+    assert_int_equal(ecx_consumer_fetch(w->cons, "big", 3, "127.0.0.1", w->port,
+                                        (BLOCKS + 1) * BLOCK, 0, &reason),
+                     ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NO_ROOM);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    assert_int_equal(ecx_consumer_get_stats(w->cons).requests, 0);
+    world_free(w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fetch_sizes),
+        cmocka_unit_test(test_fetch_fragmented),
+        cmocka_unit_test(test_nack_missing),
+        cmocka_unit_test(test_nack_incompat),
+        cmocka_unit_test(test_not_ready_then_ready),
+        cmocka_unit_test(test_not_ready_timeout),
+        cmocka_unit_test(test_producer_checks_in_order),
+        cmocka_unit_test(test_regrant_and_lease_expiry),
+        cmocka_unit_test(test_producer_drops_garbage),
+        cmocka_unit_test(test_consumer_validates_acks),
+        cmocka_unit_test(test_every_nack_status),
+        cmocka_unit_test(test_ack_timeout),
+        cmocka_unit_test(test_read_failed),
+        cmocka_unit_test(test_quarantine),
+        cmocka_unit_test(test_producer_lost),
+        cmocka_unit_test(test_producer_restart),
+        cmocka_unit_test(test_fetch_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

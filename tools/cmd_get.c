@@ -1,0 +1,315 @@
+/*
+ * ecx get — a consumer: fetch items from producers by their announcements
+ * (or one item from a named peer) into files, all items in flight at once.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "ctrl.h"
+#include "opts.h"
+#include "util.h"
+
+static const char HELP[] =
+    "usage: ecx get --params FILE [--mm-hash H ...] --out DIR [options]\n"
+    "       ecx get --peer HOST:PORT --mm-hash H --size BYTES --out FILE [options]\n"
+    "\n"
+    "Fetch encodings from producers. With --params, FILE holds announcements as\n"
+    "`ecx serve --announce-out` writes them ({mm_hash: {\"peer_host\", \"peer_port\",\n"
+    "\"size_bytes\", \"metadata\"}}); every item in it is fetched unless --mm-hash\n"
+    "names some, and each lands in DIR/<mm_hash>. With --peer, one item is fetched\n"
+    "into FILE. Output files hold exactly size_bytes bytes.\n"
+    "\n"
+    "options:\n"
+    "  --params FILE          announcements file\n"
+    "  --mm-hash H            an item to fetch (repeatable)\n"
+    "  --peer HOST:PORT       fetch from this producer (with --size)\n"
+    "  --size SIZE            announced size of the --peer item\n"
+    "  --out DIR|FILE         where the bytes go\n"
+    "  --json                 print one JSON result object per item on stdout\n"
+    "  --verify-synthetic     check each item's bytes against `ecx serve --synthetic`\n"
+    "  --ack-timeout-ms MS    wait this long for each ack (default 2000)\n"
+    "  --region-bytes SIZE    local region (default: what the items need)\n"
+    COMMON_HELP
+    "\n"
+    "Exit status: 0 every item fetched; 3 some item fell back to local encoding\n"
+    "(its reason, e.g. NACK_MISSING or ACK_TIMEOUT, on stderr); 1 other failure\n"
+    "(including --verify-synthetic mismatches); 2 usage error.\n";
+
+typedef struct want {
+    const char *hash;
+    char *announcement; /* JSON text, NULL if the file has none */
+    uint64_t size;
+    int state, reason;
+    double t0, ms;
+    bool bad; /* verify failed or output not written */
+} want;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static bool name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 128 || !strcmp(s, ".") || !strcmp(s, "..")) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+              (s[i] >= '0' && s[i] <= '9') || s[i] == '.' || s[i] == '_' || s[i] == '-'))
+            return false;
+    return true;
+}
+
+/* Write the item's segments to path atomically (temp file + rename) and,
+ * if asked, compare them with the synthetic content. */
+static int store(ecx_ctx *ctx, want *w, const char *path, bool verify)
+{
+    ecx_segment one, *segs = &one;
+    size_t n;
+    uint64_t size;
+    int rc = ecx_load(ctx, w->hash, segs, 1, &n, &size);
+    if (rc == ECX_ERANGE) {
+        if (!(segs = malloc(n * sizeof *segs))) return -1;
+        rc = ecx_load(ctx, w->hash, segs, n, &n, &size);
+    }
+    if (rc) {
+        fprintf(stderr, "ecx: %s: cannot load: %s\n", w->hash, ecx_strerror(rc));
+        if (segs != &one) free(segs);
+        return -1;
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    uint64_t off = 0;
+    uint8_t *check = NULL;
+    rc = fd < 0 ? -1 : 0;
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (verify) {
+            if (!(check = realloc(check, segs[i].len ? segs[i].len : 1))) rc = -1;
+            if (!rc) synthetic_fill(w->hash, check, off, segs[i].len);
+            if (!rc && memcmp(check, segs[i].ptr, segs[i].len)) {
+                fprintf(stderr, "ecx: %s: bytes differ from the synthetic content near offset %llu\n",
+                        w->hash, (unsigned long long)off);
+                w->bad = true;
+            }
+        }
+        for (size_t done = 0; !rc && done < segs[i].len;) {
+            ssize_t k = write(fd, segs[i].ptr + done, segs[i].len - done);
+            if (k <= 0) rc = -1;
+            else done += (size_t)k;
+        }
+        off += segs[i].len;
+    }
+    free(check);
+    ecx_release(ctx, w->hash);
+    if (segs != &one) free(segs);
+    if (fd >= 0 && close(fd)) rc = -1;
+    if (!rc && rename(tmp, path)) rc = -1;
+    if (rc) {
+        fprintf(stderr, "ecx: cannot write %s: %s\n", path, strerror(errno));
+        unlink(tmp);
+        w->bad = true;
+    }
+    return rc;
+}
+
+static void progress(size_t done, size_t total, uint64_t bytes)
+{
+    int width = 30, fill = total ? (int)(done * (size_t)width / total) : width;
+    fprintf(stderr, "\r[%.*s%*s] %zu/%zu items  %.1f MB", fill,
+            "##############################", width - fill, "", done, total, bytes / 1e6);
+    if (done == total) fputc('\n', stderr);
+}
+
+/* Load --params FILE: every announcement, keyed by mm_hash. */
+static json_t *load_params(const char *path)
+{
+    json_error_t err;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!j) {
+        fprintf(stderr, "ecx: --params %s: %s (line %d)\n", path, err.text, err.line);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        fprintf(stderr, "ecx: --params %s: must be a JSON object {mm_hash: announcement}\n", path);
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+int cmd_get(int argc, char **argv)
+{
+    enum { O_PARAMS = 2000, O_HASH, O_PEER, O_SIZE, O_OUT, O_JSON, O_VERIFY, O_ACK };
+    static const struct option opts[] = {
+        {"params", required_argument, 0, O_PARAMS},
+        {"mm-hash", required_argument, 0, O_HASH},
+        {"peer", required_argument, 0, O_PEER},
+        {"size", required_argument, 0, O_SIZE},
+        {"out", required_argument, 0, O_OUT},
+        {"json", no_argument, 0, O_JSON},
+        {"verify-synthetic", no_argument, 0, O_VERIFY},
+        {"ack-timeout-ms", required_argument, 0, O_ACK},
+        {"help", no_argument, 0, 'h'},
+        COMMON_LONG_OPTS,
+        {0, 0, 0, 0}};
+    ecx_config cfg;
+    ecx_config_init(&cfg);
+    cfg.role = ECX_ROLE_CONSUMER;
+    const char *params = NULL, *peer = NULL, *out = NULL;
+    const char **hashes = calloc((size_t)argc + 1, sizeof *hashes);
+    size_t n_hashes = 0;
+    uint64_t peer_size = 0;
+    bool json = false, verify = false, region_given = false, have_size = false;
+    int64_t ack = 2000;
+    int c;
+    if (!hashes) return EXIT_FAIL;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int r = common_opt(c, optarg, &cfg, &region_given);
+        if (r < 0) goto usage;
+        if (r > 0) continue;
+        switch (c) {
+        case 'h': fputs(HELP, stdout); free(hashes); return EXIT_OK;
+        case O_PARAMS: params = optarg; break;
+        case O_HASH: hashes[n_hashes++] = optarg; break;
+        case O_PEER: peer = optarg; break;
+        case O_SIZE: if (parse_size("--size", optarg, &peer_size) || !peer_size) goto usage; have_size = true; break;
+        case O_OUT: out = optarg; break;
+        case O_JSON: json = true; break;
+        case O_VERIFY: verify = true; break;
+        case O_ACK: if (parse_int("--ack-timeout-ms", optarg, 1, 3600000, &ack)) goto usage; break;
+        default: goto usage;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ecx: get takes no arguments ('%s'); try 'ecx get --help'\n", argv[optind]);
+        goto usage;
+    }
+    if (!out || (!params == !peer)) {
+        fprintf(stderr, "ecx: get needs --out and exactly one of --params or --peer\n");
+        goto usage;
+    }
+    if (peer && (n_hashes != 1 || !have_size)) {
+        fprintf(stderr, "ecx: --peer needs exactly one --mm-hash and --size\n");
+        goto usage;
+    }
+    cfg.ack_timeout_ms = ack;
+
+    /* The items and their announcements. */
+    json_t *ann = NULL;
+    char host[256];
+    int port;
+    if (peer) {
+        if (ecx_ctrl_parse_addr(peer, host, &port) || port == 0) {
+            fprintf(stderr, "ecx: --peer takes HOST:PORT, not '%s'\n", peer);
+            goto usage;
+        }
+        ann = json_object();
+        json_object_set_new(ann, hashes[0], json_pack("{s:s,s:i,s:I,s:{}}", "peer_host", host,
+                                                      "peer_port", port, "size_bytes",
+                                                      (json_int_t)peer_size, "metadata"));
+    } else if (!(ann = load_params(params))) {
+        free(hashes);
+        return EXIT_FAIL;
+    }
+    if (n_hashes == 0) {
+        const char *k;
+        json_t *v;
+        hashes = realloc(hashes, (json_object_size(ann) + 1) * sizeof *hashes);
+        json_object_foreach(ann, k, v) hashes[n_hashes++] = k;
+    }
+    want *ws = calloc(n_hashes + 1, sizeof *ws);
+    uint64_t need = 0;
+    int rc = EXIT_FAIL;
+    for (size_t i = 0; i < n_hashes; i++) {
+        ws[i].hash = hashes[i];
+        if (!peer && !name_ok(hashes[i])) {
+            fprintf(stderr, "ecx: mm_hash '%s' cannot be a file name ([A-Za-z0-9._-], <= 128)\n",
+                    hashes[i]);
+            goto done;
+        }
+        json_t *a = json_object_get(ann, hashes[i]);
+        json_t *s = json_object_get(a, "size_bytes");
+        if (a) ws[i].announcement = json_dumps(a, JSON_COMPACT);
+        if (json_is_integer(s) && json_integer_value(s) > 0) {
+            ws[i].size = (uint64_t)json_integer_value(s);
+            need += (ws[i].size + cfg.block_bytes - 1) / cfg.block_bytes * cfg.block_bytes;
+        }
+    }
+    if (!region_given) cfg.region_bytes = need > cfg.block_bytes ? need : cfg.block_bytes;
+
+    ecx_ctx *ctx;
+    int e = ecx_new(&cfg, &ctx);
+    if (e) {
+        fprintf(stderr, "ecx: cannot start the consumer: %s\n", ecx_strerror(e));
+        goto done;
+    }
+    bool tty = isatty(2) && !json;
+    size_t finished = 0, fetched = 0, fell_back = 0;
+    uint64_t bytes = 0;
+    double start = now_s();
+    for (size_t i = 0; i < n_hashes; i++) ws[i].state = -1, ws[i].t0 = start;
+    while (finished < n_hashes) {
+        for (size_t i = 0; i < n_hashes; i++) {
+            want *w = &ws[i];
+            if (w->state == ECX_FETCH_READY || w->state == ECX_FETCH_LOCAL) continue;
+            w->state = ecx_fetch(ctx, w->hash, w->announcement, 0, &w->reason);
+            if (w->state == ECX_FETCH_PENDING) continue;
+            if (w->state < 0) w->state = ECX_FETCH_LOCAL, w->reason = ECX_REASON_INVALID;
+            w->ms = (now_s() - w->t0) * 1000;
+            finished++;
+            if (w->state == ECX_FETCH_READY) {
+                char path[4200];
+                if (peer) snprintf(path, sizeof path, "%s", out);
+                else snprintf(path, sizeof path, "%s/%s", out, w->hash);
+                store(ctx, w, path, verify);
+                fetched++;
+                bytes += w->size;
+            } else {
+                fprintf(stderr, "%s%s: %s\n", tty ? "\n" : "", w->hash, ecx_reason_name(w->reason));
+                fell_back++;
+            }
+            if (json) {
+                json_t *o = json_pack("{s:s,s:s,s:s?,s:I,s:f,s:b}", "mm_hash", w->hash, "outcome",
+                                      w->state == ECX_FETCH_READY ? "ready" : "local", "reason",
+                                      w->state == ECX_FETCH_READY ? NULL : ecx_reason_name(w->reason),
+                                      "size_bytes", (json_int_t)w->size, "latency_ms", w->ms,
+                                      "verified", verify && !w->bad && w->state == ECX_FETCH_READY);
+                char *t = json_dumps(o, JSON_COMPACT);
+                if (t) puts(t);
+                free(t);
+                json_decref(o);
+            }
+            if (tty) progress(finished, n_hashes, bytes);
+        }
+        if (finished < n_hashes) ecx_poll(ctx, 10);
+    }
+    bool any_bad = false;
+    for (size_t i = 0; i < n_hashes; i++) any_bad |= ws[i].bad;
+    double secs = now_s() - start;
+    if (!json)
+        fprintf(stderr, "ecx: %zu fetched, %zu fell back, %.1f MB in %.3f s\n", fetched, fell_back,
+                bytes / 1e6, secs);
+    rc = any_bad ? EXIT_FAIL : fell_back ? 3 : EXIT_OK;
+    ecx_free(ctx);
+done:
+    for (size_t i = 0; i < n_hashes; i++) free(ws[i].announcement);
+    free(ws);
+    json_decref(ann);
+    free(hashes);
+    return rc;
+usage:
+    free(hashes);
+    return EXIT_USAGE;
+}

@@ -1,0 +1,409 @@
+/*
+ * ecx serve — a producer daemon: serves a directory of files or synthetic
+ * encodings, writes their announcements for consumers, exposes Prometheus
+ * metrics, and shuts down cleanly on SIGINT / SIGTERM.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "ctrl.h"
+#include "opts.h"
+#include "util.h"
+
+static const char HELP[] =
+    "usage: ecx serve [options]\n"
+    "\n"
+    "Run a producer: serve encodings to consumers until SIGINT or SIGTERM.\n"
+    "\n"
+    "content (either or both):\n"
+    "  --preload DIR          serve each regular file in DIR as one encoding: its\n"
+    "                         mm_hash is the file name, its bytes the file's bytes.\n"
+    "                         Names outside [A-Za-z0-9._-] or over 128 bytes,\n"
+    "                         links and non-regular files are skipped, with a message.\n"
+    "  --synthetic COUNT:BYTES  serve COUNT encodings of BYTES each, item i with\n"
+    "                         mm_hash = hex SHA-256 of \"ecx-synthetic:<i>:<BYTES>\" and\n"
+    "                         content = splitmix64 stream seeded by that hash\n"
+    "                         (`ecx get --verify-synthetic` checks it)\n"
+    "  --ready-delay-ms MS    mark each item ready MS after reserving it (items\n"
+    "                         answer NACK_NOT_READY until then)\n"
+    "\n"
+    "network and output:\n"
+    "  --listen HOST:PORT     control-plane address (default " ECX_DEFAULT_LISTEN ")\n"
+    "  --advertise-host HOST  peer_host written in announcements (default: the\n"
+    "                         listen host, or 127.0.0.1 for a wildcard)\n"
+    "  --announce-out FILE    once listening, write {mm_hash: announcement} for\n"
+    "                         everything served, atomically (scripts wait for it)\n"
+    "  --metrics HOST:PORT    serve Prometheus text at http://HOST:PORT/metrics\n"
+    "  --lease-ms MS          pin lease per grant (default 30000)\n"
+    "  --region-bytes SIZE    region size (default: what the content needs)\n"
+    COMMON_HELP
+    "\n"
+    "Exit status: 0 after a clean shutdown, 1 on failure, 2 on usage error.\n";
+
+static volatile sig_atomic_t stop;
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop = 1;
+}
+
+/* One item to serve. */
+typedef struct item {
+    char hash[129];
+    char *path; /* preload: file path; NULL for synthetic */
+    uint64_t size;
+} item;
+
+typedef struct items {
+    item *v;
+    size_t n, cap;
+} items;
+
+static item *items_add(items *it)
+{
+    if (it->n == it->cap) {
+        size_t cap = it->cap ? it->cap * 2 : 64;
+        item *v = realloc(it->v, cap * sizeof *v);
+        if (!v) return NULL;
+        it->v = v, it->cap = cap;
+    }
+    item *x = &it->v[it->n++];
+    memset(x, 0, sizeof *x);
+    return x;
+}
+
+static bool name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 128) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+              (s[i] >= '0' && s[i] <= '9') || s[i] == '.' || s[i] == '_' || s[i] == '-'))
+            return false;
+    return true;
+}
+
+/* Collect DIR's regular files (sorted by name, so the order is stable). */
+static int scan_dir(const char *dir, items *it)
+{
+    struct dirent **ents;
+    int n = scandir(dir, &ents, NULL, alphasort);
+    if (n < 0) {
+        fprintf(stderr, "ecx: --preload %s: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        const char *name = ents[i]->d_name;
+        if (!strcmp(name, ".") || !strcmp(name, "..")) goto next;
+        if (!name_ok(name)) {
+            fprintf(stderr, "ecx: skipping '%s': names must be 1..128 of [A-Za-z0-9._-]\n", name);
+            goto next;
+        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        struct stat st;
+        if (lstat(path, &st)) {
+            fprintf(stderr, "ecx: skipping '%s': %s\n", name, strerror(errno));
+            goto next;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            fprintf(stderr, "ecx: skipping '%s': not a regular file (links are not followed)\n",
+                    name);
+            goto next;
+        }
+        if (st.st_size == 0) {
+            fprintf(stderr, "ecx: skipping '%s': empty\n", name);
+            goto next;
+        }
+        item *x = items_add(it);
+        if (!x || !(x->path = strdup(path))) {
+            rc = -1;
+            goto next;
+        }
+        snprintf(x->hash, sizeof x->hash, "%s", name);
+        x->size = (uint64_t)st.st_size;
+    next:
+        free(ents[i]);
+    }
+    free(ents);
+    return rc;
+}
+
+/* Read a preloaded file into its segments (no link followed, size checked). */
+static int load_file(const item *x, ecx_segment *segs, size_t n)
+{
+    int fd = open(x->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != x->size) {
+        fprintf(stderr, "ecx: %s: changed or unreadable while loading\n", x->path);
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t done = 0;
+        while (done < segs[i].len) {
+            ssize_t k = read(fd, segs[i].ptr + done, segs[i].len - done);
+            if (k <= 0) {
+                fprintf(stderr, "ecx: %s: short read\n", x->path);
+                close(fd);
+                return -1;
+            }
+            done += (size_t)k;
+        }
+    }
+    close(fd);
+    return 0;
+}
+
+static int save_item(ecx_ctx *ctx, item *x, bool commit)
+{
+    ecx_segment *segs = NULL;
+    size_t n = 0;
+    int rc = ecx_save_begin(ctx, x->hash, x->size, NULL, 0, &n);
+    if (rc == ECX_ERANGE) { /* nothing was reserved; n says how many segments */
+        segs = malloc(n * sizeof *segs);
+        rc = segs ? ecx_save_begin(ctx, x->hash, x->size, segs, n, &n) : ECX_ENOMEM;
+    }
+    if (rc) {
+        fprintf(stderr, "ecx: cannot store %s (%llu bytes): %s\n", x->hash,
+                (unsigned long long)x->size, ecx_strerror(rc));
+        free(segs);
+        return -1;
+    }
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!x->path) synthetic_fill(x->hash, segs[i].ptr, off, segs[i].len);
+        off += segs[i].len;
+    }
+    if (x->path && load_file(x, segs, n)) {
+        ecx_save_abort(ctx, x->hash);
+        free(segs);
+        return -1;
+    }
+    free(segs);
+    return commit && ecx_save_commit(ctx, x->hash) ? -1 : 0;
+}
+
+static int write_announcements(ecx_ctx *ctx, const items *it, const char *path)
+{
+    json_t *root = json_object();
+    char buf[1024];
+    for (size_t i = 0; i < it->n; i++) {
+        int n = ecx_announce(ctx, it->v[i].hash, buf, sizeof buf);
+        json_t *a = n > 0 ? json_loads(buf, 0, NULL) : NULL;
+        if (!a) {
+            json_decref(root);
+            return -1;
+        }
+        json_object_set_new(root, it->v[i].hash, a);
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    int rc = json_dump_file(root, tmp, JSON_INDENT(1) | JSON_SORT_KEYS);
+    json_decref(root);
+    if (rc || rename(tmp, path)) {
+        fprintf(stderr, "ecx: cannot write %s: %s\n", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------- metrics over HTTP ---------- */
+
+static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *url,
+                               const char *method, const char *version, const char *upload,
+                               size_t *upload_len, void **req_cls)
+{
+    (void)version, (void)upload, (void)upload_len, (void)req_cls;
+    ecx_ctx *ctx = cls;
+    struct MHD_Response *r;
+    unsigned status = MHD_HTTP_OK;
+    if (strcmp(method, "GET") || strcmp(url, "/metrics")) {
+        static const char nf[] = "not found: try GET /metrics\n";
+        r = MHD_create_response_from_buffer(sizeof nf - 1, (void *)nf, MHD_RESPMEM_PERSISTENT);
+        status = MHD_HTTP_NOT_FOUND;
+    } else {
+        size_t cap = 16384;
+        char *buf = NULL;
+        int n = ECX_ERANGE;
+        while (n == ECX_ERANGE && cap <= (64u << 20)) {
+            free(buf);
+            if (!(buf = malloc(cap))) return MHD_NO;
+            n = ecx_metrics(ctx, buf, cap);
+            cap *= 2;
+        }
+        if (n < 0) {
+            free(buf);
+            return MHD_NO;
+        }
+        r = MHD_create_response_from_buffer((size_t)n, buf, MHD_RESPMEM_MUST_FREE);
+        MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
+    }
+    enum MHD_Result ok = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static struct MHD_Daemon *start_metrics(const char *addr, ecx_ctx *ctx)
+{
+    char host[256];
+    int port;
+    if (ecx_ctrl_parse_addr(addr, host, &port)) {
+        fprintf(stderr, "ecx: --metrics takes HOST:PORT, not '%s'\n", addr);
+        return NULL;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai;
+    char ps[8];
+    snprintf(ps, sizeof ps, "%d", port);
+    if (getaddrinfo(host, ps, &hints, &ai)) {
+        fprintf(stderr, "ecx: --metrics: cannot resolve '%s'\n", host);
+        return NULL;
+    }
+    unsigned flags = MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    /* No internal thread: MHD_run() is called from the serve loop, so the
+     * counters are read on the thread that writes them. */
+    struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_http, ctx,
+                                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                            MHD_OPTION_CONNECTION_LIMIT, 64u,
+                                            MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!d) fprintf(stderr, "ecx: --metrics: cannot listen on %s\n", addr);
+    return d;
+}
+
+/* ---------- main ---------- */
+
+static int parse_synthetic(const char *s, items *it)
+{
+    const char *colon = strchr(s, ':');
+    int64_t count;
+    uint64_t bytes;
+    char num[32];
+    if (!colon || (size_t)(colon - s) >= sizeof num) goto bad;
+    memcpy(num, s, (size_t)(colon - s));
+    num[colon - s] = 0;
+    if (parse_int("--synthetic COUNT", num, 1, 1000000, &count) ||
+        parse_size("--synthetic BYTES", colon + 1, &bytes) || bytes == 0)
+        goto bad;
+    for (int64_t i = 0; i < count; i++) {
+        item *x = items_add(it);
+        if (!x) return -1;
+        synthetic_hash((uint64_t)i, bytes, x->hash);
+        x->size = bytes;
+    }
+    return 0;
+bad:
+    fprintf(stderr, "ecx: --synthetic takes COUNT:BYTES (e.g. 8:4.7M), not '%s'\n", s);
+    return -1;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    enum { O_LISTEN = 2000, O_ADVERTISE, O_PRELOAD, O_SYNTH, O_DELAY, O_ANNOUNCE, O_METRICS, O_LEASE };
+    static const struct option opts[] = {
+        {"listen", required_argument, 0, O_LISTEN},
+        {"advertise-host", required_argument, 0, O_ADVERTISE},
+        {"preload", required_argument, 0, O_PRELOAD},
+        {"synthetic", required_argument, 0, O_SYNTH},
+        {"ready-delay-ms", required_argument, 0, O_DELAY},
+        {"announce-out", required_argument, 0, O_ANNOUNCE},
+        {"metrics", required_argument, 0, O_METRICS},
+        {"lease-ms", required_argument, 0, O_LEASE},
+        {"help", no_argument, 0, 'h'},
+        COMMON_LONG_OPTS,
+        {0, 0, 0, 0}};
+    ecx_config cfg;
+    ecx_config_init(&cfg);
+    cfg.role = ECX_ROLE_PRODUCER;
+    bool region_given = false;
+    const char *announce = NULL, *metrics = NULL;
+    int64_t delay = 0, lease = 30000;
+    items it = {0};
+    int c, rc = EXIT_FAIL;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int r = common_opt(c, optarg, &cfg, &region_given);
+        if (r < 0) goto usage;
+        if (r > 0) continue;
+        switch (c) {
+        case 'h': fputs(HELP, stdout); free(it.v); return EXIT_OK;
+        case O_LISTEN: cfg.listen = optarg; break;
+        case O_ADVERTISE: cfg.advertise_host = optarg; break;
+        case O_PRELOAD: if (scan_dir(optarg, &it)) goto fail; break;
+        case O_SYNTH: if (parse_synthetic(optarg, &it)) goto usage; break;
+        case O_DELAY: if (parse_int("--ready-delay-ms", optarg, 0, 86400000, &delay)) goto usage; break;
+        case O_ANNOUNCE: announce = optarg; break;
+        case O_METRICS: metrics = optarg; break;
+        case O_LEASE: if (parse_int("--lease-ms", optarg, 1, 86400000, &lease)) goto usage; break;
+        default: goto usage;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "ecx: serve takes no arguments ('%s'); try 'ecx serve --help'\n", argv[optind]);
+        goto usage;
+    }
+    cfg.lease_ms = lease;
+    if (!region_given) {
+        uint64_t need = 0;
+        for (size_t i = 0; i < it.n; i++)
+            need += (it.v[i].size + cfg.block_bytes - 1) / cfg.block_bytes * cfg.block_bytes;
+        cfg.region_bytes = need ? need : cfg.block_bytes * 64;
+    }
+
+    signal(SIGPIPE, SIG_IGN);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    ecx_ctx *ctx;
+    int e = ecx_new(&cfg, &ctx);
+    if (e) {
+        fprintf(stderr, "ecx: cannot start the producer: %s\n", ecx_strerror(e));
+        goto fail;
+    }
+    struct MHD_Daemon *http = NULL;
+    if (metrics && !(http = start_metrics(metrics, ctx))) goto out;
+    for (size_t i = 0; i < it.n; i++)
+        if (save_item(ctx, &it.v[i], delay == 0)) goto out;
+    if (announce && write_announcements(ctx, &it, announce)) goto out;
+    fprintf(stderr, "ecx: serving %zu item(s) on port %d\n", it.n, ecx_listen_port(ctx));
+
+    int64_t ready_at = ecx_now_ms(NULL) + delay;
+    bool all_ready = delay == 0;
+    while (!stop) {
+        ecx_poll(ctx, 20);
+        if (http) MHD_run(http);
+        if (!all_ready && ecx_now_ms(NULL) >= ready_at) {
+            for (size_t i = 0; i < it.n; i++) ecx_save_commit(ctx, it.v[i].hash);
+            all_ready = true;
+        }
+    }
+    fprintf(stderr, "ecx: shutting down\n");
+    rc = EXIT_OK;
+out:
+    if (http) MHD_stop_daemon(http);
+    ecx_free(ctx);
+fail:
+    for (size_t i = 0; i < it.n; i++) free(it.v[i].path);
+    free(it.v);
+    return rc;
+usage:
+    for (size_t i = 0; i < it.n; i++) free(it.v[i].path);
+    free(it.v);
+    return EXIT_USAGE;
+}

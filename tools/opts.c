@@ -1,0 +1,145 @@
+/* opts — shared option parsing and synthetic content; see opts.h. */
+#include "opts.h"
+
+#include <errno.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+int parse_size(const char *opt, const char *s, uint64_t *out)
+{
+    const char *p = s;
+    uint64_t whole = 0, frac = 0, frac_div = 1;
+    bool digits = false;
+    for (; *p >= '0' && *p <= '9'; p++, digits = true) {
+        if (whole > (UINT64_MAX - 9) / 10) goto bad;
+        whole = whole * 10 + (uint64_t)(*p - '0');
+    }
+    if (*p == '.') {
+        for (p++; *p >= '0' && *p <= '9'; p++, digits = true) {
+            if (frac_div > UINT64_MAX / 100) goto bad;
+            frac = frac * 10 + (uint64_t)(*p - '0');
+            frac_div *= 10;
+        }
+    }
+    if (!digits) goto bad;
+    uint64_t mult = 1;
+    static const struct {
+        const char *suffix;
+        uint64_t mult;
+    } units[] = {{"", 1},
+                 {"K", 1000ull},
+                 {"M", 1000000ull},
+                 {"G", 1000000000ull},
+                 {"T", 1000000000000ull},
+                 {"Ki", 1ull << 10},
+                 {"Mi", 1ull << 20},
+                 {"Gi", 1ull << 30},
+                 {"Ti", 1ull << 40}};
+    size_t u = 0;
+    for (; u < sizeof units / sizeof *units; u++)
+        if (!strcmp(p, units[u].suffix)) break;
+    if (u == sizeof units / sizeof *units) goto bad;
+    mult = units[u].mult;
+    if (whole > UINT64_MAX / mult) goto bad;
+    /* frac / frac_div * mult must be a whole number of bytes. */
+    if (frac > UINT64_MAX / mult || (frac * mult) % frac_div) goto bad;
+    uint64_t v = whole * mult + frac * mult / frac_div;
+    if (v < whole * mult) goto bad;
+    *out = v;
+    return 0;
+bad:
+    fprintf(stderr, "ecx: %s: '%s' is not a size (e.g. 4096, 64Ki, 4.7M, 1Gi)\n", opt, s);
+    return -1;
+}
+
+int parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || errno || (*s != '-' && (*s < '0' || *s > '9')) || v < lo || v > hi) {
+        fprintf(stderr, "ecx: %s: '%s' is not an integer in %lld..%lld\n", opt, s, (long long)lo,
+                (long long)hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int common_opt(int c, const char *arg, ecx_config *cfg, bool *region_given)
+{
+    switch (c) {
+    case OPT_BLOCK_BYTES:
+        if (parse_size("--block-bytes", arg, &cfg->block_bytes)) return -1;
+        if (cfg->block_bytes == 0) {
+            fprintf(stderr, "ecx: --block-bytes must be at least 1\n");
+            return -1;
+        }
+        return 1;
+    case OPT_REGION_BYTES:
+        if (region_given) *region_given = true;
+        return parse_size("--region-bytes", arg, &cfg->region_bytes) ? -1 : 1;
+    case OPT_VLLM_VERSION: cfg->vllm_version = arg; return 1;
+    case OPT_MODEL: cfg->model = arg; return 1;
+    case OPT_DTYPE: cfg->dtype = arg; return 1;
+    case OPT_DATA:
+        if (strcmp(arg, "auto") && strcmp(arg, "shm") && strcmp(arg, "ucx")) {
+            fprintf(stderr, "ecx: --data takes auto, shm or ucx, not '%s'\n", arg);
+            return -1;
+        }
+        cfg->data = arg;
+        return 1;
+    }
+    return 0;
+}
+
+void synthetic_hash(uint64_t i, uint64_t bytes, char out[65])
+{
+    char text[64];
+    int n = snprintf(text, sizeof text, "ecx-synthetic:%llu:%llu", (unsigned long long)i,
+                     (unsigned long long)bytes);
+    unsigned char h[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256(h, (const unsigned char *)text, (unsigned long long)n);
+    ecx_hex_encode(h, sizeof h, out);
+}
+
+uint64_t synthetic_seed(const char *mm_hash)
+{
+    uint8_t b[8];
+    if (strlen(mm_hash) != 64 || ecx_hex_decode(mm_hash, 16, b) != 8) return 0;
+    uint64_t s = 0;
+    for (int i = 7; i >= 0; i--) s = s << 8 | b[i];
+    return s;
+}
+
+static uint64_t splitmix64_at(uint64_t seed, uint64_t k)
+{
+    uint64_t z = seed + (k + 1) * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void synthetic_fill(const char *mm_hash, uint8_t *dst, uint64_t offset, size_t len)
+{
+    uint64_t seed = synthetic_seed(mm_hash);
+    size_t i = 0;
+    /* Head: bytes before the next 8-byte boundary. */
+    while (i < len && (offset + i) % 8) {
+        uint64_t w = splitmix64_at(seed, (offset + i) / 8);
+        dst[i] = (uint8_t)(w >> (8 * ((offset + i) % 8)));
+        i++;
+    }
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w = splitmix64_at(seed, (offset + i) / 8);
+        for (int b = 0; b < 8; b++) dst[i + b] = (uint8_t)(w >> (8 * b));
+    }
+    for (; i < len; i++) {
+        uint64_t w = splitmix64_at(seed, (offset + i) / 8);
+        dst[i] = (uint8_t)(w >> (8 * ((offset + i) % 8)));
+    }
+}

@@ -1,0 +1,62 @@
+/*
+ * opts — option parsing the ecx subcommands share: sizes with K/M/G
+ * (powers of 1000) and Ki/Mi/Gi (powers of 1024) suffixes, bounded
+ * integers, the compatibility factors and data-path options that serve,
+ * get and bench all take, and the synthetic content they agree on.
+ */
+#ifndef ECX_OPTS_H
+#define ECX_OPTS_H
+
+#include <getopt.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ecx.h"
+
+/* "4096", "1Mi", "4.7M", "2G". 0 and an error message on stderr if s is
+ * not a size; *out receives the bytes. Fractions must come to whole bytes. */
+int parse_size(const char *opt, const char *s, uint64_t *out);
+/* A decimal integer in [lo, hi]. */
+int parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
+
+/* Options shared by serve, get and bench. */
+enum {
+    OPT_BLOCK_BYTES = 1000,
+    OPT_REGION_BYTES,
+    OPT_VLLM_VERSION,
+    OPT_MODEL,
+    OPT_DTYPE,
+    OPT_DATA,
+};
+#define COMMON_LONG_OPTS                                                                           \
+    {"block-bytes", required_argument, 0, OPT_BLOCK_BYTES},                                        \
+        {"region-bytes", required_argument, 0, OPT_REGION_BYTES},                                  \
+        {"vllm-version", required_argument, 0, OPT_VLLM_VERSION},                                  \
+        {"model", required_argument, 0, OPT_MODEL}, {"dtype", required_argument, 0, OPT_DTYPE},   \
+        {"data", required_argument, 0, OPT_DATA}
+
+#define COMMON_HELP                                                                                \
+    "  --block-bytes SIZE     block size (default 1Mi); peers must agree\n"                       \
+    "  --region-bytes SIZE    size of this process's shared-memory region\n"                      \
+    "  --vllm-version TEXT    compatibility factor (default " ECX_DEFAULT_VLLM_VERSION ")\n"      \
+    "  --model TEXT           compatibility factor (default " ECX_DEFAULT_MODEL ")\n"             \
+    "  --dtype TEXT           compatibility factor (default " ECX_DEFAULT_DTYPE ")\n"             \
+    "  --data auto|shm|ucx    data path (default auto: shm on the same host, else UCX)\n"         \
+    "  SIZE takes K/M/G (x1000) and Ki/Mi/Gi (x1024) suffixes, e.g. 4.7M, 64Mi.\n"
+
+/* Apply one common option to cfg. Returns 1 if c was one of them, 0 if
+ * not, -1 on a bad value (message printed). */
+int common_opt(int c, const char *arg, ecx_config *cfg, bool *region_given);
+
+/* Synthetic encodings, so a consumer can verify what `serve --synthetic`
+ * serves: item i (0-based) of COUNT:BYTES has mm_hash = lowercase hex
+ * SHA-256 of "ecx-synthetic:<i>:<bytes>", and its content is the
+ * little-endian byte stream of splitmix64 seeded with the first 8 bytes of
+ * that SHA-256 (read little-endian). */
+void synthetic_hash(uint64_t i, uint64_t bytes, char out[65]);
+void synthetic_fill(const char *mm_hash, uint8_t *dst, uint64_t offset, size_t len);
+/* The seed of an mm_hash made by synthetic_hash (0 if it is not 64 hex). */
+uint64_t synthetic_seed(const char *mm_hash);
+
+#endif
