@@ -1,0 +1,504 @@
+/*
+ * region — create, join, open read-only, reap and clean up the /dev/shm
+ * block files (see region.h for the lifetime rules this file implements).
+ *
+ * Every file operation goes through a directory descriptor and *at()
+ * calls with O_NOFOLLOW, so a name is resolved once and a symlink planted
+ * in the directory is refused rather than followed. Whenever we act on a
+ * name after having opened it (unlink, lock), we first check that the name
+ * still refers to the inode we hold, so a concurrent reaper or creator can
+ * never make us unlink someone else's file.
+ */
+#include "region.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util.h"
+
+struct ecx_region {
+    uint8_t *base;
+    uint64_t size, block_bytes, num_blocks;
+    int fd;    /* holds the shared flock (read-write mappings) */
+    int dirfd; /* directory of the file, for the creator's unlink; -1 otherwise */
+    bool owner, writable;
+    dev_t dev;
+    ino_t ino;
+    char name[NAME_MAX + 1];
+    char path[PATH_MAX];
+};
+
+static const char TMP_INFIX[] = ".mmap.tmp.";
+
+const char *ecx_region_default_dir(void)
+{
+    const char *d = getenv("ECX_SHM_DIR");
+    return d && *d ? d : "/dev/shm";
+}
+
+static int random_bytes(void *buf, size_t n)
+{
+    uint8_t *p = buf;
+    while (n) {
+        ssize_t k = getrandom(p, n, 0);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return ECX_ESYS;
+        }
+        p += k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+int ecx_region_instance_id(char out[ECX_REGION_INSTANCE_ID_LEN + 1])
+{
+    if (!out) return ECX_EINVAL;
+    uint8_t rnd[8];
+    int rc = random_bytes(rnd, sizeof rnd);
+    if (rc) return rc;
+    char hex[17];
+    ecx_hex_encode(rnd, sizeof rnd, hex);
+    snprintf(out, ECX_REGION_INSTANCE_ID_LEN + 1, "%08x-%.15s", (unsigned)getpid(), hex);
+    return 0;
+}
+
+static bool instance_valid(const char *s)
+{
+    if (!s || !*s || *s == '.') return false;
+    size_t n = 0;
+    for (; s[n]; n++) {
+        char c = s[n];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == '_' || c == '-';
+        if (!ok || n >= ECX_REGION_INSTANCE_MAX) return false;
+    }
+    return true;
+}
+
+/* "ecx_<instance>_<rank>.mmap" into out. */
+static int region_name(const char *instance, int rank, char out[NAME_MAX + 1])
+{
+    if (!instance_valid(instance) || rank < 0) return ECX_EINVAL;
+    int n = snprintf(out, NAME_MAX + 1, "ecx_%s_%d.mmap", instance, rank);
+    return n > 0 && n <= NAME_MAX ? 0 : ECX_EINVAL;
+}
+
+/* Is name one of the files the reaper may consider: "ecx_*.mmap" or a
+ * temporary "ecx_*.mmap.tmp.*"? */
+static bool reapable_name(const char *name)
+{
+    size_t n = strlen(name);
+    if (n < 4 || memcmp(name, "ecx_", 4) != 0) return false;
+    if (n >= 9 && strcmp(name + n - 5, ".mmap") == 0) return true;
+    return strstr(name + 4, TMP_INFIX) != NULL;
+}
+
+static int open_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        ecx_log(ECX_LOG_ERROR, "region: cannot open directory %s: %s", dir, strerror(errno));
+    return fd;
+}
+
+/* Does name in dirfd still refer to the inode st describes? */
+static bool name_is(int dirfd, const char *name, const struct stat *st)
+{
+    struct stat now;
+    if (fstatat(dirfd, name, &now, AT_SYMLINK_NOFOLLOW) != 0) return false;
+    return now.st_dev == st->st_dev && now.st_ino == st->st_ino;
+}
+
+static int flock_retry(int fd, int op)
+{
+    int rc;
+    do
+        rc = flock(fd, op);
+    while (rc != 0 && errno == EINTR);
+    return rc;
+}
+
+static int check_sizes(uint64_t total_bytes, uint64_t block_bytes, uint64_t *num_blocks,
+                       uint64_t *size)
+{
+    if (block_bytes == 0) return ECX_EREGION_SIZE;
+    uint64_t n = total_bytes / block_bytes;
+    if (n == 0 || n > ECX_REGION_MAX_BLOCKS) return ECX_EREGION_SIZE;
+    uint64_t s = n * block_bytes; /* <= total_bytes: cannot overflow */
+    if (s > (uint64_t)INT64_MAX || s > (uint64_t)SIZE_MAX) return ECX_EREGION_SIZE;
+    *num_blocks = n;
+    *size = s;
+    return 0;
+}
+
+static int errno_to_ecx(int e)
+{
+    switch (e) {
+    case ENOSPC:
+    case EFBIG:
+    case EDQUOT: return ECX_EREGION_NOSPC;
+    case ENOMEM: return ECX_ENOMEM;
+    case EEXIST: return ECX_EREGION_EXISTS;
+    case ENOENT: return ECX_EREGION_NOTFOUND;
+    case ELOOP: return ECX_EREGION_BADFILE;
+    default: return ECX_ESYS;
+    }
+}
+
+static ecx_region *region_alloc(void)
+{
+    ecx_region *r = calloc(1, sizeof *r);
+    if (r) r->fd = r->dirfd = -1;
+    return r;
+}
+
+static void set_path(ecx_region *r, const char *dir, const char *name)
+{
+    snprintf(r->name, sizeof r->name, "%s", name);
+    size_t dl = strlen(dir);
+    while (dl > 1 && dir[dl - 1] == '/')
+        dl--;
+    snprintf(r->path, sizeof r->path, "%.*s/%s", (int)dl, dir, name);
+}
+
+/* Create the temporary file under a shared lock. Returns the fd, or a
+ * negative ECX code. A reaper may unlink a temporary between our create
+ * and our lock; then the name no longer refers to our inode and we retry. */
+static int create_tmp(int dirfd, const char *name, char tmp[NAME_MAX + 1], struct stat *st)
+{
+    for (int attempt = 0; attempt < 8; attempt++) {
+        uint8_t rnd[6];
+        char hex[13];
+        int rc = random_bytes(rnd, sizeof rnd);
+        if (rc) return rc;
+        ecx_hex_encode(rnd, sizeof rnd, hex);
+        /* name ends in ".mmap"; keep it and add ".tmp.<pid>.<rand>". */
+        int n = snprintf(tmp, NAME_MAX + 1, "%s.tmp.%d.%s", name, (int)getpid(), hex);
+        if (n <= 0 || n > NAME_MAX) return ECX_EINVAL;
+        int fd = openat(dirfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            if (errno == EEXIST) continue;
+            int e = errno;
+            ecx_log(ECX_LOG_ERROR, "region: cannot create %s: %s", tmp, strerror(e));
+            return errno_to_ecx(e);
+        }
+        if (flock_retry(fd, LOCK_SH) != 0 || fstat(fd, st) != 0) {
+            int e = errno;
+            close(fd);
+            unlinkat(dirfd, tmp, 0);
+            ecx_log(ECX_LOG_ERROR, "region: cannot lock %s: %s", tmp, strerror(e));
+            return ECX_ESYS;
+        }
+        if (name_is(dirfd, tmp, st)) return fd;
+        close(fd); /* reaped under us: try a fresh name */
+    }
+    return ECX_ESYS;
+}
+
+int ecx_region_create_in(const char *dir, const char *instance, int rank, uint64_t total_bytes,
+                         uint64_t block_bytes, ecx_region **out)
+{
+    if (!out) return ECX_EINVAL;
+    *out = NULL;
+    if (!dir) dir = ecx_region_default_dir();
+    char name[NAME_MAX + 1], tmp[NAME_MAX + 1];
+    int rc = region_name(instance, rank, name);
+    if (rc) return rc;
+    uint64_t num_blocks, size;
+    if ((rc = check_sizes(total_bytes, block_bytes, &num_blocks, &size))) return rc;
+
+    int reaped = ecx_region_reap(dir);
+    if (reaped > 0)
+        ecx_log(ECX_LOG_INFO, "region: reclaimed %d orphaned file(s) in %s", reaped, dir);
+
+    ecx_region *r = region_alloc();
+    if (!r) return ECX_ENOMEM;
+    r->block_bytes = block_bytes;
+    r->num_blocks = num_blocks;
+    r->size = size;
+    r->owner = r->writable = true;
+    set_path(r, dir, name);
+    if ((r->dirfd = open_dir(dir)) < 0) {
+        free(r);
+        return ECX_ESYS;
+    }
+    struct stat st;
+    if (fstatat(r->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+        ecx_log(ECX_LOG_ERROR, "region: %s already exists", r->path);
+        rc = ECX_EREGION_EXISTS;
+        goto fail_dir;
+    }
+    int fd = create_tmp(r->dirfd, name, tmp, &st);
+    if (fd < 0) {
+        rc = fd;
+        goto fail_dir;
+    }
+    r->fd = fd;
+    r->dev = st.st_dev;
+    r->ino = st.st_ino;
+    const char *step = "fchmod";
+    if (fchmod(fd, 0600) != 0) goto fail_sys;
+    step = "ftruncate";
+    if (ftruncate(fd, (off_t)size) != 0) goto fail_sys;
+    /* Allocate the pages now: on tmpfs this fails with ENOSPC if the
+     * region cannot be backed, instead of a SIGBUS on first touch. */
+    step = "fallocate";
+    if (fallocate(fd, 0, 0, (off_t)size) != 0 && errno != EOPNOTSUPP && errno != ENOSYS)
+        goto fail_sys;
+    step = "mmap";
+    void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) goto fail_sys;
+    r->base = p;
+    step = "link";
+    if (linkat(r->dirfd, tmp, r->dirfd, name, 0) != 0) goto fail_sys;
+    if (name_is(r->dirfd, tmp, &st)) unlinkat(r->dirfd, tmp, 0);
+    *out = r;
+    ecx_log(ECX_LOG_INFO, "region: created %s (%llu blocks of %llu bytes)", r->path,
+            (unsigned long long)num_blocks, (unsigned long long)block_bytes);
+    return 0;
+
+fail_sys : {
+    int e = errno;
+    rc = errno_to_ecx(e);
+    ecx_log(ECX_LOG_ERROR, "region: %s of %s (%llu bytes) failed: %s", step, r->path,
+            (unsigned long long)size, strerror(e));
+    if (r->base) munmap(r->base, (size_t)size);
+    if (name_is(r->dirfd, tmp, &st)) unlinkat(r->dirfd, tmp, 0);
+    close(r->fd);
+}
+fail_dir:
+    close(r->dirfd);
+    free(r);
+    return rc;
+}
+
+int ecx_region_create(const char *instance, int rank, uint64_t total_bytes, uint64_t block_bytes,
+                      ecx_region **out)
+{
+    return ecx_region_create_in(NULL, instance, rank, total_bytes, block_bytes, out);
+}
+
+/* Checks shared by join and open_readonly on an opened file. */
+static int check_file(const struct stat *st, uint64_t block_bytes, bool strict_owner,
+                      uint64_t *num_blocks)
+{
+    if (!S_ISREG(st->st_mode)) return ECX_EREGION_BADFILE;
+    if (strict_owner && (st->st_uid != geteuid() || (st->st_mode & 0777) != 0600))
+        return ECX_EREGION_BADFILE;
+    if (block_bytes == 0 || st->st_size <= 0) return ECX_EREGION_SIZE;
+    uint64_t size = (uint64_t)st->st_size;
+    if (size % block_bytes != 0 || size / block_bytes > ECX_REGION_MAX_BLOCKS ||
+        size > (uint64_t)SIZE_MAX)
+        return ECX_EREGION_SIZE;
+    *num_blocks = size / block_bytes;
+    return 0;
+}
+
+int ecx_region_join_in(const char *dir, const char *instance, int rank, uint64_t block_bytes,
+                       ecx_region **out)
+{
+    if (!out) return ECX_EINVAL;
+    *out = NULL;
+    if (!dir) dir = ecx_region_default_dir();
+    char name[NAME_MAX + 1];
+    int rc = region_name(instance, rank, name);
+    if (rc) return rc;
+    if (block_bytes == 0) return ECX_EREGION_SIZE;
+    int dirfd = open_dir(dir);
+    if (dirfd < 0) return ECX_ESYS;
+    ecx_region *r = region_alloc();
+    if (!r) {
+        close(dirfd);
+        return ECX_ENOMEM;
+    }
+    set_path(r, dir, name);
+    r->block_bytes = block_bytes;
+    r->writable = true;
+    struct stat st;
+    int fd = openat(dirfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        rc = errno_to_ecx(errno);
+        goto fail;
+    }
+    r->fd = fd;
+    if (fstat(fd, &st) != 0) {
+        rc = ECX_ESYS;
+        goto fail;
+    }
+    if ((rc = check_file(&st, block_bytes, true, &r->num_blocks))) goto fail;
+    /* A reaper holds LOCK_EX only for a moment; wait up to ~1 s for it. */
+    for (int i = 0;; i++) {
+        if (flock_retry(fd, LOCK_SH | LOCK_NB) == 0) break;
+        if (errno != EWOULDBLOCK || i == 100) {
+            rc = errno == EWOULDBLOCK ? ECX_EREGION_BUSY : ECX_ESYS;
+            goto fail;
+        }
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    if (!name_is(dirfd, name, &st)) { /* reclaimed while we opened it */
+        rc = ECX_EREGION_NOTFOUND;
+        goto fail;
+    }
+    r->size = (uint64_t)st.st_size;
+    r->dev = st.st_dev;
+    r->ino = st.st_ino;
+    void *p = mmap(NULL, (size_t)r->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        rc = errno_to_ecx(errno);
+        goto fail;
+    }
+    r->base = p;
+    close(dirfd);
+    *out = r;
+    return 0;
+fail:
+    if (rc == ECX_ESYS) ecx_log(ECX_LOG_ERROR, "region: join %s: %s", r->path, strerror(errno));
+    if (r->fd >= 0) close(r->fd);
+    close(dirfd);
+    free(r);
+    return rc;
+}
+
+int ecx_region_join(const char *instance, int rank, uint64_t block_bytes, ecx_region **out)
+{
+    return ecx_region_join_in(NULL, instance, rank, block_bytes, out);
+}
+
+int ecx_region_open_readonly(const char *path, uint64_t block_bytes, ecx_region **out)
+{
+    if (!out) return ECX_EINVAL;
+    *out = NULL;
+    if (!path || !*path || strlen(path) >= PATH_MAX) return ECX_EINVAL;
+    if (block_bytes == 0) return ECX_EREGION_SIZE;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return errno_to_ecx(errno);
+    struct stat st;
+    uint64_t num_blocks = 0;
+    int rc = fstat(fd, &st) != 0 ? ECX_ESYS : check_file(&st, block_bytes, false, &num_blocks);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd); /* the mapping keeps the file alive; no lock for readers */
+    if (p == MAP_FAILED) return errno_to_ecx(errno);
+    ecx_region *r = region_alloc();
+    if (!r) {
+        munmap(p, (size_t)st.st_size);
+        return ECX_ENOMEM;
+    }
+    r->base = p;
+    r->size = (uint64_t)st.st_size;
+    r->block_bytes = block_bytes;
+    r->num_blocks = num_blocks;
+    r->dev = st.st_dev;
+    r->ino = st.st_ino;
+    snprintf(r->path, sizeof r->path, "%s", path);
+    const char *slash = strrchr(path, '/');
+    snprintf(r->name, sizeof r->name, "%s", slash ? slash + 1 : path);
+    *out = r;
+    return 0;
+}
+
+void ecx_region_free(ecx_region *r)
+{
+    if (!r) return;
+    if (r->base) munmap(r->base, (size_t)r->size);
+    if (r->owner && r->dirfd >= 0) {
+        /* Unlink while we still hold our lock, and only our own file. */
+        struct stat st = {.st_dev = r->dev, .st_ino = r->ino};
+        if (name_is(r->dirfd, r->name, &st) && unlinkat(r->dirfd, r->name, 0) != 0)
+            ecx_log(ECX_LOG_WARN, "region: cannot unlink %s: %s", r->path, strerror(errno));
+    }
+    if (r->fd >= 0) close(r->fd);
+    if (r->dirfd >= 0) close(r->dirfd);
+    free(r);
+}
+
+uint8_t *ecx_region_base(const ecx_region *r)
+{
+    return r ? r->base : NULL;
+}
+uint64_t ecx_region_block_bytes(const ecx_region *r)
+{
+    return r ? r->block_bytes : 0;
+}
+uint64_t ecx_region_num_blocks(const ecx_region *r)
+{
+    return r ? r->num_blocks : 0;
+}
+uint64_t ecx_region_size(const ecx_region *r)
+{
+    return r ? r->size : 0;
+}
+const char *ecx_region_path(const ecx_region *r)
+{
+    return r ? r->path : "";
+}
+bool ecx_region_is_owner(const ecx_region *r)
+{
+    return r && r->owner;
+}
+bool ecx_region_is_writable(const ecx_region *r)
+{
+    return r && r->writable;
+}
+
+/* Try to reclaim one candidate; true if it was unlinked. */
+static bool reap_one(int dirfd, const char *name, uid_t uid)
+{
+    struct stat st, st2;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return false;
+    if (!S_ISREG(st.st_mode) || st.st_uid != uid) return false;
+    int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool done = false;
+    if (fstat(fd, &st2) == 0 && st2.st_dev == st.st_dev && st2.st_ino == st.st_ino &&
+        flock_retry(fd, LOCK_EX | LOCK_NB) == 0) {
+        /* Nobody holds it: its creator and joiners are gone. While we hold
+         * LOCK_EX no one can start using it; make sure the name is still
+         * this inode, then remove it. */
+        if (name_is(dirfd, name, &st2) && unlinkat(dirfd, name, 0) == 0) {
+            done = true;
+            ecx_log(ECX_LOG_INFO, "region: reclaimed orphan %s (%lld bytes)", name,
+                    (long long)st2.st_size);
+        }
+    }
+    close(fd);
+    return done;
+}
+
+int ecx_region_reap(const char *dir)
+{
+    if (!dir) dir = ecx_region_default_dir();
+    int dirfd = open_dir(dir);
+    if (dirfd < 0) return ECX_ESYS;
+    int listfd = dup(dirfd);
+    DIR *d = listfd >= 0 ? fdopendir(listfd) : NULL;
+    if (!d) {
+        if (listfd >= 0) close(listfd);
+        close(dirfd);
+        return ECX_ESYS;
+    }
+    uid_t uid = geteuid();
+    int count = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN) continue;
+        if (reapable_name(de->d_name) && reap_one(dirfd, de->d_name, uid)) count++;
+    }
+    closedir(d);
+    close(dirfd);
+    return count;
+}

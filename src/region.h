@@ -1,0 +1,110 @@
+/*
+ * region — the shared-memory block file that holds encodings (SPEC §2).
+ *
+ * A region is one file `ecx_<instance>_<rank>.mmap` in a shared-memory
+ * directory (default /dev/shm; the environment variable ECX_SHM_DIR
+ * overrides it, and the *_in variants take it as a parameter), exactly
+ * num_blocks × block_bytes long, mapped MAP_SHARED. There is no header: the
+ * file is only blocks, so a peer on the same host can map it read-only and
+ * copy block i from offset i × block_bytes.
+ *
+ * Lifetime. The creator publishes the file atomically: it creates a
+ * temporary name (`<name>.tmp.<pid>.<random>`), takes a shared flock, sizes
+ * it with fallocate (so a /dev/shm too small to back it fails now, not as a
+ * SIGBUS later), maps it with MAP_POPULATE, and only then links it to its
+ * final name (link(2) refuses to replace an existing file). Every process
+ * that maps the region read-write (creator and joiners) holds a shared
+ * flock on it for as long as it is mapped; the creator unlinks it in
+ * ecx_region_free(). A process killed with SIGKILL leaves its file behind
+ * with nobody holding the lock: ecx_region_reap() (run by every
+ * ecx_region_create()) takes an exclusive non-blocking flock on each
+ * `ecx_*.mmap` (and leftover temporary) of ours, and unlinks only the ones
+ * it gets. Files of live processes, other users' files, symlinks and
+ * anything that is not a regular file are never touched.
+ *
+ * The block size is not stored in the file (there is no header and tmpfs
+ * has no portable place for metadata), so whoever joins or opens a region
+ * passes it; the file size must be a whole, non-zero number of such blocks.
+ * Processes of one instance share their configuration, and a remote peer
+ * learns it from the data plane's mem_descriptor.
+ *
+ * Files are mode 0600, owned by the creating user; the instance name is
+ * restricted to [A-Za-z0-9._-] so it can never name a path outside the
+ * directory. No function here aborts or raises a signal on bad input.
+ * Caveat for read-only mappers: if the owner shrank the file, reading past
+ * its end would raise SIGBUS; ecx's creator never resizes a published file.
+ */
+#ifndef ECX_REGION_H
+#define ECX_REGION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ecx.h"
+
+typedef struct ecx_region ecx_region;
+
+/* Largest block count a region may have: block indices fit in uint32 with
+ * UINT32_MAX left as a sentinel (the cache relies on this). */
+#define ECX_REGION_MAX_BLOCKS 0xfffffffeu
+/* Longest instance name accepted. */
+#define ECX_REGION_INSTANCE_MAX 64
+/* Length of an id made by ecx_region_instance_id(), without the NUL. */
+#define ECX_REGION_INSTANCE_ID_LEN 24
+
+/* The directory regions live in: $ECX_SHM_DIR if set and non-empty, else
+ * "/dev/shm". */
+const char *ecx_region_default_dir(void);
+
+/* Fill out with a fresh instance name, unique per process start:
+ * 8 hex digits of the pid, '-', 15 random hex digits. */
+int ecx_region_instance_id(char out[ECX_REGION_INSTANCE_ID_LEN + 1]);
+
+/* Create and publish the region of (instance, rank): floor(total_bytes /
+ * block_bytes) blocks. Reaps orphans in the directory first. Errors:
+ * ECX_EINVAL (bad instance, rank < 0, NULL), ECX_EREGION_SIZE (zero block
+ * size, fewer than one block, more than ECX_REGION_MAX_BLOCKS, or a size
+ * that does not fit off_t / size_t), ECX_EREGION_EXISTS (the name is
+ * taken), ECX_EREGION_NOSPC (shared memory too small), ECX_ENOMEM (the
+ * mapping failed), ECX_ESYS (other system errors, logged). */
+int ecx_region_create(const char *instance, int rank, uint64_t total_bytes, uint64_t block_bytes,
+                      ecx_region **out);
+int ecx_region_create_in(const char *dir, const char *instance, int rank, uint64_t total_bytes,
+                         uint64_t block_bytes, ecx_region **out);
+
+/* Map the region of (instance, rank) that another local process of the
+ * same instance created, read-write, and hold a shared lock on it until
+ * ecx_region_free(). block_bytes must be the creator's block size.
+ * Errors: ECX_EREGION_NOTFOUND, ECX_EREGION_BADFILE (symlink, not a
+ * regular file, other owner, mode not 0600), ECX_EREGION_SIZE (size not a
+ * whole non-zero number of blocks), ECX_EREGION_BUSY (being reclaimed). */
+int ecx_region_join(const char *instance, int rank, uint64_t block_bytes, ecx_region **out);
+int ecx_region_join_in(const char *dir, const char *instance, int rank, uint64_t block_bytes,
+                       ecx_region **out);
+
+/* Map another process's region file read-only, by path (the same-host data
+ * path). Refuses a symlink as the last component (ECX_EREGION_BADFILE) and
+ * a size that is not a whole non-zero number of blocks (ECX_EREGION_SIZE).
+ * Takes no lock: the mapping keeps the memory alive even if the owner dies
+ * and its file is reaped. */
+int ecx_region_open_readonly(const char *path, uint64_t block_bytes, ecx_region **out);
+
+/* Unmap and release the lock; the creator also unlinks the file (only if
+ * the name still refers to its file). NULL is a no-op. */
+void ecx_region_free(ecx_region *r);
+
+/* Accessors; the base stays valid until ecx_region_free(). */
+uint8_t *ecx_region_base(const ecx_region *r);
+uint64_t ecx_region_block_bytes(const ecx_region *r);
+uint64_t ecx_region_num_blocks(const ecx_region *r);
+uint64_t ecx_region_size(const ecx_region *r); /* num_blocks × block_bytes */
+const char *ecx_region_path(const ecx_region *r);
+bool ecx_region_is_owner(const ecx_region *r);    /* true for the creator */
+bool ecx_region_is_writable(const ecx_region *r); /* false for open_readonly */
+
+/* Reclaim orphaned region files (and leftover temporaries) of this user in
+ * dir (NULL: ecx_region_default_dir()). Returns how many were removed, or
+ * a negative error if dir cannot be read. */
+int ecx_region_reap(const char *dir);
+
+#endif
