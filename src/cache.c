@@ -1,0 +1,1078 @@
+/*
+ * cache — the mm_hash -> blocks bookkeeping: a block allocator (treap of
+ * free runs + boundary tags), a key table (open addressing, SipHash), an
+ * entry pool and the eviction FIFO, all behind one mutex. cache.h states
+ * the contract and the allocation policy; this comment describes the data.
+ *
+ * Per block b, one struct blk (20 bytes, an array allocated once):
+ *   len    length of the run starting at b (free or owned), else 0;
+ *   fend   if b is the last block of a free run, that run's start, else
+ *          NIL — so "is the block before me the end of a free run" and "is
+ *          the run after me free" are O(1) (boundary tags);
+ *   left/right  treap children, for free-run starts;
+ *   next   next run of the same entry, for owned-run starts.
+ * A run is named by its start block, so no node is ever allocated.
+ *
+ * The treap orders free runs by (length, start); priorities are a seeded
+ * hash of the start. Best fit is a lower_bound on (n, 0); the largest run
+ * is the rightmost length, then a lower_bound on it for the lowest start.
+ *
+ * Entries are 64-byte records in a pool indexed by uint32 id; the table
+ * stores (id, 32 hash bits) pairs with linear probing, load <= 1/2 and
+ * backward-shift deletion (no tombstones). Pool and table have the same
+ * size and grow together by doubling; see "Table and entry pool" below for
+ * how ids are chosen so that a lookup's two memory accesses overlap. Keys
+ * are stored in the entry (raw up to 32 bytes, or packed when they are
+ * lowercase hex up to 64 digits, as an mm_hash is) or, if longer, in
+ * power-of-two buffers kept on per-size free lists, so even long keys cost
+ * no malloc once the pools have reached their peak.
+ */
+#include "cache.h"
+
+#include <pthread.h>
+#include <sodium.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "util.h"
+
+#define NIL UINT32_MAX
+#define KEY_INLINE 32  /* raw keys up to this long live in the entry */
+#define KEY_HEX_MAX 64 /* lowercase-hex keys up to this long are packed there */
+#define KEY_CLASS_MIN 128
+#define KEY_CLASSES 6 /* 128, 256, ..., 4096 == ECX_CACHE_KEY_MAX */
+
+enum { SLOT_UNUSED = 0, ST_NOT_READY = 1, ST_READY = 2 };
+enum { KEY_RAW = 0, KEY_HEX = 1, KEY_EXT = 2 };
+
+/*
+ * One cache line. The key is stored as it came (KEY_RAW, up to 32 bytes),
+ * packed two hex digits to a byte (KEY_HEX: 33..64 lowercase hex digits of
+ * even length, which is what an mm_hash is in practice), or in a pooled
+ * buffer (KEY_EXT). Which form is a function of the key's bytes alone and
+ * packing is reversible given the length, so comparing keys stays exact.
+ * An entry is in the FIFO exactly when it is ready and unpinned.
+ */
+struct entry {
+    uint32_t h32; /* folded key hash, as in the table slot */
+    uint32_t pins;
+    uint32_t n_blocks;
+    uint32_t n_runs;
+    uint32_t head;       /* start of the first (lowest) run */
+    uint32_t prev, next; /* FIFO links */
+    uint16_t key_len;
+    uint8_t state;
+    uint8_t key_kind;
+    union {
+        unsigned char in[KEY_INLINE]; /* KEY_RAW bytes or KEY_HEX nibbles */
+        char *ext;                    /* KEY_EXT */
+    } k;
+};
+_Static_assert(sizeof(struct entry) == 64, "entry is one cache line");
+
+/* Everything about block b in one place, so a treap step is one cache
+ * line rather than three. */
+struct blk {
+    uint32_t len;   /* rlen */
+    uint32_t fend;  /* free-run end tag */
+    uint32_t left;  /* tl */
+    uint32_t right; /* tr */
+    uint32_t next;  /* rnext */
+};
+
+/* The slot keeps the folded hash: it filters compares and gives the home
+ * slot (h & mask) without touching the entry, for deletion and growth. */
+struct slot {
+    uint32_t id; /* NIL: empty */
+    uint32_t h;
+};
+
+struct ecx_cache {
+    pthread_mutex_t mu;
+    uint32_t n;
+    struct blk *b;
+    uint32_t root;
+    uint64_t prio_seed;
+    uint64_t free_blocks, free_runs, evictable_blocks;
+
+    struct entry *ents; /* tab_mask + 1 of them, indexed by id */
+    uint32_t *free_ids; /* the unused ids, free_ids[0..n_free) ... */
+    uint32_t *free_pos; /* ... and where each unused id sits in it */
+    uint32_t n_free;
+    uint64_t n_entries, n_not_ready, n_ready, n_pinned;
+
+    struct slot *tab;
+    uint32_t tab_mask;
+
+    uint32_t fifo_head, fifo_tail;
+
+    void *key_free[KEY_CLASSES];
+    unsigned char sipkey[crypto_shorthash_KEYBYTES];
+    ecx_cache_evict_fn on_evict;
+    void *evict_arg;
+    uint64_t reserves, reserve_full, evictions;
+};
+
+/* ---- big arrays -------------------------------------------------------- */
+
+/* The per-block array, the entry pool and the table are each allocated
+ * whole. Those of 2 MiB or more get their own anonymous mapping with
+ * MADV_HUGEPAGE: with 100,000 entries the cache spans ~20 MB, and a random
+ * lookup would otherwise pay a TLB miss on top of each cache miss. */
+#define HUGE_MIN ((size_t)2 << 20)
+
+static void *big_alloc(size_t size)
+{
+    if (size < HUGE_MIN) return aligned_alloc(128, (size + 127) & ~(size_t)127);
+    size = (size + HUGE_MIN - 1) & ~(HUGE_MIN - 1);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    madvise(p, size, MADV_HUGEPAGE); /* a hint; fine if refused */
+    return p;
+}
+
+static void big_free(void *p, size_t size)
+{
+    if (!p) return;
+    if (size < HUGE_MIN)
+        free(p);
+    else
+        munmap(p, (size + HUGE_MIN - 1) & ~(HUGE_MIN - 1));
+}
+
+/* ---- treap of free runs ---------------------------------------------- */
+
+static inline uint32_t prio(const ecx_cache *c, uint32_t s)
+{
+    uint64_t z = s + c->prio_seed;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+
+/* (len_a, a) < (len_b, b) */
+static inline bool key_less(uint32_t len_a, uint32_t a, uint32_t len_b, uint32_t b)
+{
+    return len_a < len_b || (len_a == len_b && a < b);
+}
+
+/* Split t into keys < (klen, ks) and keys >= (klen, ks). */
+static void t_split(ecx_cache *c, uint32_t t, uint32_t klen, uint32_t ks, uint32_t *l, uint32_t *r)
+{
+    if (t == NIL) {
+        *l = *r = NIL;
+        return;
+    }
+    if (key_less(c->b[t].len, t, klen, ks)) {
+        t_split(c, c->b[t].right, klen, ks, &c->b[t].right, r);
+        *l = t;
+    } else {
+        t_split(c, c->b[t].left, klen, ks, l, &c->b[t].left);
+        *r = t;
+    }
+}
+
+/* Join a and b, every key of a below every key of b. */
+static uint32_t t_merge(ecx_cache *c, uint32_t a, uint32_t b)
+{
+    if (a == NIL) return b;
+    if (b == NIL) return a;
+    if (prio(c, a) >= prio(c, b)) {
+        c->b[a].right = t_merge(c, c->b[a].right, b);
+        return a;
+    }
+    c->b[b].left = t_merge(c, a, c->b[b].left);
+    return b;
+}
+
+static uint32_t t_insert(ecx_cache *c, uint32_t t, uint32_t x)
+{
+    if (t == NIL) {
+        c->b[x].left = c->b[x].right = NIL;
+        return x;
+    }
+    if (prio(c, x) > prio(c, t)) {
+        t_split(c, t, c->b[x].len, x, &c->b[x].left, &c->b[x].right);
+        return x;
+    }
+    if (key_less(c->b[x].len, x, c->b[t].len, t))
+        c->b[t].left = t_insert(c, c->b[t].left, x);
+    else
+        c->b[t].right = t_insert(c, c->b[t].right, x);
+    return t;
+}
+
+/* Remove x (keyed by its current rlen) from t. */
+static uint32_t t_erase(ecx_cache *c, uint32_t t, uint32_t x)
+{
+    if (t == NIL) return NIL;
+    if (t == x) return t_merge(c, c->b[x].left, c->b[x].right);
+    if (key_less(c->b[x].len, x, c->b[t].len, t))
+        c->b[t].left = t_erase(c, c->b[t].left, x);
+    else
+        c->b[t].right = t_erase(c, c->b[t].right, x);
+    return t;
+}
+
+/* The smallest free run of length >= len, lowest start among equals. */
+static uint32_t t_lower_bound(const ecx_cache *c, uint32_t len)
+{
+    uint32_t t = c->root, best = NIL;
+    while (t != NIL) {
+        if (c->b[t].len >= len) {
+            best = t;
+            t = c->b[t].left;
+        } else {
+            t = c->b[t].right;
+        }
+    }
+    return best;
+}
+
+/* The largest free run, lowest start among equals. */
+static uint32_t t_largest(const ecx_cache *c)
+{
+    uint32_t t = c->root;
+    if (t == NIL) return NIL;
+    while (c->b[t].right != NIL)
+        t = c->b[t].right;
+    return t_lower_bound(c, c->b[t].len);
+}
+
+/* ---- runs ------------------------------------------------------------ */
+
+/* Take the first k blocks of the free run starting at s (k <= its length);
+ * s becomes an owned run of length k. */
+static void take_prefix(ecx_cache *c, uint32_t s, uint32_t k)
+{
+    c->root = t_erase(c, c->root, s);
+    uint32_t len = c->b[s].len;
+    if (k == len) {
+        c->b[s + len - 1].fend = NIL;
+        c->free_runs--;
+    } else {
+        uint32_t t = s + k;
+        c->b[t].len = len - k;
+        c->b[s + len - 1].fend = t;
+        c->root = t_insert(c, c->root, t);
+    }
+    c->b[s].len = k;
+    c->b[s].next = NIL;
+    c->free_blocks -= k;
+}
+
+/* Return the owned run [a, a + l) to the free space, merging neighbours. */
+static void free_run(ecx_cache *c, uint32_t a, uint32_t l)
+{
+    c->free_blocks += l;
+    c->b[a].len = 0;
+    c->b[a].next = NIL;
+    if (a > 0 && c->b[a - 1].fend != NIL) {
+        uint32_t p = c->b[a - 1].fend;
+        c->root = t_erase(c, c->root, p);
+        c->b[a - 1].fend = NIL;
+        l += c->b[p].len;
+        a = p;
+        c->free_runs--;
+    }
+    uint32_t q = a + l; /* a + l <= n, no overflow: n < UINT32_MAX */
+    if (q < c->n && c->b[q].len != 0 && c->b[q + c->b[q].len - 1].fend == q) {
+        uint32_t ql = c->b[q].len;
+        c->root = t_erase(c, c->root, q);
+        c->b[q].len = 0;
+        c->b[q + ql - 1].fend = NIL;
+        l += ql;
+        c->free_runs--;
+    }
+    c->b[a].len = l;
+    c->b[a + l - 1].fend = a;
+    c->root = t_insert(c, c->root, a);
+    c->free_runs++;
+}
+
+/* Sort a chain of owned runs (linked by rnext) by start. */
+static uint32_t sort_runs(ecx_cache *c, uint32_t list, uint32_t count)
+{
+    if (count <= 1) return list;
+    uint32_t half = count / 2, mid = list;
+    for (uint32_t i = 1; i < half; i++)
+        mid = c->b[mid].next;
+    uint32_t second = c->b[mid].next;
+    c->b[mid].next = NIL;
+    uint32_t a = sort_runs(c, list, half), b = sort_runs(c, second, count - half);
+    uint32_t head = NIL, *tail = &head;
+    while (a != NIL && b != NIL) {
+        uint32_t *pick = a < b ? &a : &b;
+        *tail = *pick;
+        tail = &c->b[*pick].next;
+        *pick = c->b[*pick].next;
+    }
+    *tail = a != NIL ? a : b;
+    return head;
+}
+
+/* Allocate n <= free_blocks blocks by the policy in cache.h. */
+static void alloc_blocks(ecx_cache *c, uint32_t n, uint32_t *head, uint32_t *n_runs)
+{
+    uint32_t rem = n, list = NIL, k = 0;
+    while (rem > 0) {
+        uint32_t s = t_lower_bound(c, rem), take;
+        if (s != NIL) {
+            take = rem;
+        } else {
+            s = t_largest(c);
+            take = c->b[s].len;
+        }
+        take_prefix(c, s, take);
+        c->b[s].next = list;
+        list = s;
+        k++;
+        rem -= take;
+    }
+    *head = sort_runs(c, list, k);
+    *n_runs = k;
+}
+
+/* ---- keys and the table ---------------------------------------------- */
+
+static const char HEX[] = "0123456789abcdef";
+/* 1 + the value of a lowercase hex digit, 0 for any other byte: tested
+ * without branches (random hex defeats branch prediction). */
+static const uint8_t HEXV[256] = {
+    ['0'] = 1, ['1'] = 2,  ['2'] = 3,  ['3'] = 4,  ['4'] = 5,  ['5'] = 6,  ['6'] = 7,  ['7'] = 8,
+    ['8'] = 9, ['9'] = 10, ['a'] = 11, ['b'] = 12, ['c'] = 13, ['d'] = 14, ['e'] = 15, ['f'] = 16,
+};
+
+/* Which form a key is stored in (see struct entry). */
+static int key_kind_of(const char *key, size_t len)
+{
+    if (len <= KEY_INLINE) return KEY_RAW;
+    if (len > KEY_HEX_MAX || len % 2) return KEY_EXT;
+    unsigned all = 1;
+    for (size_t i = 0; i < len; i++)
+        all &= HEXV[(unsigned char)key[i]] != 0;
+    return all ? KEY_HEX : KEY_EXT;
+}
+
+static inline unsigned hexval(char ch)
+{
+    return HEXV[(unsigned char)ch] - 1u;
+}
+
+static void key_store(struct entry *e, const char *key, size_t len, int kind, char *ext)
+{
+    e->key_len = (uint16_t)len;
+    e->key_kind = (uint8_t)kind;
+    if (kind == KEY_RAW) {
+        memcpy(e->k.in, key, len);
+    } else if (kind == KEY_HEX) {
+        for (size_t i = 0; i < len / 2; i++)
+            e->k.in[i] = (unsigned char)(hexval(key[2 * i]) << 4 | hexval(key[2 * i + 1]));
+    } else {
+        memcpy(ext, key, len);
+        e->k.ext = ext;
+    }
+}
+
+static bool key_equal(const struct entry *e, const char *key, size_t len)
+{
+    if (e->key_len != len) return false;
+    if (e->key_kind == KEY_RAW) return memcmp(e->k.in, key, len) == 0;
+    if (e->key_kind == KEY_EXT) return memcmp(e->k.ext, key, len) == 0;
+    unsigned diff = 0;
+    for (size_t i = 0; i < len / 2; i++)
+        diff |= (unsigned)(key[2 * i] ^ HEX[e->k.in[i] >> 4]) |
+                (unsigned)(key[2 * i + 1] ^ HEX[e->k.in[i] & 15]);
+    return diff == 0;
+}
+
+/* The key's bytes; buf (KEY_HEX_MAX) is used to unpack a packed key. */
+static const char *key_view(const struct entry *e, char buf[KEY_HEX_MAX])
+{
+    if (e->key_kind == KEY_RAW) return (const char *)e->k.in;
+    if (e->key_kind == KEY_EXT) return e->k.ext;
+    for (size_t i = 0; i < e->key_len / 2u; i++) {
+        buf[2 * i] = HEX[e->k.in[i] >> 4];
+        buf[2 * i + 1] = HEX[e->k.in[i] & 15];
+    }
+    return buf;
+}
+
+static inline bool evictable(const struct entry *e)
+{
+    return e->state == ST_READY && e->pins == 0;
+}
+
+static uint32_t key_hash(const ecx_cache *c, const char *key, size_t len)
+{
+    unsigned char h[crypto_shorthash_BYTES];
+    crypto_shorthash(h, (const unsigned char *)key, len, c->sipkey);
+    uint64_t v;
+    memcpy(&v, h, sizeof v);
+    return (uint32_t)(v ^ (v >> 32));
+}
+
+static int key_class(size_t len)
+{
+    int k = 0;
+    while ((size_t)KEY_CLASS_MIN << k < len)
+        k++;
+    return k;
+}
+
+static char *key_buf_get(ecx_cache *c, size_t len)
+{
+    int k = key_class(len);
+    void *b = c->key_free[k];
+    if (b) {
+        memcpy(&c->key_free[k], b, sizeof(void *));
+        return b;
+    }
+    return malloc((size_t)KEY_CLASS_MIN << k);
+}
+
+static void key_buf_put(ecx_cache *c, char *b, size_t len)
+{
+    int k = key_class(len);
+    memcpy(b, &c->key_free[k], sizeof(void *));
+    c->key_free[k] = b;
+}
+
+/*
+ * Table and entry pool share their size and their indexing: the pool has
+ * one entry per table slot, and a new entry takes the id equal to the slot
+ * it lands in whenever that id is unused. A lookup can then fetch
+ * ents[home] while it reads tab[home], so for most keys the two memory
+ * accesses overlap instead of following one another (with 100,000 entries
+ * both miss the CPU caches). Ids never change: deletion shifts only the
+ * 8-byte slots and growth keeps every id, so the FIFO is never rewritten.
+ * When the slot's id is taken, any unused id serves (the prefetch is then
+ * wasted, nothing worse). Unused ids form a sparse set, so taking a given
+ * one or any one is O(1).
+ */
+
+static void id_release(ecx_cache *c, uint32_t id)
+{
+    c->free_pos[id] = c->n_free;
+    c->free_ids[c->n_free++] = id;
+}
+
+static void id_take(ecx_cache *c, uint32_t id)
+{
+    uint32_t pos = c->free_pos[id], last = c->free_ids[--c->n_free];
+    c->free_ids[pos] = last;
+    c->free_pos[last] = pos;
+}
+
+static uint32_t tab_find(const ecx_cache *c, uint32_t h, const char *key, size_t len)
+{
+    uint32_t i = h & c->tab_mask;
+    __builtin_prefetch(&c->ents[i]);
+    for (;; i = (i + 1) & c->tab_mask) {
+        const struct slot *s = &c->tab[i];
+        if (s->id == NIL) return NIL;
+        if (s->h == h) {
+            const struct entry *e = &c->ents[s->id];
+            if (key_equal(e, key, len)) return s->id;
+        }
+    }
+}
+
+/* The first empty slot on h's probe path. */
+static uint32_t tab_hole(const struct slot *tab, uint32_t mask, uint32_t h)
+{
+    uint32_t i = h & mask;
+    while (tab[i].id != NIL)
+        i = (i + 1) & mask;
+    return i;
+}
+
+/* Insert a new key: place its slot and pick its id (see above). */
+static uint32_t tab_insert(ecx_cache *c, uint32_t h)
+{
+    uint32_t p = tab_hole(c->tab, c->tab_mask, h);
+    uint32_t id = c->ents[p].state == SLOT_UNUSED ? p : c->free_ids[c->n_free - 1];
+    id_take(c, id);
+    c->tab[p].id = id;
+    c->tab[p].h = h;
+    return id;
+}
+
+static void tab_delete(ecx_cache *c, uint32_t id)
+{
+    uint32_t mask = c->tab_mask, i = c->ents[id].h32 & mask;
+    while (c->tab[i].id != id)
+        i = (i + 1) & mask;
+    /* Backward-shift: pull later members of the cluster into the hole when
+     * their home slot does not lie cyclically in (hole, j]. */
+    for (uint32_t j = (i + 1) & mask; c->tab[j].id != NIL; j = (j + 1) & mask) {
+        uint32_t home = c->tab[j].h & mask;
+        bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!stays) {
+            c->tab[i] = c->tab[j];
+            i = j;
+        }
+    }
+    c->tab[i].id = NIL;
+    id_release(c, id);
+}
+
+/* Size (or resize) table and pool for want_entries at load <= 1/2. The
+ * old ids keep their entries; the new ones start unused. Nothing changes
+ * on failure. */
+static int tab_grow(ecx_cache *c, uint64_t want_entries)
+{
+    uint64_t old = c->tab ? (uint64_t)c->tab_mask + 1 : 0, size = old ? old : 16;
+    if (want_entries * 2 <= old) return 0;
+    while (want_entries * 2 > size)
+        size *= 2;
+    if (size > ((uint64_t)1 << 31)) return ECX_ENOMEM; /* ids must stay below NIL */
+    struct slot *t = big_alloc(size * sizeof *t);
+    struct entry *e = big_alloc(size * sizeof *e);
+    uint32_t *fi = big_alloc(size * sizeof *fi), *fp = big_alloc(size * sizeof *fp);
+    if (!t || !e || !fi || !fp) {
+        big_free(t, size * sizeof *t);
+        big_free(e, size * sizeof *e);
+        big_free(fi, size * sizeof *fi);
+        big_free(fp, size * sizeof *fp);
+        return ECX_ENOMEM;
+    }
+    if (old) memcpy(e, c->ents, old * sizeof *e);
+    for (uint64_t i = old; i < size; i++)
+        e[i] = (struct entry){.state = SLOT_UNUSED};
+    for (uint64_t i = 0; i < size; i++)
+        t[i].id = NIL;
+    uint32_t mask = (uint32_t)(size - 1);
+    for (uint64_t i = 0; i < old; i++)
+        if (c->tab[i].id != NIL) {
+            uint32_t p = tab_hole(t, mask, c->tab[i].h);
+            t[p] = c->tab[i];
+        }
+    big_free(c->tab, old * sizeof *t);
+    big_free(c->ents, old * sizeof *e);
+    big_free(c->free_ids, old * sizeof *fi);
+    big_free(c->free_pos, old * sizeof *fp);
+    c->tab = t;
+    c->ents = e;
+    c->free_ids = fi;
+    c->free_pos = fp;
+    c->tab_mask = mask;
+    c->n_free = 0;
+    for (uint64_t i = size; i-- > 0;) /* low ids on top: handed out first */
+        if (e[i].state == SLOT_UNUSED) id_release(c, (uint32_t)i);
+    return 0;
+}
+
+/* ---- FIFO of evictable entries --------------------------------------- */
+
+static void fifo_push(ecx_cache *c, uint32_t id)
+{
+    struct entry *e = &c->ents[id];
+    e->prev = c->fifo_tail;
+    e->next = NIL;
+    if (c->fifo_tail != NIL)
+        c->ents[c->fifo_tail].next = id;
+    else
+        c->fifo_head = id;
+    c->fifo_tail = id;
+    c->evictable_blocks += e->n_blocks;
+}
+
+static void fifo_remove(ecx_cache *c, uint32_t id)
+{
+    struct entry *e = &c->ents[id];
+    if (e->prev != NIL)
+        c->ents[e->prev].next = e->next;
+    else
+        c->fifo_head = e->next;
+    if (e->next != NIL)
+        c->ents[e->next].prev = e->prev;
+    else
+        c->fifo_tail = e->prev;
+    e->prev = e->next = NIL;
+    c->evictable_blocks -= e->n_blocks;
+}
+
+/* ---- entries --------------------------------------------------------- */
+
+/* Free the entry's blocks, drop it from the table, recycle its slot. */
+static void entry_remove(ecx_cache *c, uint32_t id)
+{
+    struct entry *e = &c->ents[id];
+    if (evictable(e)) fifo_remove(c, id);
+    for (uint32_t s = e->head; s != NIL;) {
+        uint32_t next = c->b[s].next;
+        free_run(c, s, c->b[s].len);
+        s = next;
+    }
+    if (e->key_kind == KEY_EXT) key_buf_put(c, e->k.ext, e->key_len);
+    if (e->state == ST_READY)
+        c->n_ready--;
+    else
+        c->n_not_ready--;
+    if (e->pins) c->n_pinned--;
+    c->n_entries--;
+    e->key_kind = KEY_RAW;
+    e->state = SLOT_UNUSED;
+    e->head = NIL;
+    tab_delete(c, id);
+}
+
+static void evict_one(ecx_cache *c)
+{
+    uint32_t id = c->fifo_head;
+    struct entry *e = &c->ents[id];
+    char buf[KEY_HEX_MAX];
+    if (c->on_evict) c->on_evict(c->evict_arg, key_view(e, buf), e->key_len, e->n_blocks);
+    entry_remove(c, id);
+    c->evictions++;
+}
+
+static bool key_ok(const char *key, size_t len)
+{
+    return key && len >= 1 && len <= ECX_CACHE_KEY_MAX;
+}
+
+/* ---- public API ------------------------------------------------------ */
+
+int ecx_cache_new(const ecx_cache_opts *opts, ecx_cache **out)
+{
+    if (!out) return ECX_EINVAL;
+    *out = NULL;
+    if (!opts || opts->num_blocks == 0 || opts->num_blocks > ECX_CACHE_MAX_BLOCKS)
+        return ECX_EINVAL;
+    if (sodium_init() < 0) return ECX_ECRYPTO;
+    ecx_cache *c = calloc(1, sizeof *c);
+    if (!c) return ECX_ENOMEM;
+    if (pthread_mutex_init(&c->mu, NULL) != 0) {
+        free(c);
+        return ECX_ESYS;
+    }
+    uint32_t n = (uint32_t)opts->num_blocks;
+    c->n = n;
+    c->b = big_alloc((size_t)n * sizeof *c->b);
+    uint64_t want = opts->expected_entries ? opts->expected_entries : 64;
+    if (want > n) want = n;
+    if (!c->b || tab_grow(c, want) != 0) {
+        ecx_cache_free(c);
+        return ECX_ENOMEM;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        c->b[i] = (struct blk){0, NIL, NIL, NIL, NIL};
+    randombytes_buf(c->sipkey, sizeof c->sipkey);
+    randombytes_buf(&c->prio_seed, sizeof c->prio_seed);
+    c->fifo_head = c->fifo_tail = NIL;
+    c->on_evict = opts->on_evict;
+    c->evict_arg = opts->evict_arg;
+    /* One free run: all the blocks. */
+    c->root = NIL;
+    c->b[0].len = n;
+    c->b[n - 1].fend = 0;
+    c->root = t_insert(c, c->root, 0);
+    c->free_runs = 1;
+    c->free_blocks = n;
+    *out = c;
+    return 0;
+}
+
+void ecx_cache_free(ecx_cache *c)
+{
+    if (!c) return;
+    uint64_t cap = c->tab ? (uint64_t)c->tab_mask + 1 : 0;
+    for (uint64_t i = 0; i < cap; i++)
+        if (c->ents[i].state != SLOT_UNUSED && c->ents[i].key_kind == KEY_EXT)
+            free(c->ents[i].k.ext);
+    for (int k = 0; k < KEY_CLASSES; k++) {
+        void *b = c->key_free[k];
+        while (b) {
+            void *next;
+            memcpy(&next, b, sizeof next);
+            free(b);
+            b = next;
+        }
+    }
+    big_free(c->ents, cap * sizeof *c->ents);
+    big_free(c->tab, cap * sizeof *c->tab);
+    big_free(c->free_ids, cap * sizeof *c->free_ids);
+    big_free(c->free_pos, cap * sizeof *c->free_pos);
+    big_free(c->b, (size_t)c->n * sizeof *c->b);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+int ecx_cache_reserve(ecx_cache *c, const char *key, size_t key_len, uint64_t n_blocks)
+{
+    if (!c || !key_ok(key, key_len) || n_blocks == 0) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    char *ext = NULL;
+    uint32_t h = key_hash(c, key, key_len);
+    if (tab_find(c, h, key, key_len) != NIL) {
+        rc = ECX_ECACHE_EXISTS;
+        goto out;
+    }
+    if (n_blocks > c->free_blocks + c->evictable_blocks) {
+        c->reserve_full++;
+        rc = ECX_ECACHE_FULL;
+        goto out;
+    }
+    /* Everything that can fail comes before the first change. */
+    if ((rc = tab_grow(c, c->n_entries + 1))) goto out;
+    int kind = key_kind_of(key, key_len);
+    if (kind == KEY_EXT && !(ext = key_buf_get(c, key_len))) {
+        rc = ECX_ENOMEM;
+        goto out;
+    }
+    while (c->free_blocks < n_blocks)
+        evict_one(c);
+
+    uint32_t id = tab_insert(c, h);
+    struct entry *e = &c->ents[id];
+    e->h32 = h;
+    key_store(e, key, key_len, kind, ext);
+    e->pins = 0;
+    e->n_blocks = (uint32_t)n_blocks;
+    e->prev = e->next = NIL;
+    e->state = ST_NOT_READY;
+    alloc_blocks(c, (uint32_t)n_blocks, &e->head, &e->n_runs);
+    c->n_entries++;
+    c->n_not_ready++;
+    c->reserves++;
+out:
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* Look the key up with the lock held; NULL if absent. */
+static struct entry *find_locked(ecx_cache *c, const char *key, size_t key_len, uint32_t *id_out)
+{
+    uint32_t id = tab_find(c, key_hash(c, key, key_len), key, key_len);
+    if (id == NIL) return NULL;
+    if (id_out) *id_out = id;
+    return &c->ents[id];
+}
+
+int ecx_cache_mark_ready(ecx_cache *c, const char *key, size_t key_len)
+{
+    if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    uint32_t id;
+    struct entry *e = find_locked(c, key, key_len, &id);
+    if (!e) {
+        rc = ECX_ECACHE_MISSING;
+    } else if (e->state != ST_NOT_READY) {
+        rc = ECX_ECACHE_STATE;
+    } else {
+        e->state = ST_READY;
+        c->n_not_ready--;
+        c->n_ready++;
+        if (e->pins == 0) fifo_push(c, id);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+static int pin_locked(ecx_cache *c, uint32_t id)
+{
+    struct entry *e = &c->ents[id];
+    if (e->pins == UINT32_MAX) return ECX_ERANGE;
+    if (e->pins++ == 0) {
+        c->n_pinned++;
+        if (e->state == ST_READY) fifo_remove(c, id);
+    }
+    return 0;
+}
+
+int ecx_cache_pin(ecx_cache *c, const char *key, size_t key_len)
+{
+    if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    uint32_t id;
+    int rc = find_locked(c, key, key_len, &id) ? pin_locked(c, id) : ECX_ECACHE_MISSING;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int ecx_cache_pin_if_ready(ecx_cache *c, const char *key, size_t key_len)
+{
+    if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    uint32_t id;
+    struct entry *e = find_locked(c, key, key_len, &id);
+    int rc = !e                     ? ECX_ECACHE_MISSING
+             : e->state != ST_READY ? ECX_ECACHE_NOT_READY
+                                    : pin_locked(c, id);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int ecx_cache_unpin(ecx_cache *c, const char *key, size_t key_len)
+{
+    if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    uint32_t id;
+    struct entry *e = find_locked(c, key, key_len, &id);
+    if (!e) {
+        rc = ECX_ECACHE_MISSING;
+    } else if (e->pins == 0) {
+        rc = ECX_ECACHE_STATE;
+    } else if (--e->pins == 0) {
+        c->n_pinned--;
+        if (e->state == ST_READY) fifo_push(c, id);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int ecx_cache_discard(ecx_cache *c, const char *key, size_t key_len)
+{
+    if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    uint32_t id;
+    struct entry *e = find_locked(c, key, key_len, &id);
+    if (!e)
+        rc = ECX_ECACHE_MISSING;
+    else if (e->state != ST_NOT_READY || e->pins)
+        rc = ECX_ECACHE_STATE;
+    else
+        entry_remove(c, id);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int ecx_cache_lookup(ecx_cache *c, const char *key, size_t key_len, ecx_cache_info *info)
+{
+    if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    struct entry *e = find_locked(c, key, key_len, NULL);
+    if (e && info) {
+        info->state = e->state == ST_READY ? ECX_CACHE_READY : ECX_CACHE_NOT_READY;
+        info->pins = e->pins;
+        info->n_blocks = e->n_blocks;
+        info->n_runs = e->n_runs;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return e ? 0 : ECX_ECACHE_MISSING;
+}
+
+int ecx_cache_runs(ecx_cache *c, const char *key, size_t key_len, ecx_cache_run *runs, size_t cap,
+                   size_t *n_runs)
+{
+    if (!c || !key_ok(key, key_len) || (cap && !runs)) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    struct entry *e = find_locked(c, key, key_len, NULL);
+    if (!e) {
+        rc = ECX_ECACHE_MISSING;
+    } else {
+        if (n_runs) *n_runs = e->n_runs;
+        if (cap < e->n_runs) {
+            rc = ECX_ERANGE;
+        } else {
+            size_t i = 0;
+            for (uint32_t s = e->head; s != NIL; s = c->b[s].next, i++)
+                runs[i] = (ecx_cache_run){s, c->b[s].len};
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int ecx_cache_blocks(ecx_cache *c, const char *key, size_t key_len, int64_t *out, size_t cap,
+                     size_t *n_blocks)
+{
+    if (!c || !key_ok(key, key_len) || (cap && !out)) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    struct entry *e = find_locked(c, key, key_len, NULL);
+    if (!e) {
+        rc = ECX_ECACHE_MISSING;
+    } else {
+        if (n_blocks) *n_blocks = e->n_blocks;
+        if (cap < e->n_blocks) {
+            rc = ECX_ERANGE;
+        } else {
+            size_t i = 0;
+            for (uint32_t s = e->head; s != NIL; s = c->b[s].next)
+                for (uint32_t b = 0; b < c->b[s].len; b++)
+                    out[i++] = (int64_t)s + b;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+void ecx_cache_get_stats(ecx_cache *c, ecx_cache_stats *st)
+{
+    if (!c || !st) return;
+    pthread_mutex_lock(&c->mu);
+    *st = (ecx_cache_stats){
+        .num_blocks = c->n,
+        .free_blocks = c->free_blocks,
+        .evictable_blocks = c->evictable_blocks,
+        .free_runs = c->free_runs,
+        .entries = c->n_entries,
+        .not_ready = c->n_not_ready,
+        .ready = c->n_ready,
+        .pinned = c->n_pinned,
+        .reserves = c->reserves,
+        .reserve_full = c->reserve_full,
+        .evictions = c->evictions,
+    };
+    /* owned is counted from the entries in ecx_cache_check(); here it is
+     * what the allocator says is not free. */
+    st->owned_blocks = c->n - c->free_blocks;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- self-check ------------------------------------------------------ */
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            ecx_log(ECX_LOG_ERROR, "cache check: " __VA_ARGS__);                                   \
+            rc = ECX_ERANGE;                                                                       \
+            goto done;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+/* In-order walk of the treap: count nodes, check order, heap, and that each
+ * node is a free-run start. Returns -1 on a violation. */
+static int64_t check_treap(const ecx_cache *c, uint32_t t, uint32_t *prev, bool *have_prev,
+                           int depth)
+{
+    if (t == NIL) return 0;
+    if (depth > 4096 || t >= c->n) return -1;
+    uint32_t kids[2] = {c->b[t].left, c->b[t].right};
+    for (int i = 0; i < 2; i++)
+        if (kids[i] != NIL && (kids[i] >= c->n || prio(c, kids[i]) > prio(c, t))) return -1;
+    int64_t l = check_treap(c, c->b[t].left, prev, have_prev, depth + 1);
+    if (l < 0) return -1;
+    uint32_t len = c->b[t].len;
+    if (len == 0 || (uint64_t)t + len > c->n || c->b[t + len - 1].fend != t) return -1;
+    if (*have_prev && !key_less(c->b[*prev].len, *prev, len, t)) return -1;
+    *prev = t;
+    *have_prev = true;
+    int64_t r = check_treap(c, c->b[t].right, prev, have_prev, depth + 1);
+    if (r < 0) return -1;
+    return l + r + 1;
+}
+
+int ecx_cache_check(ecx_cache *c)
+{
+    if (!c) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    uint8_t *claimed = calloc(c->n, 1); /* 1: owned-run start, 2: claimed by an entry */
+    if (!claimed) {
+        pthread_mutex_unlock(&c->mu);
+        return ECX_ENOMEM;
+    }
+    /* 1. The runs tile [0, n): walk them in address order. */
+    uint64_t free_blocks = 0, free_runs = 0, owned_blocks = 0, owned_runs = 0;
+    bool prev_free = false;
+    for (uint32_t b = 0; b < c->n;) {
+        uint32_t len = c->b[b].len;
+        CHECK(len > 0 && (uint64_t)b + len <= c->n, "block %u starts no run", b);
+        for (uint32_t i = 1; i < len; i++)
+            CHECK(c->b[b + i].len == 0, "block %u inside a run has a length", b + i);
+        for (uint32_t i = 0; i + 1 < len; i++)
+            CHECK(c->b[b + i].fend == NIL, "block %u inside a run has an end tag", b + i);
+        bool is_free = c->b[b + len - 1].fend == b;
+        CHECK(is_free || c->b[b + len - 1].fend == NIL, "run %u has a stray end tag", b);
+        if (is_free) {
+            CHECK(!prev_free, "free runs not merged at %u", b);
+            free_blocks += len, free_runs++;
+        } else {
+            claimed[b] = 1;
+            owned_blocks += len, owned_runs++;
+        }
+        prev_free = is_free;
+        b += len;
+    }
+    CHECK(free_blocks == c->free_blocks, "free blocks %llu, counter %llu",
+          (unsigned long long)free_blocks, (unsigned long long)c->free_blocks);
+    CHECK(free_runs == c->free_runs, "free runs %llu, counter %llu", (unsigned long long)free_runs,
+          (unsigned long long)c->free_runs);
+    CHECK(free_blocks + owned_blocks == c->n, "free + owned != total");
+
+    /* 2. The treap holds exactly the free runs, in order. */
+    uint32_t prev = NIL;
+    bool have_prev = false;
+    int64_t nodes = check_treap(c, c->root, &prev, &have_prev, 0);
+    CHECK(nodes >= 0 && (uint64_t)nodes == free_runs, "treap broken (%lld nodes, %llu runs)",
+          (long long)nodes, (unsigned long long)free_runs);
+
+    /* 3. Entries: runs ascending, each an owned run claimed once; counts. */
+    uint64_t ents = 0, nr = 0, rd = 0, pinned = 0, evictable_sum = 0, fifo_len = 0, e_blocks = 0,
+             e_runs = 0;
+    uint64_t cap = (uint64_t)c->tab_mask + 1;
+    for (uint32_t id = 0; id < cap; id++) {
+        const struct entry *e = &c->ents[id];
+        if (e->state == SLOT_UNUSED) {
+            CHECK(c->free_pos[id] < c->n_free && c->free_ids[c->free_pos[id]] == id,
+                  "unused id %u not in the free set", id);
+            continue;
+        }
+        ents++;
+        if (e->state == ST_READY)
+            rd++;
+        else
+            nr++;
+        if (e->pins) pinned++;
+        bool should_fifo = e->state == ST_READY && e->pins == 0;
+        if (should_fifo) evictable_sum += e->n_blocks, fifo_len++;
+        uint64_t blocks = 0, runs = 0;
+        uint64_t last_end = 0;
+        for (uint32_t s = e->head; s != NIL; s = c->b[s].next) {
+            CHECK(s < c->n && claimed[s] == 1, "entry %u run %u not an unclaimed owned run", id, s);
+            CHECK(runs == 0 || s > last_end, "entry %u runs not ascending / adjacent", id);
+            claimed[s] = 2;
+            blocks += c->b[s].len, runs++;
+            last_end = (uint64_t)s + c->b[s].len;
+        }
+        CHECK(blocks == e->n_blocks && runs == e->n_runs && blocks > 0,
+              "entry %u block/run counts wrong", id);
+        e_blocks += blocks, e_runs += runs;
+        char buf[KEY_HEX_MAX];
+        const char *key = key_view(e, buf);
+        CHECK(e->key_kind == key_kind_of(key, e->key_len), "entry %u key form wrong", id);
+        CHECK(tab_find(c, e->h32, key, e->key_len) == id, "entry %u not in table", id);
+        CHECK(e->h32 == key_hash(c, key, e->key_len), "entry %u hash stale", id);
+    }
+    CHECK(e_blocks == owned_blocks && e_runs == owned_runs, "owned runs not all claimed");
+    CHECK(ents == c->n_entries && nr == c->n_not_ready && rd == c->n_ready && pinned == c->n_pinned,
+          "entry counters wrong");
+    CHECK(evictable_sum == c->evictable_blocks, "evictable blocks counter wrong");
+
+    /* 4. The table holds exactly the live entries. */
+    uint64_t slots = 0;
+    for (uint64_t i = 0; i <= c->tab_mask; i++) {
+        uint32_t id = c->tab[i].id;
+        if (id == NIL) continue;
+        slots++;
+        CHECK(id < cap && c->ents[id].state != SLOT_UNUSED, "table slot dangles");
+        CHECK(c->tab[i].h == c->ents[id].h32, "table hash wrong");
+    }
+    CHECK(slots == ents && slots * 2 <= cap, "table count/load wrong");
+    CHECK(c->n_free + ents == cap, "free ids %u + entries != pool size", c->n_free);
+
+    /* 5. The FIFO, both directions. */
+    uint64_t walked = 0;
+    uint32_t back = NIL;
+    for (uint32_t id = c->fifo_head; id != NIL; id = c->ents[id].next) {
+        CHECK(id < cap && evictable(&c->ents[id]) && c->ents[id].prev == back, "FIFO links broken");
+        back = id;
+        CHECK(++walked <= fifo_len, "FIFO longer than the evictable set");
+    }
+    CHECK(walked == fifo_len && back == c->fifo_tail, "FIFO length/tail wrong");
+done:
+    free(claimed);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}

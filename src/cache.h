@@ -1,0 +1,145 @@
+/*
+ * cache — which mm_hash owns which blocks of a region, and in what state
+ * (SPEC §2, §4.1). It owns the bookkeeping only, never the bytes: the
+ * region holds those, and whoever reserves an entry writes into its blocks.
+ * Producer and consumer both keep one, over their own region; in ec_both
+ * mode one cache is shared by both roles, so every call takes an internal
+ * mutex.
+ *
+ * An entry is keyed by its mm_hash (any bytes, 1..ECX_CACHE_KEY_MAX long)
+ * and is *not ready* (reserved, being written; never evicted), *ready*, and
+ * carries a pin count. A ready entry with no pins is evictable; evictable
+ * entries leave oldest-first, in the order they became evictable (an unpin
+ * to zero puts the entry back at the tail), and only when a reservation
+ * needs room. A reservation that cannot be met even after evicting every
+ * evictable entry fails with no side effect.
+ *
+ * Allocation: an entry's blocks come in ascending order and in as few
+ * contiguous runs as the free space allows. The policy, exactly (the test's
+ * reference model implements the same words): while blocks remain to be
+ * found, if some free run holds all of them, take the start of the
+ * smallest such run (lowest start among equals) and stop; otherwise take
+ * the whole of the largest free run (lowest start among equals). The
+ * pieces are then sorted by start. Taking the k largest runs is the
+ * fewest runs possible, and best fit for the last piece keeps big runs for
+ * big encodings.
+ *
+ * Cost: free runs sit in a treap keyed by (length, start) plus boundary
+ * tags per block, so finding, splitting and merging a run are O(log
+ * blocks); keys sit in an open-addressing table (SipHash with a random
+ * key, since mm_hash strings come from the network); the FIFO is an
+ * intrusive list. Every operation is O(1) or O(log n) per run it touches,
+ * and a run is created once and freed once, so reserve is O(log n)
+ * amortised per run. Memory is 20 bytes per block, allocated once, plus
+ * 2-4 x 80 bytes per entry (pool and table at load <= 1/2) and long-key
+ * buffers, which grow by doubling to their peak and are reused after: no
+ * allocation per operation in steady state (a table growth is O(entries),
+ * once per doubling). At most 2^30 entries. Misuse (duplicate reserve, unpin of an unpinned entry,
+ * discard of a ready one...) returns an error code and changes nothing.
+ */
+#ifndef ECX_CACHE_H
+#define ECX_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ecx.h"
+
+typedef struct ecx_cache ecx_cache;
+
+/* Largest number of blocks a cache can manage (block indices are uint32;
+ * equal to ECX_REGION_MAX_BLOCKS). */
+#define ECX_CACHE_MAX_BLOCKS 0xfffffffeu
+/* Longest key in bytes. */
+#define ECX_CACHE_KEY_MAX 4096
+
+enum ecx_cache_state { ECX_CACHE_NOT_READY = 0, ECX_CACHE_READY = 1 };
+
+/* A contiguous run of blocks: start, start + 1, ..., start + len - 1. */
+typedef struct ecx_cache_run {
+    uint32_t start;
+    uint32_t len;
+} ecx_cache_run;
+
+/* Called, with the cache locked, for each entry evicted by a reserve. It
+ * must not call back into the cache. key is valid only during the call. */
+typedef void (*ecx_cache_evict_fn)(void *arg, const char *key, size_t key_len, uint64_t n_blocks);
+
+typedef struct ecx_cache_opts {
+    uint64_t num_blocks;         /* 1..ECX_CACHE_MAX_BLOCKS */
+    size_t expected_entries;     /* sizing hint for the table; 0: a default */
+    ecx_cache_evict_fn on_evict; /* optional */
+    void *evict_arg;
+} ecx_cache_opts;
+
+typedef struct ecx_cache_info {
+    int state; /* enum ecx_cache_state */
+    uint32_t pins;
+    uint64_t n_blocks;
+    uint64_t n_runs;
+} ecx_cache_info;
+
+typedef struct ecx_cache_stats {
+    uint64_t num_blocks;       /* total */
+    uint64_t free_blocks;      /* in no entry */
+    uint64_t owned_blocks;     /* in some entry; free + owned == total */
+    uint64_t evictable_blocks; /* in ready, unpinned entries */
+    uint64_t free_runs;        /* fragments of free space */
+    uint64_t entries, not_ready, ready, pinned;
+    uint64_t reserves, reserve_full, evictions; /* counters since creation */
+} ecx_cache_stats;
+
+int ecx_cache_new(const ecx_cache_opts *opts, ecx_cache **out);
+void ecx_cache_free(ecx_cache *c);
+
+/* Reserve n_blocks (>= 1) for a new, not-ready entry, evicting as
+ * described above. ECX_EINVAL (bad key, n_blocks 0), ECX_ECACHE_EXISTS,
+ * ECX_ECACHE_FULL (n_blocks > free + evictable; nothing changed),
+ * ECX_ENOMEM (growing the table failed; nothing changed). */
+int ecx_cache_reserve(ecx_cache *c, const char *key, size_t key_len, uint64_t n_blocks);
+
+/* not ready -> ready (evictable when it has no pins). ECX_ECACHE_MISSING,
+ * ECX_ECACHE_STATE if already ready. */
+int ecx_cache_mark_ready(ecx_cache *c, const char *key, size_t key_len);
+
+/* Add a pin to an entry in any state (a pinned entry is never evicted, and
+ * a not-ready one cannot be discarded while pinned). ECX_ECACHE_MISSING,
+ * ECX_ERANGE if the count would overflow. */
+int ecx_cache_pin(ecx_cache *c, const char *key, size_t key_len);
+
+/* The producer's check: absent -> ECX_ECACHE_MISSING, not ready ->
+ * ECX_ECACHE_NOT_READY, ready -> pinned, 0. */
+int ecx_cache_pin_if_ready(ecx_cache *c, const char *key, size_t key_len);
+
+/* Drop a pin; at zero a ready entry becomes evictable (at the FIFO tail).
+ * ECX_ECACHE_MISSING, ECX_ECACHE_STATE if it has no pins. */
+int ecx_cache_unpin(ecx_cache *c, const char *key, size_t key_len);
+
+/* Drop a not-ready, unpinned entry and free its blocks (a failed save or
+ * fetch). ECX_ECACHE_MISSING, ECX_ECACHE_STATE if ready or pinned. */
+int ecx_cache_discard(ecx_cache *c, const char *key, size_t key_len);
+
+/* 0 and *info (may be NULL) if present, else ECX_ECACHE_MISSING. */
+int ecx_cache_lookup(ecx_cache *c, const char *key, size_t key_len, ecx_cache_info *info);
+
+/* Copy an entry's runs (ascending) into runs[0..cap). *n_runs receives the
+ * entry's run count; ECX_ERANGE if cap is smaller (nothing copied). The
+ * answer is stable only while the caller keeps the entry from eviction
+ * (it is not ready, or pinned). */
+int ecx_cache_runs(ecx_cache *c, const char *key, size_t key_len, ecx_cache_run *runs, size_t cap,
+                   size_t *n_runs);
+
+/* The same as block indices: out[0..n_blocks) in ascending order.
+ * ECX_ERANGE if cap < the entry's block count (*n_blocks says how many). */
+int ecx_cache_blocks(ecx_cache *c, const char *key, size_t key_len, int64_t *out, size_t cap,
+                     size_t *n_blocks);
+
+void ecx_cache_get_stats(ecx_cache *c, ecx_cache_stats *st);
+
+/* Walk every structure and check every invariant (free + owned == total,
+ * boundary tags, treap order and heap property, table, FIFO). O(blocks +
+ * entries); for tests. 0, or ECX_ERANGE on the first inconsistency (and a
+ * log line saying which). */
+int ecx_cache_check(ecx_cache *c);
+
+#endif

@@ -1,0 +1,705 @@
+/* test_cache — the block cache: hand-worked cases for the allocation
+ * policy, FIFO eviction and every misuse; a randomized run of 1,000,000
+ * operations against a deliberately naive reference model written here
+ * (same return codes, same blocks, same evictions in the same order, and
+ * free + owned == total after every step); threads hammering one cache. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "cache.h"
+
+/* ---- helpers --------------------------------------------------------- */
+
+#define K(s) (s), strlen(s)
+
+struct evlog {
+    int n;
+    char keys[64][64];
+};
+
+static void log_evict(void *arg, const char *key, size_t len, uint64_t n_blocks)
+{
+    struct evlog *l = arg;
+    (void)n_blocks;
+    if (l->n < 64) snprintf(l->keys[l->n++], 64, "%.*s", (int)len, key);
+}
+
+static ecx_cache *mk(uint64_t n, struct evlog *log)
+{
+    ecx_cache_opts o = {.num_blocks = n, .on_evict = log ? log_evict : NULL, .evict_arg = log};
+    ecx_cache *c = NULL;
+    assert_int_equal(ecx_cache_new(&o, &c), 0);
+    assert_non_null(c);
+    return c;
+}
+
+/* The entry's blocks as a string "0,1,2" for easy comparison. */
+static const char *blocks_str(ecx_cache *c, const char *key)
+{
+    static char buf[1024];
+    int64_t idx[128];
+    size_t n = 0;
+    assert_int_equal(ecx_cache_blocks(c, K(key), idx, 128, &n), 0);
+    size_t off = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < n; i++)
+        off +=
+            (size_t)snprintf(buf + off, sizeof buf - off, i ? ",%lld" : "%lld", (long long)idx[i]);
+    return buf;
+}
+
+static void ready(ecx_cache *c, const char *key, uint64_t n)
+{
+    assert_int_equal(ecx_cache_reserve(c, K(key), n), 0);
+    assert_int_equal(ecx_cache_mark_ready(c, K(key)), 0);
+}
+
+/* ---- hand-worked cases ----------------------------------------------- */
+
+static void test_new_invalid(void **state)
+{
+    (void)state;
+    ecx_cache *c = (ecx_cache *)1;
+    ecx_cache_opts o = {.num_blocks = 0};
+    assert_int_equal(ecx_cache_new(&o, &c), ECX_EINVAL);
+    assert_null(c);
+    o.num_blocks = (uint64_t)ECX_CACHE_MAX_BLOCKS + 1;
+    assert_int_equal(ecx_cache_new(&o, &c), ECX_EINVAL);
+    assert_int_equal(ecx_cache_new(NULL, &c), ECX_EINVAL);
+    assert_int_equal(ecx_cache_new(&o, NULL), ECX_EINVAL);
+    ecx_cache_free(NULL);
+}
+
+static void test_lifecycle(void **state)
+{
+    (void)state;
+    ecx_cache *c = mk(10, NULL);
+    ecx_cache_info info;
+    assert_int_equal(ecx_cache_lookup(c, K("a"), &info), ECX_ECACHE_MISSING);
+    assert_int_equal(ecx_cache_pin_if_ready(c, K("a")), ECX_ECACHE_MISSING);
+    assert_int_equal(ecx_cache_reserve(c, K("a"), 3), 0);
+    assert_int_equal(ecx_cache_lookup(c, K("a"), &info), 0);
+    assert_int_equal(info.state, ECX_CACHE_NOT_READY);
+    assert_int_equal(info.n_blocks, 3);
+    assert_int_equal(info.n_runs, 1);
+    assert_int_equal(ecx_cache_pin_if_ready(c, K("a")), ECX_ECACHE_NOT_READY);
+    assert_int_equal(ecx_cache_mark_ready(c, K("a")), 0);
+    assert_int_equal(ecx_cache_pin_if_ready(c, K("a")), 0);
+    assert_int_equal(ecx_cache_pin_if_ready(c, K("a")), 0);
+    assert_int_equal(ecx_cache_lookup(c, K("a"), &info), 0);
+    assert_int_equal(info.state, ECX_CACHE_READY);
+    assert_int_equal(info.pins, 2);
+    ecx_cache_stats st;
+    ecx_cache_get_stats(c, &st);
+    assert_int_equal(st.free_blocks, 7);
+    assert_int_equal(st.owned_blocks, 3);
+    assert_int_equal(st.evictable_blocks, 0);
+    assert_int_equal(st.pinned, 1);
+    assert_int_equal(ecx_cache_unpin(c, K("a")), 0);
+    assert_int_equal(ecx_cache_unpin(c, K("a")), 0);
+    ecx_cache_get_stats(c, &st);
+    assert_int_equal(st.evictable_blocks, 3);
+    assert_int_equal(st.pinned, 0);
+    assert_string_equal(blocks_str(c, "a"), "0,1,2");
+    assert_int_equal(ecx_cache_check(c), 0);
+    ecx_cache_free(c);
+}
+
+/* Best fit with lowest start among equals; when nothing fits, the largest
+ * runs whole, then best fit for the rest; blocks come out ascending. */
+static void test_allocation_policy(void **state)
+{
+    (void)state;
+    ecx_cache *c = mk(16, NULL);
+    assert_int_equal(ecx_cache_reserve(c, K("a"), 4), 0);
+    assert_int_equal(ecx_cache_reserve(c, K("b"), 4), 0);
+    assert_int_equal(ecx_cache_reserve(c, K("c"), 4), 0);
+    assert_string_equal(blocks_str(c, "b"), "4,5,6,7");
+    assert_int_equal(ecx_cache_discard(c, K("b")), 0);
+    /* free: [4..7] and [12..15], equal length: lowest start wins. */
+    assert_int_equal(ecx_cache_reserve(c, K("d"), 3), 0);
+    assert_string_equal(blocks_str(c, "d"), "4,5,6");
+    /* free: [7] and [12..15]; 5 fits nowhere: take 12..15, then 7. */
+    assert_int_equal(ecx_cache_reserve(c, K("e"), 5), 0);
+    assert_string_equal(blocks_str(c, "e"), "7,12,13,14,15");
+    ecx_cache_run runs[4];
+    size_t nr = 0;
+    assert_int_equal(ecx_cache_runs(c, K("e"), runs, 4, &nr), 0);
+    assert_int_equal(nr, 2);
+    assert_int_equal(runs[0].start, 7);
+    assert_int_equal(runs[0].len, 1);
+    assert_int_equal(runs[1].start, 12);
+    assert_int_equal(runs[1].len, 4);
+    assert_int_equal(ecx_cache_runs(c, K("e"), runs, 1, &nr), ECX_ERANGE);
+    assert_int_equal(nr, 2);
+    int64_t idx[4];
+    size_t nb = 0;
+    assert_int_equal(ecx_cache_blocks(c, K("e"), idx, 4, &nb), ECX_ERANGE);
+    assert_int_equal(nb, 5);
+    /* Best fit prefers the smaller run even at a higher address. */
+    assert_int_equal(ecx_cache_discard(c, K("a")), 0); /* free [0..3] */
+    assert_int_equal(ecx_cache_discard(c, K("d")), 0); /* free [0..6] merged */
+    assert_int_equal(ecx_cache_discard(c, K("c")), 0); /* frees 8..11 -> [0..6], [8..11] */
+    assert_int_equal(ecx_cache_reserve(c, K("f"), 4), 0);
+    assert_string_equal(blocks_str(c, "f"), "8,9,10,11");
+    assert_int_equal(ecx_cache_check(c), 0);
+    ecx_cache_stats st;
+    ecx_cache_get_stats(c, &st);
+    assert_int_equal(st.free_runs, 1);
+    assert_int_equal(st.free_blocks, 7);
+    ecx_cache_free(c);
+}
+
+static void test_fifo_eviction(void **state)
+{
+    (void)state;
+    struct evlog log = {0};
+    ecx_cache *c = mk(4, &log);
+    ready(c, "a", 1);
+    ready(c, "b", 1);
+    ready(c, "c", 1);
+    ready(c, "d", 1);
+    /* a pinned then unpinned goes back to the tail: b, c, d, a. */
+    assert_int_equal(ecx_cache_pin(c, K("a")), 0);
+    assert_int_equal(ecx_cache_unpin(c, K("a")), 0);
+    assert_int_equal(ecx_cache_reserve(c, K("e"), 2), 0);
+    assert_int_equal(log.n, 2);
+    assert_string_equal(log.keys[0], "b");
+    assert_string_equal(log.keys[1], "c");
+    assert_int_equal(ecx_cache_lookup(c, K("b"), NULL), ECX_ECACHE_MISSING);
+    assert_int_equal(ecx_cache_lookup(c, K("a"), NULL), 0);
+    assert_string_equal(blocks_str(c, "e"), "1,2");
+    /* A not-ready entry (e) and a pinned one (d) are never evicted. */
+    assert_int_equal(ecx_cache_pin(c, K("d")), 0);
+    assert_int_equal(ecx_cache_reserve(c, K("f"), 2), ECX_ECACHE_FULL);
+    assert_int_equal(log.n, 2); /* no side effect */
+    assert_int_equal(ecx_cache_lookup(c, K("a"), NULL), 0);
+    assert_int_equal(ecx_cache_reserve(c, K("f"), 1), 0);
+    assert_int_equal(log.n, 3);
+    assert_string_equal(log.keys[2], "a");
+    /* Eviction happens only when needed. */
+    assert_int_equal(ecx_cache_discard(c, K("f")), 0);
+    assert_int_equal(ecx_cache_reserve(c, K("g"), 1), 0);
+    assert_int_equal(log.n, 3);
+    assert_int_equal(ecx_cache_check(c), 0);
+    ecx_cache_free(c);
+}
+
+/* Every slot used by a one-block entry: the reserve must evict to get a
+ * slot as well as a block. */
+static void test_full_of_single_blocks(void **state)
+{
+    (void)state;
+    struct evlog log = {0};
+    ecx_cache *c = mk(8, &log);
+    char key[8];
+    for (int i = 0; i < 8; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        ready(c, key, 1);
+    }
+    assert_int_equal(ecx_cache_reserve(c, K("new"), 1), 0);
+    assert_int_equal(log.n, 1);
+    assert_string_equal(log.keys[0], "k0");
+    assert_string_equal(blocks_str(c, "new"), "0");
+    assert_int_equal(ecx_cache_reserve(c, K("big"), 8), ECX_ECACHE_FULL); /* new is not ready */
+    assert_int_equal(ecx_cache_reserve(c, K("big"), 7), 0);
+    assert_int_equal(log.n, 8);
+    assert_string_equal(blocks_str(c, "big"), "1,2,3,4,5,6,7");
+    assert_int_equal(ecx_cache_check(c), 0);
+    ecx_cache_free(c);
+}
+
+static void test_misuse(void **state)
+{
+    (void)state;
+    ecx_cache *c = mk(8, NULL);
+    assert_int_equal(ecx_cache_reserve(c, K("a"), 2), 0);
+    assert_int_equal(ecx_cache_reserve(c, K("a"), 2), ECX_ECACHE_EXISTS);
+    assert_int_equal(ecx_cache_reserve(c, K("b"), 0), ECX_EINVAL);
+    assert_int_equal(ecx_cache_reserve(c, K("b"), 9), ECX_ECACHE_FULL);
+    assert_int_equal(ecx_cache_reserve(c, K("b"), UINT64_MAX), ECX_ECACHE_FULL);
+    assert_int_equal(ecx_cache_reserve(c, NULL, 3, 1), ECX_EINVAL);
+    assert_int_equal(ecx_cache_reserve(c, "x", 0, 1), ECX_EINVAL);
+    static char huge[ECX_CACHE_KEY_MAX + 1];
+    memset(huge, 'h', sizeof huge);
+    assert_int_equal(ecx_cache_reserve(c, huge, sizeof huge, 1), ECX_EINVAL);
+    assert_int_equal(ecx_cache_reserve(c, huge, ECX_CACHE_KEY_MAX, 1), 0);
+    assert_int_equal(ecx_cache_discard(c, huge, ECX_CACHE_KEY_MAX), 0);
+    assert_int_equal(ecx_cache_reserve(NULL, K("z"), 1), ECX_EINVAL);
+
+    assert_int_equal(ecx_cache_unpin(c, K("a")), ECX_ECACHE_STATE);
+    assert_int_equal(ecx_cache_unpin(c, K("nope")), ECX_ECACHE_MISSING);
+    assert_int_equal(ecx_cache_mark_ready(c, K("nope")), ECX_ECACHE_MISSING);
+    assert_int_equal(ecx_cache_discard(c, K("nope")), ECX_ECACHE_MISSING);
+    assert_int_equal(ecx_cache_pin(c, K("nope")), ECX_ECACHE_MISSING);
+    /* A pinned not-ready entry cannot be discarded. */
+    assert_int_equal(ecx_cache_pin(c, K("a")), 0);
+    assert_int_equal(ecx_cache_discard(c, K("a")), ECX_ECACHE_STATE);
+    assert_int_equal(ecx_cache_mark_ready(c, K("a")), 0);
+    assert_int_equal(ecx_cache_mark_ready(c, K("a")), ECX_ECACHE_STATE);
+    assert_int_equal(ecx_cache_discard(c, K("a")), ECX_ECACHE_STATE);
+    ecx_cache_stats st;
+    ecx_cache_get_stats(c, &st);
+    assert_int_equal(st.evictable_blocks, 0); /* still pinned */
+    assert_int_equal(ecx_cache_unpin(c, K("a")), 0);
+    assert_int_equal(ecx_cache_unpin(c, K("a")), ECX_ECACHE_STATE);
+    assert_int_equal(ecx_cache_discard(c, K("a")), ECX_ECACHE_STATE);
+    ecx_cache_get_stats(c, &st);
+    assert_int_equal(st.evictable_blocks, 2);
+    assert_int_equal(st.entries, 1);
+    assert_int_equal(st.free_blocks, 6);
+    assert_int_equal(ecx_cache_blocks(c, K("a"), NULL, 1, NULL), ECX_EINVAL);
+    assert_int_equal(ecx_cache_check(c), 0);
+    ecx_cache_free(c);
+}
+
+/* Keys are bytes: NULs, long keys in every size class, prefixes. */
+static void test_keys(void **state)
+{
+    (void)state;
+    ecx_cache *c = mk(64, NULL);
+    assert_int_equal(ecx_cache_reserve(c, "a\0b", 3, 1), 0);
+    assert_int_equal(ecx_cache_reserve(c, "a\0c", 3, 1), 0);
+    assert_int_equal(ecx_cache_reserve(c, "a", 1, 1), 0);
+    assert_int_equal(ecx_cache_lookup(c, "a\0b", 3, NULL), 0);
+    assert_int_equal(ecx_cache_lookup(c, "a\0", 2, NULL), ECX_ECACHE_MISSING);
+    char key[ECX_CACHE_KEY_MAX];
+    size_t lens[] = {63, 64, 65, 128, 129, 1000, 2049, ECX_CACHE_KEY_MAX};
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+            memset(key, 'a' + (int)i, lens[i]);
+            assert_int_equal(ecx_cache_reserve(c, key, lens[i], 2), 0);
+        }
+        for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+            memset(key, 'a' + (int)i, lens[i]);
+            assert_int_equal(ecx_cache_lookup(c, key, lens[i], NULL), 0);
+            assert_int_equal(ecx_cache_lookup(c, key, lens[i] - 1, NULL), ECX_ECACHE_MISSING);
+        }
+        assert_int_equal(ecx_cache_check(c), 0);
+        for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+            memset(key, 'a' + (int)i, lens[i]);
+            assert_int_equal(ecx_cache_discard(c, key, lens[i]), 0);
+        }
+    }
+    assert_int_equal(ecx_cache_check(c), 0);
+    ecx_cache_free(c);
+}
+
+/* Many entries: the table and the entry pool grow, and stay consistent. */
+static void test_growth(void **state)
+{
+    (void)state;
+    enum { N = 50000 };
+    ecx_cache *c = mk(N, NULL);
+    char key[32];
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof key, "key-%d", i);
+        assert_int_equal(ecx_cache_reserve(c, K(key), 1), 0);
+    }
+    assert_int_equal(ecx_cache_check(c), 0);
+    for (int i = 0; i < N; i += 2) {
+        snprintf(key, sizeof key, "key-%d", i);
+        assert_int_equal(ecx_cache_discard(c, K(key)), 0);
+    }
+    for (int i = 1; i < N; i += 2) {
+        snprintf(key, sizeof key, "key-%d", i);
+        assert_int_equal(ecx_cache_lookup(c, K(key), NULL), 0);
+    }
+    ecx_cache_stats st;
+    ecx_cache_get_stats(c, &st);
+    assert_int_equal(st.free_runs, N / 2);
+    assert_int_equal(ecx_cache_check(c), 0);
+    /* 25,000 one-block holes: a 3-block reserve takes the 3 lowest. */
+    assert_int_equal(ecx_cache_reserve(c, K("spread"), 3), 0);
+    assert_string_equal(blocks_str(c, "spread"), "0,2,4");
+    ecx_cache_free(c);
+}
+
+/* ---- randomized comparison with a reference model --------------------- */
+
+#define RN 160    /* blocks */
+#define RKEYS 400 /* key universe */
+
+static uint64_t rng_state;
+static uint64_t rnd(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+struct ref_entry {
+    bool live, ready;
+    uint32_t pins;
+    uint64_t seq; /* when it last became evictable */
+    int n;
+    int blocks[RN];
+};
+
+static struct {
+    struct ref_entry e[RKEYS];
+    int owner[RN]; /* key index or -1 */
+    int free_blocks;
+    uint64_t seq;
+    int evicted[RN];
+    int n_evicted;
+} ref;
+
+static char *rkeys[RKEYS];
+static size_t rklen[RKEYS];
+
+static bool ref_evictable(int k)
+{
+    return ref.e[k].live && ref.e[k].ready && ref.e[k].pins == 0;
+}
+
+static void ref_release(int k)
+{
+    for (int i = 0; i < ref.e[k].n; i++)
+        ref.owner[ref.e[k].blocks[i]] = -1;
+    ref.free_blocks += ref.e[k].n;
+    ref.e[k].live = false;
+}
+
+/* The policy in cache.h, on a flat owner array, as plainly as possible. */
+static void ref_alloc(int k, int n)
+{
+    int start[RN], len[RN], nr = 0;
+    for (int b = 0; b < RN;) {
+        if (ref.owner[b] != -1) {
+            b++;
+            continue;
+        }
+        int s = b;
+        while (b < RN && ref.owner[b] == -1)
+            b++;
+        start[nr] = s, len[nr] = b - s, nr++;
+    }
+    int rem = n;
+    while (rem > 0) {
+        int best = -1;
+        for (int i = 0; i < nr; i++)
+            if (len[i] >= rem && (best < 0 || len[i] < len[best]))
+                best = i; /* ties: lowest start */
+        if (best >= 0) {
+            for (int j = 0; j < rem; j++)
+                ref.owner[start[best] + j] = k;
+            rem = 0;
+        } else {
+            int big = -1;
+            for (int i = 0; i < nr; i++)
+                if (len[i] > 0 && (big < 0 || len[i] > len[big])) big = i;
+            for (int j = 0; j < len[big]; j++)
+                ref.owner[start[big] + j] = k;
+            rem -= len[big];
+            len[big] = 0;
+        }
+    }
+    ref.e[k].n = 0;
+    for (int b = 0; b < RN; b++)
+        if (ref.owner[b] == k) ref.e[k].blocks[ref.e[k].n++] = b;
+    ref.free_blocks -= n;
+}
+
+static int ref_reserve(int k, uint64_t n)
+{
+    if (n == 0) return ECX_EINVAL;
+    if (ref.e[k].live) return ECX_ECACHE_EXISTS;
+    uint64_t evictable = 0;
+    for (int i = 0; i < RKEYS; i++)
+        if (ref_evictable(i)) evictable += (uint64_t)ref.e[i].n;
+    if (n > (uint64_t)ref.free_blocks + evictable) return ECX_ECACHE_FULL;
+    while ((uint64_t)ref.free_blocks < n) {
+        int oldest = -1;
+        for (int i = 0; i < RKEYS; i++)
+            if (ref_evictable(i) && (oldest < 0 || ref.e[i].seq < ref.e[oldest].seq)) oldest = i;
+        ref.evicted[ref.n_evicted++] = oldest;
+        ref_release(oldest);
+    }
+    ref.e[k] = (struct ref_entry){.live = true};
+    ref_alloc(k, (int)n);
+    return 0;
+}
+
+static int ref_mark_ready(int k)
+{
+    struct ref_entry *e = &ref.e[k];
+    if (!e->live) return ECX_ECACHE_MISSING;
+    if (e->ready) return ECX_ECACHE_STATE;
+    e->ready = true;
+    if (e->pins == 0) e->seq = ++ref.seq;
+    return 0;
+}
+
+static int ref_pin(int k, bool only_ready)
+{
+    struct ref_entry *e = &ref.e[k];
+    if (!e->live) return ECX_ECACHE_MISSING;
+    if (only_ready && !e->ready) return ECX_ECACHE_NOT_READY;
+    e->pins++;
+    return 0;
+}
+
+static int ref_unpin(int k)
+{
+    struct ref_entry *e = &ref.e[k];
+    if (!e->live) return ECX_ECACHE_MISSING;
+    if (e->pins == 0) return ECX_ECACHE_STATE;
+    if (--e->pins == 0 && e->ready) e->seq = ++ref.seq;
+    return 0;
+}
+
+static int ref_discard(int k)
+{
+    struct ref_entry *e = &ref.e[k];
+    if (!e->live) return ECX_ECACHE_MISSING;
+    if (e->ready || e->pins) return ECX_ECACHE_STATE;
+    ref_release(k);
+    return 0;
+}
+
+struct seen {
+    int keys[RN];
+    int n;
+};
+
+static void seen_evict(void *arg, const char *key, size_t len, uint64_t n_blocks)
+{
+    struct seen *s = arg;
+    int k = -1;
+    for (int i = 0; i < RKEYS; i++)
+        if (rklen[i] == len && memcmp(rkeys[i], key, len) == 0) k = i;
+    assert_true(k >= 0);
+    assert_int_equal(n_blocks, ref.e[k].n); /* ref has not evicted yet: still live */
+    if (s->n < RN) s->keys[s->n++] = k;
+}
+
+static void compare_entry(ecx_cache *c, int k)
+{
+    ecx_cache_info info;
+    int rc = ecx_cache_lookup(c, rkeys[k], rklen[k], &info);
+    if (!ref.e[k].live) {
+        assert_int_equal(rc, ECX_ECACHE_MISSING);
+        return;
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(info.state, ref.e[k].ready ? ECX_CACHE_READY : ECX_CACHE_NOT_READY);
+    assert_int_equal(info.pins, ref.e[k].pins);
+    assert_int_equal(info.n_blocks, ref.e[k].n);
+    int64_t idx[RN];
+    size_t n = 0;
+    assert_int_equal(ecx_cache_blocks(c, rkeys[k], rklen[k], idx, RN, &n), 0);
+    assert_int_equal(n, ref.e[k].n);
+    int runs = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(idx[i], ref.e[k].blocks[i]);
+        if (i == 0 || idx[i] != idx[i - 1] + 1) runs++;
+    }
+    assert_int_equal(info.n_runs, runs);
+}
+
+static void test_random_vs_reference(void **state)
+{
+    (void)state;
+    rng_state = 0x5eed1234abcdull;
+    /* Keys: mostly 64 hex characters like a real mm_hash, some short, some
+     * long enough for every pooled size class. */
+    for (int i = 0; i < RKEYS; i++) {
+        size_t len = i % 7 == 0 ? 1 + rnd() % 8 : i % 11 == 0 ? 65 + rnd() % 3000 : 64;
+        rkeys[i] = malloc(len + 16);
+        assert_non_null(rkeys[i]);
+        int p = snprintf(rkeys[i], 16, "%x:", i);
+        for (size_t j = (size_t)p; j < len + (size_t)p; j++)
+            rkeys[i][j] = "0123456789abcdef"[rnd() % 16];
+        rklen[i] = len + (size_t)p;
+    }
+    memset(&ref, 0, sizeof ref);
+    for (int b = 0; b < RN; b++)
+        ref.owner[b] = -1;
+    ref.free_blocks = RN;
+
+    struct seen seen = {0};
+    ecx_cache_opts o = {.num_blocks = RN, .on_evict = seen_evict, .evict_arg = &seen};
+    ecx_cache *c = NULL;
+    assert_int_equal(ecx_cache_new(&o, &c), 0);
+
+    int live[RKEYS], n_live = 0;
+    long counts[8] = {0}, ok[8] = {0}, evictions = 0;
+    const long OPS = 1000000;
+    for (long step = 0; step < OPS; step++) {
+        /* Mostly act on live keys, so that every state is well exercised. */
+        n_live = 0;
+        if (rnd() % 5) {
+            for (int i = 0; i < RKEYS; i++)
+                if (ref.e[i].live) live[n_live++] = i;
+        }
+        int k = n_live ? live[rnd() % (uint64_t)n_live] : (int)(rnd() % RKEYS);
+        int op = (int)(rnd() % 100);
+        int got, want;
+        seen.n = 0;
+        ref.n_evicted = 0;
+        if (op < 30) {
+            op = 0;
+            uint64_t r = rnd() % 100, n;
+            if (r < 1)
+                n = 0;
+            else if (r < 2)
+                n = RN + 1 + rnd() % 4;
+            else if (r < 10)
+                n = 1 + rnd() % RN;
+            else
+                n = 1 + rnd() % (RN / 8);
+            if (rnd() % 2) k = (int)(rnd() % RKEYS); /* mostly new keys */
+            got = ecx_cache_reserve(c, rkeys[k], rklen[k], n);
+            want = ref_reserve(k, n);
+        } else if (op < 50) {
+            op = 1;
+            got = ecx_cache_mark_ready(c, rkeys[k], rklen[k]);
+            want = ref_mark_ready(k);
+        } else if (op < 56) {
+            op = 2;
+            got = ecx_cache_pin(c, rkeys[k], rklen[k]);
+            want = ref_pin(k, false);
+        } else if (op < 66) {
+            op = 3;
+            got = ecx_cache_pin_if_ready(c, rkeys[k], rklen[k]);
+            want = ref_pin(k, true);
+        } else if (op < 86) {
+            op = 4;
+            got = ecx_cache_unpin(c, rkeys[k], rklen[k]);
+            want = ref_unpin(k);
+        } else if (op < 95) {
+            op = 5;
+            got = ecx_cache_discard(c, rkeys[k], rklen[k]);
+            want = ref_discard(k);
+        } else {
+            op = 6;
+            got = ecx_cache_lookup(c, rkeys[k], rklen[k], NULL);
+            want = ref.e[k].live ? 0 : ECX_ECACHE_MISSING;
+        }
+        if (got != want) fail_msg("step %ld op %d key %d: got %d want %d", step, op, k, got, want);
+        counts[op]++;
+        ok[op] += got == 0;
+        /* Same evictions, same order. */
+        assert_int_equal(seen.n, ref.n_evicted);
+        for (int i = 0; i < seen.n; i++)
+            assert_int_equal(seen.keys[i], ref.evicted[i]);
+        evictions += seen.n;
+        /* Same entry afterwards (blocks included), same totals. */
+        compare_entry(c, k);
+        ecx_cache_stats st;
+        ecx_cache_get_stats(c, &st);
+        assert_int_equal(st.free_blocks, ref.free_blocks);
+        uint64_t owned = 0, entries = 0;
+        for (int i = 0; i < RKEYS; i++)
+            if (ref.e[i].live) owned += (uint64_t)ref.e[i].n, entries++;
+        assert_int_equal(st.free_blocks + owned, RN);
+        assert_int_equal(st.owned_blocks, owned);
+        assert_int_equal(st.entries, entries);
+        if (step % 256 == 0) {
+            assert_int_equal(ecx_cache_check(c), 0);
+            for (int i = 0; i < RKEYS; i++)
+                compare_entry(c, i);
+        }
+    }
+    assert_int_equal(ecx_cache_check(c), 0);
+    /* The run must have exercised every path, not just the error ones. */
+    for (int op = 0; op < 7; op++) {
+        print_message("op %d: %ld calls, %ld succeeded\n", op, counts[op], ok[op]);
+        assert_true(ok[op] > counts[op] / 50);
+    }
+    assert_true(evictions > 10000);
+    ecx_cache_stats st;
+    ecx_cache_get_stats(c, &st);
+    assert_int_equal(st.evictions, evictions);
+    print_message("random: %ld ops, %ld evictions, %llu reserves ok, %llu full\n", OPS, evictions,
+                  (unsigned long long)st.reserves, (unsigned long long)st.reserve_full);
+    ecx_cache_free(c);
+    for (int i = 0; i < RKEYS; i++)
+        free(rkeys[i]);
+}
+
+/* ---- threads --------------------------------------------------------- */
+
+struct worker {
+    ecx_cache *c;
+    int id;
+    long ops, failures;
+};
+
+/* Each thread runs the save / serve / unpin / fail cycle on its own keys,
+ * and pins keys of the others (which may be evicted under it). */
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    uint64_t s = 0x1234u + (uint64_t)w->id;
+    char key[64], other[64];
+    for (long i = 0; i < w->ops; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        int r = (int)(s >> 33);
+        snprintf(key, sizeof key, "t%d-%ld", w->id, i);
+        int rc = ecx_cache_reserve(w->c, K(key), 1 + (uint64_t)(r % 5));
+        if (rc == ECX_ECACHE_FULL) continue;
+        if (rc) w->failures++;
+        if (r % 7 == 0) {
+            if (ecx_cache_discard(w->c, K(key))) w->failures++;
+            continue;
+        }
+        if (ecx_cache_mark_ready(w->c, K(key))) w->failures++;
+        snprintf(other, sizeof other, "t%d-%ld", (w->id + 1) % 4, i > 3 ? i - 3 : 0);
+        if (ecx_cache_pin_if_ready(w->c, K(other)) == 0 && ecx_cache_unpin(w->c, K(other)))
+            w->failures++;
+        if (ecx_cache_pin(w->c, K(key)) == 0 && ecx_cache_unpin(w->c, K(key))) w->failures++;
+    }
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    ecx_cache *c = mk(512, NULL);
+    pthread_t t[4];
+    struct worker w[4];
+    for (int i = 0; i < 4; i++) {
+        w[i] = (struct worker){.c = c, .id = i, .ops = 40000};
+        assert_int_equal(pthread_create(&t[i], NULL, worker_main, &w[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(w[i].failures, 0);
+    }
+    assert_int_equal(ecx_cache_check(c), 0);
+    ecx_cache_stats st;
+    ecx_cache_get_stats(c, &st);
+    assert_int_equal(st.free_blocks + st.owned_blocks, 512);
+    assert_int_equal(st.pinned, 0);
+    assert_true(st.evictions > 1000);
+    ecx_cache_free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_new_invalid),
+        cmocka_unit_test(test_lifecycle),
+        cmocka_unit_test(test_allocation_policy),
+        cmocka_unit_test(test_fifo_eviction),
+        cmocka_unit_test(test_full_of_single_blocks),
+        cmocka_unit_test(test_misuse),
+        cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_growth),
+        cmocka_unit_test(test_random_vs_reference),
+        cmocka_unit_test(test_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
