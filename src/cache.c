@@ -56,10 +56,9 @@ enum { KEY_RAW = 0, KEY_HEX = 1, KEY_EXT = 2 };
  * An entry is in the FIFO exactly when it is ready and unpinned.
  */
 struct entry {
-    uint32_t h32; /* folded key hash, as in the table slot */
+    uint64_t size_bytes; /* the caller's, set by ecx_cache_set_size() */
     uint32_t pins;
     uint32_t n_blocks;
-    uint32_t n_runs;
     uint32_t head;       /* start of the first (lowest) run */
     uint32_t prev, next; /* FIFO links */
     uint16_t key_len;
@@ -314,7 +313,7 @@ static uint32_t sort_runs(ecx_cache *c, uint32_t list, uint32_t count)
 }
 
 /* Allocate n <= free_blocks blocks by the policy in cache.h. */
-static void alloc_blocks(ecx_cache *c, uint32_t n, uint32_t *head, uint32_t *n_runs)
+static void alloc_blocks(ecx_cache *c, uint32_t n, uint32_t *head)
 {
     uint32_t rem = n, list = NIL, k = 0;
     while (rem > 0) {
@@ -332,7 +331,6 @@ static void alloc_blocks(ecx_cache *c, uint32_t n, uint32_t *head, uint32_t *n_r
         rem -= take;
     }
     *head = sort_runs(c, list, k);
-    *n_runs = k;
 }
 
 /* ---- keys and the table ---------------------------------------------- */
@@ -500,9 +498,11 @@ static uint32_t tab_insert(ecx_cache *c, uint32_t h)
     return id;
 }
 
-static void tab_delete(ecx_cache *c, uint32_t id)
+/* Remove id, whose key hashes to h (the entry keeps no copy of its hash:
+ * that keeps it within one cache line). */
+static void tab_delete(ecx_cache *c, uint32_t id, uint32_t h)
 {
-    uint32_t mask = c->tab_mask, i = c->ents[id].h32 & mask;
+    uint32_t mask = c->tab_mask, i = h & mask;
     while (c->tab[i].id != id)
         i = (i + 1) & mask;
     /* Backward-shift: pull later members of the cluster into the hole when
@@ -598,7 +598,7 @@ static void fifo_remove(ecx_cache *c, uint32_t id)
 /* ---- entries --------------------------------------------------------- */
 
 /* Free the entry's blocks, drop it from the table, recycle its slot. */
-static void entry_remove(ecx_cache *c, uint32_t id)
+static void entry_remove(ecx_cache *c, uint32_t id, uint32_t h)
 {
     struct entry *e = &c->ents[id];
     if (evictable(e)) fifo_remove(c, id);
@@ -617,7 +617,7 @@ static void entry_remove(ecx_cache *c, uint32_t id)
     e->key_kind = KEY_RAW;
     e->state = SLOT_UNUSED;
     e->head = NIL;
-    tab_delete(c, id);
+    tab_delete(c, id, h);
 }
 
 static void evict_one(ecx_cache *c)
@@ -625,8 +625,9 @@ static void evict_one(ecx_cache *c)
     uint32_t id = c->fifo_head;
     struct entry *e = &c->ents[id];
     char buf[KEY_HEX_MAX];
-    if (c->on_evict) c->on_evict(c->evict_arg, key_view(e, buf), e->key_len, e->n_blocks);
-    entry_remove(c, id);
+    const char *key = key_view(e, buf);
+    if (c->on_evict) c->on_evict(c->evict_arg, key, e->key_len, e->n_blocks);
+    entry_remove(c, id, key_hash(c, key, e->key_len));
     c->evictions++;
 }
 
@@ -730,13 +731,13 @@ int ecx_cache_reserve(ecx_cache *c, const char *key, size_t key_len, uint64_t n_
 
     uint32_t id = tab_insert(c, h);
     struct entry *e = &c->ents[id];
-    e->h32 = h;
+    e->size_bytes = 0;
     key_store(e, key, key_len, kind, ext);
     e->pins = 0;
     e->n_blocks = (uint32_t)n_blocks;
     e->prev = e->next = NIL;
     e->state = ST_NOT_READY;
-    alloc_blocks(c, (uint32_t)n_blocks, &e->head, &e->n_runs);
+    alloc_blocks(c, (uint32_t)n_blocks, &e->head);
     c->n_entries++;
     c->n_not_ready++;
     c->reserves++;
@@ -746,11 +747,13 @@ out:
 }
 
 /* Look the key up with the lock held; NULL if absent. */
-static struct entry *find_locked(ecx_cache *c, const char *key, size_t key_len, uint32_t *id_out)
+static struct entry *find_locked(ecx_cache *c, const char *key, size_t key_len, uint32_t *id_out,
+                                 uint32_t *h_out)
 {
-    uint32_t id = tab_find(c, key_hash(c, key, key_len), key, key_len);
+    uint32_t h = key_hash(c, key, key_len), id = tab_find(c, h, key, key_len);
     if (id == NIL) return NULL;
     if (id_out) *id_out = id;
+    if (h_out) *h_out = h;
     return &c->ents[id];
 }
 
@@ -760,7 +763,7 @@ int ecx_cache_mark_ready(ecx_cache *c, const char *key, size_t key_len)
     pthread_mutex_lock(&c->mu);
     int rc = 0;
     uint32_t id;
-    struct entry *e = find_locked(c, key, key_len, &id);
+    struct entry *e = find_locked(c, key, key_len, &id, NULL);
     if (!e) {
         rc = ECX_ECACHE_MISSING;
     } else if (e->state != ST_NOT_READY) {
@@ -791,7 +794,7 @@ int ecx_cache_pin(ecx_cache *c, const char *key, size_t key_len)
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
     uint32_t id;
-    int rc = find_locked(c, key, key_len, &id) ? pin_locked(c, id) : ECX_ECACHE_MISSING;
+    int rc = find_locked(c, key, key_len, &id, NULL) ? pin_locked(c, id) : ECX_ECACHE_MISSING;
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
@@ -801,7 +804,7 @@ int ecx_cache_pin_if_ready(ecx_cache *c, const char *key, size_t key_len)
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
     uint32_t id;
-    struct entry *e = find_locked(c, key, key_len, &id);
+    struct entry *e = find_locked(c, key, key_len, &id, NULL);
     int rc = !e                     ? ECX_ECACHE_MISSING
              : e->state != ST_READY ? ECX_ECACHE_NOT_READY
                                     : pin_locked(c, id);
@@ -815,7 +818,7 @@ int ecx_cache_unpin(ecx_cache *c, const char *key, size_t key_len)
     pthread_mutex_lock(&c->mu);
     int rc = 0;
     uint32_t id;
-    struct entry *e = find_locked(c, key, key_len, &id);
+    struct entry *e = find_locked(c, key, key_len, &id, NULL);
     if (!e) {
         rc = ECX_ECACHE_MISSING;
     } else if (e->pins == 0) {
@@ -833,14 +836,25 @@ int ecx_cache_discard(ecx_cache *c, const char *key, size_t key_len)
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
     int rc = 0;
-    uint32_t id;
-    struct entry *e = find_locked(c, key, key_len, &id);
+    uint32_t id, h;
+    struct entry *e = find_locked(c, key, key_len, &id, &h);
     if (!e)
         rc = ECX_ECACHE_MISSING;
     else if (e->state != ST_NOT_READY || e->pins)
         rc = ECX_ECACHE_STATE;
     else
-        entry_remove(c, id);
+        entry_remove(c, id, h);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int ecx_cache_set_size(ecx_cache *c, const char *key, size_t key_len, uint64_t size_bytes)
+{
+    if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    struct entry *e = find_locked(c, key, key_len, NULL, NULL);
+    int rc = !e ? ECX_ECACHE_MISSING : e->state != ST_NOT_READY ? ECX_ECACHE_STATE : 0;
+    if (!rc) e->size_bytes = size_bytes;
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
@@ -849,12 +863,12 @@ int ecx_cache_lookup(ecx_cache *c, const char *key, size_t key_len, ecx_cache_in
 {
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
-    struct entry *e = find_locked(c, key, key_len, NULL);
+    struct entry *e = find_locked(c, key, key_len, NULL, NULL);
     if (e && info) {
         info->state = e->state == ST_READY ? ECX_CACHE_READY : ECX_CACHE_NOT_READY;
         info->pins = e->pins;
         info->n_blocks = e->n_blocks;
-        info->n_runs = e->n_runs;
+        info->size_bytes = e->size_bytes;
     }
     pthread_mutex_unlock(&c->mu);
     return e ? 0 : ECX_ECACHE_MISSING;
@@ -866,18 +880,15 @@ int ecx_cache_runs(ecx_cache *c, const char *key, size_t key_len, ecx_cache_run 
     if (!c || !key_ok(key, key_len) || (cap && !runs)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
     int rc = 0;
-    struct entry *e = find_locked(c, key, key_len, NULL);
+    struct entry *e = find_locked(c, key, key_len, NULL, NULL);
     if (!e) {
         rc = ECX_ECACHE_MISSING;
     } else {
-        if (n_runs) *n_runs = e->n_runs;
-        if (cap < e->n_runs) {
-            rc = ECX_ERANGE;
-        } else {
-            size_t i = 0;
-            for (uint32_t s = e->head; s != NIL; s = c->b[s].next, i++)
-                runs[i] = (ecx_cache_run){s, c->b[s].len};
-        }
+        size_t i = 0;
+        for (uint32_t s = e->head; s != NIL; s = c->b[s].next, i++)
+            if (i < cap) runs[i] = (ecx_cache_run){s, c->b[s].len};
+        if (n_runs) *n_runs = i;
+        if (i > cap) rc = ECX_ERANGE; /* runs[0..cap) hold the first ones */
     }
     pthread_mutex_unlock(&c->mu);
     return rc;
@@ -889,7 +900,7 @@ int ecx_cache_blocks(ecx_cache *c, const char *key, size_t key_len, int64_t *out
     if (!c || !key_ok(key, key_len) || (cap && !out)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
     int rc = 0;
-    struct entry *e = find_locked(c, key, key_len, NULL);
+    struct entry *e = find_locked(c, key, key_len, NULL, NULL);
     if (!e) {
         rc = ECX_ECACHE_MISSING;
     } else {
@@ -1036,14 +1047,13 @@ int ecx_cache_check(ecx_cache *c)
             blocks += c->b[s].len, runs++;
             last_end = (uint64_t)s + c->b[s].len;
         }
-        CHECK(blocks == e->n_blocks && runs == e->n_runs && blocks > 0,
-              "entry %u block/run counts wrong", id);
+        CHECK(blocks == e->n_blocks && blocks > 0, "entry %u block/run counts wrong", id);
         e_blocks += blocks, e_runs += runs;
         char buf[KEY_HEX_MAX];
         const char *key = key_view(e, buf);
         CHECK(e->key_kind == key_kind_of(key, e->key_len), "entry %u key form wrong", id);
-        CHECK(tab_find(c, e->h32, key, e->key_len) == id, "entry %u not in table", id);
-        CHECK(e->h32 == key_hash(c, key, e->key_len), "entry %u hash stale", id);
+        CHECK(tab_find(c, key_hash(c, key, e->key_len), key, e->key_len) == id,
+              "entry %u not in table", id);
     }
     CHECK(e_blocks == owned_blocks && e_runs == owned_runs, "owned runs not all claimed");
     CHECK(ents == c->n_entries && nr == c->n_not_ready && rd == c->n_ready && pinned == c->n_pinned,
@@ -1057,7 +1067,9 @@ int ecx_cache_check(ecx_cache *c)
         if (id == NIL) continue;
         slots++;
         CHECK(id < cap && c->ents[id].state != SLOT_UNUSED, "table slot dangles");
-        CHECK(c->tab[i].h == c->ents[id].h32, "table hash wrong");
+        char buf[KEY_HEX_MAX];
+        const struct entry *e = &c->ents[id];
+        CHECK(c->tab[i].h == key_hash(c, key_view(e, buf), e->key_len), "table hash wrong");
     }
     CHECK(slots == ents && slots * 2 <= cap, "table count/load wrong");
     CHECK(c->n_free + ents == cap, "free ids %u + entries != pool size", c->n_free);

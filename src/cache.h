@@ -76,7 +76,7 @@ typedef struct ecx_cache_info {
     int state; /* enum ecx_cache_state */
     uint32_t pins;
     uint64_t n_blocks;
-    uint64_t n_runs;
+    uint64_t size_bytes; /* as set by ecx_cache_set_size(); 0 if never set */
 } ecx_cache_info;
 
 typedef struct ecx_cache_stats {
@@ -119,11 +119,18 @@ int ecx_cache_unpin(ecx_cache *c, const char *key, size_t key_len);
  * fetch). ECX_ECACHE_MISSING, ECX_ECACHE_STATE if ready or pinned. */
 int ecx_cache_discard(ecx_cache *c, const char *key, size_t key_len);
 
+/* Record the entry's size in bytes (the encoding it will hold; the cache
+ * does not interpret it), while it is not ready: the writer sets it after
+ * reserve and it is fixed from mark_ready on. ECX_ECACHE_MISSING,
+ * ECX_ECACHE_STATE once ready. */
+int ecx_cache_set_size(ecx_cache *c, const char *key, size_t key_len, uint64_t size_bytes);
+
 /* 0 and *info (may be NULL) if present, else ECX_ECACHE_MISSING. */
 int ecx_cache_lookup(ecx_cache *c, const char *key, size_t key_len, ecx_cache_info *info);
 
 /* Copy an entry's runs (ascending) into runs[0..cap). *n_runs receives the
- * entry's run count; ECX_ERANGE if cap is smaller (nothing copied). The
+ * entry's run count; ECX_ERANGE if cap is smaller (the first cap are
+ * copied). O(runs). The
  * answer is stable only while the caller keeps the entry from eviction
  * (it is not ready, or pinned). */
 int ecx_cache_runs(ecx_cache *c, const char *key, size_t key_len, ecx_cache_run *runs, size_t cap,

@@ -90,9 +90,18 @@ static void test_lifecycle(void **state)
     assert_int_equal(ecx_cache_lookup(c, K("a"), &info), 0);
     assert_int_equal(info.state, ECX_CACHE_NOT_READY);
     assert_int_equal(info.n_blocks, 3);
-    assert_int_equal(info.n_runs, 1);
+    assert_int_equal(info.size_bytes, 0);
+    assert_int_equal(ecx_cache_set_size(c, K("a"), 12345), 0);
+    assert_int_equal(ecx_cache_lookup(c, K("a"), &info), 0);
+    assert_int_equal(info.size_bytes, 12345);
+    ecx_cache_run one[2];
+    size_t nr = 0;
+    assert_int_equal(ecx_cache_runs(c, K("a"), one, 2, &nr), 0);
+    assert_int_equal(nr, 1);
     assert_int_equal(ecx_cache_pin_if_ready(c, K("a")), ECX_ECACHE_NOT_READY);
     assert_int_equal(ecx_cache_mark_ready(c, K("a")), 0);
+    assert_int_equal(ecx_cache_set_size(c, K("a"), 1), ECX_ECACHE_STATE);
+    assert_int_equal(ecx_cache_set_size(c, K("b"), 1), ECX_ECACHE_MISSING);
     assert_int_equal(ecx_cache_pin_if_ready(c, K("a")), 0);
     assert_int_equal(ecx_cache_pin_if_ready(c, K("a")), 0);
     assert_int_equal(ecx_cache_lookup(c, K("a"), &info), 0);
@@ -505,7 +514,12 @@ static void compare_entry(ecx_cache *c, int k)
         assert_int_equal(idx[i], ref.e[k].blocks[i]);
         if (i == 0 || idx[i] != idx[i - 1] + 1) runs++;
     }
-    assert_int_equal(info.n_runs, runs);
+    ecx_cache_run rr[RN];
+    size_t nr = 0;
+    assert_int_equal(ecx_cache_runs(c, rkeys[k], rklen[k], rr, RN, &nr), 0);
+    assert_int_equal(nr, runs);
+    for (size_t i = 0, b = 0; i < nr; b += rr[i].len, i++)
+        assert_int_equal(rr[i].start, idx[b]);
 }
 
 static void test_random_vs_reference(void **state)
