@@ -308,8 +308,7 @@ int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size
     ecx_segment one, *segs = &one;
     size_t n = 0;
     int rc = ecx_save_begin(ctx, mm_hash, size_bytes, segs, 1, &n);
-    if (rc == ECX_ERANGE) { /* fragmented: ask again with room for every run */
-        ecx_save_abort(ctx, mm_hash);
+    if (rc == ECX_ERANGE) { /* fragmented: nothing reserved; ask with room for every run */
         if (!(segs = malloc(n * sizeof *segs))) return ECX_ENOMEM;
         rc = ecx_save_begin(ctx, mm_hash, size_bytes, segs, n, &n);
     }

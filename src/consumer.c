@@ -332,7 +332,8 @@ static void start_read(ecx_consumer *c, session *s, xfer *x, const ecx_ack *a, i
         c->local[i] = (uint64_t)c->idx[i];
     char notif[ECX_DATA_NOTIF_MAX];
     int nl = snprintf(notif, sizeof notif, "%s:%.*s", s->sid, (int)x->hash_len, x->hash);
-    rc = ecx_data_read_post(s->dpeer, c->remote, c->local, n, notif, (size_t)nl, &x->dx);
+    rc = ecx_data_read_post(s->dpeer, c->remote, c->local, n, x->size_bytes, notif, (size_t)nl,
+                            &x->dx);
     if (rc) {
         x->dx = NULL;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: READ of %.*s not posted: %s", (int)x->hash_len,

@@ -87,8 +87,14 @@ static int store(ecx_ctx *ctx, want *w, const char *path, bool verify)
         if (segs != &one) free(segs);
         return -1;
     }
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    char tmp[4300];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
+        fprintf(stderr, "ecx: output path too long\n");
+        ecx_release(ctx, w->hash);
+        if (segs != &one) free(segs);
+        w->bad = true;
+        return -1;
+    }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
     uint64_t off = 0;
     uint8_t *check = NULL;
@@ -271,9 +277,14 @@ int cmd_get(int argc, char **argv)
             finished++;
             if (w->state == ECX_FETCH_READY) {
                 char path[4200];
-                if (peer) snprintf(path, sizeof path, "%s", out);
-                else snprintf(path, sizeof path, "%s/%s", out, w->hash);
-                store(ctx, w, path, verify);
+                int pl = peer ? snprintf(path, sizeof path, "%s", out)
+                              : snprintf(path, sizeof path, "%s/%s", out, w->hash);
+                if (pl >= (int)sizeof path) {
+                    fprintf(stderr, "ecx: output path too long\n");
+                    w->bad = true;
+                } else {
+                    store(ctx, w, path, verify);
+                }
                 fetched++;
                 bytes += w->size;
             } else {

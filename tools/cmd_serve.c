@@ -113,7 +113,10 @@ static int scan_dir(const char *dir, items *it)
             goto next;
         }
         char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) {
+            fprintf(stderr, "ecx: skipping '%s': path too long\n", name);
+            goto next;
+        }
         struct stat st;
         if (lstat(path, &st)) {
             fprintf(stderr, "ecx: skipping '%s': %s\n", name, strerror(errno));
@@ -211,7 +214,11 @@ static int write_announcements(ecx_ctx *ctx, const items *it, const char *path)
         json_object_set_new(root, it->v[i].hash, a);
     }
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
+        fprintf(stderr, "ecx: --announce-out path too long\n");
+        json_decref(root);
+        return -1;
+    }
     int rc = json_dump_file(root, tmp, JSON_INDENT(1) | JSON_SORT_KEYS);
     json_decref(root);
     if (rc || rename(tmp, path)) {
