@@ -4,7 +4,7 @@
  * entry pool and the eviction FIFO, all behind one mutex. cache.h states
  * the contract and the allocation policy; this comment describes the data.
  *
- * Per block b, one struct blk (20 bytes, an array allocated once):
+ * Per block b, one struct blk (16 bytes, an array allocated once):
  *   len    length of the run starting at b (free or owned), else 0;
  *   fend   if b is the last block of a free run, that run's start, else
  *          NIL — so "is the block before me the end of a free run" and "is
@@ -17,11 +17,10 @@
  * hash of the start. Best fit is a lower_bound on (n, 0); the largest run
  * is the rightmost length, then a lower_bound on it for the lowest start.
  *
- * Entries are 64-byte records in a pool indexed by uint32 id; the table
- * stores (id, 32 hash bits) pairs with linear probing, load <= 1/2 and
- * backward-shift deletion (no tombstones). Pool and table have the same
- * size and grow together by doubling; see "Table and entry pool" below for
- * how ids are chosen so that a lookup's two memory accesses overlap. Keys
+ * Entries are 64-byte records (one cache line) in a dense pool indexed by
+ * uint32 id; the table stores (id, 32 hash bits) pairs with linear
+ * probing, load <= 1/2 and backward-shift deletion (no tombstones), so a
+ * lookup reads one 8-byte slot, then one entry line. Keys
  * are stored in the entry (raw up to 32 bytes, or packed when they are
  * lowercase hex up to 64 digits, as an mm_hash is) or, if longer, in
  * power-of-two buffers kept on per-size free lists, so even long keys cost
@@ -71,15 +70,20 @@ struct entry {
 };
 _Static_assert(sizeof(struct entry) == 64, "entry is one cache line");
 
-/* Everything about block b in one place, so a treap step is one cache
- * line rather than three. */
+/* Everything about block b in 16 bytes, so a treap step touches one
+ * cache line. A run start is either free (treap links) or owned (chain
+ * link), never both, hence the union. */
 struct blk {
-    uint32_t len;   /* rlen */
-    uint32_t fend;  /* free-run end tag */
-    uint32_t left;  /* tl */
-    uint32_t right; /* tr */
-    uint32_t next;  /* rnext */
+    uint32_t len;  /* length of the run starting here, else 0 */
+    uint32_t fend; /* free-run end tag */
+    union {
+        struct {
+            uint32_t left, right; /* treap children (free-run start) */
+        };
+        uint32_t next; /* the entry's next run (owned-run start) */
+    };
 };
+_Static_assert(sizeof(struct blk) == 16, "block record is 16 bytes");
 
 /* The slot keeps the folded hash: it filters compares and gives the home
  * slot (h & mask) without touching the entry, for deletion and growth. */
@@ -96,10 +100,8 @@ struct ecx_cache {
     uint64_t prio_seed;
     uint64_t free_blocks, free_runs, evictable_blocks;
 
-    struct entry *ents; /* tab_mask + 1 of them, indexed by id */
-    uint32_t *free_ids; /* the unused ids, free_ids[0..n_free) ... */
-    uint32_t *free_pos; /* ... and where each unused id sits in it */
-    uint32_t n_free;
+    struct entry *ents; /* the pool, indexed by id */
+    uint32_t ents_cap, ents_used, free_ent;
     uint64_t n_entries, n_not_ready, n_ready, n_pinned;
 
     struct slot *tab;
@@ -439,36 +441,14 @@ static void key_buf_put(ecx_cache *c, char *b, size_t len)
 }
 
 /*
- * Table and entry pool share their size and their indexing: the pool has
- * one entry per table slot, and a new entry takes the id equal to the slot
- * it lands in whenever that id is unused. A lookup can then fetch
- * ents[home] while it reads tab[home], so for most keys the two memory
- * accesses overlap instead of following one another (with 100,000 entries
- * both miss the CPU caches). Ids never change: deletion shifts only the
- * 8-byte slots and growth keeps every id, so the FIFO is never rewritten.
- * When the slot's id is taken, any unused id serves (the prefetch is then
- * wasted, nothing worse). Unused ids form a sparse set, so taking a given
- * one or any one is O(1).
+ * The pool is dense: freed ids are reused last-in first-out and the pool
+ * grows by doubling only when none is free, so it stays within twice the
+ * peak entry count and as much of it as possible stays in the CPU caches.
  */
-
-static void id_release(ecx_cache *c, uint32_t id)
-{
-    c->free_pos[id] = c->n_free;
-    c->free_ids[c->n_free++] = id;
-}
-
-static void id_take(ecx_cache *c, uint32_t id)
-{
-    uint32_t pos = c->free_pos[id], last = c->free_ids[--c->n_free];
-    c->free_ids[pos] = last;
-    c->free_pos[last] = pos;
-}
 
 static uint32_t tab_find(const ecx_cache *c, uint32_t h, const char *key, size_t len)
 {
-    uint32_t i = h & c->tab_mask;
-    __builtin_prefetch(&c->ents[i]);
-    for (;; i = (i + 1) & c->tab_mask) {
+    for (uint32_t i = h & c->tab_mask;; i = (i + 1) & c->tab_mask) {
         const struct slot *s = &c->tab[i];
         if (s->id == NIL) return NIL;
         if (s->h == h) {
@@ -487,12 +467,18 @@ static uint32_t tab_hole(const struct slot *tab, uint32_t mask, uint32_t h)
     return i;
 }
 
-/* Insert a new key: place its slot and pick its id (see above). */
+/* Insert a new key: take an id (ents_reserve_one() made sure there is
+ * one) and place its slot. */
 static uint32_t tab_insert(ecx_cache *c, uint32_t h)
 {
+    uint32_t id;
+    if (c->free_ent != NIL) {
+        id = c->free_ent;
+        c->free_ent = c->ents[id].next;
+    } else {
+        id = c->ents_used++;
+    }
     uint32_t p = tab_hole(c->tab, c->tab_mask, h);
-    uint32_t id = c->ents[p].state == SLOT_UNUSED ? p : c->free_ids[c->n_free - 1];
-    id_take(c, id);
     c->tab[p].id = id;
     c->tab[p].h = h;
     return id;
@@ -516,52 +502,47 @@ static void tab_delete(ecx_cache *c, uint32_t id, uint32_t h)
         }
     }
     c->tab[i].id = NIL;
-    id_release(c, id);
+    c->ents[id].next = c->free_ent;
+    c->free_ent = id;
 }
 
-/* Size (or resize) table and pool for want_entries at load <= 1/2. The
- * old ids keep their entries; the new ones start unused. Nothing changes
- * on failure. */
+/* Size (or resize) the table for want_entries at load <= 1/2. Nothing
+ * changes on failure. */
 static int tab_grow(ecx_cache *c, uint64_t want_entries)
 {
     uint64_t old = c->tab ? (uint64_t)c->tab_mask + 1 : 0, size = old ? old : 16;
     if (want_entries * 2 <= old) return 0;
     while (want_entries * 2 > size)
         size *= 2;
-    if (size > ((uint64_t)1 << 31)) return ECX_ENOMEM; /* ids must stay below NIL */
+    if (size > ((uint64_t)1 << 32)) return ECX_ENOMEM;
     struct slot *t = big_alloc(size * sizeof *t);
-    struct entry *e = big_alloc(size * sizeof *e);
-    uint32_t *fi = big_alloc(size * sizeof *fi), *fp = big_alloc(size * sizeof *fp);
-    if (!t || !e || !fi || !fp) {
-        big_free(t, size * sizeof *t);
-        big_free(e, size * sizeof *e);
-        big_free(fi, size * sizeof *fi);
-        big_free(fp, size * sizeof *fp);
-        return ECX_ENOMEM;
-    }
-    if (old) memcpy(e, c->ents, old * sizeof *e);
-    for (uint64_t i = old; i < size; i++)
-        e[i] = (struct entry){.state = SLOT_UNUSED};
+    if (!t) return ECX_ENOMEM;
     for (uint64_t i = 0; i < size; i++)
         t[i].id = NIL;
     uint32_t mask = (uint32_t)(size - 1);
     for (uint64_t i = 0; i < old; i++)
-        if (c->tab[i].id != NIL) {
-            uint32_t p = tab_hole(t, mask, c->tab[i].h);
-            t[p] = c->tab[i];
-        }
+        if (c->tab[i].id != NIL) t[tab_hole(t, mask, c->tab[i].h)] = c->tab[i];
     big_free(c->tab, old * sizeof *t);
-    big_free(c->ents, old * sizeof *e);
-    big_free(c->free_ids, old * sizeof *fi);
-    big_free(c->free_pos, old * sizeof *fp);
     c->tab = t;
-    c->ents = e;
-    c->free_ids = fi;
-    c->free_pos = fp;
     c->tab_mask = mask;
-    c->n_free = 0;
-    for (uint64_t i = size; i-- > 0;) /* low ids on top: handed out first */
-        if (e[i].state == SLOT_UNUSED) id_release(c, (uint32_t)i);
+    return 0;
+}
+
+/* Make sure one more id exists (may move c->ents). */
+static int ents_reserve_one(ecx_cache *c)
+{
+    if (c->free_ent != NIL || c->ents_used < c->ents_cap) return 0;
+    /* With an id per block, the eviction this reserve must do (no block is
+     * free when n entries own all n blocks) frees an id. */
+    if (c->ents_cap >= c->n) return 0;
+    uint64_t cap = c->ents_cap ? (uint64_t)c->ents_cap * 2 : 64;
+    if (cap > c->n) cap = c->n; /* every entry owns >= 1 block */
+    struct entry *e = big_alloc(cap * sizeof *e);
+    if (!e) return ECX_ENOMEM;
+    if (c->ents_used) memcpy(e, c->ents, c->ents_used * sizeof *e);
+    big_free(c->ents, (size_t)c->ents_cap * sizeof *e);
+    c->ents = e;
+    c->ents_cap = (uint32_t)cap;
     return 0;
 }
 
@@ -624,10 +605,17 @@ static void evict_one(ecx_cache *c)
 {
     uint32_t id = c->fifo_head;
     struct entry *e = &c->ents[id];
+    /* Start the loads removal will need (its first run's block, its FIFO
+     * successor, then its table slot) so that they overlap with hashing
+     * instead of following one another. */
+    __builtin_prefetch(&c->b[e->head], 1);
+    if (e->next != NIL) __builtin_prefetch(&c->ents[e->next], 1);
     char buf[KEY_HEX_MAX];
     const char *key = key_view(e, buf);
+    uint32_t h = key_hash(c, key, e->key_len);
+    __builtin_prefetch(&c->tab[h & c->tab_mask], 1);
     if (c->on_evict) c->on_evict(c->evict_arg, key, e->key_len, e->n_blocks);
-    entry_remove(c, id, key_hash(c, key, e->key_len));
+    entry_remove(c, id, h);
     c->evictions++;
 }
 
@@ -661,10 +649,10 @@ int ecx_cache_new(const ecx_cache_opts *opts, ecx_cache **out)
         return ECX_ENOMEM;
     }
     for (uint32_t i = 0; i < n; i++)
-        c->b[i] = (struct blk){0, NIL, NIL, NIL, NIL};
+        c->b[i] = (struct blk){.len = 0, .fend = NIL, .left = NIL, .right = NIL};
     randombytes_buf(c->sipkey, sizeof c->sipkey);
     randombytes_buf(&c->prio_seed, sizeof c->prio_seed);
-    c->fifo_head = c->fifo_tail = NIL;
+    c->fifo_head = c->fifo_tail = c->free_ent = NIL;
     c->on_evict = opts->on_evict;
     c->evict_arg = opts->evict_arg;
     /* One free run: all the blocks. */
@@ -681,8 +669,7 @@ int ecx_cache_new(const ecx_cache_opts *opts, ecx_cache **out)
 void ecx_cache_free(ecx_cache *c)
 {
     if (!c) return;
-    uint64_t cap = c->tab ? (uint64_t)c->tab_mask + 1 : 0;
-    for (uint64_t i = 0; i < cap; i++)
+    for (uint64_t i = 0; i < c->ents_used; i++)
         if (c->ents[i].state != SLOT_UNUSED && c->ents[i].key_kind == KEY_EXT)
             free(c->ents[i].k.ext);
     for (int k = 0; k < KEY_CLASSES; k++) {
@@ -694,10 +681,8 @@ void ecx_cache_free(ecx_cache *c)
             b = next;
         }
     }
-    big_free(c->ents, cap * sizeof *c->ents);
-    big_free(c->tab, cap * sizeof *c->tab);
-    big_free(c->free_ids, cap * sizeof *c->free_ids);
-    big_free(c->free_pos, cap * sizeof *c->free_pos);
+    big_free(c->ents, (size_t)c->ents_cap * sizeof *c->ents);
+    big_free(c->tab, ((size_t)c->tab_mask + 1) * sizeof *c->tab);
     big_free(c->b, (size_t)c->n * sizeof *c->b);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -720,7 +705,7 @@ int ecx_cache_reserve(ecx_cache *c, const char *key, size_t key_len, uint64_t n_
         goto out;
     }
     /* Everything that can fail comes before the first change. */
-    if ((rc = tab_grow(c, c->n_entries + 1))) goto out;
+    if ((rc = ents_reserve_one(c)) || (rc = tab_grow(c, c->n_entries + 1))) goto out;
     int kind = key_kind_of(key, key_len);
     if (kind == KEY_EXT && !(ext = key_buf_get(c, key_len))) {
         rc = ECX_ENOMEM;
@@ -1022,12 +1007,11 @@ int ecx_cache_check(ecx_cache *c)
     /* 3. Entries: runs ascending, each an owned run claimed once; counts. */
     uint64_t ents = 0, nr = 0, rd = 0, pinned = 0, evictable_sum = 0, fifo_len = 0, e_blocks = 0,
              e_runs = 0;
-    uint64_t cap = (uint64_t)c->tab_mask + 1;
+    uint64_t cap = c->ents_used, unused = 0;
     for (uint32_t id = 0; id < cap; id++) {
         const struct entry *e = &c->ents[id];
         if (e->state == SLOT_UNUSED) {
-            CHECK(c->free_pos[id] < c->n_free && c->free_ids[c->free_pos[id]] == id,
-                  "unused id %u not in the free set", id);
+            unused++;
             continue;
         }
         ents++;
@@ -1071,8 +1055,12 @@ int ecx_cache_check(ecx_cache *c)
         const struct entry *e = &c->ents[id];
         CHECK(c->tab[i].h == key_hash(c, key_view(e, buf), e->key_len), "table hash wrong");
     }
-    CHECK(slots == ents && slots * 2 <= cap, "table count/load wrong");
-    CHECK(c->n_free + ents == cap, "free ids %u + entries != pool size", c->n_free);
+    CHECK(slots == ents && slots * 2 <= (uint64_t)c->tab_mask + 1, "table count/load wrong");
+    uint64_t listed = 0;
+    for (uint32_t id = c->free_ent; id != NIL && listed <= unused; id = c->ents[id].next, listed++)
+        CHECK(id < cap && c->ents[id].state == SLOT_UNUSED, "free id list holds a live entry");
+    CHECK(listed == unused, "free id list has %llu of %llu unused ids", (unsigned long long)listed,
+          (unsigned long long)unused);
 
     /* 5. The FIFO, both directions. */
     uint64_t walked = 0;

@@ -30,11 +30,12 @@
  * key, since mm_hash strings come from the network); the FIFO is an
  * intrusive list. Every operation is O(1) or O(log n) per run it touches,
  * and a run is created once and freed once, so reserve is O(log n)
- * amortised per run. Memory is 20 bytes per block, allocated once, plus
- * 2-4 x 80 bytes per entry (pool and table at load <= 1/2) and long-key
- * buffers, which grow by doubling to their peak and are reused after: no
- * allocation per operation in steady state (a table growth is O(entries),
- * once per doubling). At most 2^30 entries. Misuse (duplicate reserve, unpin of an unpinned entry,
+ * amortised per run. Memory is 16 bytes per block, allocated once, plus
+ * at most 160 bytes per entry (64-byte entries in a pool at most twice the
+ * peak count, 8-byte table slots at load <= 1/2) and long-key buffers, all
+ * grown by doubling to their peak and reused after: no allocation per
+ * operation in steady state (a growth costs O(entries), once per
+ * doubling). Misuse (duplicate reserve, unpin of an unpinned entry,
  * discard of a ready one...) returns an error code and changes nothing.
  */
 #ifndef ECX_CACHE_H
