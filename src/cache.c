@@ -20,11 +20,11 @@
  * Entries are 64-byte records (one cache line) in a dense pool indexed by
  * uint32 id; the table stores (id, 32 hash bits) pairs with linear
  * probing, load <= 1/2 and backward-shift deletion (no tombstones), so a
- * lookup reads one 8-byte slot, then one entry line. Keys
- * are stored in the entry (raw up to 32 bytes, or packed when they are
- * lowercase hex up to 64 digits, as an mm_hash is) or, if longer, in
- * power-of-two buffers kept on per-size free lists, so even long keys cost
- * no malloc once the pools have reached their peak.
+ * lookup reads one 8-byte slot, then one entry line. Keys are stored in
+ * the entry (raw up to 32 bytes, or packed when they are lowercase hex up
+ * to 64 digits, as an mm_hash is) or, if longer, in power-of-two buffers
+ * kept on per-size free lists, so even long keys cost no malloc once the
+ * pools have reached their peak.
  */
 #include "cache.h"
 
@@ -120,7 +120,7 @@ struct ecx_cache {
 
 /* The per-block array, the entry pool and the table are each allocated
  * whole. Those of 2 MiB or more get their own anonymous mapping with
- * MADV_HUGEPAGE: with 100,000 entries the cache spans ~20 MB, and a random
+ * MADV_HUGEPAGE: with 100,000 entries the cache spans ~15 MB, and a random
  * lookup would otherwise pay a TLB miss on top of each cache miss. */
 #define HUGE_MIN ((size_t)2 << 20)
 
@@ -205,7 +205,7 @@ static uint32_t t_insert(ecx_cache *c, uint32_t t, uint32_t x)
     return t;
 }
 
-/* Remove x (keyed by its current rlen) from t. */
+/* Remove x (keyed by its current len) from t. */
 static uint32_t t_erase(ecx_cache *c, uint32_t t, uint32_t x)
 {
     if (t == NIL) return NIL;
@@ -293,7 +293,7 @@ static void free_run(ecx_cache *c, uint32_t a, uint32_t l)
     c->free_runs++;
 }
 
-/* Sort a chain of owned runs (linked by rnext) by start. */
+/* Sort a chain of owned runs (linked by next) by start. */
 static uint32_t sort_runs(ecx_cache *c, uint32_t list, uint32_t count)
 {
     if (count <= 1) return list;
@@ -440,6 +440,8 @@ static void key_buf_put(ecx_cache *c, char *b, size_t len)
     c->key_free[k] = b;
 }
 
+/* ---- the table and the entry pool ------------------------------------ */
+
 /*
  * The pool is dense: freed ids are reused last-in first-out and the pool
  * grows by doubling only when none is free, so it stays within twice the
@@ -578,7 +580,7 @@ static void fifo_remove(ecx_cache *c, uint32_t id)
 
 /* ---- entries --------------------------------------------------------- */
 
-/* Free the entry's blocks, drop it from the table, recycle its slot. */
+/* Free the entry's blocks, drop it from the table, recycle its id. */
 static void entry_remove(ecx_cache *c, uint32_t id, uint32_t h)
 {
     struct entry *e = &c->ents[id];
