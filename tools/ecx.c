@@ -14,6 +14,7 @@ static const char HELP[] =
     "commands:\n"
     "  serve          run a producer: serve files or synthetic encodings\n"
     "  get            run a consumer: fetch items into files\n"
+    "  demo           the main job: a producer and consumers on loopback, checked\n"
     "  compat-hash VLLM_VERSION MODEL DTYPE BLOCK_SIZE_BYTES\n"
     "                 print the peer-compatibility hash (64 hex characters)\n"
     "  proto decode [--as req|ack] [HEX]\n"
@@ -49,5 +50,6 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "compat-hash")) return cmd_compat_hash(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "get")) return cmd_get(argc - 1, argv + 1);
+    if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     return usage_error("unknown command '%s' (try 'ecx --help')", cmd);
 }
