@@ -32,8 +32,9 @@ fuzz: deps
 	@cmake --build $(BUILD)-fuzz -j $(JOBS)
 	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_wire $(FUZZ_SECONDS)
 
+# The main job: a producer and consumers on loopback, every byte checked.
 demo: build
-	bash scripts/demo.sh $(BUILD)/ecx
+	$(BUILD)/ecx demo
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz

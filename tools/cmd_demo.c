@@ -107,6 +107,7 @@ typedef struct demo {
     job *jobs; /* shared mapping */
     size_t n_jobs, cap_jobs;
     child_stat *stats; /* shared mapping, one per child */
+    int *gate;         /* shared: [0] children started, [1] children done fetching */
     json_t *ann_a, *ann_b;
     json_t *main_ann;  /* mm_hash -> announcement text */
     char *ann_text[4]; /* announcements the scenarios use, freed at the end */
@@ -309,9 +310,20 @@ static uint64_t read_retries(ecx_ctx *ctx)
     return v;
 }
 
+/* Count this child in at gate[k] and wait (bounded) until all n are in,
+ * so every consumer of a phase fetches at the same time and none verifies
+ * (CPU-heavy) while another is still fetching. */
+static void barrier(demo *d, int k, int n)
+{
+    __atomic_add_fetch(&d->gate[k], 1, __ATOMIC_SEQ_CST);
+    double end = now_s() + 15;
+    while (__atomic_load_n(&d->gate[k], __ATOMIC_SEQ_CST) < n && !stop && now_s() < end)
+        sleep_ms(1);
+}
+
 /* The body of consumer child `me`: fetch its jobs all at once, then verify
  * them. Runs in the child; never returns. */
-static void consumer_child(demo *d, int me, int64_t ack_ms, const char *log)
+static void consumer_child(demo *d, int me, int group, int64_t ack_ms, const char *log)
 {
     redirect_output(log);
     child_stat *cs = &d->stats[me];
@@ -337,6 +349,7 @@ static void consumer_child(demo *d, int me, int64_t ack_ms, const char *log)
         cs->err = 1;
         _exit(1);
     }
+    barrier(d, 0, group);
     size_t left = mine;
     double t0 = now_s(), end = t0 + 30;
     cs->t0 = t0;
@@ -358,6 +371,7 @@ static void consumer_child(demo *d, int me, int64_t ack_ms, const char *log)
         if (left) ecx_poll(ctx, 5);
     }
     cs->t1 = now_s();
+    barrier(d, 1, group);
     size_t buf_len = 1 << 20;
     uint8_t *buf = malloc(buf_len);
     for (size_t i = 0; i < d->n_jobs; i++) {
@@ -377,6 +391,7 @@ static int run_consumers(demo *d, int first, int count, int64_t ack_ms)
 {
     pid_t pids[MAX_CONSUMERS + 2];
     int rc = 0;
+    d->gate[0] = d->gate[1] = 0;
     fflush(NULL);
     for (int c = 0; c < count; c++) {
         char log[400];
@@ -387,7 +402,7 @@ static int run_consumers(demo *d, int first, int count, int64_t ack_ms)
             count = c, rc = -1;
             break;
         }
-        if (pids[c] == 0) consumer_child(d, first + c, ack_ms, log);
+        if (pids[c] == 0) consumer_child(d, first + c, count, ack_ms, log);
     }
     double end = now_s() + 60;
     for (int c = 0; c < count; c++) {
@@ -557,7 +572,7 @@ int cmd_demo(int argc, char **argv)
     /* Shared result slots: main items + the three scenario fetches. */
     d->cap_jobs = (size_t)d->items + 3;
     size_t jobs_bytes = d->cap_jobs * sizeof(job);
-    size_t stats_bytes = (MAX_CONSUMERS + 2) * sizeof(child_stat);
+    size_t stats_bytes = (MAX_CONSUMERS + 2) * sizeof(child_stat) + 2 * sizeof(int);
     void *shared = mmap(NULL, jobs_bytes + stats_bytes, PROT_READ | PROT_WRITE,
                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shared == MAP_FAILED) {
@@ -566,6 +581,7 @@ int cmd_demo(int argc, char **argv)
     }
     d->jobs = shared;
     d->stats = (child_stat *)((char *)shared + jobs_bytes);
+    d->gate = (int *)(d->stats + MAX_CONSUMERS + 2);
 
     snprintf(d->work, sizeof d->work, "/tmp/ecx-demo.XXXXXX");
     snprintf(d->shm, sizeof d->shm, "%s/ecx-demo.XXXXXX", shm_root);
