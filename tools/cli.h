@@ -14,6 +14,7 @@ int cmd_compat_hash(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_get(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 /* Print "ecx: <msg>" to stderr and return EXIT_USAGE. */
 int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -15,6 +15,8 @@ static const char HELP[] =
     "  serve          run a producer: serve files or synthetic encodings\n"
     "  get            run a consumer: fetch items into files\n"
     "  demo           the main job: a producer and consumers on loopback, checked\n"
+    "  bench ctrl     control-plane load against a producer (requests/s, p50, p99)\n"
+    "  bench data     data-plane throughput: shm and UCX fetches against memcpy\n"
     "  compat-hash VLLM_VERSION MODEL DTYPE BLOCK_SIZE_BYTES\n"
     "                 print the peer-compatibility hash (64 hex characters)\n"
     "  proto decode [--as req|ack] [HEX]\n"
@@ -51,5 +53,6 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "get")) return cmd_get(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     return usage_error("unknown command '%s' (try 'ecx --help')", cmd);
 }

@@ -1,0 +1,340 @@
+/* data_bench — the body of the data-plane benchmark (bench/data_bench.h),
+ * shared by build/bench_data and `ecx bench data`.
+ *
+ * A producer process (forked) fills a region with a known pattern and
+ * serves it (busy polling, as ucx_perftest's server does); this process is
+ * the consumer. For each size and path it READs the encoding (stored in one
+ * contiguous run, as the cache hands blocks out) repeatedly; each fetch is
+ * timed from ecx_data_read_post() until the READ reports DONE, and every
+ * fetch is then checked byte for byte against the pattern (outside the
+ * timed window; a mismatch fails the run). Before each fetch, and before
+ * each memcpy of the baseline, the destination is overwritten, so every
+ * path starts from the same cache state. Figures are medians.
+ *
+ * The "ucx" path uses whatever transports UCX picks (on one host, its
+ * shared-memory ones); run with UCX_TLS=tcp to measure UCX over TCP.
+ */
+#include "data_bench.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "data.h"
+#include "region.h"
+#include "util.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void fill_pattern(uint8_t *b, uint64_t n)
+{
+    uint64_t *w = (uint64_t *)b;
+    for (uint64_t i = 0; i < n / 8; i++)
+        w[i] = (i + 1) * 0x9e3779b97f4a7c15ull;
+    for (uint64_t i = n / 8 * 8; i < n; i++)
+        b[i] = (uint8_t)i;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static int write_all(int fd, const void *b, size_t n)
+{
+    const uint8_t *p = b;
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k <= 0) return -1;
+        p += k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int read_all(int fd, void *b, size_t n)
+{
+    uint8_t *p = b;
+    while (n) {
+        ssize_t k = read(fd, p, n);
+        if (k <= 0) return -1;
+        p += k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+static void count_notif(void *arg, const char *msg, size_t len)
+{
+    (void)msg, (void)len;
+    (*(long *)arg)++;
+}
+
+/* The producer: serve until the parent closes the pipe (or 10 minutes). */
+static int producer_main(const char *dir, uint64_t bytes, uint64_t bs, int out_fd, int stop_fd)
+{
+    char id[ECX_REGION_INSTANCE_ID_LEN + 1];
+    ecx_region *r;
+    ecx_data *d;
+    if (ecx_region_instance_id(id) || ecx_region_create_in(dir, id, 0, bytes, bs, &r)) return 1;
+    fill_pattern(ecx_region_base(r), ecx_region_size(r));
+    if (ecx_data_new_producer(r, NULL, &d)) return 1;
+    size_t ml, dl;
+    const uint8_t *m = ecx_data_agent_metadata(d, &ml), *ds = ecx_data_mem_descriptor(d, &dl);
+    uint32_t lens[2] = {(uint32_t)ml, (uint32_t)dl};
+    if (write_all(out_fd, lens, sizeof lens) || write_all(out_fd, m, ml) ||
+        write_all(out_fd, ds, dl))
+        return 1;
+    long notifs = 0;
+    double end = now_s() + 600;
+    for (unsigned i = 0; now_s() < end; i++) {
+        ecx_data_poll_notifs(d, count_notif, &notifs);
+        if (i % 256 == 0) {
+            struct pollfd p = {.fd = stop_fd, .events = POLLIN};
+            if (poll(&p, 1, 0) > 0) break;
+        }
+    }
+    ecx_data_free(d);
+    ecx_region_free(r);
+    return 0;
+}
+
+typedef struct bench {
+    ecx_region *cr;
+    uint8_t *expect, *src, *dst; /* pattern; memcpy baseline buffers */
+    uint64_t bs;
+    int iters, warmup;
+} bench;
+
+typedef struct path {
+    int backend;
+    ecx_data *d;
+    ecx_data_peer *p;
+    double *t;
+} path;
+
+static int path_open(path *ph, int backend, bench *b, const uint8_t *m, size_t ml,
+                     const uint8_t *ds, size_t dl)
+{
+    ecx_data_opts o = {.backend = backend};
+    ph->backend = backend;
+    ph->t = malloc((size_t)b->iters * sizeof *ph->t);
+    if (!ph->t) return -1;
+    int rc = ecx_data_new_consumer(b->cr, &o, &ph->d);
+    if (rc || (rc = ecx_data_peer_add(ph->d, m, ml, ds, dl, &ph->p))) {
+        fprintf(stderr, "bench: %s path: %s\n", ecx_data_backend_name(backend), ecx_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+static void path_close(path *ph)
+{
+    if (ph->p) ecx_data_peer_drop(ph->p);
+    if (ph->d) ecx_data_free(ph->d);
+    free(ph->t);
+    memset(ph, 0, sizeof *ph);
+}
+
+/* One timed READ of `size` bytes (blocks 0.. into blocks 0..), verified
+ * afterwards; seconds, or < 0 on failure. */
+static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
+{
+    uint64_t n = (size + b->bs - 1) / b->bs;
+    uint8_t *dst = ecx_region_base(b->cr);
+    memset(dst, 0x5a, size);
+    ecx_data_xfer *x;
+    double t0 = now_s();
+    int rc = ecx_data_read_post(ph->p, idx, idx, n, size, "bench:x", 7, &x);
+    if (rc) {
+        fprintf(stderr, "bench: post: %s\n", ecx_strerror(rc));
+        return -1;
+    }
+    int st;
+    double limit = t0 + 30;
+    while ((st = ecx_data_read_poll(x)) == ECX_XFER_RUNNING && now_s() < limit)
+        ecx_data_progress(ph->d);
+    double t1 = now_s();
+    ecx_data_read_release(x);
+    if (st != ECX_XFER_DONE || memcmp(dst, b->expect, size) != 0) {
+        fprintf(stderr, "bench: %s fetch %s\n", ecx_data_backend_name(ph->backend),
+                st == ECX_XFER_DONE ? "delivered wrong bytes" : "did not finish");
+        return -1;
+    }
+    return t1 - t0;
+}
+
+/* One timed memcpy of `size` bytes; seconds, or < 0 if it delivered wrong
+ * bytes. */
+static double memcpy_once(bench *b, uint64_t size)
+{
+    memset(b->dst, 0x5a, size);
+    double t0 = now_s();
+    memcpy(b->dst, b->src, size);
+    __asm__ __volatile__("" ::"r"(b->dst) : "memory");
+    double t1 = now_s();
+    /* Checked against the pattern, as the fetches are, so the source is
+     * no hotter in cache than the producer's region is for them. */
+    if (memcmp(b->dst, b->expect, size) != 0) {
+        fprintf(stderr, "bench: memcpy baseline delivered wrong bytes\n");
+        return -1;
+    }
+    return t1 - t0;
+}
+
+void ecx_data_bench_opts_init(ecx_data_bench_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->iters = 30;
+    o->warmup = 3;
+    o->block_bytes = 1 << 20;
+    o->shm = o->ucx = true;
+}
+
+int ecx_data_bench_run(const ecx_data_bench_opts *o)
+{
+    uint64_t sizes[ECX_DATA_BENCH_MAX_SIZES];
+    int nsizes = o->nsizes;
+    if (nsizes < 0 || nsizes > ECX_DATA_BENCH_MAX_SIZES || o->iters < 1 || o->iters > 100000 ||
+        o->warmup < 0 || o->warmup > 100000 || o->block_bytes == 0 || (!o->shm && !o->ucx)) {
+        fprintf(stderr, "bench: invalid options\n");
+        return -1;
+    }
+    memcpy(sizes, o->sizes, sizeof sizes);
+    if (nsizes == 0) sizes[nsizes++] = 4700000, sizes[nsizes++] = 28800000;
+    bench b = {.bs = o->block_bytes, .iters = o->iters, .warmup = o->warmup};
+    uint64_t max = 0;
+    for (int i = 0; i < nsizes; i++) {
+        if (sizes[i] == 0) {
+            fprintf(stderr, "bench: a size must be at least 1 byte\n");
+            return -1;
+        }
+        if (sizes[i] > max) max = sizes[i];
+    }
+    uint64_t region = ((max + b.bs - 1) / b.bs) * b.bs;
+
+    char dir[] = "/dev/shm/ecx-bench-data-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("bench: mkdtemp");
+        return -1;
+    }
+    int to_parent[2], stop[2];
+    if (pipe(to_parent)) {
+        perror("bench: pipe");
+        rmdir(dir);
+        return -1;
+    }
+    if (pipe(stop)) {
+        perror("bench: pipe");
+        close(to_parent[0]), close(to_parent[1]);
+        rmdir(dir);
+        return -1;
+    }
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(to_parent[0]), close(stop[1]);
+        _exit(producer_main(dir, region, b.bs, to_parent[1], stop[0]));
+    }
+    close(to_parent[1]), close(stop[0]);
+    int ret = -1;
+    uint32_t lens[2];
+    uint8_t *m = NULL, *ds = NULL;
+    uint64_t *idx = NULL;
+    double *tm = NULL;
+    path paths[2];
+    memset(paths, 0, sizeof paths);
+    int np = 0;
+    char id[ECX_REGION_INSTANCE_ID_LEN + 1];
+    if (pid < 0 || read_all(to_parent[0], lens, sizeof lens) || lens[0] > 65536 ||
+        lens[1] > 65536 || !(m = malloc(lens[0] ? lens[0] : 1)) ||
+        !(ds = malloc(lens[1] ? lens[1] : 1)) || read_all(to_parent[0], m, lens[0]) ||
+        read_all(to_parent[0], ds, lens[1])) {
+        fprintf(stderr, "bench: producer did not start\n");
+        goto done;
+    }
+    if (ecx_region_instance_id(id) || ecx_region_create_in(dir, id, 1, region, b.bs, &b.cr)) {
+        fprintf(stderr, "bench: cannot create the consumer region\n");
+        goto done;
+    }
+    b.expect = malloc(region);
+    b.src = malloc(region);
+    b.dst = malloc(region);
+    idx = malloc((region / b.bs) * sizeof *idx);
+    tm = malloc((size_t)b.iters * sizeof *tm);
+    if (!b.expect || !b.src || !b.dst || !idx || !tm) {
+        fprintf(stderr, "bench: out of memory\n");
+        goto done;
+    }
+    fill_pattern(b.expect, region);
+    memcpy(b.src, b.expect, region);
+    memset(b.dst, 0, region);
+    for (uint64_t i = 0; i < region / b.bs; i++)
+        idx[i] = i;
+    if (o->shm && path_open(&paths[np++], ECX_DATA_SHM, &b, m, lens[0], ds, lens[1])) goto done;
+    if (o->ucx && path_open(&paths[np++], ECX_DATA_UCX, &b, m, lens[0], ds, lens[1])) goto done;
+    for (int s = 0; s < nsizes; s++) {
+        uint64_t size = sizes[s];
+        /* Interleaved: memcpy, then each path, per iteration, so all see
+         * the same machine (this one is shared and noisy). */
+        for (int it = 0; it < b.warmup + b.iters; it++) {
+            double t = memcpy_once(&b, size);
+            if (t < 0) goto done;
+            if (it >= b.warmup) tm[it - b.warmup] = t;
+            for (int k = 0; k < np; k++) {
+                if ((t = path_fetch(&paths[k], &b, size, idx)) < 0) goto done;
+                if (it >= b.warmup) paths[k].t[it - b.warmup] = t;
+            }
+        }
+        double g[3] = {0, 0, 0}, lat[3] = {0, 0, 0};
+        lat[0] = median(tm, b.iters);
+        g[0] = (double)size / lat[0] / 1e9;
+        for (int k = 0; k < np; k++) {
+            int j = paths[k].backend == ECX_DATA_SHM ? 1 : 2;
+            lat[j] = median(paths[k].t, b.iters);
+            g[j] = (double)size / lat[j] / 1e9;
+        }
+        fprintf(stderr,
+                "bench: size %llu: median memcpy %.3f ms, shm fetch %.3f ms, ucx fetch %.3f ms "
+                "(UCX_TLS=%s, %d iterations)\n",
+                (unsigned long long)size, lat[0] * 1e3, lat[1] * 1e3, lat[2] * 1e3,
+                getenv("UCX_TLS") ? getenv("UCX_TLS") : "UCX's choice", b.iters);
+        printf("size=%llu shm_gbps=%.3f ucx_gbps=%.3f memcpy_gbps=%.3f shm_ratio=%.3f "
+               "ucx_ratio=%.3f\n",
+               (unsigned long long)size, g[1], g[2], g[0], g[1] / g[0], g[2] / g[0]);
+        fflush(stdout);
+    }
+    ret = 0;
+done:
+    for (int k = 0; k < np; k++)
+        path_close(&paths[k]);
+    free(tm);
+    free(idx);
+    close(to_parent[0]);
+    close(stop[1]); /* tells the producer to stop */
+    if (pid > 0) {
+        int st;
+        waitpid(pid, &st, 0);
+    }
+    ecx_region_free(b.cr);
+    free(b.expect), free(b.src), free(b.dst), free(m), free(ds);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "bench: could not remove %s\n", dir);
+    return ret;
+}

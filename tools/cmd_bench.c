@@ -1,0 +1,464 @@
+/*
+ * ecx bench — load generators that print one machine-readable line.
+ *
+ * `bench ctrl` measures a producer's control plane: it reads mm_hashes and
+ * the producer's address from an announcements file, keeps up to W real
+ * XferReq frames outstanding on one DEALER (the socket a consumer uses),
+ * decodes every XferAck, checks it answers the request it should (replies
+ * on one connection come back in order from a single-threaded producer, so
+ * the i-th ack answers the i-th request), and times each request from send
+ * to ack. It speaks only the wire protocol, so it measures any producer:
+ * `ecx serve` or a Python one (bench/compare.sh runs both).
+ *
+ * Every request uses one session id and cycles through the items, so an OK
+ * grant for "session:mm_hash" is regranted (old pin released first) by the
+ * next request for the same item: the producer holds at most one grant per
+ * item however long the run. The bench never READs, so grants end by
+ * regrant or lease, which is the same work for any producer that follows
+ * SPEC §4.
+ *
+ * `bench data` is the data-plane benchmark (bench/data_bench.c, shared with
+ * build/bench_data).
+ */
+#include <jansson.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "cli.h"
+#include "ctrl.h"
+#include "data_bench.h"
+#include "opts.h"
+#include "wire.h"
+
+static const char HELP[] =
+    "usage: ecx bench ctrl --params FILE [--requests N] [--window W] [options]\n"
+    "       ecx bench data [--size SIZE]... [--count N] [--data all|shm|ucx] [options]\n"
+    "\n"
+    "ecx bench ctrl: control-plane load against a producer (ecx serve, or any peer\n"
+    "speaking protocol version 1). Sends XferReq frames for the items of FILE (as\n"
+    "`ecx serve --announce-out` writes it), in turn, from one DEALER with up to W\n"
+    "outstanding, decodes every XferAck and times each request from send to ack.\n"
+    "Items whose peer_host:peer_port differ from the first item's are skipped.\n"
+    "  --params FILE          announcements file (required)\n"
+    "  --requests N           requests measured (default 20000)\n"
+    "  --warmup N             requests sent first and not measured (default 200)\n"
+    "  --window W             requests outstanding at once, 1..1000 (default 64)\n"
+    "  --timeout-ms MS        give up after MS in all (default 30000)\n"
+    "  --session-id TEXT      session id of every request (default: random UUID4)\n"
+    "  --require-ok           fail (exit 1) unless every ack is OK\n"
+    "  --vllm-version, --model, --dtype, --block-bytes  compat hash factors, as for\n"
+    "                         serve (they must match the producer's or it NACKs)\n"
+    "  Output: a summary on stderr, then on stdout the line\n"
+    "    requests=<n> ok=<n> nack=<n> window=<w> ack_bytes=<n> req_per_s=<n> p50_us=<n> "
+    "p99_us=<n>\n"
+    "  (ok / nack over the measured requests; ack_bytes is the mean ack size).\n"
+    "  Exit 0 when every request got a well-formed ack for its item in time.\n"
+    "\n"
+    "ecx bench data: the data-plane benchmark (also build/bench_data). A forked\n"
+    "producer serves a region; this process fetches SIZE bytes through each path,\n"
+    "interleaved with a plain memcpy of the same size, verifying every byte.\n"
+    "  --size SIZE            bytes per fetch (repeatable, up to 8; default 4.7M and 28.8M)\n"
+    "  --count N              timed fetches per size and path (default 30)\n"
+    "  --warmup N             untimed fetches first (default 3)\n"
+    "  --data all|shm|ucx     paths to measure (default all; auto means all)\n"
+    "  --block-bytes SIZE     block size of the regions (default 1Mi)\n"
+    "  Output: one line per size, the last being the last size:\n"
+    "    size=<bytes> shm_gbps=<x> ucx_gbps=<x> memcpy_gbps=<x> shm_ratio=<x> ucx_ratio=<x>\n"
+    "  (a path not measured reads 0; UCX_TLS=tcp measures UCX over TCP).\n"
+    "\n"
+    "Both accept the options serve takes in common; those that do not apply\n"
+    "(--region-bytes, and --data for ctrl) are accepted and ignored:\n" COMMON_HELP "\n"
+    "Exit status: 0 success, 1 failure, 2 usage error.\n";
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile of sorted v[0..n). */
+static uint64_t pct(const uint64_t *v, size_t n, double p)
+{
+    size_t k = (size_t)(p * (double)n + 0.999999);
+    if (k < 1) k = 1;
+    if (k > n) k = n;
+    return v[k - 1];
+}
+
+/* ---------- bench ctrl ---------- */
+
+typedef struct target {
+    char *hash;
+    msgpack_sbuffer frame; /* the XferReq, encoded once */
+} target;
+
+typedef struct slot {
+    uint64_t sent_ns;
+    size_t item;
+} slot;
+
+/* Read FILE: the items at the first item's address. Returns the count (> 0)
+ * or -1 with a message. */
+static int load_targets(const char *path, target **out, char host[256], int *port)
+{
+    json_error_t err;
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!j) {
+        fprintf(stderr, "ecx: --params %s: %s (line %d)\n", path, err.text, err.line);
+        return -1;
+    }
+    if (!json_is_object(j)) {
+        fprintf(stderr, "ecx: --params %s: must be a JSON object {mm_hash: announcement}\n", path);
+        json_decref(j);
+        return -1;
+    }
+    target *t = calloc(json_object_size(j) + 1, sizeof *t);
+    int n = 0, skipped = 0;
+    const char *k;
+    json_t *v;
+    if (!t) {
+        json_decref(j);
+        return -1;
+    }
+    json_object_foreach(j, k, v)
+    {
+        json_t *h = json_object_get(v, "peer_host"), *p = json_object_get(v, "peer_port");
+        if (!json_is_string(h) || !json_is_integer(p) || json_integer_value(p) < 1 ||
+            json_integer_value(p) > 65535 || strlen(json_string_value(h)) > 255) {
+            skipped++;
+            continue;
+        }
+        if (n == 0) {
+            snprintf(host, 256, "%s", json_string_value(h));
+            *port = (int)json_integer_value(p);
+        } else if (strcmp(host, json_string_value(h)) || *port != json_integer_value(p)) {
+            skipped++;
+            continue;
+        }
+        if (!(t[n].hash = strdup(k))) break;
+        n++;
+    }
+    json_decref(j);
+    if (skipped)
+        fprintf(stderr, "ecx: --params %s: skipped %d item(s) with no or another address\n", path,
+                skipped);
+    if (n == 0) {
+        fprintf(stderr, "ecx: --params %s: no item has a peer_host and peer_port\n", path);
+        free(t);
+        return -1;
+    }
+    *out = t;
+    return n;
+}
+
+static void free_targets(target *t, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(t[i].hash);
+        msgpack_sbuffer_destroy(&t[i].frame);
+    }
+    free(t);
+}
+
+static void uuid4(char out[37])
+{
+    uint8_t b[16];
+    randombytes_buf(b, sizeof b);
+    b[6] = (uint8_t)((b[6] & 0x0f) | 0x40);
+    b[8] = (uint8_t)((b[8] & 0x3f) | 0x80);
+    static const char hex[] = "0123456789abcdef";
+    char *o = out;
+    for (int i = 0; i < 16; i++) {
+        if (i == 4 || i == 6 || i == 8 || i == 10) *o++ = '-';
+        *o++ = hex[b[i] >> 4];
+        *o++ = hex[b[i] & 15];
+    }
+    *o = 0;
+}
+
+typedef struct ctrl_run {
+    int64_t requests, warmup, window, timeout_ms;
+    bool require_ok;
+    const char *session_id;
+} ctrl_run;
+
+static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params)
+{
+    char host[256], compat[ECX_COMPAT_HASH_HEX + 1], sid[37];
+    int port = 0, rc = EXIT_FAIL;
+    target *t = NULL;
+    int nt = load_targets(params, &t, host, &port);
+    if (nt < 0) return EXIT_FAIL;
+    int e = ecx_compat_hash(cfg->vllm_version, strlen(cfg->vllm_version), cfg->model,
+                            strlen(cfg->model), cfg->dtype, strlen(cfg->dtype),
+                            (int64_t)cfg->block_bytes, compat);
+    if (e) {
+        fprintf(stderr, "ecx: cannot compute the compatibility hash: %s\n", ecx_strerror(e));
+        free_targets(t, nt);
+        return EXIT_FAIL;
+    }
+    const char *session = o->session_id;
+    if (!session) uuid4(sid), session = sid;
+    for (int i = 0; i < nt; i++) {
+        ecx_req r;
+        ecx_req_init(&r);
+        r.mm_hash = (ecx_span){t[i].hash, strlen(t[i].hash)};
+        r.compatibility_hash = (ecx_span){compat, strlen(compat)};
+        r.session_id = (ecx_span){session, strlen(session)};
+        msgpack_sbuffer_init(&t[i].frame);
+        if ((e = ecx_wire_encode_req(&r, &t[i].frame))) {
+            fprintf(stderr, "ecx: cannot encode a request for '%s': %s\n", t[i].hash,
+                    ecx_strerror(e));
+            free_targets(t, nt);
+            return EXIT_FAIL;
+        }
+    }
+
+    void *zctx = zmq_ctx_new();
+    ecx_ctrl_peer *peer = NULL;
+    size_t total = (size_t)(o->warmup + o->requests), window = (size_t)o->window;
+    slot *ring = calloc(window, sizeof *ring);
+    uint64_t *lat = malloc((size_t)o->requests * sizeof *lat);
+    if (!zctx || !ring || !lat) {
+        fprintf(stderr, "ecx: out of memory\n");
+        goto out;
+    }
+    if ((e = ecx_ctrl_peer_new(zctx, host, port, NULL, &peer))) {
+        fprintf(stderr, "ecx: cannot open a socket to %s:%d: %s\n", host, port, ecx_strerror(e));
+        goto out;
+    }
+    fprintf(stderr,
+            "ecx: bench ctrl: %s:%d, %d item(s), window %lld, %lld requests (+%lld warm-up)\n",
+            host, port, nt, (long long)o->window, (long long)o->requests, (long long)o->warmup);
+
+    size_t sent = 0, answered = 0, malformed = 0, mismatched = 0;
+    uint64_t status[6] = {0}, ack_bytes = 0;
+    uint64_t start = now_ns(), deadline = start + (uint64_t)o->timeout_ms * 1000000ull;
+    uint64_t t_first = 0, t_last = 0;
+    zmq_pollitem_t pi = {.socket = ecx_ctrl_peer_socket(peer), .events = ZMQ_POLLIN};
+    bool lost = false;
+    /* Send while the window allows, drain acks without blocking, and only
+     * block in zmq_poll (or look at the connection) when neither moved. */
+    while (answered < total) {
+        uint64_t now = now_ns();
+        if (now >= deadline) break;
+        bool moved = false;
+        while (sent < total && sent - answered < window) {
+            const target *x = &t[sent % (size_t)nt];
+            uint64_t ts = now_ns();
+            if (ecx_ctrl_peer_send(peer, x->frame.data, x->frame.size)) break; /* queue full */
+            if (sent == (size_t)o->warmup) t_first = ts;
+            ring[sent % window] = (slot){ts, sent % (size_t)nt};
+            sent++;
+            moved = true;
+        }
+        const void *payload;
+        size_t len;
+        while (answered < sent && ecx_ctrl_peer_recv(peer, &payload, &len) == 1) {
+            uint64_t ts = now_ns();
+            slot *s = &ring[answered % window];
+            ecx_ack a;
+            if (ecx_wire_decode_ack(payload, len, &a)) {
+                malformed++;
+            } else {
+                const char *want = t[s->item].hash;
+                if (a.mm_hash.n != strlen(want) || memcmp(a.mm_hash.p, want, a.mm_hash.n))
+                    mismatched++;
+                if (answered >= (size_t)o->warmup) status[a.status]++;
+            }
+            if (answered >= (size_t)o->warmup) {
+                lat[answered - (size_t)o->warmup] = ts - s->sent_ns;
+                ack_bytes += len;
+                t_last = ts;
+            }
+            answered++;
+            moved = true;
+        }
+        if (moved) continue;
+        if (ecx_ctrl_peer_lost(peer)) {
+            lost = true;
+            break;
+        }
+        long wait_ms = (long)((deadline - now) / 1000000ull);
+        if (wait_ms > 100) wait_ms = 100;
+        zmq_poll(&pi, 1, wait_ms); /* EINTR or not, the loop looks again */
+    }
+    if (answered < total) {
+        fprintf(stderr,
+                "ecx: bench ctrl: %zu of %zu requests answered %s (is a producer listening on "
+                "%s:%d?)\n",
+                answered, total, lost ? "before the connection was lost" : "within --timeout-ms",
+                host, port);
+        goto out;
+    }
+    size_t n = (size_t)o->requests;
+    uint64_t ok = status[ECX_STATUS_OK], nack = 0;
+    for (int i = 1; i < 6; i++)
+        nack += status[i];
+    qsort(lat, n, sizeof *lat, cmp_u64);
+    double secs = (double)(t_last - t_first) / 1e9;
+    double rate = secs > 0 ? (double)n / secs : 0;
+    fprintf(stderr, "ecx: bench ctrl: %zu requests in %.3f s; acks:", n, secs);
+    for (int i = 0; i < 6; i++)
+        if (status[i])
+            fprintf(stderr, " %s %llu", ecx_status_name(i), (unsigned long long)status[i]);
+    fputc('\n', stderr);
+    if (malformed || mismatched)
+        fprintf(stderr, "ecx: bench ctrl: %zu undecodable ack(s), %zu for the wrong item\n",
+                malformed, mismatched);
+    printf("requests=%zu ok=%llu nack=%llu window=%lld ack_bytes=%llu req_per_s=%.0f p50_us=%.1f "
+           "p99_us=%.1f\n",
+           n, (unsigned long long)ok, (unsigned long long)nack, (long long)o->window,
+           (unsigned long long)(ack_bytes / n), rate, (double)pct(lat, n, 0.50) / 1e3,
+           (double)pct(lat, n, 0.99) / 1e3);
+    fflush(stdout);
+    rc = EXIT_OK;
+    if (malformed || mismatched) rc = EXIT_FAIL;
+    if (o->require_ok && nack) {
+        fprintf(stderr, "ecx: bench ctrl: --require-ok: %llu request(s) were NACKed\n",
+                (unsigned long long)nack);
+        rc = EXIT_FAIL;
+    }
+out:
+    ecx_ctrl_peer_free(peer);
+    if (zctx) zmq_ctx_term(zctx);
+    free(ring);
+    free(lat);
+    free_targets(t, nt);
+    return rc;
+}
+
+static int cmd_bench_ctrl(int argc, char **argv)
+{
+    enum { O_PARAMS = 2000, O_REQUESTS, O_WARMUP, O_WINDOW, O_TIMEOUT, O_SESSION, O_REQUIRE_OK };
+    static const struct option opts[] = {{"params", required_argument, 0, O_PARAMS},
+                                         {"requests", required_argument, 0, O_REQUESTS},
+                                         {"warmup", required_argument, 0, O_WARMUP},
+                                         {"window", required_argument, 0, O_WINDOW},
+                                         {"timeout-ms", required_argument, 0, O_TIMEOUT},
+                                         {"session-id", required_argument, 0, O_SESSION},
+                                         {"require-ok", no_argument, 0, O_REQUIRE_OK},
+                                         {"help", no_argument, 0, 'h'},
+                                         COMMON_LONG_OPTS,
+                                         {0, 0, 0, 0}};
+    ecx_config cfg;
+    ecx_config_init(&cfg);
+    ctrl_run o = {.requests = 20000, .warmup = 200, .window = 64, .timeout_ms = 30000};
+    const char *params = NULL;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int r = common_opt(c, optarg, &cfg, NULL);
+        if (r < 0) return EXIT_USAGE;
+        if (r > 0) continue;
+        switch (c) {
+        case 'h': fputs(HELP, stdout); return EXIT_OK;
+        case O_PARAMS: params = optarg; break;
+        case O_REQUESTS:
+            if (parse_int("--requests", optarg, 1, 10000000, &o.requests)) return EXIT_USAGE;
+            break;
+        case O_WARMUP:
+            if (parse_int("--warmup", optarg, 0, 10000000, &o.warmup)) return EXIT_USAGE;
+            break;
+        case O_WINDOW:
+            if (parse_int("--window", optarg, 1, 1000, &o.window)) return EXIT_USAGE;
+            break;
+        case O_TIMEOUT:
+            if (parse_int("--timeout-ms", optarg, 1, 86400000, &o.timeout_ms)) return EXIT_USAGE;
+            break;
+        case O_SESSION: o.session_id = optarg; break;
+        case O_REQUIRE_OK: o.require_ok = true; break;
+        default: return EXIT_USAGE;
+        }
+    }
+    if (optind < argc)
+        return usage_error("bench ctrl takes no arguments ('%s'); try 'ecx bench --help'",
+                           argv[optind]);
+    if (!params) return usage_error("bench ctrl needs --params FILE; try 'ecx bench --help'");
+    return run_ctrl(&o, &cfg, params);
+}
+
+/* ---------- bench data ---------- */
+
+static int cmd_bench_data(int argc, char **argv)
+{
+    enum { O_SIZE = 2000, O_COUNT, O_WARMUP };
+    static const struct option opts[] = {{"size", required_argument, 0, O_SIZE},
+                                         {"count", required_argument, 0, O_COUNT},
+                                         {"warmup", required_argument, 0, O_WARMUP},
+                                         {"help", no_argument, 0, 'h'},
+                                         COMMON_LONG_OPTS,
+                                         {0, 0, 0, 0}};
+    ecx_config cfg;
+    ecx_config_init(&cfg);
+    ecx_data_bench_opts o;
+    ecx_data_bench_opts_init(&o);
+    int c;
+    int64_t v;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c == OPT_DATA) { /* this one also takes "all" */
+            bool all = !strcmp(optarg, "all") || !strcmp(optarg, "auto");
+            o.shm = all || !strcmp(optarg, "shm");
+            o.ucx = all || !strcmp(optarg, "ucx");
+            if (!o.shm && !o.ucx)
+                return usage_error("--data takes all, shm or ucx, not '%s'", optarg);
+            continue;
+        }
+        int r = common_opt(c, optarg, &cfg, NULL);
+        if (r < 0) return EXIT_USAGE;
+        if (r > 0) continue;
+        switch (c) {
+        case 'h': fputs(HELP, stdout); return EXIT_OK;
+        case O_SIZE:
+            if (o.nsizes == ECX_DATA_BENCH_MAX_SIZES)
+                return usage_error("--size: at most %d sizes", ECX_DATA_BENCH_MAX_SIZES);
+            if (parse_size("--size", optarg, &o.sizes[o.nsizes])) return EXIT_USAGE;
+            if (o.sizes[o.nsizes] == 0 || o.sizes[o.nsizes] > (16ull << 30))
+                return usage_error("--size must be 1 byte to 16Gi");
+            o.nsizes++;
+            break;
+        case O_COUNT:
+            if (parse_int("--count", optarg, 1, 100000, &v)) return EXIT_USAGE;
+            o.iters = (int)v;
+            break;
+        case O_WARMUP:
+            if (parse_int("--warmup", optarg, 0, 100000, &v)) return EXIT_USAGE;
+            o.warmup = (int)v;
+            break;
+        default: return EXIT_USAGE;
+        }
+    }
+    if (optind < argc)
+        return usage_error("bench data takes no arguments ('%s'); try 'ecx bench --help'",
+                           argv[optind]);
+    o.block_bytes = cfg.block_bytes;
+    return ecx_data_bench_run(&o) ? EXIT_FAIL : EXIT_OK;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(HELP, stderr);
+        return EXIT_USAGE;
+    }
+    const char *sub = argv[1];
+    if (!strcmp(sub, "--help") || !strcmp(sub, "-h") || !strcmp(sub, "help")) {
+        fputs(HELP, stdout);
+        return EXIT_OK;
+    }
+    if (!strcmp(sub, "ctrl")) return cmd_bench_ctrl(argc - 1, argv + 1);
+    if (!strcmp(sub, "data")) return cmd_bench_data(argc - 1, argv + 1);
+    return usage_error("bench: unknown benchmark '%s' (ctrl or data; try 'ecx bench --help')", sub);
+}
