@@ -115,7 +115,10 @@ static int load_targets(const char *path, target **out, char host[256], int *por
     json_error_t err;
     json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
     if (!j) {
-        fprintf(stderr, "ecx: --params %s: %s (line %d)\n", path, err.text, err.line);
+        if (err.line > 0)
+            fprintf(stderr, "ecx: --params %s: %s (line %d)\n", path, err.text, err.line);
+        else
+            fprintf(stderr, "ecx: --params %s: %s\n", path, err.text);
         return -1;
     }
     if (!json_is_object(j)) {
@@ -296,10 +299,10 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
     }
     if (answered < total) {
         fprintf(stderr,
-                "ecx: bench ctrl: %zu of %zu requests answered %s (is a producer listening on "
-                "%s:%d?)\n",
-                answered, total, lost ? "before the connection was lost" : "within --timeout-ms",
-                host, port);
+                "ecx: bench ctrl: %zu of %zu requests answered %s %lld ms (is a producer "
+                "listening on %s:%d?)\n",
+                answered, total, lost ? "before the connection was lost, after" : "within",
+                (long long)((now_ns() - start) / 1000000), host, port);
         goto out;
     }
     size_t n = (size_t)o->requests;
