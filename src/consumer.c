@@ -583,7 +583,17 @@ int64_t ecx_consumer_next_timeout(ecx_consumer *c)
 
 ecx_consumer_stats ecx_consumer_get_stats(const ecx_consumer *c)
 {
-    return c->st;
+    ecx_consumer_stats st = c->st;
+    for (const xfer *x = c->head; x; x = x->next) {
+        switch (x->state) {
+        case WAITING_ACK: st.waiting_ack++; break;
+        case READING: st.reading++; break;
+        case RETRY: st.retrying++; break;
+        case QUARANTINED: st.quarantined++; break;
+        case TOMBSTONE: st.tombstones++; break;
+        }
+    }
+    return st;
 }
 
 /* ---------- lifecycle ---------- */

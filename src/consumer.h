@@ -75,7 +75,8 @@ typedef struct ecx_consumer_stats {
     uint64_t malformed_acks;
     uint64_t peer_restarts;
     uint64_t peers_lost;
-    uint64_t in_flight;                          /* transfers not yet settled */
+    uint64_t in_flight; /* transfers not yet settled */
+    uint64_t waiting_ack, reading, retrying, quarantined, tombstones; /* in_flight by state */
     uint64_t latency_count[ECX_LATENCY_BUCKETS]; /* fetch latency, non-cumulative */
     double latency_sum_ms;
 } ecx_consumer_stats;

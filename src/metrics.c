@@ -85,6 +85,15 @@ static void consumer(out *o, const ecx_consumer_stats *c)
             c->peer_restarts);
     counter(o, "ecx_consumer_peers_lost_total", "Producer connections lost.", c->peers_lost);
     gauge(o, "ecx_consumer_in_flight", "Transfers not yet settled.", c->in_flight);
+    put(o, "# HELP ecx_consumer_transfers Transfers by state.\n"
+           "# TYPE ecx_consumer_transfers gauge\n");
+    put(o, "ecx_consumer_transfers{state=\"waiting_ack\"} %llu\n",
+        (unsigned long long)c->waiting_ack);
+    put(o, "ecx_consumer_transfers{state=\"reading\"} %llu\n", (unsigned long long)c->reading);
+    put(o, "ecx_consumer_transfers{state=\"retrying\"} %llu\n", (unsigned long long)c->retrying);
+    put(o, "ecx_consumer_transfers{state=\"quarantined\"} %llu\n",
+        (unsigned long long)c->quarantined);
+    put(o, "ecx_consumer_transfers{state=\"tombstone\"} %llu\n", (unsigned long long)c->tombstones);
     put(o, "# HELP ecx_consumer_fetch_latency_seconds Time from first request to the bytes in "
            "place.\n# TYPE ecx_consumer_fetch_latency_seconds histogram\n");
     unsigned long long cum = 0;

@@ -6,13 +6,15 @@
 set -u
 ECX=$1 VEC=$2
 pass=0 failed=0
+TMP=$(mktemp -d /tmp/ecx-cli.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
 ok() { pass=$((pass + 1)); }
 bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
 # expect CODE DESCRIPTION -- CMD...: run CMD, check its exit status.
 expect() {
   local want=$1 what=$2; shift 3
-  "$@" >/tmp/ecx_cli_out 2>/tmp/ecx_cli_err; local got=$?
-  if [ "$got" = "$want" ]; then ok; else bad "$what: exit $got, want $want; stderr: $(head -c 300 /tmp/ecx_cli_err)"; fi
+  "$@" >$TMP/out 2>$TMP/err; local got=$?
+  if [ "$got" = "$want" ]; then ok; else bad "$what: exit $got, want $want; stderr: $(head -c 300 $TMP/err)"; fi
 }
 
 # 1. Every encode vector: decode gives the fields (defaults filled in), and
@@ -35,7 +37,7 @@ print("yes" if got == full else "no: %r != %r" % (got, full))' "$out" "$fields")
     expect 0 "decode_ok $name" -- "$ECX" proto decode --as "$fields" "$hex" ;;
   decode_reject)
     expect 1 "decode_reject $name" -- "$ECX" proto decode --as "$fields" "$hex"
-    grep -q '^error: ' /tmp/ecx_cli_err && ok || bad "decode_reject $name: no 'error:' line" ;;
+    grep -q '^error: ' $TMP/err && ok || bad "decode_reject $name: no 'error:' line" ;;
   esac
 done < <(/usr/bin/python3 -c '
 import json, sys
@@ -73,8 +75,8 @@ expect 2 "compat-hash bad number" -- "$ECX" compat-hash a b c 12x
 expect 2 "compat-hash number too big" -- "$ECX" compat-hash a b c 9223372036854775808
 expect 1 "compat-hash invalid utf-8" -- "$ECX" compat-hash a "$(printf '\xff')" c 1
 encode_fails() { # JSON on stdin that must be refused with exit 1
-  printf '%s' "$1" | "$ECX" proto encode >/dev/null 2>/tmp/ecx_cli_err; local got=$?
-  [ $got = 1 ] && grep -q '^error: ' /tmp/ecx_cli_err && ok || bad "encode '$1': exit $got"
+  printf '%s' "$1" | "$ECX" proto encode >/dev/null 2>$TMP/err; local got=$?
+  [ $got = 1 ] && grep -q '^error: ' $TMP/err && ok || bad "encode '$1': exit $got"
 }
 encode_fails 'not json'
 encode_fails '[1,2]'
@@ -91,16 +93,15 @@ encode_fails '{"type":"ack","mm_hash":"h","status":0,"status":1}'
 # A frame claiming 4 GB of entries is refused at once.
 expect 1 "huge map claim" -- "$ECX" proto decode dfffffffff
 # More than 64 MiB on stdin is refused, not buffered without bound.
-head -c $((65 << 20)) /dev/zero | "$ECX" proto decode >/dev/null 2>/tmp/ecx_cli_err
-[ $? = 1 ] && grep -q 'larger than 64 MiB' /tmp/ecx_cli_err && ok || bad "oversized stdin not refused"
+head -c $((65 << 20)) /dev/zero | "$ECX" proto decode >/dev/null 2>$TMP/err
+[ $? = 1 ] && grep -q 'larger than 64 MiB' $TMP/err && ok || bad "oversized stdin not refused"
 
 # 5. Help exists for every command and names every option.
 expect 0 "--help" -- "$ECX" --help
-grep -q "compat-hash" /tmp/ecx_cli_out && grep -q "proto decode" /tmp/ecx_cli_out && ok || bad "--help incomplete"
+grep -q "compat-hash" $TMP/out && grep -q "proto decode" $TMP/out && ok || bad "--help incomplete"
 expect 0 "proto --help" -- "$ECX" proto decode --help
-grep -q -- "--as" /tmp/ecx_cli_out && ok || bad "proto --help lacks --as"
+grep -q -- "--as" $TMP/out && ok || bad "proto --help lacks --as"
 expect 0 "compat-hash --help" -- "$ECX" compat-hash --help
 
-rm -f /tmp/ecx_cli_out /tmp/ecx_cli_err
 echo "$pass passed, $failed failed"
 [ "$failed" = 0 ]

@@ -40,7 +40,7 @@ COMPAT=$("$ECX" compat-hash 0.11.0 llava-hf/llava-1.5-7b-hf bfloat16 1048576)
 # ---------- A. Python consumer against ecx serve ----------
 MPORT=$(free_port)
 "$ECX" serve --listen 127.0.0.1:0 --synthetic 2:100K --announce-out "$T/ann.json" \
-  --metrics "127.0.0.1:$MPORT" --lease-ms 1500 2>"$T/serve.log" &
+  --metrics "127.0.0.1:$MPORT" --lease-ms 5000 2>"$T/serve.log" &
 pids+=($!)
 "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:100K --ready-delay-ms 600000 \
   --announce-out "$T/slow.json" 2>"$T/slow.log" &
@@ -99,10 +99,10 @@ check "two grants held by the python consumer" '[ "$(metric "$MPORT" ecx_produce
 echo "{\"name\":\"notready\",\"mm_hash\":\"$SH\",\"session_id\":\"py-3\"}" >"$T/script2"
 $PY "$PEER" consumer "$SPORT" "$COMPAT" "$T/script2" >"$T/consumer2.out"
 check "not yet ready -> NACK_NOT_READY" '$PY -c "import json,sys; sys.exit(json.load(open(sys.argv[1]))[\"reply\"][\"status\"] != 5)" "$T/consumer2.out"'
-# Kill the consumer holding grants: the 1.5 s lease releases its pins.
+# Kill the consumer holding grants: the 5 s lease releases its pins.
 kill -9 "$cpid"
 wait "$cpid" 2>/dev/null
-sleep 2.2
+for _ in $(seq 80); do [ "$(metric "$MPORT" ecx_producer_active_grants)" = 0 ] && break; sleep 0.1; done
 check "lease released the killed consumer's pins" '[ "$(metric "$MPORT" ecx_producer_active_grants)" = 0 ] && [ "$(metric "$MPORT" ecx_producer_expired_leases_total)" = 2 ]'
 
 # ---------- B. Python producer against ecx get ----------

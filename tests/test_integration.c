@@ -1,0 +1,343 @@
+/* test_integration — the engine-facing API (include/ecx.h) against real
+ * `ecx serve` processes on loopback: many items byte-exact through each data
+ * path, NOT_READY then ready, a miss, a wrong compatibility hash, a producer
+ * killed with SIGKILL while a READ is in flight (every consumer block must
+ * come back), and a producer that restarts on the same port. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "ecx.h"
+
+static char dir[64];
+static pid_t children[64]; /* every `ecx serve` started, reaped at exit even if a test fails */
+static int n_children;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Start `ecx serve ARGS... --announce-out <file>` and wait (bounded) for
+ * its announcements; returns the pid and the parsed JSON. */
+static pid_t serve(json_t **ann, const char *const *args)
+{
+    static int seq;
+    char path[128];
+    snprintf(path, sizeof path, "%s/ann%d.json", dir, seq++);
+    const char *argv[32] = {ECX_BIN, "serve", "--listen", "127.0.0.1:0", "--announce-out", path};
+    int n = 6;
+    for (int i = 0; args[i] && n < 30; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        execv(ECX_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    if (n_children < 64) children[n_children++] = pid;
+    *ann = NULL;
+    for (double end = now_s() + 20; !*ann && now_s() < end;) {
+        *ann = json_load_file(path, 0, NULL);
+        if (!*ann) usleep(20000);
+    }
+    assert_non_null(*ann);
+    return pid;
+}
+
+static void stop(pid_t pid, int sig)
+{
+    int status;
+    kill(pid, sig);
+    waitpid(pid, &status, 0);
+    if (sig == SIGTERM) /* a clean shutdown exits 0 */
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static ecx_ctx *consumer(const char *data, const char *model, uint64_t region)
+{
+    ecx_config cfg;
+    ecx_config_init(&cfg);
+    cfg.role = ECX_ROLE_CONSUMER;
+    cfg.region_bytes = region;
+    cfg.data = data;
+    cfg.ack_timeout_ms = 1000;
+    cfg.read_timeout_ms = 3000;
+    cfg.quarantine_ms = 3000;
+    if (model) cfg.model = model;
+    ecx_ctx *ctx;
+    assert_int_equal(ecx_new(&cfg, &ctx), 0);
+    return ctx;
+}
+
+/* One counter or gauge from the context's metrics text. */
+static long long metric(ecx_ctx *ctx, const char *name)
+{
+    static char buf[1 << 16];
+    assert_true(ecx_metrics(ctx, buf, sizeof buf) > 0);
+    size_t nl = strlen(name);
+    for (char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, name, nl) && l[nl] == ' ') return atoll(l + nl + 1);
+    fail_msg("no metric %s", name);
+    return -1;
+}
+
+/* Fetch every item of an announcement file until none is pending (20 s). */
+static int fetch_all(ecx_ctx *ctx, json_t *ann, int *ready, int *reasons)
+{
+    const char *k;
+    json_t *v;
+    int pending = 1;
+    for (double end = now_s() + 20; pending && now_s() < end;) {
+        pending = *ready = 0;
+        json_object_foreach(ann, k, v)
+        {
+            char *text = json_dumps(v, JSON_COMPACT);
+            int reason, st = ecx_fetch(ctx, k, text, 0, &reason);
+            free(text);
+            if (st == ECX_FETCH_PENDING) pending++;
+            if (st == ECX_FETCH_READY) (*ready)++;
+            if (st == ECX_FETCH_LOCAL) reasons[reason]++;
+        }
+        if (pending) ecx_poll(ctx, 5);
+    }
+    return pending;
+}
+
+/* Items from `serve --synthetic` carry content the test can recompute: the
+ * splitmix64 stream of the hash's first 8 bytes (see ecx serve --help). */
+static bool synthetic_ok(const char *hash, const uint8_t *p, size_t n)
+{
+    uint64_t seed = 0;
+    for (int i = 7; i >= 0; i--) {
+        unsigned b;
+        sscanf(hash + 2 * i, "%2x", &b);
+        seed = seed << 8 | b;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t z = seed + (i / 8 + 1) * 0x9e3779b97f4a7c15ull;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        if (p[i] != (uint8_t)(z >> (8 * (i % 8)))) return false;
+    }
+    return true;
+}
+
+static void many_items(const char *data)
+{
+    json_t *ann;
+    const char *args[] = {"--synthetic", "12:700K", "--block-bytes", "64Ki", "--data", data, NULL};
+    pid_t pid = serve(&ann, args);
+    ecx_config cfg;
+    ecx_config_init(&cfg);
+    ecx_ctx *ctx;
+    cfg.role = ECX_ROLE_CONSUMER, cfg.block_bytes = 64 << 10, cfg.region_bytes = 16 << 20,
+    cfg.data = data;
+    assert_int_equal(ecx_new(&cfg, &ctx), 0);
+    int ready, reasons[ECX_REASON_COUNT] = {0};
+    assert_int_equal(fetch_all(ctx, ann, &ready, reasons), 0);
+    assert_int_equal(ready, 12);
+    const char *k;
+    json_t *v;
+    static uint8_t buf[700000];
+    json_object_foreach(ann, k, v)
+    {
+        assert_int_equal(ecx_read(ctx, k, buf, sizeof buf), 700000);
+        assert_true(synthetic_ok(k, buf, sizeof buf));
+    }
+    assert_int_equal(metric(ctx, "ecx_consumer_in_flight"), 0);
+    ecx_free(ctx);
+    json_decref(ann);
+    stop(pid, SIGTERM);
+}
+
+static void test_many_items_shm(void **state)
+{
+    (void)state;
+    many_items("shm");
+}
+static void test_many_items_ucx(void **state)
+{
+    (void)state;
+    many_items("ucx");
+}
+
+static void test_not_ready_then_ready(void **state)
+{
+    (void)state;
+    json_t *ann;
+    const char *args[] = {"--synthetic", "3:1M", "--ready-delay-ms", "800", NULL};
+    pid_t pid = serve(&ann, args);
+    ecx_ctx *ctx = consumer("auto", NULL, 8 << 20);
+    int ready, reasons[ECX_REASON_COUNT] = {0};
+    assert_int_equal(fetch_all(ctx, ann, &ready, reasons), 0);
+    assert_int_equal(ready, 3);
+    assert_true(metric(ctx, "ecx_consumer_retries_total") >= 3);
+    ecx_free(ctx);
+    json_decref(ann);
+    stop(pid, SIGTERM);
+}
+
+static void test_miss_and_incompat(void **state)
+{
+    (void)state;
+    json_t *ann;
+    const char *args[] = {"--synthetic", "1:1M", NULL};
+    pid_t pid = serve(&ann, args);
+    const char *k = json_object_iter_key(json_object_iter(ann));
+    json_t *v = json_object_get(ann, k);
+    char *text = json_dumps(v, JSON_COMPACT);
+    ecx_ctx *ctx = consumer("auto", "another/model", 8 << 20);
+    int reason = 0, st;
+    for (double end = now_s() + 10;
+         (st = ecx_fetch(ctx, k, text, 0, &reason)) == ECX_FETCH_PENDING && now_s() < end;)
+        ecx_poll(ctx, 5);
+    assert_int_equal(st, ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NACK_INCOMPAT);
+    ecx_free(ctx);
+    ctx = consumer("auto", NULL, 8 << 20);
+    for (double end = now_s() + 10;
+         (st = ecx_fetch(ctx, "not-held", text, 0, &reason)) == ECX_FETCH_PENDING && now_s() < end;)
+        ecx_poll(ctx, 5);
+    assert_int_equal(st, ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NACK_MISSING);
+    assert_int_equal(ecx_fetch(ctx, "no-announcement", NULL, 0, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NO_PEER);
+    assert_int_equal(ecx_fetch(ctx, k, text, 12345, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_SIZE_MISMATCH);
+    assert_int_equal(ecx_fetch(ctx, k, "{\"peer_host\":\"127.0.0.1\"}", 0, &reason),
+                     ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_INVALID);
+    assert_int_equal(ecx_fetch(ctx, k, "not json", 0, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NO_PEER);
+    free(text);
+    ecx_free(ctx);
+    json_decref(ann);
+    stop(pid, SIGTERM);
+}
+
+/* SIGKILL the producer while the consumer's READ runs: the item falls back,
+ * and every block the consumer reserved is back in its pool within the
+ * quarantine limit. UCX is held to TCP (as between hosts): on one host it
+ * may pick a transport that copies synchronously inside one poll, leaving
+ * no moment at which a READ is in flight. */
+static void test_producer_killed_mid_read(void **state)
+{
+    (void)state;
+    setenv("UCX_TLS", "tcp", 1);
+    json_t *ann;
+    const char *args[] = {"--synthetic", "1:512Mi", "--data", "ucx", NULL};
+    pid_t pid = serve(&ann, args);
+    const char *k = json_object_iter_key(json_object_iter(ann));
+    json_t *v = json_object_get(ann, k);
+    char *text = json_dumps(v, JSON_COMPACT);
+    ecx_ctx *ctx = consumer("ucx", NULL, 600ull << 20);
+    long long total = metric(ctx, "ecx_region_blocks{state=\"free\"}");
+    int reason, st = ecx_fetch(ctx, k, text, 0, &reason);
+    assert_int_equal(st, ECX_FETCH_PENDING);
+    /* Let the producer run only in short slices, so the READ (which needs
+     * the producer's side to progress) spans many consumer polls; kill it
+     * once a READ is in flight. */
+    bool killed_reading = false;
+    kill(pid, SIGSTOP);
+    for (double end = now_s() + 20; now_s() < end;) {
+        ecx_poll(ctx, 1);
+        if (metric(ctx, "ecx_consumer_transfers{state=\"reading\"}") == 1) {
+            kill(pid, SIGKILL);
+            killed_reading = true;
+            break;
+        }
+        if ((st = ecx_fetch(ctx, k, text, 0, &reason)) != ECX_FETCH_PENDING) break;
+        kill(pid, SIGCONT);
+        usleep(300);
+        kill(pid, SIGSTOP);
+    }
+    kill(pid, SIGCONT);
+    if (!killed_reading)
+        fail_msg("no READ in flight seen: the fetch came to %s (%s)",
+                 st == ECX_FETCH_READY ? "READY" : "LOCAL", ecx_reason_name(reason));
+    for (double end = now_s() + 15;
+         (st = ecx_fetch(ctx, k, text, 0, &reason)) == ECX_FETCH_PENDING && now_s() < end;)
+        ecx_poll(ctx, 10);
+    print_message("    producer killed mid-READ: the item came to %s\n",
+                  st == ECX_FETCH_READY ? "READY" : ecx_reason_name(reason));
+    for (double end = now_s() + 15; metric(ctx, "ecx_consumer_in_flight") && now_s() < end;)
+        ecx_poll(ctx, 10);
+    assert_int_equal(metric(ctx, "ecx_consumer_in_flight"), 0);
+    if (st == ECX_FETCH_LOCAL)
+        assert_int_equal(metric(ctx, "ecx_region_blocks{state=\"free\"}"), total);
+    else
+        assert_int_equal(st, ECX_FETCH_READY); /* it finished first: still consistent */
+    free(text);
+    ecx_free(ctx);
+    json_decref(ann);
+    stop(pid, SIGKILL);
+    unsetenv("UCX_TLS");
+}
+
+/* The producer restarts on the same port with new content: the consumer's
+ * session notices the new agent_metadata and re-registers. */
+static void test_producer_restart(void **state)
+{
+    (void)state;
+    json_t *ann;
+    const char *args[] = {"--synthetic", "1:300K", NULL};
+    pid_t pid = serve(&ann, args);
+    ecx_ctx *ctx = consumer("auto", NULL, 8 << 20);
+    int ready, reasons[ECX_REASON_COUNT] = {0};
+    assert_int_equal(fetch_all(ctx, ann, &ready, reasons), 0);
+    assert_int_equal(ready, 1);
+    const char *k = json_object_iter_key(json_object_iter(ann));
+    json_t *v = json_object_get(ann, k);
+    char port[16];
+    snprintf(port, sizeof port, "127.0.0.1:%lld",
+             (long long)json_integer_value(json_object_get(v, "peer_port")));
+    stop(pid, SIGTERM);
+    json_t *ann2;
+    const char *args2[] = {"--synthetic", "2:300K", "--listen", port, NULL};
+    pid = serve(&ann2, args2);
+    /* Item 0 is the same as before and already local; item 1 is new. */
+    assert_int_equal(fetch_all(ctx, ann2, &ready, reasons), 0);
+    assert_int_equal(ready, 2);
+    assert_true(metric(ctx, "ecx_consumer_peer_restarts_total") +
+                    metric(ctx, "ecx_consumer_peers_lost_total") >=
+                1);
+    ecx_free(ctx);
+    json_decref(ann);
+    json_decref(ann2);
+    stop(pid, SIGTERM);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(dir, sizeof dir, "/tmp/ecx-integ-XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_many_items_shm),           cmocka_unit_test(test_many_items_ucx),
+        cmocka_unit_test(test_not_ready_then_ready),     cmocka_unit_test(test_miss_and_incompat),
+        cmocka_unit_test(test_producer_killed_mid_read), cmocka_unit_test(test_producer_restart),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    for (int i = 0; i < n_children; i++)
+        if (kill(children[i], SIGKILL) == 0) waitpid(children[i], NULL, 0);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) rc = 1;
+    return rc;
+}
