@@ -4,7 +4,7 @@ BUILD      ?= build
 JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build test unit sanitize fuzz demo clean
+.PHONY: all deps build test unit sanitize tsan fuzz demo clean
 
 all: build
 
@@ -15,9 +15,10 @@ build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# Every test: the plain build, then the same suite under ASan + UBSan, then a
-# bounded libFuzzer run of the wire decoder.
-test: unit sanitize fuzz
+# Every test: the plain build, then the same suite under ASan + UBSan, the
+# code that runs on several threads under TSan, then a bounded libFuzzer run
+# of the wire decoder.
+test: unit sanitize tsan fuzz
 
 unit: build
 	cd $(BUILD) && ctest --output-on-failure
@@ -26,6 +27,15 @@ sanitize: deps
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DECX_SANITIZE=ON >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS)
 	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure
+
+# The cache is the one part of ecx used from several threads (producer and
+# consumer roles share it); test_cache hammers it from 4 threads. UCX's
+# memory hooks (linked in via libecx) crash under TSan, so they are off here.
+tsan: deps
+	@cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DECX_TSAN=ON >/dev/null
+	@cmake --build $(BUILD)-tsan -j $(JOBS) --target test_cache
+	cd $(BUILD)-tsan && UCX_MEM_EVENTS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
+	  TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R '^test_cache$$'
 
 fuzz: deps
 	@CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECX_FUZZ=ON >/dev/null
@@ -37,4 +47,4 @@ demo: build
 	$(BUILD)/ecx demo
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz
