@@ -59,17 +59,6 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static bool name_ok(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > 128 || !strcmp(s, ".") || !strcmp(s, "..")) return false;
-    for (size_t i = 0; i < n; i++)
-        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
-              (s[i] >= '0' && s[i] <= '9') || s[i] == '.' || s[i] == '_' || s[i] == '-'))
-            return false;
-    return true;
-}
-
 /* Write the item's segments to path atomically (temp file + rename) and,
  * if asked, compare them with the synthetic content. */
 static int store(ecx_ctx *ctx, want *w, const char *path, bool verify)
@@ -240,7 +229,7 @@ int cmd_get(int argc, char **argv)
     int rc = EXIT_FAIL;
     for (size_t i = 0; i < n_hashes; i++) {
         ws[i].hash = hashes[i];
-        if (!peer && !name_ok(hashes[i])) {
+        if (!peer && !item_name_ok(hashes[i])) {
             fprintf(stderr, "ecx: mm_hash '%s' cannot be a file name ([A-Za-z0-9._-], <= 128)\n",
                     hashes[i]);
             goto done;

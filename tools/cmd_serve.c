@@ -84,17 +84,6 @@ static item *items_add(items *it)
     return x;
 }
 
-static bool name_ok(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > 128) return false;
-    for (size_t i = 0; i < n; i++)
-        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
-              (s[i] >= '0' && s[i] <= '9') || s[i] == '.' || s[i] == '_' || s[i] == '-'))
-            return false;
-    return true;
-}
-
 /* Collect DIR's regular files (sorted by name, so the order is stable). */
 static int scan_dir(const char *dir, items *it)
 {
@@ -108,7 +97,7 @@ static int scan_dir(const char *dir, items *it)
     for (int i = 0; i < n; i++) {
         const char *name = ents[i]->d_name;
         if (!strcmp(name, ".") || !strcmp(name, "..")) goto next;
-        if (!name_ok(name)) {
+        if (!item_name_ok(name)) {
             fprintf(stderr, "ecx: skipping '%s': names must be 1..128 of [A-Za-z0-9._-]\n", name);
             goto next;
         }

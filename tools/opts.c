@@ -97,6 +97,17 @@ int common_opt(int c, const char *arg, ecx_config *cfg, bool *region_given)
     return 0;
 }
 
+bool item_name_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > 128 || !strcmp(s, ".") || !strcmp(s, "..")) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+              (s[i] >= '0' && s[i] <= '9') || s[i] == '.' || s[i] == '_' || s[i] == '-'))
+            return false;
+    return true;
+}
+
 void synthetic_hash(uint64_t i, uint64_t bytes, char out[65])
 {
     char text[64];

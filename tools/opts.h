@@ -49,6 +49,10 @@ enum {
  * not, -1 on a bad value (message printed). */
 int common_opt(int c, const char *arg, ecx_config *cfg, bool *region_given);
 
+/* An mm_hash that can be a file name as is: 1..128 of [A-Za-z0-9._-], not
+ * "." or "..". serve --preload and get --out DIR use it. */
+bool item_name_ok(const char *s);
+
 /* Synthetic encodings, so a consumer can verify what `serve --synthetic`
  * serves: item i (0-based) of COUNT:BYTES has mm_hash = lowercase hex
  * SHA-256 of "ecx-synthetic:<i>:<bytes>", and its content is the

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# test_serve_get — `ecx serve` and `ecx get` run as a user would: --preload
+# of a directory with files, links and bad names; byte-exact output files;
+# --metrics over HTTP; bad options and inputs with their exit codes and
+# messages; SIGINT / SIGTERM shut down cleanly and remove the region file.
+# usage: test_serve_get.sh PATH_TO_ECX
+set -u
+ECX=$1
+PY=/usr/bin/python3
+T=$(mktemp -d /tmp/ecx-sg.XXXXXX)
+SHM=$(mktemp -d /dev/shm/ecx-sg.XXXXXX)
+export ECX_SHM_DIR=$SHM
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$T" "$SHM"; }
+trap cleanup EXIT
+pass=0 failed=0
+ok() { pass=$((pass + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+check() { if eval "$2"; then ok; else bad "$1"; fi; }
+expect() { # expect CODE PATTERN DESCRIPTION -- CMD...: exit code and a stderr pattern
+  local want=$1 pat=$2 what=$3; shift 4
+  timeout 20 "$@" >"$T/cmd.stdout" 2>"$T/cmd.stderr"; local got=$?
+  if [ "$got" = "$want" ] && grep -qE -- "$pat" "$T/cmd.stderr"; then ok; else bad "$what: exit $got (want $want), stderr: $(head -c 300 "$T/cmd.stderr")"; fi
+}
+wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
+free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# --preload: regular files are served; bad names, links, directories and
+# empty files are skipped with a message.
+mkdir -p "$T/in/subdir" "$T/out"
+head -c 3000000 /dev/urandom >"$T/in/item-a.bin"
+head -c 1 /dev/urandom >"$T/in/tiny"
+head -c 70000 /dev/urandom >"$T/in/has space"
+ln -s "$T/in/item-a.bin" "$T/in/link"
+: >"$T/in/empty"
+MPORT=$(free_port)
+"$ECX" serve --listen 127.0.0.1:0 --preload "$T/in" --block-bytes 64Ki --announce-out "$T/ann.json" \
+  --metrics "127.0.0.1:$MPORT" 2>"$T/serve.log" &
+spid=$!
+pids+=($spid)
+wait_file "$T/ann.json" || { echo "FAIL: serve did not start" >&2; cat "$T/serve.log" >&2; exit 1; }
+check "announces exactly the two regular files" '[ "$($PY -c "import json,sys; print(sorted(json.load(open(sys.argv[1]))))" "$T/ann.json")" = "['"'"'item-a.bin'"'"', '"'"'tiny'"'"']" ]'
+for n in "has space" link subdir empty; do
+  check "skip message for '$n'" 'grep -q "skipping '"'"'$n'"'"'" "$T/serve.log"'
+done
+"$ECX" get --params "$T/ann.json" --out "$T/out" --block-bytes 64Ki >"$T/get.out" 2>"$T/get.err"
+rc=$?
+check "get exits 0 (got $rc)" '[ $rc = 0 ]'
+check "item-a.bin byte-exact" 'cmp -s "$T/in/item-a.bin" "$T/out/item-a.bin"'
+check "tiny byte-exact" 'cmp -s "$T/in/tiny" "$T/out/tiny"'
+check "no temporary files left" '[ "$(ls "$T/out" | wc -l)" = 2 ]'
+# One item by --peer into a file.
+PORT=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["tiny"]["peer_port"])' "$T/ann.json")
+expect 0 "1 fetched" "get --peer" -- "$ECX" get --peer "127.0.0.1:$PORT" --mm-hash item-a.bin --size 3M \
+  --block-bytes 64Ki --out "$T/one.bin"
+check "--peer output byte-exact" 'cmp -s "$T/in/item-a.bin" "$T/one.bin"'
+# A wrong block size is another compatibility hash: NACK_INCOMPAT, exit 3.
+expect 3 "tiny: NACK_INCOMPAT" "block size differs" -- "$ECX" get --params "$T/ann.json" --mm-hash tiny --out "$T/out"
+# Metrics over HTTP, and 404 elsewhere.
+metrics=$($PY -c 'import urllib.request,sys; print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode())' "$MPORT")
+check "metrics count the grants" 'echo "$metrics" | grep -qE "^ecx_producer_grants_total [3-9]"'
+check "metrics count the incompatible request" 'echo "$metrics" | grep -q "^ecx_producer_nacks_total{status=\"NACK_INCOMPAT\"} 1"'
+check "metrics report region blocks" 'echo "$metrics" | grep -q "^ecx_region_blocks{state=\"free\"}"'
+code=$($PY -c 'import urllib.request,urllib.error,sys
+try: urllib.request.urlopen("http://127.0.0.1:%s/other" % sys.argv[1], timeout=5); print(200)
+except urllib.error.HTTPError as e: print(e.code)' "$MPORT")
+check "other paths are 404 (got $code)" '[ "$code" = 404 ]'
+# SIGINT: clean exit 0 and the region file is gone.
+check "region file exists while serving" '[ -n "$(ls "$SHM" | grep "\.mmap$")" ]'
+kill -INT "$spid"
+wait "$spid"
+rc=$?
+check "serve exits 0 on SIGINT (got $rc)" '[ $rc = 0 ]'
+check "region file removed" '[ -z "$(ls "$SHM" | grep "\.mmap$")" ]'
+
+# Bad options and inputs.
+expect 2 "not a size" "bad --block-bytes" -- "$ECX" serve --block-bytes 12x
+expect 2 "at least 1" "zero --block-bytes" -- "$ECX" serve --block-bytes 0
+expect 2 "COUNT:BYTES" "bad --synthetic" -- "$ECX" serve --synthetic 3
+expect 2 "COUNT" "zero --synthetic count" -- "$ECX" serve --synthetic 0:1M
+expect 2 "auto, shm or ucx" "bad --data" -- "$ECX" serve --data rdma
+expect 2 "no arguments" "stray argument" -- "$ECX" serve extra
+expect 1 "not HOST:PORT|cannot start" "bad --listen" -- "$ECX" serve --listen nonsense
+expect 1 "preload" "missing --preload dir" -- "$ECX" serve --preload "$T/nope"
+expect 2 "exactly one of --params or --peer" "get without source" -- "$ECX" get --out "$T/x"
+expect 2 "--peer needs" "get --peer without --size" -- "$ECX" get --peer 127.0.0.1:1 --mm-hash h --out "$T/x"
+expect 1 "params" "missing params file" -- "$ECX" get --params "$T/nope.json" --out "$T/out"
+echo '{not json' >"$T/bad.json"
+expect 1 "params" "bad JSON" -- "$ECX" get --params "$T/bad.json" --out "$T/out"
+echo '[1,2]' >"$T/arr.json"
+expect 1 "must be a JSON object" "params not an object" -- "$ECX" get --params "$T/arr.json" --out "$T/out"
+echo '{"../etc/passwd":{"peer_host":"127.0.0.1","peer_port":1,"size_bytes":5}}' >"$T/evil.json"
+expect 1 "cannot be a file name" "unsafe mm_hash as file name" -- "$ECX" get --params "$T/evil.json" --out "$T/out"
+check "nothing written outside --out" '[ ! -e "$T/etc" ]'
+echo '{"h":{"metadata":{}}}' >"$T/nopeer.json"
+expect 3 "h: NO_PEER" "announcement without a peer" -- "$ECX" get --params "$T/nopeer.json" --out "$T/out"
+DEAD=$(free_port)
+expect 3 "h: ACK_TIMEOUT" "nobody listening" -- "$ECX" get --peer "127.0.0.1:$DEAD" --mm-hash h --size 10 \
+  --ack-timeout-ms 300 --out "$T/x"
+check "no region files left behind" '[ -z "$(ls "$SHM" | grep "\.mmap$")" ]'
+
+echo "$pass passed, $failed failed"
+[ "$failed" = 0 ]
