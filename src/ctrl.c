@@ -1,11 +1,13 @@
 /*
  * ctrl — ZeroMQ ROUTER / DEALER sockets with the framing, size caps,
- * heartbeats and disconnect monitor of the control plane. See ctrl.h.
+ * heartbeats and disconnect monitor of the control plane, and the opt-in
+ * CURVE security with its poll-driven ZAP handler. See ctrl.h.
  */
 #include "ctrl.h"
 
 #include <errno.h>
 #include <netdb.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,9 +18,14 @@
 
 struct ecx_ctrl_server {
     void *sock;
+    void *zap;            /* REP on inproc://zeromq.zap.01; NULL without an allow-list */
+    uint8_t (*allow)[32]; /* allowed client public keys, binary */
+    size_t n_allow;
     int port;
     ecx_ctrl_stats stats;
 };
+
+static bool has_more(void *sock);
 
 struct ecx_ctrl_peer {
     void *sock, *monitor;
@@ -64,6 +71,51 @@ static int set_int(void *sock, int opt, int v)
     return zmq_setsockopt(sock, opt, &v, sizeof v);
 }
 
+int ecx_ctrl_key_parse(const char *z85, uint8_t out[32])
+{
+    static const char alphabet[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                   ".-:+=^!/*?&<>()[]{}@%$#";
+    if (!z85 || strnlen(z85, ECX_CTRL_KEY_Z85 + 1) != ECX_CTRL_KEY_Z85 ||
+        strspn(z85, alphabet) != ECX_CTRL_KEY_Z85)
+        return ECX_EINVAL;
+    uint8_t tmp[32];
+    int rc = zmq_z85_decode(tmp, z85) ? 0 : ECX_EINVAL;
+    if (!rc && out) memcpy(out, tmp, sizeof tmp);
+    sodium_memzero(tmp, sizeof tmp);
+    return rc;
+}
+
+/* Make sock a CURVE server with secret key sk (Z85). */
+static int curve_server(void *sock, const char *sk)
+{
+    if (ecx_ctrl_key_parse(sk, NULL)) return ECX_EINVAL;
+    if (set_int(sock, ZMQ_CURVE_SERVER, 1) ||
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sk, ECX_CTRL_KEY_Z85))
+        return ECX_ESYS;
+    return 0;
+}
+
+/* Make sock a CURVE client of server key pk, with secret key sk (Z85) or,
+ * if sk is NULL, a fresh keypair. */
+static int curve_client(void *sock, const char *pk, const char *sk)
+{
+    char pub[ECX_CTRL_KEY_Z85 + 1], sec[ECX_CTRL_KEY_Z85 + 1];
+    int rc = 0;
+    if (ecx_ctrl_key_parse(pk, NULL) || (sk && ecx_ctrl_key_parse(sk, NULL))) return ECX_EINVAL;
+    if (sk) {
+        memcpy(sec, sk, sizeof sec);
+        if (zmq_curve_public(pub, sec)) rc = ECX_ESYS;
+    } else if (zmq_curve_keypair(pub, sec)) {
+        rc = ECX_ESYS;
+    }
+    if (!rc && (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, pk, ECX_CTRL_KEY_Z85) ||
+                zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, ECX_CTRL_KEY_Z85) ||
+                zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, ECX_CTRL_KEY_Z85)))
+        rc = ECX_ESYS;
+    sodium_memzero(sec, sizeof sec);
+    return rc;
+}
+
 static int apply_common(void *sock, const ecx_ctrl_opts *o)
 {
     int64_t max = o && o->max_frame_bytes > 0 ? o->max_frame_bytes : ECX_CTRL_MAX_FRAME;
@@ -102,35 +154,125 @@ int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_o
     }
     if (endpoint(ep, sizeof ep, numeric, port)) return ECX_EINVAL;
 
+    const char *sk = opts ? opts->curve_secret_key : NULL;
+    size_t n_allow = opts && opts->curve_allow ? opts->n_curve_allow : 0;
+    if (n_allow && !sk) return ECX_EINVAL; /* an allow-list needs CURVE */
     ecx_ctrl_server *s = calloc(1, sizeof *s);
     if (!s) return ECX_ENOMEM;
-    s->sock = zmq_socket(zctx, ZMQ_ROUTER);
-    if (!s->sock || apply_common(s->sock, opts) || set_int(s->sock, ZMQ_ROUTER_MANDATORY, 1)) {
-        ecx_ctrl_server_free(s);
-        return ECX_ESYS;
+    int rc = ECX_ESYS;
+    if (n_allow) {
+        if (!(s->allow = calloc(n_allow, sizeof *s->allow))) {
+            rc = ECX_ENOMEM;
+            goto fail;
+        }
+        for (s->n_allow = 0; s->n_allow < n_allow; s->n_allow++)
+            if (ecx_ctrl_key_parse(opts->curve_allow[s->n_allow], s->allow[s->n_allow])) {
+                rc = ECX_EINVAL;
+                goto fail;
+            }
+        /* The handler must be bound before the ROUTER takes connections. */
+        s->zap = zmq_socket(zctx, ZMQ_REP);
+        if (!s->zap || set_int(s->zap, ZMQ_LINGER, 0) ||
+            zmq_bind(s->zap, "inproc://zeromq.zap.01")) {
+            ecx_log(ECX_LOG_ERROR, "ctrl: cannot bind the ZAP handler: %s",
+                    zmq_strerror(zmq_errno()));
+            goto fail;
+        }
     }
+    s->sock = zmq_socket(zctx, ZMQ_ROUTER);
+    if (!s->sock || apply_common(s->sock, opts) || set_int(s->sock, ZMQ_ROUTER_MANDATORY, 1))
+        goto fail;
+    if (sk && (rc = curve_server(s->sock, sk))) {
+        if (rc == ECX_EINVAL) ecx_log(ECX_LOG_ERROR, "ctrl: the CURVE secret key is not Z85");
+        goto fail;
+    }
+    rc = ECX_ESYS;
     if (zmq_bind(s->sock, ep)) {
         ecx_log(ECX_LOG_ERROR, "ctrl: cannot listen on %s: %s", ep, zmq_strerror(zmq_errno()));
-        ecx_ctrl_server_free(s);
-        return ECX_ESYS;
+        goto fail;
     }
     char last[300];
     size_t n = sizeof last;
     const char *colon;
-    if (zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, last, &n) || !(colon = strrchr(last, ':'))) {
-        ecx_ctrl_server_free(s);
-        return ECX_ESYS;
-    }
+    if (zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, last, &n) || !(colon = strrchr(last, ':')))
+        goto fail;
     s->port = atoi(colon + 1);
     *out = s;
     return 0;
+fail:
+    ecx_ctrl_server_free(s);
+    return rc;
 }
 
 void ecx_ctrl_server_free(ecx_ctrl_server *s)
 {
     if (!s) return;
     if (s->sock) zmq_close(s->sock);
+    if (s->zap) zmq_close(s->zap);
+    free(s->allow);
     free(s);
+}
+
+void *ecx_ctrl_server_zap_socket(const ecx_ctrl_server *s)
+{
+    return s->zap;
+}
+
+static bool allowed(const ecx_ctrl_server *s, const zmq_msg_t *key)
+{
+    if (zmq_msg_size(key) != 32) return false;
+    for (size_t i = 0; i < s->n_allow; i++)
+        if (!sodium_memcmp(s->allow[i], zmq_msg_data((zmq_msg_t *)key), 32)) return true;
+    return false;
+}
+
+/* ZAP (RFC 27): request [version, request_id, domain, address, identity,
+ * mechanism, credentials...]; reply [version, request_id, status_code,
+ * status_text, user_id, metadata]. Only libzmq speaks on this inproc
+ * socket, but a request of another shape still gets a 500, so the REP
+ * socket never sticks half-way through a request. */
+int ecx_ctrl_server_serve_zap(ecx_ctrl_server *s)
+{
+    if (!s->zap) return 0;
+    int served = 0;
+    enum { NPARTS = 8 };
+    zmq_msg_t part[NPARTS];
+    for (int i = 0; i < NPARTS; i++)
+        zmq_msg_init(&part[i]);
+    for (;;) {
+        int n = 0;
+        if (zmq_msg_recv(&part[0], s->zap, ZMQ_DONTWAIT) < 0) break;
+        for (n = 1; has_more(s->zap); n++) {
+            zmq_msg_t *m = &part[n < NPARTS ? n : NPARTS - 1];
+            if (zmq_msg_recv(m, s->zap, ZMQ_DONTWAIT) < 0) break;
+        }
+        bool shaped = n == 7 && zmq_msg_size(&part[0]) == 3 &&
+                      !memcmp(zmq_msg_data(&part[0]), "1.0", 3) && zmq_msg_size(&part[5]) == 5 &&
+                      !memcmp(zmq_msg_data(&part[5]), "CURVE", 5);
+        const char *code = "500", *text = "Bad ZAP request";
+        if (shaped && allowed(s, &part[6])) {
+            code = "200", text = "OK";
+        } else if (shaped) {
+            code = "400", text = "Client key not allowed";
+            s->stats.auth_failures++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: refused a CURVE client not in the allow-list");
+        }
+        const void *rid = n > 1 ? zmq_msg_data(&part[1]) : "";
+        size_t rid_len = n > 1 ? zmq_msg_size(&part[1]) : 0;
+        if (zmq_send(s->zap, "1.0", 3, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+            zmq_send(s->zap, rid, rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+            zmq_send(s->zap, code, 3, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+            zmq_send(s->zap, text, strlen(text), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+            zmq_send(s->zap, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+            zmq_send(s->zap, "", 0, ZMQ_DONTWAIT) < 0) {
+            ecx_log(ECX_LOG_WARN, "ctrl: ZAP reply not sent: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
+        served++;
+    }
+    for (int i = 0; i < NPARTS; i++)
+        zmq_msg_close(&part[i]);
+    return served;
 }
 
 int ecx_ctrl_server_port(const ecx_ctrl_server *s)
@@ -186,6 +328,7 @@ static int recv_parts(void *sock, zmq_msg_t *parts, int want)
 
 int ecx_ctrl_server_recv(ecx_ctrl_server *s, ecx_ctrl_msg *m)
 {
+    ecx_ctrl_server_serve_zap(s);
     for (;;) {
         int rc = recv_parts(s->sock, m->parts, 3);
         if (rc == 0) return 0;
@@ -254,6 +397,12 @@ int ecx_ctrl_peer_new(void *zctx, const char *host, int port, const ecx_ctrl_opt
         set_int(p->sock, ZMQ_HEARTBEAT_TIMEOUT, tmo) || set_int(p->sock, ZMQ_HEARTBEAT_TTL, ttl) ||
         zmq_socket_monitor(p->sock, mon, ZMQ_EVENT_DISCONNECTED))
         goto fail;
+    if (opts && opts->curve_server_key &&
+        (rc = curve_client(p->sock, opts->curve_server_key, opts->curve_secret_key))) {
+        if (rc == ECX_EINVAL) ecx_log(ECX_LOG_ERROR, "ctrl: a CURVE key is not Z85");
+        goto fail;
+    }
+    rc = ECX_ESYS;
     p->monitor = zmq_socket(zctx, ZMQ_PAIR);
     if (!p->monitor || set_int(p->monitor, ZMQ_LINGER, 0) || zmq_connect(p->monitor, mon))
         goto fail;

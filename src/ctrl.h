@@ -16,6 +16,19 @@
  * ::1), or a host name. Binding resolves names here (libzmq binds only to
  * numeric addresses and interfaces); connecting leaves the name to libzmq,
  * which resolves it on its own I/O thread, so the caller never blocks on DNS.
+ *
+ * Authentication (opt-in, SPEC §8): with CURVE keys in the options the
+ * ROUTER is a ZeroMQ CURVE server and every DEALER a CURVE client, so the
+ * control plane is encrypted and the consumer knows it talks to the key it
+ * was given; the frames inside are the same bytes as in plaintext. Clients
+ * are checked against an allow-list by a ZAP handler: a REP socket on
+ * inproc://zeromq.zap.01 that the server owns and answers from
+ * ecx_ctrl_server_recv() — no thread; put ecx_ctrl_server_zap_socket() in
+ * the zmq_poll set so handshakes finish promptly. Without an allow-list any
+ * client that knows the server's public key gets in. A failed handshake
+ * (wrong server key, client not allowed, plaintext against CURVE) drops the
+ * connection, which the DEALER's monitor reports as lost, like a dead
+ * producer. Keys are Z85 text, 40 characters, as zmq_curve_keypair makes.
  */
 #ifndef ECX_CTRL_H
 #define ECX_CTRL_H
@@ -31,7 +44,20 @@ typedef struct ecx_ctrl_opts {
     int heartbeat_ivl_ms;     /* DEALER only; default 2000 */
     int heartbeat_timeout_ms; /* default 4000 */
     int heartbeat_ttl_ms;     /* default 8000 */
+    /* CURVE; all NULL: plaintext, byte for byte as without these fields. */
+    const char *curve_secret_key;   /* server: its secret key (turns CURVE on); peer: its own
+                                       secret key (NULL: a fresh keypair per socket) */
+    const char *curve_server_key;   /* peer: the server's public key (turns CURVE on) */
+    const char *const *curve_allow; /* server: client public keys let in; 0 of them: any */
+    size_t n_curve_allow;
 } ecx_ctrl_opts;
+
+/* Length of a Z85 CURVE key, without NUL. */
+#define ECX_CTRL_KEY_Z85 40
+
+/* Check a Z85 key (exactly 40 Z85 characters) and decode it into out
+ * (may be NULL). Returns 0 or ECX_EINVAL. */
+int ecx_ctrl_key_parse(const char *z85, uint8_t out[32]);
 
 /* Default inbound frame cap. A request is a few hundred bytes; an ack from
  * the Python reference carries ~14 B per block of the producer's region
@@ -40,8 +66,9 @@ typedef struct ecx_ctrl_opts {
 
 /* Counters of what ctrl dropped, for metrics. */
 typedef struct ecx_ctrl_stats {
-    uint64_t bad_framing; /* messages with the wrong number or shape of frames */
-    uint64_t send_failed; /* replies that could not be queued (peer gone, HWM) */
+    uint64_t bad_framing;   /* messages with the wrong number or shape of frames */
+    uint64_t send_failed;   /* replies that could not be queued (peer gone, HWM) */
+    uint64_t auth_failures; /* CURVE clients the ZAP handler turned away */
 } ecx_ctrl_stats;
 
 /* Split "HOST:PORT" / "[V6]:PORT" into host (no brackets) and port.
@@ -63,14 +90,17 @@ typedef struct ecx_ctrl_msg {
     size_t payload_len;
 } ecx_ctrl_msg;
 
-/* Bind a ROUTER on host:port (port 0 picks a free one). */
+/* Bind a ROUTER on host:port (port 0 picks a free one). With
+ * opts->curve_allow, the context's ZAP endpoint is bound too: one such
+ * server per ZeroMQ context (ECX_ESYS otherwise). Bad keys: ECX_EINVAL. */
 int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_opts *opts,
                         ecx_ctrl_server **out);
 void ecx_ctrl_server_free(ecx_ctrl_server *s);
 /* The port actually bound. */
 int ecx_ctrl_server_port(const ecx_ctrl_server *s);
 /* Receive one well-framed request without blocking: 1 got one, 0 none
- * waiting. Badly framed messages are drained, counted and skipped. */
+ * waiting. Badly framed messages are drained, counted and skipped. Pending
+ * ZAP requests are answered first. */
 int ecx_ctrl_server_recv(ecx_ctrl_server *s, ecx_ctrl_msg *m);
 void ecx_ctrl_msg_init(ecx_ctrl_msg *m);
 void ecx_ctrl_msg_fini(ecx_ctrl_msg *m);
@@ -78,12 +108,17 @@ void ecx_ctrl_msg_fini(ecx_ctrl_msg *m);
 int ecx_ctrl_server_send(ecx_ctrl_server *s, const void *identity, size_t identity_len,
                          const void *payload, size_t len);
 void *ecx_ctrl_server_socket(const ecx_ctrl_server *s); /* for zmq_poll */
+/* The ZAP handler's socket, for zmq_poll beside the ROUTER; NULL if none. */
+void *ecx_ctrl_server_zap_socket(const ecx_ctrl_server *s);
+/* Answer pending ZAP requests; returns how many were answered. */
+int ecx_ctrl_server_serve_zap(ecx_ctrl_server *s);
 ecx_ctrl_stats ecx_ctrl_server_stats(const ecx_ctrl_server *s);
 
 /* ---------- consumer: DEALER to one producer ---------- */
 
 typedef struct ecx_ctrl_peer ecx_ctrl_peer;
 
+/* Bad CURVE keys in opts: ECX_EINVAL. */
 int ecx_ctrl_peer_new(void *zctx, const char *host, int port, const ecx_ctrl_opts *opts,
                       ecx_ctrl_peer **out);
 void ecx_ctrl_peer_free(ecx_ctrl_peer *p);

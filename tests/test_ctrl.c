@@ -1,7 +1,10 @@
 /* test_ctrl — the control-plane sockets on real ZeroMQ over loopback:
  * request/reply round trips on IPv4, IPv6 and host names; bad framings
  * dropped and counted; oversized frames refused; a producer killed with
- * SIGKILL, or frozen with SIGSTOP (heartbeat timeout), seen as lost. */
+ * SIGKILL, or frozen with SIGSTOP (heartbeat timeout), seen as lost;
+ * CURVE: an encrypted round trip, and no request gets through with a wrong
+ * server key, from a client outside the allow-list (counted), or from a
+ * plaintext client — each such client sees the producer as lost. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -44,12 +47,13 @@ static double now_s(void)
 /* Wait (bounded) for one request on the server. */
 static int server_wait(ecx_ctrl_server *s, ecx_ctrl_msg *m, int ms)
 {
-    zmq_pollitem_t it = {ecx_ctrl_server_socket(s), 0, ZMQ_POLLIN, 0};
+    zmq_pollitem_t it[2] = {{ecx_ctrl_server_socket(s), 0, ZMQ_POLLIN, 0},
+                            {ecx_ctrl_server_zap_socket(s), 0, ZMQ_POLLIN, 0}};
     double end = now_s() + ms / 1000.0;
     while (now_s() < end) {
         int rc = ecx_ctrl_server_recv(s, m);
         if (rc) return rc;
-        zmq_poll(&it, 1, 20);
+        zmq_poll(it, it[1].socket ? 2 : 1, 20);
     }
     return 0;
 }
@@ -263,14 +267,162 @@ static void test_lost_on_heartbeat_timeout(void **state)
     assert_true(loss_after(SIGSTOP, &o) >= 0);
 }
 
+/* ---------- CURVE ---------- */
+
+typedef struct keypair {
+    char pub[41], sec[41];
+} keypair;
+
+static keypair new_keys(void)
+{
+    keypair k;
+    assert_int_equal(zmq_curve_keypair(k.pub, k.sec), 0);
+    return k;
+}
+
+/* Serve one CURVE server (in its own context: one ZAP handler per context)
+ * and one client; returns whether a request and its reply went through,
+ * within wait_ms. *lost says whether the client saw the producer as lost,
+ * *auth_failures what the server counted. */
+static bool curve_try(const ecx_ctrl_opts *so, const ecx_ctrl_opts *co, int wait_ms, bool *lost,
+                      uint64_t *auth_failures)
+{
+    void *z = zmq_ctx_new();
+    assert_non_null(z);
+    ecx_ctrl_server *s;
+    ecx_ctrl_peer *p;
+    assert_int_equal(ecx_ctrl_server_new(z, "127.0.0.1", 0, so, &s), 0);
+    assert_int_equal(ecx_ctrl_peer_new(z, "127.0.0.1", ecx_ctrl_server_port(s), co, &p), 0);
+    assert_int_equal(ecx_ctrl_peer_send(p, "hello", 5), 0);
+    ecx_ctrl_msg m;
+    ecx_ctrl_msg_init(&m);
+    bool ok = false;
+    if (server_wait(s, &m, wait_ms) == 1) {
+        assert_int_equal(m.payload_len, 5);
+        assert_memory_equal(m.payload, "hello", 5);
+        assert_int_equal(ecx_ctrl_server_send(s, m.identity, m.identity_len, "world!", 6), 0);
+        const void *pl;
+        size_t n;
+        assert_int_equal(peer_wait(p, &pl, &n, 5000), 1);
+        assert_int_equal(n, 6);
+        assert_memory_equal(pl, "world!", 6);
+        ok = true;
+    }
+    /* A refused client sees the connection drop; an accepted one must not. */
+    *lost = ecx_ctrl_peer_lost(p);
+    for (double end = now_s() + 2.0; !ok && !*lost && now_s() < end; usleep(10000)) {
+        ecx_ctrl_server_serve_zap(s);
+        *lost = ecx_ctrl_peer_lost(p);
+    }
+    *auth_failures = ecx_ctrl_server_stats(s).auth_failures;
+    ecx_ctrl_msg_fini(&m);
+    ecx_ctrl_peer_free(p);
+    ecx_ctrl_server_free(s);
+    zmq_ctx_term(z);
+    return ok;
+}
+
+static void test_curve_roundtrip(void **state)
+{
+    (void)state;
+    keypair srv = new_keys(), cli = new_keys();
+    ecx_ctrl_opts so = {.curve_secret_key = srv.sec};
+    bool lost;
+    uint64_t fails;
+    /* Any client that knows the server key; an ephemeral or a given keypair. */
+    ecx_ctrl_opts co = {.curve_server_key = srv.pub};
+    assert_true(curve_try(&so, &co, 5000, &lost, &fails));
+    assert_false(lost);
+    co.curve_secret_key = cli.sec;
+    assert_true(curve_try(&so, &co, 5000, &lost, &fails));
+    assert_false(lost);
+    assert_int_equal(fails, 0);
+}
+
+static void test_curve_wrong_server_key(void **state)
+{
+    (void)state;
+    keypair srv = new_keys(), other = new_keys();
+    ecx_ctrl_opts so = {.curve_secret_key = srv.sec}, co = {.curve_server_key = other.pub};
+    bool lost;
+    uint64_t fails;
+    double t0 = now_s();
+    assert_false(curve_try(&so, &co, 1000, &lost, &fails));
+    assert_true(lost);
+    assert_true(now_s() - t0 < 5.0);
+}
+
+static void test_curve_allow_list(void **state)
+{
+    (void)state;
+    keypair srv = new_keys(), a = new_keys(), b = new_keys(), c = new_keys();
+    const char *allow[] = {a.pub, c.pub};
+    ecx_ctrl_opts so = {.curve_secret_key = srv.sec, .curve_allow = allow, .n_curve_allow = 2};
+    ecx_ctrl_opts co = {.curve_server_key = srv.pub, .curve_secret_key = a.sec};
+    bool lost;
+    uint64_t fails;
+    assert_true(curve_try(&so, &co, 5000, &lost, &fails));
+    assert_false(lost);
+    assert_int_equal(fails, 0);
+    co.curve_secret_key = c.sec;
+    assert_true(curve_try(&so, &co, 5000, &lost, &fails));
+    co.curve_secret_key = b.sec; /* not allowed */
+    assert_false(curve_try(&so, &co, 1000, &lost, &fails));
+    assert_true(lost);
+    assert_true(fails >= 1);
+    co.curve_secret_key = NULL; /* ephemeral: never allowed */
+    assert_false(curve_try(&so, &co, 1000, &lost, &fails));
+    assert_true(fails >= 1);
+}
+
+static void test_curve_plaintext_mismatch(void **state)
+{
+    (void)state;
+    keypair srv = new_keys();
+    ecx_ctrl_opts curve_srv = {.curve_secret_key = srv.sec}, plain = {0},
+                  curve_cli = {.curve_server_key = srv.pub};
+    bool lost;
+    uint64_t fails;
+    assert_false(curve_try(&curve_srv, &plain, 1000, &lost, &fails)); /* plaintext client */
+    assert_false(curve_try(&plain, &curve_cli, 1000, &lost, &fails)); /* plaintext server */
+}
+
+static void test_curve_bad_keys(void **state)
+{
+    (void)state;
+    keypair k = new_keys();
+    assert_int_equal(ecx_ctrl_key_parse(k.pub, NULL), 0);
+    const char *bad[] = {"", "short", "0123456789012345678901234567890123456789x",
+                         "012345678901234567890123456789012345678~", NULL};
+    for (int i = 0; bad[i]; i++)
+        assert_int_equal(ecx_ctrl_key_parse(bad[i], NULL), ECX_EINVAL);
+    assert_int_equal(ecx_ctrl_key_parse(NULL, NULL), ECX_EINVAL);
+    ecx_ctrl_server *s;
+    ecx_ctrl_peer *p;
+    ecx_ctrl_opts o = {.curve_secret_key = "not a key"};
+    assert_int_equal(ecx_ctrl_server_new(zctx, "127.0.0.1", 0, &o, &s), ECX_EINVAL);
+    const char *allow[] = {k.pub, "nope"};
+    o = (ecx_ctrl_opts){.curve_secret_key = k.sec, .curve_allow = allow, .n_curve_allow = 2};
+    assert_int_equal(ecx_ctrl_server_new(zctx, "127.0.0.1", 0, &o, &s), ECX_EINVAL);
+    o = (ecx_ctrl_opts){.curve_allow = allow, .n_curve_allow = 1}; /* allow-list without CURVE */
+    assert_int_equal(ecx_ctrl_server_new(zctx, "127.0.0.1", 0, &o, &s), ECX_EINVAL);
+    o = (ecx_ctrl_opts){.curve_server_key = "bad"};
+    assert_int_equal(ecx_ctrl_peer_new(zctx, "127.0.0.1", 1, &o, &p), ECX_EINVAL);
+    o = (ecx_ctrl_opts){.curve_server_key = k.pub, .curve_secret_key = "bad"};
+    assert_int_equal(ecx_ctrl_peer_new(zctx, "127.0.0.1", 1, &o, &p), ECX_EINVAL);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_addr),   cmocka_unit_test(test_roundtrip_v4),
-        cmocka_unit_test(test_roundtrip_v6), cmocka_unit_test(test_roundtrip_names),
-        cmocka_unit_test(test_bad_framing),  cmocka_unit_test(test_max_frame),
-        cmocka_unit_test(test_lost_on_kill), cmocka_unit_test(test_lost_on_heartbeat_timeout),
+        cmocka_unit_test(test_parse_addr),       cmocka_unit_test(test_roundtrip_v4),
+        cmocka_unit_test(test_roundtrip_v6),     cmocka_unit_test(test_roundtrip_names),
+        cmocka_unit_test(test_bad_framing),      cmocka_unit_test(test_max_frame),
+        cmocka_unit_test(test_lost_on_kill),     cmocka_unit_test(test_lost_on_heartbeat_timeout),
+        cmocka_unit_test(test_curve_roundtrip),  cmocka_unit_test(test_curve_wrong_server_key),
+        cmocka_unit_test(test_curve_allow_list), cmocka_unit_test(test_curve_plaintext_mismatch),
+        cmocka_unit_test(test_curve_bad_keys),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
