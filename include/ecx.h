@@ -176,6 +176,18 @@ typedef struct ecx_config {
     int64_t quarantine_ms;     /* consumer: 60000 */
     int64_t item_wait_ms;      /* consumer: overall NOT_READY wait, 60000 */
     int64_t lease_ms;          /* producer: pin lease, 30000 */
+
+    /* Authenticated, encrypted control plane (ZeroMQ CURVE), opt-in; all
+     * NULL: plaintext, as the Python reference speaks. Keys are Z85 text
+     * (40 characters, as zmq_curve_keypair makes). Copied by ecx_new. */
+    const char *curve_secret_key;   /* producer: its secret key, which turns CURVE on for the
+                                       listener; consumer: its own secret key (NULL: a fresh
+                                       keypair per connection) */
+    const char *curve_server_key;   /* consumer: the producers' public key, which turns CURVE
+                                       on for every connection (one key for the whole fleet) */
+    const char *const *curve_allow; /* producer: client public keys let in; n_curve_allow 0:
+                                       any client that knows the producer's public key */
+    size_t n_curve_allow;
 } ecx_config;
 
 void ecx_config_init(ecx_config *cfg);

@@ -12,6 +12,7 @@
  * ECX_ROLE_BOTH the two share one region and one cache.
  */
 #include <jansson.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,8 @@ struct ecx_ctx {
     size_t runs_cap;
     zmq_pollitem_t *items; /* scratch for ecx_poll */
     size_t items_cap;
+    /* consumer CURVE keys, Z85, copied from the config ("": none) */
+    char curve_server[ECX_CTRL_KEY_Z85 + 1], curve_secret[ECX_CTRL_KEY_Z85 + 1];
 };
 
 void ecx_config_init(ecx_config *c)
@@ -94,7 +97,17 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
         return ECX_EINVAL;
     }
     snprintf(ctx->advertise, sizeof ctx->advertise, "%s", adv);
-    if ((rc = ecx_ctrl_server_new(ctx->zctx, host, port, NULL, &ctx->srv))) return rc;
+    ecx_ctrl_opts copts = {.curve_secret_key = cfg->curve_secret_key,
+                           .curve_allow = cfg->curve_allow,
+                           .n_curve_allow = cfg->n_curve_allow};
+    if (cfg->n_curve_allow && !cfg->curve_secret_key) {
+        ecx_log(ECX_LOG_ERROR, "a CURVE allow-list needs the producer's CURVE secret key");
+        return ECX_EINVAL;
+    }
+    if ((rc = ecx_ctrl_server_new(ctx->zctx, host, port, &copts, &ctx->srv))) return rc;
+    if (cfg->curve_secret_key)
+        ecx_log(ECX_LOG_INFO, "producer: CURVE on, %s",
+                cfg->n_curve_allow ? "allow-list enforced" : "any client with the server key");
     ctx->port = ecx_ctrl_server_port(ctx->srv);
     ecx_data_opts dopts = {.backend = backend};
     if ((rc = ecx_data_new_producer(ctx->region, &dopts, &ctx->pdata))) return rc;
@@ -116,6 +129,20 @@ static int start_consumer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
                             .read_timeout_ms = cfg->read_timeout_ms,
                             .quarantine_ms = cfg->quarantine_ms,
                             .item_wait_ms = cfg->item_wait_ms};
+    if (cfg->curve_server_key) {
+        /* Keys are checked here so a bad one fails ecx_new, not every fetch. */
+        if (ecx_ctrl_key_parse(cfg->curve_server_key, NULL) ||
+            (cfg->curve_secret_key && ecx_ctrl_key_parse(cfg->curve_secret_key, NULL))) {
+            ecx_log(ECX_LOG_ERROR, "consumer: a CURVE key is not Z85 (40 characters)");
+            return ECX_EINVAL;
+        }
+        memcpy(ctx->curve_server, cfg->curve_server_key, sizeof ctx->curve_server);
+        co.ctrl.curve_server_key = ctx->curve_server;
+        if (cfg->curve_secret_key) {
+            memcpy(ctx->curve_secret, cfg->curve_secret_key, sizeof ctx->curve_secret);
+            co.ctrl.curve_secret_key = ctx->curve_secret;
+        }
+    }
     return ecx_consumer_new(ctx->cache, ctx->cdata, &co, &ctx->cons);
 }
 
@@ -167,6 +194,7 @@ void ecx_free(ecx_ctx *ctx)
     ecx_region_free(ctx->region);
     free(ctx->runs);
     free(ctx->items);
+    sodium_memzero(ctx->curve_secret, sizeof ctx->curve_secret);
     free(ctx);
 }
 
@@ -229,6 +257,9 @@ int ecx_poll(ecx_ctx *ctx, int timeout_ms)
     size_t n = 0;
     bool work = false, sleepable = true;
     if (ctx->srv) add_item(ctx, &n, (zmq_pollitem_t){ecx_ctrl_server_socket(ctx->srv), 0, ZMQ_POLLIN, 0});
+    if (ctx->srv && ecx_ctrl_server_zap_socket(ctx->srv)) /* CURVE handshakes wait on it */
+        add_item(ctx, &n,
+                 (zmq_pollitem_t){ecx_ctrl_server_zap_socket(ctx->srv), 0, ZMQ_POLLIN, 0});
     if (ctx->cons) {
         size_t want = ecx_consumer_pollitems(ctx->cons, NULL, 0);
         if (items_reserve(ctx, n + want)) return ECX_ENOMEM;

@@ -42,6 +42,9 @@ static void producer(out *o, const ecx_producer_stats *p, const ecx_ctrl_stats *
             p->malformed);
     counter(o, "ecx_producer_bad_framing_total", "Messages dropped for their ZeroMQ framing.",
             c ? c->bad_framing : 0);
+    counter(o, "ecx_producer_auth_failures_total",
+            "CURVE handshakes refused: client key not in the allow-list.",
+            c ? c->auth_failures : 0);
     counter(o, "ecx_producer_grants_total", "OK acks: entries pinned for a consumer.", p->grants);
     put(o, "# HELP ecx_producer_nacks_total NACKs sent, by status.\n"
            "# TYPE ecx_producer_nacks_total counter\n");
