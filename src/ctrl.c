@@ -31,6 +31,7 @@ struct ecx_ctrl_peer {
     void *sock, *monitor;
     zmq_msg_t parts[2];
     bool parts_open, lost;
+    bool handshaken; /* a ZMTP handshake has succeeded */
     ecx_ctrl_stats stats;
 };
 
@@ -395,7 +396,7 @@ int ecx_ctrl_peer_new(void *zctx, const char *host, int port, const ecx_ctrl_opt
     int rc = ECX_ESYS;
     if (!p->sock || apply_common(p->sock, opts) || set_int(p->sock, ZMQ_HEARTBEAT_IVL, ivl) ||
         set_int(p->sock, ZMQ_HEARTBEAT_TIMEOUT, tmo) || set_int(p->sock, ZMQ_HEARTBEAT_TTL, ttl) ||
-        zmq_socket_monitor(p->sock, mon, ZMQ_EVENT_DISCONNECTED))
+        zmq_socket_monitor(p->sock, mon, ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED))
         goto fail;
     if (opts && opts->curve_server_key &&
         (rc = curve_client(p->sock, opts->curve_server_key, opts->curve_secret_key))) {
@@ -474,7 +475,20 @@ bool ecx_ctrl_peer_lost(ecx_ctrl_peer *p)
         if (zmq_msg_size(&ev) >= 2) {
             uint16_t event;
             memcpy(&event, zmq_msg_data(&ev), sizeof event);
-            if (event == ZMQ_EVENT_DISCONNECTED) p->lost = true;
+            if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+                p->handshaken = true;
+            } else if (event == ZMQ_EVENT_DISCONNECTED && !p->handshaken) {
+                /* Refused in the handshake: the request stays unanswered
+                 * and the consumer times out, as with an unreachable peer
+                 * (libzmq keeps retrying, so a fixed key heals). */
+                p->stats.handshake_failed++;
+                ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                    "ctrl: handshake with a producer failed (wrong CURVE "
+                                    "server key, not in its allow-list, or CURVE on "
+                                    "one side only)");
+            } else if (event == ZMQ_EVENT_DISCONNECTED) {
+                p->lost = true;
+            }
         }
         drain(p->monitor, &ev);
     }

@@ -27,8 +27,11 @@
  * the zmq_poll set so handshakes finish promptly. Without an allow-list any
  * client that knows the server's public key gets in. A failed handshake
  * (wrong server key, client not allowed, plaintext against CURVE) drops the
- * connection, which the DEALER's monitor reports as lost, like a dead
- * producer. Keys are Z85 text, 40 characters, as zmq_curve_keypair makes.
+ * connection before any request passes; a DEALER does not report that as
+ * lost (lost means a producer that completed a handshake went away) but
+ * counts it, and libzmq keeps retrying, so the consumer's request goes
+ * unanswered and times out, as with an unreachable producer. Keys are Z85
+ * text, 40 characters, as zmq_curve_keypair makes.
  */
 #ifndef ECX_CTRL_H
 #define ECX_CTRL_H
@@ -66,9 +69,10 @@ int ecx_ctrl_key_parse(const char *z85, uint8_t out[32]);
 
 /* Counters of what ctrl dropped, for metrics. */
 typedef struct ecx_ctrl_stats {
-    uint64_t bad_framing;   /* messages with the wrong number or shape of frames */
-    uint64_t send_failed;   /* replies that could not be queued (peer gone, HWM) */
-    uint64_t auth_failures; /* CURVE clients the ZAP handler turned away */
+    uint64_t bad_framing;      /* messages with the wrong number or shape of frames */
+    uint64_t send_failed;      /* replies that could not be queued (peer gone, HWM) */
+    uint64_t auth_failures;    /* server: CURVE clients the ZAP handler turned away */
+    uint64_t handshake_failed; /* peer: connections dropped before the handshake ended */
 } ecx_ctrl_stats;
 
 /* Split "HOST:PORT" / "[V6]:PORT" into host (no brackets) and port.
@@ -128,7 +132,9 @@ int ecx_ctrl_peer_send(ecx_ctrl_peer *p, const void *payload, size_t len);
  * until the next call or ecx_ctrl_peer_free), 0 none waiting. */
 int ecx_ctrl_peer_recv(ecx_ctrl_peer *p, const void **payload, size_t *len);
 /* True once the connection to the producer was lost (disconnect seen by the
- * monitor, which includes a heartbeat timeout). Sticky. */
+ * monitor after a completed handshake, which includes a heartbeat
+ * timeout). A connection refused in its handshake is not lost: the
+ * request just goes unanswered. Sticky. */
 bool ecx_ctrl_peer_lost(ecx_ctrl_peer *p);
 void *ecx_ctrl_peer_socket(const ecx_ctrl_peer *p); /* for zmq_poll */
 ecx_ctrl_stats ecx_ctrl_peer_stats(const ecx_ctrl_peer *p);
