@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 
 #include "cli.h"
 #include "ctrl.h"
+#include "keys.h"
 #include "opts.h"
 #include "util.h"
 
@@ -37,6 +39,11 @@ static const char HELP[] =
     "  --verify-synthetic     check each item's bytes against `ecx serve --synthetic`\n"
     "  --ack-timeout-ms MS    wait this long for each ack (default 2000)\n"
     "  --region-bytes SIZE    local region (default: what the items need)\n"
+    "  --curve-server-key FILE  talk to producers over ZeroMQ CURVE (encrypted); FILE\n"
+    "                         holds their public key (`ecx keygen`'s .pub). A producer\n"
+    "                         with another key looks dead: its items fall back\n"
+    "  --curve-secret FILE    this consumer's secret key, for producers that keep an\n"
+    "                         allow-list (default: a fresh key per connection)\n"
     COMMON_HELP
     "\n"
     "Exit status: 0 every item fetched; 3 some item fell back to local encoding\n"
@@ -145,7 +152,8 @@ static json_t *load_params(const char *path)
 
 int cmd_get(int argc, char **argv)
 {
-    enum { O_PARAMS = 2000, O_HASH, O_PEER, O_SIZE, O_OUT, O_JSON, O_VERIFY, O_ACK };
+    enum { O_PARAMS = 2000, O_HASH, O_PEER, O_SIZE, O_OUT, O_JSON, O_VERIFY, O_ACK,
+           O_CURVE_SERVER, O_CURVE_SECRET };
     static const struct option opts[] = {
         {"params", required_argument, 0, O_PARAMS},
         {"mm-hash", required_argument, 0, O_HASH},
@@ -155,6 +163,8 @@ int cmd_get(int argc, char **argv)
         {"json", no_argument, 0, O_JSON},
         {"verify-synthetic", no_argument, 0, O_VERIFY},
         {"ack-timeout-ms", required_argument, 0, O_ACK},
+        {"curve-server-key", required_argument, 0, O_CURVE_SERVER},
+        {"curve-secret", required_argument, 0, O_CURVE_SECRET},
         {"help", no_argument, 0, 'h'},
         COMMON_LONG_OPTS,
         {0, 0, 0, 0}};
@@ -167,6 +177,8 @@ int cmd_get(int argc, char **argv)
     uint64_t peer_size = 0;
     bool json = false, verify = false, region_given = false, have_size = false;
     int64_t ack = 2000;
+    const char *curve_server_path = NULL, *curve_secret_path = NULL;
+    char curve_pub[ECX_CTRL_KEY_Z85 + 1], curve_sec[ECX_CTRL_KEY_Z85 + 1];
     int c;
     if (!hashes) return EXIT_FAIL;
     optind = 1;
@@ -184,6 +196,8 @@ int cmd_get(int argc, char **argv)
         case O_JSON: json = true; break;
         case O_VERIFY: verify = true; break;
         case O_ACK: if (parse_int("--ack-timeout-ms", optarg, 1, 3600000, &ack)) goto usage; break;
+        case O_CURVE_SERVER: curve_server_path = optarg; break;
+        case O_CURVE_SECRET: curve_secret_path = optarg; break;
         default: goto usage;
         }
     }
@@ -200,6 +214,19 @@ int cmd_get(int argc, char **argv)
         goto usage;
     }
     cfg.ack_timeout_ms = ack;
+    if (curve_secret_path && !curve_server_path) {
+        fprintf(stderr, "ecx: --curve-secret needs --curve-server-key\n");
+        goto usage;
+    }
+    if (curve_server_path) {
+        if (key_file_read("--curve-server-key", curve_server_path, curve_pub) ||
+            (curve_secret_path && key_file_read("--curve-secret", curve_secret_path, curve_sec))) {
+            free(hashes);
+            return EXIT_FAIL;
+        }
+        cfg.curve_server_key = curve_pub;
+        if (curve_secret_path) cfg.curve_secret_key = curve_sec;
+    }
 
     /* The items and their announcements. */
     json_t *ann = NULL;
@@ -246,6 +273,7 @@ int cmd_get(int argc, char **argv)
 
     ecx_ctx *ctx;
     int e = ecx_new(&cfg, &ctx);
+    if (curve_secret_path) sodium_memzero(curve_sec, sizeof curve_sec); /* ctx holds a copy */
     if (e) {
         fprintf(stderr, "ecx: cannot start the consumer: %s\n", ecx_strerror(e));
         goto done;

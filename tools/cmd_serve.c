@@ -10,6 +10,7 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <signal.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 
 #include "cli.h"
 #include "ctrl.h"
+#include "keys.h"
 #include "opts.h"
 #include "util.h"
 
@@ -48,6 +50,14 @@ static const char HELP[] =
     "  --metrics HOST:PORT    serve Prometheus text at http://HOST:PORT/metrics\n"
     "  --lease-ms MS          pin lease per grant (default 30000)\n"
     "  --region-bytes SIZE    region size (default: what the content needs)\n"
+    "\n"
+    "security (opt-in; see `ecx keygen`):\n"
+    "  --curve-secret FILE    encrypt the control plane with ZeroMQ CURVE, with the\n"
+    "                         secret key in FILE; consumers need the matching .pub\n"
+    "                         (plaintext and Python reference peers can no longer talk)\n"
+    "  --curve-allow FILE     admit only consumers whose public key is listed in FILE\n"
+    "                         (one Z85 key per line, # comments); without it, any\n"
+    "                         consumer that knows this producer's public key gets in\n"
     COMMON_HELP
     "\n"
     "Exit status: 0 after a clean shutdown, 1 on failure, 2 on usage error.\n";
@@ -310,7 +320,8 @@ bad:
 
 int cmd_serve(int argc, char **argv)
 {
-    enum { O_LISTEN = 2000, O_ADVERTISE, O_PRELOAD, O_SYNTH, O_DELAY, O_ANNOUNCE, O_METRICS, O_LEASE };
+    enum { O_LISTEN = 2000, O_ADVERTISE, O_PRELOAD, O_SYNTH, O_DELAY, O_ANNOUNCE, O_METRICS, O_LEASE,
+           O_CURVE_SECRET, O_CURVE_ALLOW };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"advertise-host", required_argument, 0, O_ADVERTISE},
@@ -320,6 +331,8 @@ int cmd_serve(int argc, char **argv)
         {"announce-out", required_argument, 0, O_ANNOUNCE},
         {"metrics", required_argument, 0, O_METRICS},
         {"lease-ms", required_argument, 0, O_LEASE},
+        {"curve-secret", required_argument, 0, O_CURVE_SECRET},
+        {"curve-allow", required_argument, 0, O_CURVE_ALLOW},
         {"help", no_argument, 0, 'h'},
         COMMON_LONG_OPTS,
         {0, 0, 0, 0}};
@@ -328,6 +341,9 @@ int cmd_serve(int argc, char **argv)
     cfg.role = ECX_ROLE_PRODUCER;
     bool region_given = false;
     const char *announce = NULL, *metrics = NULL;
+    const char *curve_secret_path = NULL, *curve_allow_path = NULL;
+    char curve_sec[ECX_CTRL_KEY_Z85 + 1] = "";
+    key_list allow = {0};
     int64_t delay = 0, lease = 30000;
     items it = {0};
     int c, rc = EXIT_FAIL;
@@ -346,12 +362,27 @@ int cmd_serve(int argc, char **argv)
         case O_ANNOUNCE: announce = optarg; break;
         case O_METRICS: metrics = optarg; break;
         case O_LEASE: if (parse_int("--lease-ms", optarg, 1, 86400000, &lease)) goto usage; break;
+        case O_CURVE_SECRET: curve_secret_path = optarg; break;
+        case O_CURVE_ALLOW: curve_allow_path = optarg; break;
         default: goto usage;
         }
     }
     if (optind < argc) {
         fprintf(stderr, "ecx: serve takes no arguments ('%s'); try 'ecx serve --help'\n", argv[optind]);
         goto usage;
+    }
+    if (curve_allow_path && !curve_secret_path) {
+        fprintf(stderr, "ecx: --curve-allow needs --curve-secret\n");
+        goto usage;
+    }
+    if (curve_secret_path) {
+        if (key_file_read("--curve-secret", curve_secret_path, curve_sec)) goto fail;
+        cfg.curve_secret_key = curve_sec;
+    }
+    if (curve_allow_path) {
+        if (allow_file_read("--curve-allow", curve_allow_path, &allow)) goto fail;
+        cfg.curve_allow = (const char *const *)allow.v;
+        cfg.n_curve_allow = allow.n;
     }
     cfg.lease_ms = lease;
     if (!region_given) {
@@ -368,10 +399,15 @@ int cmd_serve(int argc, char **argv)
 
     ecx_ctx *ctx;
     int e = ecx_new(&cfg, &ctx);
+    sodium_memzero(curve_sec, sizeof curve_sec); /* the socket holds it now */
     if (e) {
         fprintf(stderr, "ecx: cannot start the producer: %s\n", ecx_strerror(e));
         goto fail;
     }
+    if (curve_secret_path)
+        fprintf(stderr, "ecx: control plane encrypted (CURVE), %s\n",
+                curve_allow_path ? "clients checked against the allow-list"
+                                 : "any client with this producer's public key admitted");
     struct MHD_Daemon *http = NULL;
     if (metrics && !(http = start_metrics(metrics, ctx))) goto out;
     for (size_t i = 0; i < it.n; i++)
@@ -397,6 +433,8 @@ out:
 fail:
     for (size_t i = 0; i < it.n; i++) free(it.v[i].path);
     free(it.v);
+    sodium_memzero(curve_sec, sizeof curve_sec);
+    key_list_free(&allow);
     return rc;
 usage:
     for (size_t i = 0; i < it.n; i++) free(it.v[i].path);

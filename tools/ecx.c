@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "keys.h"
 
 static const char HELP[] =
     "usage: ecx COMMAND [ARGS]\n"
@@ -17,6 +18,8 @@ static const char HELP[] =
     "  demo           the main job: a producer and consumers on loopback, checked\n"
     "  bench ctrl     control-plane load against a producer (requests/s, p50, p99)\n"
     "  bench data     data-plane throughput: shm and UCX fetches against memcpy\n"
+    "  keygen PREFIX  write a CURVE keypair (PREFIX.key, PREFIX.pub) for an\n"
+    "                 encrypted, authenticated control plane\n"
     "  compat-hash VLLM_VERSION MODEL DTYPE BLOCK_SIZE_BYTES\n"
     "                 print the peer-compatibility hash (64 hex characters)\n"
     "  proto decode [--as req|ack] [HEX]\n"
@@ -54,5 +57,6 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "get")) return cmd_get(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "keygen")) return cmd_keygen(argc - 1, argv + 1);
     return usage_error("unknown command '%s' (try 'ecx --help')", cmd);
 }

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# test_curve — the opt-in CURVE control plane with real `ecx serve` / `ecx
+# get` processes: keygen files and modes; an allowed consumer fetches
+# byte-exact; a consumer outside the allow-list, one with the wrong server
+# key and a plaintext one all fall back within the ack timeout (exit 3),
+# and the producer counts the refusals; without an allow-list any consumer
+# with the server key gets in; bad key files and option misuse exit 1 / 2;
+# no key is ever printed.
+# usage: test_curve.sh PATH_TO_ECX
+set -u
+ECX=$1
+PY=/usr/bin/python3
+T=$(mktemp -d /tmp/ecx-curve.XXXXXX)
+SHM=$(mktemp -d /dev/shm/ecx-curve.XXXXXX)
+export ECX_SHM_DIR=$SHM
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$T" "$SHM"; }
+trap cleanup EXIT
+pass=0 failed=0
+ok() { pass=$((pass + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+check() { if eval "$2"; then ok; else bad "$1"; fi; }
+expect() { # expect CODE PATTERN DESCRIPTION -- CMD...: exit code and a stderr pattern
+  local want=$1 pat=$2 what=$3; shift 4
+  timeout 20 "$@" >"$T/cmd.stdout" 2>"$T/cmd.stderr"; local got=$?
+  if [ "$got" = "$want" ] && { [ -z "$pat" ] || grep -qE -- "$pat" "$T/cmd.stderr"; }; then ok; else bad "$what: exit $got (want $want), stderr: $(head -c 300 "$T/cmd.stderr")"; fi
+}
+wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
+free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+key_of() { grep -v '^#' "$1"; }
+
+# keygen: two files, the secret 0600, never overwritten.
+
+for k in p a b q; do expect 0 "wrote .*/$k.key" "keygen $k" -- "$ECX" keygen "$T/$k"; done
+check "secret key mode 0600" '[ "$(stat -c %a "$T/p.key")" = 600 ]'
+check "public key is 40 characters" '[ "$(key_of "$T/p.pub" | tr -d "\n" | wc -c)" = 40 ]'
+check "public key matches the secret" '[ "$($PY -c "import zmq,sys; print(zmq.curve_public(sys.argv[1].encode()).decode())" "$(key_of "$T/p.key")")" = "$(key_of "$T/p.pub")" ]'
+before=$(cat "$T/p.key")
+expect 1 "not overwriting" "keygen refuses to overwrite" -- "$ECX" keygen "$T/p"
+check "existing key untouched" '[ "$(cat "$T/p.key")" = "$before" ]'
+expect 2 "OUT_PREFIX" "keygen without a prefix" -- "$ECX" keygen
+expect 0 "" "keygen --help" -- "$ECX" keygen --help
+check "keygen --help says what it writes" 'grep -q "OUT_PREFIX.key" "$T/cmd.stdout"'
+
+# A producer with an allow-list holding a's key only.
+{ echo "# consumers allowed in"; key_of "$T/a.pub"; echo; } >"$T/allow"
+MPORT=$(free_port)
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 3:200000 --block-bytes 64Ki --announce-out "$T/ann.json" \
+  --metrics "127.0.0.1:$MPORT" --curve-secret "$T/p.key" --curve-allow "$T/allow" 2>"$T/serve.log" &
+pids+=($!)
+wait_file "$T/ann.json" || { echo "FAIL: serve did not start" >&2; cat "$T/serve.log" >&2; exit 1; }
+mkdir -p "$T/o1" "$T/o2" "$T/o3" "$T/o4" "$T/o5"
+expect 0 "3 fetched" "allowed consumer fetches" -- "$ECX" get --params "$T/ann.json" --out "$T/o1" \
+  --block-bytes 64Ki --verify-synthetic --curve-server-key "$T/p.pub" --curve-secret "$T/a.key"
+check "3 files fetched" '[ "$(ls "$T/o1" | wc -l)" = 3 ]'
+t0=$(date +%s)
+expect 3 "ACK_TIMEOUT" "consumer outside the allow-list falls back" -- "$ECX" get --params "$T/ann.json" \
+  --out "$T/o2" --block-bytes 64Ki --ack-timeout-ms 1000 --curve-server-key "$T/p.pub" --curve-secret "$T/b.key"
+check "refusal is prompt (<= 10 s)" '[ $(( $(date +%s) - t0 )) -le 10 ]'
+check "refused consumer wrote nothing" '[ -z "$(ls "$T/o2")" ]'
+expect 3 "ACK_TIMEOUT" "ephemeral key not in the allow-list falls back" -- "$ECX" get --params "$T/ann.json" \
+  --out "$T/o2" --block-bytes 64Ki --ack-timeout-ms 1000 --curve-server-key "$T/p.pub"
+expect 3 "ACK_TIMEOUT" "wrong server key falls back" -- "$ECX" get --params "$T/ann.json" \
+  --out "$T/o3" --block-bytes 64Ki --ack-timeout-ms 1000 --curve-server-key "$T/q.pub" --curve-secret "$T/a.key"
+expect 3 "fell back" "plaintext consumer gets nothing" -- "$ECX" get --params "$T/ann.json" \
+  --out "$T/o4" --block-bytes 64Ki --ack-timeout-ms 1000
+check "plaintext consumer wrote nothing" '[ -z "$(ls "$T/o4")" ]'
+metrics=$($PY -c 'import urllib.request,sys; print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode())' "$MPORT")
+fails=$(printf '%s\n' "$metrics" | awk '$1 == "ecx_producer_auth_failures_total" {print $2}')
+check "refused handshakes counted (got '$fails')" '[ -n "$fails" ] && [ "$fails" -ge 2 ]'
+check "grants only for the allowed consumer" 'printf "%s\n" "$metrics" | grep -qx "ecx_producer_grants_total 3"'
+check "serve says CURVE is on" 'grep -q "control plane encrypted (CURVE), clients checked" "$T/serve.log"'
+
+# Without an allow-list: any consumer with the server key, even with a fresh key.
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:100000 --block-bytes 64Ki --announce-out "$T/ann2.json" \
+  --curve-secret "$T/p.key" 2>"$T/serve2.log" &
+pids+=($!)
+wait_file "$T/ann2.json" || { echo "FAIL: serve 2 did not start" >&2; cat "$T/serve2.log" >&2; exit 1; }
+expect 0 "1 fetched" "any consumer with the server key" -- "$ECX" get --params "$T/ann2.json" --out "$T/o5" \
+  --block-bytes 64Ki --verify-synthetic --curve-server-key "$T/p.pub"
+expect 3 "fell back" "wrong server key, no allow-list" -- "$ECX" get --params "$T/ann2.json" --out "$T/o5" \
+  --block-bytes 64Ki --ack-timeout-ms 500 --curve-server-key "$T/q.pub"
+
+# Bad files and options.
+echo "not-a-key" >"$T/bad.key"
+{ key_of "$T/a.pub"; key_of "$T/b.pub"; } >"$T/two.key"
+: >"$T/empty"
+expect 1 "cannot read" "missing secret file" -- "$ECX" serve --listen 127.0.0.1:0 --curve-secret "$T/nope.key"
+expect 1 "line 1 is not a Z85" "malformed secret file" -- "$ECX" serve --listen 127.0.0.1:0 --curve-secret "$T/bad.key"
+check "malformed key not echoed" '! grep -q "not-a-key" "$T/cmd.stderr"'
+expect 1 "exactly one key" "two keys in a key file" -- "$ECX" serve --listen 127.0.0.1:0 --curve-secret "$T/two.key"
+expect 1 "holds no key" "empty allow file" -- "$ECX" serve --listen 127.0.0.1:0 --curve-secret "$T/p.key" --curve-allow "$T/empty"
+expect 1 "line 1 is not a Z85" "malformed allow file" -- "$ECX" serve --listen 127.0.0.1:0 --curve-secret "$T/p.key" --curve-allow "$T/bad.key"
+expect 2 "needs --curve-secret" "allow-list without a secret" -- "$ECX" serve --listen 127.0.0.1:0 --curve-allow "$T/allow"
+expect 2 "needs --curve-server-key" "get --curve-secret alone" -- "$ECX" get --params "$T/ann.json" --out "$T/o5" --curve-secret "$T/a.key"
+expect 1 "not a Z85" "get with a malformed server key" -- "$ECX" get --params "$T/ann.json" --out "$T/o5" --curve-server-key "$T/bad.key"
+expect 0 "" "serve --help" -- "$ECX" serve --help
+check "serve --help documents --curve-allow" 'grep -q -- "--curve-allow FILE" "$T/cmd.stdout"'
+expect 0 "" "get --help" -- "$ECX" get --help
+check "get --help documents --curve-server-key" 'grep -q -- "--curve-server-key FILE" "$T/cmd.stdout"'
+
+# No secret key in any log.
+for k in p a b; do
+  sec=$(key_of "$T/$k.key")
+  check "secret $k never logged" '! grep -qF -- "$sec" "$T"/*.log "$T/cmd.stderr" "$T/cmd.stdout"'
+done
+
+echo "test_curve: $pass passed, $failed failed"
+[ "$failed" = 0 ]

@@ -1,0 +1,27 @@
+/*
+ * keys — CURVE key files for the command line: `ecx keygen`, and reading
+ * the key and allow files that serve and get take. See keys.c.
+ */
+#ifndef ECX_KEYS_H
+#define ECX_KEYS_H
+
+#include <stddef.h>
+
+#include "ctrl.h"
+
+/* Keys of an allow file, each a NUL-terminated Z85 string. */
+typedef struct key_list {
+    char **v;
+    size_t n;
+} key_list;
+
+/* Read the one Z85 key in path into out. 0, or -1 with a message on stderr
+ * naming opt and path (never the key). */
+int key_file_read(const char *opt, const char *path, char out[ECX_CTRL_KEY_Z85 + 1]);
+/* Read one or more keys, one per line; 0 or -1 (message printed). */
+int allow_file_read(const char *opt, const char *path, key_list *out);
+void key_list_free(key_list *l);
+
+int cmd_keygen(int argc, char **argv);
+
+#endif
