@@ -273,7 +273,9 @@ int ecx_poll(ecx_ctx *ctx, int timeout_ms)
     if (ctx->prod) wait = min_timeout(wait, ecx_producer_next_timeout(ctx->prod));
     if (ctx->cons) wait = min_timeout(wait, ecx_consumer_next_timeout(ctx->cons));
     if (!sleepable) wait = min_timeout(wait, 1);
-    if (wait > 0 && n > 0) zmq_poll(ctx->items, (int)n, (long)wait);
+    /* With nothing to wait on (a consumer before its first fetch), sleep
+     * out the timeout rather than spin; never block forever on nothing. */
+    if (wait > 0 || (wait < 0 && n > 0)) zmq_poll(n ? ctx->items : NULL, (int)n, (long)wait);
     return step(ctx);
 }
 
