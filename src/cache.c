@@ -103,6 +103,7 @@ struct ecx_cache {
     struct entry *ents; /* the pool, indexed by id */
     uint32_t ents_cap, ents_used, free_ent;
     uint64_t n_entries, n_not_ready, n_ready, n_pinned;
+    uint64_t not_ready_blocks; /* blocks of not-ready entries */
 
     struct slot *tab;
     uint32_t tab_mask;
@@ -591,10 +592,12 @@ static void entry_remove(ecx_cache *c, uint32_t id, uint32_t h)
         s = next;
     }
     if (e->key_kind == KEY_EXT) key_buf_put(c, e->k.ext, e->key_len);
-    if (e->state == ST_READY)
+    if (e->state == ST_READY) {
         c->n_ready--;
-    else
+    } else {
         c->n_not_ready--;
+        c->not_ready_blocks -= e->n_blocks;
+    }
     if (e->pins) c->n_pinned--;
     c->n_entries--;
     e->key_kind = KEY_RAW;
@@ -727,6 +730,7 @@ int ecx_cache_reserve(ecx_cache *c, const char *key, size_t key_len, uint64_t n_
     alloc_blocks(c, (uint32_t)n_blocks, &e->head);
     c->n_entries++;
     c->n_not_ready++;
+    c->not_ready_blocks += n_blocks;
     c->reserves++;
 out:
     pthread_mutex_unlock(&c->mu);
@@ -758,6 +762,7 @@ int ecx_cache_mark_ready(ecx_cache *c, const char *key, size_t key_len)
     } else {
         e->state = ST_READY;
         c->n_not_ready--;
+        c->not_ready_blocks -= e->n_blocks;
         c->n_ready++;
         if (e->pins == 0) fifo_push(c, id);
     }
@@ -913,6 +918,7 @@ void ecx_cache_get_stats(ecx_cache *c, ecx_cache_stats *st)
         .num_blocks = c->n,
         .free_blocks = c->free_blocks,
         .evictable_blocks = c->evictable_blocks,
+        .not_ready_blocks = c->not_ready_blocks,
         .free_runs = c->free_runs,
         .entries = c->n_entries,
         .not_ready = c->n_not_ready,
@@ -1007,7 +1013,7 @@ int ecx_cache_check(ecx_cache *c)
           (long long)nodes, (unsigned long long)free_runs);
 
     /* 3. Entries: runs ascending, each an owned run claimed once; counts. */
-    uint64_t ents = 0, nr = 0, rd = 0, pinned = 0, evictable_sum = 0, fifo_len = 0, e_blocks = 0,
+    uint64_t nr_blocks = 0, ents = 0, nr = 0, rd = 0, pinned = 0, evictable_sum = 0, fifo_len = 0, e_blocks = 0,
              e_runs = 0;
     uint64_t cap = c->ents_used, unused = 0;
     for (uint32_t id = 0; id < cap; id++) {
@@ -1020,7 +1026,7 @@ int ecx_cache_check(ecx_cache *c)
         if (e->state == ST_READY)
             rd++;
         else
-            nr++;
+            nr++, nr_blocks += e->n_blocks;
         if (e->pins) pinned++;
         bool should_fifo = e->state == ST_READY && e->pins == 0;
         if (should_fifo) evictable_sum += e->n_blocks, fifo_len++;
@@ -1045,6 +1051,7 @@ int ecx_cache_check(ecx_cache *c)
     CHECK(ents == c->n_entries && nr == c->n_not_ready && rd == c->n_ready && pinned == c->n_pinned,
           "entry counters wrong");
     CHECK(evictable_sum == c->evictable_blocks, "evictable blocks counter wrong");
+    CHECK(nr_blocks == c->not_ready_blocks, "not-ready blocks counter wrong");
 
     /* 4. The table holds exactly the live entries. */
     uint64_t slots = 0;

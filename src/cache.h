@@ -85,6 +85,7 @@ typedef struct ecx_cache_stats {
     uint64_t free_blocks;      /* in no entry */
     uint64_t owned_blocks;     /* in some entry; free + owned == total */
     uint64_t evictable_blocks; /* in ready, unpinned entries */
+    uint64_t not_ready_blocks; /* in not-ready entries (pinned or not) */
     uint64_t free_runs;        /* fragments of free space */
     uint64_t entries, not_ready, ready, pinned;
     uint64_t reserves, reserve_full, evictions; /* counters since creation */

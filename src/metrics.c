@@ -117,10 +117,14 @@ static void cache(out *o, const ecx_cache_stats *c, unsigned long long block_byt
     gauge(o, "ecx_region_block_bytes", "Size of one block.", block_bytes);
     put(o, "# HELP ecx_region_blocks Blocks of the region, by state.\n"
            "# TYPE ecx_region_blocks gauge\n");
+    /* Four disjoint states: free; not ready (being written or fetched);
+     * ready and evictable; ready and pinned (granted or being loaded). */
     put(o, "ecx_region_blocks{state=\"free\"} %llu\n", (unsigned long long)c->free_blocks);
-    put(o, "ecx_region_blocks{state=\"evictable\"} %llu\n",
-        (unsigned long long)c->evictable_blocks);
-    put(o, "ecx_region_blocks{state=\"owned\"} %llu\n", (unsigned long long)c->owned_blocks);
+    put(o, "ecx_region_blocks{state=\"not_ready\"} %llu\n",
+        (unsigned long long)c->not_ready_blocks);
+    put(o, "ecx_region_blocks{state=\"ready\"} %llu\n", (unsigned long long)c->evictable_blocks);
+    put(o, "ecx_region_blocks{state=\"pinned\"} %llu\n",
+        (unsigned long long)(c->owned_blocks - c->not_ready_blocks - c->evictable_blocks));
     put(o, "# HELP ecx_cache_entries Entries, by state.\n# TYPE ecx_cache_entries gauge\n");
     put(o, "ecx_cache_entries{state=\"not_ready\"} %llu\n", (unsigned long long)c->not_ready);
     put(o, "ecx_cache_entries{state=\"ready\"} %llu\n", (unsigned long long)c->ready);

@@ -60,7 +60,10 @@ expect 3 "tiny: NACK_INCOMPAT" "block size differs" -- "$ECX" get --params "$T/a
 metrics=$($PY -c 'import urllib.request,sys; print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode())' "$MPORT")
 check "metrics count the grants" 'echo "$metrics" | grep -qE "^ecx_producer_grants_total [3-9]"'
 check "metrics count the incompatible request" 'echo "$metrics" | grep -q "^ecx_producer_nacks_total{status=\"NACK_INCOMPAT\"} 1"'
-check "metrics report region blocks" 'echo "$metrics" | grep -q "^ecx_region_blocks{state=\"free\"}"'
+for st in free not_ready ready pinned; do
+  check "metrics report $st region blocks" 'echo "$metrics" | grep -q "^ecx_region_blocks{state=\"$st\"} [0-9]"'
+done
+check "nothing not-ready once served" 'echo "$metrics" | grep -q "^ecx_region_blocks{state=\"not_ready\"} 0$"'
 code=$($PY -c 'import urllib.request,urllib.error,sys
 try: urllib.request.urlopen("http://127.0.0.1:%s/other" % sys.argv[1], timeout=5); print(200)
 except urllib.error.HTTPError as e: print(e.code)' "$MPORT")

@@ -349,6 +349,9 @@ static void test_producer_checks_in_order(void **state)
     world *w = world_new(NULL);
     save(w, "item", 100, true);
     save(w, "pending", 100, false);
+    ecx_cache_stats cst;
+    ecx_cache_get_stats(w->P.cache, &cst);
+    assert_int_equal(cst.not_ready_blocks, 1);
     raw r = raw_dealer(w);
     uint8_t buf[4096];
     ecx_ack a;
@@ -408,6 +411,11 @@ static void test_regrant_and_lease_expiry(void **state)
     assert_true(raw_recv(w, &r, buf, sizeof buf) > 0);
     assert_int_equal(ecx_cache_lookup(w->P.cache, "item", 4, &info), 0);
     assert_int_equal(info.pins, 2);
+    ecx_cache_stats cst;
+    ecx_cache_get_stats(w->P.cache, &cst); /* the granted block is pinned, not evictable */
+    assert_int_equal(cst.not_ready_blocks, 0);
+    assert_int_equal(cst.evictable_blocks, 0);
+    assert_int_equal(cst.owned_blocks, 1);
     ecx_producer_stats ps = ecx_producer_get_stats(w->prod);
     assert_int_equal(ps.regrants, 2);
     assert_int_equal(ps.active_grants, 2);
@@ -421,6 +429,8 @@ static void test_regrant_and_lease_expiry(void **state)
     assert_int_equal(ps.active_grants, 0);
     assert_int_equal(ecx_cache_lookup(w->P.cache, "item", 4, &info), 0);
     assert_int_equal(info.pins, 0);
+    ecx_cache_get_stats(w->P.cache, &cst);
+    assert_int_equal(cst.evictable_blocks, 1);
     zmq_close(r.sock);
     world_free(w);
 }
