@@ -9,24 +9,8 @@
 # usage: test_curve.sh PATH_TO_ECX
 set -u
 ECX=$1
-PY=/usr/bin/python3
-T=$(mktemp -d /tmp/ecx-curve.XXXXXX)
-SHM=$(mktemp -d /dev/shm/ecx-curve.XXXXXX)
-export ECX_SHM_DIR=$SHM
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$T" "$SHM"; }
-trap cleanup EXIT
-pass=0 failed=0
-ok() { pass=$((pass + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-check() { if eval "$2"; then ok; else bad "$1"; fi; }
-expect() { # expect CODE PATTERN DESCRIPTION -- CMD...: exit code and a stderr pattern
-  local want=$1 pat=$2 what=$3; shift 4
-  timeout 20 "$@" >"$T/cmd.stdout" 2>"$T/cmd.stderr"; local got=$?
-  if [ "$got" = "$want" ] && { [ -z "$pat" ] || grep -qE -- "$pat" "$T/cmd.stderr"; }; then ok; else bad "$what: exit $got (want $want), stderr: $(head -c 300 "$T/cmd.stderr")"; fi
-}
-wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
-free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$(dirname "$0")/lib.sh"
+private_shm
 key_of() { grep -v '^#' "$1"; }
 
 # keygen: two files, the secret 0600, never overwritten.
@@ -65,7 +49,7 @@ expect 3 "ACK_TIMEOUT" "wrong server key falls back" -- "$ECX" get --params "$T/
 expect 3 "fell back" "plaintext consumer gets nothing" -- "$ECX" get --params "$T/ann.json" \
   --out "$T/o4" --block-bytes 64Ki --ack-timeout-ms 1000
 check "plaintext consumer wrote nothing" '[ -z "$(ls "$T/o4")" ]'
-metrics=$($PY -c 'import urllib.request,sys; print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode())' "$MPORT")
+metrics=$(metrics_of "$MPORT")
 fails=$(printf '%s\n' "$metrics" | awk '$1 == "ecx_producer_auth_failures_total" {print $2}')
 check "refused handshakes counted (got '$fails')" '[ -n "$fails" ] && [ "$fails" -ge 2 ]'
 check "grants only for the allowed consumer" 'printf "%s\n" "$metrics" | grep -qx "ecx_producer_grants_total 3"'
@@ -105,5 +89,4 @@ for k in p a b; do
   check "secret $k never logged" '! grep -qF -- "$sec" "$T"/*.log "$T/cmd.stderr" "$T/cmd.stdout"'
 done
 
-echo "test_curve: $pass passed, $failed failed"
-[ "$failed" = 0 ]
+finish

@@ -12,19 +12,9 @@
 # usage: test_interop.sh PATH_TO_ECX
 set -u
 ECX=$1
-PY=/usr/bin/python3
 HERE=$(cd "$(dirname "$0")" && pwd)
 PEER="$HERE/pyref/ref_peer.py"
-T=$(mktemp -d /tmp/ecx-interop.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$T"; }
-trap cleanup EXIT
-pass=0 failed=0
-ok() { pass=$((pass + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-check() { if eval "$2"; then ok; else bad "$1"; fi; }
-wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
-free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$HERE/lib.sh"
 metric() { $PY - "$1" "$2" <<'PY'
 import sys, urllib.request
 body = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode()
@@ -157,5 +147,4 @@ for h in nack-missing-1 silent-1 badmeta-2; do
 done
 check "real item written with its exact size" '[ "$(stat -c %s "$T/out/$H0")" = 100000 ]'
 
-echo "$pass passed, $failed failed"
-[ "$failed" = 0 ]
+finish

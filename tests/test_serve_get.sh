@@ -6,24 +6,8 @@
 # usage: test_serve_get.sh PATH_TO_ECX
 set -u
 ECX=$1
-PY=/usr/bin/python3
-T=$(mktemp -d /tmp/ecx-sg.XXXXXX)
-SHM=$(mktemp -d /dev/shm/ecx-sg.XXXXXX)
-export ECX_SHM_DIR=$SHM
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$T" "$SHM"; }
-trap cleanup EXIT
-pass=0 failed=0
-ok() { pass=$((pass + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-check() { if eval "$2"; then ok; else bad "$1"; fi; }
-expect() { # expect CODE PATTERN DESCRIPTION -- CMD...: exit code and a stderr pattern
-  local want=$1 pat=$2 what=$3; shift 4
-  timeout 20 "$@" >"$T/cmd.stdout" 2>"$T/cmd.stderr"; local got=$?
-  if [ "$got" = "$want" ] && grep -qE -- "$pat" "$T/cmd.stderr"; then ok; else bad "$what: exit $got (want $want), stderr: $(head -c 300 "$T/cmd.stderr")"; fi
-}
-wait_file() { for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
-free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$(dirname "$0")/lib.sh"
+private_shm
 
 # --preload: regular files are served; bad names, links, directories and
 # empty files are skipped with a message.
@@ -57,7 +41,7 @@ check "--peer output byte-exact" 'cmp -s "$T/in/item-a.bin" "$T/one.bin"'
 # A wrong block size is another compatibility hash: NACK_INCOMPAT, exit 3.
 expect 3 "tiny: NACK_INCOMPAT" "block size differs" -- "$ECX" get --params "$T/ann.json" --mm-hash tiny --out "$T/out"
 # Metrics over HTTP, and 404 elsewhere.
-metrics=$($PY -c 'import urllib.request,sys; print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode())' "$MPORT")
+metrics=$(metrics_of "$MPORT")
 check "metrics count the grants" 'echo "$metrics" | grep -qE "^ecx_producer_grants_total [3-9]"'
 check "metrics count the incompatible request" 'echo "$metrics" | grep -q "^ecx_producer_nacks_total{status=\"NACK_INCOMPAT\"} 1"'
 for st in free not_ready ready pinned; do
@@ -102,5 +86,4 @@ expect 3 "h: ACK_TIMEOUT" "nobody listening" -- "$ECX" get --peer "127.0.0.1:$DE
   --ack-timeout-ms 300 --out "$T/x"
 check "no region files left behind" '[ -z "$(ls "$SHM" | grep "\.mmap$")" ]'
 
-echo "$pass passed, $failed failed"
-[ "$failed" = 0 ]
+finish
