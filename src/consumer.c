@@ -217,12 +217,27 @@ static void session_close(ecx_consumer *c, session *s, int64_t now)
     free(s);
 }
 
-static session *session_get(ecx_consumer *c, const char *host, int port)
+/* Close a session whose producer connection was lost (SPEC §5: waiting
+ * transfers become retryable, reading ones are quarantined). A later
+ * contact opens a fresh socket and session id. */
+static bool retire_if_lost(ecx_consumer *c, session *s, int64_t now)
+{
+    if (!ecx_ctrl_peer_lost(s->peer)) return false;
+    ecx_log(ECX_LOG_WARN, "consumer: lost producer %s:%d; session %s closed", s->host, s->port,
+            s->sid);
+    c->st.peers_lost++;
+    session_close(c, s, now);
+    return true;
+}
+
+static session *session_get(ecx_consumer *c, const char *host, int port, int64_t now)
 {
     char key[270];
     int kl = snprintf(key, sizeof key, "%s|%d", host, port);
     ecx_table_node *n = ecx_table_find(&c->sessions, key, (size_t)kl);
-    if (n) return ECX_CONTAINER_OF(n, session, node);
+    /* Never send over a connection already known to be lost. */
+    if (n && !retire_if_lost(c, ECX_CONTAINER_OF(n, session, node), now))
+        return ECX_CONTAINER_OF(n, session, node);
     session *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     int rc = ecx_ctrl_peer_new(c->o.zctx, host, port, &c->o.ctrl, &s->peer);
@@ -256,7 +271,7 @@ static void ask(ecx_consumer *c, xfer *x, int64_t now)
         return;
     }
     x->holds_blocks = true;
-    session *s = session_get(c, x->host, x->port);
+    session *s = session_get(c, x->host, x->port, now);
     if (!s) {
         tombstone(c, x, ECX_REASON_SEND_FAILED, now);
         return;
@@ -473,17 +488,16 @@ int ecx_consumer_poll(ecx_consumer *c)
     if (n > 0) events += n;
     for (session *s = c->sessions_list, *next; s; s = next) {
         next = s->next;
+        /* The monitor first: an ack read after a disconnect may come from a
+         * new producer that ZeroMQ reconnected to behind our back. */
+        if (retire_if_lost(c, s, now)) {
+            events++;
+            continue;
+        }
         const void *pl;
         size_t len;
         for (int i = 0; i < 4096 && ecx_ctrl_peer_recv(s->peer, &pl, &len) == 1; i++, events++)
             on_ack(c, s, pl, len, now);
-        if (ecx_ctrl_peer_lost(s->peer)) {
-            ecx_log(ECX_LOG_WARN, "consumer: lost producer %s:%d; session %s closed", s->host,
-                    s->port, s->sid);
-            c->st.peers_lost++;
-            session_close(c, s, now);
-            events++;
-        }
     }
     for (xfer *x = c->head, *next; x; x = next) {
         next = x->next;
