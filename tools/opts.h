@@ -20,7 +20,8 @@ int parse_size(const char *opt, const char *s, uint64_t *out);
 /* A decimal integer in [lo, hi]. */
 int parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
 
-/* Options shared by serve, get and bench. */
+/* Options shared by serve, get and bench (each describes --region-bytes
+ * itself: its default differs). */
 enum {
     OPT_BLOCK_BYTES = 1000,
     OPT_REGION_BYTES,
@@ -38,7 +39,6 @@ enum {
 
 #define COMMON_HELP                                                                                \
     "  --block-bytes SIZE     block size (default 1Mi); peers must agree\n"                       \
-    "  --region-bytes SIZE    size of this process's shared-memory region\n"                      \
     "  --vllm-version TEXT    compatibility factor (default " ECX_DEFAULT_VLLM_VERSION ")\n"      \
     "  --model TEXT           compatibility factor (default " ECX_DEFAULT_MODEL ")\n"             \
     "  --dtype TEXT           compatibility factor (default " ECX_DEFAULT_DTYPE ")\n"             \
