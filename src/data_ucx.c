@@ -291,12 +291,20 @@ static int reap_closing(ucx_data *u)
     return n;
 }
 
+/* Longest stretch one ecx_data_progress() spends moving UCX data. */
+#define PROGRESS_BUDGET_MS 2
+
 static int ucx_progress(ecx_data *d)
 {
     ucx_data *u = (ucx_data *)d;
     int n = 0;
-    for (int i = 0; i < 256 && ucp_worker_progress(u->worker); i++)
+    /* Bounded in time too, so one engine step never stalls for long behind
+     * a large transfer: the caller's next poll carries on. */
+    int64_t until = ecx_now_ms(NULL) + PROGRESS_BUDGET_MS;
+    for (int i = 0; i < 256 && ucp_worker_progress(u->worker); i++) {
         n++;
+        if (ecx_now_ms(NULL) >= until) break;
+    }
     while (u->notify_q) {
         ucx_xfer *x = u->notify_q;
         u->notify_q = x->next;
