@@ -16,6 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <errno.h>
+#include <stdint.h>
+
 #include "data_bench.h"
 
 static int usage(void)
@@ -23,6 +26,16 @@ static int usage(void)
     fprintf(stderr, "usage: bench_data [--size BYTES]... [--iters N] [--warmup N] "
                     "[--block-bytes B] [--path shm|ucx|both]\n");
     return 2;
+}
+
+/* A whole decimal number, or -1 (no suffixes here; `ecx bench data` takes 4.7M). */
+static long long number(const char *v)
+{
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (*v < '0' || *v > '9' || *end || errno || n > (1ull << 40)) return -1;
+    return (long long)n;
 }
 
 int main(int argc, char **argv)
@@ -33,13 +46,13 @@ int main(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return usage();
         if (strcmp(a, "--size") == 0 && o.nsizes < ECX_DATA_BENCH_MAX_SIZES)
-            o.sizes[o.nsizes++] = strtoull(v, NULL, 10);
+            o.sizes[o.nsizes++] = (uint64_t)(number(v) > 0 ? number(v) : 0);
         else if (strcmp(a, "--iters") == 0)
-            o.iters = atoi(v);
+            o.iters = (int)(number(v) >= 0 && number(v) <= 100000 ? number(v) : 0);
         else if (strcmp(a, "--warmup") == 0)
-            o.warmup = atoi(v);
+            o.warmup = (int)(number(v) >= 0 && number(v) <= 100000 ? number(v) : -1);
         else if (strcmp(a, "--block-bytes") == 0)
-            o.block_bytes = strtoull(v, NULL, 10);
+            o.block_bytes = (uint64_t)(number(v) > 0 ? number(v) : 0);
         else if (strcmp(a, "--path") == 0) {
             o.shm = strcmp(v, "shm") == 0 || strcmp(v, "both") == 0;
             o.ucx = strcmp(v, "ucx") == 0 || strcmp(v, "both") == 0;
