@@ -328,6 +328,13 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     snprintf(dir, sizeof dir, "/tmp/ecx-integ-XXXXXX");
     if (!mkdtemp(dir)) return 1;
+    /* Regions of this test and its `ecx serve` children (which inherit the
+     * environment) live in a private directory, removed at the end, so a
+     * SIGKILLed producer's file never lingers in /dev/shm. */
+    char shm[64];
+    snprintf(shm, sizeof shm, "/dev/shm/ecx-integ-XXXXXX");
+    if (!mkdtemp(shm)) return 1;
+    setenv("ECX_SHM_DIR", shm, 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_many_items_shm),           cmocka_unit_test(test_many_items_ucx),
         cmocka_unit_test(test_not_ready_then_ready),     cmocka_unit_test(test_miss_and_incompat),
@@ -336,8 +343,8 @@ int main(void)
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int i = 0; i < n_children; i++)
         if (kill(children[i], SIGKILL) == 0) waitpid(children[i], NULL, 0);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    char cmd[192];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", dir, shm);
     if (system(cmd)) rc = 1;
     return rc;
 }
