@@ -71,6 +71,29 @@ static int peer_wait(ecx_ctrl_peer *p, const void **pl, size_t *n, int ms)
     return 0;
 }
 
+/* The peer sends "hello"; if it reaches the server within wait_ms, the
+ * server answers "world!" to the identity that asked, and the reply must
+ * come back. Returns whether the request got through. */
+static bool exchange(ecx_ctrl_server *s, ecx_ctrl_peer *p, int wait_ms)
+{
+    assert_int_equal(ecx_ctrl_peer_send(p, "hello", 5), 0);
+    ecx_ctrl_msg m;
+    ecx_ctrl_msg_init(&m);
+    bool ok = server_wait(s, &m, wait_ms) == 1;
+    if (ok) {
+        assert_int_equal(m.payload_len, 5);
+        assert_memory_equal(m.payload, "hello", 5);
+        assert_int_equal(ecx_ctrl_server_send(s, m.identity, m.identity_len, "world!", 6), 0);
+        const void *pl;
+        size_t n;
+        assert_int_equal(peer_wait(p, &pl, &n, 5000), 1);
+        assert_int_equal(n, 6);
+        assert_memory_equal(pl, "world!", 6);
+    }
+    ecx_ctrl_msg_fini(&m);
+    return ok;
+}
+
 static void roundtrip(const char *bind_host, const char *connect_host)
 {
     ecx_ctrl_server *s;
@@ -79,20 +102,8 @@ static void roundtrip(const char *bind_host, const char *connect_host)
     int port = ecx_ctrl_server_port(s);
     assert_true(port > 0);
     assert_int_equal(ecx_ctrl_peer_new(zctx, connect_host, port, NULL, &p), 0);
-    assert_int_equal(ecx_ctrl_peer_send(p, "hello", 5), 0);
-    ecx_ctrl_msg m;
-    ecx_ctrl_msg_init(&m);
-    assert_int_equal(server_wait(s, &m, 5000), 1);
-    assert_int_equal(m.payload_len, 5);
-    assert_memory_equal(m.payload, "hello", 5);
-    assert_int_equal(ecx_ctrl_server_send(s, m.identity, m.identity_len, "world!", 6), 0);
-    const void *pl;
-    size_t n;
-    assert_int_equal(peer_wait(p, &pl, &n, 5000), 1);
-    assert_int_equal(n, 6);
-    assert_memory_equal(pl, "world!", 6);
+    assert_true(exchange(s, p, 5000));
     assert_false(ecx_ctrl_peer_lost(p));
-    ecx_ctrl_msg_fini(&m);
     ecx_ctrl_peer_free(p);
     ecx_ctrl_server_free(s);
 }
@@ -294,25 +305,10 @@ static bool curve_try(const ecx_ctrl_opts *so, const ecx_ctrl_opts *co, int wait
     ecx_ctrl_peer *p;
     assert_int_equal(ecx_ctrl_server_new(z, "127.0.0.1", 0, so, &s), 0);
     assert_int_equal(ecx_ctrl_peer_new(z, "127.0.0.1", ecx_ctrl_server_port(s), co, &p), 0);
-    assert_int_equal(ecx_ctrl_peer_send(p, "hello", 5), 0);
-    ecx_ctrl_msg m;
-    ecx_ctrl_msg_init(&m);
-    bool ok = false;
-    if (server_wait(s, &m, wait_ms) == 1) {
-        assert_int_equal(m.payload_len, 5);
-        assert_memory_equal(m.payload, "hello", 5);
-        assert_int_equal(ecx_ctrl_server_send(s, m.identity, m.identity_len, "world!", 6), 0);
-        const void *pl;
-        size_t n;
-        assert_int_equal(peer_wait(p, &pl, &n, 5000), 1);
-        assert_int_equal(n, 6);
-        assert_memory_equal(pl, "world!", 6);
-        ok = true;
-    }
+    bool ok = exchange(s, p, wait_ms);
     *lost = ecx_ctrl_peer_lost(p);
     *auth_failures = ecx_ctrl_server_stats(s).auth_failures;
     *handshake_failed = ecx_ctrl_peer_stats(p).handshake_failed;
-    ecx_ctrl_msg_fini(&m);
     ecx_ctrl_peer_free(p);
     ecx_ctrl_server_free(s);
     zmq_ctx_term(z);
