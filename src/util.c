@@ -12,8 +12,6 @@
 
 static int log_level = -1;
 
-void ecx_log_set_level(int level) { log_level = level; }
-
 int ecx_log_level(void)
 {
     if (log_level < 0) {

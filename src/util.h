@@ -15,7 +15,6 @@
 
 enum ecx_log_level { ECX_LOG_ERROR = 0, ECX_LOG_WARN = 1, ECX_LOG_INFO = 2, ECX_LOG_DEBUG = 3 };
 
-void ecx_log_set_level(int level);
 int ecx_log_level(void);
 void ecx_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
