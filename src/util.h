@@ -2,8 +2,8 @@
  * util — small helpers every layer uses: logging, UTF-8 validation, hex.
  *
  * Logging writes one line per event to stderr with a level prefix. The level
- * comes from ECX_LOG (error, warn, info, debug; default warn) or from
- * ecx_log_set_level(). Anything a peer can trigger must go through
+ * comes from ECX_LOG (error, warn, info, debug; default warn). Anything a
+ * peer can trigger must go through
  * ECX_LOG_RATELIMITED so a hostile peer cannot flood the log.
  */
 #ifndef ECX_UTIL_H
