@@ -377,6 +377,11 @@ int ecx_fetch(ecx_ctx *ctx, const char *mm_hash, const char *announcement, uint6
               int *reason)
 {
     if (!ctx || !ctx->cons || !reason) return ECX_EINVAL;
+    size_t hl = mm_hash ? strlen(mm_hash) : 0;
+    /* An item in flight, tombstoned or local is answered without its
+     * announcement: the engine asks every step, so parse only for new ones. */
+    int st = ecx_consumer_answer(ctx->cons, mm_hash, hl, reason);
+    if (st >= 0) return st;
     const char *host = NULL;
     int port = 0;
     uint64_t size = 0;
@@ -398,13 +403,11 @@ int ecx_fetch(ecx_ctx *ctx, const char *mm_hash, const char *announcement, uint6
             size = sv > 0 ? (uint64_t)sv : 0;
         }
     }
-    int st;
     if (host && port < 0) {
         *reason = ECX_REASON_INVALID;
         st = ECX_FETCH_LOCAL;
     } else {
-        st = ecx_consumer_fetch(ctx->cons, mm_hash, mm_hash ? strlen(mm_hash) : 0, host, port,
-                                size, expected_size, reason);
+        st = ecx_consumer_fetch(ctx->cons, mm_hash, hl, host, port, size, expected_size, reason);
     }
     json_decref(j);
     return st;

@@ -508,8 +508,7 @@ int ecx_consumer_poll(ecx_consumer *c)
 
 /* ---------- engine-facing ---------- */
 
-int ecx_consumer_fetch(ecx_consumer *c, const char *mm_hash, size_t hash_len, const char *host,
-                       int port, uint64_t size_bytes, uint64_t expected_size, int *reason)
+int ecx_consumer_answer(ecx_consumer *c, const char *mm_hash, size_t hash_len, int *reason)
 {
     *reason = ECX_REASON_NONE;
     if (!mm_hash || hash_len == 0 || hash_len > ECX_MM_HASH_MAX) {
@@ -536,6 +535,14 @@ int ecx_consumer_fetch(ecx_consumer *c, const char *mm_hash, size_t hash_len, co
     ecx_cache_info info;
     if (ecx_cache_lookup(c->cache, mm_hash, hash_len, &info) == 0)
         return info.state == ECX_CACHE_READY ? ECX_FETCH_READY : ECX_FETCH_PENDING;
+    return -1;
+}
+
+int ecx_consumer_fetch(ecx_consumer *c, const char *mm_hash, size_t hash_len, const char *host,
+                       int port, uint64_t size_bytes, uint64_t expected_size, int *reason)
+{
+    int st = ecx_consumer_answer(c, mm_hash, hash_len, reason);
+    if (st >= 0) return st;
     if (!host || !*host || strlen(host) >= 256 || port <= 0 || port > 65535) {
         *reason = ECX_REASON_NO_PEER;
         c->st.fallbacks[*reason]++;
@@ -555,7 +562,8 @@ int ecx_consumer_fetch(ecx_consumer *c, const char *mm_hash, size_t hash_len, co
         return ECX_FETCH_LOCAL;
     }
     int64_t now = now_ms(c);
-    if (!(x = xfer_new(c, mm_hash, hash_len))) {
+    xfer *x = xfer_new(c, mm_hash, hash_len);
+    if (!x) {
         *reason = ECX_REASON_NO_ROOM;
         c->st.fallbacks[*reason]++;
         return ECX_FETCH_LOCAL;

@@ -96,6 +96,11 @@ void ecx_consumer_free(ecx_consumer *c);
 int ecx_consumer_fetch(ecx_consumer *c, const char *mm_hash, size_t hash_len, const char *host,
                        int port, uint64_t size_bytes, uint64_t expected_size, int *reason);
 
+/* The answer for an item the consumer already knows (in flight, a
+ * tombstone, or in the local cache), as ecx_consumer_fetch() would give it;
+ * -1 for an item it has never heard of, which needs its announcement. */
+int ecx_consumer_answer(ecx_consumer *c, const char *mm_hash, size_t hash_len, int *reason);
+
 /* Receive acks, advance READs and timers. Never blocks; returns the number
  * of events handled. */
 int ecx_consumer_poll(ecx_consumer *c);
