@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "grant_stub.h"
 #include "region.h"
 #include "util.h"
 
@@ -79,9 +80,9 @@ static int read_all(int fd, void *b, size_t n)
     return 0;
 }
 
-static void count_notif(void *arg, const char *msg, size_t len)
+static void count_notif(void *arg, const char *key, size_t len, const uint8_t *token, int status)
 {
-    (void)msg, (void)len;
+    (void)key, (void)len, (void)token, (void)status;
     (*(long *)arg)++;
 }
 
@@ -94,11 +95,16 @@ static int producer_main(const char *dir, uint64_t bytes, uint64_t bs, int out_f
     if (ecx_region_instance_id(id) || ecx_region_create_in(dir, id, 0, bytes, bs, &r)) return 1;
     fill_pattern(ecx_region_base(r), ecx_region_size(r));
     if (ecx_data_new_producer(r, NULL, &d)) return 1;
-    size_t ml, dl;
-    const uint8_t *m = ecx_data_agent_metadata(d, &ml), *ds = ecx_data_mem_descriptor(d, &dl);
+    static stub_grants grants;
+    ecx_data_set_grant_fn(d, stub_grant_check, &grants);
+    size_t ml;
+    uint8_t ds[ECX_DATA_DESC_MAX];
+    const uint8_t *m = ecx_data_agent_metadata(d, &ml);
+    long dl = stub_layout(d, ds, sizeof ds);
+    if (dl < 0) return 1;
     uint32_t lens[2] = {(uint32_t)ml, (uint32_t)dl};
     if (write_all(out_fd, lens, sizeof lens) || write_all(out_fd, m, ml) ||
-        write_all(out_fd, ds, dl))
+        write_all(out_fd, ds, (size_t)dl))
         return 1;
     long notifs = 0;
     double end = now_s() + 600;
@@ -116,6 +122,8 @@ static int producer_main(const char *dir, uint64_t bytes, uint64_t bs, int out_f
 
 typedef struct bench {
     ecx_region *cr;
+    const uint8_t *layout; /* the producer's descriptor, for each grant's */
+    size_t layout_len;
     uint8_t *expect, *src, *dst; /* pattern; memcpy baseline buffers */
     uint64_t bs;
     int iters, warmup;
@@ -159,8 +167,17 @@ static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
     uint8_t *dst = ecx_region_base(b->cr);
     memset(dst, 0x5a, size);
     ecx_data_xfer *x;
+    char key[ECX_DATA_NOTIF_MAX];
+    uint8_t desc[ECX_DATA_DESC_MAX];
+    int kl = stub_key(key, sizeof key, size, idx, n);
+    long dl = stub_desc(b->layout, b->layout_len, size, ecx_checksum(b->expect, size), desc,
+                        sizeof desc);
+    if (kl < 0 || dl < 0) {
+        fprintf(stderr, "bench: %llu blocks do not fit one grant key\n", (unsigned long long)n);
+        return -1;
+    }
     double t0 = now_s();
-    int rc = ecx_data_read_post(ph->p, idx, idx, n, size, "bench:x", 7, &x);
+    int rc = ecx_data_read_post(ph->p, desc, (size_t)dl, idx, idx, n, size, key, (size_t)kl, &x);
     if (rc) {
         fprintf(stderr, "bench: post: %s\n", ecx_strerror(rc));
         return -1;
@@ -286,6 +303,7 @@ int ecx_data_bench_run(const ecx_data_bench_opts *o)
     memset(b.dst, 0, region);
     for (uint64_t i = 0; i < region / b.bs; i++)
         idx[i] = i;
+    b.layout = ds, b.layout_len = lens[1];
     if (o->shm && path_open(&paths[np++], ECX_DATA_SHM, &b, m, lens[0], ds, lens[1])) goto done;
     if (o->ucx && path_open(&paths[np++], ECX_DATA_UCX, &b, m, lens[0], ds, lens[1])) goto done;
     for (int s = 0; s < nsizes; s++) {

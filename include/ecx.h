@@ -73,6 +73,7 @@ enum ecx_error {
     ECX_EDATA_FAULT = -69,    /* failure injected by the fault backend (tests) */
     ECX_EDATA_ROLE = -70,     /* call not valid for a producer / consumer context */
     ECX_EDATA_NOTIF = -71,    /* notification empty or too long */
+    ECX_EDATA_GRANT = -72,    /* no live grant with that key and token */
 };
 
 /* Name of an error code ("ECX_EWIRE_TYPE: field has wrong type"). Never NULL. */
@@ -116,6 +117,8 @@ enum ecx_reason {
     ECX_REASON_READ_FAILED,       /* the data-plane READ failed */
     ECX_REASON_QUARANTINED,       /* the READ overran its deadline */
     ECX_REASON_SEND_FAILED,       /* the request could not be sent */
+    ECX_REASON_CORRUPT,           /* the bytes read do not match the producer's checksum */
+    ECX_REASON_LEASE_EXPIRED,     /* the READ ended after the producer's pin lease could have */
     ECX_REASON_COUNT
 };
 

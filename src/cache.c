@@ -101,6 +101,7 @@ struct ecx_cache {
     uint64_t free_blocks, free_runs, evictable_blocks;
 
     struct entry *ents; /* the pool, indexed by id */
+    uint64_t *sums;     /* checksum per id, beside the pool to keep entries one line */
     uint32_t ents_cap, ents_used, free_ent;
     uint64_t n_entries, n_not_ready, n_ready, n_pinned;
     uint64_t not_ready_blocks; /* blocks of not-ready entries */
@@ -541,10 +542,20 @@ static int ents_reserve_one(ecx_cache *c)
     uint64_t cap = c->ents_cap ? (uint64_t)c->ents_cap * 2 : 64;
     if (cap > c->n) cap = c->n; /* every entry owns >= 1 block */
     struct entry *e = big_alloc(cap * sizeof *e);
-    if (!e) return ECX_ENOMEM;
-    if (c->ents_used) memcpy(e, c->ents, c->ents_used * sizeof *e);
+    uint64_t *sums = big_alloc(cap * sizeof *sums);
+    if (!e || !sums) {
+        if (e) big_free(e, cap * sizeof *e);
+        if (sums) big_free(sums, cap * sizeof *sums);
+        return ECX_ENOMEM;
+    }
+    if (c->ents_used) {
+        memcpy(e, c->ents, c->ents_used * sizeof *e);
+        memcpy(sums, c->sums, c->ents_used * sizeof *sums);
+    }
     big_free(c->ents, (size_t)c->ents_cap * sizeof *e);
+    big_free(c->sums, (size_t)c->ents_cap * sizeof *sums);
     c->ents = e;
+    c->sums = sums;
     c->ents_cap = (uint32_t)cap;
     return 0;
 }
@@ -687,6 +698,7 @@ void ecx_cache_free(ecx_cache *c)
         }
     }
     big_free(c->ents, (size_t)c->ents_cap * sizeof *c->ents);
+    big_free(c->sums, (size_t)c->ents_cap * sizeof *c->sums);
     big_free(c->tab, ((size_t)c->tab_mask + 1) * sizeof *c->tab);
     big_free(c->b, (size_t)c->n * sizeof *c->b);
     pthread_mutex_destroy(&c->mu);
@@ -722,6 +734,7 @@ int ecx_cache_reserve(ecx_cache *c, const char *key, size_t key_len, uint64_t n_
     uint32_t id = tab_insert(c, h);
     struct entry *e = &c->ents[id];
     e->size_bytes = 0;
+    c->sums[id] = 0;
     key_store(e, key, key_len, kind, ext);
     e->pins = 0;
     e->n_blocks = (uint32_t)n_blocks;
@@ -851,6 +864,17 @@ int ecx_cache_set_size(ecx_cache *c, const char *key, size_t key_len, uint64_t s
     return rc;
 }
 
+int ecx_cache_set_checksum(ecx_cache *c, const char *key, size_t key_len, uint64_t checksum)
+{
+    if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    struct entry *e = find_locked(c, key, key_len, NULL, NULL);
+    int rc = !e ? ECX_ECACHE_MISSING : e->state != ST_NOT_READY ? ECX_ECACHE_STATE : 0;
+    if (!rc) c->sums[e - c->ents] = checksum;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 int ecx_cache_lookup(ecx_cache *c, const char *key, size_t key_len, ecx_cache_info *info)
 {
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
@@ -861,6 +885,7 @@ int ecx_cache_lookup(ecx_cache *c, const char *key, size_t key_len, ecx_cache_in
         info->pins = e->pins;
         info->n_blocks = e->n_blocks;
         info->size_bytes = e->size_bytes;
+        info->checksum = c->sums[e - c->ents];
     }
     pthread_mutex_unlock(&c->mu);
     return e ? 0 : ECX_ECACHE_MISSING;

@@ -31,7 +31,7 @@
  * intrusive list. Every operation is O(1) or O(log n) per run it touches,
  * and a run is created once and freed once, so reserve is O(log n)
  * amortised per run. Memory is 16 bytes per block, allocated once, plus
- * at most 160 bytes per entry (64-byte entries in a pool at most twice the
+ * at most 176 bytes per entry (64-byte entries and 8-byte checksums in a pool at most twice the
  * peak count, 8-byte table slots at load <= 1/2) and long-key buffers, all
  * grown by doubling to their peak and reused after: no allocation per
  * operation in steady state (a growth costs O(entries), once per
@@ -78,6 +78,7 @@ typedef struct ecx_cache_info {
     uint32_t pins;
     uint64_t n_blocks;
     uint64_t size_bytes; /* as set by ecx_cache_set_size(); 0 if never set */
+    uint64_t checksum;   /* as set by ecx_cache_set_checksum(); 0 if never set */
 } ecx_cache_info;
 
 typedef struct ecx_cache_stats {
@@ -126,6 +127,11 @@ int ecx_cache_discard(ecx_cache *c, const char *key, size_t key_len);
  * reserve and it is fixed from mark_ready on. ECX_ECACHE_MISSING,
  * ECX_ECACHE_STATE once ready. */
 int ecx_cache_set_size(ecx_cache *c, const char *key, size_t key_len, uint64_t size_bytes);
+
+/* Record the checksum of the entry's bytes (checksum.h), while it is not
+ * ready, as ecx_cache_set_size(): the writer sets it when the bytes are in,
+ * before mark_ready. ECX_ECACHE_MISSING, ECX_ECACHE_STATE once ready. */
+int ecx_cache_set_checksum(ecx_cache *c, const char *key, size_t key_len, uint64_t checksum);
 
 /* 0 and *info (may be NULL) if present, else ECX_ECACHE_MISSING. */
 int ecx_cache_lookup(ecx_cache *c, const char *key, size_t key_len, ecx_cache_info *info);

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "cache.h"
+#include "checksum.h"
 #include "consumer.h"
 #include "ctrl.h"
 #include "data.h"
@@ -109,7 +110,7 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
         ecx_log(ECX_LOG_INFO, "producer: CURVE on, %s",
                 cfg->n_curve_allow ? "allow-list enforced" : "any client with the server key");
     ctx->port = ecx_ctrl_server_port(ctx->srv);
-    ecx_data_opts dopts = {.backend = backend};
+    ecx_data_opts dopts = {.backend = backend, .bind_host = ctx->advertise};
     if ((rc = ecx_data_new_producer(ctx->region, &dopts, &ctx->pdata))) return rc;
     ecx_producer_opts po = {.compat_hash = ctx->compat,
                             .lease_ms = cfg->lease_ms,
@@ -283,18 +284,25 @@ int ecx_poll(ecx_ctx *ctx, int timeout_ms)
 
 static bool hash_ok(const char *h) { return h && *h && strlen(h) <= ECX_CACHE_KEY_MAX; }
 
+/* The entry's runs into ctx->runs (grown as needed); *n gets their count. */
+static int entry_runs(ecx_ctx *ctx, const char *h, size_t *n)
+{
+    int rc;
+    while ((rc = ecx_cache_runs(ctx->cache, h, strlen(h), ctx->runs, ctx->runs_cap, n)) ==
+           ECX_ERANGE) {
+        ecx_cache_run *r = realloc(ctx->runs, *n * sizeof *r);
+        if (!r) return ECX_ENOMEM;
+        ctx->runs = r, ctx->runs_cap = *n;
+    }
+    return rc;
+}
+
 /* The entry's runs as segments, the last trimmed to size. */
 static int segments(ecx_ctx *ctx, const char *h, uint64_t size, ecx_segment *segs, size_t cap,
                     size_t *n_segs)
 {
     size_t n = 0;
-    int rc;
-    while ((rc = ecx_cache_runs(ctx->cache, h, strlen(h), ctx->runs, ctx->runs_cap, &n)) ==
-           ECX_ERANGE) {
-        ecx_cache_run *r = realloc(ctx->runs, n * sizeof *r);
-        if (!r) return ECX_ENOMEM;
-        ctx->runs = r, ctx->runs_cap = n;
-    }
+    int rc = entry_runs(ctx, h, &n);
     if (rc) return rc;
     *n_segs = n;
     if (n > cap) return ECX_ERANGE;
@@ -327,7 +335,26 @@ int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes, ecx_s
 int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !ctx->prod || !hash_ok(mm_hash)) return ECX_EINVAL;
-    return ecx_cache_mark_ready(ctx->cache, mm_hash, strlen(mm_hash));
+    size_t hl = strlen(mm_hash);
+    ecx_cache_info info;
+    int rc = ecx_cache_lookup(ctx->cache, mm_hash, hl, &info);
+    if (rc) return rc;
+    if (info.state == ECX_CACHE_READY) return ECX_ECACHE_STATE;
+    /* The item's checksum travels in every grant of it (checksum.h). */
+    uint64_t left = info.size_bytes;
+    size_t n = 0;
+    if ((rc = entry_runs(ctx, mm_hash, &n))) return rc;
+    ecx_sum sum;
+    ecx_sum_reset(&sum);
+    const uint8_t *base = ecx_region_base(ctx->region);
+    for (size_t i = 0; i < n && left; i++) {
+        uint64_t len = (uint64_t)ctx->runs[i].len * ctx->block_bytes;
+        if (len > left) len = left;
+        ecx_sum_update(&sum, base + (uint64_t)ctx->runs[i].start * ctx->block_bytes, (size_t)len);
+        left -= len;
+    }
+    if ((rc = ecx_cache_set_checksum(ctx->cache, mm_hash, hl, ecx_sum_digest(&sum)))) return rc;
+    return ecx_cache_mark_ready(ctx->cache, mm_hash, hl);
 }
 
 int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash)

@@ -30,6 +30,8 @@ typedef struct xfer {
     int64_t deadline_ms;      /* ack / read / quarantine / retry / tombstone */
     int64_t first_ask_ms;
     int64_t backoff_ms; /* RETRY */
+    int64_t lease_end_ms; /* READING: the bytes must be in by then (see start_read) */
+    uint64_t checksum;    /* READING: the producer's, from the ticket */
     uint64_t size_bytes, n_blocks;
     ecx_data_xfer *dx; /* READING, QUARANTINED */
     int port;
@@ -223,8 +225,7 @@ static void session_close(ecx_consumer *c, session *s, int64_t now)
 static bool retire_if_lost(ecx_consumer *c, session *s, int64_t now)
 {
     if (!ecx_ctrl_peer_lost(s->peer)) return false;
-    ecx_log(ECX_LOG_WARN, "consumer: lost producer %s:%d; session %s closed", s->host, s->port,
-            s->sid);
+    ecx_log(ECX_LOG_WARN, "consumer: lost producer %s:%d; session closed", s->host, s->port);
     c->st.peers_lost++;
     session_close(c, s, now);
     return true;
@@ -307,7 +308,7 @@ static void start_read(ecx_consumer *c, session *s, xfer *x, const ecx_ack *a, i
     const uint8_t *meta = (const uint8_t *)a->agent_metadata.p;
     const uint8_t *desc = (const uint8_t *)a->mem_descriptor.p;
     size_t ml = a->agent_metadata.n, dl = a->mem_descriptor.n;
-    if (s->dpeer && !ecx_data_peer_same(s->dpeer, meta, ml, desc, dl)) {
+    if (s->dpeer && !ecx_data_peer_same(s->dpeer, meta, ml)) {
         ecx_log(ECX_LOG_WARN, "consumer: producer %s:%d restarted (new metadata); re-registering",
                 s->host, s->port);
         /* READs still running on the old registration fail and settle. */
@@ -345,20 +346,31 @@ static void start_read(ecx_consumer *c, session *s, xfer *x, const ecx_ack *a, i
     }
     for (size_t i = 0; i < n; i++)
         c->local[i] = (uint64_t)c->idx[i];
-    char notif[ECX_DATA_NOTIF_MAX];
-    int nl = snprintf(notif, sizeof notif, "%s:%.*s", s->sid, (int)x->hash_len, x->hash);
-    rc = ecx_data_read_post(s->dpeer, c->remote, c->local, n, x->size_bytes, notif, (size_t)nl,
-                            &x->dx);
+    ecx_data_ticket t;
+    char key[ECX_DATA_NOTIF_MAX];
+    int kl = snprintf(key, sizeof key, "%s:%.*s", s->sid, (int)x->hash_len, x->hash);
+    rc = ecx_data_desc_ticket(desc, dl, &t);
+    if (!rc)
+        rc = ecx_data_read_post(s->dpeer, desc, dl, c->remote, c->local, n, x->size_bytes, key,
+                                (size_t)kl, &x->dx);
     if (rc) {
         x->dx = NULL;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: READ of %.*s not posted: %s", (int)x->hash_len,
                             x->hash, ecx_strerror(rc));
-        bool bad = rc == ECX_EDATA_INDEX || rc == ECX_EDATA_COUNT;
+        bool bad = rc == ECX_EDATA_INDEX || rc == ECX_EDATA_COUNT || rc == ECX_EDATA_DESC ||
+                   rc == ECX_EDATA_VERSION || rc == ECX_EDATA_MISMATCH;
         tombstone(c, x, bad ? ECX_REASON_BAD_ACK : ECX_REASON_READ_FAILED, now);
         return;
     }
+    /* The producer may reuse the blocks once its lease runs out, which it
+     * counts from before we saw the ack: the bytes must be in, and
+     * verified, by our receipt + lease - a margin, or they are not used. */
+    int64_t margin = t.lease_ms / 10 < 1000 ? t.lease_ms / 10 : 1000;
+    x->lease_end_ms = now + (int64_t)t.lease_ms - margin;
+    x->checksum = t.checksum;
     x->state = READING;
     x->deadline_ms = now + c->o.read_timeout_ms;
+    if (x->deadline_ms > x->lease_end_ms) x->deadline_ms = x->lease_end_ms;
 }
 
 static void on_ack(ecx_consumer *c, session *s, const void *payload, size_t len, int64_t now)
@@ -429,10 +441,15 @@ static int advance(ecx_consumer *c, xfer *x, int64_t now)
         return 1;
     case READING:
         st = ecx_data_read_poll(x->dx);
+        if (st == ECX_XFER_DONE && now > x->lease_end_ms) {
+            tombstone(c, x, ECX_REASON_LEASE_EXPIRED, now);
+            return 1;
+        }
         if (st == ECX_XFER_DONE) {
             ecx_data_read_release(x->dx);
             x->dx = NULL;
-            int rc = ecx_cache_mark_ready(c->cache, x->hash, x->hash_len);
+            int rc = ecx_cache_set_checksum(c->cache, x->hash, x->hash_len, x->checksum);
+            if (!rc) rc = ecx_cache_mark_ready(c->cache, x->hash, x->hash_len);
             if (rc) {
                 tombstone(c, x, ECX_REASON_READ_FAILED, now);
                 return 1;
@@ -442,8 +459,9 @@ static int advance(ecx_consumer *c, xfer *x, int64_t now)
             xfer_delete(c, x);
             return 1;
         }
-        if (st == ECX_XFER_FAILED) {
-            tombstone(c, x, ECX_REASON_READ_FAILED, now);
+        if (st == ECX_XFER_FAILED || st == ECX_XFER_CORRUPT) {
+            tombstone(c, x, st == ECX_XFER_CORRUPT ? ECX_REASON_CORRUPT : ECX_REASON_READ_FAILED,
+                      now);
             return 1;
         }
         if (now < x->deadline_ms) return 0;
@@ -486,6 +504,13 @@ int ecx_consumer_poll(ecx_consumer *c)
     int64_t now = now_ms(c);
     int n = ecx_data_progress(c->data);
     if (n > 0) events += n;
+    /* Timers first: an ack that waited in the socket past its transfer's
+     * deadline (say, while this process was stopped) finds the transfer
+     * timed out and is dropped as stale, never acted on. */
+    for (xfer *x = c->head, *next; x; x = next) {
+        next = x->next;
+        events += advance(c, x, now);
+    }
     for (session *s = c->sessions_list, *next; s; s = next) {
         next = s->next;
         /* The monitor first: an ack read after a disconnect may come from a
@@ -499,9 +524,11 @@ int ecx_consumer_poll(ecx_consumer *c)
         for (int i = 0; i < 4096 && ecx_ctrl_peer_recv(s->peer, &pl, &len) == 1; i++, events++)
             on_ack(c, s, pl, len, now);
     }
+    /* READs the acks just started may be done already (the same-host copy
+     * is): report them in this call rather than the engine's next step. */
     for (xfer *x = c->head, *next; x; x = next) {
         next = x->next;
-        events += advance(c, x, now);
+        if (x->state == READING) events += advance(c, x, now);
     }
     return events;
 }

@@ -2,15 +2,24 @@
  * consumer — the consumer sessions (SPEC §5): one session per producer
  * address, and one state machine per transfer.
  *
- *   WAITING_ACK --OK ack, valid--> READING --read done--> DONE (entry ready)
+ *   WAITING_ACK --OK ack, valid--> READING --read done, verified--> DONE (entry ready)
  *        |  NACK_NOT_READY: free blocks, RETRY (ask again after a backoff,
  *        |      within the per-item wait) -- no tombstone
  *        |  other NACK, bad ack, ack timeout: tombstone, free blocks
  *   READING --read failed--> tombstone READ_FAILED, free blocks
+ *        --bytes do not match the ticket's checksum--> tombstone CORRUPT
+ *        --done only after the lease could have expired--> tombstone
+ *          LEASE_EXPIRED (the producer may have reused the blocks)
  *        --deadline passed--> QUARANTINED: tombstone now, keep the blocks
  *   QUARANTINED --read ends, or the quarantine limit passes--> SETTLED:
  *        free the blocks (at the limit, the data peer is dropped first so
  *        nothing can still write into them)
+ *
+ * Timers run before acks in every poll: an ack that arrives after its
+ * transfer's deadline is dropped as stale. The lease clock starts when the
+ * ack is read: receipt + the ticket's lease - a margin (a tenth of it, at
+ * most 1 s) bounds the READ's deadline, and a READ done later than that is
+ * not used.
  *
  * A tombstone answers the engine's next fetch of that item with
  * "encode locally" and the reason, and is then gone. Every ack is

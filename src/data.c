@@ -71,12 +71,14 @@ static uint64_t get64(const uint8_t *p)
  *   1 shm         16B boot_id | u64 st_dev | u64 st_ino | u16 path_len |
  *                 path | u16 sock_len | abstract socket name
  *   2 ucx         16B BLAKE2b of the address | packed ucp worker address
- * mem_descriptor  "ECXD" | u8 version=1 | u8 flags=0 | u16 nsections |
+ * mem_descriptor  "ECXD" | u8 version=2 | u8 flags=0 | u16 nsections |
  *                 u32 total_len | u32 reserved=0 | u64 nonce |
  *                 u64 block_bytes | u64 num_blocks | sections
  *   2 ucx         u64 base address | 16B BLAKE2b of the rkey | packed rkey
+ *   3 grant       16B token | u64 checksum | u64 nbytes | u32 lease_ms
  * The nonce is random per producer context: a descriptor is accepted only
- * with the metadata of the same producer. The digests guard the two UCX
+ * with the metadata of the same producer. Every ack's descriptor carries
+ * its grant's section (the ticket); a READ needs one. The digests guard the two UCX
  * blobs, which UCX parses without a length: a truncated or corrupted blob
  * is refused here and never reaches it.
  */
@@ -86,6 +88,8 @@ static uint64_t get64(const uint8_t *p)
 #define DESC_HEAD_LEN 40
 #define SEC_SHM 1
 #define SEC_UCX 2
+#define SEC_GRANT 3
+#define GRANT_LEN (ECX_DATA_TOKEN_LEN + 8 + 8 + 4)
 #define DIGEST 16
 
 static void digest(const uint8_t *b, size_t n, uint8_t out[DIGEST])
@@ -125,6 +129,11 @@ static void wb16(wbuf *w, uint16_t v)
 {
     uint8_t *q = wb_take(w, 2);
     if (q) put16(q, v);
+}
+static void wb32(wbuf *w, uint32_t v)
+{
+    uint8_t *q = wb_take(w, 4);
+    if (q) put32(q, v);
 }
 static void wb64(wbuf *w, uint64_t v)
 {
@@ -190,9 +199,17 @@ long ecx_data_desc_encode(const ecx_data_desc *d, uint8_t *buf, size_t cap)
     if (d->has_ucx && (d->rkey_len == 0 || d->rkey_len > UINT16_MAX - 8 - DIGEST))
         return ECX_EINVAL;
     wbuf w = {buf, cap, 0, false};
-    head(&w, DESC_MAGIC, (uint16_t)d->has_ucx, d->nonce);
+    head(&w, DESC_MAGIC, (uint16_t)(d->has_ucx + d->has_ticket), d->nonce);
     wb64(&w, d->block_bytes);
     wb64(&w, d->num_blocks);
+    if (d->has_ticket) {
+        wb16(&w, SEC_GRANT);
+        wb16(&w, GRANT_LEN);
+        wb_bytes(&w, d->ticket.token, ECX_DATA_TOKEN_LEN);
+        wb64(&w, d->ticket.checksum);
+        wb64(&w, d->ticket.nbytes);
+        wb32(&w, d->ticket.lease_ms);
+    }
     if (d->has_ucx) {
         wb16(&w, SEC_UCX);
         wb16(&w, (uint16_t)(8 + DIGEST + d->rkey_len));
@@ -300,6 +317,16 @@ int ecx_data_desc_decode(const uint8_t *buf, size_t len, ecx_data_desc *d)
             uint64_t size = d->block_bytes * d->num_blocks;
             if (d->ucx_base > UINT64_MAX - size) return ECX_EDATA_DESC;
             d->has_ucx = true;
+        } else if (type == SEC_GRANT) {
+            if (d->has_ticket || slen != GRANT_LEN) return ECX_EDATA_DESC;
+            memcpy(d->ticket.token, b, ECX_DATA_TOKEN_LEN);
+            d->ticket.checksum = get64(b + ECX_DATA_TOKEN_LEN);
+            d->ticket.nbytes = get64(b + ECX_DATA_TOKEN_LEN + 8);
+            d->ticket.lease_ms = get32(b + ECX_DATA_TOKEN_LEN + 16);
+            if (d->ticket.nbytes == 0 || d->ticket.nbytes > d->block_bytes * d->num_blocks ||
+                d->ticket.lease_ms == 0)
+                return ECX_EDATA_DESC;
+            d->has_ticket = true;
         }
         off += slen;
     }
@@ -325,32 +352,22 @@ int ecx_data_boot_id(uint8_t out[16])
 
 /* ---- peer head ------------------------------------------------------- */
 
-int ecx_data_peer_head_init(ecx_data_peer *p, ecx_data *owner, const char *backend,
-                            uint64_t num_blocks, const uint8_t *meta, size_t meta_len,
-                            const uint8_t *desc, size_t desc_len)
+int ecx_data_peer_head_init(ecx_data_peer *p, const ecx_data_desc *desc, const uint8_t *meta,
+                            size_t meta_len)
 {
-    p->owner = owner;
-    p->backend = backend;
-    p->num_blocks = num_blocks;
+    p->num_blocks = desc->num_blocks;
+    p->nonce = desc->nonce;
     p->meta = malloc(meta_len ? meta_len : 1);
-    p->desc = malloc(desc_len ? desc_len : 1);
-    if (!p->meta || !p->desc) {
-        free(p->meta), free(p->desc);
-        p->meta = p->desc = NULL;
-        return ECX_ENOMEM;
-    }
+    if (!p->meta) return ECX_ENOMEM;
     if (meta_len) memcpy(p->meta, meta, meta_len);
-    if (desc_len) memcpy(p->desc, desc, desc_len);
     p->meta_len = meta_len;
-    p->desc_len = desc_len;
     return 0;
 }
 
 void ecx_data_peer_head_fini(ecx_data_peer *p)
 {
     free(p->meta);
-    free(p->desc);
-    p->meta = p->desc = NULL;
+    p->meta = NULL;
 }
 
 /* ---- auto: both paths, chosen per peer --------------------------------- */
@@ -452,8 +469,16 @@ static int auto_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_des
     return a->ucx->ops->peer_add(a->ucx, m, desc, out);
 }
 
+static void auto_set_grant_fn(ecx_data *d, ecx_data_grant_fn fn, void *arg)
+{
+    auto_data *a = (auto_data *)d;
+    if (a->shm) ecx_data_set_grant_fn(a->shm, fn, arg);
+    if (a->ucx) ecx_data_set_grant_fn(a->ucx, fn, arg);
+}
+
 static const struct ecx_data_ops auto_ops = {
     .name = "auto",
+    .set_grant_fn = auto_set_grant_fn,
     .free = auto_free,
     .progress = auto_progress,
     .fd = auto_fd,
@@ -570,18 +595,13 @@ static int new_ctx(ecx_region *region, const ecx_data_opts *opts, int role, ecx_
             d->ops->free(d);
             return ECX_ERANGE;
         }
-        d->meta = malloc((size_t)ml);
-        d->desc = malloc((size_t)dl);
-        if (!d->meta || !d->desc) {
-            free(d->meta), free(d->desc);
-            d->meta = d->desc = NULL;
+        if (!(d->meta = malloc((size_t)ml))) {
             d->ops->free(d);
             return ECX_ENOMEM;
         }
         memcpy(d->meta, mb, (size_t)ml);
-        memcpy(d->desc, db, (size_t)dl);
         d->meta_len = (size_t)ml;
-        d->desc_len = (size_t)dl;
+        d->layout = dd;
     }
     *out = d;
     return 0;
@@ -603,10 +623,33 @@ const uint8_t *ecx_data_agent_metadata(const ecx_data *d, size_t *len)
     return d ? d->meta : NULL;
 }
 
-const uint8_t *ecx_data_mem_descriptor(const ecx_data *d, size_t *len)
+long ecx_data_grant_descriptor(const ecx_data *d, const ecx_data_ticket *t, uint8_t *buf,
+                               size_t cap)
 {
-    if (len) *len = d ? d->desc_len : 0;
-    return d ? d->desc : NULL;
+    if (!d || !t || !buf) return ECX_EINVAL;
+    if (d->role != ECX_DATA_PRODUCER) return ECX_EDATA_ROLE;
+    ecx_data_desc dd = d->layout;
+    dd.has_ticket = true;
+    dd.ticket = *t;
+    return ecx_data_desc_encode(&dd, buf, cap);
+}
+
+void ecx_data_set_grant_fn(ecx_data *d, ecx_data_grant_fn fn, void *arg)
+{
+    if (!d) return;
+    d->grant_fn = fn;
+    d->grant_arg = arg;
+    if (d->ops->set_grant_fn) d->ops->set_grant_fn(d, fn, arg);
+}
+
+int ecx_data_desc_ticket(const uint8_t *desc, size_t desc_len, ecx_data_ticket *t)
+{
+    ecx_data_desc dd;
+    int rc = ecx_data_desc_decode(desc, desc_len, &dd);
+    if (rc) return rc;
+    if (!dd.has_ticket) return ECX_EDATA_DESC;
+    if (t) *t = dd.ticket;
+    return 0;
 }
 
 int ecx_data_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
@@ -632,8 +675,7 @@ int ecx_data_peer_add(ecx_data *d, const uint8_t *meta, size_t meta_len, const u
     rc = d->ops->peer_add(d, &m, &dd, out);
     if (rc == 0) {
         ecx_data_peer *p = *out;
-        rc = ecx_data_peer_head_init(p, p->owner, p->backend, dd.num_blocks, meta, meta_len, desc,
-                                     desc_len);
+        rc = ecx_data_peer_head_init(p, &dd, meta, meta_len);
         if (rc) {
             p->owner->ops->peer_drop(p);
             *out = NULL;
@@ -642,11 +684,9 @@ int ecx_data_peer_add(ecx_data *d, const uint8_t *meta, size_t meta_len, const u
     return rc;
 }
 
-bool ecx_data_peer_same(const ecx_data_peer *p, const uint8_t *meta, size_t meta_len,
-                        const uint8_t *desc, size_t desc_len)
+bool ecx_data_peer_same(const ecx_data_peer *p, const uint8_t *meta, size_t meta_len)
 {
-    return p && meta && desc && p->meta_len == meta_len && p->desc_len == desc_len &&
-           memcmp(p->meta, meta, meta_len) == 0 && memcmp(p->desc, desc, desc_len) == 0;
+    return p && meta && p->meta_len == meta_len && memcmp(p->meta, meta, meta_len) == 0;
 }
 
 const char *ecx_data_peer_backend(const ecx_data_peer *p)
@@ -662,21 +702,29 @@ void ecx_data_peer_drop(ecx_data_peer *p)
     p->owner->ops->peer_drop(p);
 }
 
-int ecx_data_read_post(ecx_data_peer *p, const uint64_t *remote, const uint64_t *local, size_t n,
-                       uint64_t nbytes, const char *notif, size_t notif_len, ecx_data_xfer **out)
+int ecx_data_read_post(ecx_data_peer *p, const uint8_t *desc, size_t desc_len,
+                       const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
+                       const char *key, size_t key_len, ecx_data_xfer **out)
 {
-    if (!p || !out || (n && (!remote || !local)) || (notif_len && !notif)) return ECX_EINVAL;
+    if (!p || !out || (n && (!remote || !local)) || (key_len && !key)) return ECX_EINVAL;
     *out = NULL;
-    if (n == 0) return ECX_EDATA_COUNT;
-    if (notif_len == 0 || notif_len > ECX_DATA_NOTIF_MAX) return ECX_EDATA_NOTIF;
+    ecx_data_desc dd;
+    int rc = ecx_data_desc_decode(desc, desc_len, &dd);
+    if (rc) return rc;
+    if (!dd.has_ticket) return ECX_EDATA_DESC;
     uint64_t lblocks = ecx_region_num_blocks(p->owner->region);
     uint64_t bs = ecx_region_block_bytes(p->owner->region);
+    if (dd.nonce != p->nonce || dd.num_blocks != p->num_blocks || dd.block_bytes != bs)
+        return ECX_EDATA_MISMATCH;
+    if (nbytes == 0) nbytes = dd.ticket.nbytes;
+    if (nbytes != dd.ticket.nbytes) return ECX_EDATA_MISMATCH;
+    if (n == 0) return ECX_EDATA_COUNT;
+    if (key_len == 0 || key_len > ECX_DATA_NOTIF_MAX) return ECX_EDATA_NOTIF;
     if (n > lblocks || n > p->num_blocks) return ECX_EDATA_COUNT;
-    if (nbytes == 0) nbytes = n * bs;
     if (nbytes <= (n - 1) * bs || nbytes > n * bs) return ECX_EDATA_COUNT;
     for (size_t i = 0; i < n; i++)
         if (remote[i] >= p->num_blocks || local[i] >= lblocks) return ECX_EDATA_INDEX;
-    return p->owner->ops->read_post(p, remote, local, n, nbytes, notif, notif_len, out);
+    return p->owner->ops->read_post(p, &dd.ticket, remote, local, n, nbytes, key, key_len, out);
 }
 
 int ecx_data_read_poll(ecx_data_xfer *x)
@@ -716,7 +764,6 @@ void ecx_data_free(ecx_data *d)
 {
     if (!d) return;
     free(d->meta);
-    free(d->desc);
-    d->meta = d->desc = NULL;
+    d->meta = NULL;
     d->ops->free(d);
 }

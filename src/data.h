@@ -1,26 +1,33 @@
 /*
- * data — the data plane: one-sided READ of a producer's blocks into the
- * consumer's blocks, and the completion notification back (SPEC §2, §6).
+ * data — the data plane: moving one granted item from a producer's blocks
+ * into the consumer's blocks, and the completion back (SPEC §2, §6).
  *
  * This is the one small interface the sessions use, whatever moves the
- * bytes. A producer context publishes two opaque byte strings that travel
- * in the XferAck: agent_metadata (how to reach it) and mem_descriptor (its
- * block layout). A consumer context registers a peer from them, posts a
- * READ of remote block indices into local block indices, polls it (running
- * / done / failed) and releases it; once a READ is done the backend sends
- * the notification "{session_id}:{mm_hash}" to the producer, which
- * collects it with ecx_data_poll_notifs().
+ * bytes. A producer context publishes agent_metadata (how to reach it) and,
+ * per grant, a mem_descriptor (its block layout plus the grant's *ticket*:
+ * a random token, the item's checksum, size and the pin lease); both travel
+ * in the XferAck. A consumer context registers a peer from the metadata,
+ * posts a READ of the granted blocks into local blocks with the ticket,
+ * polls it (running / done / failed / corrupt) and releases it.
+ *
+ * What a peer can do, and what it cannot (issue 9):
+ *   - The producer decides what leaves it. Every backend asks the producer
+ *     session (ecx_data_set_grant_fn) before a byte goes out: a READ is
+ *     served only for a live grant whose key and token match, and only
+ *     once. No rkey is published; no peer can read or write the producer's
+ *     memory one-sidedly.
+ *   - Every READ is verified: the bytes written are checksummed (XXH3-64)
+ *     and compared with the ticket's before DONE; a mismatch is CORRUPT.
+ *   - Completion notifications carry the grant's token: only the holder of
+ *     the grant can release it.
  *
  * Backends (the vtable is in data_impl.h):
- *   ucx   UCX ucp_get from the producer's mapped region (data_ucx.c); works
- *         across hosts (TCP here, RDMA where the hardware has it) and
- *         across network namespaces; notification = UCX active message.
- *   shm   same host: memcpy straight from the producer's region file,
- *         mapped read-only; notification = datagram on the producer's
- *         abstract unix socket (data_shm.c).
- *   auto  (default) a producer publishes both; a consumer uses shm when the
- *         producer has the same boot id, its region file is visible (same
- *         device and inode) and its socket answers, else ucx (data.c).
+ *   ucx   UCX (data_ucx.c): across hosts (TCP here, RDMA where the hardware
+ *         has it) and network namespaces.
+ *   shm   same host (data_shm.c): the producer hands its region's
+ *         descriptor to a consumer holding a grant; the consumer copies.
+ *   auto  (default) a producer publishes both; a consumer uses shm when it
+ *         reaches the producer that way, else ucx (data.c).
  *   fault tests only: wraps another context and injects failures
  *         (data_fault.h).
  *
@@ -51,18 +58,36 @@ typedef struct ecx_data_xfer ecx_data_xfer;
 /* Which path moves the bytes (`--data auto|shm|ucx`). */
 enum ecx_data_backend { ECX_DATA_AUTO = 0, ECX_DATA_SHM = 1, ECX_DATA_UCX = 2 };
 
-/* State of a posted READ. */
-enum ecx_xfer_state { ECX_XFER_RUNNING = 0, ECX_XFER_DONE = 1, ECX_XFER_FAILED = 2 };
+/* State of a posted READ. CORRUPT: the bytes arrived but their checksum is
+ * not the ticket's (the item must not become ready). */
+enum ecx_xfer_state {
+    ECX_XFER_RUNNING = 0,
+    ECX_XFER_DONE = 1,
+    ECX_XFER_FAILED = 2,
+    ECX_XFER_CORRUPT = 3,
+};
 
-/* Longest completion notification, in bytes ("{session_id}:{mm_hash}"). */
+/* Longest grant key, in bytes ("{session_id}:{mm_hash}"). */
 #define ECX_DATA_NOTIF_MAX 512
+/* Length of a grant's token. */
+#define ECX_DATA_TOKEN_LEN 16
 /* Largest agent_metadata / mem_descriptor we produce or accept. */
 #define ECX_DATA_META_MAX 4096
 #define ECX_DATA_DESC_MAX 4096
 
 typedef struct ecx_data_opts {
-    int backend; /* enum ecx_data_backend; 0 = auto */
+    int backend;           /* enum ecx_data_backend; 0 = auto */
+    const char *bind_host; /* producer: the advertised host; listeners bind
+                              to its interface only (NULL: any) */
 } ecx_data_opts;
+
+/* One grant as the data plane carries it (inside the mem_descriptor). */
+typedef struct ecx_data_ticket {
+    uint8_t token[ECX_DATA_TOKEN_LEN]; /* random per grant: its credential */
+    uint64_t checksum;                 /* XXH3-64 of the item's bytes */
+    uint64_t nbytes;                   /* the item's size */
+    uint32_t lease_ms;                 /* the producer's pin lease */
+} ecx_data_ticket;
 
 /* Parse "auto" / "shm" / "ucx" into enum ecx_data_backend; ECX_EINVAL else. */
 int ecx_data_backend_parse(const char *s, int *out);
@@ -75,15 +100,46 @@ const char *ecx_data_backend_name(int backend);
  * warning, and only if none starts is it an error). */
 int ecx_data_new_producer(ecx_region *region, const ecx_data_opts *opts, ecx_data **out);
 
-/* The bytes to put in every OK ack; valid until ecx_data_free(). */
+/* The agent_metadata to put in every OK ack; valid until ecx_data_free(). */
 const uint8_t *ecx_data_agent_metadata(const ecx_data *d, size_t *len);
-const uint8_t *ecx_data_mem_descriptor(const ecx_data *d, size_t *len);
 
-/* Called once per notification; msg is NUL-terminated, len excludes it. */
-typedef void (*ecx_data_notif_cb)(void *arg, const char *msg, size_t len);
+/* The mem_descriptor of one grant's ack into buf: the layout plus the
+ * ticket. Returns its length, or ECX_ERANGE if cap is too small
+ * (ECX_DATA_DESC_MAX always suffices). */
+long ecx_data_grant_descriptor(const ecx_data *d, const ecx_data_ticket *t, uint8_t *buf,
+                               size_t cap);
 
-/* Progress, then hand every notification received since the last call to
- * cb. Returns how many were delivered, or a negative error. */
+/* A grant as a producer backend needs it to serve the bytes. */
+typedef struct ecx_data_grant {
+    const uint64_t *blocks; /* producer block indices, in item order */
+    size_t n;
+    uint64_t nbytes; /* the bytes run through blocks in order */
+} ecx_data_grant;
+
+/* Flag for the grant check: mark the grant served (a second claim fails). */
+#define ECX_DATA_GRANT_CLAIM 1
+
+/* The producer session's answer to "may this leave?": 0 and *g if key
+ * ("{session_id}:{mm_hash}") names a live grant with exactly this token
+ * (and, with ECX_DATA_GRANT_CLAIM, not claimed before: it is now);
+ * ECX_EDATA_GRANT otherwise. g->blocks stays valid until the grant is
+ * released. Backends call it only from progress / poll_notifs. */
+typedef int (*ecx_data_grant_fn)(void *arg, const char *key, size_t key_len,
+                                 const uint8_t token[ECX_DATA_TOKEN_LEN], int flags,
+                                 ecx_data_grant *g);
+
+/* Install the grant check (without one, nothing is ever served). */
+void ecx_data_set_grant_fn(ecx_data *d, ecx_data_grant_fn fn, void *arg);
+
+/* Called once per completion: key is NUL-terminated (key_len excludes it);
+ * status 0: the grant's transfer is complete (the consumer said so, or the
+ * producer's own send finished); negative: the producer's send failed. The
+ * token is the one the completion presented: the session must check it. */
+typedef void (*ecx_data_notif_cb)(void *arg, const char *key, size_t key_len,
+                                  const uint8_t token[ECX_DATA_TOKEN_LEN], int status);
+
+/* Progress, then hand every completion since the last call to cb. Returns
+ * how many were delivered, or a negative error. */
 int ecx_data_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg);
 
 /* ---- consumer ---------------------------------------------------------- */
@@ -91,17 +147,18 @@ int ecx_data_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg);
 /* A consumer context reading into `region` (which must outlive it). */
 int ecx_data_new_consumer(ecx_region *region, const ecx_data_opts *opts, ecx_data **out);
 
-/* Register the producer that sent these bytes. Errors: ECX_EDATA_META /
- * ECX_EDATA_DESC (malformed), ECX_EDATA_VERSION, ECX_EDATA_MISMATCH
- * (descriptor of another producer, or block sizes differ),
- * ECX_EDATA_NOPATH (no enabled backend reaches it), ECX_EDATA_UCX. */
+/* Register the producer that sent these bytes (an ack's agent_metadata and
+ * mem_descriptor). Errors: ECX_EDATA_META / ECX_EDATA_DESC (malformed),
+ * ECX_EDATA_VERSION, ECX_EDATA_MISMATCH (descriptor of another producer,
+ * or block sizes differ), ECX_EDATA_NOPATH (no enabled backend reaches
+ * it), ECX_EDATA_UCX. */
 int ecx_data_peer_add(ecx_data *d, const uint8_t *meta, size_t meta_len, const uint8_t *desc,
                       size_t desc_len, ecx_data_peer **out);
 
-/* True if the peer was registered from exactly these bytes (an ack whose
- * metadata differs means the producer restarted: drop and add again). */
-bool ecx_data_peer_same(const ecx_data_peer *p, const uint8_t *meta, size_t meta_len,
-                        const uint8_t *desc, size_t desc_len);
+/* True if the peer was registered from exactly this agent_metadata (an
+ * ack whose metadata differs means the producer restarted: drop and add
+ * again). */
+bool ecx_data_peer_same(const ecx_data_peer *p, const uint8_t *meta, size_t meta_len);
 
 /* Name of the path the peer uses ("shm" / "ucx"). */
 const char *ecx_data_peer_backend(const ecx_data_peer *p);
@@ -110,18 +167,24 @@ const char *ecx_data_peer_backend(const ecx_data_peer *p);
  * stay valid until released). NULL is a no-op. */
 void ecx_data_peer_drop(ecx_data_peer *p);
 
-/* Post a READ of the peer's blocks remote[i] into our blocks local[i],
- * i < n; when it is done, notif (notif_len bytes, at most
- * ECX_DATA_NOTIF_MAX) is sent to the producer. Runs of consecutive blocks
- * on both sides move as one operation. nbytes is the encoding's size: the
- * bytes run through the blocks in list order, so only the first
- * nbytes - (n-1) * block_bytes bytes of the last block move; 0 means all
- * n whole blocks. Errors: ECX_EDATA_COUNT (n == 0, or nbytes not in
- * ((n-1) * block_bytes, n * block_bytes]), ECX_EDATA_INDEX (an index beyond
- * either side's block count), ECX_EDATA_NOTIF (notification empty or too
- * long), ECX_EDATA_PEER (peer broken), ECX_ENOMEM, ECX_EDATA_UCX. */
-int ecx_data_read_post(ecx_data_peer *p, const uint64_t *remote, const uint64_t *local, size_t n,
-                       uint64_t nbytes, const char *notif, size_t notif_len, ecx_data_xfer **out);
+/* Post a READ of the grant in desc (this ack's mem_descriptor): the
+ * peer's blocks remote[i] into our blocks local[i], i < n. key is the
+ * grant's key "{session_id}:{mm_hash}" (1..ECX_DATA_NOTIF_MAX bytes).
+ * nbytes is the encoding's size, as announced: the bytes run through the
+ * blocks in list order, so only the first nbytes - (n-1) * block_bytes
+ * bytes of the last block move. Errors: ECX_EDATA_DESC / ECX_EDATA_VERSION
+ * (descriptor malformed or without a ticket), ECX_EDATA_MISMATCH
+ * (descriptor of another producer, or its size differs from nbytes),
+ * ECX_EDATA_COUNT (n == 0, or nbytes not in ((n-1) * block_bytes,
+ * n * block_bytes]), ECX_EDATA_INDEX (an index beyond either side's block
+ * count), ECX_EDATA_NOTIF (key empty or too long), ECX_EDATA_PEER (peer
+ * broken), ECX_ENOMEM, ECX_EDATA_UCX. */
+int ecx_data_read_post(ecx_data_peer *p, const uint8_t *desc, size_t desc_len,
+                       const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
+                       const char *key, size_t key_len, ecx_data_xfer **out);
+
+/* The ticket of a mem_descriptor (for the consumer session: the lease). */
+int ecx_data_desc_ticket(const uint8_t *desc, size_t desc_len, ecx_data_ticket *t);
 
 /* enum ecx_xfer_state. Cheap; call ecx_data_progress() to move things on. */
 int ecx_data_read_poll(ecx_data_xfer *x);

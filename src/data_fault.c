@@ -4,7 +4,9 @@
 #include "data_fault.h"
 
 #include <stdlib.h>
+#include <string.h>
 
+#include "checksum.h"
 #include "data_impl.h"
 
 typedef struct fault_data {
@@ -23,8 +25,10 @@ typedef struct fault_xfer {
     ecx_data_xfer head;
     ecx_data_xfer *inner; /* NULL when the fault replaced the READ */
     int kind, state;
-    uint64_t local0;
     bool corrupted;
+    uint64_t nbytes, checksum;
+    size_t n;
+    uint64_t local[]; /* CORRUPT: where the bytes went, to check them again */
 } fault_xfer;
 
 static const struct ecx_data_ops fault_ops;
@@ -37,11 +41,11 @@ int ecx_data_fault_wrap(ecx_data *inner, ecx_data **out)
     f->base.ops = &fault_ops;
     f->base.role = inner->role;
     f->base.region = inner->region;
-    /* The published bytes move to the wrapper, which frees them. */
+    /* The published metadata moves to the wrapper, which frees it. */
     f->base.meta = inner->meta, f->base.meta_len = inner->meta_len;
-    f->base.desc = inner->desc, f->base.desc_len = inner->desc_len;
-    inner->meta = inner->desc = NULL;
-    inner->meta_len = inner->desc_len = 0;
+    f->base.layout = inner->layout;
+    inner->meta = NULL;
+    inner->meta_len = 0;
     f->inner = inner;
     *out = &f->base;
     return 0;
@@ -117,9 +121,14 @@ static void fault_peer_drop(ecx_data_peer *hp)
     free(p);
 }
 
-static int fault_read_post(ecx_data_peer *hp, const uint64_t *remote, const uint64_t *local,
-                           size_t n, uint64_t nbytes, const char *notif, size_t notif_len,
-                           ecx_data_xfer **out)
+static void fault_set_grant_fn(ecx_data *d, ecx_data_grant_fn fn, void *arg)
+{
+    ecx_data_set_grant_fn(((fault_data *)d)->inner, fn, arg);
+}
+
+static int fault_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint64_t *remote,
+                           const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
+                           size_t key_len, ecx_data_xfer **out)
 {
     fault_peer *p = (fault_peer *)hp;
     fault_data *f = (fault_data *)hp->owner;
@@ -130,18 +139,22 @@ static int fault_read_post(ecx_data_peer *hp, const uint64_t *remote, const uint
         kind = f->kind;
     if (kind != ECX_FAULT_NONE) f->hits++;
     if (kind == ECX_FAULT_POST_FAIL) return ECX_EDATA_FAULT;
-    fault_xfer *x = calloc(1, sizeof *x);
+    size_t keep = kind == ECX_FAULT_CORRUPT ? n : 0;
+    fault_xfer *x = calloc(1, sizeof *x + keep * sizeof *local);
     if (!x) return ECX_ENOMEM;
     x->head.owner = hp->owner;
     x->kind = kind;
-    x->local0 = local[0];
+    x->n = keep;
+    memcpy(x->local, local, keep * sizeof *local);
+    x->nbytes = nbytes;
+    x->checksum = t->checksum;
     if (kind == ECX_FAULT_READ_FAIL) {
         x->state = ECX_XFER_FAILED;
     } else if (kind == ECX_FAULT_HANG) {
         x->state = ECX_XFER_RUNNING;
     } else {
-        int rc = p->inner->owner->ops->read_post(p->inner, remote, local, n, nbytes, notif,
-                                                 notif_len, &x->inner);
+        int rc = p->inner->owner->ops->read_post(p->inner, t, remote, local, n, nbytes, key,
+                                                 key_len, &x->inner);
         if (rc) {
             free(x);
             return rc;
@@ -156,10 +169,16 @@ static int fault_read_poll(ecx_data_xfer *hx)
     fault_xfer *x = (fault_xfer *)hx;
     if (!x->inner) return x->state;
     int st = x->inner->owner->ops->read_poll(x->inner);
-    if (st == ECX_XFER_DONE && x->kind == ECX_FAULT_CORRUPT && !x->corrupted) {
+    if (st == ECX_XFER_DONE && x->kind == ECX_FAULT_CORRUPT) {
+        /* A byte changed after the copy: the check is run again on what
+         * is there now, as the backend ran it on what it wrote. */
         ecx_region *r = hx->owner->region;
-        ecx_region_base(r)[x->local0 * ecx_region_block_bytes(r)] ^= 0xff;
+        uint8_t *base = ecx_region_base(r);
+        uint64_t bs = ecx_region_block_bytes(r);
+        if (!x->corrupted) base[x->local[0] * bs] ^= 0xff;
         x->corrupted = true;
+        if (ecx_checksum_blocks(base, bs, x->local, x->n, x->nbytes) != x->checksum)
+            st = ECX_XFER_CORRUPT;
     }
     return st;
 }
@@ -178,6 +197,7 @@ static const struct ecx_data_ops fault_ops = {
     .fd = fault_fd,
     .arm = fault_arm,
     .poll_notifs = fault_poll_notifs,
+    .set_grant_fn = fault_set_grant_fn,
     .peer_add = fault_peer_add,
     .peer_drop = fault_peer_drop,
     .read_post = fault_read_post,

@@ -11,7 +11,8 @@
  *   HANG       the post succeeds, moves nothing, and polls RUNNING forever
  *              (the quarantine path); release works as for any xfer
  *   CORRUPT    the real READ runs; when it is done, the first byte of the
- *              first local block is flipped before DONE is reported
+ *              first local block is flipped and the checksum is checked
+ *              again over the local blocks, so the xfer polls CORRUPT
  * Everything else (peers, notifications, progress) passes through.
  */
 #ifndef ECX_DATA_FAULT_H

@@ -41,11 +41,13 @@ typedef struct ecx_data_desc {
     uint64_t ucx_base;   /* remote virtual address of block 0 */
     const uint8_t *rkey; /* packed ucp remote key */
     size_t rkey_len;
+    bool has_ticket; /* the grant this descriptor came with */
+    ecx_data_ticket ticket;
 } ecx_data_desc;
 
 #define ECX_DATA_PATH_MAX 1024
 #define ECX_DATA_SOCK_MAX 100
-#define ECX_DATA_FORMAT_VERSION 1
+#define ECX_DATA_FORMAT_VERSION 2
 
 /* Encode into buf (cap bytes); returns the length or a negative error
  * (ECX_ERANGE if it does not fit). */
@@ -63,37 +65,57 @@ struct ecx_data_ops {
     int (*arm)(ecx_data *d);
     /* producer */
     int (*poll_notifs)(ecx_data *d, ecx_data_notif_cb cb, void *arg);
+    /* optional: a wrapper passes the grant check on to what it wraps */
+    void (*set_grant_fn)(ecx_data *d, ecx_data_grant_fn fn, void *arg);
     /* consumer: meta and desc are already parsed, validated, and agree
      * (same nonce, same block size as the local region). */
     int (*peer_add)(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
                     ecx_data_peer **out);
     void (*peer_drop)(ecx_data_peer *p);
-    /* Indices are already checked against both block counts, n > 0,
-     * nbytes is in ((n-1) * block_bytes, n * block_bytes] (never 0) and
-     * 0 < notif_len <= ECX_DATA_NOTIF_MAX. */
-    int (*read_post)(ecx_data_peer *p, const uint64_t *remote, const uint64_t *local, size_t n,
-                     uint64_t nbytes, const char *notif, size_t notif_len, ecx_data_xfer **out);
+    /* The ticket comes from a descriptor of this peer's producer, with
+     * t->nbytes == nbytes; indices are already checked against both block
+     * counts, n > 0, nbytes is in ((n-1) * block_bytes, n * block_bytes]
+     * and 0 < key_len <= ECX_DATA_NOTIF_MAX. Before reporting DONE the
+     * backend checks what it wrote against t->checksum (CORRUPT if not). */
+    int (*read_post)(ecx_data_peer *p, const ecx_data_ticket *t, const uint64_t *remote,
+                     const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
+                     size_t key_len, ecx_data_xfer **out);
     int (*read_poll)(ecx_data_xfer *x);
     void (*read_release)(ecx_data_xfer *x);
 };
 
-/* Head of every context. The front (data.c) fills role, region and the
- * published bytes; backends fill ops. */
+/* Head of every context. The front (data.c) fills role, region, the
+ * published metadata and the grant check; backends fill ops. */
 struct ecx_data {
     const struct ecx_data_ops *ops;
     int role;
     ecx_region *region;
-    uint8_t *meta, *desc; /* producer: published bytes (malloc'd) */
-    size_t meta_len, desc_len;
+    uint8_t *meta; /* producer: published agent_metadata (malloc'd) */
+    size_t meta_len;
+    ecx_data_desc layout; /* producer: every grant's descriptor, less the ticket
+                             (its pointers are into the backend) */
+    ecx_data_grant_fn grant_fn; /* producer: the session's grant check */
+    void *grant_arg;
 };
 
-/* Head of every peer: its owner, and the bytes it was registered from. */
+/* Ask the producer session whether a grant may be served (a backend's
+ * only way to decide what leaves the producer). */
+static inline int ecx_data_grant_check(ecx_data *d, const char *key, size_t key_len,
+                                       const uint8_t token[ECX_DATA_TOKEN_LEN], int flags,
+                                       ecx_data_grant *g)
+{
+    if (!d->grant_fn || key_len == 0 || key_len > ECX_DATA_NOTIF_MAX) return ECX_EDATA_GRANT;
+    return d->grant_fn(d->grant_arg, key, key_len, token, flags, g);
+}
+
+/* Head of every peer: its owner, and what it was registered from. */
 struct ecx_data_peer {
     ecx_data *owner;
-    const char *backend; /* "shm" / "ucx" */
-    uint64_t num_blocks; /* of the remote region */
-    uint8_t *meta, *desc;
-    size_t meta_len, desc_len;
+    const char *backend;  /* "shm" / "ucx" */
+    uint64_t num_blocks;  /* of the remote region */
+    uint64_t nonce;       /* of the producer context */
+    uint8_t *meta;        /* the agent_metadata bytes */
+    size_t meta_len;
 };
 
 /* Head of every xfer. */
@@ -101,10 +123,9 @@ struct ecx_data_xfer {
     ecx_data *owner;
 };
 
-/* Fill the peer head (copies meta and desc bytes); ECX_ENOMEM. */
-int ecx_data_peer_head_init(ecx_data_peer *p, ecx_data *owner, const char *backend,
-                            uint64_t num_blocks, const uint8_t *meta, size_t meta_len,
-                            const uint8_t *desc, size_t desc_len);
+/* Fill the peer head (copies the meta bytes); ECX_ENOMEM. */
+int ecx_data_peer_head_init(ecx_data_peer *p, const ecx_data_desc *desc, const uint8_t *meta,
+                            size_t meta_len);
 void ecx_data_peer_head_fini(ecx_data_peer *p);
 
 /* Length of the run of consecutive block pairs starting at i: the largest

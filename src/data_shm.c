@@ -33,6 +33,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "checksum.h"
 #include "data_impl.h"
 #include "util.h"
 
@@ -48,8 +49,8 @@ typedef struct shm_xfer {
     int state;
     bool released, pending;
     int64_t give_up_ms;
-    size_t notif_len;
-    char notif[ECX_DATA_NOTIF_MAX];
+    size_t notif_len; /* token + key */
+    char notif[ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX];
 } shm_xfer;
 
 struct shm_peer {
@@ -216,22 +217,22 @@ static int shm_arm(ecx_data *d)
 static int shm_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
 {
     shm_data *s = (shm_data *)d;
-    char buf[ECX_DATA_NOTIF_MAX + 1];
+    char buf[ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX + 1];
     int count = 0;
     for (int i = 0; i < ECX_SHM_RECV_BATCH; i++) {
-        ssize_t n = recv(s->sock, buf, ECX_DATA_NOTIF_MAX, MSG_DONTWAIT | MSG_TRUNC);
+        ssize_t n = recv(s->sock, buf, sizeof buf - 1, MSG_DONTWAIT | MSG_TRUNC);
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
             ecx_log(ECX_LOG_WARN, "data shm: recv: %s", strerror(errno));
             return ECX_ESYS;
         }
-        if (n == 0 || n > ECX_DATA_NOTIF_MAX) {
+        if (n <= ECX_DATA_TOKEN_LEN || n > ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX) {
             ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: dropped a notification of %zd bytes", n);
             continue;
         }
         buf[n] = 0;
-        cb(arg, buf, (size_t)n);
+        cb(arg, buf + ECX_DATA_TOKEN_LEN, (size_t)n - ECX_DATA_TOKEN_LEN, (const uint8_t *)buf, 0);
         count++;
     }
     return count;
@@ -315,8 +316,9 @@ static void shm_peer_drop(ecx_data_peer *hp)
     free(p);
 }
 
-static int shm_read_post(ecx_data_peer *hp, const uint64_t *remote, const uint64_t *local, size_t n,
-                         uint64_t nbytes, const char *notif, size_t notif_len, ecx_data_xfer **out)
+static int shm_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint64_t *remote,
+                         const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
+                         size_t key_len, ecx_data_xfer **out)
 {
     shm_peer *p = (shm_peer *)hp;
     shm_data *s = (shm_data *)hp->owner;
@@ -330,14 +332,21 @@ static int shm_read_post(ecx_data_peer *hp, const uint64_t *remote, const uint64
 
     const uint64_t bs = ecx_region_block_bytes(s->base.region);
     uint8_t *lbase = ecx_region_base(s->base.region);
+    ecx_sum sum;
+    ecx_sum_reset(&sum);
     for (size_t i = 0; i < n;) {
         size_t k = ecx_data_run_len(remote, local, i, n);
         uint64_t len = k * bs < nbytes ? k * bs : nbytes;
         memcpy(lbase + local[i] * bs, p->base + remote[i] * bs, len);
+        ecx_sum_update(&sum, lbase + local[i] * bs, len);
         nbytes -= len;
         i += k;
     }
-    x->state = ECX_XFER_DONE;
+    x->state = ecx_sum_digest(&sum) == t->checksum ? ECX_XFER_DONE : ECX_XFER_CORRUPT;
+    char notif[ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX];
+    size_t notif_len = ECX_DATA_TOKEN_LEN + key_len;
+    memcpy(notif, t->token, ECX_DATA_TOKEN_LEN);
+    memcpy(notif + ECX_DATA_TOKEN_LEN, key, key_len);
     if (notif_send(p, notif, notif_len) == 1) {
         memcpy(x->notif, notif, notif_len);
         x->notif_len = notif_len;

@@ -37,6 +37,7 @@
 #include <string.h>
 #include <ucp/api/ucp.h>
 
+#include "checksum.h"
 #include "data_impl.h"
 #include "util.h"
 
@@ -57,8 +58,11 @@ typedef struct ucx_xfer {
     bool failed, released, queued, am_pending, in_use;
     void **reqs; /* outstanding get requests, for cancel */
     size_t nreqs, reqs_cap;
-    size_t notif_len;
-    char notif[ECX_DATA_NOTIF_MAX];
+    uint64_t *local; /* where the bytes go, for the checksum */
+    size_t n_local, local_cap;
+    uint64_t nbytes, checksum;
+    size_t notif_len; /* token + key */
+    char notif[ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX];
 } ucx_xfer;
 
 struct ucx_peer {
@@ -78,7 +82,8 @@ typedef struct closing {
 } closing;
 
 typedef struct notif_slot {
-    uint16_t len;
+    uint16_t len; /* of the key */
+    uint8_t token[ECX_DATA_TOKEN_LEN];
     char msg[ECX_DATA_NOTIF_MAX + 1];
 } notif_slot;
 
@@ -220,8 +225,8 @@ static ucs_status_t am_notif_cb(void *arg, const void *header, size_t header_len
     ucx_data *u = arg;
     /* Notifications are small and sent eagerly; anything else is not ours
      * (returning UCS_OK releases a rendezvous message unread). */
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length == 0 ||
-        length > ECX_DATA_NOTIF_MAX) {
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length <= ECX_DATA_TOKEN_LEN ||
+        length > ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: dropped a notification of %zu bytes", length);
         return UCS_OK;
     }
@@ -231,7 +236,9 @@ static ucs_status_t am_notif_cb(void *arg, const void *header, size_t header_len
         return UCS_OK;
     }
     notif_slot *s = &u->ring[(u->ring_head + u->ring_count) % NOTIF_RING];
-    memcpy(s->msg, data, length);
+    memcpy(s->token, data, ECX_DATA_TOKEN_LEN);
+    length -= ECX_DATA_TOKEN_LEN;
+    memcpy(s->msg, (const uint8_t *)data + ECX_DATA_TOKEN_LEN, length);
     s->msg[length] = 0;
     s->len = (uint16_t)length;
     u->ring_count++;
@@ -342,7 +349,7 @@ static int ucx_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
         notif_slot *s = &u->ring[u->ring_head];
         u->ring_head = (u->ring_head + 1) % NOTIF_RING;
         u->ring_count--;
-        cb(arg, s->msg, s->len);
+        cb(arg, s->msg, s->len, s->token, 0);
         count++;
     }
     return count;
@@ -506,7 +513,10 @@ static void send_notif(ucx_data *u, ucx_xfer *x)
     if (x->failed) {
         x->state = ECX_XFER_FAILED;
     } else {
-        x->state = ECX_XFER_DONE;
+        const ecx_region *r = u->base.region;
+        uint64_t sum = ecx_checksum_blocks(ecx_region_base(r), ecx_region_block_bytes(r), x->local,
+                                           x->n_local, x->nbytes);
+        x->state = sum == x->checksum ? ECX_XFER_DONE : ECX_XFER_CORRUPT;
         if (p && p->ep && !p->broken) {
             ucp_request_param_t prm = {
                 .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -561,18 +571,33 @@ static void cancel_gets(ucx_data *u, ucx_xfer *x)
         if (n < x->nreqs) ucp_request_cancel(u->worker, x->reqs[n]);
 }
 
-static int ucx_read_post(ecx_data_peer *hp, const uint64_t *remote, const uint64_t *local, size_t n,
-                         uint64_t nbytes, const char *notif, size_t notif_len, ecx_data_xfer **out)
+static int ucx_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint64_t *remote,
+                         const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
+                         size_t key_len, ecx_data_xfer **out)
 {
     ucx_peer *p = (ucx_peer *)hp;
     ucx_data *u = (ucx_data *)hp->owner;
     if (p->broken || !p->ep) return ECX_EDATA_PEER;
     ucx_xfer *x = xfer_get(u);
     if (!x) return ECX_ENOMEM;
+    if (n > x->local_cap) {
+        uint64_t *l = realloc(x->local, n * sizeof *l);
+        if (!l) {
+            x->released = true;
+            xfer_put(u, x);
+            return ECX_ENOMEM;
+        }
+        x->local = l, x->local_cap = n;
+    }
+    memcpy(x->local, local, n * sizeof *local);
+    x->n_local = n;
+    x->nbytes = nbytes;
+    x->checksum = t->checksum;
     x->peer = p;
     p->refs++;
-    memcpy(x->notif, notif, notif_len);
-    x->notif_len = notif_len;
+    memcpy(x->notif, t->token, ECX_DATA_TOKEN_LEN);
+    memcpy(x->notif + ECX_DATA_TOKEN_LEN, key, key_len);
+    x->notif_len = ECX_DATA_TOKEN_LEN + key_len;
 
     const uint64_t bs = ecx_region_block_bytes(u->base.region);
     uint8_t *lbase = ecx_region_base(u->base.region);
@@ -678,6 +703,7 @@ static void ucx_free(ecx_data *d)
     for (ucx_xfer *x = u->all_xfers, *n; x; x = n) {
         n = x->all_next;
         free(x->reqs);
+        free(x->local);
         free(x);
     }
     if (u->rkey_buf) ucp_rkey_buffer_release(u->rkey_buf);

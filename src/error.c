@@ -35,6 +35,7 @@ const char *ecx_strerror(int err)
     case ECX_EDATA_FAULT: return "injected data-plane fault";
     case ECX_EDATA_ROLE: return "call not valid for this data-plane role";
     case ECX_EDATA_NOTIF: return "notification empty or too long";
+    case ECX_EDATA_GRANT: return "no live grant with that key and token";
     case ECX_EREGION_SIZE: return "region size is zero, too large, or not whole blocks";
     case ECX_EREGION_EXISTS: return "region file already exists";
     case ECX_EREGION_NOTFOUND: return "region file not found";
@@ -81,6 +82,8 @@ const char *ecx_reason_name(int reason)
         [ECX_REASON_READ_FAILED] = "READ_FAILED",
         [ECX_REASON_QUARANTINED] = "QUARANTINED",
         [ECX_REASON_SEND_FAILED] = "SEND_FAILED",
+        [ECX_REASON_CORRUPT] = "CORRUPT",
+        [ECX_REASON_LEASE_EXPIRED] = "LEASE_EXPIRED",
     };
     return reason >= 0 && reason < ECX_REASON_COUNT ? names[reason] : "UNKNOWN";
 }

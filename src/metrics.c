@@ -60,7 +60,17 @@ static void producer(out *o, const ecx_producer_stats *p, const ecx_ctrl_stats *
             p->completions);
     counter(o, "ecx_producer_unknown_notifications_total",
             "Completion notifications that matched no grant.", p->unknown_notifs);
-    counter(o, "ecx_producer_bytes_served_total", "Bytes (whole blocks) of completed transfers.",
+    counter(o, "ecx_producer_forged_notifications_total",
+            "Completion notifications for a grant with a wrong token (nothing released).",
+            p->forged_notifs);
+    counter(o, "ecx_producer_foreign_requests_total",
+            "Requests refused: the grant is held by another connection.", p->foreign_requests);
+    counter(o, "ecx_producer_refused_reads_total",
+            "Data-plane requests refused: no live grant, wrong token, or already served.",
+            p->refused_reads);
+    counter(o, "ecx_producer_send_failed_total", "Grants whose bytes could not be sent.",
+            p->send_failed);
+    counter(o, "ecx_producer_bytes_served_total", "Bytes of completed transfers.",
             p->bytes_served);
     counter(o, "ecx_producer_reply_failed_total", "Acks that could not be sent.", p->reply_failed);
 }

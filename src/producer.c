@@ -4,20 +4,30 @@
  */
 #include "producer.h"
 
+#include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "table.h"
 #include "wire.h"
 
+/* Longest ZeroMQ routing id (libzmq allows 255 bytes). */
+#define IDENTITY_MAX 255
+
 typedef struct grant {
     ecx_table_node node;       /* keyed by key[0..key_len) */
     struct grant *prev, *next; /* lease queue, oldest first; next = free list */
     int64_t expires_ms;
-    uint64_t n_blocks;
-    uint32_t hash_off; /* mm_hash starts at key + hash_off */
+    uint64_t nbytes;
+    uint64_t *blocks; /* item order; the buffer stays with the record when pooled */
+    size_t n_blocks, blocks_cap;
+    bool claimed; /* its bytes were handed to the data plane once */
+    uint8_t token[ECX_DATA_TOKEN_LEN];
+    uint8_t identity_len;
+    uint8_t identity[IDENTITY_MAX]; /* the connection that asked */
+    uint32_t hash_off;              /* mm_hash starts at key + hash_off */
     uint32_t key_len;
-    char key[ECX_DATA_NOTIF_MAX]; /* "{session_id}:{mm_hash}" */
+    char key[ECX_DATA_NOTIF_MAX + 1]; /* "{session_id}:{mm_hash}" */
 } grant;
 
 struct ecx_producer {
@@ -37,6 +47,7 @@ struct ecx_producer {
     msgpack_sbuffer out; /* reused for every ack */
     int64_t *idx;        /* reused block-index buffer */
     size_t idx_cap;
+    uint8_t desc[ECX_DATA_DESC_MAX]; /* reused mem_descriptor of an ack */
 };
 
 /* ---------- grant table ---------- */
@@ -71,21 +82,39 @@ static void grant_release(ecx_producer *p, grant *g)
     grant_unlink(p, g);
 }
 
-static grant *grant_add(ecx_producer *p, ecx_span sid, ecx_span hash, uint64_t n_blocks,
+/* A grant record for blocks p->idx[0..n), from the pool; NULL if memory
+ * runs out. */
+static grant *grant_add(ecx_producer *p, ecx_span sid, ecx_span hash, size_t n, uint64_t nbytes,
                         int64_t now)
 {
     grant *g = p->free_list;
     if (g) {
         p->free_list = g->next;
-    } else if (!(g = malloc(sizeof *g))) {
+    } else if (!(g = calloc(1, sizeof *g))) {
         return NULL;
     }
+    if (n > g->blocks_cap) {
+        uint64_t *b = realloc(g->blocks, n * sizeof *b);
+        if (!b) {
+            g->next = p->free_list, p->free_list = g;
+            return NULL;
+        }
+        g->blocks = b, g->blocks_cap = n;
+    }
+    for (size_t i = 0; i < n; i++)
+        g->blocks[i] = (uint64_t)p->idx[i];
+    g->n_blocks = n;
+    g->nbytes = nbytes;
+    g->claimed = false;
+    randombytes_buf(g->token, sizeof g->token);
+    g->identity_len = (uint8_t)p->msg.identity_len;
+    memcpy(g->identity, p->msg.identity, p->msg.identity_len);
     memcpy(g->key, sid.p, sid.n);
     g->key[sid.n] = ':';
     memcpy(g->key + sid.n + 1, hash.p, hash.n);
     g->hash_off = (uint32_t)(sid.n + 1);
     g->key_len = (uint32_t)(sid.n + 1 + hash.n);
-    g->n_blocks = n_blocks;
+    g->key[g->key_len] = 0;
     g->expires_ms = now + p->o.lease_ms;
     g->node.key = g->key;
     g->node.key_len = g->key_len;
@@ -101,6 +130,9 @@ static grant *grant_add(ecx_producer *p, ecx_span sid, ecx_span hash, uint64_t n
 }
 
 /* ---------- lifecycle ---------- */
+
+static int grant_check(void *arg, const char *key, size_t key_len,
+                       const uint8_t token[ECX_DATA_TOKEN_LEN], int flags, ecx_data_grant *out);
 
 int ecx_producer_new(ecx_cache *cache, ecx_data *data, ecx_ctrl_server *srv,
                      const ecx_producer_opts *opts, ecx_producer **out)
@@ -125,6 +157,7 @@ int ecx_producer_new(ecx_cache *cache, ecx_data *data, ecx_ctrl_server *srv,
     }
     ecx_ctrl_msg_init(&p->msg);
     msgpack_sbuffer_init(&p->out);
+    ecx_data_set_grant_fn(data, grant_check, p);
     *out = p;
     return 0;
 }
@@ -132,10 +165,14 @@ int ecx_producer_new(ecx_cache *cache, ecx_data *data, ecx_ctrl_server *srv,
 void ecx_producer_free(ecx_producer *p)
 {
     if (!p) return;
+    ecx_data_set_grant_fn(p->data, NULL, NULL);
     while (p->oldest)
         grant_release(p, p->oldest);
-    for (grant *g = p->free_list, *n; g; g = n)
-        n = g->next, free(g);
+    for (grant *g = p->free_list, *n; g; g = n) {
+        n = g->next;
+        free(g->blocks);
+        free(g);
+    }
     ecx_ctrl_msg_fini(&p->msg);
     msgpack_sbuffer_destroy(&p->out);
     ecx_table_fini(&p->grants);
@@ -221,6 +258,13 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
     key[r->session_id.n] = ':';
     memcpy(key + r->session_id.n + 1, r->mm_hash.p, r->mm_hash.n);
     grant *old = grant_find(p, key, r->session_id.n + 1 + r->mm_hash.n);
+    if (old && (old->identity_len != p->msg.identity_len ||
+                memcmp(old->identity, p->msg.identity, old->identity_len))) {
+        /* Only the connection that holds a grant may replace it. */
+        p->st.foreign_requests++;
+        nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "grant held by another connection");
+        return;
+    }
     if (old) { /* the consumer asked again: its old pin goes first */
         grant_release(p, old);
         p->st.regrants++;
@@ -245,10 +289,24 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
 
     size_t n = 0;
     grant *g = NULL;
-    if ((rc = entry_blocks(p, r->mm_hash, &n)) ||
-        !(g = grant_add(p, r->session_id, r->mm_hash, n, now))) {
-        ecx_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
-        nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, rc ? ecx_strerror(rc) : "out of memory");
+    ecx_cache_info info;
+    long dl = 0;
+    if (!(rc = ecx_cache_lookup(p->cache, r->mm_hash.p, r->mm_hash.n, &info)) &&
+        !(rc = entry_blocks(p, r->mm_hash, &n)) &&
+        (g = grant_add(p, r->session_id, r->mm_hash, n, info.size_bytes, now))) {
+        ecx_data_ticket t = {.checksum = info.checksum,
+                             .nbytes = info.size_bytes,
+                             .lease_ms = (uint32_t)p->o.lease_ms};
+        memcpy(t.token, g->token, sizeof t.token);
+        dl = ecx_data_grant_descriptor(p->data, &t, p->desc, sizeof p->desc);
+    }
+    if (!g || dl < 0) {
+        if (g)
+            grant_release(p, g);
+        else
+            ecx_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
+        rc = dl < 0 ? (int)dl : rc ? rc : ECX_ENOMEM;
+        nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, ecx_strerror(rc));
         return;
     }
     ecx_ack a;
@@ -258,11 +316,10 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
     a.session_id = r->session_id;
     a.n_indices = n;
     a.indices = p->idx;
-    size_t ml, dl;
+    size_t ml;
     const uint8_t *meta = ecx_data_agent_metadata(p->data, &ml);
-    const uint8_t *desc = ecx_data_mem_descriptor(p->data, &dl);
     a.agent_metadata = (ecx_span){(const char *)meta, ml};
-    a.mem_descriptor = (ecx_span){(const char *)desc, dl};
+    a.mem_descriptor = (ecx_span){(const char *)p->desc, (size_t)dl};
     uint64_t failed_before = p->st.reply_failed;
     reply(p, &a);
     if (p->st.reply_failed != failed_before) {
@@ -272,17 +329,52 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
     p->st.grants++;
 }
 
-static void on_notif(void *arg, const char *msg, size_t len)
+/* The data plane asks before anything leaves (data.h): a live grant with
+ * this key and token, claimed at most once. */
+static int grant_check(void *arg, const char *key, size_t key_len,
+                       const uint8_t token[ECX_DATA_TOKEN_LEN], int flags, ecx_data_grant *out)
 {
     ecx_producer *p = arg;
-    grant *g = len <= ECX_DATA_NOTIF_MAX ? grant_find(p, msg, len) : NULL;
+    grant *g = grant_find(p, key, key_len);
+    if (!g || sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN) != 0 ||
+        ((flags & ECX_DATA_GRANT_CLAIM) && g->claimed)) {
+        p->st.refused_reads++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: refused a data-plane request for %s",
+                            g ? (g->claimed ? "a grant already served" : "a grant (wrong token)")
+                              : "no grant");
+        return ECX_EDATA_GRANT;
+    }
+    if (flags & ECX_DATA_GRANT_CLAIM) g->claimed = true;
+    out->blocks = g->blocks;
+    out->n = g->n_blocks;
+    out->nbytes = g->nbytes;
+    return 0;
+}
+
+static void on_notif(void *arg, const char *key, size_t len,
+                     const uint8_t token[ECX_DATA_TOKEN_LEN], int status)
+{
+    ecx_producer *p = arg;
+    grant *g = len <= ECX_DATA_NOTIF_MAX ? grant_find(p, key, len) : NULL;
     if (!g) {
         p->st.unknown_notifs++;
         ECX_LOG_RATELIMITED(ECX_LOG_INFO, "producer: notification for no grant (%zu bytes)", len);
         return;
     }
-    p->st.completions++;
-    p->st.bytes_served += g->n_blocks * p->o.block_bytes;
+    if (sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN) != 0) {
+        /* Only the grant's holder knows its token: release nothing. */
+        p->st.forged_notifs++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: notification with a wrong token ignored");
+        return;
+    }
+    if (status) {
+        p->st.send_failed++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: sending %s failed: %s", key + g->hash_off,
+                            ecx_strerror(status));
+    } else {
+        p->st.completions++;
+        p->st.bytes_served += g->nbytes;
+    }
     grant_release(p, g);
 }
 
@@ -308,7 +400,8 @@ int ecx_producer_poll(ecx_producer *p)
     while (p->oldest && p->oldest->expires_ms <= now) {
         grant *g = p->oldest;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: lease expired for %.*s; unpinned",
-                            (int)(g->key_len > 120 ? 120 : g->key_len), g->key);
+                            (int)(g->key_len - g->hash_off > 120 ? 120 : g->key_len - g->hash_off),
+                            g->key + g->hash_off);
         p->st.expired_leases++;
         grant_release(p, g);
         events++;

@@ -16,7 +16,16 @@
  * grant by exact lookup. Each grant holds one pin under a lease (30 s); a
  * lease that expires unpins with a warning. A repeated request for a key
  * already granted (the consumer timed out and asked again) releases the old
- * pin before taking the new one. Frames that do not decode get no reply and
+ * pin before taking the new one.
+ *
+ * A grant belongs to the connection that asked (issue 9): it records the
+ * ZeroMQ routing id, and only that connection may replace it; it carries a
+ * random 16-byte token that travels only in the ack to that connection
+ * (in the mem_descriptor's ticket, with the item's checksum and size). The
+ * data plane serves a grant's bytes only to a request presenting key and
+ * token, once (grant_check), and a completion releases the grant only with
+ * the right token: knowing a session id (which is never logged at the
+ * default level) gains a third party nothing. Frames that do not decode get no reply and
  * are counted. Since the lease is the same for every grant, grants expire
  * in the order they were made: a list in grant order is the expiry queue.
  *
@@ -53,9 +62,13 @@ typedef struct ecx_producer_stats {
     uint64_t regrants;                  /* repeated requests that replaced a grant */
     uint64_t active_grants;
     uint64_t expired_leases;
-    uint64_t completions;    /* notifications that released a grant */
-    uint64_t unknown_notifs; /* notifications matching no grant */
-    uint64_t bytes_served;   /* whole blocks of completed grants */
+    uint64_t completions;      /* notifications that released a grant */
+    uint64_t unknown_notifs;   /* notifications matching no grant */
+    uint64_t forged_notifs;    /* notifications for a grant with a wrong token */
+    uint64_t foreign_requests; /* requests for a grant another connection holds */
+    uint64_t refused_reads;    /* data-plane requests with no live grant / wrong token / replay */
+    uint64_t send_failed;      /* grants whose bytes could not be sent */
+    uint64_t bytes_served;     /* bytes of completed grants */
     uint64_t reply_failed;   /* acks that could not be sent */
 } ecx_producer_stats;
 

@@ -20,7 +20,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "checksum.h"
 #include "data.h"
+#include "grant_stub.h"
 #include "region.h"
 #include "util.h"
 
@@ -41,8 +43,9 @@ static void wait_fd(ecx_data *d, int ms)
     (void)poll(&p, 1, ms);
 }
 
-static void on_notif(void *arg, const char *msg, size_t len)
+static void on_notif(void *arg, const char *msg, size_t len, const uint8_t *token, int status)
 {
+    (void)token, (void)status;
     int *n = arg;
     printf("notif %.*s\n", (int)len, msg);
     (*n)++;
@@ -59,8 +62,14 @@ static int produce(ecx_region *r, ecx_data_opts *o, const char *file, int want)
         fprintf(stderr, "producer: %s\n", ecx_strerror(rc));
         return 1;
     }
-    size_t ml, dl;
-    const uint8_t *m = ecx_data_agent_metadata(d, &ml), *ds = ecx_data_mem_descriptor(d, &dl);
+    static stub_grants grants;
+    ecx_data_set_grant_fn(d, stub_grant_check, &grants);
+    size_t ml;
+    uint8_t ds[ECX_DATA_DESC_MAX];
+    const uint8_t *m = ecx_data_agent_metadata(d, &ml);
+    long dl0 = stub_layout(d, ds, sizeof ds);
+    if (dl0 < 0) return 1;
+    size_t dl = (size_t)dl0;
     char *mh = malloc(2 * ml + 1), *dh = malloc(2 * dl + 1);
     ecx_hex_encode(m, ml, mh);
     ecx_hex_encode(ds, dl, dh);
@@ -86,7 +95,8 @@ static int produce(ecx_region *r, ecx_data_opts *o, const char *file, int want)
         wait_fd(d, 5);
     }
     ecx_data_free(d);
-    printf("producer: %d notifications\n", got);
+    printf("producer: %d notifications, %u grants served, %u refused\n", got, grants.served,
+           grants.refused);
     return got >= want ? 0 : 1;
 }
 
@@ -104,20 +114,20 @@ static int consume(ecx_region *r, ecx_data_opts *o, const char *file, const char
     fclose(f);
     size_t mlen = strcspn(line, "\n"), dlen = strcspn(line2, "\n");
     uint8_t *m = malloc(mlen / 2 + 1), *ds = malloc(dlen / 2 + 1);
-    long ml = ecx_hex_decode(line, mlen, m), dl = ecx_hex_decode(line2, dlen, ds);
+    long ml = ecx_hex_decode(line, mlen, m), dsl = ecx_hex_decode(line2, dlen, ds);
     free(line), free(line2);
     ecx_data *d;
     int rc = ecx_data_new_consumer(r, o, &d);
-    if (rc || ml < 0 || dl < 0) {
+    if (rc || ml < 0 || dsl < 0) {
         fprintf(stderr, "consumer: %s\n", ecx_strerror(rc));
         return 1;
     }
     ecx_data_peer *p;
-    if ((rc = ecx_data_peer_add(d, m, (size_t)ml, ds, (size_t)dl, &p))) {
+    if ((rc = ecx_data_peer_add(d, m, (size_t)ml, ds, (size_t)dsl, &p))) {
         fprintf(stderr, "consumer: peer_add: %s\n", ecx_strerror(rc));
         return 1;
     }
-    free(m), free(ds);
+    free(m);
     if (strcmp(ecx_data_peer_backend(p), want_path) != 0) {
         fprintf(stderr, "consumer: path %s, want %s\n", ecx_data_peer_backend(p), want_path);
         return 1;
@@ -146,10 +156,27 @@ static int consume(ecx_region *r, ecx_data_opts *o, const char *file, const char
                 rem[i] = i, loc[i] = i;
         }
         memset(ecx_region_base(r), 0, ecx_region_size(r));
-        char msg[64];
-        int len = snprintf(msg, sizeof msg, "sess-%d:%s", c, name);
+        if (!nbytes) nbytes = n * bs;
+        /* The grant's ticket: the checksum of what the producer holds there. */
+        ecx_sum sum;
+        ecx_sum_reset(&sum);
+        for (uint64_t i = 0, left = nbytes; i < n; i++) {
+            uint8_t blk[65536];
+            uint64_t l = left < bs ? left : bs;
+            for (uint64_t j = 0; j < l && j < sizeof blk; j++)
+                blk[j] = pat(rem[i] * bs + j);
+            if (l > sizeof blk) return 2; /* blocks above 64 KiB: not used by the tests */
+            ecx_sum_update(&sum, blk, l);
+            left -= l;
+        }
+        char key[ECX_DATA_NOTIF_MAX];
+        uint8_t desc[ECX_DATA_DESC_MAX];
+        int kl = stub_key(key, sizeof key, nbytes, rem, n);
+        long dl = stub_desc(ds, (size_t)dsl, nbytes, ecx_sum_digest(&sum), desc, sizeof desc);
         ecx_data_xfer *x;
-        if ((rc = ecx_data_read_post(p, rem, loc, n, nbytes, msg, (size_t)len, &x))) {
+        if (kl < 0 || dl < 0) return 2;
+        if ((rc = ecx_data_read_post(p, desc, (size_t)dl, rem, loc, n, nbytes, key, (size_t)kl,
+                                     &x))) {
             fprintf(stderr, "consumer: post %s: %s\n", name, ecx_strerror(rc));
             return 1;
         }
@@ -159,7 +186,7 @@ static int consume(ecx_region *r, ecx_data_opts *o, const char *file, const char
             if (ecx_data_read_poll(x) == ECX_XFER_RUNNING) wait_fd(d, 5);
         }
         ecx_data_read_release(x);
-        uint64_t left = nbytes ? nbytes : n * bs, bad = 0;
+        uint64_t left = nbytes, bad = 0;
         const uint8_t *lb = ecx_region_base(r);
         for (size_t i = 0; i < n; i++) {
             uint64_t l = left < bs ? left : bs;
@@ -171,7 +198,7 @@ static int consume(ecx_region *r, ecx_data_opts *o, const char *file, const char
                st == ECX_XFER_DONE ? "done" : "NOT DONE", n, (unsigned long long)bad);
         if (st != ECX_XFER_DONE || bad) failures++;
     }
-    free(rem), free(loc);
+    free(rem), free(loc), free(ds);
     /* Let the last notification leave before the endpoint closes. */
     int64_t end = ecx_now_ms(NULL) + 100;
     while (ecx_now_ms(NULL) < end) {

@@ -18,8 +18,10 @@
 
 #include <cmocka.h>
 
+#include "checksum.h"
 #include "consumer.h"
 #include "data_fault.h"
+#include "grant_stub.h"
 #include "producer.h"
 #include "region.h"
 #include "wire.h"
@@ -124,16 +126,33 @@ static void pump(world *w)
 
 static uint8_t pattern(const char *hash, size_t i) { return (uint8_t)(hash[0] * 7 + i * 31 + i / 4096); }
 
-/* Save an item on the producer: reserve, write, and (if ready) mark ready. */
+/* Mark a saved item ready, with its checksum, as ecx_save_commit does. */
+static void commit(world *w, const char *hash)
+{
+    size_t hl = strlen(hash), n;
+    int64_t idx[BLOCKS];
+    uint64_t blocks[BLOCKS];
+    ecx_cache_info info;
+    assert_int_equal(ecx_cache_lookup(w->P.cache, hash, hl, &info), 0);
+    assert_int_equal(ecx_cache_blocks(w->P.cache, hash, hl, idx, BLOCKS, &n), 0);
+    for (size_t i = 0; i < n; i++) blocks[i] = (uint64_t)idx[i];
+    uint64_t sum = ecx_checksum_blocks(ecx_region_base(w->P.region), BLOCK, blocks, n,
+                                       info.size_bytes);
+    assert_int_equal(ecx_cache_set_checksum(w->P.cache, hash, hl, sum), 0);
+    assert_int_equal(ecx_cache_mark_ready(w->P.cache, hash, hl), 0);
+}
+
+/* Save an item on the producer: reserve, write, and (if ready) commit. */
 static void save(world *w, const char *hash, size_t size, bool ready)
 {
     size_t hl = strlen(hash), nb = (size + BLOCK - 1) / BLOCK, n;
     assert_int_equal(ecx_cache_reserve(w->P.cache, hash, hl, nb), 0);
+    assert_int_equal(ecx_cache_set_size(w->P.cache, hash, hl, size), 0);
     int64_t idx[BLOCKS];
     assert_int_equal(ecx_cache_blocks(w->P.cache, hash, hl, idx, BLOCKS, &n), 0);
     uint8_t *base = ecx_region_base(w->P.region);
     for (size_t i = 0; i < size; i++) base[idx[i / BLOCK] * BLOCK + i % BLOCK] = pattern(hash, i);
-    if (ready) assert_int_equal(ecx_cache_mark_ready(w->P.cache, hash, hl), 0);
+    if (ready) commit(w, hash);
 }
 
 static bool consumer_has(world *w, const char *hash, size_t size)
@@ -270,7 +289,7 @@ static void test_not_ready_then_ready(void **state)
     }
     assert_true(ecx_consumer_get_stats(w->cons).retries >= 2);
     assert_true(ecx_producer_get_stats(w->prod).nacks[ECX_STATUS_NACK_NOT_READY] >= 2);
-    assert_int_equal(ecx_cache_mark_ready(w->P.cache, "slow", 4), 0);
+    commit(w, "slow");
     assert_int_equal(fetch_wait(w, "slow", 3 * BLOCK, w->port, &reason), ECX_FETCH_READY);
     assert_true(consumer_has(w, "slow", 3 * BLOCK));
     world_free(w);
@@ -533,7 +552,8 @@ static void test_consumer_validates_acks(void **state)
     fakep f = fake_producer(w);
     size_t ml, dl;
     const uint8_t *meta = ecx_data_agent_metadata(w->P.data, &ml);
-    const uint8_t *desc = ecx_data_mem_descriptor(w->P.data, &dl);
+    uint8_t desc[ECX_DATA_DESC_MAX];
+    dl = (size_t)stub_layout(w->P.data, desc, sizeof desc);
     int64_t two[2] = {0, 1}, oob[2] = {0, BLOCKS}, neg[2] = {0, -1};
     struct {
         const char *what;
