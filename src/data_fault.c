@@ -14,6 +14,7 @@ typedef struct fault_data {
     ecx_data *inner;
     int kind, skip, count;
     unsigned posts, hits;
+    unsigned epoch; /* bumped by every ecx_data_fault_set(): ends DELAY holds */
 } fault_data;
 
 typedef struct fault_peer {
@@ -25,6 +26,7 @@ typedef struct fault_xfer {
     ecx_data_xfer head;
     ecx_data_xfer *inner; /* NULL when the fault replaced the READ */
     int kind, state;
+    unsigned epoch; /* DELAY: held while the wrapper's epoch is this */
     bool corrupted;
     uint64_t nbytes, checksum;
     size_t n;
@@ -53,10 +55,11 @@ int ecx_data_fault_wrap(ecx_data *inner, ecx_data **out)
 
 int ecx_data_fault_set(ecx_data *d, int kind, int skip, int count)
 {
-    if (!d || d->ops != &fault_ops || kind < ECX_FAULT_NONE || kind > ECX_FAULT_CORRUPT || skip < 0)
+    if (!d || d->ops != &fault_ops || kind < ECX_FAULT_NONE || kind > ECX_FAULT_DELAY || skip < 0)
         return ECX_EINVAL;
     fault_data *f = (fault_data *)d;
     f->kind = kind, f->skip = skip, f->count = count;
+    f->epoch++;
     f->posts = 0;
     return 0;
 }
@@ -144,6 +147,7 @@ static int fault_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const ui
     if (!x) return ECX_ENOMEM;
     x->head.owner = hp->owner;
     x->kind = kind;
+    x->epoch = f->epoch;
     x->n = keep;
     memcpy(x->local, local, keep * sizeof *local);
     x->nbytes = nbytes;
@@ -169,6 +173,8 @@ static int fault_read_poll(ecx_data_xfer *hx)
     fault_xfer *x = (fault_xfer *)hx;
     if (!x->inner) return x->state;
     int st = x->inner->owner->ops->read_poll(x->inner);
+    if (x->kind == ECX_FAULT_DELAY && x->epoch == ((fault_data *)hx->owner)->epoch)
+        return ECX_XFER_RUNNING;
     if (st == ECX_XFER_DONE && x->kind == ECX_FAULT_CORRUPT) {
         /* A byte changed after the copy: the check is run again on what
          * is there now, as the backend ran it on what it wrote. */

@@ -10,6 +10,9 @@
  *   READ_FAIL  the post succeeds, moves nothing, and polls FAILED
  *   HANG       the post succeeds, moves nothing, and polls RUNNING forever
  *              (the quarantine path); release works as for any xfer
+ *   DELAY      the real READ runs, but its end is held back (it polls
+ *              RUNNING) until ecx_data_fault_set() is called again: a
+ *              READ that finishes late, as in a consumer stopped mid-read
  *   CORRUPT    the real READ runs; when it is done, the first byte of the
  *              first local block is flipped and the checksum is checked
  *              again over the local blocks, so the xfer polls CORRUPT
@@ -26,6 +29,7 @@ enum ecx_data_fault_kind {
     ECX_FAULT_READ_FAIL = 2,
     ECX_FAULT_HANG = 3,
     ECX_FAULT_CORRUPT = 4,
+    ECX_FAULT_DELAY = 5,
 };
 
 /* Wrap inner (taking ownership: ecx_data_free(*out) frees it). */

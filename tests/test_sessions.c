@@ -21,6 +21,7 @@
 #include "checksum.h"
 #include "consumer.h"
 #include "data_fault.h"
+#include "data_impl.h"
 #include "grant_stub.h"
 #include "producer.h"
 #include "region.h"
@@ -83,6 +84,9 @@ static void side_fini(side *s)
     ecx_region_free(s->region);
 }
 
+/* The producer's pin lease for the next world_new() (0: the default). */
+static int64_t next_lease_ms;
+
 /* A producer and a consumer; the consumer's compat hash may differ. */
 static world *world_new(const char *consumer_compat)
 {
@@ -95,7 +99,10 @@ static world *world_new(const char *consumer_compat)
     side_init(w, &w->C, "cons", false);
     assert_int_equal(ecx_ctrl_server_new(w->zctx, "127.0.0.1", 0, NULL, &w->srv), 0);
     w->port = ecx_ctrl_server_port(w->srv);
-    ecx_producer_opts po = {.compat_hash = w->compat, .block_bytes = BLOCK, .clock = &CLOCK};
+    ecx_producer_opts po = {.compat_hash = w->compat,
+                            .block_bytes = BLOCK,
+                            .lease_ms = next_lease_ms,
+                            .clock = &CLOCK};
     assert_int_equal(ecx_producer_new(w->P.cache, w->P.data, w->srv, &po, &w->prod), 0);
     ecx_consumer_opts co = {.zctx = w->zctx,
                             .compat_hash = consumer_compat ? consumer_compat : w->compat,
@@ -723,6 +730,156 @@ static void test_quarantine(void **state)
     world_free(w);
 }
 
+/* A byte changed between the producer's bytes and the item: the checksum
+ * catches it, the item falls back as CORRUPT and its blocks come back. */
+static void test_corrupt(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    save(w, "item", 5 * BLOCK + 3, true);
+    assert_int_equal(ecx_data_fault_set(w->C.data, ECX_FAULT_CORRUPT, 0, 1), 0);
+    int reason;
+    assert_int_equal(fetch_wait(w, "item", 5 * BLOCK + 3, w->port, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_CORRUPT);
+    assert_int_equal(ecx_consumer_get_stats(w->cons).fallbacks[ECX_REASON_CORRUPT], 1);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    /* The producer's bytes themselves are fine: the next fetch is ready. */
+    assert_int_equal(fetch_wait(w, "item", 5 * BLOCK + 3, w->port, &reason), ECX_FETCH_READY);
+    assert_true(consumer_has(w, "item", 5 * BLOCK + 3));
+    world_free(w);
+}
+
+/* The consumer does not run while its ack arrives and its deadline
+ * passes (a stopped process): on its next poll the timer fires first and
+ * the ack is stale. No READ happens, no block is lost. */
+static void test_stale_ack_dropped(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    save(w, "item", 3 * BLOCK, true);
+    int reason;
+    assert_int_equal(ecx_consumer_fetch(w->cons, "item", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
+                                        &reason),
+                     ECX_FETCH_PENDING);
+    /* Only the producer runs: it answers OK. */
+    double end = real_s() + 5;
+    while (ecx_producer_get_stats(w->prod).grants == 0 && real_s() < end) {
+        ecx_producer_poll(w->prod);
+        usleep(1000);
+    }
+    assert_int_equal(ecx_producer_get_stats(w->prod).grants, 1);
+    usleep(20000); /* the ack is in the consumer's socket now */
+    fake_now += 2001;
+    for (int i = 0; i < 20; i++) pump(w);
+    assert_int_equal(ecx_consumer_fetch(w->cons, "item", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
+                                        &reason),
+                     ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_ACK_TIMEOUT);
+    ecx_consumer_stats cs = ecx_consumer_get_stats(w->cons);
+    assert_int_equal(cs.stale_acks, 1);
+    assert_int_equal(cs.ready, 0);
+    assert_int_equal(ecx_data_fault_hits(w->C.data), 0);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    world_free(w);
+}
+
+/* A READ that ends after the producer's lease could have expired (here a
+ * 1 s lease, so 900 ms after the ack) is not used, even though its bytes
+ * arrived: the producer may have reused the blocks. */
+static void test_read_after_lease(void **state)
+{
+    (void)state;
+    next_lease_ms = 1000;
+    world *w = world_new(NULL);
+    next_lease_ms = 0;
+    save(w, "item", 2 * BLOCK, true);
+    assert_int_equal(ecx_data_fault_set(w->C.data, ECX_FAULT_DELAY, 0, 1), 0);
+    int reason;
+    assert_int_equal(ecx_consumer_fetch(w->cons, "item", 4, "127.0.0.1", w->port, 2 * BLOCK, 0,
+                                        &reason),
+                     ECX_FETCH_PENDING);
+    for (int i = 0; i < 2000 && ecx_data_fault_hits(w->C.data) == 0; i++) pump(w);
+    assert_int_equal(ecx_data_fault_hits(w->C.data), 1);
+    fake_now += 899;
+    pump(w);
+    assert_int_equal(ecx_consumer_get_stats(w->cons).reading, 1);
+    fake_now += 2; /* past receipt + lease - margin */
+    assert_int_equal(ecx_data_fault_set(w->C.data, ECX_FAULT_NONE, 0, 0), 0); /* READ ends */
+    assert_int_equal(fetch_wait(w, "item", 2 * BLOCK, w->port, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_LEASE_EXPIRED);
+    assert_int_equal(ecx_consumer_get_stats(w->cons).ready, 0);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    world_free(w);
+}
+
+/* A grant belongs to the connection that asked: another connection with
+ * the same session id can neither replace it nor, without its token, get
+ * its bytes or release it. */
+static void test_grant_belongs_to_connection(void **state)
+{
+    (void)state;
+    world *w = world_new(NULL);
+    save(w, "item", 100, true);
+    raw a = raw_dealer(w), b = raw_dealer(w);
+    uint8_t buf[4096];
+    raw_send_req(&a, "item", w->compat, "sess", 1);
+    size_t n = raw_recv(w, &a, buf, sizeof buf);
+    ecx_ack ack;
+    assert_int_equal(ecx_wire_decode_ack(buf, n, &ack), 0);
+    assert_int_equal(ack.status, ECX_STATUS_OK);
+    ecx_data_ticket t;
+    assert_int_equal(ecx_data_desc_ticket((const uint8_t *)ack.mem_descriptor.p,
+                                          ack.mem_descriptor.n, &t),
+                     0);
+    assert_int_equal(t.nbytes, 100);
+    assert_int_equal(t.lease_ms, 30000);
+    /* Another connection asks with the same session id: refused. */
+    raw_send_req(&b, "item", w->compat, "sess", 1);
+    n = raw_recv(w, &b, buf, sizeof buf);
+    ecx_ack nack;
+    assert_int_equal(ecx_wire_decode_ack(buf, n, &nack), 0);
+    assert_int_equal(nack.status, ECX_STATUS_NACK_INTERNAL);
+    ecx_producer_stats ps = ecx_producer_get_stats(w->prod);
+    assert_int_equal(ps.foreign_requests, 1);
+    assert_int_equal(ps.active_grants, 1);
+    /* The data plane's check: wrong token, unknown key, then the right
+     * token (served once), then a replay. */
+    ecx_data_grant g;
+    uint8_t wrong[ECX_DATA_TOKEN_LEN];
+    memcpy(wrong, t.token, sizeof wrong);
+    wrong[0] ^= 1;
+    assert_int_equal(ecx_data_grant_check(w->P.data, "sess:item", 9, wrong, ECX_DATA_GRANT_CLAIM,
+                                          &g),
+                     ECX_EDATA_GRANT);
+    assert_int_equal(ecx_data_grant_check(w->P.data, "sess:other", 10, t.token,
+                                          ECX_DATA_GRANT_CLAIM, &g),
+                     ECX_EDATA_GRANT);
+    assert_int_equal(ecx_data_grant_check(w->P.data, "sess:item", 9, t.token, 0, &g), 0);
+    assert_int_equal(ecx_data_grant_check(w->P.data, "sess:item", 9, t.token,
+                                          ECX_DATA_GRANT_CLAIM, &g),
+                     0);
+    assert_int_equal(g.nbytes, 100);
+    assert_int_equal(g.n, 1);
+    assert_int_equal(ecx_data_grant_check(w->P.data, "sess:item", 9, t.token,
+                                          ECX_DATA_GRANT_CLAIM, &g),
+                     ECX_EDATA_GRANT);
+    assert_int_equal(ecx_producer_get_stats(w->prod).refused_reads, 3);
+    /* The holder may still ask again (a regrant), from its own connection. */
+    raw_send_req(&a, "item", w->compat, "sess", 1);
+    n = raw_recv(w, &a, buf, sizeof buf);
+    assert_int_equal(ecx_wire_decode_ack(buf, n, &ack), 0);
+    assert_int_equal(ack.status, ECX_STATUS_OK);
+    assert_int_equal(ecx_producer_get_stats(w->prod).regrants, 1);
+    ecx_data_ticket t2;
+    assert_int_equal(ecx_data_desc_ticket((const uint8_t *)ack.mem_descriptor.p,
+                                          ack.mem_descriptor.n, &t2),
+                     0);
+    assert_memory_not_equal(t.token, t2.token, ECX_DATA_TOKEN_LEN); /* a fresh token */
+    zmq_close(a.sock);
+    zmq_close(b.sock);
+    world_free(w);
+}
+
 /* ---------- liveness ---------- */
 
 /* The producer goes away while a request waits for its ack: the transfer
@@ -766,7 +923,10 @@ static void test_producer_restart(void **state)
     ecx_producer_free(w->prod);
     side_fini(&w->P);
     side_init(w, &w->P, "prod2", true);
-    ecx_producer_opts po = {.compat_hash = w->compat, .block_bytes = BLOCK, .clock = &CLOCK};
+    ecx_producer_opts po = {.compat_hash = w->compat,
+                            .block_bytes = BLOCK,
+                            .lease_ms = next_lease_ms,
+                            .clock = &CLOCK};
     assert_int_equal(ecx_producer_new(w->P.cache, w->P.data, w->srv, &po, &w->prod), 0);
     save(w, "b", 2 * BLOCK, true);
     assert_int_equal(fetch_wait(w, "b", 2 * BLOCK, w->port, &reason), ECX_FETCH_READY);
@@ -817,6 +977,10 @@ int main(void)
         cmocka_unit_test(test_ack_timeout),
         cmocka_unit_test(test_read_failed),
         cmocka_unit_test(test_quarantine),
+        cmocka_unit_test(test_corrupt),
+        cmocka_unit_test(test_stale_ack_dropped),
+        cmocka_unit_test(test_read_after_lease),
+        cmocka_unit_test(test_grant_belongs_to_connection),
         cmocka_unit_test(test_producer_lost),
         cmocka_unit_test(test_producer_restart),
         cmocka_unit_test(test_fetch_refusals),
