@@ -256,7 +256,7 @@ static session *session_get(ecx_consumer *c, const char *host, int port, int64_t
     s->node.key_len = (size_t)kl;
     ecx_table_insert(&c->sessions, &s->node);
     s->next = c->sessions_list, c->sessions_list = s;
-    ecx_log(ECX_LOG_INFO, "consumer: session %s to %s:%d", s->sid, host, port);
+    ecx_log(ECX_LOG_DEBUG, "consumer: session %s to %s:%d", s->sid, host, port);
     return s;
 }
 
