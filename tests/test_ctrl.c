@@ -222,7 +222,7 @@ static pid_t spawn_python(const char *code, int *port)
     if (pid == 0) {
         dup2(fds[1], 1);
         close(fds[0]);
-        execl("/usr/bin/python3", "python3", "-c", code, (char *)NULL);
+        execl("/usr/bin/python3", "/usr/bin/python3", "-c", code, (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
