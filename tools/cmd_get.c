@@ -15,6 +15,7 @@
 
 #include "cli.h"
 #include "ctrl.h"
+#include "file.h"
 #include "keys.h"
 #include "opts.h"
 #include "util.h"
@@ -91,7 +92,8 @@ static int store(ecx_ctx *ctx, want *w, const char *path, bool verify)
         w->bad = true;
         return -1;
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    /* Embeddings are private: 0600, which the umask can only tighten. */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
     uint64_t off = 0;
     uint8_t *check = NULL;
     rc = fd < 0 ? -1 : 0;
@@ -137,7 +139,11 @@ static void progress(size_t done, size_t total, uint64_t bytes)
 static json_t *load_params(const char *path)
 {
     json_error_t err;
-    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    size_t len;
+    char *text = file_read("--params", path, FILE_MAX_PARAMS, &len);
+    if (!text) return NULL;
+    json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    free(text);
     if (!j) {
         fprintf(stderr, "ecx: --params %s: %s (line %d)\n", path, err.text, err.line);
         return NULL;
@@ -191,7 +197,14 @@ int cmd_get(int argc, char **argv)
         case O_PARAMS: params = optarg; break;
         case O_HASH: hashes[n_hashes++] = optarg; break;
         case O_PEER: peer = optarg; break;
-        case O_SIZE: if (parse_size("--size", optarg, &peer_size) || !peer_size) goto usage; have_size = true; break;
+        case O_SIZE:
+            if (parse_size("--size", optarg, &peer_size)) goto usage;
+            if (!peer_size) {
+                usage_error("--size must be at least 1 byte");
+                goto usage;
+            }
+            have_size = true;
+            break;
         case O_OUT: out = optarg; break;
         case O_JSON: json = true; break;
         case O_VERIFY: verify = true; break;

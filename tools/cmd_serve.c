@@ -20,6 +20,7 @@
 
 #include "cli.h"
 #include "ctrl.h"
+#include "file.h"
 #include "keys.h"
 #include "opts.h"
 #include "util.h"
@@ -147,27 +148,14 @@ static int scan_dir(const char *dir, items *it)
 /* Read a preloaded file into its segments (no link followed, size checked). */
 static int load_file(const item *x, ecx_segment *segs, size_t n)
 {
-    int fd = open(x->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != x->size) {
-        fprintf(stderr, "ecx: %s: changed or unreadable while loading\n", x->path);
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        size_t done = 0;
-        while (done < segs[i].len) {
-            ssize_t k = read(fd, segs[i].ptr + done, segs[i].len - done);
-            if (k <= 0) {
-                fprintf(stderr, "ecx: %s: short read\n", x->path);
-                close(fd);
-                return -1;
-            }
-            done += (size_t)k;
-        }
-    }
-    close(fd);
-    return 0;
+    uint64_t size;
+    int fd = file_open("--preload", x->path, x->size, true, &size);
+    if (fd >= 0 && size != x->size) fprintf(stderr, "ecx: --preload '%s': shrank\n", x->path);
+    int rc = fd < 0 || size != x->size ? -1 : 0;
+    for (size_t i = 0; !rc && i < n; i++)
+        rc = file_read_fd("--preload", x->path, fd, segs[i].ptr, segs[i].len);
+    if (fd >= 0) close(fd);
+    return rc;
 }
 
 static int save_item(ecx_ctx *ctx, item *x, bool commit)
