@@ -5,19 +5,36 @@
  */
 #include "ctrl.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <linux/tcp.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sodium.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include "ecx.h"
 #include "util.h"
 
+/* Watches a socket's TCP connections; see "the inflow guard" below. */
+typedef struct guard {
+    void *monitor;      /* PAIR reading the socket's monitor events */
+    struct conn *conns; /* indexed by fd */
+    int nconns, open_conns;
+    int port;   /* ours: the server's local port, or the peer's remote one */
+    bool local; /* port is the local one */
+    int64_t max_pending, max_pending_total, next_check_ms;
+} guard;
+
 struct ecx_ctrl_server {
     void *sock;
+    guard g;
+    int max_conns;
     void *zap;            /* REP on inproc://zeromq.zap.01; NULL without an allow-list */
     uint8_t (*allow)[32]; /* allowed client public keys, binary */
     size_t n_allow;
@@ -26,9 +43,11 @@ struct ecx_ctrl_server {
 };
 
 static bool has_more(void *sock);
+static void drain(void *sock, zmq_msg_t *scratch);
 
 struct ecx_ctrl_peer {
-    void *sock, *monitor;
+    void *sock;
+    guard g;
     zmq_msg_t parts[2];
     bool parts_open, lost;
     bool handshaken; /* a ZMTP handshake has succeeded */
@@ -117,16 +136,174 @@ static int curve_client(void *sock, const char *pk, const char *sk)
     return rc;
 }
 
-static int apply_common(void *sock, const ecx_ctrl_opts *o)
+/* *max_frame: in, the default frame cap; out, the one set. */
+static int apply_common(void *sock, const ecx_ctrl_opts *o, int64_t *max_frame)
 {
-    int64_t max = o && o->max_frame_bytes > 0 ? o->max_frame_bytes : ECX_CTRL_MAX_FRAME;
+    if (o && o->max_frame_bytes > 0) *max_frame = o->max_frame_bytes;
     if (set_int(sock, ZMQ_LINGER, 0) || set_int(sock, ZMQ_IPV6, 1) ||
-        zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max, sizeof max))
+        zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, max_frame, sizeof *max_frame))
         return ECX_ESYS;
     return 0;
 }
 
+/* ---------- the inflow guard ---------- */
+
+/* libzmq (4.3.4) keeps the frames of a multipart message in the
+ * connection's pipe until its last frame arrives, and neither the receive
+ * HWM (it counts whole messages) nor ZMQ_MAXMSGSIZE (one frame) bounds
+ * them; the application cannot see a frame before the message is whole. So
+ * the guard watches each TCP connection from outside: the socket monitor
+ * tells it the fd of every connection, the kernel (TCP_INFO) how many bytes
+ * arrived on it, and each whole message read (ZMQ_SRCFD) marks how many of
+ * those were delivered. A connection with more than max_pending bytes
+ * undelivered, or the heaviest one when all of them together hold more than
+ * max_pending_total, is shut down; libzmq then frees its pipe. */
+
+struct conn {
+    bool open;
+    uint64_t settled; /* bytes received when a whole message from it was last read */
+};
+
+static int guard_init(guard *g, void *zctx, void *sock, int events, int port, bool local,
+                      int64_t max_frame, const ecx_ctrl_opts *o)
+{
+    static unsigned long seq;
+    char mon[64];
+    /* The monitor endpoint must be unique in the context. */
+    snprintf(mon, sizeof mon, "inproc://ecx-mon-%p-%lu", (void *)g,
+             __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED));
+    g->port = port;
+    g->local = local;
+    g->max_pending = o && o->max_pending_bytes > 0 ? o->max_pending_bytes : 2 * max_frame;
+    g->max_pending_total = o && o->max_pending_total > 0 ? o->max_pending_total
+                                                         : ECX_CTRL_MAX_PENDING_TOTAL;
+    if (zmq_socket_monitor(sock, mon, events)) return ECX_ESYS;
+    g->monitor = zmq_socket(zctx, ZMQ_PAIR);
+    if (!g->monitor || set_int(g->monitor, ZMQ_LINGER, 0) || zmq_connect(g->monitor, mon))
+        return ECX_ESYS;
+    return 0;
+}
+
+static void guard_fini(guard *g, void *sock)
+{
+    if (sock && g->monitor) zmq_socket_monitor(sock, NULL, 0);
+    if (g->monitor) zmq_close(g->monitor);
+    free(g->conns);
+}
+
+/* Read one monitor event: true and its event and value, or false. */
+static bool guard_event(guard *g, uint16_t *event, uint32_t *value)
+{
+    zmq_msg_t ev;
+    zmq_msg_init(&ev);
+    bool got = false;
+    if (zmq_msg_recv(&ev, g->monitor, ZMQ_DONTWAIT) >= 0) {
+        /* Frame 1: uint16 event + uint32 value; frame 2: the endpoint. */
+        if ((got = zmq_msg_size(&ev) >= 6)) {
+            memcpy(event, zmq_msg_data(&ev), sizeof *event);
+            memcpy(value, (char *)zmq_msg_data(&ev) + 2, sizeof *value);
+        }
+        drain(g->monitor, &ev);
+    }
+    zmq_msg_close(&ev);
+    return got;
+}
+
+/* Record a connection on fd opened (true) or closed. */
+static int guard_track(guard *g, int fd, bool open)
+{
+    if (fd < 0) return ECX_EINVAL;
+    if (fd >= g->nconns) {
+        if (!open) return 0;
+        int n = fd + 64;
+        struct conn *c = realloc(g->conns, (size_t)n * sizeof *c);
+        if (!c) return ECX_ENOMEM;
+        memset(c + g->nconns, 0, (size_t)(n - g->nconns) * sizeof *c);
+        g->conns = c, g->nconns = n;
+    }
+    if (g->conns[fd].open != open) g->open_conns += open ? 1 : -1;
+    g->conns[fd] = (struct conn){open, 0};
+    return 0;
+}
+
+/* Bytes the kernel received on the TCP socket fd. */
+static bool tcp_received(int fd, uint64_t *bytes)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len)) return false;
+    *bytes = ti.tcpi_bytes_received;
+    return true;
+}
+
+/* True if fd is still our connection: a TCP socket whose local (server) or
+ * remote (peer) port is ours. Guards against an fd that libzmq closed and
+ * the process reused before the monitor told us. */
+static bool guard_owns(const guard *g, int fd)
+{
+    struct sockaddr_storage a;
+    socklen_t len = sizeof a;
+    if ((g->local ? getsockname(fd, (struct sockaddr *)&a, &len)
+                  : getpeername(fd, (struct sockaddr *)&a, &len)) ||
+        (a.ss_family != AF_INET && a.ss_family != AF_INET6))
+        return false;
+    return g->port == ntohs(a.ss_family == AF_INET ? ((struct sockaddr_in *)&a)->sin_port
+                                                   : ((struct sockaddr_in6 *)&a)->sin6_port);
+}
+
+/* A whole message (of which part is a frame) was read from a connection. */
+static void guard_settle(guard *g, zmq_msg_t *part)
+{
+    int fd = zmq_msg_get(part, ZMQ_SRCFD);
+    uint64_t rx;
+    if (fd >= 0 && fd < g->nconns && g->conns[fd].open && tcp_received(fd, &rx))
+        g->conns[fd].settled = rx;
+}
+
+static void guard_drop(guard *g, int fd, uint64_t pending, ecx_ctrl_stats *st)
+{
+    guard_track(g, fd, false);
+    if (!guard_owns(g, fd)) return;
+    shutdown(fd, SHUT_RDWR); /* libzmq sees the end of the stream and closes it */
+    st->pending_drops++;
+    ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                        "ctrl: dropped a connection holding %llu bytes of unfinished messages",
+                        (unsigned long long)pending);
+}
+
+/* Every ECX_CTRL_GUARD_IVL_MS, drop the connections over the bounds. */
+static void guard_check(guard *g, ecx_ctrl_stats *st)
+{
+    int64_t now = ecx_now_ms(NULL);
+    if (now < g->next_check_ms) return;
+    g->next_check_ms = now + ECX_CTRL_GUARD_IVL_MS;
+    uint64_t total = 0, heaviest = 0;
+    int heaviest_fd = -1;
+    for (int fd = 0; fd < g->nconns; fd++) {
+        uint64_t rx, pending;
+        if (!g->conns[fd].open || !tcp_received(fd, &rx)) continue;
+        pending = rx > g->conns[fd].settled ? rx - g->conns[fd].settled : 0;
+        if (pending > (uint64_t)g->max_pending) {
+            guard_drop(g, fd, pending, st);
+            continue;
+        }
+        total += pending;
+        if (pending > heaviest) heaviest = pending, heaviest_fd = fd;
+    }
+    if (total > (uint64_t)g->max_pending_total) guard_drop(g, heaviest_fd, heaviest, st);
+}
+
 /* ---------- server ---------- */
+
+/* The soft fd limit less ECX_CTRL_FD_RESERVE for everything else. */
+static int default_max_conns(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > INT_MAX)
+        return INT_MAX;
+    int n = (int)rl.rlim_cur - ECX_CTRL_FD_RESERVE;
+    return n > 16 ? n : 16;
+}
 
 int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_opts *opts,
                         ecx_ctrl_server **out)
@@ -181,8 +358,14 @@ int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_o
         }
     }
     s->sock = zmq_socket(zctx, ZMQ_ROUTER);
-    if (!s->sock || apply_common(s->sock, opts) || set_int(s->sock, ZMQ_ROUTER_MANDATORY, 1))
+    int64_t frame = ECX_CTRL_MAX_REQUEST;
+    if (!s->sock || apply_common(s->sock, opts, &frame) ||
+        set_int(s->sock, ZMQ_ROUTER_MANDATORY, 1) ||
+        guard_init(&s->g, zctx, s->sock,
+                   ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED, 0, true,
+                   frame, opts))
         goto fail;
+    s->max_conns = opts && opts->max_connections > 0 ? opts->max_connections : default_max_conns();
     if (sk && (rc = curve_server(s->sock, sk))) {
         if (rc == ECX_EINVAL) ecx_log(ECX_LOG_ERROR, "ctrl: the CURVE secret key is not Z85");
         goto fail;
@@ -197,7 +380,7 @@ int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_o
     const char *colon;
     if (zmq_getsockopt(s->sock, ZMQ_LAST_ENDPOINT, last, &n) || !(colon = strrchr(last, ':')))
         goto fail;
-    s->port = atoi(colon + 1);
+    s->port = s->g.port = atoi(colon + 1);
     *out = s;
     return 0;
 fail:
@@ -208,6 +391,7 @@ fail:
 void ecx_ctrl_server_free(ecx_ctrl_server *s)
 {
     if (!s) return;
+    guard_fini(&s->g, s->sock);
     if (s->sock) zmq_close(s->sock);
     if (s->zap) zmq_close(s->zap);
     free(s->allow);
@@ -306,32 +490,52 @@ static bool has_more(void *sock)
     return zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &sz) == 0 && more;
 }
 
-/* Receive one whole message of exactly `want` parts into parts[]. Returns 1
- * on a message of that shape, 0 if none is waiting, -1 if one of another
- * shape was received and dropped. */
-static int recv_parts(void *sock, zmq_msg_t *parts, int want)
+/* Receive one whole message of exactly `want` parts into parts[] and tell
+ * the guard a message from its connection was read. Returns 1 on a message
+ * of that shape, 0 if none is waiting, -1 if one of another shape was
+ * received and dropped. */
+static int recv_parts(void *sock, guard *g, zmq_msg_t *parts, int want)
 {
-    for (int i = 0; i < want; i++) {
-        if (zmq_msg_recv(&parts[i], sock, ZMQ_DONTWAIT) < 0) {
-            /* Only the first part can be absent: ZMQ delivers a message's
-             * parts together. */
-            return i == 0 ? 0 : -1;
-        }
+    for (int i = 0;; i++) {
+        /* Only the first part can be absent: ZMQ delivers a message's parts
+         * together. */
+        if (zmq_msg_recv(&parts[i], sock, ZMQ_DONTWAIT) < 0) return i == 0 ? 0 : -1;
         bool more = has_more(sock);
-        if (i < want - 1 && !more) return -1;
-        if (i == want - 1 && more) {
-            drain(sock, &parts[i]);
-            return -1;
+        if (more && i < want - 1) continue;
+        if (more) drain(sock, &parts[i]);
+        guard_settle(g, &parts[i]);
+        return more || i < want - 1 ? -1 : 1;
+    }
+}
+
+/* Take the monitor's news of connections; refuse those over the cap. */
+static void server_events(ecx_ctrl_server *s)
+{
+    uint16_t ev;
+    uint32_t v;
+    while (guard_event(&s->g, &ev, &v)) {
+        if (ev == ZMQ_EVENT_ACCEPTED && s->g.open_conns >= s->max_conns) {
+            shutdown((int)v, SHUT_RDWR);
+            s->stats.refused_conns++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: refused a connection: %d are open, the cap",
+                                s->g.open_conns);
+        } else if (ev == ZMQ_EVENT_ACCEPTED || ev == ZMQ_EVENT_DISCONNECTED) {
+            guard_track(&s->g, (int)v, ev == ZMQ_EVENT_ACCEPTED);
+        } else if (ev == ZMQ_EVENT_ACCEPT_FAILED) {
+            s->stats.accept_failed++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: cannot accept a connection: %s",
+                                strerror((int)v));
         }
     }
-    return 1;
+    guard_check(&s->g, &s->stats);
 }
 
 int ecx_ctrl_server_recv(ecx_ctrl_server *s, ecx_ctrl_msg *m)
 {
     ecx_ctrl_server_serve_zap(s);
+    server_events(s);
     for (;;) {
-        int rc = recv_parts(s->sock, m->parts, 3);
+        int rc = recv_parts(s->sock, &s->g, m->parts, 3);
         if (rc == 0) return 0;
         if (rc == 1 && zmq_msg_size(&m->parts[1]) == 0) {
             m->identity = zmq_msg_data(&m->parts[0]);
@@ -376,8 +580,7 @@ int ecx_ctrl_server_send(ecx_ctrl_server *s, const void *identity, size_t identi
 int ecx_ctrl_peer_new(void *zctx, const char *host, int port, const ecx_ctrl_opts *opts,
                       ecx_ctrl_peer **out)
 {
-    static unsigned long monitor_seq;
-    char ep[300], mon[64];
+    char ep[300];
     if (!zctx || !host || !*host || port <= 0 || port > 65535 || !out ||
         endpoint(ep, sizeof ep, host, port))
         return ECX_EINVAL;
@@ -388,25 +591,21 @@ int ecx_ctrl_peer_new(void *zctx, const char *host, int port, const ecx_ctrl_opt
     int ivl = opts && opts->heartbeat_ivl_ms > 0 ? opts->heartbeat_ivl_ms : 2000;
     int tmo = opts && opts->heartbeat_timeout_ms > 0 ? opts->heartbeat_timeout_ms : 4000;
     int ttl = opts && opts->heartbeat_ttl_ms > 0 ? opts->heartbeat_ttl_ms : 8000;
-    /* The monitor endpoint must be unique in the context; the pointer and a
-     * counter make it so. */
-    snprintf(mon, sizeof mon, "inproc://ecx-mon-%p-%lu", (void *)p,
-             __atomic_add_fetch(&monitor_seq, 1, __ATOMIC_RELAXED));
     p->sock = zmq_socket(zctx, ZMQ_DEALER);
     int rc = ECX_ESYS;
-    if (!p->sock || apply_common(p->sock, opts) || set_int(p->sock, ZMQ_HEARTBEAT_IVL, ivl) ||
+    int64_t frame = ECX_CTRL_MAX_FRAME;
+    if (!p->sock || apply_common(p->sock, opts, &frame) ||
+        set_int(p->sock, ZMQ_HEARTBEAT_IVL, ivl) ||
         set_int(p->sock, ZMQ_HEARTBEAT_TIMEOUT, tmo) || set_int(p->sock, ZMQ_HEARTBEAT_TTL, ttl) ||
-        zmq_socket_monitor(p->sock, mon, ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED))
+        guard_init(&p->g, zctx, p->sock,
+                   ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED,
+                   port, false, frame, opts))
         goto fail;
     if (opts && opts->curve_server_key &&
         (rc = curve_client(p->sock, opts->curve_server_key, opts->curve_secret_key))) {
         if (rc == ECX_EINVAL) ecx_log(ECX_LOG_ERROR, "ctrl: a CURVE key is not Z85");
         goto fail;
     }
-    rc = ECX_ESYS;
-    p->monitor = zmq_socket(zctx, ZMQ_PAIR);
-    if (!p->monitor || set_int(p->monitor, ZMQ_LINGER, 0) || zmq_connect(p->monitor, mon))
-        goto fail;
     if (zmq_connect(p->sock, ep)) {
         ecx_log(ECX_LOG_WARN, "ctrl: cannot connect to %s: %s", ep, zmq_strerror(zmq_errno()));
         rc = ECX_EINVAL;
@@ -422,11 +621,8 @@ fail:
 void ecx_ctrl_peer_free(ecx_ctrl_peer *p)
 {
     if (!p) return;
-    if (p->sock) {
-        zmq_socket_monitor(p->sock, NULL, 0);
-        zmq_close(p->sock);
-    }
-    if (p->monitor) zmq_close(p->monitor);
+    guard_fini(&p->g, p->sock);
+    if (p->sock) zmq_close(p->sock);
     zmq_msg_close(&p->parts[0]);
     zmq_msg_close(&p->parts[1]);
     free(p);
@@ -451,10 +647,39 @@ int ecx_ctrl_peer_send(ecx_ctrl_peer *p, const void *payload, size_t len)
     return 0;
 }
 
+/* Take the monitor's news of the connection: its fd, its handshake, its
+ * loss. */
+static void peer_events(ecx_ctrl_peer *p)
+{
+    uint16_t ev;
+    uint32_t v;
+    while (!p->lost && guard_event(&p->g, &ev, &v)) {
+        if (ev == ZMQ_EVENT_CONNECTED) {
+            guard_track(&p->g, (int)v, true);
+        } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            p->handshaken = true;
+        } else if (ev == ZMQ_EVENT_DISCONNECTED && !p->handshaken) {
+            /* Refused in the handshake: the request stays unanswered and
+             * the consumer times out, as with an unreachable peer (libzmq
+             * keeps retrying, so a fixed key heals). */
+            guard_track(&p->g, (int)v, false);
+            p->stats.handshake_failed++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                "ctrl: handshake with a producer failed (wrong CURVE "
+                                "server key, not in its allow-list, or CURVE on "
+                                "one side only)");
+        } else if (ev == ZMQ_EVENT_DISCONNECTED) {
+            p->lost = true;
+        }
+    }
+}
+
 int ecx_ctrl_peer_recv(ecx_ctrl_peer *p, const void **payload, size_t *len)
 {
+    peer_events(p);
+    guard_check(&p->g, &p->stats);
     for (;;) {
-        int rc = recv_parts(p->sock, p->parts, 2);
+        int rc = recv_parts(p->sock, &p->g, p->parts, 2);
         if (rc == 0) return 0;
         if (rc == 1 && zmq_msg_size(&p->parts[0]) == 0) {
             *payload = zmq_msg_data(&p->parts[1]);
@@ -468,30 +693,6 @@ int ecx_ctrl_peer_recv(ecx_ctrl_peer *p, const void **payload, size_t *len)
 
 bool ecx_ctrl_peer_lost(ecx_ctrl_peer *p)
 {
-    zmq_msg_t ev;
-    zmq_msg_init(&ev);
-    while (!p->lost && zmq_msg_recv(&ev, p->monitor, ZMQ_DONTWAIT) >= 0) {
-        /* Frame 1: uint16 event + uint32 value; frame 2: the endpoint. */
-        if (zmq_msg_size(&ev) >= 2) {
-            uint16_t event;
-            memcpy(&event, zmq_msg_data(&ev), sizeof event);
-            if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-                p->handshaken = true;
-            } else if (event == ZMQ_EVENT_DISCONNECTED && !p->handshaken) {
-                /* Refused in the handshake: the request stays unanswered
-                 * and the consumer times out, as with an unreachable peer
-                 * (libzmq keeps retrying, so a fixed key heals). */
-                p->stats.handshake_failed++;
-                ECX_LOG_RATELIMITED(ECX_LOG_WARN,
-                                    "ctrl: handshake with a producer failed (wrong CURVE "
-                                    "server key, not in its allow-list, or CURVE on "
-                                    "one side only)");
-            } else if (event == ZMQ_EVENT_DISCONNECTED) {
-                p->lost = true;
-            }
-        }
-        drain(p->monitor, &ev);
-    }
-    zmq_msg_close(&ev);
+    peer_events(p);
     return p->lost;
 }

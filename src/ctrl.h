@@ -6,9 +6,25 @@
  * exactly [identity, "", payload] and drops (and counts) any other framing;
  * the consumer's DEALER sends ["", payload] and accepts exactly ["", payload]
  * back. Payloads are handed up as views into zmq messages, so nothing is
- * allocated per request. Every socket caps inbound frame size
- * (ZMQ_MAXMSGSIZE), so a hostile peer cannot make us allocate without bound:
- * libzmq drops the connection instead. DEALERs carry ZMQ heartbeats
+ * allocated per request.
+ *
+ * Memory a peer can make us hold is bounded per connection and in total.
+ * Every socket caps inbound frame size (ZMQ_MAXMSGSIZE; libzmq drops the
+ * connection on a bigger frame). That alone bounds nothing: libzmq buffers
+ * the frames of a multipart message until its last one arrives, however
+ * many there are, and no socket option limits that. So ctrl watches each
+ * TCP connection (socket monitor for its fd, TCP_INFO for the bytes that
+ * arrived, ZMQ_SRCFD for the whole messages read from it) and shuts down a
+ * connection holding more than max_pending_bytes not yet delivered as whole
+ * messages, and the heaviest one while all together hold more than
+ * max_pending_total; it looks every ECX_CTRL_GUARD_IVL_MS, in the receive
+ * calls. A connection that only sends heartbeats counts them as undelivered
+ * too: an idle consumer reaches the cap after months, and is then dropped
+ * and reconnected. The server also refuses (accepts, then shuts down)
+ * connections beyond max_connections, so libzmq does not spin on a failed
+ * accept at the fd limit. All of it is counted in ecx_ctrl_stats.
+ *
+ * DEALERs carry ZMQ heartbeats
  * (2000 / 4000 / 8000 ms) and a socket monitor, so a dead producer shows up
  * as a disconnect event the consumer session can act on.
  *
@@ -43,10 +59,16 @@
 
 /* Socket options both ends share; zero fields take the SPEC defaults. */
 typedef struct ecx_ctrl_opts {
-    int64_t max_frame_bytes;  /* inbound frame cap; default ECX_CTRL_MAX_FRAME */
+    int64_t max_frame_bytes;  /* inbound frame cap; default ECX_CTRL_MAX_REQUEST (server),
+                                 ECX_CTRL_MAX_FRAME (peer) */
     int heartbeat_ivl_ms;     /* DEALER only; default 2000 */
     int heartbeat_timeout_ms; /* default 4000 */
     int heartbeat_ttl_ms;     /* default 8000 */
+    int64_t max_pending_bytes; /* per connection, bytes of unfinished messages; default
+                                  twice the frame cap */
+    int64_t max_pending_total; /* all connections of the socket; ECX_CTRL_MAX_PENDING_TOTAL */
+    int max_connections;       /* server only; default the soft fd limit less
+                                  ECX_CTRL_FD_RESERVE */
     /* CURVE; all NULL: plaintext, byte for byte as without these fields. */
     const char *curve_secret_key;   /* server: its secret key (turns CURVE on); peer: its own
                                        secret key (NULL: a fresh keypair per socket) */
@@ -62,10 +84,19 @@ typedef struct ecx_ctrl_opts {
  * (may be NULL). Returns 0 or ECX_EINVAL. */
 int ecx_ctrl_key_parse(const char *z85, uint8_t out[32]);
 
-/* Default inbound frame cap. A request is a few hundred bytes; an ack from
- * the Python reference carries ~14 B per block of the producer's region
- * (≈0.85 MB for 2 GB), so 16 MiB leaves room and still bounds memory. */
+/* Default inbound frame caps. A request is a few hundred bytes: 1 MiB
+ * leaves room. An ack from the Python reference carries ~14 B per block of
+ * the producer's region (≈0.85 MB for 2 GB), so 16 MiB leaves room and
+ * still bounds memory. */
+#define ECX_CTRL_MAX_REQUEST (1 << 20)
 #define ECX_CTRL_MAX_FRAME (16 << 20)
+/* Default bounds of unfinished messages: two full frames per connection,
+ * 256 MiB for all connections of one socket; checked every 20 ms (one
+ * getsockopt per connection). */
+#define ECX_CTRL_MAX_PENDING_TOTAL (256 << 20)
+#define ECX_CTRL_GUARD_IVL_MS 20
+/* File descriptors the default connection cap leaves for everything else. */
+#define ECX_CTRL_FD_RESERVE 64
 
 /* Counters of what ctrl dropped, for metrics. */
 typedef struct ecx_ctrl_stats {
@@ -73,6 +104,9 @@ typedef struct ecx_ctrl_stats {
     uint64_t send_failed;      /* replies that could not be queued (peer gone, HWM) */
     uint64_t auth_failures;    /* server: CURVE clients the ZAP handler turned away */
     uint64_t handshake_failed; /* peer: connections dropped before the handshake ended */
+    uint64_t pending_drops;    /* connections shut down for unfinished messages over the bounds */
+    uint64_t refused_conns;    /* server: connections refused over max_connections */
+    uint64_t accept_failed;    /* server: accepts that failed (fd limit) */
 } ecx_ctrl_stats;
 
 /* Split "HOST:PORT" / "[V6]:PORT" into host (no brackets) and port.

@@ -45,6 +45,13 @@ static void producer(out *o, const ecx_producer_stats *p, const ecx_ctrl_stats *
     counter(o, "ecx_producer_auth_failures_total",
             "CURVE handshakes refused: client key not in the allow-list.",
             c ? c->auth_failures : 0);
+    counter(o, "ecx_producer_pending_drops_total",
+            "Connections shut down for holding too many bytes of unfinished messages.",
+            c ? c->pending_drops : 0);
+    counter(o, "ecx_producer_refused_connections_total",
+            "Connections refused over the connection cap.", c ? c->refused_conns : 0);
+    counter(o, "ecx_producer_accept_failures_total", "Connections that could not be accepted.",
+            c ? c->accept_failed : 0);
     counter(o, "ecx_producer_grants_total", "OK acks: entries pinned for a consumer.", p->grants);
     put(o, "# HELP ecx_producer_nacks_total NACKs sent, by status.\n"
            "# TYPE ecx_producer_nacks_total counter\n");

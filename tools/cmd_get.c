@@ -15,6 +15,7 @@
 
 #include "cli.h"
 #include "ctrl.h"
+#include "file.h"
 #include "keys.h"
 #include "opts.h"
 #include "util.h"
@@ -30,21 +31,26 @@ static const char HELP[] =
     "into FILE. Output files hold exactly size_bytes bytes.\n"
     "\n"
     "options:\n"
-    "  --params FILE          announcements file\n"
+    "  --params FILE          announcements file (a regular file, at most 256 MiB)\n"
     "  --mm-hash H            an item to fetch (repeatable)\n"
     "  --peer HOST:PORT       fetch from this producer (with --size)\n"
     "  --size SIZE            announced size of the --peer item\n"
-    "  --out DIR|FILE         where the bytes go\n"
+    "  --out DIR|FILE         where the bytes go (files created mode 0600)\n"
     "  --json                 print one JSON result object per item on stdout\n"
     "  --verify-synthetic     check each item's bytes against `ecx serve --synthetic`\n"
     "  --ack-timeout-ms MS    wait this long for each ack (default 2000)\n"
     "  --region-bytes SIZE    local region (default: what the items need)\n"
     "  --curve-server-key FILE  talk to producers over ZeroMQ CURVE (encrypted); FILE\n"
-    "                         holds their public key (`ecx keygen`'s .pub). A producer\n"
+    "                         holds their public key (`ecx keygen`'s .pub; key files\n"
+    "                         are regular files of at most 64 KiB). A producer\n"
     "                         with another key looks dead: its items fall back\n"
     "  --curve-secret FILE    this consumer's secret key, for producers that keep an\n"
     "                         allow-list (default: a fresh key per connection)\n"
     COMMON_HELP
+    "\n"
+    "limits on producers (fixed): an ack frame of at most 16 MiB; at most 32 MiB\n"
+    "of unfinished multipart messages per connection, else the connection is\n"
+    "dropped and its items fall back.\n"
     "\n"
     "Exit status: 0 every item fetched; 3 some item fell back to local encoding\n"
     "(its reason, e.g. NACK_MISSING or ACK_TIMEOUT, on stderr); 1 other failure\n"
@@ -91,7 +97,8 @@ static int store(ecx_ctx *ctx, want *w, const char *path, bool verify)
         w->bad = true;
         return -1;
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    /* Embeddings are private: 0600, which the umask can only tighten. */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
     uint64_t off = 0;
     uint8_t *check = NULL;
     rc = fd < 0 ? -1 : 0;
@@ -137,7 +144,11 @@ static void progress(size_t done, size_t total, uint64_t bytes)
 static json_t *load_params(const char *path)
 {
     json_error_t err;
-    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    size_t len;
+    char *text = file_read("--params", path, FILE_MAX_PARAMS, &len);
+    if (!text) return NULL;
+    json_t *j = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+    free(text);
     if (!j) {
         fprintf(stderr, "ecx: --params %s: %s (line %d)\n", path, err.text, err.line);
         return NULL;
@@ -191,7 +202,14 @@ int cmd_get(int argc, char **argv)
         case O_PARAMS: params = optarg; break;
         case O_HASH: hashes[n_hashes++] = optarg; break;
         case O_PEER: peer = optarg; break;
-        case O_SIZE: if (parse_size("--size", optarg, &peer_size) || !peer_size) goto usage; have_size = true; break;
+        case O_SIZE:
+            if (parse_size("--size", optarg, &peer_size)) goto usage;
+            if (!peer_size) {
+                usage_error("--size must be at least 1 byte");
+                goto usage;
+            }
+            have_size = true;
+            break;
         case O_OUT: out = optarg; break;
         case O_JSON: json = true; break;
         case O_VERIFY: verify = true; break;

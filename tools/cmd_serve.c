@@ -20,6 +20,7 @@
 
 #include "cli.h"
 #include "ctrl.h"
+#include "file.h"
 #include "keys.h"
 #include "opts.h"
 #include "util.h"
@@ -33,7 +34,8 @@ static const char HELP[] =
     "  --preload DIR          serve each regular file in DIR as one encoding: its\n"
     "                         mm_hash is the file name, its bytes the file's bytes.\n"
     "                         Names outside [A-Za-z0-9._-] or over 128 bytes,\n"
-    "                         links and non-regular files are skipped, with a message.\n"
+    "                         links and non-regular files are skipped, with a message;\n"
+    "                         one that changes before it is read stops the start.\n"
     "  --synthetic COUNT:BYTES  serve COUNT encodings of BYTES each, item i with\n"
     "                         mm_hash = hex SHA-256 of \"ecx-synthetic:<i>:<BYTES>\" and\n"
     "                         content = splitmix64 stream seeded by that hash\n"
@@ -48,17 +50,27 @@ static const char HELP[] =
     "  --announce-out FILE    once listening, write {mm_hash: announcement} for\n"
     "                         everything served, atomically (scripts wait for it)\n"
     "  --metrics HOST:PORT    serve Prometheus text at http://HOST:PORT/metrics\n"
+    "                         (at most 8 connections per client address, 128 in all;\n"
+    "                         idle ones closed after 3 s)\n"
     "  --lease-ms MS          pin lease per grant (default 30000)\n"
     "  --region-bytes SIZE    region size (default: what the content needs)\n"
     "\n"
     "security (opt-in; see `ecx keygen`):\n"
     "  --curve-secret FILE    encrypt the control plane with ZeroMQ CURVE, with the\n"
-    "                         secret key in FILE; consumers need the matching .pub\n"
+    "                         secret key in FILE (a regular file, at most 64 KiB);\n"
+    "                         consumers need the matching .pub\n"
     "                         (plaintext and Python reference peers can no longer talk)\n"
     "  --curve-allow FILE     admit only consumers whose public key is listed in FILE\n"
-    "                         (one Z85 key per line, # comments); without it, any\n"
-    "                         consumer that knows this producer's public key gets in\n"
+    "                         (one Z85 key per line, # comments; at most 4 MiB);\n"
+    "                         without it, any consumer that knows this producer's\n"
+    "                         public key gets in\n"
     COMMON_HELP
+    "\n"
+    "limits on peers (fixed; counted in --metrics): a request frame of at most\n"
+    "1 MiB; at most 2 MiB of unfinished multipart messages per connection and\n"
+    "256 MiB in all, else the connection is dropped\n"
+    "(ecx_producer_pending_drops_total); connections up to the fd limit less 64\n"
+    "(ecx_producer_refused_connections_total).\n"
     "\n"
     "Exit status: 0 after a clean shutdown, 1 on failure, 2 on usage error.\n";
 
@@ -147,27 +159,14 @@ static int scan_dir(const char *dir, items *it)
 /* Read a preloaded file into its segments (no link followed, size checked). */
 static int load_file(const item *x, ecx_segment *segs, size_t n)
 {
-    int fd = open(x->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != x->size) {
-        fprintf(stderr, "ecx: %s: changed or unreadable while loading\n", x->path);
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        size_t done = 0;
-        while (done < segs[i].len) {
-            ssize_t k = read(fd, segs[i].ptr + done, segs[i].len - done);
-            if (k <= 0) {
-                fprintf(stderr, "ecx: %s: short read\n", x->path);
-                close(fd);
-                return -1;
-            }
-            done += (size_t)k;
-        }
-    }
-    close(fd);
-    return 0;
+    uint64_t size;
+    int fd = file_open("--preload", x->path, x->size, true, &size);
+    if (fd >= 0 && size != x->size) fprintf(stderr, "ecx: --preload '%s': shrank\n", x->path);
+    int rc = fd < 0 || size != x->size ? -1 : 0;
+    for (size_t i = 0; !rc && i < n; i++)
+        rc = file_read_fd("--preload", x->path, fd, segs[i].ptr, segs[i].len);
+    if (fd >= 0) close(fd);
+    return rc;
 }
 
 static int save_item(ecx_ctx *ctx, item *x, bool commit)
@@ -264,6 +263,12 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     return ok;
 }
 
+/* HTTP connections on --metrics: a scrape takes milliseconds, so idle ones
+ * are closed after METRICS_IDLE_S, and one address cannot hold them all. */
+#define METRICS_CONNS 128u
+#define METRICS_CONNS_PER_IP 8u
+#define METRICS_IDLE_S 3u
+
 static struct MHD_Daemon *start_metrics(const char *addr, ecx_ctx *ctx)
 {
     char host[256];
@@ -285,8 +290,10 @@ static struct MHD_Daemon *start_metrics(const char *addr, ecx_ctx *ctx)
      * counters are read on the thread that writes them. */
     struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_http, ctx,
                                             MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                                            MHD_OPTION_CONNECTION_LIMIT, 64u,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+                                            MHD_OPTION_CONNECTION_LIMIT, METRICS_CONNS,
+                                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, METRICS_CONNS_PER_IP,
+                                            MHD_OPTION_CONNECTION_TIMEOUT, METRICS_IDLE_S,
+                                            MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) fprintf(stderr, "ecx: --metrics: cannot listen on %s\n", addr);
     return d;

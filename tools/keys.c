@@ -24,6 +24,7 @@
 
 #include "cli.h"
 #include "ctrl.h"
+#include "file.h"
 
 static const char HELP[] =
     "usage: ecx keygen OUT_PREFIX\n"
@@ -50,19 +51,20 @@ static char *trim(char *line)
     return *line && *line != '#' ? line : NULL;
 }
 
-/* Read path's keys: each non-comment line must be one Z85 key. Calls
- * take(key, arg) for each; returns the count, or -1 (message printed). */
-static int read_keys(const char *opt, const char *path, int (*take)(const char *, void *),
-                     void *arg)
+/* Read path's keys (at most max bytes): each non-comment line must be one
+ * Z85 key. Calls take(key, arg) for each; returns the count, or -1 (message
+ * printed). */
+static int read_keys(const char *opt, const char *path, size_t max,
+                     int (*take)(const char *, void *), void *arg)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "ecx: %s: cannot read '%s': %s\n", opt, path, strerror(errno));
-        return -1;
-    }
-    char line[256];
+    size_t len;
+    char *text = file_read(opt, path, max, &len);
+    if (!text) return -1;
     int n = 0, lineno = 0, rc = 0;
-    while (!rc && fgets(line, sizeof line, f)) {
+    for (char *line = text, *end; !rc && line < text + len; line = end + 1) {
+        end = memchr(line, '\n', (size_t)(text + len - line));
+        if (!end) end = text + len; /* the last line, without a newline */
+        *end = '\0';
         lineno++;
         char *k = trim(line);
         if (!k) continue;
@@ -77,12 +79,8 @@ static int read_keys(const char *opt, const char *path, int (*take)(const char *
             n++;
         }
     }
-    if (!rc && ferror(f)) {
-        fprintf(stderr, "ecx: %s: cannot read '%s'\n", opt, path);
-        rc = -1;
-    }
-    sodium_memzero(line, sizeof line);
-    fclose(f);
+    sodium_memzero(text, len);
+    free(text);
     return rc ? rc : n;
 }
 
@@ -97,7 +95,7 @@ static int take_one(const char *k, void *arg)
 int key_file_read(const char *opt, const char *path, char out[ECX_CTRL_KEY_Z85 + 1])
 {
     out[0] = '\0';
-    int n = read_keys(opt, path, take_one, out);
+    int n = read_keys(opt, path, FILE_MAX_KEY, take_one, out);
     if (n != 1) {
         if (n == 0 || out[0])
             fprintf(stderr, "ecx: %s: '%s' must hold exactly one key\n", opt, path);
@@ -120,7 +118,7 @@ static int take_many(const char *k, void *arg)
 
 int allow_file_read(const char *opt, const char *path, key_list *out)
 {
-    int n = read_keys(opt, path, take_many, out);
+    int n = read_keys(opt, path, FILE_MAX_ALLOW, take_many, out);
     if (n == 0) fprintf(stderr, "ecx: %s: '%s' holds no key\n", opt, path);
     return n > 0 ? 0 : -1;
 }
