@@ -49,6 +49,8 @@ struct session {
     char key[270];
     char host[256];
     int port;
+    int64_t last_used_ms; /* opened, sent on, got an ack, or seen busy */
+    bool busy;            /* scratch of mark_busy() */
 };
 
 struct ecx_consumer {
@@ -60,6 +62,7 @@ struct ecx_consumer {
     ecx_table xfers, sessions;
     xfer *head, *free_xfers;
     session *sessions_list;
+    size_t n_sessions;
     msgpack_sbuffer out;
     int64_t *idx;             /* scratch: ack indices */
     uint64_t *remote, *local; /* scratch for read_post */
@@ -216,7 +219,57 @@ static void session_close(ecx_consumer *c, session *s, int64_t now)
             *pp = s->next;
             break;
         }
+    c->n_sessions--;
     free(s);
+}
+
+/* A session is busy while a transfer on it waits for an ack, reads, or is
+ * quarantined (a quarantined READ keeps the data peer registered). Marks
+ * each session's busy flag, and refreshes last_used of busy ones. */
+static void mark_busy(ecx_consumer *c, int64_t now)
+{
+    for (session *s = c->sessions_list; s; s = s->next)
+        s->busy = false;
+    for (xfer *x = c->head; x; x = x->next)
+        if (x->s && (x->state == WAITING_ACK || x->state == READING || x->state == QUARANTINED))
+            x->s->busy = true;
+    for (session *s = c->sessions_list; s; s = s->next)
+        if (s->busy) s->last_used_ms = now;
+}
+
+/* Close every session that has not been busy for session_idle_ms: a dead
+ * producer that never completed a handshake is never reported lost, and
+ * its socket would otherwise reconnect forever. */
+static int close_idle(ecx_consumer *c, int64_t now)
+{
+    int closed = 0;
+    mark_busy(c, now);
+    for (session *s = c->sessions_list, *next; s; s = next) {
+        next = s->next;
+        if (s->busy || now - s->last_used_ms < c->o.session_idle_ms) continue;
+        ecx_log(ECX_LOG_DEBUG, "consumer: session to %s:%d idle; closed", s->host, s->port);
+        c->st.sessions_idle_closed++;
+        session_close(c, s, now);
+        closed++;
+    }
+    return closed;
+}
+
+/* At the cap: close the idle session unused the longest. Returns false if
+ * every session is busy. Only idle sessions are closed, so no transfer
+ * changes state (the caller may be walking the transfer list). */
+static bool evict_one(ecx_consumer *c, int64_t now)
+{
+    mark_busy(c, now);
+    session *victim = NULL;
+    for (session *s = c->sessions_list; s; s = s->next)
+        if (!s->busy && (!victim || s->last_used_ms < victim->last_used_ms)) victim = s;
+    if (!victim) return false;
+    ecx_log(ECX_LOG_DEBUG, "consumer: session cap (%d) reached; closed idle session to %s:%d",
+            c->o.max_sessions, victim->host, victim->port);
+    c->st.sessions_evicted++;
+    session_close(c, victim, now);
+    return true;
 }
 
 /* Close a session whose producer connection was lost (SPEC §5: waiting
@@ -237,8 +290,18 @@ static session *session_get(ecx_consumer *c, const char *host, int port, int64_t
     int kl = snprintf(key, sizeof key, "%s|%d", host, port);
     ecx_table_node *n = ecx_table_find(&c->sessions, key, (size_t)kl);
     /* Never send over a connection already known to be lost. */
-    if (n && !retire_if_lost(c, ECX_CONTAINER_OF(n, session, node), now))
-        return ECX_CONTAINER_OF(n, session, node);
+    if (n && !retire_if_lost(c, ECX_CONTAINER_OF(n, session, node), now)) {
+        session *s = ECX_CONTAINER_OF(n, session, node);
+        s->last_used_ms = now;
+        return s;
+    }
+    if (c->n_sessions >= (size_t)c->o.max_sessions && !evict_one(c, now)) {
+        c->st.session_cap_refusals++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                            "consumer: %zu sessions open, all busy (cap %d); no session to %s:%d",
+                            c->n_sessions, c->o.max_sessions, host, port);
+        return NULL;
+    }
     session *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     int rc = ecx_ctrl_peer_new(c->o.zctx, host, port, &c->o.ctrl, &s->peer);
@@ -252,10 +315,12 @@ static session *session_get(ecx_consumer *c, const char *host, int port, int64_t
     memcpy(s->key, key, (size_t)kl + 1);
     snprintf(s->host, sizeof s->host, "%s", host);
     s->port = port;
+    s->last_used_ms = now;
     s->node.key = s->key;
     s->node.key_len = (size_t)kl;
     ecx_table_insert(&c->sessions, &s->node);
     s->next = c->sessions_list, c->sessions_list = s;
+    c->n_sessions++;
     ecx_log(ECX_LOG_DEBUG, "consumer: session %s to %s:%d", s->sid, host, port);
     return s;
 }
@@ -521,8 +586,10 @@ int ecx_consumer_poll(ecx_consumer *c)
         }
         const void *pl;
         size_t len;
-        for (int i = 0; i < 4096 && ecx_ctrl_peer_recv(s->peer, &pl, &len) == 1; i++, events++)
+        for (int i = 0; i < 4096 && ecx_ctrl_peer_recv(s->peer, &pl, &len) == 1; i++, events++) {
+            s->last_used_ms = now;
             on_ack(c, s, pl, len, now);
+        }
     }
     /* READs the acks just started may be done already (the same-host copy
      * is): report them in this call rather than the engine's next step. */
@@ -530,6 +597,7 @@ int ecx_consumer_poll(ecx_consumer *c)
         next = x->next;
         if (x->state == READING) events += advance(c, x, now);
     }
+    events += close_idle(c, now);
     return events;
 }
 
@@ -627,12 +695,20 @@ int64_t ecx_consumer_next_timeout(ecx_consumer *c)
         if (due < 0) due = 0;
         if (best < 0 || due < best) best = due;
     }
+    /* Idle closes are timers too (a busy session is refreshed by the poll
+     * this wakes, so it costs at most one spurious wake per idle period). */
+    for (const session *s = c->sessions_list; s; s = s->next) {
+        int64_t due = s->last_used_ms + c->o.session_idle_ms - now;
+        if (due < 0) due = 0;
+        if (best < 0 || due < best) best = due;
+    }
     return best;
 }
 
 ecx_consumer_stats ecx_consumer_get_stats(const ecx_consumer *c)
 {
     ecx_consumer_stats st = c->st;
+    st.sessions_open = c->n_sessions;
     for (const xfer *x = c->head; x; x = x->next) {
         switch (x->state) {
         case WAITING_ACK: st.waiting_ack++; break;
@@ -663,6 +739,8 @@ int ecx_consumer_new(ecx_cache *cache, ecx_data *data, const ecx_consumer_opts *
     if (c->o.quarantine_ms <= 0) c->o.quarantine_ms = 60000;
     if (c->o.item_wait_ms <= 0) c->o.item_wait_ms = 60000;
     if (c->o.tombstone_ttl_ms <= 0) c->o.tombstone_ttl_ms = 600000;
+    if (c->o.session_idle_ms <= 0) c->o.session_idle_ms = 30000;
+    if (c->o.max_sessions <= 0) c->o.max_sessions = 256;
     int rc = ecx_table_init(&c->xfers);
     if (!rc && (rc = ecx_table_init(&c->sessions))) ecx_table_fini(&c->xfers);
     if (!rc && (rc = grow_scratch(c, 256))) {

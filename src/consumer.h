@@ -37,6 +37,16 @@
  * session is closed: the next contact opens a fresh socket and session id.
  * No reserved block is ever lost: every path frees it, at the latest when
  * the quarantine limit passes.
+ *
+ * Sessions are bounded: a producer that never answers (or is gone without
+ * a completed handshake, which the monitor cannot report as lost) must not
+ * hold a socket forever. A session is busy while any transfer on it waits
+ * for an ack, reads, or is quarantined; one that has not been busy for
+ * session_idle_ms is closed (idle close), and at most max_sessions are
+ * open. When a new session is needed at the cap, the idle session unused
+ * the longest is closed for it (eviction); if every session is busy, the
+ * item falls back at once with SEND_FAILED (a cap refusal), and later
+ * items get sessions as soon as some become idle. All three are counted.
  */
 #ifndef ECX_CONSUMER_H
 #define ECX_CONSUMER_H
@@ -64,6 +74,8 @@ typedef struct ecx_consumer_opts {
     int64_t quarantine_ms;    /* default 60000 */
     int64_t item_wait_ms;     /* overall NOT_READY wait per item; default 60000 */
     int64_t tombstone_ttl_ms; /* unclaimed tombstones are dropped; default 600000 */
+    int64_t session_idle_ms;  /* a session not busy this long is closed; default 30000 */
+    int max_sessions;         /* open sessions at most; default 256 */
     ecx_ctrl_opts ctrl;
     const ecx_clock *clock; /* NULL: monotonic */
 } ecx_consumer_opts;
@@ -84,6 +96,10 @@ typedef struct ecx_consumer_stats {
     uint64_t malformed_acks;
     uint64_t peer_restarts;
     uint64_t peers_lost;
+    uint64_t sessions_open;         /* gauge: sessions (sockets) open now */
+    uint64_t sessions_idle_closed;  /* closed after session_idle_ms without a busy transfer */
+    uint64_t sessions_evicted;      /* idle sessions closed early to make room at the cap */
+    uint64_t session_cap_refusals;  /* items that fell back: cap reached, no session idle */
     uint64_t in_flight; /* transfers not yet settled */
     uint64_t waiting_ack, reading, retrying, quarantined, tombstones; /* in_flight by state */
     uint64_t latency_count[ECX_LATENCY_BUCKETS]; /* fetch latency, non-cumulative */
@@ -118,7 +134,8 @@ int ecx_consumer_poll(ecx_consumer *c);
  * there are (may exceed cap: then only cap were written). */
 size_t ecx_consumer_pollitems(ecx_consumer *c, zmq_pollitem_t *items, size_t cap);
 
-/* Milliseconds until the next timer is due (0 if one is due, -1 if none). */
+/* Milliseconds until the next timer is due (0 if one is due, -1 if none);
+ * the sessions' idle deadlines count as timers. */
 int64_t ecx_consumer_next_timeout(ecx_consumer *c);
 
 ecx_consumer_stats ecx_consumer_get_stats(const ecx_consumer *c);

@@ -597,6 +597,9 @@ int ecx_ctrl_peer_new(void *zctx, const char *host, int port, const ecx_ctrl_opt
     if (!p->sock || apply_common(p->sock, opts, &frame) ||
         set_int(p->sock, ZMQ_HEARTBEAT_IVL, ivl) ||
         set_int(p->sock, ZMQ_HEARTBEAT_TIMEOUT, tmo) || set_int(p->sock, ZMQ_HEARTBEAT_TTL, ttl) ||
+        /* Back off reconnects to a dead producer (100 ms doubling to 5 s)
+         * instead of retrying every 100 ms forever. */
+        set_int(p->sock, ZMQ_RECONNECT_IVL_MAX, 5000) ||
         guard_init(&p->g, zctx, p->sock,
                    ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED,
                    port, false, frame, opts))

@@ -104,6 +104,16 @@ static void consumer(out *o, const ecx_consumer_stats *c)
     counter(o, "ecx_consumer_peer_restarts_total", "Producers seen restarting (new metadata).",
             c->peer_restarts);
     counter(o, "ecx_consumer_peers_lost_total", "Producer connections lost.", c->peers_lost);
+    gauge(o, "ecx_consumer_sessions_open", "Producer sessions (sockets) open.", c->sessions_open);
+    counter(o, "ecx_consumer_sessions_idle_closed_total",
+            "Sessions closed after the idle timeout with no transfer waiting, reading or "
+            "quarantined.",
+            c->sessions_idle_closed);
+    counter(o, "ecx_consumer_sessions_evicted_total",
+            "Idle sessions closed early to make room at the session cap.", c->sessions_evicted);
+    counter(o, "ecx_consumer_session_cap_refusals_total",
+            "Items that fell back (SEND_FAILED): session cap reached and every session busy.",
+            c->session_cap_refusals);
     gauge(o, "ecx_consumer_in_flight", "Transfers not yet settled.", c->in_flight);
     put(o, "# HELP ecx_consumer_transfers Transfers by state.\n"
            "# TYPE ecx_consumer_transfers gauge\n");

@@ -12,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -86,6 +89,10 @@ static void side_fini(side *s)
 
 /* The producer's pin lease for the next world_new() (0: the default). */
 static int64_t next_lease_ms;
+/* The consumer's session cap and idle timeout for the next world_new()
+ * (0: the defaults); world_new_sessions() sets them. */
+static int next_max_sessions;
+static int64_t next_session_idle_ms;
 
 /* A producer and a consumer; the consumer's compat hash may differ. */
 static world *world_new(const char *consumer_compat)
@@ -107,8 +114,21 @@ static world *world_new(const char *consumer_compat)
     ecx_consumer_opts co = {.zctx = w->zctx,
                             .compat_hash = consumer_compat ? consumer_compat : w->compat,
                             .block_bytes = BLOCK,
+                            .max_sessions = next_max_sessions,
+                            .session_idle_ms = next_session_idle_ms,
                             .clock = &CLOCK};
     assert_int_equal(ecx_consumer_new(w->C.cache, w->C.data, &co, &w->cons), 0);
+    return w;
+}
+
+/* A world whose consumer has the given session cap and idle timeout. */
+static world *world_new_sessions(int max_sessions, int64_t idle_ms)
+{
+    next_max_sessions = max_sessions;
+    next_session_idle_ms = idle_ms;
+    world *w = world_new(NULL);
+    next_max_sessions = 0;
+    next_session_idle_ms = 0;
     return w;
 }
 
@@ -960,6 +980,97 @@ static void test_fetch_refusals(void **state)
     world_free(w);
 }
 
+/* ---------- session bounds ---------- */
+
+/* A TCP port on 127.0.0.1 that is bound but not listening: connecting to
+ * it is refused for as long as fd stays open, and nobody else can take it. */
+static int dead_port(int *fd)
+{
+    *fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(*fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(*fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t al = sizeof a;
+    assert_int_equal(getsockname(*fd, (struct sockaddr *)&a, &al), 0);
+    return ntohs(a.sin_port);
+}
+
+/* Issue 10 item 5: 300 producers that never answer. Sessions never exceed
+ * the cap (idle ones are evicted for new ones, and while all are busy items
+ * fall back at once, counted), idle sessions close after the idle timeout,
+ * and afterwards a live producer is reached. */
+#define DEAD 300
+#define CAP 32
+static void test_dead_producers_bounded(void **state)
+{
+    (void)state;
+    world *w = world_new_sessions(CAP, 30000);
+    static int fds[DEAD], ports[DEAD];
+    static bool pending[DEAD];
+    for (int i = 0; i < DEAD; i++) ports[i] = dead_port(&fds[i]);
+    int reason, refused = 0, max_open = 0;
+    char h[16];
+    for (int i = 0; i < DEAD; i++) {
+        snprintf(h, sizeof h, "dead%03d", i);
+        int st = ecx_consumer_fetch(w->cons, h, strlen(h), "127.0.0.1", ports[i], 100, 0, &reason);
+        pending[i] = st == ECX_FETCH_PENDING;
+        if (!pending[i]) {
+            assert_int_equal(st, ECX_FETCH_LOCAL);
+            assert_int_equal(reason, ECX_REASON_SEND_FAILED);
+            refused++;
+        }
+        ecx_consumer_stats cs = ecx_consumer_get_stats(w->cons);
+        assert_true(cs.sessions_open <= CAP);
+        if ((int)cs.sessions_open > max_open) max_open = (int)cs.sessions_open;
+        if (i % 16 == 15) { /* 16 new producers every 250 ms: twice what the cap takes */
+            fake_now += 250;
+            pump(w);
+        }
+    }
+    ecx_consumer_stats cs = ecx_consumer_get_stats(w->cons);
+    assert_int_equal(max_open, CAP);
+    assert_true(refused > 0 && refused < DEAD - CAP); /* some, never all */
+    assert_int_equal(cs.session_cap_refusals, (uint64_t)refused);
+    assert_int_equal(cs.fallbacks[ECX_REASON_SEND_FAILED], (uint64_t)refused);
+    assert_true(cs.sessions_evicted > 0);
+    assert_int_equal(cs.sessions_idle_closed, 0);
+    /* Every item still pending times out on its ack. */
+    fake_now += 2000;
+    pump(w);
+    for (int i = 0; i < DEAD; i++) {
+        if (!pending[i]) continue;
+        snprintf(h, sizeof h, "dead%03d", i);
+        assert_int_equal(
+            ecx_consumer_fetch(w->cons, h, strlen(h), "127.0.0.1", ports[i], 100, 0, &reason),
+            ECX_FETCH_LOCAL);
+        assert_int_equal(reason, ECX_REASON_ACK_TIMEOUT);
+    }
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    /* Nothing is busy now: the open sessions close after the idle timeout
+     * (counted from when each was last busy), and the poll is woken for it. */
+    cs = ecx_consumer_get_stats(w->cons);
+    uint64_t open = cs.sessions_open;
+    assert_true(open > 0 && open <= CAP);
+    int64_t t = ecx_consumer_next_timeout(w->cons);
+    assert_true(t > 0 && t <= 30000);
+    fake_now += 30000 - 2001;
+    pump(w);
+    assert_int_equal(ecx_consumer_get_stats(w->cons).sessions_open, open); /* not yet */
+    fake_now += 2001;
+    pump(w);
+    cs = ecx_consumer_get_stats(w->cons);
+    assert_int_equal(cs.sessions_open, 0);
+    assert_int_equal(cs.sessions_idle_closed, open);
+    assert_int_equal(ecx_consumer_next_timeout(w->cons), -1);
+    /* The live producer is reached at once. */
+    save(w, "live", 3 * BLOCK, true);
+    assert_int_equal(fetch_wait(w, "live", 3 * BLOCK, w->port, &reason), ECX_FETCH_READY);
+    assert_true(consumer_has(w, "live", 3 * BLOCK));
+    assert_int_equal(ecx_consumer_get_stats(w->cons).sessions_open, 1);
+    for (int i = 0; i < DEAD; i++) close(fds[i]);
+    world_free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -984,6 +1095,7 @@ int main(void)
         cmocka_unit_test(test_producer_lost),
         cmocka_unit_test(test_producer_restart),
         cmocka_unit_test(test_fetch_refusals),
+        cmocka_unit_test(test_dead_producers_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
