@@ -179,6 +179,9 @@ typedef struct ecx_config {
     int64_t quarantine_ms;     /* consumer: 60000 */
     int64_t item_wait_ms;      /* consumer: overall NOT_READY wait, 60000 */
     int64_t lease_ms;          /* producer: pin lease, 30000 */
+    uint32_t max_conn_grants;  /* producer: active grants per consumer connection, 1024 */
+    uint32_t max_conn_pin_pct; /* producer: % of the region one connection's pins may
+                                  cover, 50 (1..100; see src/producer.h) */
 
     /* Authenticated, encrypted control plane (ZeroMQ CURVE), opt-in; all
      * NULL: plaintext, as the Python reference speaks. Keys are Z85 text

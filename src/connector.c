@@ -65,6 +65,8 @@ void ecx_config_init(ecx_config *c)
     c->quarantine_ms = 60000;
     c->item_wait_ms = 60000;
     c->lease_ms = 30000;
+    c->max_conn_grants = 1024;
+    c->max_conn_pin_pct = 50;
 }
 
 /* A host we announce must be safe to put in JSON as is. */
@@ -114,6 +116,8 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
     if ((rc = ecx_data_new_producer(ctx->region, &dopts, &ctx->pdata))) return rc;
     ecx_producer_opts po = {.compat_hash = ctx->compat,
                             .lease_ms = cfg->lease_ms,
+                            .max_conn_grants = cfg->max_conn_grants,
+                            .max_conn_pin_pct = cfg->max_conn_pin_pct,
                             .block_bytes = ctx->block_bytes};
     return ecx_producer_new(ctx->cache, ctx->pdata, ctx->srv, &po, &ctx->prod);
 }

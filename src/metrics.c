@@ -80,6 +80,16 @@ static void producer(out *o, const ecx_producer_stats *p, const ecx_ctrl_stats *
     counter(o, "ecx_producer_bytes_served_total", "Bytes of completed transfers.",
             p->bytes_served);
     counter(o, "ecx_producer_reply_failed_total", "Acks that could not be sent.", p->reply_failed);
+    counter(o, "ecx_producer_refused_conn_grants_total",
+            "Requests refused: the connection held its cap of grants, or its share of a full "
+            "table.",
+            p->refused_conn_grants);
+    counter(o, "ecx_producer_refused_conn_pins_total",
+            "Requests refused: the connection's pins would pass its share of the region.",
+            p->refused_conn_pins);
+    counter(o, "ecx_producer_evicted_grants_total",
+            "Grants released from the heaviest connection to make room in a full table.",
+            p->evicted_grants);
 }
 
 static void consumer(out *o, const ecx_consumer_stats *c)

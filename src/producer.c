@@ -14,9 +14,13 @@
 /* Longest ZeroMQ routing id (libzmq allows 255 bytes). */
 #define IDENTITY_MAX 255
 
+struct conn;
+
 typedef struct grant {
     ecx_table_node node;       /* keyed by key[0..key_len) */
     struct grant *prev, *next; /* lease queue, oldest first; next = free list */
+    struct grant *cprev, *cnext; /* the owner's grants, oldest first */
+    struct conn *owner;
     int64_t expires_ms;
     uint64_t nbytes;
     uint64_t *blocks; /* item order; the buffer stays with the record when pooled */
@@ -30,6 +34,17 @@ typedef struct grant {
     char key[ECX_DATA_NOTIF_MAX + 1]; /* "{session_id}:{mm_hash}" */
 } grant;
 
+/* What one connection (routing id) holds; exists while it holds a grant. */
+typedef struct conn {
+    ecx_table_node node;         /* keyed by identity[0..identity_len) */
+    struct conn *bprev, *bnext;  /* by_count[count] list; bnext = free list */
+    grant *oldest, *newest;      /* its grants, oldest first */
+    uint32_t count;              /* grants */
+    uint64_t blocks;             /* blocks its grants pin */
+    uint8_t identity_len;
+    uint8_t identity[IDENTITY_MAX];
+} conn;
+
 struct ecx_producer {
     ecx_cache *cache;
     ecx_data *data;
@@ -42,6 +57,12 @@ struct ecx_producer {
     ecx_table grants;
     grant *oldest, *newest; /* lease queue */
     grant *free_list;       /* pooled records */
+
+    ecx_table conns;     /* routing id -> conn, for connections holding grants */
+    conn *conn_free;     /* pooled conn records */
+    conn **by_count;     /* [1..max_conn_grants]: conns holding that many grants */
+    uint32_t max_count;  /* highest non-empty by_count slot (0: none) */
+    uint64_t pin_limit;  /* blocks one connection's pins may cover */
 
     ecx_ctrl_msg msg;    /* reused for every request */
     msgpack_sbuffer out; /* reused for every ack */
@@ -58,8 +79,80 @@ static grant *grant_find(const ecx_producer *p, const char *key, size_t len)
     return n ? ECX_CONTAINER_OF(n, grant, node) : NULL;
 }
 
+/* ---------- connections ---------- */
+
+static void bucket_out(ecx_producer *p, conn *c)
+{
+    if (!c->count) return;
+    if (c->bprev)
+        c->bprev->bnext = c->bnext;
+    else
+        p->by_count[c->count] = c->bnext;
+    if (c->bnext) c->bnext->bprev = c->bprev;
+}
+
+static void bucket_in(ecx_producer *p, conn *c)
+{
+    if (c->count) {
+        c->bprev = NULL, c->bnext = p->by_count[c->count];
+        if (c->bnext) c->bnext->bprev = c;
+        p->by_count[c->count] = c;
+        if (c->count > p->max_count) p->max_count = c->count;
+    }
+    while (p->max_count && !p->by_count[p->max_count])
+        p->max_count--;
+}
+
+static conn *conn_find(const ecx_producer *p, const uint8_t *id, size_t len)
+{
+    ecx_table_node *n = ecx_table_find(&p->conns, (const char *)id, len);
+    return n ? ECX_CONTAINER_OF(n, conn, node) : NULL;
+}
+
+/* The record of the connection that sent p->msg, created (from the pool) if
+ * it holds nothing yet; NULL if memory runs out. */
+static conn *conn_get(ecx_producer *p)
+{
+    conn *c = conn_find(p, p->msg.identity, p->msg.identity_len);
+    if (c) return c;
+    if ((c = p->conn_free))
+        p->conn_free = c->bnext;
+    else if (!(c = calloc(1, sizeof *c)))
+        return NULL;
+    c->identity_len = (uint8_t)p->msg.identity_len;
+    memcpy(c->identity, p->msg.identity, p->msg.identity_len);
+    c->node.key = (const char *)c->identity;
+    c->node.key_len = c->identity_len;
+    c->oldest = c->newest = NULL;
+    c->count = 0, c->blocks = 0;
+    ecx_table_insert(&p->conns, &c->node);
+    return c;
+}
+
+/* Back to the pool once it holds nothing. */
+static void conn_put(ecx_producer *p, conn *c)
+{
+    if (c->count) return;
+    ecx_table_remove(&p->conns, &c->node);
+    c->bnext = p->conn_free, p->conn_free = c;
+}
+
 static void grant_unlink(ecx_producer *p, grant *g)
 {
+    conn *c = g->owner;
+    if (g->cprev)
+        g->cprev->cnext = g->cnext;
+    else
+        c->oldest = g->cnext;
+    if (g->cnext)
+        g->cnext->cprev = g->cprev;
+    else
+        c->newest = g->cprev;
+    bucket_out(p, c);
+    c->count--;
+    c->blocks -= g->n_blocks;
+    bucket_in(p, c);
+    conn_put(p, c);
     ecx_table_remove(&p->grants, &g->node);
     if (g->prev)
         g->prev->next = g->next;
@@ -84,8 +177,8 @@ static void grant_release(ecx_producer *p, grant *g)
 
 /* A grant record for blocks p->idx[0..n), from the pool; NULL if memory
  * runs out. */
-static grant *grant_add(ecx_producer *p, ecx_span sid, ecx_span hash, size_t n, uint64_t nbytes,
-                        int64_t now)
+static grant *grant_add(ecx_producer *p, conn *c, ecx_span sid, ecx_span hash, size_t n,
+                        uint64_t nbytes, int64_t now)
 {
     grant *g = p->free_list;
     if (g) {
@@ -125,6 +218,17 @@ static grant *grant_add(ecx_producer *p, ecx_span sid, ecx_span hash, size_t n, 
     else
         p->oldest = g;
     p->newest = g;
+    g->owner = c;
+    g->cprev = c->newest, g->cnext = NULL;
+    if (c->newest)
+        c->newest->cnext = g;
+    else
+        c->oldest = g;
+    c->newest = g;
+    bucket_out(p, c);
+    c->count++;
+    c->blocks += n;
+    bucket_in(p, c);
     p->st.active_grants++;
     return g;
 }
@@ -145,14 +249,24 @@ int ecx_producer_new(ecx_cache *cache, ecx_data *data, ecx_ctrl_server *srv,
     p->cache = cache, p->data = data, p->srv = srv, p->o = *opts;
     if (p->o.lease_ms <= 0) p->o.lease_ms = 30000;
     if (p->o.max_grants == 0) p->o.max_grants = 65536;
+    if (p->o.max_conn_grants == 0) p->o.max_conn_grants = 1024;
+    if (p->o.max_conn_grants > p->o.max_grants) p->o.max_conn_grants = p->o.max_grants;
+    if (p->o.max_conn_pin_pct == 0) p->o.max_conn_pin_pct = 50;
+    if (p->o.max_conn_pin_pct > 100) p->o.max_conn_pin_pct = 100;
+    ecx_cache_stats cst;
+    ecx_cache_get_stats(cache, &cst);
+    p->pin_limit = cst.num_blocks * p->o.max_conn_pin_pct / 100;
+    if (p->pin_limit == 0) p->pin_limit = 1;
     memcpy(p->compat, opts->compat_hash, cl + 1);
     p->compat_len = cl;
     p->o.compat_hash = p->compat;
     p->idx_cap = 1024;
     p->idx = malloc(p->idx_cap * sizeof *p->idx);
-    int rc = p->idx ? ecx_table_init(&p->grants) : ECX_ENOMEM;
+    p->by_count = calloc((size_t)p->o.max_conn_grants + 1, sizeof *p->by_count);
+    int rc = p->idx && p->by_count ? ecx_table_init(&p->grants) : ECX_ENOMEM;
+    if (!rc && (rc = ecx_table_init(&p->conns))) ecx_table_fini(&p->grants);
     if (rc) {
-        free(p->idx), free(p);
+        free(p->by_count), free(p->idx), free(p);
         return rc;
     }
     ecx_ctrl_msg_init(&p->msg);
@@ -175,7 +289,13 @@ void ecx_producer_free(ecx_producer *p)
     }
     ecx_ctrl_msg_fini(&p->msg);
     msgpack_sbuffer_destroy(&p->out);
+    for (conn *c = p->conn_free, *n; c; c = n) {
+        n = c->bnext;
+        free(c);
+    }
     ecx_table_fini(&p->grants);
+    ecx_table_fini(&p->conns);
+    free(p->by_count);
     free(p->idx);
     free(p);
 }
@@ -268,9 +388,25 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
     if (old) { /* the consumer asked again: its old pin goes first */
         grant_release(p, old);
         p->st.regrants++;
-    } else if (p->st.active_grants >= p->o.max_grants) {
-        nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "too many active grants");
+    }
+    /* Per-connection cap, then the shared table (see producer.h). */
+    conn *c = conn_find(p, p->msg.identity, p->msg.identity_len);
+    uint32_t held = c ? c->count : 0;
+    if (held >= p->o.max_conn_grants) {
+        p->st.refused_conn_grants++;
+        nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "connection holds too many grants");
         return;
+    }
+    bool evict = false;
+    if (p->st.active_grants >= p->o.max_grants) {
+        size_t conns = p->conns.count + (c ? 0 : 1);
+        uint64_t fair = p->o.max_grants / conns;
+        if (held >= (fair ? fair : 1)) {
+            p->st.refused_conn_grants++;
+            nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "too many active grants");
+            return;
+        }
+        evict = true; /* below its share: the heaviest connection makes room */
     }
 
     int rc = ecx_cache_pin_if_ready(p->cache, r->mm_hash.p, r->mm_hash.n);
@@ -291,9 +427,34 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
     grant *g = NULL;
     ecx_cache_info info;
     long dl = 0;
-    if (!(rc = ecx_cache_lookup(p->cache, r->mm_hash.p, r->mm_hash.n, &info)) &&
-        !(rc = entry_blocks(p, r->mm_hash, &n)) &&
-        (g = grant_add(p, r->session_id, r->mm_hash, n, info.size_bytes, now))) {
+    if ((rc = ecx_cache_lookup(p->cache, r->mm_hash.p, r->mm_hash.n, &info))) {
+        ecx_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
+        nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, ecx_strerror(rc));
+        return;
+    }
+    /* A connection's pins stay within its share of the region, except that
+     * one holding none may always take one item (else a big item could
+     * never be served). */
+    if (c && c->blocks && c->blocks + info.n_blocks > p->pin_limit) {
+        ecx_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
+        p->st.refused_conn_pins++;
+        nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "connection pins too many blocks");
+        return;
+    }
+    if (evict && p->max_count) {
+        conn *heavy = p->by_count[p->max_count];
+        p->st.evicted_grants++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                            "producer: grant table full; released the oldest grant of a "
+                            "connection holding %u",
+                            heavy->count);
+        grant_release(p, heavy->oldest);
+    }
+    if (!c) c = conn_get(p);
+    if (c && !(rc = entry_blocks(p, r->mm_hash, &n)))
+        g = grant_add(p, c, r->session_id, r->mm_hash, n, info.size_bytes, now);
+    if (c && !g) conn_put(p, c); /* a record created for nothing goes back */
+    if (g) {
         ecx_data_ticket t = {.checksum = info.checksum,
                              .nbytes = info.size_bytes,
                              .lease_ms = (uint32_t)p->o.lease_ms};

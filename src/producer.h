@@ -33,6 +33,26 @@
  * longer than ECX_DATA_NOTIF_MAX, or a grant beyond max_grants, is refused
  * with NACK_INTERNAL. Grant records come from a pool that grows to its peak
  * and is reused; the grant table is hashed with a random SipHash key.
+ *
+ * Per connection (routing id), so that hitting a bound costs that peer and
+ * not everyone (issue 10):
+ *  - a connection holding max_conn_grants (1024) grants is refused
+ *    (NACK_INTERNAL, refused_conn_grants);
+ *  - when the shared table (max_grants) is full, a connection holding at
+ *    least its fair share, max_grants / (connections holding grants, the
+ *    asker included), is refused; one holding less gets its grant, and
+ *    the oldest grant of the connection holding the most is released to
+ *    make room (evicted_grants; that peer's later read or completion
+ *    finds no grant). A full table with an asker below the average
+ *    always has a connection above it, so a well-behaved consumer is
+ *    served during any flood, however many connections the flood uses;
+ *  - a connection's pins may cover at most max_conn_pin_pct (50%) of the
+ *    region's blocks: a grant that would pass that is refused
+ *    (NACK_INTERNAL, refused_conn_pins), unless the connection holds no
+ *    pin (one item, however big, can always be served).
+ * The heaviest connection is found in O(1): connections are listed by
+ * their grant count (1..max_conn_grants). Connection records are pooled
+ * like grants.
  */
 #ifndef ECX_PRODUCER_H
 #define ECX_PRODUCER_H
@@ -50,6 +70,8 @@ typedef struct ecx_producer_opts {
     const char *compat_hash; /* ours: requests with another one get NACK_INCOMPAT */
     int64_t lease_ms;        /* default 30000 */
     uint32_t max_grants;     /* default 65536 */
+    uint32_t max_conn_grants; /* per connection; default 1024 (at most max_grants) */
+    uint32_t max_conn_pin_pct; /* % of the region one connection's pins may cover; default 50 */
     uint64_t block_bytes;    /* for bytes_served */
     const ecx_clock *clock;  /* NULL: monotonic */
 } ecx_producer_opts;
@@ -70,6 +92,9 @@ typedef struct ecx_producer_stats {
     uint64_t send_failed;      /* grants whose bytes could not be sent */
     uint64_t bytes_served;     /* bytes of completed grants */
     uint64_t reply_failed;   /* acks that could not be sent */
+    uint64_t refused_conn_grants; /* refused: at its cap, or at its share of a full table */
+    uint64_t refused_conn_pins;   /* refused: its pins would pass its share of the region */
+    uint64_t evicted_grants;      /* taken from the heaviest connection: a full table */
 } ecx_producer_stats;
 
 /* None of cache, data, srv is owned; all must outlive the producer. */

@@ -93,6 +93,11 @@ static int64_t next_lease_ms;
  * (0: the defaults); world_new_sessions() sets them. */
 static int next_max_sessions;
 static int64_t next_session_idle_ms;
+/* The producer's grant limits for the next world_new() (0: the defaults,
+ * except the pin share: 100%, since these tests fetch items up to 3/4 of
+ * the region one after another, and a completion may still be in flight
+ * when the next request comes). */
+static uint32_t next_max_grants, next_conn_grants, next_pin_pct;
 
 /* A producer and a consumer; the consumer's compat hash may differ. */
 static world *world_new(const char *consumer_compat)
@@ -109,6 +114,9 @@ static world *world_new(const char *consumer_compat)
     ecx_producer_opts po = {.compat_hash = w->compat,
                             .block_bytes = BLOCK,
                             .lease_ms = next_lease_ms,
+                            .max_grants = next_max_grants,
+                            .max_conn_grants = next_conn_grants,
+                            .max_conn_pin_pct = next_pin_pct ? next_pin_pct : 100,
                             .clock = &CLOCK};
     assert_int_equal(ecx_producer_new(w->P.cache, w->P.data, w->srv, &po, &w->prod), 0);
     ecx_consumer_opts co = {.zctx = w->zctx,
@@ -946,6 +954,8 @@ static void test_producer_restart(void **state)
     ecx_producer_opts po = {.compat_hash = w->compat,
                             .block_bytes = BLOCK,
                             .lease_ms = next_lease_ms,
+                            .max_grants = next_max_grants,
+                            .max_conn_grants = next_conn_grants,
                             .clock = &CLOCK};
     assert_int_equal(ecx_producer_new(w->P.cache, w->P.data, w->srv, &po, &w->prod), 0);
     save(w, "b", 2 * BLOCK, true);
@@ -1068,6 +1078,104 @@ static void test_dead_producers_bounded(void **state)
     assert_true(consumer_has(w, "live", 3 * BLOCK));
     assert_int_equal(ecx_consumer_get_stats(w->cons).sessions_open, 1);
     for (int i = 0; i < DEAD; i++) close(fds[i]);
+/* Ask once on r; the ack's status. */
+static int raw_ask(world *w, raw *r, const char *hash, const char *sid)
+{
+    uint8_t buf[4096];
+    ecx_ack a;
+    raw_send_req(r, hash, w->compat, sid, 1);
+    size_t n = raw_recv(w, r, buf, sizeof buf);
+    assert_true(n > 0);
+    assert_int_equal(ecx_wire_decode_ack(buf, n, &a), 0);
+    return a.status;
+}
+
+/* Issue 10: one connection flooding with distinct session ids hits its own
+ * cap; a second connection is still granted, even once the shared table is
+ * full (the heaviest connection's oldest grant makes room). */
+static void test_grant_flood_costs_the_flooder(void **state)
+{
+    (void)state;
+    next_max_grants = 16, next_conn_grants = 8;
+    world *w = world_new(NULL);
+    next_max_grants = next_conn_grants = 0;
+    save(w, "item", 100, true);
+    raw a = raw_dealer(w), a2 = raw_dealer(w), b = raw_dealer(w);
+    char sid[32];
+    int ok = 0, refused = 0;
+    for (int i = 0; i < 12; i++) {
+        snprintf(sid, sizeof sid, "a%d", i);
+        int st = raw_ask(w, &a, "item", sid);
+        ok += st == ECX_STATUS_OK;
+        refused += st == ECX_STATUS_NACK_INTERNAL;
+    }
+    assert_int_equal(ok, 8);
+    assert_int_equal(refused, 4);
+    ecx_producer_stats ps = ecx_producer_get_stats(w->prod);
+    assert_int_equal(ps.refused_conn_grants, 4);
+    assert_int_equal(ps.active_grants, 8);
+    assert_int_equal(raw_ask(w, &b, "item", "b0"), ECX_STATUS_OK); /* the other consumer */
+    for (int i = 0; i < 7; i++) { /* a second flooding connection fills the table */
+        snprintf(sid, sizeof sid, "c%d", i);
+        assert_int_equal(raw_ask(w, &a2, "item", sid), ECX_STATUS_OK);
+    }
+    assert_int_equal(ecx_producer_get_stats(w->prod).active_grants, 16);
+    /* Full: the floods (8 and 7, share 16/3 = 5) are refused... */
+    assert_int_equal(raw_ask(w, &a2, "item", "c7"), ECX_STATUS_NACK_INTERNAL);
+    assert_int_equal(raw_ask(w, &a, "item", "a99"), ECX_STATUS_NACK_INTERNAL);
+    /* ...the light consumer is served, at the cost of the heaviest. */
+    assert_int_equal(raw_ask(w, &b, "item", "b1"), ECX_STATUS_OK);
+    ps = ecx_producer_get_stats(w->prod);
+    assert_int_equal(ps.evicted_grants, 1);
+    assert_int_equal(ps.refused_conn_grants, 6);
+    assert_int_equal(ps.active_grants, 16);
+    assert_int_equal(ps.grants, 8 + 1 + 7 + 1);
+    ecx_cache_info info;
+    assert_int_equal(ecx_cache_lookup(w->P.cache, "item", 4, &info), 0);
+    assert_int_equal(info.pins, 16);
+    /* a lost its oldest grant (a0) and is below its cap, but the table is
+     * full and a holds 7 >= its share of 5: still refused */
+    assert_int_equal(raw_ask(w, &a, "item", "a0"), ECX_STATUS_NACK_INTERNAL);
+    /* Leases expire: everyone is back to nothing, and a is served again. */
+    fake_now += 30000;
+    ecx_producer_poll(w->prod);
+    assert_int_equal(ecx_producer_get_stats(w->prod).active_grants, 0);
+    assert_int_equal(raw_ask(w, &a, "item", "a0"), ECX_STATUS_OK);
+    zmq_close(a.sock), zmq_close(a2.sock), zmq_close(b.sock);
+    world_free(w);
+}
+
+/* A connection's pins cover at most half the region (default): past that it
+ * is refused, others are not; a connection holding nothing always gets one
+ * item. */
+static void test_pin_share(void **state)
+{
+    (void)state;
+    next_pin_pct = 50; /* the library's default */
+    world *w = world_new(NULL);
+    next_pin_pct = 0;
+    save(w, "big", 20 * BLOCK, true);  /* 20 of 64 blocks */
+    save(w, "big2", 20 * BLOCK, true);
+    save(w, "item", 100, true);
+    raw a = raw_dealer(w), b = raw_dealer(w);
+    assert_int_equal(raw_ask(w, &a, "big", "s1"), ECX_STATUS_OK);
+    assert_int_equal(raw_ask(w, &a, "big2", "s2"), ECX_STATUS_NACK_INTERNAL); /* 40 > 32 */
+    assert_int_equal(raw_ask(w, &a, "item", "s3"), ECX_STATUS_OK);            /* 21 */
+    assert_int_equal(raw_ask(w, &b, "big2", "t1"), ECX_STATUS_OK);
+    assert_int_equal(raw_ask(w, &b, "big", "t2"), ECX_STATUS_NACK_INTERNAL);
+    ecx_producer_stats ps = ecx_producer_get_stats(w->prod);
+    assert_int_equal(ps.refused_conn_pins, 2);
+    assert_int_equal(ps.refused_conn_grants, 0);
+    assert_int_equal(ps.active_grants, 3);
+    ecx_cache_info info;
+    assert_int_equal(ecx_cache_lookup(w->P.cache, "big2", 4, &info), 0);
+    assert_int_equal(info.pins, 1); /* the refused request left no pin */
+    /* a regrant of what a holds is not counted twice */
+    assert_int_equal(raw_ask(w, &a, "big", "s1"), ECX_STATUS_OK);
+    fake_now += 30000;
+    ecx_producer_poll(w->prod);
+    assert_int_equal(raw_ask(w, &a, "big2", "s2"), ECX_STATUS_OK); /* nothing held: served */
+    zmq_close(a.sock), zmq_close(b.sock);
     world_free(w);
 }
 
@@ -1096,6 +1204,8 @@ int main(void)
         cmocka_unit_test(test_producer_restart),
         cmocka_unit_test(test_fetch_refusals),
         cmocka_unit_test(test_dead_producers_bounded),
+        cmocka_unit_test(test_grant_flood_costs_the_flooder),
+        cmocka_unit_test(test_pin_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -56,6 +56,13 @@ static const char HELP[] =
     "                         idle ones closed after 3 s)\n"
     "  --lease-ms MS          pin lease per grant (default 30000)\n"
     "  --region-bytes SIZE    region size (default: what the content needs)\n"
+    "  --conn-grants N        active grants one consumer connection may hold\n"
+    "                         (default 1024; past it NACK_INTERNAL,\n"
+    "                         ecx_producer_refused_conn_grants_total)\n"
+    "  --conn-pin-pct PCT     share of the region one connection's pins may cover\n"
+    "                         (default 100: serve's region holds only what it\n"
+    "                         serves, so pins starve nothing; the library's\n"
+    "                         default is 50; ecx_producer_refused_conn_pins_total)\n"
     "\n"
     "security (opt-in; see `ecx keygen`):\n"
     "  --curve-secret FILE    encrypt the control plane with ZeroMQ CURVE, with the\n"
@@ -72,7 +79,10 @@ static const char HELP[] =
     "1 MiB; at most 2 MiB of unfinished multipart messages per connection and\n"
     "256 MiB in all, else the connection is dropped\n"
     "(ecx_producer_pending_drops_total); connections up to the fd limit less 64\n"
-    "(ecx_producer_refused_connections_total).\n"
+    "(ecx_producer_refused_connections_total). At most 65536 active grants in\n"
+    "all; when that table is full, a connection holding less than its share\n"
+    "(65536 / connections holding grants) is still granted and the connection\n"
+    "holding the most loses its oldest grant (ecx_producer_evicted_grants_total).\n"
     "\n"
     "Exit status: 0 after a clean shutdown, 1 on failure, 2 on usage error.\n";
 
@@ -330,7 +340,7 @@ bad:
 int cmd_serve(int argc, char **argv)
 {
     enum { O_LISTEN = 2000, O_ADVERTISE, O_PRELOAD, O_SYNTH, O_DELAY, O_ANNOUNCE, O_METRICS, O_LEASE,
-           O_CURVE_SECRET, O_CURVE_ALLOW };
+           O_CURVE_SECRET, O_CURVE_ALLOW, O_CONN_GRANTS, O_CONN_PIN };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"advertise-host", required_argument, 0, O_ADVERTISE},
@@ -340,6 +350,8 @@ int cmd_serve(int argc, char **argv)
         {"announce-out", required_argument, 0, O_ANNOUNCE},
         {"metrics", required_argument, 0, O_METRICS},
         {"lease-ms", required_argument, 0, O_LEASE},
+        {"conn-grants", required_argument, 0, O_CONN_GRANTS},
+        {"conn-pin-pct", required_argument, 0, O_CONN_PIN},
         {"curve-secret", required_argument, 0, O_CURVE_SECRET},
         {"curve-allow", required_argument, 0, O_CURVE_ALLOW},
         {"help", no_argument, 0, 'h'},
@@ -353,7 +365,7 @@ int cmd_serve(int argc, char **argv)
     const char *curve_secret_path = NULL, *curve_allow_path = NULL;
     char curve_sec[ECX_CTRL_KEY_Z85 + 1] = "";
     key_list allow = {0};
-    int64_t delay = 0, lease = 30000;
+    int64_t delay = 0, lease = 30000, conn_grants = 1024, conn_pin = 100;
     items it = {0};
     int c, rc = EXIT_FAIL;
     optind = 1;
@@ -371,6 +383,8 @@ int cmd_serve(int argc, char **argv)
         case O_ANNOUNCE: announce = optarg; break;
         case O_METRICS: metrics = optarg; break;
         case O_LEASE: if (parse_int("--lease-ms", optarg, 1, 86400000, &lease)) goto usage; break;
+        case O_CONN_GRANTS: if (parse_int("--conn-grants", optarg, 1, 65536, &conn_grants)) goto usage; break;
+        case O_CONN_PIN: if (parse_int("--conn-pin-pct", optarg, 1, 100, &conn_pin)) goto usage; break;
         case O_CURVE_SECRET: curve_secret_path = optarg; break;
         case O_CURVE_ALLOW: curve_allow_path = optarg; break;
         default: goto usage;
@@ -394,6 +408,8 @@ int cmd_serve(int argc, char **argv)
         cfg.n_curve_allow = allow.n;
     }
     cfg.lease_ms = lease;
+    cfg.max_conn_grants = (uint32_t)conn_grants;
+    cfg.max_conn_pin_pct = (uint32_t)conn_pin;
     if (!region_given) {
         uint64_t need = 0;
         for (size_t i = 0; i < it.n; i++)
