@@ -1078,6 +1078,9 @@ static void test_dead_producers_bounded(void **state)
     assert_true(consumer_has(w, "live", 3 * BLOCK));
     assert_int_equal(ecx_consumer_get_stats(w->cons).sessions_open, 1);
     for (int i = 0; i < DEAD; i++) close(fds[i]);
+    world_free(w);
+}
+
 /* Ask once on r; the ack's status. */
 static int raw_ask(world *w, raw *r, const char *hash, const char *sid)
 {
