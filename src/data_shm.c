@@ -734,20 +734,22 @@ static int shm_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint
     if (!(x->idx = malloc(2 * n * sizeof *x->idx))) goto fail;
     memcpy(x->idx, remote, n * sizeof *remote);
     memcpy(x->idx + n, local, n * sizeof *local);
-    if (p->state == PEER_IDLE && (rc = peer_connect(s, p)) != 0) {
-        rc = ECX_EDATA_PEER;
-        goto fail;
-    }
-    if (p->state == PEER_CONNECTED) {
+    /* A connection that has said nothing yet may have been closed by the
+     * producer (SHM_HELLO_MS) without our noticing: then connect again,
+     * once. */
+    for (int attempt = 0; p->state == PEER_IDLE || p->state == PEER_CONNECTED; attempt++) {
+        if (p->state == PEER_IDLE && (attempt == 2 || peer_connect(s, p) != 0)) {
+            rc = ECX_EDATA_PEER;
+            goto fail;
+        }
         x->msg[1] = SHM_HELLO;
         ssize_t k = send(p->sock, x->msg, x->msg_len, MSG_DONTWAIT | MSG_NOSIGNAL);
         x->msg[1] = SHM_DONE;
         if (k != (ssize_t)x->msg_len) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: cannot reach the producer: %s",
+            ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data shm: hello not sent: %s",
                                 k < 0 ? strerror(errno) : "short send");
             peer_reset(s, p);
-            rc = ECX_EDATA_PEER;
-            goto fail;
+            continue;
         }
         p->state = PEER_HELLO;
         p->hello_by_ms = ecx_now_ms(NULL) + SHM_HANDSHAKE_MS;

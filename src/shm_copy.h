@@ -25,9 +25,10 @@
  *            240 bytes (XXH3's short-input forms), or when asked.
  *
  * Why both: on tmpfs, pread costs a page-cache lookup and a kernel copy
- * per 4 KiB page; measured here it reaches about a third of memcpy's
- * speed, far from the 0.85x budget, while the guarded copy matches memcpy
- * (figures in BENCHMARKS.md; `ecx bench data` prints them).
+ * per 4 KiB page; measured here (2-core AMD EPYC VM, 28.8 MB) pread+hash
+ * reaches about 0.3x memcpy, memcpy from a mapping then a separate hash
+ * pass about 0.6x, and the guarded one-pass copy 1.0-1.2x, so only the
+ * last meets the 0.85x budget (`ecx bench data` prints all three ratios).
  */
 #ifndef ECX_SHM_COPY_H
 #define ECX_SHM_COPY_H

@@ -17,7 +17,8 @@
  *     a consumer (shm backend) registers FILE's producer (with FILE2's
  *     socket name instead, for --sock-of) and READs its grant once per
  *     EXPECT: done, corrupt, failed (FAILED), refused (FAILED and not one
- *     byte written), or nopath (the peer cannot even be registered).
+ *     byte written), or nopath (the peer cannot even be registered); the
+ *     word pause instead sleeps 2.5 s without touching the data plane.
  *     Exit 0 if every READ ended as expected.
  *   shm_hostile raw FILE
  *     a consumer written from scratch: connects to FILE's producer socket
@@ -303,6 +304,10 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
     int prc = ecx_data_peer_add(d, a.m, (size_t)a.ml, a.d, (size_t)a.dl, &p);
     int bad = 0;
     for (int e = 0; e < nexpect; e++) {
+        if (strcmp(expect[e], "pause") == 0) {
+            usleep(2500 * 1000);
+            continue;
+        }
         const char *got;
         bool untouched = true, exact = true;
         if (prc) {

@@ -10,6 +10,8 @@
 #     path is never opened (the consumer would hang on it)
 #   - a region file truncated after the first item: the next READ fails,
 #     no SIGBUS
+#   - a connection that said nothing for too long is closed by the producer;
+#     the consumer's first READ then connects again and succeeds
 #   - a byte flipped in the producer's region after commit: CORRUPT
 #   - a consumer of another uid: refused (and counted) by the producer;
 #     our own consumer of another uid does not take this path at all
@@ -30,6 +32,9 @@ start B produce "$SHM" "$T/B.ack"
 wait_file "$T/A.ack" && wait_file "$T/B.ack" || { echo "FAIL: producers did not start" >&2; cat "$T"/*.log >&2; exit 1; }
 
 expect 0 "" "a clean fetch, twice on one connection" -- "$H" consume "$SHM" "$T/A.ack" done done
+expect 0 "" "a first READ after the producer dropped our silent connection" -- \
+  "$H" consume "$SHM" "$T/A.ack" pause done
+check "A closed the silent connection" 'grep -q "presented no grant in 2000 ms" "$T/A.log"'
 expect 0 "" "A's grant at B's socket: refused, nothing written" -- \
   "$H" consume "$SHM" "$T/A.ack" --sock-of "$T/B.ack" refused refused
 check "B counted the refusal" 'grep -q "refused a connection that holds no live grant" "$T/B.log"'
