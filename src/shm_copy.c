@@ -309,8 +309,16 @@ int ecx_shm_copy(const ecx_shm_src *src, uint8_t *dst_base, uint64_t block_bytes
                  const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
                  int mode, uint64_t *sum)
 {
+    bool fast = mode == ECX_SHM_COPY_AUTO && src->map && nbytes > 240;
+    if (fast && !ecx_shm_copy_guarded()) {
+        fast = false;
+        ECX_LOG_RATELIMITED(ECX_LOG_INFO,
+                            "data shm: copying with pread (%s)",
+                            cpu_ok() ? "another SIGBUS handler replaced ecx's guard"
+                                     : "no AVX2 on this CPU");
+    }
 #if SHM_HAVE_AVX2_KERNEL
-    if (mode == ECX_SHM_COPY_AUTO && src->map && nbytes > 240 && ecx_shm_copy_guarded()) {
+    if (fast) {
         fsum f;
         fsum_init(&f, nbytes);
         int rc = copy_guarded(src, dst_base, block_bytes, remote, local, n, nbytes, &f);
@@ -323,6 +331,8 @@ int ecx_shm_copy(const ecx_shm_src *src, uint8_t *dst_base, uint64_t block_bytes
         *sum = fsum_digest(&f);
         return 0;
     }
+#else
+    (void)fast;
 #endif
     return copy_pread(src, dst_base, block_bytes, remote, local, n, nbytes, sum);
 }
