@@ -13,6 +13,17 @@
  *
  * The "ucx" path uses whatever transports UCX picks (on one host, its
  * shared-memory ones); run with UCX_TLS=tcp to measure UCX over TCP.
+ *
+ * Every fetch is the verified one: the backend checks the bytes it wrote
+ * against the grant's XXH3-64 before DONE, so shm_ratio is the verified
+ * same-host fetch against a plain memcpy (budget: >= 0.85 at 28.8 MB).
+ * When shm is measured, the same loop also times, on the producer's region
+ * file (opened here, read-only, by the bench itself), the ways that copy
+ * could be done (shm_copy.h), each verified against the checksum:
+ *   pread      pread + XXH3 a 512 KiB chunk at a time (ECX_SHM_COPY_PREAD)
+ *   mmap+hash  memcpy from a read-only mapping, then XXH3 of each 256 KiB
+ *              chunk while it is in cache
+ * and prints their ratios to memcpy on stderr.
  */
 #include "data_bench.h"
 
@@ -25,9 +36,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+
 #include "data.h"
 #include "grant_stub.h"
 #include "region.h"
+#include "shm_copy.h"
 #include "util.h"
 
 static double now_s(void)
@@ -127,6 +142,8 @@ typedef struct bench {
     uint8_t *expect, *src, *dst; /* pattern; memcpy baseline buffers */
     uint64_t bs;
     int iters, warmup;
+    ecx_shm_src var;    /* the producer's region, for the copy variants */
+    double *tv[2];      /* their times: pread, mmap+hash */
 } bench;
 
 typedef struct path {
@@ -191,6 +208,64 @@ static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
     if (st != ECX_XFER_DONE || memcmp(dst, b->expect, size) != 0) {
         fprintf(stderr, "bench: %s fetch %s\n", ecx_data_backend_name(ph->backend),
                 st == ECX_XFER_DONE ? "delivered wrong bytes" : "did not finish");
+        return -1;
+    }
+    return t1 - t0;
+}
+
+/* Open the producer's region (named in its metadata) read-only and map it,
+ * for the copy variants; 0, or -1 if unavailable (variants not measured). */
+static int variants_open(bench *b, const uint8_t *m, size_t ml)
+{
+    ecx_data_meta meta;
+    char path[ECX_DATA_PATH_MAX + 1];
+    if (ecx_data_meta_decode(m, ml, &meta) || !meta.has_shm) return -1;
+    memcpy(path, meta.path, meta.path_len);
+    path[meta.path_len] = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return -1;
+    uint64_t len = ecx_region_size(b->cr);
+    void *map = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    b->var = (ecx_shm_src){.fd = fd, .map = map, .map_len = len};
+    return 0;
+}
+
+static void variants_close(bench *b)
+{
+    if (b->var.map) munmap((void *)b->var.map, b->var.map_len);
+    if (b->var.map) close(b->var.fd);
+    memset(&b->var, 0, sizeof b->var);
+}
+
+/* One timed copy variant (0 pread, 1 mmap+hash) of `size` bytes into the
+ * consumer region, checked against the checksum; seconds, or < 0. */
+static double variant_once(bench *b, int v, uint64_t size, const uint64_t *idx, uint64_t want)
+{
+    uint64_t n = (size + b->bs - 1) / b->bs, sum = 0;
+    uint8_t *dst = ecx_region_base(b->cr);
+    memset(dst, 0x5a, size);
+    double t0 = now_s();
+    if (v == 0) {
+        if (ecx_shm_copy(&b->var, dst, b->bs, idx, idx, n, size, ECX_SHM_COPY_PREAD, &sum))
+            return -1;
+    } else {
+        const size_t chunk = 256u << 10;
+        ecx_sum st;
+        ecx_sum_reset(&st);
+        for (uint64_t off = 0; off < size; off += chunk) {
+            size_t k = size - off < chunk ? (size_t)(size - off) : chunk;
+            memcpy(dst + off, b->var.map + off, k);
+            ecx_sum_update(&st, dst + off, k);
+        }
+        sum = ecx_sum_digest(&st);
+    }
+    double t1 = now_s();
+    if (sum != want) {
+        fprintf(stderr, "bench: copy variant %d: checksum mismatch\n", v);
         return -1;
     }
     return t1 - t0;
@@ -305,9 +380,15 @@ int ecx_data_bench_run(const ecx_data_bench_opts *o)
         idx[i] = i;
     b.layout = ds, b.layout_len = lens[1];
     if (o->shm && path_open(&paths[np++], ECX_DATA_SHM, &b, m, lens[0], ds, lens[1])) goto done;
+    if (o->shm && variants_open(&b, m, lens[0]) == 0) {
+        b.tv[0] = malloc((size_t)b.iters * sizeof *b.tv[0]);
+        b.tv[1] = malloc((size_t)b.iters * sizeof *b.tv[1]);
+        if (!b.tv[0] || !b.tv[1]) variants_close(&b);
+    }
     if (o->ucx && path_open(&paths[np++], ECX_DATA_UCX, &b, m, lens[0], ds, lens[1])) goto done;
     for (int s = 0; s < nsizes; s++) {
         uint64_t size = sizes[s];
+        uint64_t want = ecx_checksum(b.expect, size);
         /* Interleaved: memcpy, then each path, per iteration, so all see
          * the same machine (this one is shared and noisy). */
         for (int it = 0; it < b.warmup + b.iters; it++) {
@@ -317,6 +398,10 @@ int ecx_data_bench_run(const ecx_data_bench_opts *o)
             for (int k = 0; k < np; k++) {
                 if ((t = path_fetch(&paths[k], &b, size, idx)) < 0) goto done;
                 if (it >= b.warmup) paths[k].t[it - b.warmup] = t;
+            }
+            for (int v = 0; b.var.map && v < 2; v++) {
+                if ((t = variant_once(&b, v, size, idx, want)) < 0) goto done;
+                if (it >= b.warmup) b.tv[v][it - b.warmup] = t;
             }
         }
         double g[3] = {0, 0, 0}, lat[3] = {0, 0, 0};
@@ -332,6 +417,15 @@ int ecx_data_bench_run(const ecx_data_bench_opts *o)
                 "(UCX_TLS=%s, %d iterations)\n",
                 (unsigned long long)size, lat[0] * 1e3, lat[1] * 1e3, lat[2] * 1e3,
                 getenv("UCX_TLS") ? getenv("UCX_TLS") : "UCX's choice", b.iters);
+        if (b.var.map) {
+            double lp = median(b.tv[0], b.iters), lm = median(b.tv[1], b.iters);
+            fprintf(stderr,
+                    "bench: size %llu: verified copies / memcpy: shm fetch (%s) %.3f, "
+                    "pread+hash %.3f, mmap memcpy+hash %.3f (medians, same run)\n",
+                    (unsigned long long)size,
+                    ecx_shm_copy_guarded() ? "guarded one-pass copy+hash" : "pread+hash",
+                    lat[1] > 0 ? lat[0] / lat[1] : 0.0, lat[0] / lp, lat[0] / lm);
+        }
         printf("size=%llu shm_gbps=%.3f ucx_gbps=%.3f memcpy_gbps=%.3f shm_ratio=%.3f "
                "ucx_ratio=%.3f\n",
                (unsigned long long)size, g[1], g[2], g[0], g[1] / g[0], g[2] / g[0]);
@@ -341,6 +435,8 @@ int ecx_data_bench_run(const ecx_data_bench_opts *o)
 done:
     for (int k = 0; k < np; k++)
         path_close(&paths[k]);
+    variants_close(&b);
+    free(b.tv[0]), free(b.tv[1]);
     free(tm);
     free(idx);
     close(to_parent[0]);

@@ -1,72 +1,171 @@
 /*
- * data_shm — the same-host data path: the consumer maps the producer's
- * region file read-only and copies runs of blocks with memcpy, then sends
- * the completion notification as one datagram to the producer's socket.
+ * data_shm — the same-host data path. The producer hands its region file,
+ * as a read-only descriptor, to a consumer that proves it holds a live
+ * grant; the consumer copies the granted blocks out of it, checks the
+ * item's checksum, and tells the producer it is done.
  *
- * Why not UCX for this: on a region we map ourselves UCX's shared-memory
- * transports reach CMA (process_vm_readv) at best, which pins pages and
- * copies through the kernel per call; a plain memcpy from a read-only
- * mapping of the same tmpfs pages is the memory-speed ceiling itself
- * (figures in BENCHMARKS.md).
+ * Protocol, on one SOCK_SEQPACKET connection per (consumer context,
+ * producer) to the producer's abstract unix socket, named in
+ * agent_metadata's SHM section (the path there is informational: the
+ * consumer never opens a path). Every message is one packet:
+ *   consumer -> producer   u8 version=1 | u8 type | 16B token | key
+ *     'H' hello: the first message; token + key ("{session_id}:{mm_hash}")
+ *         of a grant the consumer holds
+ *     'D' done: after each READ of a grant, its token + key; the producer
+ *         session releases the grant only if both match
+ *   producer -> consumer   u8 version=1 | u8 type
+ *     'F' the region, as an O_RDONLY descriptor (SCM_RIGHTS), sent once
+ *     'R' refused; the producer closes the connection
+ * The consumer keeps the descriptor (and a read-only mapping of it) for
+ * the peer's lifetime: later grants of the same producer need no new
+ * hello. If the connection drops, the next READ connects and says hello
+ * again with its own grant.
  *
- * Notification channel: a SOCK_DGRAM unix socket in the abstract
- * namespace, bound by the producer, named in agent_metadata. Datagrams
- * keep message boundaries, need no accept() or connection bookkeeping, no
- * thread on either side, and leave no file behind when a process dies.
- * Abstract names are per network namespace: a consumer in another
- * namespace cannot connect, so the auto backend falls back to UCX for it,
- * which is the right answer anyway. A full receive queue (EAGAIN) keeps the
- * notification queued on the consumer and retried in progress for up to
- * ECX_SHM_NOTIF_RETRY_MS; a producer that has gone (ECONNREFUSED) loses it,
- * and its pin lease expires as it would have anyway.
+ * What this closes (issue 9, item 3):
+ *   - The consumer reads nothing but a file the producer at the other end
+ *     of the socket holds open: it never open()s anything a peer names
+ *     (no FIFO, device, symlink or other producer's file by path). A
+ *     socket name that leads to another producer gets 'R': that producer
+ *     knows no grant with our token.
+ *   - What arrives is checked with fstat/fstatfs before it is mapped: a
+ *     regular file on tmpfs, at least num_blocks x block_bytes long, with
+ *     the device/inode the metadata claims. A FIFO, /dev/zero, a
+ *     directory, a socket, a short file or a file on another filesystem
+ *     (FUSE could block us) is refused.
+ *   - A file truncated or replaced later cannot crash the consumer: the
+ *     copy (shm_copy.h) is guarded against SIGBUS or reads with pread;
+ *     either way it is a failed READ. Wrong bytes are CORRUPT: the copy
+ *     computes XXH3-64 over the bytes written and compares it with the
+ *     ticket's checksum before DONE.
+ *   - The producer serves its own uid only (SO_PEERCRED at accept): the
+ *     region file is 0600, and a process of the same uid could read it
+ *     (or ptrace the producer) anyway, so this hands out nothing the OS
+ *     would not; connections of other uids are refused and counted. It
+ *     sends its read-only descriptor, never its O_RDWR one: a consumer
+ *     cannot write the producer's region. A consumer of another uid sees
+ *     the producer's uid (SO_PEERCRED) and does not use this path (auto
+ *     then takes UCX).
+ *   - What a peer can make the producer hold is bounded: at most
+ *     SHM_MAX_CONNS connections (more are refused), one that has not said
+ *     hello within SHM_HELLO_MS is closed, a packet is at most SHM_MSG_MAX
+ *     bytes, and the kernel bounds each connection's queue (a few packets,
+ *     charged to the sender's socket buffer): a consumer that sends faster
+ *     than the producer reads waits. The producer keeps no per-message
+ *     state.
+ *   Left to a same-uid process: it can read the region once it holds one
+ *   grant (it could open the file anyway), and a producer can send wrong
+ *   bytes under a matching checksum (XXH3 is not a MAC).
  *
- * A READ is done when ecx_data_read_post() returns: the copy is
- * synchronous (tens of milliseconds at most for the largest encodings).
+ * Handshake without blocking: a READ posted before the descriptor arrived
+ * waits (RUNNING) on the peer while ecx_data_progress() collects the
+ * answer from the socket, which is in the context's epoll set; the
+ * producer answers from its own poll loop, so a blocking wait in the
+ * consumer's engine thread could last as long as the producer's step. If
+ * no answer comes within SHM_HANDSHAKE_MS the waiting READs fail. Once
+ * the descriptor is there, a READ is done when ecx_data_read_post()
+ * returns (the copy is synchronous: tens of milliseconds at most for the
+ * largest encodings).
+ *
+ * A notification that finds the producer's queue full waits on the peer
+ * (EPOLLOUT) for up to SHM_NOTIF_RETRY_MS; a producer that has gone loses
+ * it, and its pin lease expires as it would have anyway.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/magic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "checksum.h"
 #include "data_impl.h"
+#include "shm_copy.h"
 #include "util.h"
 
-#define ECX_SHM_NOTIF_RETRY_MS 30000
-#define ECX_SHM_RECV_BATCH 4096
+#define SHM_PROTO 1
+#define SHM_HELLO 'H'
+#define SHM_DONE 'D'
+#define SHM_FD 'F'
+#define SHM_REFUSED 'R'
+#define SHM_MSG_HEAD (2 + ECX_DATA_TOKEN_LEN)
+#define SHM_MSG_MAX (SHM_MSG_HEAD + ECX_DATA_NOTIF_MAX)
+
+#define SHM_MAX_CONNS 256       /* producer: connections held at once */
+#define SHM_BACKLOG 64
+#define SHM_HELLO_MS 2000       /* producer: time to present a grant */
+#define SHM_HANDSHAKE_MS 5000   /* consumer: time for the producer to answer */
+#define SHM_NOTIF_RETRY_MS 30000
+#define SHM_RECV_BATCH 256      /* packets per connection per poll */
+#define SHM_EVENTS 64
 
 typedef struct shm_peer shm_peer;
 
 typedef struct shm_xfer {
     ecx_data_xfer head;
-    struct shm_xfer *next; /* free list or pending list */
-    shm_peer *peer;        /* while a notification is pending */
+    struct shm_xfer *next; /* free list, a peer's waiting list, or the pending list */
+    shm_peer *peer;        /* while waiting or pending */
     int state;
-    bool released, pending;
+    bool released, waiting, pending;
     int64_t give_up_ms;
-    size_t notif_len; /* token + key */
-    char notif[ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX];
+    ecx_data_ticket t;
+    uint64_t *idx; /* while waiting: remote[n] then local[n] */
+    size_t n;
+    uint64_t nbytes;
+    size_t msg_len; /* the done message */
+    uint8_t msg[SHM_MSG_MAX];
 } shm_xfer;
+
+enum peer_state {
+    PEER_IDLE,      /* no connection: the next READ connects */
+    PEER_CONNECTED, /* connected, no hello sent */
+    PEER_HELLO,     /* hello sent, waiting for the descriptor */
+    PEER_READY,     /* region in hand */
+};
 
 struct shm_peer {
     ecx_data_peer head;
-    ecx_region *remote; /* the producer's file, read-only */
-    const uint8_t *base;
-    int sock; /* connected to the producer's notification socket */
+    shm_peer *next; /* the context's peers */
+    int state;
+    int sock;
+    bool watch_out;           /* EPOLLOUT requested */
+    size_t npending;          /* notifications queued for it */
+    int64_t hello_by_ms;
+    shm_xfer *wait_head, *wait_tail;
+    char sock_name[ECX_DATA_SOCK_MAX];
+    size_t sock_len;
+    uint64_t dev, ino, map_len;
+    ecx_shm_src src; /* fd -1, map NULL until READY */
 };
+
+typedef struct conn {
+    struct conn *next;
+    int fd;
+    bool served; /* the descriptor was sent */
+    int64_t hello_by_ms;
+} conn;
 
 typedef struct shm_data {
     ecx_data base;
     uint8_t boot_id[16];
-    int sock; /* producer: bound socket; consumer: -1 */
+    int epfd;
+    /* producer */
+    int lsock, region_fd;
+    uid_t uid;
     char sock_name[ECX_DATA_SOCK_MAX + 1];
+    conn *conns;
+    size_t nconns;
+    uint64_t refused_uid, refused_full, refused_grant, bad_msgs, hello_timeouts;
+    /* consumer */
+    shm_peer *peers;
     shm_xfer *free_xfers;
-    shm_xfer *pending; /* consumer: notifications waiting for room */
+    shm_xfer *pending; /* done messages waiting for room */
 } shm_data;
 
 static const struct ecx_data_ops shm_ops;
@@ -85,31 +184,55 @@ static shm_data *shm_alloc(void)
     shm_data *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->base.ops = &shm_ops;
-    s->sock = -1;
+    s->lsock = s->region_fd = -1;
+    s->uid = geteuid();
+    s->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (s->epfd < 0) {
+        ecx_log(ECX_LOG_WARN, "data shm: epoll_create1: %s", strerror(errno));
+        free(s);
+        return NULL;
+    }
     return s;
 }
+
+static int watch(shm_data *s, int op, int fd, uint32_t events, void *ptr)
+{
+    struct epoll_event ev = {.events = events, .data.ptr = ptr};
+    if (epoll_ctl(s->epfd, op, fd, &ev) == 0) return 0;
+    ecx_log(ECX_LOG_WARN, "data shm: epoll_ctl: %s", strerror(errno));
+    return ECX_ESYS;
+}
+
+/* ---- producer ---------------------------------------------------------- */
 
 int ecx_data_shm_new_producer(ecx_region *r, ecx_data_meta *m, ecx_data_desc *dd, ecx_data **out)
 {
     (void)dd;
     const char *path = ecx_region_path(r);
-    struct stat st;
     if (!path || path[0] != '/' || strlen(path) > ECX_DATA_PATH_MAX) return ECX_EINVAL;
-    if (stat(path, &st) != 0) {
-        ecx_log(ECX_LOG_WARN, "data shm: stat %s: %s", path, strerror(errno));
-        return ECX_ESYS;
-    }
     shm_data *s = shm_alloc();
-    if (!s) return ECX_ENOMEM;
+    if (!s) return ECX_ESYS;
     int rc = ecx_data_boot_id(s->boot_id);
     if (rc) goto fail;
-    snprintf(s->sock_name, sizeof s->sock_name, "ecx-ntf-%08x-%016llx", (unsigned)getpid(),
+    /* The descriptor we hand out: read-only, of our own file. */
+    struct stat st;
+    s->region_fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (s->region_fd < 0 || fstat(s->region_fd, &st) != 0) goto sysfail;
+    if (!S_ISREG(st.st_mode) || st.st_uid != s->uid ||
+        (uint64_t)st.st_size != ecx_region_size(r)) {
+        ecx_log(ECX_LOG_WARN, "data shm: %s is not this region's file", path);
+        rc = ECX_EREGION_BADFILE;
+        goto fail;
+    }
+    snprintf(s->sock_name, sizeof s->sock_name, "ecx-shm-%08x-%016llx", (unsigned)getpid(),
              (unsigned long long)m->nonce);
-    s->sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (s->sock < 0) goto sysfail;
+    s->lsock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s->lsock < 0) goto sysfail;
     struct sockaddr_un sa;
     socklen_t sl = abstract_addr(&sa, s->sock_name, strlen(s->sock_name));
-    if (bind(s->sock, (struct sockaddr *)&sa, sl) != 0) goto sysfail;
+    if (bind(s->lsock, (struct sockaddr *)&sa, sl) != 0 || listen(s->lsock, SHM_BACKLOG) != 0)
+        goto sysfail;
+    if ((rc = watch(s, EPOLL_CTL_ADD, s->lsock, EPOLLIN, NULL))) goto fail;
     m->has_shm = true;
     memcpy(m->boot_id, s->boot_id, 16);
     m->dev = (uint64_t)st.st_dev;
@@ -121,56 +244,203 @@ int ecx_data_shm_new_producer(ecx_region *r, ecx_data_meta *m, ecx_data_desc *dd
     *out = &s->base;
     return 0;
 sysfail:
-    ecx_log(ECX_LOG_WARN, "data shm: notification socket: %s", strerror(errno));
+    ecx_log(ECX_LOG_WARN, "data shm: %s", strerror(errno));
     rc = ECX_ESYS;
 fail:
-    if (s->sock >= 0) close(s->sock);
+    if (s->lsock >= 0) close(s->lsock);
+    if (s->region_fd >= 0) close(s->region_fd);
+    close(s->epfd);
     free(s);
     return rc;
 }
+
+static void conn_close(shm_data *s, conn *c)
+{
+    for (conn **pp = &s->conns; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    close(c->fd); /* also leaves the epoll set */
+    free(c);
+    s->nconns--;
+}
+
+static void accept_some(shm_data *s, int64_t now)
+{
+    for (int i = 0; i < SHM_EVENTS; i++) {
+        int fd = accept4(s->lsock, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
+                errno != ECONNABORTED)
+                ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: accept: %s", strerror(errno));
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            return;
+        }
+        struct ucred cr = {.uid = (uid_t)-1};
+        socklen_t cl = sizeof cr;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cr.uid != s->uid) {
+            s->refused_uid++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                "data shm: refused a connection from uid %u (not ours); "
+                                "%llu refused so far",
+                                (unsigned)cr.uid, (unsigned long long)s->refused_uid);
+            close(fd);
+            continue;
+        }
+        conn *c = s->nconns < SHM_MAX_CONNS ? calloc(1, sizeof *c) : NULL;
+        if (!c || watch(s, EPOLL_CTL_ADD, fd, EPOLLIN, c) != 0) {
+            s->refused_full++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                "data shm: refused a connection: %zu held; %llu refused so far",
+                                s->nconns, (unsigned long long)s->refused_full);
+            free(c);
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        c->hello_by_ms = now + SHM_HELLO_MS;
+        c->next = s->conns;
+        s->conns = c;
+        s->nconns++;
+    }
+}
+
+static int send_reply(int fd, char type, int pass_fd)
+{
+    uint8_t b[2] = {SHM_PROTO, (uint8_t)type};
+    struct iovec iov = {.iov_base = b, .iov_len = sizeof b};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (pass_fd >= 0) {
+        memset(&u, 0, sizeof u);
+        mh.msg_control = u.buf;
+        mh.msg_controllen = sizeof u.buf;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &pass_fd, sizeof(int));
+    }
+    return sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)sizeof b ? 0 : ECX_ESYS;
+}
+
+/* Handle what one connection sent; close it on hang-up, refusal or a bad packet. */
+static void conn_service(shm_data *s, conn *c, ecx_data_notif_cb cb, void *arg, int *count)
+{
+    uint8_t b[SHM_MSG_MAX + 1];
+    for (int i = 0; i < SHM_RECV_BATCH; i++) {
+        ssize_t n = recv(c->fd, b, sizeof b, MSG_DONTWAIT | MSG_TRUNC);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (n <= 0) break; /* the consumer has gone */
+        if (n <= SHM_MSG_HEAD || n > SHM_MSG_MAX || b[0] != SHM_PROTO ||
+            b[1] != (c->served ? SHM_DONE : SHM_HELLO)) {
+            s->bad_msgs++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                "data shm: closed a connection that sent a malformed or "
+                                "unexpected packet (%zd bytes); %llu so far",
+                                n, (unsigned long long)s->bad_msgs);
+            break;
+        }
+        const uint8_t *token = b + 2;
+        char *key = (char *)b + SHM_MSG_HEAD;
+        size_t key_len = (size_t)n - SHM_MSG_HEAD;
+        key[key_len] = 0;
+        if (c->served) {
+            cb(arg, key, key_len, token, 0);
+            (*count)++;
+            continue;
+        }
+        ecx_data_grant g;
+        if (ecx_data_grant_check(&s->base, key, key_len, token, 0, &g) != 0) {
+            s->refused_grant++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                "data shm: refused a connection that holds no live grant; "
+                                "%llu so far",
+                                (unsigned long long)s->refused_grant);
+            (void)send_reply(c->fd, SHM_REFUSED, -1);
+            break;
+        }
+        if (send_reply(c->fd, SHM_FD, s->region_fd) != 0) {
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: cannot send the region: %s",
+                                strerror(errno));
+            break;
+        }
+        c->served = true;
+    }
+    conn_close(s, c);
+}
+
+static int shm_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
+{
+    shm_data *s = (shm_data *)d;
+    if (s->lsock < 0) return 0;
+    int64_t now = ecx_now_ms(NULL);
+    for (conn *c = s->conns, *nx; c; c = nx) {
+        nx = c->next;
+        if (!c->served && now >= c->hello_by_ms) {
+            s->hello_timeouts++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                "data shm: closed a connection that presented no grant in "
+                                "%d ms; %llu so far",
+                                SHM_HELLO_MS, (unsigned long long)s->hello_timeouts);
+            conn_close(s, c);
+        }
+    }
+    struct epoll_event ev[SHM_EVENTS];
+    int ne = epoll_wait(s->epfd, ev, SHM_EVENTS, 0);
+    if (ne < 0) return errno == EINTR ? 0 : ECX_ESYS;
+    int count = 0;
+    for (int i = 0; i < ne; i++) {
+        if (!ev[i].data.ptr)
+            accept_some(s, now);
+        else
+            conn_service(s, ev[i].data.ptr, cb, arg, &count);
+    }
+    return count;
+}
+
+/* ---- consumer ---------------------------------------------------------- */
 
 int ecx_data_shm_new_consumer(ecx_region *r, ecx_data **out)
 {
     (void)r;
     shm_data *s = shm_alloc();
-    if (!s) return ECX_ENOMEM;
+    if (!s) return ECX_ESYS;
     int rc = ecx_data_boot_id(s->boot_id);
     if (rc) {
+        close(s->epfd);
         free(s);
         return rc;
     }
+    (void)ecx_shm_copy_init(); /* without the guard, copies use pread */
     *out = &s->base;
     return 0;
 }
 
 static void xfer_put(shm_data *s, shm_xfer *x)
 {
+    free(x->idx);
+    x->idx = NULL;
     x->next = s->free_xfers;
     s->free_xfers = x;
 }
 
-static void shm_free(ecx_data *d)
+static void peer_watch_out(shm_data *s, shm_peer *p, bool out)
 {
-    shm_data *s = (shm_data *)d;
-    /* Pending notifications belong to peers, which the caller has dropped. */
-    for (shm_xfer *x = s->pending, *n; x; x = n) {
-        n = x->next;
-        if (x->released)
-            free(x);
-        else
-            x->pending = false;
-    }
-    for (shm_xfer *x = s->free_xfers, *n; x; x = n) {
-        n = x->next;
-        free(x);
-    }
-    if (s->sock >= 0) close(s->sock);
-    free(s);
+    if (p->watch_out == out || p->sock < 0) return;
+    if (watch(s, EPOLL_CTL_MOD, p->sock, EPOLLIN | (out ? EPOLLOUT : 0), p) == 0)
+        p->watch_out = out;
 }
 
-/* Try to send one notification; 0 sent or given up, 1 still no room. */
-static int notif_send(shm_peer *p, const char *msg, size_t len)
+/* Try to send a done message; 0 sent or given up, 1 no room yet. */
+static int done_send(shm_peer *p, const uint8_t *msg, size_t len)
 {
+    if (p->sock < 0) return 0;
     ssize_t n = send(p->sock, msg, len, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n == (ssize_t)len) return 0;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS)) return 1;
@@ -179,69 +449,71 @@ static int notif_send(shm_peer *p, const char *msg, size_t len)
     return 0;
 }
 
-static int shm_progress(ecx_data *d)
+static void unpend(shm_data *s, shm_xfer **pp)
 {
-    shm_data *s = (shm_data *)d;
-    int done = 0;
-    int64_t now = s->pending ? ecx_now_ms(NULL) : 0;
-    for (shm_xfer **pp = &s->pending; *pp;) {
-        shm_xfer *x = *pp;
-        int rc = notif_send(x->peer, x->notif, x->notif_len);
-        if (rc == 1 && now < x->give_up_ms) {
-            pp = &x->next;
-            continue;
-        }
-        if (rc == 1)
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: producer never drained its "
-                                              "notification queue; notification dropped");
-        *pp = x->next;
-        x->pending = false;
+    shm_xfer *x = *pp;
+    *pp = x->next;
+    x->pending = false;
+    if (x->peer && --x->peer->npending == 0) peer_watch_out(s, x->peer, false);
+    x->peer = NULL;
+    if (x->released) xfer_put(s, x);
+}
+
+/* Fail the READs waiting for the peer's region. */
+static void fail_waiting(shm_data *s, shm_peer *p)
+{
+    while (p->wait_head) {
+        shm_xfer *x = p->wait_head;
+        p->wait_head = x->next;
+        x->waiting = false;
         x->peer = NULL;
+        x->state = ECX_XFER_FAILED;
         if (x->released) xfer_put(s, x);
-        done++;
     }
-    return done;
+    p->wait_tail = NULL;
 }
 
-static int shm_fd(ecx_data *d)
+/* Back to no connection (the region is released too): waiting READs fail,
+ * queued notifications are dropped. */
+static void peer_reset(shm_data *s, shm_peer *p)
 {
-    return ((shm_data *)d)->sock;
-}
-
-static int shm_arm(ecx_data *d)
-{
-    (void)d;
-    return 0;
-}
-
-static int shm_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
-{
-    shm_data *s = (shm_data *)d;
-    char buf[ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX + 1];
-    int count = 0;
-    for (int i = 0; i < ECX_SHM_RECV_BATCH; i++) {
-        ssize_t n = recv(s->sock, buf, sizeof buf - 1, MSG_DONTWAIT | MSG_TRUNC);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-            ecx_log(ECX_LOG_WARN, "data shm: recv: %s", strerror(errno));
-            return ECX_ESYS;
-        }
-        if (n <= ECX_DATA_TOKEN_LEN || n > ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: dropped a notification of %zd bytes", n);
-            continue;
-        }
-        buf[n] = 0;
-        cb(arg, buf + ECX_DATA_TOKEN_LEN, (size_t)n - ECX_DATA_TOKEN_LEN, (const uint8_t *)buf, 0);
-        count++;
+    fail_waiting(s, p);
+    for (shm_xfer **pp = &s->pending; *pp;) {
+        if ((*pp)->peer == p)
+            unpend(s, pp);
+        else
+            pp = &(*pp)->next;
     }
-    return count;
+    if (p->sock >= 0) close(p->sock);
+    p->sock = -1;
+    p->watch_out = false;
+    if (p->src.map) munmap((void *)p->src.map, p->src.map_len);
+    if (p->src.fd >= 0) close(p->src.fd);
+    p->src = (ecx_shm_src){.fd = -1};
+    p->state = PEER_IDLE;
 }
 
-static bool same_file(const char *path, uint64_t dev, uint64_t ino)
+/* Connect to the producer's socket; the peer must run as our uid. */
+static int peer_connect(shm_data *s, shm_peer *p)
 {
-    struct stat st;
-    return stat(path, &st) == 0 && (uint64_t)st.st_dev == dev && (uint64_t)st.st_ino == ino;
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return ECX_ESYS;
+    struct sockaddr_un sa;
+    socklen_t sl = abstract_addr(&sa, p->sock_name, p->sock_len);
+    struct ucred cr;
+    socklen_t cl = sizeof cr;
+    int rc = ECX_EDATA_NOPATH;
+    if (connect(fd, (struct sockaddr *)&sa, sl) != 0) {
+        ecx_log(ECX_LOG_DEBUG, "data shm: producer socket unreachable: %s", strerror(errno));
+    } else if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cr.uid != s->uid) {
+        ecx_log(ECX_LOG_DEBUG, "data shm: producer runs as another uid; not using this path");
+    } else if ((rc = watch(s, EPOLL_CTL_ADD, fd, EPOLLIN, p)) == 0) {
+        p->sock = fd;
+        p->state = PEER_CONNECTED;
+        return 0;
+    }
+    close(fd);
+    return rc;
 }
 
 static int shm_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
@@ -249,71 +521,185 @@ static int shm_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc
 {
     shm_data *s = (shm_data *)d;
     if (!m->has_shm || memcmp(m->boot_id, s->boot_id, 16) != 0) return ECX_EDATA_NOPATH;
-    char path[ECX_DATA_PATH_MAX + 1];
-    memcpy(path, m->path, m->path_len);
-    path[m->path_len] = 0;
-    /* Same file as the producer's: checked before and after mapping it, so
-     * a file of the same name in another mount namespace is never read. */
-    if (!same_file(path, m->dev, m->ino)) return ECX_EDATA_NOPATH;
     shm_peer *p = calloc(1, sizeof *p);
     if (!p) return ECX_ENOMEM;
     p->sock = -1;
-    int rc = ecx_region_open_readonly(path, desc->block_bytes, &p->remote);
+    p->src.fd = -1;
+    memcpy(p->sock_name, m->sock, m->sock_len);
+    p->sock_len = m->sock_len;
+    p->dev = m->dev;
+    p->ino = m->ino;
+    p->map_len = desc->num_blocks * desc->block_bytes; /* fits: checked when parsed */
+    int rc = peer_connect(s, p);
     if (rc) {
-        ecx_log(ECX_LOG_DEBUG, "data shm: cannot map %s: %s", path, ecx_strerror(rc));
-        rc = ECX_EDATA_NOPATH;
-        goto fail;
+        free(p);
+        return rc;
     }
-    if (!same_file(path, m->dev, m->ino)) {
-        rc = ECX_EDATA_NOPATH;
-        goto fail;
-    }
-    if (ecx_region_num_blocks(p->remote) < desc->num_blocks) {
-        rc = ECX_EDATA_MISMATCH; /* the descriptor claims more than the file holds */
-        goto fail;
-    }
-    p->sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (p->sock < 0) {
-        rc = ECX_ESYS;
-        goto fail;
-    }
-    struct sockaddr_un sa;
-    socklen_t sl = abstract_addr(&sa, m->sock, m->sock_len);
-    if (connect(p->sock, (struct sockaddr *)&sa, sl) != 0) {
-        ecx_log(ECX_LOG_DEBUG, "data shm: notification socket unreachable: %s", strerror(errno));
-        rc = ECX_EDATA_NOPATH;
-        goto fail;
-    }
-    p->base = ecx_region_base(p->remote);
     p->head.owner = d;
     p->head.backend = "shm";
+    p->next = s->peers;
+    s->peers = p;
     *out = &p->head;
     return 0;
-fail:
-    if (p->sock >= 0) close(p->sock);
-    ecx_region_free(p->remote);
-    free(p);
-    return rc;
 }
 
 static void shm_peer_drop(ecx_data_peer *hp)
 {
     shm_peer *p = (shm_peer *)hp;
     shm_data *s = (shm_data *)hp->owner;
+    peer_reset(s, p);
+    for (shm_peer **pp = &s->peers; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    free(p);
+}
+
+/* Copy, verify, and say done. */
+static void run_xfer(shm_data *s, shm_peer *p, shm_xfer *x, const uint64_t *remote,
+                     const uint64_t *local)
+{
+    const uint64_t bs = ecx_region_block_bytes(s->base.region);
+    uint64_t sum = 0;
+    int rc = ecx_shm_copy(&p->src, ecx_region_base(s->base.region), bs, remote, local, x->n,
+                          x->nbytes, ECX_SHM_COPY_AUTO, &sum);
+    if (rc)
+        x->state = ECX_XFER_FAILED;
+    else if (sum != x->t.checksum) {
+        x->state = ECX_XFER_CORRUPT;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: an item's bytes do not match its checksum");
+    } else
+        x->state = ECX_XFER_DONE;
+    /* Finished with the grant's blocks, whatever the outcome: release. */
+    if (done_send(p, x->msg, x->msg_len) == 1) {
+        x->peer = p;
+        x->pending = true;
+        x->give_up_ms = ecx_now_ms(NULL) + SHM_NOTIF_RETRY_MS;
+        x->next = s->pending;
+        s->pending = x;
+        if (p->npending++ == 0) peer_watch_out(s, p, true);
+    }
+}
+
+/* Check the descriptor the producer sent and map it. */
+static int take_region(shm_peer *p, int fd)
+{
+    struct stat st;
+    struct statfs sf;
+    const char *why = NULL;
+    if (fstat(fd, &st) != 0 || fstatfs(fd, &sf) != 0)
+        why = "cannot stat it";
+    else if (!S_ISREG(st.st_mode))
+        why = "not a regular file";
+    else if (sf.f_type != TMPFS_MAGIC)
+        why = "not on tmpfs";
+    else if ((uint64_t)st.st_dev != p->dev || (uint64_t)st.st_ino != p->ino)
+        why = "not the file its metadata names";
+    else if (st.st_size < 0 || (uint64_t)st.st_size < p->map_len)
+        why = "smaller than its region";
+    if (why) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: refused the producer's descriptor: %s", why);
+        close(fd);
+        return ECX_EDATA_PEER;
+    }
+    void *map = mmap(NULL, p->map_len, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: cannot map the producer's region: %s",
+                            strerror(errno));
+        close(fd);
+        return ECX_ESYS;
+    }
+    p->src = (ecx_shm_src){.fd = fd, .map = map, .map_len = p->map_len};
+    return 0;
+}
+
+/* Read what the producer sent. In HELLO: the answer; otherwise only a
+ * hang-up is expected. */
+static void peer_input(shm_data *s, shm_peer *p)
+{
+    uint8_t b[8];
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+    } u;
+    struct iovec iov = {.iov_base = b, .iov_len = sizeof b};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                        .msg_controllen = sizeof u.buf};
+    ssize_t n = recvmsg(p->sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    int fds[4], nfd = 0;
+    for (struct cmsghdr *cm = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; cm; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t j = 0; j < k && nfd < 4; j++)
+            memcpy(&fds[nfd++], CMSG_DATA(cm) + j * sizeof(int), sizeof(int));
+    }
+    bool ok = p->state == PEER_HELLO && n == 2 && b[0] == SHM_PROTO && b[1] == SHM_FD &&
+              nfd == 1 && !(mh.msg_flags & (MSG_CTRUNC | MSG_TRUNC));
+    if (!ok) {
+        for (int i = 0; i < nfd; i++)
+            close(fds[i]);
+        if (n == 2 && b[1] == SHM_REFUSED)
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: the producer refused our grant");
+        else if (n != 0 || p->state == PEER_HELLO)
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: unexpected answer from the producer");
+        peer_reset(s, p);
+        return;
+    }
+    if (take_region(p, fds[0]) != 0) {
+        peer_reset(s, p);
+        return;
+    }
+    p->state = PEER_READY;
+    while (p->wait_head) {
+        shm_xfer *x = p->wait_head;
+        p->wait_head = x->next;
+        x->waiting = false;
+        x->peer = NULL;
+        run_xfer(s, p, x, x->idx, x->idx + x->n);
+        free(x->idx);
+        x->idx = NULL;
+    }
+    p->wait_tail = NULL;
+}
+
+static int shm_progress(ecx_data *d)
+{
+    shm_data *s = (shm_data *)d;
+    if (s->base.role == ECX_DATA_PRODUCER) return 0; /* all in poll_notifs */
+    int done = 0;
+    struct epoll_event ev[SHM_EVENTS];
+    int ne = epoll_wait(s->epfd, ev, SHM_EVENTS, 0);
+    for (int i = 0; i < ne; i++) {
+        shm_peer *p = ev[i].data.ptr;
+        if (ev[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+            peer_input(s, p);
+            done++;
+        }
+    }
+    int64_t now = (s->pending || s->peers) ? ecx_now_ms(NULL) : 0;
+    for (shm_peer *p = s->peers; p; p = p->next)
+        if (p->state == PEER_HELLO && now >= p->hello_by_ms) {
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: the producer did not answer in %d ms",
+                                SHM_HANDSHAKE_MS);
+            peer_reset(s, p);
+            done++;
+        }
     for (shm_xfer **pp = &s->pending; *pp;) {
         shm_xfer *x = *pp;
-        if (x->peer != p) {
+        int rc = done_send(x->peer, x->msg, x->msg_len);
+        if (rc == 1 && now < x->give_up_ms) {
             pp = &x->next;
             continue;
         }
-        *pp = x->next;
-        x->pending = false;
-        x->peer = NULL;
-        if (x->released) xfer_put(s, x);
+        if (rc == 1)
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: producer never drained its "
+                                              "notification queue; notification dropped");
+        unpend(s, pp);
+        done++;
     }
-    close(p->sock);
-    ecx_region_free(p->remote);
-    free(p);
+    return done;
 }
 
 static int shm_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint64_t *remote,
@@ -327,37 +713,60 @@ static int shm_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint
         s->free_xfers = x->next;
     else if (!(x = malloc(sizeof *x)))
         return ECX_ENOMEM;
-    memset(x, 0, offsetof(shm_xfer, notif));
+    memset(x, 0, offsetof(shm_xfer, msg));
     x->head.owner = hp->owner;
-
-    const uint64_t bs = ecx_region_block_bytes(s->base.region);
-    uint8_t *lbase = ecx_region_base(s->base.region);
-    ecx_sum sum;
-    ecx_sum_reset(&sum);
-    for (size_t i = 0; i < n;) {
-        size_t k = ecx_data_run_len(remote, local, i, n);
-        uint64_t len = k * bs < nbytes ? k * bs : nbytes;
-        memcpy(lbase + local[i] * bs, p->base + remote[i] * bs, len);
-        ecx_sum_update(&sum, lbase + local[i] * bs, len);
-        nbytes -= len;
-        i += k;
+    x->t = *t;
+    x->n = n;
+    x->nbytes = nbytes;
+    x->msg[0] = SHM_PROTO;
+    x->msg[1] = SHM_DONE;
+    memcpy(x->msg + 2, t->token, ECX_DATA_TOKEN_LEN);
+    memcpy(x->msg + SHM_MSG_HEAD, key, key_len);
+    x->msg_len = SHM_MSG_HEAD + key_len;
+    if (p->state == PEER_READY) {
+        run_xfer(s, p, x, remote, local);
+        *out = &x->head;
+        return 0;
     }
-    x->state = ecx_sum_digest(&sum) == t->checksum ? ECX_XFER_DONE : ECX_XFER_CORRUPT;
-    char notif[ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX];
-    size_t notif_len = ECX_DATA_TOKEN_LEN + key_len;
-    memcpy(notif, t->token, ECX_DATA_TOKEN_LEN);
-    memcpy(notif + ECX_DATA_TOKEN_LEN, key, key_len);
-    if (notif_send(p, notif, notif_len) == 1) {
-        memcpy(x->notif, notif, notif_len);
-        x->notif_len = notif_len;
-        x->peer = p;
-        x->pending = true;
-        x->give_up_ms = ecx_now_ms(NULL) + ECX_SHM_NOTIF_RETRY_MS;
-        x->next = s->pending;
-        s->pending = x;
+    /* The region is not here yet: wait for it, saying hello first if
+     * nobody has. */
+    int rc = ECX_ENOMEM;
+    if (!(x->idx = malloc(2 * n * sizeof *x->idx))) goto fail;
+    memcpy(x->idx, remote, n * sizeof *remote);
+    memcpy(x->idx + n, local, n * sizeof *local);
+    /* A connection that has said nothing yet may have been closed by the
+     * producer (SHM_HELLO_MS) without our noticing: then connect again,
+     * once. */
+    for (int attempt = 0; p->state == PEER_IDLE || p->state == PEER_CONNECTED; attempt++) {
+        if (p->state == PEER_IDLE && (attempt == 2 || peer_connect(s, p) != 0)) {
+            rc = ECX_EDATA_PEER;
+            goto fail;
+        }
+        x->msg[1] = SHM_HELLO;
+        ssize_t k = send(p->sock, x->msg, x->msg_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        x->msg[1] = SHM_DONE;
+        if (k != (ssize_t)x->msg_len) {
+            ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data shm: hello not sent: %s",
+                                k < 0 ? strerror(errno) : "short send");
+            peer_reset(s, p);
+            continue;
+        }
+        p->state = PEER_HELLO;
+        p->hello_by_ms = ecx_now_ms(NULL) + SHM_HANDSHAKE_MS;
     }
+    x->waiting = true;
+    x->peer = p;
+    x->state = ECX_XFER_RUNNING;
+    if (p->wait_tail)
+        p->wait_tail->next = x;
+    else
+        p->wait_head = x;
+    p->wait_tail = x;
     *out = &x->head;
     return 0;
+fail:
+    xfer_put(s, x);
+    return rc;
 }
 
 static int shm_read_poll(ecx_data_xfer *hx)
@@ -368,8 +777,53 @@ static int shm_read_poll(ecx_data_xfer *hx)
 static void shm_read_release(ecx_data_xfer *hx)
 {
     shm_xfer *x = (shm_xfer *)hx;
+    shm_data *s = (shm_data *)hx->owner;
+    if (x->waiting) { /* cancelled before its region came */
+        shm_peer *p = x->peer;
+        shm_xfer *prev = NULL;
+        for (shm_xfer *w = p->wait_head; w; prev = w, w = w->next)
+            if (w == x) {
+                if (prev)
+                    prev->next = x->next;
+                else
+                    p->wait_head = x->next;
+                if (p->wait_tail == x) p->wait_tail = prev;
+                break;
+            }
+        x->waiting = false;
+        x->peer = NULL;
+    }
     x->released = true;
-    if (!x->pending) xfer_put((shm_data *)hx->owner, x);
+    if (!x->pending) xfer_put(s, x);
+}
+
+static int shm_fd(ecx_data *d)
+{
+    return ((shm_data *)d)->epfd;
+}
+
+static int shm_arm(ecx_data *d)
+{
+    (void)d;
+    return 0;
+}
+
+static void shm_free(ecx_data *d)
+{
+    shm_data *s = (shm_data *)d;
+    /* Peers are dropped by the caller first; their xfers may remain. */
+    while (s->peers)
+        shm_peer_drop(&s->peers->head);
+    while (s->conns)
+        conn_close(s, s->conns);
+    for (shm_xfer *x = s->free_xfers, *n; x; x = n) {
+        n = x->next;
+        free(x);
+    }
+    if (s->lsock >= 0) close(s->lsock);
+    if (s->region_fd >= 0) close(s->region_fd);
+    close(s->epfd);
+    free(s);
 }
 
 static const struct ecx_data_ops shm_ops = {

@@ -1,0 +1,66 @@
+/*
+ * shm_copy — the same-host copy of one item out of a producer's region
+ * file into the consumer's blocks, with the item's XXH3-64 computed over
+ * the bytes written, and no way for the file's owner to raise a signal in
+ * the consumer (issue 9).
+ *
+ * Two ways, same result (the checksum equals ecx_checksum() of the bytes
+ * written, whatever the split into runs):
+ *
+ *   guarded  (default) one pass over a read-only mapping of the file: each
+ *            64-byte stripe is loaded once, stored to the destination and
+ *            folded into the XXH3 accumulators from the same registers
+ *            (AVX2), so the hash costs next to nothing over the copy.
+ *            A mapping raises SIGBUS where the owner truncated the file;
+ *            ecx_shm_copy_init() installs, once per process, a SIGBUS
+ *            handler that turns such a fault *inside a guarded copy, at an
+ *            address of the source mapping* into a failed copy
+ *            (siglongjmp), and hands every other SIGBUS to the handler
+ *            that was there before (or the default action). Before each
+ *            copy it checks that the handler is still ours.
+ *   pread    from the descriptor, a chunk at a time, hashing each chunk
+ *            while it is in cache. A truncated file is a short read.
+ *            Used when the guard is not in place (someone replaced the
+ *            handler after us), on CPUs without AVX2, for items of at most
+ *            240 bytes (XXH3's short-input forms), or when asked.
+ *
+ * Why both: on tmpfs, pread costs a page-cache lookup and a kernel copy
+ * per 4 KiB page; measured here (2-core AMD EPYC VM, 28.8 MB) pread+hash
+ * reaches about 0.3x memcpy, memcpy from a mapping then a separate hash
+ * pass about 0.6x, and the guarded one-pass copy 1.0-1.2x, so only the
+ * last meets the 0.85x budget (`ecx bench data` prints all three ratios).
+ */
+#ifndef ECX_SHM_COPY_H
+#define ECX_SHM_COPY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Where the bytes come from. */
+typedef struct ecx_shm_src {
+    int fd;               /* read-only descriptor of the region file */
+    const uint8_t *map;   /* read-only mapping of its first map_len bytes */
+    uint64_t map_len;     /* (NULL / 0: pread only) */
+} ecx_shm_src;
+
+enum ecx_shm_copy_mode { ECX_SHM_COPY_AUTO = 0, ECX_SHM_COPY_PREAD = 1 };
+
+/* Install the SIGBUS guard (idempotent, thread-safe). 0 or ECX_ESYS. */
+int ecx_shm_copy_init(void);
+
+/* True if a copy of a large item would take the guarded path now. */
+bool ecx_shm_copy_guarded(void);
+
+/* Copy an item: for each run of consecutive pairs, the source blocks
+ * remote[i] into dst_base's blocks local[i] (block_bytes each), nbytes in
+ * total, the last block partial; *sum gets the XXH3-64 of the bytes
+ * written. Indices and sizes must already be checked against the source
+ * (its map_len / file size as seen at fstat) and the destination.
+ * 0, or ECX_ESYS: a short or failed read, or a fault on the source (the
+ * destination then holds part of the item). */
+int ecx_shm_copy(const ecx_shm_src *src, uint8_t *dst_base, uint64_t block_bytes,
+                 const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
+                 int mode, uint64_t *sum);
+
+#endif

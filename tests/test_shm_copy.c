@@ -1,0 +1,250 @@
+/* test_shm_copy — the same-host copy (shm_copy.h) on its own: the one-pass
+ * copy+hash gives XXH3-64 exactly (ecx_checksum of the bytes written) for
+ * every length and split into runs, as pread does; a source truncated
+ * under the copy is a failed copy, never a signal, on both ways; the
+ * SIGBUS guard hands faults that are not its own to whoever was there
+ * before (the default action still kills, a prior handler still runs); a
+ * handler installed after ours makes copies take pread.
+ * Plain C, not cmocka: cmocka installs its own SIGBUS handler around each
+ * test, which is exactly what this must control. */
+#include <fcntl.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "checksum.h"
+#include "ecx.h"
+#include "shm_copy.h"
+
+#define MAXLEN (3u << 20)
+
+static char path[64];
+static int failures;
+
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c);                           \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+#define REQUIRE(c)                                                                                 \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c);                           \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* A source file of len bytes of pseudo-random content, mapped read-only. */
+static ecx_shm_src make_src(uint64_t len)
+{
+    strcpy(path, "/dev/shm/ecx-test-shm-copy-XXXXXX");
+    int wfd = mkstemp(path);
+    REQUIRE(wfd >= 0);
+    uint8_t *b = malloc(len);
+    REQUIRE(b);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (uint64_t i = 0; i < len; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        b[i] = (uint8_t)x;
+    }
+    CHECK(write(wfd, b, len) == (ssize_t)len);
+    free(b);
+    close(wfd);
+    int fd = open(path, O_RDONLY);
+    REQUIRE(fd >= 0);
+    void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    REQUIRE(m != MAP_FAILED);
+    return (ecx_shm_src){.fd = fd, .map = m, .map_len = len};
+}
+
+static void drop_src(ecx_shm_src *s)
+{
+    munmap((void *)s->map, s->map_len);
+    close(s->fd);
+    unlink(path);
+}
+
+/* The expected bytes of an item: src blocks remote[i], nbytes in all. */
+static uint64_t expect_sum(const ecx_shm_src *s, uint64_t bs, const uint64_t *remote, size_t n,
+                           uint64_t nbytes, uint8_t *flat)
+{
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t k = nbytes - off < bs ? nbytes - off : bs;
+        memcpy(flat + off, s->map + remote[i] * bs, k);
+        off += k;
+    }
+    return ecx_checksum(flat, nbytes);
+}
+
+static void check_item(const uint8_t *dst, uint64_t bs, const uint64_t *local, size_t n,
+                       uint64_t nbytes, const uint8_t *flat)
+{
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t k = nbytes - off < bs ? nbytes - off : bs;
+        CHECK(memcmp(dst + local[i] * bs, flat + off, k) == 0);
+        off += k;
+    }
+}
+
+static void sums_match_xxh3(void)
+{
+    CHECK(ecx_shm_copy_init() == 0);
+    /* The guarded way, where the CPU allows it; pread is checked too. */
+    REQUIRE(ecx_shm_copy_guarded() || !__builtin_cpu_supports("avx2"));
+    ecx_shm_src s = make_src(MAXLEN);
+    uint8_t *dst = malloc(MAXLEN), *flat = malloc(MAXLEN);
+    uint64_t *remote = malloc(MAXLEN * sizeof *remote), *local = malloc(MAXLEN * sizeof *local);
+    REQUIRE(dst && flat && remote && local);
+    srand(7);
+    static const uint64_t sizes[] = {1, 2, 3, 7, 31, 33, 64, 100, 1000, 4096, 65536, 1 << 20};
+    for (int t = 0; t < 400; t++) {
+        uint64_t bs = sizes[rand() % 12];
+        uint64_t nblk = MAXLEN / bs;
+        if (nblk > 4096) nblk = 4096;
+        uint64_t maxb = nblk * bs;
+        /* Lengths around XXH3's thresholds, stripe and block edges, and
+         * anything up to the whole source. */
+        static const uint64_t edge[] = {1, 16, 17, 128, 129, 240, 241, 255, 256, 1023, 1024,
+                                        1025, 1087, 1088, 1089, 16384, 16385};
+        uint64_t nbytes = t % 3 == 0 ? edge[rand() % 17] : 1 + (uint64_t)rand() % maxb;
+        if (nbytes > maxb) nbytes = maxb;
+        size_t n = (size_t)((nbytes + bs - 1) / bs);
+        /* Runs of random length: consecutive on both sides, then a jump. */
+        uint64_t r = (uint64_t)rand() % (nblk - n + 1), l = (uint64_t)rand() % (nblk - n + 1);
+        for (size_t i = 0; i < n; i++) {
+            remote[i] = r + i, local[i] = l + i;
+            if (rand() % 4 == 0 && i + 1 < n) { /* swap two: breaks the run */
+                remote[i] = r + i + 1;
+                remote[i + 1] = r + i;
+                local[i + 1] = l + i + 1;
+                i++;
+            }
+        }
+        uint64_t want = expect_sum(&s, bs, remote, n, nbytes, flat);
+        for (int mode = ECX_SHM_COPY_AUTO; mode <= ECX_SHM_COPY_PREAD; mode++) {
+            uint64_t got = 0;
+            memset(dst, 0x5a, (size_t)maxb);
+            CHECK(ecx_shm_copy(&s, dst, bs, remote, local, n, nbytes, mode, &got) == 0);
+            if (got != want) {
+                fprintf(stderr, "FAIL mode %d bs %llu nbytes %llu: %016llx != %016llx\n", mode,
+                        (unsigned long long)bs, (unsigned long long)nbytes,
+                        (unsigned long long)got, (unsigned long long)want);
+                failures++;
+            }
+            check_item(dst, bs, local, n, nbytes, flat);
+        }
+    }
+    free(dst), free(flat), free(remote), free(local);
+    drop_src(&s);
+}
+
+/* Truncate the source under a mapping: the copy fails, no signal. */
+static void truncated_source_fails(void)
+{
+    CHECK(ecx_shm_copy_init() == 0);
+    const uint64_t bs = 65536, len = 64 * bs;
+    ecx_shm_src s = make_src(len);
+    uint8_t *dst = malloc(len);
+    uint64_t idx[64], sum;
+    for (int i = 0; i < 64; i++)
+        idx[i] = (uint64_t)i;
+    REQUIRE(ecx_shm_copy_guarded() || !__builtin_cpu_supports("avx2"));
+    CHECK(ecx_shm_copy(&s, dst, bs, idx, idx, 64, len, ECX_SHM_COPY_AUTO, &sum) == 0);
+    CHECK(truncate(path, 10 * bs) == 0);
+    for (int mode = ECX_SHM_COPY_AUTO; mode <= ECX_SHM_COPY_PREAD; mode++)
+        CHECK(ecx_shm_copy(&s, dst, bs, idx, idx, 64, len, mode, &sum) == ECX_ESYS);
+    /* What is still there still copies. */
+    CHECK(ecx_shm_copy(&s, dst, bs, idx, idx, 10, 10 * bs, ECX_SHM_COPY_AUTO, &sum) == 0);
+    REQUIRE(sum == ecx_checksum(s.map, 10 * bs));
+    free(dst);
+    drop_src(&s);
+}
+
+/* In a child: touch a truncated mapping outside any copy. */
+static int fault_outside(void)
+{
+    ecx_shm_src s = make_src(65536);
+    CHECK(truncate(path, 0) == 0);
+    unlink(path);
+    volatile uint8_t x = s.map[100]; /* SIGBUS */
+    (void)x;
+    return 0;
+}
+
+static void on_bus_exit(int sig)
+{
+    (void)sig;
+    _exit(42);
+}
+
+static void foreign_faults_chain(void)
+{
+    /* No handler before ours: the default action (death by SIGBUS). */
+    pid_t pid = fork();
+    if (pid == 0) {
+        ecx_shm_copy_init();
+        _exit(fault_outside());
+    }
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    /* (under ASan its own handler was first: it reports and exits 1) */
+    REQUIRE((WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS) ||
+                (WIFEXITED(st) && WEXITSTATUS(st) != 0 && WEXITSTATUS(st) != 42));
+    /* A handler before ours still gets its faults. */
+    pid = fork();
+    if (pid == 0) {
+        signal(SIGBUS, on_bus_exit);
+        ecx_shm_copy_init();
+        _exit(fault_outside());
+    }
+    CHECK(waitpid(pid, &st, 0) == pid);
+    REQUIRE(WIFEXITED(st) && WEXITSTATUS(st) == 42);
+}
+
+/* Someone replaces our handler: copies go through pread, still safe. */
+static void replaced_handler_uses_pread(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (ecx_shm_copy_init() != 0) _exit(1);
+        signal(SIGBUS, on_bus_exit);
+        if (ecx_shm_copy_guarded()) _exit(2);
+        const uint64_t bs = 4096, len = 16 * bs;
+        ecx_shm_src s = make_src(len);
+        uint8_t dst[16 * 4096];
+        uint64_t idx[16], sum;
+        for (int i = 0; i < 16; i++)
+            idx[i] = (uint64_t)i;
+        if (ecx_shm_copy(&s, dst, bs, idx, idx, 16, len, ECX_SHM_COPY_AUTO, &sum) != 0 ||
+            sum != ecx_checksum(s.map, len))
+            _exit(3);
+        if (truncate(path, bs) != 0) _exit(4);
+        int rc = ecx_shm_copy(&s, dst, bs, idx, idx, 16, len, ECX_SHM_COPY_AUTO, &sum);
+        drop_src(&s);
+        _exit(rc == ECX_ESYS ? 0 : 5);
+    }
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    REQUIRE(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+}
+
+int main(void)
+{
+    foreign_faults_chain(); /* first: its children install the guard themselves */
+    sums_match_xxh3();
+    truncated_source_fails();
+    replaced_handler_uses_pread();
+    printf("test_shm_copy: %s\n", failures ? "FAILED" : "all passed");
+    return failures != 0;
+}
