@@ -26,8 +26,9 @@
  *         has it) and network namespaces.
  *   shm   same host (data_shm.c): the producer hands its region's
  *         descriptor to a consumer holding a grant; the consumer copies.
- *   auto  (default) a producer publishes both; a consumer uses shm when it
- *         reaches the producer that way, else ucx (data.c).
+ *   auto  (default) a producer publishes both; a consumer uses shm when the
+ *         producer has our boot id, its socket answers (same network
+ *         namespace) and its process has our uid, else ucx (data.c).
  *   fault tests only: wraps another context and injects failures
  *         (data_fault.h).
  *
