@@ -511,8 +511,8 @@ static int recv_parts(void *sock, guard *g, zmq_msg_t *parts, int want)
 /* Take the monitor's news of connections; refuse those over the cap. */
 static void server_events(ecx_ctrl_server *s)
 {
-    uint16_t ev;
-    uint32_t v;
+    uint16_t ev = 0;
+    uint32_t v = 0;
     while (guard_event(&s->g, &ev, &v)) {
         if (ev == ZMQ_EVENT_ACCEPTED && s->g.open_conns >= s->max_conns) {
             shutdown((int)v, SHUT_RDWR);
@@ -654,8 +654,8 @@ int ecx_ctrl_peer_send(ecx_ctrl_peer *p, const void *payload, size_t len)
  * loss. */
 static void peer_events(ecx_ctrl_peer *p)
 {
-    uint16_t ev;
-    uint32_t v;
+    uint16_t ev = 0;
+    uint32_t v = 0;
     while (!p->lost && guard_event(&p->g, &ev, &v)) {
         if (ev == ZMQ_EVENT_CONNECTED) {
             guard_track(&p->g, (int)v, true);
