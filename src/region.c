@@ -32,7 +32,7 @@ struct ecx_region {
     uint64_t size, block_bytes, num_blocks;
     int fd;    /* holds the shared flock (read-write mappings) */
     int dirfd; /* directory of the file, for the creator's unlink; -1 otherwise */
-    bool owner, writable;
+    bool owner;
     dev_t dev;
     ino_t ino;
     char name[NAME_MAX + 1];
@@ -227,7 +227,7 @@ int ecx_region_create_in(const char *dir, const char *instance, int rank, uint64
     r->block_bytes = block_bytes;
     r->num_blocks = num_blocks;
     r->size = size;
-    r->owner = r->writable = true;
+    r->owner = true;
     set_path(r, dir, name);
     if ((r->dirfd = open_dir(dir)) < 0) {
         free(r);
@@ -289,12 +289,11 @@ int ecx_region_create(const char *instance, int rank, uint64_t total_bytes, uint
     return ecx_region_create_in(NULL, instance, rank, total_bytes, block_bytes, out);
 }
 
-/* Checks shared by join and open_readonly on an opened file. */
-static int check_file(const struct stat *st, uint64_t block_bytes, bool strict_owner,
-                      uint64_t *num_blocks)
+/* What join requires of an opened region file. */
+static int check_file(const struct stat *st, uint64_t block_bytes, uint64_t *num_blocks)
 {
     if (!S_ISREG(st->st_mode)) return ECX_EREGION_BADFILE;
-    if (strict_owner && (st->st_uid != geteuid() || (st->st_mode & 0777) != 0600))
+    if (st->st_uid != geteuid() || (st->st_mode & 0777) != 0600)
         return ECX_EREGION_BADFILE;
     if (block_bytes == 0 || st->st_size <= 0) return ECX_EREGION_SIZE;
     uint64_t size = (uint64_t)st->st_size;
@@ -324,7 +323,6 @@ int ecx_region_join_in(const char *dir, const char *instance, int rank, uint64_t
     }
     set_path(r, dir, name);
     r->block_bytes = block_bytes;
-    r->writable = true;
     struct stat st;
     int fd = openat(dirfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
@@ -336,7 +334,7 @@ int ecx_region_join_in(const char *dir, const char *instance, int rank, uint64_t
         rc = ECX_ESYS;
         goto fail;
     }
-    if ((rc = check_file(&st, block_bytes, true, &r->num_blocks))) goto fail;
+    if ((rc = check_file(&st, block_bytes, &r->num_blocks))) goto fail;
     /* A reaper holds LOCK_EX only for a moment; wait up to ~1 s for it. */
     for (int i = 0;; i++) {
         if (flock_retry(fd, LOCK_SH | LOCK_NB) == 0) break;
@@ -373,42 +371,6 @@ fail:
 int ecx_region_join(const char *instance, int rank, uint64_t block_bytes, ecx_region **out)
 {
     return ecx_region_join_in(NULL, instance, rank, block_bytes, out);
-}
-
-int ecx_region_open_readonly(const char *path, uint64_t block_bytes, ecx_region **out)
-{
-    if (!out) return ECX_EINVAL;
-    *out = NULL;
-    if (!path || !*path || strlen(path) >= PATH_MAX) return ECX_EINVAL;
-    if (block_bytes == 0) return ECX_EREGION_SIZE;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return errno_to_ecx(errno);
-    struct stat st;
-    uint64_t num_blocks = 0;
-    int rc = fstat(fd, &st) != 0 ? ECX_ESYS : check_file(&st, block_bytes, false, &num_blocks);
-    if (rc) {
-        close(fd);
-        return rc;
-    }
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd); /* the mapping keeps the file alive; no lock for readers */
-    if (p == MAP_FAILED) return errno_to_ecx(errno);
-    ecx_region *r = region_alloc();
-    if (!r) {
-        munmap(p, (size_t)st.st_size);
-        return ECX_ENOMEM;
-    }
-    r->base = p;
-    r->size = (uint64_t)st.st_size;
-    r->block_bytes = block_bytes;
-    r->num_blocks = num_blocks;
-    r->dev = st.st_dev;
-    r->ino = st.st_ino;
-    snprintf(r->path, sizeof r->path, "%s", path);
-    const char *slash = strrchr(path, '/');
-    snprintf(r->name, sizeof r->name, "%s", slash ? slash + 1 : path);
-    *out = r;
-    return 0;
 }
 
 void ecx_region_free(ecx_region *r)
@@ -450,11 +412,6 @@ bool ecx_region_is_owner(const ecx_region *r)
 {
     return r && r->owner;
 }
-bool ecx_region_is_writable(const ecx_region *r)
-{
-    return r && r->writable;
-}
-
 /* Try to reclaim one candidate; true if it was unlinked. */
 static bool reap_one(int dirfd, const char *name, uid_t uid)
 {

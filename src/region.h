@@ -31,8 +31,8 @@
  * Files are mode 0600, owned by the creating user; the instance name is
  * restricted to [A-Za-z0-9._-] so it can never name a path outside the
  * directory. No function here aborts or raises a signal on bad input.
- * Caveat for read-only mappers: if the owner shrank the file, reading past
- * its end would raise SIGBUS; ecx's creator never resizes a published file.
+ * ecx's creator never resizes a published file; a consumer reading another
+ * producer's region guards its copy against one that does (shm_copy.h).
  */
 #ifndef ECX_REGION_H
 #define ECX_REGION_H
@@ -82,13 +82,6 @@ int ecx_region_join(const char *instance, int rank, uint64_t block_bytes, ecx_re
 int ecx_region_join_in(const char *dir, const char *instance, int rank, uint64_t block_bytes,
                        ecx_region **out);
 
-/* Map another process's region file read-only, by path (the same-host data
- * path). Refuses a symlink as the last component (ECX_EREGION_BADFILE) and
- * a size that is not a whole non-zero number of blocks (ECX_EREGION_SIZE).
- * Takes no lock: the mapping keeps the memory alive even if the owner dies
- * and its file is reaped. */
-int ecx_region_open_readonly(const char *path, uint64_t block_bytes, ecx_region **out);
-
 /* Unmap and release the lock; the creator also unlinks the file (only if
  * the name still refers to its file). NULL is a no-op. */
 void ecx_region_free(ecx_region *r);
@@ -100,7 +93,6 @@ uint64_t ecx_region_num_blocks(const ecx_region *r);
 uint64_t ecx_region_size(const ecx_region *r); /* num_blocks × block_bytes */
 const char *ecx_region_path(const ecx_region *r);
 bool ecx_region_is_owner(const ecx_region *r);    /* true for the creator */
-bool ecx_region_is_writable(const ecx_region *r); /* false for open_readonly */
 
 /* Reclaim orphaned region files (and leftover temporaries) of this user in
  * dir (NULL: ecx_region_default_dir()). Returns how many were removed, or

@@ -312,8 +312,6 @@ static void test_symlinks(void **state)
     assert_int_equal(symlink(target, path_of("ecx_sym_0.mmap")), 0);
     ecx_region *r;
     assert_int_equal(ecx_region_join_in(dir, "sym", 0, BS, &r), ECX_EREGION_BADFILE);
-    assert_int_equal(ecx_region_open_readonly(path_of("ecx_sym_0.mmap"), BS, &r),
-                     ECX_EREGION_BADFILE);
     assert_int_equal(ecx_region_create_in(dir, "sym", 0, 4 * BS, BS, &r), ECX_EREGION_EXISTS);
     assert_int_equal(ecx_region_reap(dir), 0);
     assert_true(exists("ecx_sym_0.mmap"));
@@ -321,64 +319,6 @@ static void test_symlinks(void **state)
     struct stat st;
     assert_int_equal(stat(path_of("victim"), &st), 0);
     assert_int_equal(st.st_size, 4 * BS);
-}
-
-/* Returns the permission string ("rw-s") of the mapping containing p. */
-static void map_perms(const void *p, char perms[5])
-{
-    FILE *f = fopen("/proc/self/maps", "r");
-    assert_non_null(f);
-    char line[1024];
-    perms[0] = 0;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        char pm[5];
-        if (sscanf(line, "%lx-%lx %4s", &lo, &hi, pm) == 3 && (unsigned long)p >= lo &&
-            (unsigned long)p < hi) {
-            memcpy(perms, pm, 5);
-            break;
-        }
-    }
-    fclose(f);
-}
-
-static void test_open_readonly(void **state)
-{
-    (void)state;
-    ecx_region *r, *ro;
-    assert_int_equal(ecx_region_create_in(dir, "ro", 0, 6 * BS, BS, &r), 0);
-    memset(ecx_region_base(r) + 5 * BS, 0x77, BS);
-    char perms[5];
-    map_perms(ecx_region_base(r), perms);
-    assert_string_equal(perms, "rw-s");
-
-    assert_int_equal(ecx_region_open_readonly(ecx_region_path(r), BS, &ro), 0);
-    assert_false(ecx_region_is_writable(ro));
-    assert_false(ecx_region_is_owner(ro));
-    assert_int_equal(ecx_region_num_blocks(ro), 6);
-    assert_int_equal(ecx_region_base(ro)[5 * BS + 9], 0x77);
-    ecx_region_base(r)[0] = 3; /* shared: the reader sees later writes */
-    assert_int_equal(ecx_region_base(ro)[0], 3);
-    map_perms(ecx_region_base(ro), perms);
-    assert_string_equal(perms, "r--s");
-    /* The reader holds no lock: the owner's clean shutdown still unlinks,
-     * and the mapping stays readable. */
-    ecx_region_free(r);
-    assert_int_equal(count_entries(), 0);
-    assert_int_equal(ecx_region_base(ro)[5 * BS], 0x77);
-    ecx_region_free(ro);
-
-    assert_int_equal(ecx_region_create_in(dir, "ro", 1, 6 * BS, BS, &r), 0);
-    assert_int_equal(ecx_region_open_readonly(ecx_region_path(r), 4 * BS, &ro), ECX_EREGION_SIZE);
-    assert_int_equal(ecx_region_open_readonly(ecx_region_path(r), 0, &ro), ECX_EREGION_SIZE);
-    assert_int_equal(ecx_region_open_readonly(path_of("nope.mmap"), BS, &ro), ECX_EREGION_NOTFOUND);
-    assert_int_equal(ecx_region_open_readonly(dir, BS, &ro), ECX_EREGION_BADFILE);
-    assert_int_equal(ecx_region_open_readonly("", BS, &ro), ECX_EINVAL);
-    int fd = open(path_of("empty"), O_RDWR | O_CREAT, 0600);
-    close(fd);
-    assert_int_equal(ecx_region_open_readonly(path_of("empty"), BS, &ro), ECX_EREGION_SIZE);
-    ecx_region_free(r);
-    ecx_region_free(NULL);
 }
 
 static void make_file(const char *name, off_t size)
@@ -431,7 +371,6 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_names, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mode_and_exists, setup, teardown),
         cmocka_unit_test_setup_teardown(test_symlinks, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_open_readonly, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reaper_limits, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
