@@ -1,0 +1,77 @@
+"""grant_forger — a third process that knows another consumer's session id
+(say, from a log) and tries to use it: re-request that consumer's grant from
+its own connection, and release it with forged completion notifications on
+the same-host path. Speaks the reference's wire format and ecx's shm
+protocol (src/data_shm.c) by hand.
+
+usage: grant_forger.py PORT COMPAT_HASH MM_HASH
+Prints one line per step ("victim granted", "takeover status N",
+"attacker granted", "shm F", "forged 2") and exits 0 if every step ran.
+"""
+import os
+import socket
+import struct
+import sys
+
+import msgpack
+import zmq
+
+port, compat, item = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+ctx = zmq.Context()
+
+
+def ask(sid):
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect("tcp://127.0.0.1:%d" % port)
+    req = {"type": "req", "mm_hash": item, "compatibility_hash": compat, "session_id": sid}
+    s.send_multipart([b"", msgpack.packb(req)])
+    if not s.poll(5000):
+        sys.exit("no ack for %s" % sid)
+    _, payload = s.recv_multipart()
+    return s, msgpack.unpackb(payload)
+
+
+def sections(b, head):
+    n = struct.unpack_from("<H", b, 6)[0]
+    off, out = head, {}
+    for _ in range(n):
+        t, ln = struct.unpack_from("<HH", b, off)
+        out[t] = b[off + 4:off + 4 + ln]
+        off += 4 + ln
+    return out
+
+
+victim, a = ask("victim-session")
+assert a["status"] == 0, a
+print("victim granted")
+# The same session id from another connection: refused, the grant stays.
+thief, t = ask("victim-session")
+print("takeover status %d" % t["status"])
+# The attacker's own grant gets it onto the producer's shm socket...
+mine, m = ask("attacker-session")
+assert m["status"] == 0, m
+print("attacker granted")
+shm = sections(m["agent_metadata"], 24)[1]
+path_len = struct.unpack_from("<H", shm, 32)[0]
+sock_len = struct.unpack_from("<H", shm, 34 + path_len)[0]
+name = shm[36 + path_len:36 + path_len + sock_len]
+token = sections(m["mem_descriptor"], 40)[3][:16]
+c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+c.connect(b"\0" + name)
+c.send(b"\x01H" + token + b"attacker-session:" + item.encode())
+msg, anc, _, _ = c.recvmsg(64, socket.CMSG_SPACE(4))
+for lvl, typ, data in anc:
+    if lvl == socket.SOL_SOCKET and typ == socket.SCM_RIGHTS:
+        os.close(struct.unpack("i", data[:4])[0])
+print("shm %s" % msg[1:2].decode())
+# ...where it claims the victim's grant is done: with a guessed token and
+# with its own.
+victim_key = b"victim-session:" + item.encode()
+c.send(b"\x01D" + os.urandom(16) + victim_key)
+c.send(b"\x01D" + token + victim_key)
+print("forged 2")
+c.close()
+for s in (victim, thief, mine):
+    s.close()
+ctx.term()

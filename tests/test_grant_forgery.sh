@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# test_grant_forgery — issue 9's "grants belong to the connection that asked",
+# with real processes: a third process that knows a consumer's session id
+# cannot take its grant over from another connection, nor release it with
+# forged completions on the same-host path; both are counted; nothing is
+# released; and `ecx serve` never logs a session id at the default level.
+# usage: test_grant_forgery.sh PATH_TO_ECX
+set -u
+ECX=$1
+. "$(dirname "$0")/lib.sh"
+private_shm
+
+mkdir -p "$T/in"
+head -c 200000 /dev/urandom >"$T/in/item"
+MPORT=$(free_port)
+"$ECX" serve --listen 127.0.0.1:0 --preload "$T/in" --block-bytes 64Ki --lease-ms 1500 \
+  --announce-out "$T/ann.json" --metrics "127.0.0.1:$MPORT" 2>"$T/serve.log" &
+spid=$!
+pids+=($spid)
+wait_file "$T/ann.json" || { echo "FAIL: serve did not start" >&2; cat "$T/serve.log" >&2; exit 1; }
+PORT=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["item"]["peer_port"])' "$T/ann.json")
+COMPAT=$("$ECX" compat-hash 0.11.0 llava-hf/llava-1.5-7b-hf bfloat16 65536)
+
+timeout 20 $PY "$(dirname "$0")/grant_forger.py" "$PORT" "$COMPAT" item >"$T/forger.out" 2>&1
+rc=$?
+check "the forger ran every step (rc $rc: $(tr '\n' ' ' <"$T/forger.out"))" '[ $rc = 0 ] && grep -q "forged 2" "$T/forger.out"'
+check "another connection cannot take the grant over (NACK_INTERNAL)" 'grep -q "takeover status 4" "$T/forger.out"'
+check "a grant holder gets the region descriptor" 'grep -q "shm F" "$T/forger.out"'
+m=$(metrics_of "$MPORT")
+check "both forged completions counted" 'echo "$m" | grep -q "^ecx_producer_forged_notifications_total 2$"'
+check "the takeover counted" 'echo "$m" | grep -q "^ecx_producer_foreign_requests_total 1$"'
+check "nothing released: both grants still held" 'echo "$m" | grep -q "^ecx_producer_active_grants 2$"'
+check "no completion counted" 'echo "$m" | grep -q "^ecx_producer_completions_total 0$"'
+sleep 2 # the leases (1.5 s) expire
+m=$(metrics_of "$MPORT")
+check "the leases release them" 'echo "$m" | grep -q "^ecx_producer_active_grants 0$"'
+check "lease expiries were logged" 'grep -q "lease expired for item" "$T/serve.log"'
+check "no session id in the producer's log" '! grep -q "victim-session\|attacker-session" "$T/serve.log"'
+mkdir -p "$T/out"
+expect 0 "" "a real consumer is served after all that" -- "$ECX" get --params "$T/ann.json" --out "$T/out" --block-bytes 64Ki
+check "its bytes are exact" 'cmp -s "$T/in/item" "$T/out/item"'
+finish
