@@ -383,10 +383,15 @@ static void start_read(ecx_consumer *c, session *s, xfer *x, const ecx_ack *a, i
     }
     int rc;
     if (!s->dpeer && (rc = ecx_data_peer_add(c->data, meta, ml, desc, dl, &s->dpeer))) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: unusable metadata from %s:%d: %s", s->host,
-                            s->port, ecx_strerror(rc));
+        /* Metadata we cannot use is a bad ack; a producer we cannot reach
+         * with good metadata (it died after acking, say) is a failed READ. */
+        bool bad = rc == ECX_EDATA_META || rc == ECX_EDATA_DESC || rc == ECX_EDATA_VERSION ||
+                   rc == ECX_EDATA_MISMATCH || rc == ECX_EINVAL;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %s %s:%d: %s",
+                            bad ? "unusable metadata from" : "cannot reach the data path of",
+                            s->host, s->port, ecx_strerror(rc));
         s->dpeer = NULL;
-        tombstone(c, x, ECX_REASON_BAD_ACK, now);
+        tombstone(c, x, bad ? ECX_REASON_BAD_ACK : ECX_REASON_READ_FAILED, now);
         return;
     }
     size_t n = (size_t)x->n_blocks, got = 0;
