@@ -1,38 +1,82 @@
 /*
- * data_ucx — the data path over UCX (the transport NIXL itself uses):
- * one-sided ucp_get from the producer's region, then an active message
- * carrying the completion notification.
+ * data_ucx — the data path over UCX, in which the producer decides what
+ * leaves it (issue 9).
  *
- * Producer: maps its region with ucp_mem_map, publishes its worker address
- * (agent_metadata) and the packed remote key plus the region's address
- * (mem_descriptor), and collects notifications from an AM handler into a
- * fixed ring that ecx_data_poll_notifs() drains. Over TCP, UCX emulates
- * get with active messages, so the producer must progress for a READ to
- * move: its ecx_poll() does that.
+ * The threat: the earlier design published the producer's worker address
+ * and an rkey for its whole region in every ack, and the consumer did
+ * ucp_get. Over TCP, UCP emulates get/put with active messages that read
+ * or write any address a peer names: one ack let a peer read blocks never
+ * granted to it, the producer's heap (its CURVE key) and, at an unmapped
+ * address, kill it. Here no rkey is ever packed or published and the
+ * producer's context has no UCP_FEATURE_RMA, so UCP never even registers
+ * its software GET/PUT handlers: a crafted rkey with ucp_get/ucp_put gets
+ * nothing (tests/ucx_hostile.c).
  *
- * Consumer: one ucp endpoint and unpacked rkey per peer; a READ is one
- * ucp_get_nbx per run of consecutive blocks (a whole encoding stored in one
- * run is one get); when the last get completes, the notification goes out
- * as an eager AM and the xfer reports DONE. Endpoints use peer error
- * handling, so a dead producer fails its READs instead of hanging them.
+ * Connection: the producer runs a UCP listener bound to the advertised
+ * host (opts->bind_host) and limits its transports to that host's
+ * interface (UCX_NET_DEVICES, unless the operator set it). Its
+ * agent_metadata carries only that socket address, in our own strict
+ * format (below): the consumer never hands UCX a peer's packed worker
+ * address, so no byte string in an ack reaches UCX's address parser.
+ * Every endpoint the producer sends on is one it created from a connection
+ * request, with its own error handler: UCX never frees it behind our back
+ * (the reply endpoint of an AM from a peer UCP created by itself can be
+ * destroyed as soon as that peer fails).
  *
- * Lifetimes: an xfer lives until it is released AND nothing UCX holds
- * refers to it (gets and the AM send); a peer lives until it is dropped
- * AND no xfer refers to it; its rkey is destroyed only once every
- * operation using it has ended. Endpoint closes run in the background of
- * progress; ecx_data_free() waits for them a bounded time.
+ * One READ: the consumer posts ucp_tag_recv_nbx into its blocks (an IOV
+ * over the runs of local blocks) under a random 64-bit tag, then sends the
+ * producer a request AM (eager, with a reply endpoint):
+ *   u8 version (1) | u8 0 | u16 key_len | u32 0 | u64 tag | 16B token |
+ *   key ("{session_id}:{mm_hash}", key_len bytes)            (little-endian)
+ * The AM handler only copies the request into a bounded queue. Progress
+ * then asks the producer session (grant_fn, ECX_DATA_GRANT_CLAIM): a live,
+ * unclaimed grant with that key and token is sent with ucp_tag_send_nbx
+ * from its blocks in the region (contiguous when one run, else an IOV), to
+ * the requesting endpoint, under the consumer's tag; anything else gets a
+ * 0-byte message with that tag (so the consumer fails at once) and is
+ * counted. When the send ends, poll_notifs hands (key, token, status) to
+ * the session, which releases the grant: 0 = sent, negative = failed.
+ * The consumer checks the received length and the XXH3-64 of what landed
+ * in its blocks against the ticket: DONE, else CORRUPT.
  *
- * UCX parses worker addresses and rkeys itself, without a length. The
- * metadata codec checks a BLAKE2b digest over both (so truncated or
- * corrupted blobs never reach UCX), we check the rkey's own structure,
- * and both are handed to UCX inside zero-padded copies. A blob crafted to
- * exploit UCX's parser by a producer we chose to talk to is out of scope;
- * the control plane's authentication is what keeps strangers out.
+ * Bounds (what a peer can make the producer hold): connections in total
+ * and per client address, queued requests in total and per connection,
+ * sends in flight (and completions not yet collected) in total and per
+ * connection. Past them a request waits in the queue or is refused; a
+ * connection request is rejected.
  *
- * Tuning: unless UCX_TCP_TX_SEG_SIZE / UCX_TCP_RX_SEG_SIZE are set, we use
- * 64 KiB TCP segments instead of UCX's 8 KiB default: the emulated get
- * then runs about 2.5x faster (BENCHMARKS.md).
+ * Rendezvous: the producer pins UCX_RNDV_SCHEME=put_zcopy and the classic
+ * protocols (PROTO_ENABLE=n). A large send then publishes no rkey (the
+ * consumer's RTR names its receive buffer, and the producer puts exactly
+ * the buffer being sent; an IOV send streams it as active messages), so
+ * neither RDMA rkeys nor the put pipeline's peer-chosen offsets expose
+ * anything beyond the item being sent.
+ *
+ * What this does NOT close (UCX 1.13 itself, see the report in issue 9):
+ * UCT's tcp transport writes a PUT request's payload to whatever address
+ * the request names, whatever the receiver's features or
+ * UCX_TCP_PUT_ENABLE; and UCP dereferences peer-supplied request and
+ * endpoint ids with the low bit clear as raw pointers. A peer that speaks
+ * UCT/UCP's wire protocol directly can therefore still write the
+ * producer's memory or crash it. Only running UCX in a process that holds
+ * nothing else (or not using UCX's tcp transport) closes that.
+ *
+ * agent_metadata UCX bytes (the front adds its digest):
+ *   u8 version (1) | u8 family (4 / 6) | u16 port (BE) | 4 / 16 address bytes
+ *
+ * Lifetimes (consumer): an xfer lives until it is released AND its receive
+ * request has ended; a peer lives until it is dropped AND no xfer refers to
+ * it. Dropping a peer cancels its receives and force-closes its endpoint.
+ * Endpoint closes run in the background of progress; ecx_data_free()
+ * waits for them a bounded time.
  */
+#include <arpa/inet.h>
+#include <inttypes.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
@@ -41,39 +85,83 @@
 #include "data_impl.h"
 #include "util.h"
 
-#define AM_NOTIF_ID 0x3ec
-#define NOTIF_RING 1024
-#define PAD_BYTES 20480 /* > 64 md entries of 1 + 255 bytes */
+#define AM_REQ_ID 0x3ed
+#define REQ_VERSION 1
+#define REQ_HDR 32
+#define REQ_MAX (REQ_HDR + ECX_DATA_NOTIF_MAX)
+#define ADDR_VERSION 1
 #define CLOSE_WAIT_MS 2000
+
+/* Producer bounds. */
+#define MAX_CONNS 256         /* connections in total */
+#define MAX_CONNS_PER_HOST 64 /* from one client address */
+#define MAX_ACCEPTS 64        /* connection requests not yet accepted */
+#define MAX_QUEUED 1024       /* requests waiting, in total */
+#define MAX_QUEUED_PER_CONN 64
+#define MAX_SENDS 256 /* sends in flight or not yet collected, in total */
+#define MAX_SENDS_PER_CONN 32
+
+/* ---- types ------------------------------------------------------------ */
+
+typedef struct conn {
+    struct conn *next;
+    ucp_ep_h ep;
+    struct sockaddr_storage client;
+    unsigned queued, sends;
+    bool failed;
+} conn;
+
+typedef struct request {
+    conn *c;
+    uint64_t tag;
+    uint8_t token[ECX_DATA_TOKEN_LEN];
+    uint16_t key_len;
+    char key[ECX_DATA_NOTIF_MAX + 1];
+} request;
+
+/* One producer send, from post until poll_notifs hands its end over. */
+typedef struct psend {
+    struct psend *next;     /* free list or done list */
+    struct psend *all_next; /* every send ever allocated */
+    struct ucx_data *u;
+    conn *c;
+    int status;   /* 0 / negative once done */
+    int fail;     /* report this instead of the send's status */
+    bool refusal; /* a 0-byte "no": nothing to report */
+    ucp_dt_iov_t *iov;
+    size_t iov_cap;
+    uint8_t token[ECX_DATA_TOKEN_LEN];
+    uint16_t key_len;
+    char key[ECX_DATA_NOTIF_MAX + 1];
+} psend;
 
 typedef struct ucx_peer ucx_peer;
 
 typedef struct ucx_xfer {
     ecx_data_xfer head;
-    struct ucx_xfer *next;     /* free list or notify queue */
+    struct ucx_xfer *next;     /* free list, or the peer's running list */
     struct ucx_xfer *all_next; /* every xfer ever allocated */
     ucx_peer *peer;
+    void *req; /* the tag receive, while UCX holds it */
     int state;
-    unsigned gets_left;
-    bool failed, released, queued, am_pending, in_use;
-    void **reqs; /* outstanding get requests, for cancel */
-    size_t nreqs, reqs_cap;
-    uint64_t *local; /* where the bytes go, for the checksum */
+    bool released;
+    bool am_pending; /* the request AM (msg) is still UCX's */
+    uint8_t msg[REQ_MAX];
+    size_t received; /* bytes the receive reported */
+    bool recv_ok;
+    ucp_dt_iov_t *iov;
+    size_t iov_cap;
+    uint64_t *local;
     size_t n_local, local_cap;
     uint64_t nbytes, checksum;
-    size_t notif_len; /* token + key */
-    char notif[ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX];
 } ucx_xfer;
 
 struct ucx_peer {
     ecx_data_peer head;
     struct ucx_peer *all_next, **all_prev;
     ucp_ep_h ep;
-    ucp_rkey_h rkey;
-    uint64_t base;
-    unsigned refs;  /* 1 while registered, +1 per xfer */
-    unsigned reads; /* xfers with gets in flight */
-    bool broken, dropped;
+    unsigned refs; /* 1 while registered, +1 per xfer */
+    bool broken;
 };
 
 typedef struct closing {
@@ -81,36 +169,33 @@ typedef struct closing {
     void *req;
 } closing;
 
-typedef struct notif_slot {
-    uint16_t len; /* of the key */
-    uint8_t token[ECX_DATA_TOKEN_LEN];
-    char msg[ECX_DATA_NOTIF_MAX + 1];
-} notif_slot;
-
 typedef struct ucx_data {
     ecx_data base;
     ucp_context_h ctx;
     ucp_worker_h worker;
     int efd;
-    ucp_mem_h memh;
     /* producer */
-    ucp_address_t *addr;
+    ucp_mem_h memh;
+    ucp_listener_h listener;
+    uint8_t addr[20];
     size_t addr_len;
-    void *rkey_buf;
-    size_t rkey_len;
-    notif_slot *ring;
-    unsigned ring_head, ring_count;
-    uint64_t ring_dropped;
+    conn *conns;
+    unsigned nconns;
+    ucp_conn_request_h accepts[MAX_ACCEPTS];
+    unsigned naccepts;
+    request *queue; /* MAX_QUEUED, in arrival order */
+    unsigned nqueued;
+    psend *free_sends, *all_sends, *done, **done_tail;
+    unsigned nsends;
+    uint64_t refused, dropped;
     /* consumer */
     ucx_xfer *free_xfers, *all_xfers;
-    ucx_xfer *notify_q, **notify_tail;
-    ucx_peer *peers; /* every peer not yet freed */
+    ucx_peer *peers;
+    /* both */
     closing *closing;
 } ucx_data;
 
 static const struct ecx_data_ops ucx_ops;
-
-/* ---- setup ----------------------------------------------------------- */
 
 static int ucx_err(const char *what, ucs_status_t st)
 {
@@ -118,148 +203,29 @@ static int ucx_err(const char *what, ucs_status_t st)
     return ECX_EDATA_UCX;
 }
 
-static ucs_status_t am_notif_cb(void *arg, const void *header, size_t header_length, void *data,
-                                size_t length, const ucp_am_recv_param_t *param);
-
-static int ucx_setup(ucx_data *u, ecx_region *r, bool producer)
+static void put_le16(uint8_t *b, uint16_t v)
 {
-    ucp_config_t *cfg;
-    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
-    if (st != UCS_OK) return ucx_err("config_read", st);
-    /* UCP forwards these to the transports that have them (only tcp). */
-    if (!getenv("UCX_TCP_TX_SEG_SIZE") && !getenv("UCX_TX_SEG_SIZE"))
-        (void)ucp_config_modify(cfg, "TX_SEG_SIZE", "64k");
-    if (!getenv("UCX_TCP_RX_SEG_SIZE") && !getenv("UCX_RX_SEG_SIZE"))
-        (void)ucp_config_modify(cfg, "RX_SEG_SIZE", "64k");
-    ucp_params_t p = {
-        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
-        .features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
-        .mt_workers_shared = 0,
-    };
-    st = ucp_init(&p, cfg, &u->ctx);
-    ucp_config_release(cfg);
-    if (st != UCS_OK) return ucx_err("init", st);
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    st = ucp_worker_create(u->ctx, &wp, &u->worker);
-    if (st != UCS_OK) return ucx_err("worker_create", st);
-    st = ucp_worker_get_efd(u->worker, &u->efd);
-    if (st != UCS_OK) return ucx_err("worker_get_efd", st);
-    ucp_mem_map_params_t mp = {
-        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-        .address = ecx_region_base(r),
-        .length = ecx_region_size(r),
-    };
-    st = ucp_mem_map(u->ctx, &mp, &u->memh);
-    if (st != UCS_OK) return ucx_err("mem_map", st);
-    if (!producer) return 0;
-
-    st = ucp_worker_get_address(u->worker, &u->addr, &u->addr_len);
-    if (st != UCS_OK) return ucx_err("worker_get_address", st);
-    st = ucp_rkey_pack(u->ctx, u->memh, &u->rkey_buf, &u->rkey_len);
-    if (st != UCS_OK) return ucx_err("rkey_pack", st);
-    u->ring = calloc(NOTIF_RING, sizeof *u->ring);
-    if (!u->ring) return ECX_ENOMEM;
-    ucp_am_handler_param_t hp = {
-        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-        .id = AM_NOTIF_ID,
-        .flags = UCP_AM_FLAG_WHOLE_MSG,
-        .cb = am_notif_cb,
-        .arg = u,
-    };
-    st = ucp_worker_set_am_recv_handler(u->worker, &hp);
-    if (st != UCS_OK) return ucx_err("set_am_recv_handler", st);
-    return 0;
+    b[0] = (uint8_t)v, b[1] = (uint8_t)(v >> 8);
 }
 
-static void ucx_free(ecx_data *d);
-
-static int ucx_new(ecx_region *r, bool producer, ucx_data **out)
+static uint16_t get_le16(const uint8_t *b)
 {
-    ucx_data *u = calloc(1, sizeof *u);
-    if (!u) return ECX_ENOMEM;
-    u->base.ops = &ucx_ops;
-    u->base.region = r;
-    u->efd = -1;
-    u->notify_tail = &u->notify_q;
-    int rc = ucx_setup(u, r, producer);
-    if (rc) {
-        ucx_free(&u->base);
-        return rc;
-    }
-    *out = u;
-    return 0;
+    return (uint16_t)(b[0] | b[1] << 8);
 }
 
-int ecx_data_ucx_new_producer(ecx_region *r, ecx_data_meta *m, ecx_data_desc *dd, ecx_data **out)
+static void put_le64(uint8_t *b, uint64_t v)
 {
-    ucx_data *u;
-    int rc = ucx_new(r, true, &u);
-    if (rc) return rc;
-    m->has_ucx = true;
-    m->ucx_addr = (const uint8_t *)u->addr;
-    m->ucx_addr_len = u->addr_len;
-    dd->has_ucx = true;
-    dd->ucx_base = (uint64_t)(uintptr_t)ecx_region_base(r);
-    dd->rkey = u->rkey_buf;
-    dd->rkey_len = u->rkey_len;
-    *out = &u->base;
-    return 0;
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> 8 * i);
 }
 
-int ecx_data_ucx_new_consumer(ecx_region *r, ecx_data **out)
+static uint64_t get_le64(const uint8_t *b)
 {
-    ucx_data *u;
-    int rc = ucx_new(r, false, &u);
-    if (rc == 0) *out = &u->base;
-    return rc;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)b[i] << 8 * i;
+    return v;
 }
 
-/* ---- producer: notifications ---------------------------------------- */
-
-static ucs_status_t am_notif_cb(void *arg, const void *header, size_t header_length, void *data,
-                                size_t length, const ucp_am_recv_param_t *param)
-{
-    (void)header, (void)header_length;
-    ucx_data *u = arg;
-    /* Notifications are small and sent eagerly; anything else is not ours
-     * (returning UCS_OK releases a rendezvous message unread). */
-    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || length <= ECX_DATA_TOKEN_LEN ||
-        length > ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: dropped a notification of %zu bytes", length);
-        return UCS_OK;
-    }
-    if (u->ring_count == NOTIF_RING) {
-        u->ring_dropped++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: notification ring full; dropped one");
-        return UCS_OK;
-    }
-    notif_slot *s = &u->ring[(u->ring_head + u->ring_count) % NOTIF_RING];
-    memcpy(s->token, data, ECX_DATA_TOKEN_LEN);
-    length -= ECX_DATA_TOKEN_LEN;
-    memcpy(s->msg, (const uint8_t *)data + ECX_DATA_TOKEN_LEN, length);
-    s->msg[length] = 0;
-    s->len = (uint16_t)length;
-    u->ring_count++;
-    return UCS_OK;
-}
-
-/* ---- progress -------------------------------------------------------- */
-
-static void xfer_put(ucx_data *u, ucx_xfer *x);
-static void send_notif(ucx_data *u, ucx_xfer *x);
-
-static void peer_unref(ucx_data *u, ucx_peer *p)
-{
-    if (--p->refs) return;
-    /* Nothing uses the rkey any more; the endpoint was closed at drop. */
-    if (p->rkey) ucp_rkey_destroy(p->rkey);
-    *p->all_prev = p->all_next;
-    if (p->all_next) p->all_next->all_prev = p->all_prev;
-    (void)u;
-    free(p);
-}
+/* ---- closing endpoints ------------------------------------------------ */
 
 static void close_ep(ucx_data *u, ucp_ep_h ep, bool force)
 {
@@ -298,6 +264,513 @@ static int reap_closing(ucx_data *u)
     return n;
 }
 
+/* ---- setup ------------------------------------------------------------ */
+
+/* The interface that holds address a (for UCX_NET_DEVICES); 0 or ECX_EINVAL. */
+static int ifname_of(const struct sockaddr *a, char name[IF_NAMESIZE])
+{
+    struct ifaddrs *ifs;
+    if (getifaddrs(&ifs) != 0) return ECX_EINVAL;
+    int rc = ECX_EINVAL;
+    for (struct ifaddrs *i = ifs; i && rc; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != a->sa_family) continue;
+        bool same = a->sa_family == AF_INET
+                        ? ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+                              ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr
+                        : memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                                 &((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr, 16) == 0;
+        if (same && strlen(i->ifa_name) < IF_NAMESIZE) {
+            strcpy(name, i->ifa_name);
+            rc = 0;
+        }
+    }
+    freeifaddrs(ifs);
+    return rc;
+}
+
+/* bind_host as a socket address (port 0). NULL, "", "*", "0.0.0.0" and
+ * "::" mean any; then *any is set and the address published is the first
+ * non-loopback IPv4 interface's (else 127.0.0.1). */
+static int resolve_bind(const char *host, struct sockaddr_storage *ss, bool *any)
+{
+    memset(ss, 0, sizeof *ss);
+    *any = !host || !*host || !strcmp(host, "*") || !strcmp(host, "0.0.0.0") || !strcmp(host, "::");
+    if (*any) {
+        struct sockaddr_in *in = (struct sockaddr_in *)ss;
+        in->sin_family = AF_INET;
+        in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        struct ifaddrs *ifs;
+        if (getifaddrs(&ifs) == 0) {
+            for (struct ifaddrs *i = ifs; i; i = i->ifa_next)
+                if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
+                    !(i->ifa_flags & IFF_LOOPBACK)) {
+                    in->sin_addr = ((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+                    break;
+                }
+            freeifaddrs(ifs);
+        }
+        return 0;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
+    int e = getaddrinfo(host, NULL, &hints, &res);
+    if (e != 0) {
+        ecx_log(ECX_LOG_WARN, "data ucx: cannot resolve %s: %s", host, gai_strerror(e));
+        return ECX_EINVAL;
+    }
+    int rc = ECX_EINVAL;
+    for (struct addrinfo *r = res; r && rc; r = r->ai_next)
+        if ((r->ai_family == AF_INET || r->ai_family == AF_INET6) &&
+            r->ai_addrlen <= sizeof *ss) {
+            memcpy(ss, r->ai_addr, r->ai_addrlen);
+            rc = 0;
+        }
+    freeaddrinfo(res);
+    return rc;
+}
+
+static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_length, void *data,
+                              size_t length, const ucp_am_recv_param_t *param);
+static void conn_req_cb(ucp_conn_request_h req, void *arg);
+
+/* ifname: producer only, NULL for any interface. */
+static int ucx_setup(ucx_data *u, bool producer, const char *ifname)
+{
+    ucp_config_t *cfg;
+    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+    if (st != UCS_OK) return ucx_err("config_read", st);
+    if (producer) {
+        /* See the top of the file: no rkey in a rendezvous, no put
+         * pipeline with peer-chosen offsets. */
+        st = ucp_config_modify(cfg, "RNDV_SCHEME", "put_zcopy");
+        if (st == UCS_OK) st = ucp_config_modify(cfg, "PROTO_ENABLE", "n");
+        if (st == UCS_OK && ifname && !getenv("UCX_NET_DEVICES"))
+            st = ucp_config_modify(cfg, "NET_DEVICES", ifname);
+        if (st != UCS_OK) {
+            ucp_config_release(cfg);
+            return ucx_err("config_modify", st);
+        }
+    }
+    ucp_params_t p = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+        /* Never UCP_FEATURE_RMA: then UCP registers no software get/put
+         * handlers, and nothing reads or writes our memory on request. */
+        .features = UCP_FEATURE_AM | UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP,
+        .mt_workers_shared = 0,
+    };
+    st = ucp_init(&p, cfg, &u->ctx);
+    ucp_config_release(cfg);
+    if (st != UCS_OK) return ucx_err("init", st);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    st = ucp_worker_create(u->ctx, &wp, &u->worker);
+    if (st != UCS_OK) return ucx_err("worker_create", st);
+    st = ucp_worker_get_efd(u->worker, &u->efd);
+    if (st != UCS_OK) return ucx_err("worker_get_efd", st);
+    return 0;
+}
+
+static int producer_setup(ucx_data *u, ecx_region *r, const char *bind_host)
+{
+    struct sockaddr_storage ss;
+    bool any;
+    int rc = resolve_bind(bind_host, &ss, &any);
+    if (rc) return rc;
+    char ifname[IF_NAMESIZE];
+    bool have_if = !any && ifname_of((struct sockaddr *)&ss, ifname) == 0;
+    if (!any && !have_if)
+        ecx_log(ECX_LOG_WARN, "data ucx: no interface holds %s; UCX may use every one",
+                bind_host);
+    if ((rc = ucx_setup(u, true, have_if ? ifname : NULL))) return rc;
+
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+        .address = ecx_region_base(r),
+        .length = ecx_region_size(r),
+    };
+    ucs_status_t st = ucp_mem_map(u->ctx, &mp, &u->memh);
+    if (st != UCS_OK) return ucx_err("mem_map", st);
+    if (!(u->queue = calloc(MAX_QUEUED, sizeof *u->queue))) return ECX_ENOMEM;
+    ucp_am_handler_param_t hp = {
+        .field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                      UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+        .id = AM_REQ_ID,
+        .flags = UCP_AM_FLAG_WHOLE_MSG,
+        .cb = am_req_cb,
+        .arg = u,
+    };
+    st = ucp_worker_set_am_recv_handler(u->worker, &hp);
+    if (st != UCS_OK) return ucx_err("set_am_recv_handler", st);
+
+    struct sockaddr_storage bind = ss;
+    if (any) {
+        memset(&bind, 0, sizeof bind);
+        bind.ss_family = AF_INET;
+    }
+    ucp_listener_params_t lp = {
+        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+        .sockaddr = {.addr = (struct sockaddr *)&bind,
+                     .addrlen = bind.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                           : sizeof(struct sockaddr_in)},
+        .conn_handler = {.cb = conn_req_cb, .arg = u},
+    };
+    st = ucp_listener_create(u->worker, &lp, &u->listener);
+    if (st != UCS_OK) return ucx_err("listener_create", st);
+    ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+    st = ucp_listener_query(u->listener, &la);
+    if (st != UCS_OK) return ucx_err("listener_query", st);
+    uint16_t port = la.sockaddr.ss_family == AF_INET6
+                        ? ((struct sockaddr_in6 *)&la.sockaddr)->sin6_port
+                        : ((struct sockaddr_in *)&la.sockaddr)->sin_port;
+    u->addr[0] = ADDR_VERSION;
+    memcpy(u->addr + 2, &port, 2); /* network order */
+    if (ss.ss_family == AF_INET6) {
+        u->addr[1] = 6;
+        memcpy(u->addr + 4, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
+        u->addr_len = 20;
+    } else {
+        u->addr[1] = 4;
+        memcpy(u->addr + 4, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+        u->addr_len = 8;
+    }
+    return 0;
+}
+
+static void ucx_free(ecx_data *d);
+
+static ucx_data *ucx_alloc(ecx_region *r)
+{
+    ucx_data *u = calloc(1, sizeof *u);
+    if (!u) return NULL;
+    u->base.ops = &ucx_ops;
+    u->base.region = r;
+    u->efd = -1;
+    u->done_tail = &u->done;
+    return u;
+}
+
+int ecx_data_ucx_new_producer(ecx_region *r, const ecx_data_opts *opts, ecx_data_meta *m,
+                              ecx_data_desc *dd, ecx_data **out)
+{
+    (void)dd; /* no UCX section in the descriptor: nothing to publish */
+    ucx_data *u = ucx_alloc(r);
+    if (!u) return ECX_ENOMEM;
+    int rc = producer_setup(u, r, opts ? opts->bind_host : NULL);
+    if (rc) {
+        ucx_free(&u->base);
+        return rc;
+    }
+    m->has_ucx = true;
+    m->ucx_addr = u->addr;
+    m->ucx_addr_len = u->addr_len;
+    *out = &u->base;
+    return 0;
+}
+
+int ecx_data_ucx_new_consumer(ecx_region *r, ecx_data **out)
+{
+    ucx_data *u = ucx_alloc(r);
+    if (!u) return ECX_ENOMEM;
+    int rc = ucx_setup(u, false, NULL);
+    if (rc) {
+        ucx_free(&u->base);
+        return rc;
+    }
+    *out = &u->base;
+    return 0;
+}
+
+/* ---- producer: connections -------------------------------------------- */
+
+static void conn_req_cb(ucp_conn_request_h req, void *arg)
+{
+    ucx_data *u = arg;
+    if (u->naccepts == MAX_ACCEPTS || u->nconns + u->naccepts >= MAX_CONNS) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: too many connections; rejected one");
+        (void)ucp_listener_reject(u->listener, req);
+        return;
+    }
+    u->accepts[u->naccepts++] = req;
+}
+
+static void conn_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    conn *c = arg;
+    c->failed = true;
+    ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data ucx: a consumer connection ended: %s",
+                        ucs_status_string(status));
+}
+
+static bool same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+    if (a->ss_family != b->ss_family) return false;
+    if (a->ss_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+               ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (a->ss_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                      &((const struct sockaddr_in6 *)b)->sin6_addr, 16) == 0;
+    return true;
+}
+
+static int accept_conns(ucx_data *u)
+{
+    int n = 0;
+    for (unsigned i = 0; i < u->naccepts; i++, n++) {
+        ucp_conn_request_h req = u->accepts[i];
+        ucp_conn_request_attr_t qa = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
+        if (ucp_conn_request_query(req, &qa) != UCS_OK) memset(&qa.client_address, 0, sizeof qa.client_address);
+        unsigned same = 0;
+        for (conn *c = u->conns; c; c = c->next) same += same_host(&c->client, &qa.client_address);
+        conn *c = same < MAX_CONNS_PER_HOST ? calloc(1, sizeof *c) : NULL;
+        if (!c) {
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: connection refused (%s)",
+                                same < MAX_CONNS_PER_HOST ? "no memory" : "per-host limit");
+            (void)ucp_listener_reject(u->listener, req);
+            continue;
+        }
+        c->client = qa.client_address;
+        ucp_ep_params_t ep = {
+            .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                          UCP_EP_PARAM_FIELD_ERR_HANDLER,
+            .conn_request = req,
+            .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+            .err_handler = {.cb = conn_err_cb, .arg = c},
+        };
+        ucs_status_t st = ucp_ep_create(u->worker, &ep, &c->ep);
+        if (st != UCS_OK) {
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: accept: %s", ucs_status_string(st));
+            free(c);
+            continue;
+        }
+        c->next = u->conns;
+        u->conns = c;
+        u->nconns++;
+    }
+    u->naccepts = 0;
+    return n;
+}
+
+/* Close failed connections; free each once nothing refers to it. */
+static void reap_conns(ucx_data *u)
+{
+    for (conn **pp = &u->conns; *pp;) {
+        conn *c = *pp;
+        if (c->failed && c->ep) {
+            close_ep(u, c->ep, true);
+            c->ep = NULL;
+        }
+        if (c->ep || c->queued || c->sends) {
+            pp = &c->next;
+            continue;
+        }
+        *pp = c->next;
+        u->nconns--;
+        free(c);
+    }
+}
+
+/* ---- producer: requests ------------------------------------------------ */
+
+static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_length, void *data,
+                              size_t length, const ucp_am_recv_param_t *param)
+{
+    ucx_data *u = arg;
+    const uint8_t *b = data;
+    conn *c = NULL;
+    /* Only endpoints we accepted: UCX owns any other reply endpoint and may
+     * free it once its peer fails. */
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
+        for (c = u->conns; c && c->ep != param->reply_ep; c = c->next) {}
+    /* A request is small and eager: a rendezvous one is not ours
+     * (returning UCS_OK releases it unread). */
+    if (!c || c->failed || header_length != 0 || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+        length < REQ_HDR || length > REQ_MAX || b[0] != REQ_VERSION || b[1] != 0 ||
+        get_le16(b + 2) != length - REQ_HDR || length == REQ_HDR) {
+        (void)header;
+        u->dropped++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: dropped a malformed request (%zu bytes)",
+                            length);
+        return UCS_OK;
+    }
+    if (u->nqueued == MAX_QUEUED || c->queued == MAX_QUEUED_PER_CONN) {
+        u->dropped++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: request queue full; dropped one");
+        return UCS_OK;
+    }
+    request *q = &u->queue[u->nqueued++];
+    q->c = c;
+    q->tag = get_le64(b + 8);
+    memcpy(q->token, b + 16, ECX_DATA_TOKEN_LEN);
+    q->key_len = (uint16_t)(length - REQ_HDR);
+    memcpy(q->key, b + REQ_HDR, q->key_len);
+    q->key[q->key_len] = 0;
+    c->queued++;
+    return UCS_OK;
+}
+
+static void send_done_cb(void *req, ucs_status_t status, void *user_data)
+{
+    psend *s = user_data;
+    ucx_data *u = s->u;
+    ucp_request_free(req);
+    if (status != UCS_OK)
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a send failed: %s", ucs_status_string(status));
+    s->status = s->fail ? s->fail : status == UCS_OK ? 0 : ECX_EDATA_UCX;
+    s->c->sends--;
+    s->next = NULL;
+    *u->done_tail = s;
+    u->done_tail = &s->next;
+}
+
+static psend *send_get(ucx_data *u, conn *c)
+{
+    psend *s = u->free_sends;
+    if (s)
+        u->free_sends = s->next;
+    else if ((s = calloc(1, sizeof *s)))
+        s->all_next = u->all_sends, u->all_sends = s;
+    else
+        return NULL;
+    u->nsends++;
+    c->sends++;
+    s->next = NULL;
+    s->u = u;
+    s->c = c;
+    s->refusal = false;
+    s->fail = 0;
+    return s;
+}
+
+static void send_put(ucx_data *u, psend *s)
+{
+    u->nsends--;
+    s->next = u->free_sends;
+    u->free_sends = s;
+}
+
+/* Post the tagged send s describes (buf / count / datatype); an immediate
+ * end goes straight to the done list. */
+static void post_send(ucx_data *u, psend *s, uint64_t tag, void *buf, size_t count,
+                      ucp_datatype_t dt, bool memh)
+{
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_DATATYPE | (memh ? UCP_OP_ATTR_FIELD_MEMH : 0),
+        .cb.send = send_done_cb,
+        .user_data = s,
+        .datatype = dt,
+        .memh = u->memh,
+    };
+    void *req = ucp_tag_send_nbx(s->c->ep, buf, count, tag, &prm);
+    if (req != NULL && !UCS_PTR_IS_ERR(req)) return;
+    ucs_status_t st = UCS_PTR_STATUS(req);
+    if (st != UCS_OK)
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: tag_send: %s", ucs_status_string(st));
+    s->status = s->fail ? s->fail : st == UCS_OK ? 0 : ECX_EDATA_UCX;
+    s->c->sends--;
+    *u->done_tail = s;
+    u->done_tail = &s->next;
+}
+
+/* The grant's blocks as an IOV over the region: one entry per run of
+ * consecutive blocks, the last cut to nbytes. */
+static int grant_iov(ucx_data *u, psend *s, const ecx_data_grant *g, size_t *count)
+{
+    const uint64_t bs = ecx_region_block_bytes(u->base.region);
+    const uint64_t nb = ecx_region_num_blocks(u->base.region);
+    uint8_t *base = ecx_region_base(u->base.region);
+    if (g->n == 0 || g->nbytes == 0 || g->nbytes > g->n * bs || g->nbytes <= (g->n - 1) * bs)
+        return ECX_EDATA_COUNT;
+    size_t k = 0;
+    uint64_t left = g->nbytes;
+    for (size_t i = 0; i < g->n;) {
+        if (g->blocks[i] >= nb) return ECX_EDATA_INDEX;
+        size_t run = 1;
+        while (i + run < g->n && g->blocks[i + run] == g->blocks[i] + run &&
+               g->blocks[i + run] < nb)
+            run++;
+        if (k == s->iov_cap) {
+            size_t cap = s->iov_cap ? 2 * s->iov_cap : 8;
+            ucp_dt_iov_t *v = realloc(s->iov, cap * sizeof *v);
+            if (!v) return ECX_ENOMEM;
+            s->iov = v, s->iov_cap = cap;
+        }
+        uint64_t len = run * bs < left ? run * bs : left;
+        s->iov[k].buffer = base + g->blocks[i] * bs;
+        s->iov[k].length = len;
+        left -= len;
+        k++;
+        i += run;
+    }
+    *count = k;
+    return 0;
+}
+
+/* Serve (or refuse) one request; false if it must wait for capacity. */
+static bool serve(ucx_data *u, request *q)
+{
+    conn *c = q->c;
+    if (c->failed || !c->ep) return true; /* nobody to answer */
+    if (u->nsends >= MAX_SENDS || c->sends >= MAX_SENDS_PER_CONN) return false;
+    psend *s = send_get(u, c);
+    if (!s) return false;
+    ecx_data_grant g;
+    int rc = ecx_data_grant_check(&u->base, q->key, q->key_len, q->token, ECX_DATA_GRANT_CLAIM, &g);
+    size_t count = 0;
+    if (rc == 0) {
+        memcpy(s->token, q->token, ECX_DATA_TOKEN_LEN);
+        memcpy(s->key, q->key, q->key_len + 1u);
+        s->key_len = q->key_len;
+        rc = grant_iov(u, s, &g, &count);
+        if (rc) {
+            /* Cannot happen with a sane session; the grant is claimed, so
+             * its end is still reported (as a failure), and the consumer
+             * told at once. */
+            ecx_log(ECX_LOG_ERROR, "data ucx: a grant does not fit the region: %s",
+                    ecx_strerror(rc));
+            s->fail = rc;
+            post_send(u, s, q->tag, NULL, 0, ucp_dt_make_contig(1), false);
+            return true;
+        }
+        if (count == 1)
+            post_send(u, s, q->tag, s->iov[0].buffer, s->iov[0].length, ucp_dt_make_contig(1), true);
+        else
+            post_send(u, s, q->tag, s->iov, count, ucp_dt_make_iov(), false);
+        return true;
+    }
+    u->refused++;
+    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: refused a request without a live grant (%" PRIu64
+                                      " so far)", u->refused);
+    s->refusal = true;
+    post_send(u, s, q->tag, NULL, 0, ucp_dt_make_contig(1), false);
+    return true;
+}
+
+/* Serve what can be served, in arrival order; the rest waits. */
+static int serve_queue(ucx_data *u)
+{
+    unsigned keep = 0;
+    int n = 0;
+    for (unsigned i = 0; i < u->nqueued; i++) {
+        request *q = &u->queue[i];
+        if (serve(u, q)) {
+            q->c->queued--;
+            n++;
+        } else if (keep != i) {
+            u->queue[keep++] = *q;
+        } else {
+            keep++;
+        }
+    }
+    u->nqueued = keep;
+    return n;
+}
+
+/* ---- progress ---------------------------------------------------------- */
+
+static void xfer_land(ucx_data *u, ucx_xfer *x);
+
 /* Longest stretch one ecx_data_progress() spends moving UCX data. */
 #define PROGRESS_BUDGET_MS 2
 
@@ -312,14 +785,9 @@ static int ucx_progress(ecx_data *d)
         n++;
         if (ecx_now_ms(NULL) >= until) break;
     }
-    while (u->notify_q) {
-        ucx_xfer *x = u->notify_q;
-        u->notify_q = x->next;
-        if (!u->notify_q) u->notify_tail = &u->notify_q;
-        x->queued = false;
-        send_notif(u, x);
-        n++;
-    }
+    if (u->naccepts) n += accept_conns(u);
+    if (u->nqueued) n += serve_queue(u);
+    if (u->conns) reap_conns(u);
     if (u->closing) n += reap_closing(u);
     return n;
 }
@@ -332,7 +800,12 @@ static int ucx_fd(ecx_data *d)
 static int ucx_arm(ecx_data *d)
 {
     ucx_data *u = (ucx_data *)d;
-    if (u->notify_q || u->ring_count) return 1;
+    if (u->done || u->naccepts) return 1;
+    /* Queued requests wait for a send to end, which wakes the fd. */
+    if (u->nqueued && u->nsends < MAX_SENDS) {
+        for (unsigned i = 0; i < u->nqueued; i++)
+            if (u->queue[i].c->sends < MAX_SENDS_PER_CONN || u->queue[i].c->failed) return 1;
+    }
     ucs_status_t st = ucp_worker_arm(u->worker);
     if (st == UCS_OK) return 0;
     if (st == UCS_ERR_BUSY) return 1;
@@ -345,84 +818,82 @@ static int ucx_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
     int rc = ucx_progress(d);
     if (rc < 0) return rc;
     int count = 0;
-    while (u->ring_count) {
-        notif_slot *s = &u->ring[u->ring_head];
-        u->ring_head = (u->ring_head + 1) % NOTIF_RING;
-        u->ring_count--;
-        cb(arg, s->msg, s->len, s->token, 0);
-        count++;
+    while (u->done) {
+        psend *s = u->done;
+        if (!(u->done = s->next)) u->done_tail = &u->done;
+        if (!s->refusal) {
+            cb(arg, s->key, s->key_len, s->token, s->status);
+            count++;
+        }
+        send_put(u, s);
     }
     return count;
 }
 
-/* ---- consumer: peers ------------------------------------------------- */
+/* ---- consumer: peers --------------------------------------------------- */
 
-static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+static void peer_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     (void)ep;
     ucx_peer *p = arg;
     p->broken = true;
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: peer endpoint failed: %s",
+    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: producer connection failed: %s",
                         ucs_status_string(status));
 }
 
-/* Walk the packed rkey as UCX will: u64 md_map, u8 mem_type, then one
- * (u8 size, bytes) per md bit, all inside len. */
-static bool rkey_shape_ok(const uint8_t *b, size_t len)
+/* The producer's listener address, from our own format (top of file). */
+static int parse_addr(const uint8_t *b, size_t len, struct sockaddr_storage *ss, socklen_t *sl)
 {
-    if (len < 9) return false;
-    uint64_t md_map;
-    memcpy(&md_map, b, 8);
-    if (b[8] >= UCS_MEMORY_TYPE_LAST) return false;
-    size_t off = 9;
-    for (int i = 0; i < 64; i++) {
-        if (!(md_map & (1ull << i))) continue;
-        if (off >= len) return false;
-        size_t sz = b[off++];
-        if (sz > len - off) return false;
-        off += sz;
+    memset(ss, 0, sizeof *ss);
+    if (len < 4 || b[0] != ADDR_VERSION) return ECX_EDATA_META;
+    uint16_t port;
+    memcpy(&port, b + 2, 2);
+    if (port == 0) return ECX_EDATA_META;
+    if (b[1] == 4 && len == 8) {
+        struct sockaddr_in *in = (struct sockaddr_in *)ss;
+        in->sin_family = AF_INET;
+        in->sin_port = port;
+        memcpy(&in->sin_addr, b + 4, 4);
+        *sl = sizeof *in;
+        return 0;
     }
-    return true;
+    if (b[1] == 6 && len == 20) {
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = port;
+        memcpy(&in6->sin6_addr, b + 4, 16);
+        *sl = sizeof *in6;
+        return 0;
+    }
+    return ECX_EDATA_META;
 }
 
 static int ucx_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
                         ecx_data_peer **out)
 {
+    (void)desc;
     ucx_data *u = (ucx_data *)d;
-    if (!m->has_ucx || !desc->has_ucx) return ECX_EDATA_NOPATH;
-    if (!rkey_shape_ok(desc->rkey, desc->rkey_len)) return ECX_EDATA_DESC;
+    if (!m->has_ucx) return ECX_EDATA_NOPATH;
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    int rc = parse_addr(m->ucx_addr, m->ucx_addr_len, &ss, &sl);
+    if (rc) return rc;
     ucx_peer *p = calloc(1, sizeof *p);
-    uint8_t *pad = calloc(1, (m->ucx_addr_len > desc->rkey_len ? m->ucx_addr_len : desc->rkey_len) +
-                                 PAD_BYTES);
-    if (!p || !pad) {
-        free(p), free(pad);
-        return ECX_ENOMEM;
-    }
-    memcpy(pad, m->ucx_addr, m->ucx_addr_len);
+    if (!p) return ECX_ENOMEM;
     ucp_ep_params_t ep = {
-        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .address = (const ucp_address_t *)pad,
+        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+        .sockaddr = {.addr = (struct sockaddr *)&ss, .addrlen = sl},
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = ep_err_cb, .arg = p},
+        .err_handler = {.cb = peer_err_cb, .arg = p},
     };
     ucs_status_t st = ucp_ep_create(u->worker, &ep, &p->ep);
     if (st != UCS_OK) {
-        free(pad), free(p);
+        free(p);
         ecx_log(ECX_LOG_WARN, "data ucx: ep_create: %s", ucs_status_string(st));
         return st == UCS_ERR_UNREACHABLE ? ECX_EDATA_NOPATH : ECX_EDATA_UCX;
     }
-    memset(pad, 0, m->ucx_addr_len);
-    memcpy(pad, desc->rkey, desc->rkey_len);
-    st = ucp_ep_rkey_unpack(p->ep, pad, &p->rkey);
-    free(pad);
-    if (st != UCS_OK) {
-        close_ep(u, p->ep, true);
-        free(p);
-        ecx_log(ECX_LOG_WARN, "data ucx: rkey_unpack: %s", ucs_status_string(st));
-        return ECX_EDATA_DESC;
-    }
-    p->base = desc->ucx_base;
     p->refs = 1;
     p->head.owner = d;
     p->head.backend = "ucx";
@@ -434,27 +905,31 @@ static int ucx_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc
     return 0;
 }
 
+static void peer_unref(ucx_peer *p)
+{
+    if (--p->refs) return;
+    *p->all_prev = p->all_next;
+    if (p->all_next) p->all_next->all_prev = p->all_prev;
+    free(p);
+}
+
 static void ucx_peer_drop(ecx_data_peer *hp)
 {
     ucx_peer *p = (ucx_peer *)hp;
     ucx_data *u = (ucx_data *)hp->owner;
-    p->dropped = true;
     /* What UCX ended up using (after wire-up), for whoever debugs a path. */
     if (ecx_log_level() >= ECX_LOG_DEBUG && p->ep) ucp_ep_print_info(p->ep, stderr);
-    /* READs still running are failed by a forced close. With none, the
-     * endpoint is flushed only if a notification is still on its way, so
-     * that it arrives; else it is closed at once. */
-    bool busy = p->refs > 1;
-    if (!busy && p->rkey) {
-        ucp_rkey_destroy(p->rkey);
-        p->rkey = NULL;
-    }
-    close_ep(u, p->ep, p->reads > 0 || !busy || p->broken);
+    /* Receives are posted on the worker, not the endpoint: cancel them
+     * (one already matched ends when the forced close purges it). */
+    for (ucx_xfer *x = u->all_xfers; x; x = x->all_next)
+        if (x->peer == p && x->req) ucp_request_cancel(u->worker, x->req);
+    close_ep(u, p->ep, true);
     p->ep = NULL;
-    peer_unref(u, p);
+    p->broken = true;
+    peer_unref(p);
 }
 
-/* ---- consumer: READs -------------------------------------------------- */
+/* ---- consumer: READs --------------------------------------------------- */
 
 static ucx_xfer *xfer_get(ucx_data *u)
 {
@@ -470,185 +945,173 @@ static ucx_xfer *xfer_get(ucx_data *u)
     x->head.owner = &u->base;
     x->next = NULL;
     x->peer = NULL;
+    x->req = NULL;
     x->state = ECX_XFER_RUNNING;
-    x->gets_left = 0;
-    x->failed = x->released = x->queued = x->am_pending = false;
-    x->in_use = true;
-    x->nreqs = 0;
+    x->released = x->recv_ok = x->am_pending = false;
+    x->received = 0;
     return x;
 }
 
 static void xfer_put(ucx_data *u, ucx_xfer *x)
 {
-    if (x->peer) peer_unref(u, x->peer);
+    if (x->peer) peer_unref(x->peer);
     x->peer = NULL;
-    x->in_use = false;
     x->next = u->free_xfers;
     u->free_xfers = x;
 }
 
-/* Free it if the user is done with it and UCX no longer refers to it. */
+/* Free it once the user is done with it and UCX no longer refers to it. */
 static void xfer_maybe_put(ucx_data *u, ucx_xfer *x)
 {
-    if (x->released && x->gets_left == 0 && !x->am_pending && !x->queued) xfer_put(u, x);
+    if (x->released && !x->req && !x->am_pending) xfer_put(u, x);
 }
 
-static void am_done_cb(void *req, ucs_status_t status, void *user_data)
+/* The receive has ended: judge what landed. */
+static void xfer_land(ucx_data *u, ucx_xfer *x)
+{
+    if (x->released) {
+        xfer_maybe_put(u, x);
+        return;
+    }
+    if (!x->recv_ok || x->received != x->nbytes) {
+        if (x->recv_ok)
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                "data ucx: producer sent %zu of %" PRIu64 " bytes (refused?)",
+                                x->received, x->nbytes);
+        x->state = ECX_XFER_FAILED;
+        return;
+    }
+    const ecx_region *r = u->base.region;
+    uint64_t sum = ecx_checksum_blocks(ecx_region_base(r), ecx_region_block_bytes(r), x->local,
+                                       x->n_local, x->nbytes);
+    x->state = sum == x->checksum ? ECX_XFER_DONE : ECX_XFER_CORRUPT;
+}
+
+static void recv_done_cb(void *req, ucs_status_t status, const ucp_tag_recv_info_t *info,
+                         void *user_data)
 {
     ucx_xfer *x = user_data;
     ucx_data *u = (ucx_data *)x->head.owner;
-    if (status != UCS_OK)
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: notification not delivered: %s",
+    ucp_request_free(req);
+    x->req = NULL;
+    x->recv_ok = status == UCS_OK;
+    x->received = x->recv_ok ? info->length : 0;
+    if (status != UCS_OK && status != UCS_ERR_CANCELED)
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: receive failed: %s",
+                            ucs_status_string(status));
+    xfer_land(u, x);
+}
+
+static void req_sent_cb(void *req, ucs_status_t status, void *user_data)
+{
+    ucx_xfer *x = user_data;
+    if (status != UCS_OK && status != UCS_ERR_CANCELED)
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: request not sent: %s",
                             ucs_status_string(status));
     ucp_request_free(req);
     x->am_pending = false;
-    xfer_maybe_put(u, x);
+    xfer_maybe_put((ucx_data *)x->head.owner, x);
 }
 
-/* The gets are over: send the notification (best effort: a lost one only
- * makes the producer wait for its pin lease) and report the end state. */
-static void send_notif(ucx_data *u, ucx_xfer *x)
+/* The local blocks as an IOV: one entry per run, the last cut to nbytes. */
+static int local_iov(ucx_data *u, ucx_xfer *x, const uint64_t *local, size_t n, size_t *count)
 {
-    ucx_peer *p = x->peer;
-    if (x->failed) {
-        x->state = ECX_XFER_FAILED;
-    } else {
-        const ecx_region *r = u->base.region;
-        uint64_t sum = ecx_checksum_blocks(ecx_region_base(r), ecx_region_block_bytes(r), x->local,
-                                           x->n_local, x->nbytes);
-        x->state = sum == x->checksum ? ECX_XFER_DONE : ECX_XFER_CORRUPT;
-        if (p && p->ep && !p->broken) {
-            ucp_request_param_t prm = {
-                .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                                UCP_OP_ATTR_FIELD_FLAGS,
-                .flags = UCP_AM_SEND_FLAG_EAGER,
-                .cb.send = am_done_cb,
-                .user_data = x,
-            };
-            void *req = ucp_am_send_nbx(p->ep, AM_NOTIF_ID, NULL, 0, x->notif, x->notif_len, &prm);
-            if (UCS_PTR_IS_ERR(req))
-                ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: notification not sent: %s",
-                                    ucs_status_string(UCS_PTR_STATUS(req)));
-            else if (req)
-                x->am_pending = true;
+    const uint64_t bs = ecx_region_block_bytes(u->base.region);
+    uint8_t *base = ecx_region_base(u->base.region);
+    size_t k = 0;
+    uint64_t left = x->nbytes;
+    for (size_t i = 0; i < n;) {
+        size_t run = 1;
+        while (i + run < n && local[i + run] == local[i] + run) run++;
+        if (k == x->iov_cap) {
+            size_t cap = x->iov_cap ? 2 * x->iov_cap : 8;
+            ucp_dt_iov_t *v = realloc(x->iov, cap * sizeof *v);
+            if (!v) return ECX_ENOMEM;
+            x->iov = v, x->iov_cap = cap;
         }
+        uint64_t len = run * bs < left ? run * bs : left;
+        x->iov[k].buffer = base + local[i] * bs;
+        x->iov[k].length = len;
+        left -= len;
+        k++;
+        i += run;
     }
-    xfer_maybe_put(u, x);
-}
-
-static void get_done_cb(void *req, ucs_status_t status, void *user_data)
-{
-    ucx_xfer *x = user_data;
-    ucx_data *u = (ucx_data *)x->head.owner;
-    for (size_t i = 0; i < x->nreqs; i++)
-        if (x->reqs[i] == req) {
-            x->reqs[i] = x->reqs[--x->nreqs];
-            break;
-        }
-    ucp_request_free(req);
-    if (status != UCS_OK) {
-        if (!x->failed && status != UCS_ERR_CANCELED)
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: get failed: %s",
-                                ucs_status_string(status));
-        x->failed = true;
-    }
-    if (--x->gets_left) return;
-    if (x->peer) x->peer->reads--;
-    /* Sending from inside UCX's callback is avoided: queue it for
-     * ucx_progress(), which runs right after the worker progress. */
-    x->queued = true;
-    x->next = NULL;
-    *u->notify_tail = x;
-    u->notify_tail = &x->next;
-}
-
-/* Cancel every get still in flight. A cancel may complete its request at
- * once, and the callback shrinks x->reqs: cancel from the back. */
-static void cancel_gets(ucx_data *u, ucx_xfer *x)
-{
-    size_t n = x->nreqs;
-    while (n--)
-        if (n < x->nreqs) ucp_request_cancel(u->worker, x->reqs[n]);
+    *count = k;
+    return 0;
 }
 
 static int ucx_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint64_t *remote,
                          const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
                          size_t key_len, ecx_data_xfer **out)
 {
+    (void)remote; /* the producer sends the grant's blocks; it never takes ours */
     ucx_peer *p = (ucx_peer *)hp;
     ucx_data *u = (ucx_data *)hp->owner;
     if (p->broken || !p->ep) return ECX_EDATA_PEER;
     ucx_xfer *x = xfer_get(u);
     if (!x) return ECX_ENOMEM;
+    int rc = 0;
     if (n > x->local_cap) {
         uint64_t *l = realloc(x->local, n * sizeof *l);
-        if (!l) {
-            x->released = true;
-            xfer_put(u, x);
-            return ECX_ENOMEM;
-        }
-        x->local = l, x->local_cap = n;
+        if (!l) rc = ECX_ENOMEM;
+        else x->local = l, x->local_cap = n;
     }
-    memcpy(x->local, local, n * sizeof *local);
-    x->n_local = n;
+    size_t count = 0;
     x->nbytes = nbytes;
     x->checksum = t->checksum;
-    x->peer = p;
-    p->refs++;
-    memcpy(x->notif, t->token, ECX_DATA_TOKEN_LEN);
-    memcpy(x->notif + ECX_DATA_TOKEN_LEN, key, key_len);
-    x->notif_len = ECX_DATA_TOKEN_LEN + key_len;
-
-    const uint64_t bs = ecx_region_block_bytes(u->base.region);
-    uint8_t *lbase = ecx_region_base(u->base.region);
-    int rc = 0;
-    for (size_t i = 0; i < n;) {
-        size_t k = ecx_data_run_len(remote, local, i, n);
-        if (x->nreqs == x->reqs_cap) {
-            size_t cap = x->reqs_cap ? 2 * x->reqs_cap : 8;
-            void **r = realloc(x->reqs, cap * sizeof *r);
-            if (!r) {
-                rc = ECX_ENOMEM;
-                break;
-            }
-            x->reqs = r;
-            x->reqs_cap = cap;
-        }
-        ucp_request_param_t prm = {
-            .op_attr_mask =
-                UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH,
-            .cb.send = get_done_cb,
+    if (rc == 0) {
+        memcpy(x->local, local, n * sizeof *local);
+        x->n_local = n;
+        rc = local_iov(u, x, local, n, &count);
+    }
+    uint8_t *msg = x->msg;
+    uint64_t tag;
+    randombytes_buf(&tag, sizeof tag);
+    if (rc == 0) {
+        memset(msg, 0, REQ_HDR);
+        msg[0] = REQ_VERSION;
+        put_le16(msg + 2, (uint16_t)key_len);
+        put_le64(msg + 8, tag);
+        memcpy(msg + 16, t->token, ECX_DATA_TOKEN_LEN);
+        memcpy(msg + REQ_HDR, key, key_len);
+        ucp_request_param_t rp = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                            UCP_OP_ATTR_FIELD_DATATYPE,
+            .cb.recv = recv_done_cb,
             .user_data = x,
-            .memh = u->memh,
+            .datatype = ucp_dt_make_iov(),
         };
-        uint64_t len = k * bs < nbytes ? k * bs : nbytes;
-        void *req =
-            ucp_get_nbx(p->ep, lbase + local[i] * bs, len, p->base + remote[i] * bs, p->rkey, &prm);
-        nbytes -= len;
+        void *req = ucp_tag_recv_nbx(u->worker, x->iov, count, tag, UINT64_MAX, &rp);
         if (UCS_PTR_IS_ERR(req)) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: get_nbx: %s",
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: tag_recv: %s",
                                 ucs_status_string(UCS_PTR_STATUS(req)));
             rc = ECX_EDATA_UCX;
-            break;
+        } else {
+            x->req = req;
         }
-        if (req) {
-            x->reqs[x->nreqs++] = req;
-            if (x->gets_left++ == 0) p->reads++;
-        }
-        i += k;
     }
-    if (rc && x->gets_left == 0) {
-        /* Nothing in flight: refuse the post outright. */
+    if (rc) {
         x->released = true;
         xfer_put(u, x);
         return rc;
     }
-    if (rc) {
-        /* Some gets are in flight: the xfer fails once they end. */
-        x->failed = true;
-        cancel_gets(u, x);
+    x->peer = p;
+    p->refs++;
+    ucp_request_param_t sp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = req_sent_cb,
+        .user_data = x,
+    };
+    void *sr = ucp_am_send_nbx(p->ep, AM_REQ_ID, NULL, 0, msg, REQ_HDR + key_len, &sp);
+    if (sr && !UCS_PTR_IS_ERR(sr)) x->am_pending = true;
+    if (UCS_PTR_IS_ERR(sr)) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: request not sent: %s",
+                            ucs_status_string(UCS_PTR_STATUS(sr)));
+        /* The receive is still posted: fail the xfer through it. */
+        ucp_request_cancel(u->worker, x->req);
     }
-    if (x->gets_left == 0 && !x->queued) send_notif(u, x);
     *out = &x->head;
     return 0;
 }
@@ -663,55 +1126,72 @@ static void ucx_read_release(ecx_data_xfer *hx)
     ucx_xfer *x = (ucx_xfer *)hx;
     ucx_data *u = (ucx_data *)hx->owner;
     x->released = true;
-    if (x->gets_left) {
-        x->failed = true;
-        cancel_gets(u, x);
+    if (x->req) {
+        /* Ends through recv_done_cb (an unmatched receive at once; one
+         * already matched when its data is in or its peer is dropped). */
+        ucp_request_cancel(u->worker, x->req);
+        return;
     }
     xfer_maybe_put(u, x);
 }
 
-/* ---- teardown -------------------------------------------------------- */
+/* ---- teardown ---------------------------------------------------------- */
 
 static void ucx_free(ecx_data *d)
 {
     ucx_data *u = (ucx_data *)d;
     if (u->worker) {
-        /* Close what the caller did not drop, then wait (bounded) for
-         * every close to finish so the peers hear about it. */
+        /* Close every endpoint, then wait (bounded) for the closes to
+         * finish so the peers hear about it. */
         for (ucx_peer *p = u->peers; p; p = p->all_next)
             if (p->ep) {
                 close_ep(u, p->ep, true);
                 p->ep = NULL;
+            }
+        for (conn *c = u->conns; c; c = c->next)
+            if (c->ep) {
+                close_ep(u, c->ep, true);
+                c->ep = NULL;
             }
         int64_t end = ecx_now_ms(NULL) + CLOSE_WAIT_MS;
         while (u->closing && ecx_now_ms(NULL) < end) {
             ucp_worker_progress(u->worker);
             reap_closing(u);
         }
-        for (ucx_peer *p = u->peers; p; p = p->all_next)
-            if (p->rkey) ucp_rkey_destroy(p->rkey), p->rkey = NULL;
+        for (ucx_xfer *x = u->all_xfers; x; x = x->all_next)
+            if (x->req) ucp_request_cancel(u->worker, x->req);
+        for (unsigned i = 0; i < u->naccepts; i++)
+            (void)ucp_listener_reject(u->listener, u->accepts[i]);
     }
     for (closing *c = u->closing, *n; c; c = n) {
         n = c->next;
         ucp_request_free(c->req); /* UCX finishes it in worker_destroy */
         free(c);
     }
+    if (u->listener) ucp_listener_destroy(u->listener);
+    if (u->memh) ucp_mem_unmap(u->ctx, u->memh);
+    if (u->worker) ucp_worker_destroy(u->worker);
+    if (u->ctx) ucp_cleanup(u->ctx);
     for (ucx_peer *p = u->peers, *n; p; p = n) {
         n = p->all_next;
         free(p);
     }
     for (ucx_xfer *x = u->all_xfers, *n; x; x = n) {
         n = x->all_next;
-        free(x->reqs);
+        free(x->iov);
         free(x->local);
         free(x);
     }
-    if (u->rkey_buf) ucp_rkey_buffer_release(u->rkey_buf);
-    if (u->addr) ucp_worker_release_address(u->worker, u->addr);
-    if (u->memh) ucp_mem_unmap(u->ctx, u->memh);
-    if (u->worker) ucp_worker_destroy(u->worker);
-    if (u->ctx) ucp_cleanup(u->ctx);
-    free(u->ring);
+    for (conn *c = u->conns, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    for (psend *s = u->all_sends, *n; s; s = n) {
+        n = s->all_next;
+        free(s->iov);
+        free(s);
+    }
+    free(u->queue);
     free(u);
 }
 
