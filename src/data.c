@@ -458,7 +458,7 @@ static int auto_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_des
         ecx_log(ECX_LOG_DEBUG, "data: same-host path not usable (%s); trying ucx",
                 ecx_strerror(rc));
     }
-    if (!m->has_ucx || !desc->has_ucx) return rc;
+    if (!m->has_ucx) return rc;
     if (!a->ucx) {
         int r2 = ecx_data_ucx_new_consumer(d->region, &a->ucx);
         if (r2) return r2;
@@ -565,7 +565,7 @@ static int new_ctx(ecx_region *region, const ecx_data_opts *opts, int role, ecx_
     }
     /* An auto consumer starts UCX on first need (auto_peer_add). */
     if (backend == ECX_DATA_UCX || (backend == ECX_DATA_AUTO && role == ECX_DATA_PRODUCER)) {
-        rc_ucx = role == ECX_DATA_PRODUCER ? ecx_data_ucx_new_producer(region, &m, &dd, &ucx)
+        rc_ucx = role == ECX_DATA_PRODUCER ? ecx_data_ucx_new_producer(region, opts, &m, &dd, &ucx)
                                            : ecx_data_ucx_new_consumer(region, &ucx);
         if (rc_ucx && (backend == ECX_DATA_UCX || !shm)) {
             if (shm) shm->ops->free(shm);

@@ -146,7 +146,8 @@ int ecx_data_boot_id(uint8_t out[16]);
  * their part of *m and *dd; pointers they set stay valid until free. */
 int ecx_data_shm_new_producer(ecx_region *r, ecx_data_meta *m, ecx_data_desc *dd, ecx_data **out);
 int ecx_data_shm_new_consumer(ecx_region *r, ecx_data **out);
-int ecx_data_ucx_new_producer(ecx_region *r, ecx_data_meta *m, ecx_data_desc *dd, ecx_data **out);
+int ecx_data_ucx_new_producer(ecx_region *r, const ecx_data_opts *opts, ecx_data_meta *m,
+                              ecx_data_desc *dd, ecx_data **out);
 int ecx_data_ucx_new_consumer(ecx_region *r, ecx_data **out);
 
 #endif
