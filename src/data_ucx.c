@@ -39,11 +39,12 @@
  * The consumer checks the received length and the XXH3-64 of what landed
  * in its blocks against the ticket: DONE, else CORRUPT.
  *
- * Bounds (what a peer can make the producer hold): connections in total
- * and per client address, queued requests in total and per connection,
- * sends in flight (and completions not yet collected) in total and per
- * connection. Past them a request waits in the queue or is refused; a
- * connection request is rejected.
+ * Bounds (what a peer can make the producer hold): connections, queued
+ * requests and sends in flight (with completions not yet collected), each
+ * in total, per client address and per connection (MAX_* below). Past
+ * them a request waits in the queue or is dropped, and a connection
+ * request is rejected; a connection whose sends stall for SEND_STALL_MS
+ * (a peer that stops reading) is closed, failing its sends.
  *
  * Rendezvous: the producer pins UCX_RNDV_SCHEME=put_zcopy and the classic
  * protocols (PROTO_ENABLE=n). A large send then publishes no rkey (the
@@ -93,21 +94,34 @@
 #define CLOSE_WAIT_MS 2000
 
 /* Producer bounds. */
-#define MAX_CONNS 256         /* connections in total */
-#define MAX_CONNS_PER_HOST 64 /* from one client address */
-#define MAX_ACCEPTS 64        /* connection requests not yet accepted */
-#define MAX_QUEUED 1024       /* requests waiting, in total */
+#define MAX_CONNS 256 /* connections in total */
+#define MAX_CONNS_PER_HOST 32
+#define MAX_ACCEPTS 64 /* connection requests not yet accepted */
+#define MAX_QUEUED 4096 /* requests waiting, in total */
+#define MAX_QUEUED_PER_HOST 512
 #define MAX_QUEUED_PER_CONN 64
-#define MAX_SENDS 256 /* sends in flight or not yet collected, in total */
+#define MAX_SENDS 512 /* sends in flight or not yet collected, in total */
+#define MAX_SENDS_PER_HOST 128
 #define MAX_SENDS_PER_CONN 32
+/* A connection whose sends make no progress for this long is closed (its
+ * sends fail), so a peer that stops reading holds nothing for long. */
+#define SEND_STALL_MS 30000
 
 /* ---- types ------------------------------------------------------------ */
+
+/* Everything from one client address: the per-host bounds. */
+typedef struct host {
+    struct host *next;
+    struct sockaddr_storage addr;
+    unsigned conns, queued, sends;
+} host;
 
 typedef struct conn {
     struct conn *next;
     ucp_ep_h ep;
-    struct sockaddr_storage client;
+    host *h;
     unsigned queued, sends;
+    int64_t last_done_ms; /* last send ended (or first began) */
     bool failed;
 } conn;
 
@@ -180,6 +194,7 @@ typedef struct ucx_data {
     uint8_t addr[20];
     size_t addr_len;
     conn *conns;
+    host *hosts;
     unsigned nconns;
     ucp_conn_request_h accepts[MAX_ACCEPTS];
     unsigned naccepts;
@@ -187,7 +202,7 @@ typedef struct ucx_data {
     unsigned nqueued;
     psend *free_sends, *all_sends, *done, **done_tail;
     unsigned nsends;
-    uint64_t refused, dropped;
+    uint64_t refused, dropped, stalled;
     /* consumer */
     ucx_xfer *free_xfers, *all_xfers;
     ucx_peer *peers;
@@ -513,23 +528,48 @@ static bool same_host(const struct sockaddr_storage *a, const struct sockaddr_st
     return true;
 }
 
+static host *host_of(ucx_data *u, const struct sockaddr_storage *a)
+{
+    for (host *h = u->hosts; h; h = h->next)
+        if (same_host(&h->addr, a)) return h;
+    host *h = calloc(1, sizeof *h);
+    if (!h) return NULL;
+    h->addr = *a;
+    h->next = u->hosts;
+    u->hosts = h;
+    return h;
+}
+
+static void host_unref(ucx_data *u, host *h)
+{
+    if (--h->conns) return;
+    for (host **pp = &u->hosts; *pp; pp = &(*pp)->next)
+        if (*pp == h) {
+            *pp = h->next;
+            break;
+        }
+    free(h);
+}
+
 static int accept_conns(ucx_data *u)
 {
     int n = 0;
     for (unsigned i = 0; i < u->naccepts; i++, n++) {
         ucp_conn_request_h req = u->accepts[i];
         ucp_conn_request_attr_t qa = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
-        if (ucp_conn_request_query(req, &qa) != UCS_OK) memset(&qa.client_address, 0, sizeof qa.client_address);
-        unsigned same = 0;
-        for (conn *c = u->conns; c; c = c->next) same += same_host(&c->client, &qa.client_address);
-        conn *c = same < MAX_CONNS_PER_HOST ? calloc(1, sizeof *c) : NULL;
+        if (ucp_conn_request_query(req, &qa) != UCS_OK)
+            memset(&qa.client_address, 0, sizeof qa.client_address);
+        host *h = host_of(u, &qa.client_address);
+        bool full = h && h->conns >= MAX_CONNS_PER_HOST;
+        if (h) h->conns++; /* this one, until it fails */
+        conn *c = h && !full ? calloc(1, sizeof *c) : NULL;
         if (!c) {
             ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: connection refused (%s)",
-                                same < MAX_CONNS_PER_HOST ? "no memory" : "per-host limit");
+                                full ? "per-host limit" : "no memory");
             (void)ucp_listener_reject(u->listener, req);
+            if (h) host_unref(u, h);
             continue;
         }
-        c->client = qa.client_address;
         ucp_ep_params_t ep = {
             .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                           UCP_EP_PARAM_FIELD_ERR_HANDLER,
@@ -540,9 +580,11 @@ static int accept_conns(ucx_data *u)
         ucs_status_t st = ucp_ep_create(u->worker, &ep, &c->ep);
         if (st != UCS_OK) {
             ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: accept: %s", ucs_status_string(st));
+            host_unref(u, h);
             free(c);
             continue;
         }
+        c->h = h;
         c->next = u->conns;
         u->conns = c;
         u->nconns++;
@@ -554,8 +596,17 @@ static int accept_conns(ucx_data *u)
 /* Close failed connections; free each once nothing refers to it. */
 static void reap_conns(ucx_data *u)
 {
+    int64_t now = ecx_now_ms(NULL);
     for (conn **pp = &u->conns; *pp;) {
         conn *c = *pp;
+        if (!c->failed && c->sends && now - c->last_done_ms > SEND_STALL_MS) {
+            u->stalled++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                "data ucx: closed a connection whose sends stalled (%" PRIu64
+                                " so far)",
+                                u->stalled);
+            c->failed = true;
+        }
         if (c->failed && c->ep) {
             close_ep(u, c->ep, true);
             c->ep = NULL;
@@ -566,6 +617,7 @@ static void reap_conns(ucx_data *u)
         }
         *pp = c->next;
         u->nconns--;
+        host_unref(u, c->h);
         free(c);
     }
 }
@@ -593,7 +645,8 @@ static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_lengt
                             length);
         return UCS_OK;
     }
-    if (u->nqueued == MAX_QUEUED || c->queued == MAX_QUEUED_PER_CONN) {
+    if (u->nqueued == MAX_QUEUED || c->queued == MAX_QUEUED_PER_CONN ||
+        c->h->queued == MAX_QUEUED_PER_HOST) {
         u->dropped++;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: request queue full; dropped one");
         return UCS_OK;
@@ -605,7 +658,7 @@ static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_lengt
     q->key_len = (uint16_t)(length - REQ_HDR);
     memcpy(q->key, b + REQ_HDR, q->key_len);
     q->key[q->key_len] = 0;
-    c->queued++;
+    c->queued++, c->h->queued++;
     return UCS_OK;
 }
 
@@ -617,7 +670,8 @@ static void send_done_cb(void *req, ucs_status_t status, void *user_data)
     if (status != UCS_OK)
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a send failed: %s", ucs_status_string(status));
     s->status = s->fail ? s->fail : status == UCS_OK ? 0 : ECX_EDATA_UCX;
-    s->c->sends--;
+    s->c->sends--, s->c->h->sends--;
+    s->c->last_done_ms = ecx_now_ms(NULL);
     s->next = NULL;
     *u->done_tail = s;
     u->done_tail = &s->next;
@@ -633,7 +687,8 @@ static psend *send_get(ucx_data *u, conn *c)
     else
         return NULL;
     u->nsends++;
-    c->sends++;
+    if (c->sends++ == 0) c->last_done_ms = ecx_now_ms(NULL);
+    c->h->sends++;
     s->next = NULL;
     s->u = u;
     s->c = c;
@@ -668,7 +723,7 @@ static void post_send(ucx_data *u, psend *s, uint64_t tag, void *buf, size_t cou
     if (st != UCS_OK)
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: tag_send: %s", ucs_status_string(st));
     s->status = s->fail ? s->fail : st == UCS_OK ? 0 : ECX_EDATA_UCX;
-    s->c->sends--;
+    s->c->sends--, s->c->h->sends--;
     *u->done_tail = s;
     u->done_tail = &s->next;
 }
@@ -712,7 +767,9 @@ static bool serve(ucx_data *u, request *q)
 {
     conn *c = q->c;
     if (c->failed || !c->ep) return true; /* nobody to answer */
-    if (u->nsends >= MAX_SENDS || c->sends >= MAX_SENDS_PER_CONN) return false;
+    if (u->nsends >= MAX_SENDS || c->sends >= MAX_SENDS_PER_CONN ||
+        c->h->sends >= MAX_SENDS_PER_HOST)
+        return false;
     psend *s = send_get(u, c);
     if (!s) return false;
     ecx_data_grant g;
@@ -755,7 +812,7 @@ static int serve_queue(ucx_data *u)
     for (unsigned i = 0; i < u->nqueued; i++) {
         request *q = &u->queue[i];
         if (serve(u, q)) {
-            q->c->queued--;
+            q->c->queued--, q->c->h->queued--;
             n++;
         } else if (keep != i) {
             u->queue[keep++] = *q;
@@ -804,7 +861,9 @@ static int ucx_arm(ecx_data *d)
     /* Queued requests wait for a send to end, which wakes the fd. */
     if (u->nqueued && u->nsends < MAX_SENDS) {
         for (unsigned i = 0; i < u->nqueued; i++)
-            if (u->queue[i].c->sends < MAX_SENDS_PER_CONN || u->queue[i].c->failed) return 1;
+            if (u->queue[i].c->failed || (u->queue[i].c->sends < MAX_SENDS_PER_CONN &&
+                                          u->queue[i].c->h->sends < MAX_SENDS_PER_HOST))
+                return 1;
     }
     ucs_status_t st = ucp_worker_arm(u->worker);
     if (st == UCS_OK) return 0;
@@ -1185,6 +1244,10 @@ static void ucx_free(ecx_data *d)
     for (conn *c = u->conns, *n; c; c = n) {
         n = c->next;
         free(c);
+    }
+    for (host *h = u->hosts, *n; h; h = n) {
+        n = h->next;
+        free(h);
     }
     for (psend *s = u->all_sends, *n; s; s = n) {
         n = s->all_next;
