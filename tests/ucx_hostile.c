@@ -537,6 +537,11 @@ static int attack(const char *file, int timeout_ms)
     printf("attack: %s\n", leaks ? "SOMETHING LEAKED" : "got nothing beyond its own grant");
     ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
     wait_req(ucp_ep_close_nbx(e, &cp), 1000, &st);
+    ucp_rkey_destroy(rkey);
+    ucp_rkey_buffer_release(rkb);
+    ucp_mem_unmap(ctx, mh);
+    ucp_worker_destroy(wk);
+    ucp_cleanup(ctx);
     return leaks ? 2 : 0;
 }
 
