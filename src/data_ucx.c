@@ -634,6 +634,7 @@ static void reap_conns(ucx_data *u)
 static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_length, void *data,
                               size_t length, const ucp_am_recv_param_t *param)
 {
+    (void)header; /* the request is the data; a header makes it malformed */
     ucx_data *u = arg;
     const uint8_t *b = data;
     conn *c = NULL;
@@ -646,7 +647,6 @@ static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_lengt
     if (!c || c->failed || header_length != 0 || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
         length < REQ_HDR || length > REQ_MAX || b[0] != REQ_VERSION || b[1] != 0 ||
         get_le16(b + 2) != length - REQ_HDR || length == REQ_HDR) {
-        (void)header;
         u->dropped++;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: dropped a malformed request (%zu bytes)",
                             length);
@@ -907,7 +907,8 @@ static void peer_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
                         ucs_status_string(status));
 }
 
-/* The producer's listener address, from our own format (top of file). */
+/* The producer's listener address, from our own format (top of file):
+ * a unicast address and a port, else ECX_EDATA_META. */
 static int parse_addr(const uint8_t *b, size_t len, struct sockaddr_storage *ss, socklen_t *sl)
 {
     memset(ss, 0, sizeof *ss);
@@ -921,7 +922,8 @@ static int parse_addr(const uint8_t *b, size_t len, struct sockaddr_storage *ss,
         in->sin_port = port;
         memcpy(&in->sin_addr, b + 4, 4);
         *sl = sizeof *in;
-        return 0;
+        uint32_t a = ntohl(in->sin_addr.s_addr);
+        return a == INADDR_ANY || a == INADDR_BROADCAST || IN_MULTICAST(a) ? ECX_EDATA_META : 0;
     }
     if (b[1] == 6 && len == 20) {
         struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
@@ -929,7 +931,9 @@ static int parse_addr(const uint8_t *b, size_t len, struct sockaddr_storage *ss,
         in6->sin6_port = port;
         memcpy(&in6->sin6_addr, b + 4, 16);
         *sl = sizeof *in6;
-        return 0;
+        return IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr) || IN6_IS_ADDR_MULTICAST(&in6->sin6_addr)
+                   ? ECX_EDATA_META
+                   : 0;
     }
     return ECX_EDATA_META;
 }

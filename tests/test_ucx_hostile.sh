@@ -6,7 +6,8 @@
 # else with crafted rkeys (get / put in and around the region, the heap,
 # an unmapped address), wrong tokens, other keys, replays or garbage, and
 # the producer lives and serves on; a producer SIGSTOPped for 12 s under
-# 16 READs resumes and serves (issue 10 #4). It also shows the hole UCX
+# 16 READs resumes and serves (issue 10 #4); 1000 mutated UCX addresses in
+# the metadata (digest-valid) never crash a consumer (issue 10 #3). It also shows the hole UCX
 # 1.13 leaves open (a raw UCT tcp put writes the producer's memory) and
 # that the consumer's checksum turns what it wrote into CORRUPT, never
 # DONE. Every wait is bounded.
@@ -60,6 +61,11 @@ for tls in default tcp; do
     [ $rc -eq 0 ] || fail "$tls: the attacker got something (rc $rc)"
     alive "after the attack"
     consume 6 1 reverse done 10000 || fail "$tls: a READ after the attack"
+    # A hostile producer's acks (issue 10 #3): mutated UCX bytes with a
+    # valid digest never reach UCX's parsers and never crash the consumer.
+    timeout 120 "$BIN" mutate "$DIR" "$G" 1000 >"$DIR/mutate.log" 2>&1 ||
+        fail "$tls: mutated metadata (rc $?): $(tail -3 "$DIR/mutate.log")"
+    grep -v 'ecx warn' "$DIR/mutate.log" | sed 's/^/    /'
 
     # UCX 1.13's own hole: its tcp transport writes a PUT wherever the
     # request says. The integrity check is what stands between that and

@@ -22,6 +22,11 @@
  *     it, at the producer's heap and at an unmapped address; request AMs
  *     with a wrong token, another grant's key, a replayed token, and
  *     garbage. Exit 0 if it obtained nothing but g5 (once).
+ *   ucx_hostile mutate DIR FILE N
+ *     a hostile producer's acks (issue 10 #3): N agent_metadata whose UCX
+ *     bytes are mutated (flipped, truncated, extended, random) but carry a
+ *     valid digest, each registered and dropped by a consumer. Exit 0 if
+ *     every one was refused or registered without a crash; prints counts.
  *   ucx_hostile uct-put FILE PORT BLOCK
  *     raw UCT tcp put of 8 bytes at the producer's block BLOCK, to its tcp
  *     interface port PORT (a UCX 1.13 hole: see data_ucx.c). Prints what
@@ -545,6 +550,65 @@ static int attack(const char *file, int timeout_ms)
     return leaks ? 2 : 0;
 }
 
+/* ---- a hostile producer's metadata ------------------------------------- */
+
+static int mutate(const char *dir, const char *file, int count)
+{
+    if (load(file)) return 1;
+    ecx_data_meta m;
+    if (ecx_data_meta_decode(meta_b, meta_len, &m) || !m.has_ucx) return 1;
+    uint8_t orig[64];
+    size_t olen = m.ucx_addr_len < sizeof orig ? m.ucx_addr_len : sizeof orig;
+    memcpy(orig, m.ucx_addr, olen);
+    char inst[32];
+    snprintf(inst, sizeof inst, "ucxm%d", (int)getpid());
+    ecx_region *r;
+    if (ecx_region_create_in(dir, inst, 0, (uint64_t)NB * BS, BS, &r)) return 1;
+    ecx_data_opts o = {.backend = ECX_DATA_UCX};
+    ecx_data *d;
+    if (ecx_data_new_consumer(r, &o, &d)) return 1;
+    uint8_t db[ECX_DATA_DESC_MAX];
+    long dl = ecx_hex_decode(G[0].desc_hex, strlen(G[0].desc_hex), db);
+    int refused = 0, added = 0;
+    for (int i = 0; i < count; i++) {
+        uint8_t blob[64];
+        size_t len = olen;
+        memcpy(blob, orig, olen);
+        uint32_t how = randombytes_uniform(4);
+        if (how == 0) { /* flip 1..4 bytes */
+            for (uint32_t k = 0, n = 1 + randombytes_uniform(4); k < n; k++)
+                blob[randombytes_uniform((uint32_t)len)] ^= (uint8_t)(1 + randombytes_uniform(255));
+        } else if (how == 1) { /* truncate */
+            len = 1 + randombytes_uniform((uint32_t)len);
+        } else if (how == 2) { /* extend with junk */
+            size_t extra = 1 + randombytes_uniform((uint32_t)(sizeof blob - len));
+            randombytes_buf(blob + len, extra);
+            len += extra;
+        } else { /* random bytes of a random length */
+            len = 1 + randombytes_uniform(sizeof blob);
+            randombytes_buf(blob, len);
+        }
+        m.ucx_addr = blob;
+        m.ucx_addr_len = len;
+        uint8_t mb[ECX_DATA_META_MAX];
+        long ml = ecx_data_meta_encode(&m, mb, sizeof mb);
+        if (ml < 0) return 1;
+        ecx_data_peer *p;
+        if (ecx_data_peer_add(d, mb, (size_t)ml, db, (size_t)dl, &p) == 0) {
+            added++;
+            ecx_data_progress(d);
+            ecx_data_peer_drop(p);
+        } else {
+            refused++;
+        }
+    }
+    ecx_data_free(d);
+    ecx_region_free(r);
+    printf("mutated UCX metadata: %d refused, %d registered (a well-formed address), no crash\n",
+           refused, added);
+    return 0;
+}
+
 /* ---- raw UCT ------------------------------------------------------------- */
 
 static int uct_put(const char *file, int port, int block)
@@ -617,6 +681,7 @@ int main(int argc, char **argv)
     if (argc == 9 && !strcmp(argv[1], "consume"))
         return consume(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argv[6], argv[7], atoi(argv[8]));
     if (argc == 4 && !strcmp(argv[1], "attack")) return attack(argv[2], atoi(argv[3]));
+    if (argc == 5 && !strcmp(argv[1], "mutate")) return mutate(argv[2], argv[3], atoi(argv[4]));
     if (argc == 5 && !strcmp(argv[1], "uct-put")) return uct_put(argv[2], atoi(argv[3]), atoi(argv[4]));
     fprintf(stderr, "usage: see the top of tests/ucx_hostile.c\n");
     return 2;
