@@ -81,6 +81,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
+#include <ucs/config/global_opts.h>
 
 #include "checksum.h"
 #include "data_impl.h"
@@ -350,6 +351,12 @@ static void conn_req_cb(ucp_conn_request_h req, void *arg);
 /* ifname: producer only, NULL for any interface. */
 static int ucx_setup(ucx_data *u, bool producer, const char *ifname)
 {
+    /* UCX warns, with a backtrace and no rate limit, about every message a
+     * peer sends to a handler we did not register (a ucp_get at us, for
+     * one): a peer could flood our log. Unless the operator chose a UCX
+     * log level, keep UCX (process-wide) to errors. */
+    if (!getenv("UCX_LOG_LEVEL") && ucs_global_opts.log_component.log_level > UCS_LOG_LEVEL_ERROR)
+        ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_ERROR;
     ucp_config_t *cfg;
     ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
     if (st != UCS_OK) return ucx_err("config_read", st);
