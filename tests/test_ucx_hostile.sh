@@ -5,7 +5,8 @@
 # grant fails fast; an attacker holding one grant's ticket gets nothing
 # else with crafted rkeys (get / put in and around the region, the heap,
 # an unmapped address), wrong tokens, other keys, replays or garbage, and
-# the producer lives and serves on; a producer SIGSTOPped for 12 s under
+# the producer lives and serves on; it listens on lo only (the advertised
+# host's interface); a producer SIGSTOPped for 12 s under
 # 16 READs resumes and serves (issue 10 #4); 1000 mutated UCX addresses in
 # the metadata (digest-valid) never crash a consumer (issue 10 #3). It also shows the hole UCX
 # 1.13 leaves open (a raw UCT tcp put writes the producer's memory) and
@@ -50,6 +51,12 @@ for tls in default tcp; do
     if [ $tls = tcp ]; then export UCX_TLS=tcp; else unset UCX_TLS; fi
     echo "== UCX transports: $tls"
     start_producer
+    # Bound to the advertised host's interface only (lo here).
+    if command -v ss >/dev/null; then
+        socks=$(ss -ltnp 2>/dev/null | grep "pid=$PROD," | awk '{print $4}')
+        [ -n "$socks" ] || fail "$tls: no listening socket seen"
+        ! echo "$socks" | grep -vq '^127\.0\.0\.1:' || fail "$tls: listening beyond lo: $socks"
+    fi
     consume 0 2 direct done 10000 || fail "$tls: one block / a run"
     consume 2 3 reverse done 10000 || fail "$tls: scattered both sides, whole region, partial blocks"
     consume 0 1 direct failed 10000 || fail "$tls: a replayed grant did not fail"
