@@ -23,8 +23,9 @@
  * (the reply endpoint of an AM from a peer UCP created by itself can be
  * destroyed as soon as that peer fails).
  *
- * One READ: the consumer posts ucp_tag_recv_nbx into its blocks (an IOV
- * over the runs of local blocks) under a random 64-bit tag, then sends the
+ * One READ: the consumer posts ucp_tag_recv_nbx into its blocks (one run
+ * contiguously, else an IOV over the runs) under a random 64-bit tag (a
+ * peer cannot guess it to slip bytes in), then sends the
  * producer a request AM (eager, with a reply endpoint):
  *   u8 version (1) | u8 0 | u16 key_len | u32 0 | u64 tag | 16B token |
  *   key ("{session_id}:{mm_hash}", key_len bytes)            (little-endian)
@@ -47,23 +48,33 @@
  * (a peer that stops reading) is closed, failing its sends.
  *
  * Rendezvous: the producer pins UCX_RNDV_SCHEME=put_zcopy and the classic
- * protocols (PROTO_ENABLE=n). A large send then publishes no rkey (the
- * consumer's RTR names its receive buffer, and the producer puts exactly
- * the buffer being sent; an IOV send streams it as active messages), so
- * neither RDMA rkeys nor the put pipeline's peer-chosen offsets expose
- * anything beyond the item being sent.
+ * protocols (PROTO_ENABLE=n). By default (auto) UCX 1.13 puts the send
+ * buffer's address and an rkey for its registration (here: the whole
+ * region) in every RTS; pinned, an RTS carries neither: the consumer's RTR
+ * names its receive buffer and the producer puts exactly the buffer being
+ * sent (an IOV on either side streams it as active messages instead). Nor
+ * does the put pipeline run, whose offsets come from the peer's RTR. So no
+ * consumer learns an address of ours or gets an rkey, over TCP or RDMA.
+ * Both sides use 64 KiB TCP segments unless UCX_TCP_*_SEG_SIZE are set
+ * (fragmented data moves ~2.5x faster; BENCHMARKS.md).
+ *
+ * Logging: UCX itself warns, with a backtrace and no limit, about each
+ * stray message a peer sends (a ucp_get at us, say); unless UCX_LOG_LEVEL
+ * is set we keep UCX (process-wide) to errors. Ours is rate-limited.
  *
  * What this does NOT close (UCX 1.13 itself, see the report in issue 9):
  * UCT's tcp transport writes a PUT request's payload to whatever address
  * the request names, whatever the receiver's features or
  * UCX_TCP_PUT_ENABLE; and UCP dereferences peer-supplied request and
  * endpoint ids with the low bit clear as raw pointers. A peer that speaks
- * UCT/UCP's wire protocol directly can therefore still write the
- * producer's memory or crash it. Only running UCX in a process that holds
- * nothing else (or not using UCX's tcp transport) closes that.
+ * UCT/UCP's wire protocol directly can therefore still crash the producer
+ * at will, and write its memory where it knows an address (we publish
+ * none: see above). Only running UCX in a process that holds nothing else
+ * (or not using UCX's tcp transport) closes that.
  *
  * agent_metadata UCX bytes (the front adds its digest):
  *   u8 version (1) | u8 family (4 / 6) | u16 port (BE) | 4 / 16 address bytes
+ * (a unicast address; anything else is ECX_EDATA_META).
  *
  * Lifetimes (consumer): an xfer lives until it is released AND its receive
  * request has ended; a peer lives until it is dropped AND no xfer refers to
