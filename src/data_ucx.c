@@ -851,8 +851,6 @@ static int serve_queue(ucx_data *u)
 
 /* ---- progress ---------------------------------------------------------- */
 
-static void xfer_land(ucx_data *u, ucx_xfer *x);
-
 /* Longest stretch one ecx_data_progress() spends moving UCX data. */
 #define PROGRESS_BUDGET_MS 2
 
