@@ -315,6 +315,21 @@ static int ifname_of(const struct sockaddr *a, char name[IF_NAMESIZE])
     return rc;
 }
 
+/* The first IPv4 address of interface ifname into *in; 0 or ECX_EINVAL. */
+static int ipv4_of(const char *ifname, struct sockaddr_in *in)
+{
+    struct ifaddrs *ifs;
+    if (getifaddrs(&ifs) != 0) return ECX_EINVAL;
+    int rc = ECX_EINVAL;
+    for (struct ifaddrs *i = ifs; i && rc; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && !strcmp(i->ifa_name, ifname)) {
+            memcpy(in, i->ifa_addr, sizeof *in);
+            rc = 0;
+        }
+    freeifaddrs(ifs);
+    return rc;
+}
+
 /* bind_host as a socket address (port 0). NULL, "", "*", "0.0.0.0" and
  * "::" mean any; then *any is set and the address published is the first
  * non-loopback IPv4 interface's (else 127.0.0.1). */
@@ -420,6 +435,14 @@ static int producer_setup(ucx_data *u, ecx_region *r, const char *bind_host)
     if (!any && !have_if)
         ecx_log(ECX_LOG_WARN, "data ucx: no interface holds %s; UCX may use every one",
                 bind_host);
+    /* UCX 1.13's tcp transport speaks IPv4 on an interface that has both
+     * (a consumer reaching us by an IPv6 address finds no lane): listen
+     * and publish the interface's IPv4 address when it has one. */
+    struct sockaddr_in v4;
+    if (have_if && ss.ss_family == AF_INET6 && ipv4_of(ifname, &v4) == 0) {
+        memset(&ss, 0, sizeof ss);
+        memcpy(&ss, &v4, sizeof v4);
+    }
     if ((rc = ucx_setup(u, true, have_if ? ifname : NULL))) return rc;
 
     ucp_mem_map_params_t mp = {
