@@ -171,6 +171,7 @@ typedef struct ucx_xfer {
     void *req; /* the tag receive, while UCX holds it */
     int state;
     bool released;
+    bool recv_ended; /* recv_done_cb ran */
     bool am_pending; /* the request AM (msg) is still UCX's */
     uint8_t msg[REQ_MAX];
     size_t received; /* bytes the receive reported */
@@ -1056,7 +1057,7 @@ static ucx_xfer *xfer_get(ucx_data *u)
     x->peer = NULL;
     x->req = NULL;
     x->state = ECX_XFER_RUNNING;
-    x->released = x->recv_ok = x->am_pending = false;
+    x->released = x->recv_ok = x->recv_ended = x->am_pending = false;
     x->received = 0;
     return x;
 }
@@ -1103,6 +1104,7 @@ static void recv_done_cb(void *req, ucs_status_t status, const ucp_tag_recv_info
     ucx_data *u = (ucx_data *)x->head.owner;
     ucp_request_free(req);
     x->req = NULL;
+    x->recv_ended = true;
     x->recv_ok = status == UCS_OK;
     x->received = x->recv_ok ? info->length : 0;
     if (status != UCS_OK && status != UCS_ERR_CANCELED)
@@ -1187,8 +1189,9 @@ static int ucx_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint
          * can UCX's rendezvous put straight into it (an IOV receive
          * makes the data come as active-message fragments). */
         ucp_request_param_t rp = {
+            /* Always a request and a callback, even if it ends at once. */
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                            UCP_OP_ATTR_FIELD_DATATYPE,
+                            UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
             .cb.recv = recv_done_cb,
             .user_data = x,
             .datatype = count == 1 ? ucp_dt_make_contig(1) : ucp_dt_make_iov(),
@@ -1200,8 +1203,8 @@ static int ucx_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint
             ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: tag_recv: %s",
                                 ucs_status_string(UCS_PTR_STATUS(req)));
             rc = ECX_EDATA_UCX;
-        } else {
-            x->req = req;
+        } else if (!x->recv_ended) {
+            x->req = req; /* else its callback already ran (and freed it) */
         }
     }
     if (rc) {
