@@ -74,7 +74,6 @@ static uint64_t get64(const uint8_t *p)
  * mem_descriptor  "ECXD" | u8 version=2 | u8 flags=0 | u16 nsections |
  *                 u32 total_len | u32 reserved=0 | u64 nonce |
  *                 u64 block_bytes | u64 num_blocks | sections
- *   2 ucx         u64 base address | 16B BLAKE2b of the rkey | packed rkey
  *   3 grant       16B token | u64 checksum | u64 nbytes | u32 lease_ms
  * The nonce is random per producer context: a descriptor is accepted only
  * with the metadata of the same producer. Every ack's descriptor carries
@@ -196,10 +195,8 @@ long ecx_data_meta_encode(const ecx_data_meta *m, uint8_t *buf, size_t cap)
 long ecx_data_desc_encode(const ecx_data_desc *d, uint8_t *buf, size_t cap)
 {
     if (!d || !buf) return ECX_EINVAL;
-    if (d->has_ucx && (d->rkey_len == 0 || d->rkey_len > UINT16_MAX - 8 - DIGEST))
-        return ECX_EINVAL;
     wbuf w = {buf, cap, 0, false};
-    head(&w, DESC_MAGIC, (uint16_t)(d->has_ucx + d->has_ticket), d->nonce);
+    head(&w, DESC_MAGIC, (uint16_t)d->has_ticket, d->nonce);
     wb64(&w, d->block_bytes);
     wb64(&w, d->num_blocks);
     if (d->has_ticket) {
@@ -209,15 +206,6 @@ long ecx_data_desc_encode(const ecx_data_desc *d, uint8_t *buf, size_t cap)
         wb64(&w, d->ticket.checksum);
         wb64(&w, d->ticket.nbytes);
         wb32(&w, d->ticket.lease_ms);
-    }
-    if (d->has_ucx) {
-        wb16(&w, SEC_UCX);
-        wb16(&w, (uint16_t)(8 + DIGEST + d->rkey_len));
-        wb64(&w, d->ucx_base);
-        uint8_t dg[DIGEST];
-        digest(d->rkey, d->rkey_len, dg);
-        wb_bytes(&w, dg, DIGEST);
-        wb_bytes(&w, d->rkey, d->rkey_len);
     }
     return finish(&w);
 }
@@ -307,17 +295,7 @@ int ecx_data_desc_decode(const uint8_t *buf, size_t len, ecx_data_desc *d)
         off += 4;
         if (slen > len - off) return ECX_EDATA_DESC;
         const uint8_t *b = buf + off;
-        if (type == SEC_UCX) {
-            if (d->has_ucx || slen <= 8 + DIGEST ||
-                !digest_ok(b + 8, b + 8 + DIGEST, slen - 8u - DIGEST))
-                return ECX_EDATA_DESC;
-            d->ucx_base = get64(b);
-            d->rkey = b + 8 + DIGEST;
-            d->rkey_len = slen - 8u - DIGEST;
-            uint64_t size = d->block_bytes * d->num_blocks;
-            if (d->ucx_base > UINT64_MAX - size) return ECX_EDATA_DESC;
-            d->has_ucx = true;
-        } else if (type == SEC_GRANT) {
+        if (type == SEC_GRANT) {
             if (d->has_ticket || slen != GRANT_LEN) return ECX_EDATA_DESC;
             memcpy(d->ticket.token, b, ECX_DATA_TOKEN_LEN);
             d->ticket.checksum = get64(b + ECX_DATA_TOKEN_LEN);

@@ -37,10 +37,6 @@ typedef struct ecx_data_desc {
     uint64_t nonce;
     uint64_t block_bytes;
     uint64_t num_blocks;
-    bool has_ucx;
-    uint64_t ucx_base;   /* remote virtual address of block 0 */
-    const uint8_t *rkey; /* packed ucp remote key */
-    size_t rkey_len;
     bool has_ticket; /* the grant this descriptor came with */
     ecx_data_ticket ticket;
 } ecx_data_desc;

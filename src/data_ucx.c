@@ -60,7 +60,9 @@
  *
  * Logging: UCX itself warns, with a backtrace and no limit, about each
  * stray message a peer sends (a ucp_get at us, say); unless UCX_LOG_LEVEL
- * is set we keep UCX (process-wide) to errors. Ours is rate-limited.
+ * is set we keep UCX (process-wide) to errors. What UCX still logs goes
+ * through ecx's logger (stderr, rate-limited), never to UCX's default
+ * stdout, where it would break `ecx get --json`.
  *
  * What this does NOT close (UCX 1.13 itself, see the report in issue 9):
  * UCT's tcp transport writes a PUT request's payload to whatever address
@@ -89,9 +91,13 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sodium.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 #include <ucs/config/global_opts.h>
 
 #include "checksum.h"
@@ -375,9 +381,35 @@ static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_lengt
                               size_t length, const ucp_am_recv_param_t *param);
 static void conn_req_cb(ucp_conn_request_h req, void *arg);
 
+/* UCX's log lines, through ours. UCX calls the handler pushed last first;
+ * STOP keeps its default handler from printing them to stdout. */
+static ucs_log_func_rc_t ucx_log(const char *file, unsigned line, const char *function,
+                                 ucs_log_level_t level, const ucs_log_component_config_t *cc,
+                                 const char *fmt, va_list ap)
+{
+    (void)file, (void)line, (void)function, (void)cc;
+    char msg[512];
+    va_list aq;
+    va_copy(aq, ap);
+    vsnprintf(msg, sizeof msg, fmt, aq);
+    va_end(aq);
+    int lvl = level <= UCS_LOG_LEVEL_ERROR  ? ECX_LOG_WARN
+              : level <= UCS_LOG_LEVEL_WARN ? ECX_LOG_INFO
+                                            : ECX_LOG_DEBUG;
+    ECX_LOG_RATELIMITED(lvl, "data ucx: UCX says: %s", msg);
+    return UCS_LOG_FUNC_RC_STOP;
+}
+
+static void ucx_log_install(void)
+{
+    ucs_log_push_handler(ucx_log);
+}
+
 /* ifname: producer only, NULL for any interface. */
 static int ucx_setup(ucx_data *u, bool producer, const char *ifname)
 {
+    static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+    pthread_once(&log_once, ucx_log_install);
     /* UCX warns, with a backtrace and no rate limit, about every message a
      * peer sends to a handler we did not register (a ucp_get at us, for
      * one): a peer could flood our log. Unless the operator chose a UCX

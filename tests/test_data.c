@@ -186,8 +186,6 @@ static void pair_close(pair *p)
 /* ---- codec ------------------------------------------------------------- */
 
 static const uint8_t fake_addr[40] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
-/* a well-formed rkey shape: md_map = 0b101, mem_type 0, two md entries */
-static const uint8_t fake_rkey[] = {5, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0xaa, 0xbb, 0};
 
 static void sample(ecx_data_meta *m, ecx_data_desc *d)
 {
@@ -202,9 +200,6 @@ static void sample(ecx_data_meta *m, ecx_data_desc *d)
     m->has_ucx = true;
     m->ucx_addr = fake_addr, m->ucx_addr_len = sizeof fake_addr;
     d->block_bytes = BS, d->num_blocks = NB;
-    d->has_ucx = true;
-    d->ucx_base = 0x7f0000000000ull;
-    d->rkey = fake_rkey, d->rkey_len = sizeof fake_rkey;
     d->has_ticket = true;
     memset(d->ticket.token, 0x77, ECX_DATA_TOKEN_LEN);
     d->ticket.checksum = 0xfeedfacecafebeefull;
@@ -237,9 +232,6 @@ static void test_codec_roundtrip(void **state)
     assert_memory_equal(m2.ucx_addr, fake_addr, sizeof fake_addr);
     assert_int_equal(d2.block_bytes, BS);
     assert_int_equal(d2.num_blocks, NB);
-    assert_int_equal(d2.ucx_base, d.ucx_base);
-    assert_int_equal(d2.rkey_len, sizeof fake_rkey);
-    assert_memory_equal(d2.rkey, fake_rkey, sizeof fake_rkey);
     assert_true(d2.has_ticket);
     assert_memory_equal(&d2.ticket, &d.ticket, sizeof d.ticket);
     /* Too small a buffer is ECX_ERANGE, not an overrun. */
@@ -286,7 +278,10 @@ static void test_codec_truncated_and_flipped(void **state)
             memcpy(tmp, db, (size_t)dl);
             tmp[i] ^= (uint8_t)(1u << bit);
             int rc = ecx_data_desc_decode(tmp, (size_t)dl, &d2);
-            if (i >= dl - (long)sizeof fake_rkey) assert_int_equal(rc, ECX_EDATA_DESC);
+            /* A flipped section length never passes; a flipped token,
+             * checksum or size is a well-formed (wrong) ticket, caught by
+             * the grant check or the checksum, not here. */
+            if (i == 42 || i == 43) assert_int_equal(rc, ECX_EDATA_DESC);
         }
 }
 
@@ -378,9 +373,6 @@ static void test_codec_malformed(void **state)
     bl = ecx_data_desc_encode(&bd, t, sizeof t);
     assert_int_equal(ecx_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
     bd = d, bd.block_bytes = 1ull << 62, bd.num_blocks = 8;
-    bl = ecx_data_desc_encode(&bd, t, sizeof t);
-    assert_int_equal(ecx_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
-    bd = d, bd.ucx_base = UINT64_MAX - 10;
     bl = ecx_data_desc_encode(&bd, t, sizeof t);
     assert_int_equal(ecx_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
     /* NULL and empty input. */
