@@ -64,7 +64,7 @@
  * through ecx's logger (stderr, rate-limited), never to UCX's default
  * stdout, where it would break `ecx get --json`.
  *
- * What this does NOT close (UCX 1.13 itself, see the report in issue 9):
+ * What this does NOT close (UCX 1.13 itself; README, threat model):
  * UCT's tcp transport writes a PUT request's payload to whatever address
  * the request names, whatever the receiver's features or
  * UCX_TCP_PUT_ENABLE; and UCP dereferences peer-supplied request and
