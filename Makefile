@@ -3,6 +3,7 @@
 BUILD      ?= build
 JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
+FUZZ_DATA_SECONDS ?= 30
 
 .PHONY: all deps build test unit sanitize tsan fuzz demo clean
 
@@ -16,8 +17,8 @@ build: deps
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # Every test: the plain build, then the same suite under ASan + UBSan, the
-# code that runs on several threads under TSan, then a bounded libFuzzer run
-# of the wire decoder.
+# code that runs on several threads under TSan, then bounded libFuzzer runs
+# of the wire decoder and of the data plane's metadata / descriptor parser.
 test: unit sanitize tsan fuzz
 
 unit: build
@@ -41,6 +42,7 @@ fuzz: deps
 	@CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECX_FUZZ=ON >/dev/null
 	@cmake --build $(BUILD)-fuzz -j $(JOBS)
 	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_wire $(FUZZ_SECONDS)
+	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_data $(FUZZ_DATA_SECONDS) tests/fuzz_data.seeds
 
 # The main job: a producer and consumers on loopback, every byte checked.
 demo: build
