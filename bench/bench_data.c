@@ -1,14 +1,15 @@
 /* bench_data — the data-plane benchmark as its own program: throughput of
- * the same-host (shm) and UCX paths against a plain memcpy of the same
+ * the same-host (shm), tcp and UCX paths against a plain memcpy of the same
  * sizes, measured in the same run. The benchmark itself lives in
  * bench/data_bench.c, shared with `ecx bench data`; this file only parses
  * the options it has always taken.
  *
  * Output: one line per size, the last line being the last size:
  *   size=<bytes> shm_gbps=<x> ucx_gbps=<x> memcpy_gbps=<x> shm_ratio=<x> ucx_ratio=<x>
+ *   tcp_gbps=<x> tcp_ratio=<x>  (on the same line)
  *
  *   bench_data [--size BYTES]... [--iters N] [--warmup N] [--block-bytes B]
- *              [--path shm|ucx|both]
+ *              [--path shm|tcp|ucx|both|all]   (both: shm and ucx, as before)
  * Defaults: sizes 4700000 and 28800000, 30 iterations, 3 warm-up,
  * 1 MiB blocks, both paths. Bounded: every wait has a deadline.
  */
@@ -24,7 +25,7 @@
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_data [--size BYTES]... [--iters N] [--warmup N] "
-                    "[--block-bytes B] [--path shm|ucx|both]\n");
+                    "[--block-bytes B] [--path shm|tcp|ucx|both|all]\n");
     return 2;
 }
 
@@ -54,9 +55,11 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--block-bytes") == 0)
             o.block_bytes = (uint64_t)(number(v) > 0 ? number(v) : 0);
         else if (strcmp(a, "--path") == 0) {
-            o.shm = strcmp(v, "shm") == 0 || strcmp(v, "both") == 0;
-            o.ucx = strcmp(v, "ucx") == 0 || strcmp(v, "both") == 0;
-            if (!o.shm && !o.ucx) return usage();
+            bool all = strcmp(v, "all") == 0, both = strcmp(v, "both") == 0;
+            o.shm = all || both || strcmp(v, "shm") == 0;
+            o.tcp = all || strcmp(v, "tcp") == 0;
+            o.ucx = all || both || strcmp(v, "ucx") == 0;
+            if (!o.shm && !o.tcp && !o.ucx) return usage();
         } else
             return usage();
         i++;

@@ -11,8 +11,11 @@
  * each memcpy of the baseline, the destination is overwritten, so every
  * path starts from the same cache state. Figures are medians.
  *
- * The "ucx" path uses whatever transports UCX picks (on one host, its
- * shared-memory ones); run with UCX_TLS=tcp to measure UCX over TCP.
+ * The producer runs two data contexts on its region: auto (shm and tcp)
+ * and ucx (which auto no longer publishes). The "tcp" path is ecx's own
+ * (data_tcp.c, loopback here); the "ucx" path uses whatever transports
+ * UCX picks (on one host, its shared-memory ones); run with UCX_TLS=tcp
+ * to measure UCX over TCP.
  *
  * Every fetch is the verified one: the backend checks the bytes it wrote
  * against the grant's XXH3-64 before DONE, so shm_ratio is the verified
@@ -101,44 +104,53 @@ static void count_notif(void *arg, const char *key, size_t len, const uint8_t *t
     (*(long *)arg)++;
 }
 
-/* The producer: serve until the parent closes the pipe (or 10 minutes). */
+/* The producer: serve until the parent closes the pipe (or 10 minutes).
+ * Two contexts (auto: shm + tcp; ucx); for each, it sends the parent its
+ * metadata and layout: u32 lengths[4], then the four blobs. */
 static int producer_main(const char *dir, uint64_t bytes, uint64_t bs, int out_fd, int stop_fd)
 {
     char id[ECX_REGION_INSTANCE_ID_LEN + 1];
     ecx_region *r;
-    ecx_data *d;
+    ecx_data *d[2];
+    static const ecx_data_opts opts[2] = {{.backend = ECX_DATA_AUTO},
+                                          {.backend = ECX_DATA_UCX}};
+    static stub_grants grants;
+    const uint8_t *m[2];
+    size_t ml[2];
+    uint8_t ds[2][ECX_DATA_DESC_MAX];
+    uint32_t lens[4];
     if (ecx_region_instance_id(id) || ecx_region_create_in(dir, id, 0, bytes, bs, &r)) return 1;
     fill_pattern(ecx_region_base(r), ecx_region_size(r));
-    if (ecx_data_new_producer(r, NULL, &d)) return 1;
-    static stub_grants grants;
-    ecx_data_set_grant_fn(d, stub_grant_check, &grants);
-    size_t ml;
-    uint8_t ds[ECX_DATA_DESC_MAX];
-    const uint8_t *m = ecx_data_agent_metadata(d, &ml);
-    long dl = stub_layout(d, ds, sizeof ds);
-    if (dl < 0) return 1;
-    uint32_t lens[2] = {(uint32_t)ml, (uint32_t)dl};
-    if (write_all(out_fd, lens, sizeof lens) || write_all(out_fd, m, ml) ||
-        write_all(out_fd, ds, (size_t)dl))
+    for (int k = 0; k < 2; k++) {
+        if (ecx_data_new_producer(r, &opts[k], &d[k])) return 1;
+        ecx_data_set_grant_fn(d[k], stub_grant_check, &grants);
+        m[k] = ecx_data_agent_metadata(d[k], &ml[k]);
+        long dl = stub_layout(d[k], ds[k], sizeof ds[k]);
+        if (dl < 0) return 1;
+        lens[2 * k] = (uint32_t)ml[k], lens[2 * k + 1] = (uint32_t)dl;
+    }
+    if (write_all(out_fd, lens, sizeof lens))
         return 1;
+    for (int k = 0; k < 2; k++)
+        if (write_all(out_fd, m[k], ml[k]) || write_all(out_fd, ds[k], lens[2 * k + 1])) return 1;
     long notifs = 0;
     double end = now_s() + 600;
     for (unsigned i = 0; now_s() < end; i++) {
-        ecx_data_poll_notifs(d, count_notif, &notifs);
+        ecx_data_poll_notifs(d[0], count_notif, &notifs);
+        ecx_data_poll_notifs(d[1], count_notif, &notifs);
         if (i % 256 == 0) {
             struct pollfd p = {.fd = stop_fd, .events = POLLIN};
             if (poll(&p, 1, 0) > 0) break;
         }
     }
-    ecx_data_free(d);
+    ecx_data_free(d[0]);
+    ecx_data_free(d[1]);
     ecx_region_free(r);
     return 0;
 }
 
 typedef struct bench {
     ecx_region *cr;
-    const uint8_t *layout; /* the producer's descriptor, for each grant's */
-    size_t layout_len;
     uint8_t *expect, *src, *dst; /* pattern; memcpy baseline buffers */
     uint64_t bs;
     int iters, warmup;
@@ -148,6 +160,8 @@ typedef struct bench {
 
 typedef struct path {
     int backend;
+    const uint8_t *layout; /* its producer context's descriptor, for each grant's */
+    size_t layout_len;
     ecx_data *d;
     ecx_data_peer *p;
     double *t;
@@ -158,6 +172,7 @@ static int path_open(path *ph, int backend, bench *b, const uint8_t *m, size_t m
 {
     ecx_data_opts o = {.backend = backend};
     ph->backend = backend;
+    ph->layout = ds, ph->layout_len = dl;
     ph->t = malloc((size_t)b->iters * sizeof *ph->t);
     if (!ph->t) return -1;
     int rc = ecx_data_new_consumer(b->cr, &o, &ph->d);
@@ -187,7 +202,7 @@ static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
     char key[ECX_DATA_NOTIF_MAX];
     uint8_t desc[ECX_DATA_DESC_MAX];
     int kl = stub_key(key, sizeof key, size, idx, n);
-    long dl = stub_desc(b->layout, b->layout_len, size, ecx_checksum(b->expect, size), desc,
+    long dl = stub_desc(ph->layout, ph->layout_len, size, ecx_checksum(b->expect, size), desc,
                         sizeof desc);
     if (kl < 0 || dl < 0) {
         fprintf(stderr, "bench: %llu blocks do not fit one grant key\n", (unsigned long long)n);
@@ -295,7 +310,7 @@ void ecx_data_bench_opts_init(ecx_data_bench_opts *o)
     o->iters = 30;
     o->warmup = 3;
     o->block_bytes = 1 << 20;
-    o->shm = o->ucx = true;
+    o->shm = o->tcp = o->ucx = true;
 }
 
 int ecx_data_bench_run(const ecx_data_bench_opts *o)
@@ -303,7 +318,7 @@ int ecx_data_bench_run(const ecx_data_bench_opts *o)
     uint64_t sizes[ECX_DATA_BENCH_MAX_SIZES];
     int nsizes = o->nsizes;
     if (nsizes < 0 || nsizes > ECX_DATA_BENCH_MAX_SIZES || o->iters < 1 || o->iters > 100000 ||
-        o->warmup < 0 || o->warmup > 100000 || o->block_bytes == 0 || (!o->shm && !o->ucx)) {
+        o->warmup < 0 || o->warmup > 100000 || o->block_bytes == 0 || (!o->shm && !o->tcp && !o->ucx)) {
         fprintf(stderr, "bench: invalid options\n");
         return -1;
     }
@@ -345,18 +360,20 @@ int ecx_data_bench_run(const ecx_data_bench_opts *o)
     }
     close(to_parent[1]), close(stop[0]);
     int ret = -1;
-    uint32_t lens[2];
-    uint8_t *m = NULL, *ds = NULL;
+    uint32_t lens[4];
+    uint8_t *m = NULL, *ds = NULL, *um = NULL, *uds = NULL;
     uint64_t *idx = NULL;
     double *tm = NULL;
-    path paths[2];
+    path paths[3];
     memset(paths, 0, sizeof paths);
     int np = 0;
     char id[ECX_REGION_INSTANCE_ID_LEN + 1];
     if (pid < 0 || read_all(to_parent[0], lens, sizeof lens) || lens[0] > 65536 ||
-        lens[1] > 65536 || !(m = malloc(lens[0] ? lens[0] : 1)) ||
-        !(ds = malloc(lens[1] ? lens[1] : 1)) || read_all(to_parent[0], m, lens[0]) ||
-        read_all(to_parent[0], ds, lens[1])) {
+        lens[1] > 65536 || lens[2] > 65536 || lens[3] > 65536 ||
+        !(m = malloc(lens[0] ? lens[0] : 1)) || !(ds = malloc(lens[1] ? lens[1] : 1)) ||
+        !(um = malloc(lens[2] ? lens[2] : 1)) || !(uds = malloc(lens[3] ? lens[3] : 1)) ||
+        read_all(to_parent[0], m, lens[0]) || read_all(to_parent[0], ds, lens[1]) ||
+        read_all(to_parent[0], um, lens[2]) || read_all(to_parent[0], uds, lens[3])) {
         fprintf(stderr, "bench: producer did not start\n");
         goto done;
     }
@@ -378,14 +395,14 @@ int ecx_data_bench_run(const ecx_data_bench_opts *o)
     memset(b.dst, 0, region);
     for (uint64_t i = 0; i < region / b.bs; i++)
         idx[i] = i;
-    b.layout = ds, b.layout_len = lens[1];
     if (o->shm && path_open(&paths[np++], ECX_DATA_SHM, &b, m, lens[0], ds, lens[1])) goto done;
     if (o->shm && variants_open(&b, m, lens[0]) == 0) {
         b.tv[0] = malloc((size_t)b.iters * sizeof *b.tv[0]);
         b.tv[1] = malloc((size_t)b.iters * sizeof *b.tv[1]);
         if (!b.tv[0] || !b.tv[1]) variants_close(&b);
     }
-    if (o->ucx && path_open(&paths[np++], ECX_DATA_UCX, &b, m, lens[0], ds, lens[1])) goto done;
+    if (o->tcp && path_open(&paths[np++], ECX_DATA_TCP, &b, m, lens[0], ds, lens[1])) goto done;
+    if (o->ucx && path_open(&paths[np++], ECX_DATA_UCX, &b, um, lens[2], uds, lens[3])) goto done;
     for (int s = 0; s < nsizes; s++) {
         uint64_t size = sizes[s];
         uint64_t want = ecx_checksum(b.expect, size);
@@ -404,18 +421,18 @@ int ecx_data_bench_run(const ecx_data_bench_opts *o)
                 if (it >= b.warmup) b.tv[v][it - b.warmup] = t;
             }
         }
-        double g[3] = {0, 0, 0}, lat[3] = {0, 0, 0};
+        double g[4] = {0, 0, 0, 0}, lat[4] = {0, 0, 0, 0}; /* memcpy, shm, ucx, tcp */
         lat[0] = median(tm, b.iters);
         g[0] = (double)size / lat[0] / 1e9;
         for (int k = 0; k < np; k++) {
-            int j = paths[k].backend == ECX_DATA_SHM ? 1 : 2;
+            int j = paths[k].backend == ECX_DATA_SHM ? 1 : paths[k].backend == ECX_DATA_UCX ? 2 : 3;
             lat[j] = median(paths[k].t, b.iters);
             g[j] = (double)size / lat[j] / 1e9;
         }
         fprintf(stderr,
-                "bench: size %llu: median memcpy %.3f ms, shm fetch %.3f ms, ucx fetch %.3f ms "
-                "(UCX_TLS=%s, %d iterations)\n",
-                (unsigned long long)size, lat[0] * 1e3, lat[1] * 1e3, lat[2] * 1e3,
+                "bench: size %llu: median memcpy %.3f ms, shm fetch %.3f ms, tcp fetch %.3f ms, "
+                "ucx fetch %.3f ms (UCX_TLS=%s, %d iterations)\n",
+                (unsigned long long)size, lat[0] * 1e3, lat[1] * 1e3, lat[3] * 1e3, lat[2] * 1e3,
                 getenv("UCX_TLS") ? getenv("UCX_TLS") : "UCX's choice", b.iters);
         if (b.var.map) {
             double lp = median(b.tv[0], b.iters), lm = median(b.tv[1], b.iters);
@@ -427,8 +444,9 @@ int ecx_data_bench_run(const ecx_data_bench_opts *o)
                     lat[1] > 0 ? lat[0] / lat[1] : 0.0, lat[0] / lp, lat[0] / lm);
         }
         printf("size=%llu shm_gbps=%.3f ucx_gbps=%.3f memcpy_gbps=%.3f shm_ratio=%.3f "
-               "ucx_ratio=%.3f\n",
-               (unsigned long long)size, g[1], g[2], g[0], g[1] / g[0], g[2] / g[0]);
+               "ucx_ratio=%.3f tcp_gbps=%.3f tcp_ratio=%.3f\n",
+               (unsigned long long)size, g[1], g[2], g[0], g[1] / g[0], g[2] / g[0], g[3],
+               g[3] / g[0]);
         fflush(stdout);
     }
     ret = 0;
@@ -446,7 +464,7 @@ done:
         waitpid(pid, &st, 0);
     }
     ecx_region_free(b.cr);
-    free(b.expect), free(b.src), free(b.dst), free(m), free(ds);
+    free(b.expect), free(b.src), free(b.dst), free(m), free(ds), free(um), free(uds);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "bench: could not remove %s\n", dir);

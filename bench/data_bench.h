@@ -1,11 +1,13 @@
 /*
  * data_bench — the data-plane benchmark as a function, so `build/bench_data`
  * and `ecx bench data` run the same code with the same output: throughput of
- * the same-host (shm) and UCX paths against a plain memcpy of the same sizes,
- * measured interleaved in one run (see bench/data_bench.c for the method).
+ * the same-host (shm), tcp and UCX paths against a plain memcpy of the same
+ * sizes, measured interleaved in one run (see bench/data_bench.c for the
+ * method).
  *
  * Output on stdout, one line per size, the last line being the last size:
  *   size=<bytes> shm_gbps=<x> ucx_gbps=<x> memcpy_gbps=<x> shm_ratio=<x> ucx_ratio=<x>
+ *   tcp_gbps=<x> tcp_ratio=<x>            (one line; tcp last, added later)
  * A path that is not measured reports 0.
  */
 #ifndef ECX_DATA_BENCH_H
@@ -22,10 +24,10 @@ typedef struct ecx_data_bench_opts {
     int iters;                                /* timed fetches per size and path */
     int warmup;                               /* untimed fetches first */
     uint64_t block_bytes;                     /* region block size */
-    bool shm, ucx;                            /* which paths to measure */
+    bool shm, tcp, ucx;                       /* which paths to measure */
 } ecx_data_bench_opts;
 
-/* Defaults: both sizes, 30 iterations, 3 warm-up, 1 MiB blocks, both paths. */
+/* Defaults: both sizes, 30 iterations, 3 warm-up, 1 MiB blocks, every path. */
 void ecx_data_bench_opts_init(ecx_data_bench_opts *o);
 
 /* Run it. 0 on success; -1 on failure (message on stderr), including a

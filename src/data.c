@@ -2,7 +2,7 @@
  * data — the data-plane front: the public calls (which check what is
  * common to every backend and then dispatch through the vtable), the
  * agent_metadata / mem_descriptor codec, and the "auto" backend, which
- * publishes both real paths and picks one per peer.
+ * publishes the same-host and tcp paths and picks one per peer.
  *
  * Why the checks live here: every backend gets the same guarantees (counts
  * equal and non-zero, every index below both block counts, block sizes
@@ -12,8 +12,13 @@
  */
 #include "data.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +76,9 @@ static uint64_t get64(const uint8_t *p)
  *   1 shm         16B boot_id | u64 st_dev | u64 st_ino | u16 path_len |
  *                 path | u16 sock_len | abstract socket name
  *   2 ucx         16B BLAKE2b of the address | packed ucp worker address
+ *   4 tcp         u8 family (4 / 6) | u16 port (non-zero) | 4 / 16 address
+ *                 bytes (network order; unicast: not any, multicast or
+ *                 broadcast) — the section is exactly 7 or 19 bytes
  * mem_descriptor  "ECXD" | u8 version=2 | u8 flags=0 | u16 nsections |
  *                 u32 total_len | u32 reserved=0 | u64 nonce |
  *                 u64 block_bytes | u64 num_blocks | sections
@@ -88,6 +96,7 @@ static uint64_t get64(const uint8_t *p)
 #define SEC_SHM 1
 #define SEC_UCX 2
 #define SEC_GRANT 3
+#define SEC_TCP 4
 #define GRANT_LEN (ECX_DATA_TOKEN_LEN + 8 + 8 + 4)
 #define DIGEST 16
 
@@ -168,8 +177,10 @@ long ecx_data_meta_encode(const ecx_data_meta *m, uint8_t *buf, size_t cap)
         return ECX_EINVAL;
     if (m->has_ucx && (m->ucx_addr_len == 0 || m->ucx_addr_len > UINT16_MAX - DIGEST))
         return ECX_EINVAL;
+    if (m->has_tcp && ((m->tcp_family != 4 && m->tcp_family != 6) || m->tcp_port == 0))
+        return ECX_EINVAL;
     wbuf w = {buf, cap, 0, false};
-    head(&w, META_MAGIC, (uint16_t)(m->has_shm + m->has_ucx), m->nonce);
+    head(&w, META_MAGIC, (uint16_t)(m->has_shm + m->has_ucx + m->has_tcp), m->nonce);
     if (m->has_shm) {
         wb16(&w, SEC_SHM);
         wb16(&w, (uint16_t)(16 + 8 + 8 + 2 + m->path_len + 2 + m->sock_len));
@@ -188,6 +199,14 @@ long ecx_data_meta_encode(const ecx_data_meta *m, uint8_t *buf, size_t cap)
         digest(m->ucx_addr, m->ucx_addr_len, dg);
         wb_bytes(&w, dg, DIGEST);
         wb_bytes(&w, m->ucx_addr, m->ucx_addr_len);
+    }
+    if (m->has_tcp) {
+        size_t alen = m->tcp_family == 4 ? 4 : 16;
+        wb16(&w, SEC_TCP);
+        wb16(&w, (uint16_t)(3 + alen));
+        wb_bytes(&w, &m->tcp_family, 1);
+        wb16(&w, m->tcp_port);
+        wb_bytes(&w, m->tcp_addr, alen);
     }
     return finish(&w);
 }
@@ -220,6 +239,28 @@ static int check_head(const uint8_t *buf, size_t len, const char *magic, size_t 
     if (buf[5] != 0 || get32(buf + 12) != 0) return bad;
     if (get32(buf + 8) != len) return bad;
     *nsec = get16(buf + 6);
+    return 0;
+}
+
+/* A tcp section's body into m (family, port, a unicast address). */
+static int tcp_section(const uint8_t *b, size_t slen, ecx_data_meta *m)
+{
+    if (m->has_tcp || slen < 3) return ECX_EDATA_META;
+    uint8_t fam = b[0];
+    uint16_t port = get16(b + 1);
+    if (port == 0 || !((fam == 4 && slen == 7) || (fam == 6 && slen == 19))) return ECX_EDATA_META;
+    if (fam == 4) {
+        uint32_t a = (uint32_t)b[3] << 24 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 8 | b[6];
+        if (a == INADDR_ANY || a == INADDR_BROADCAST || IN_MULTICAST(a)) return ECX_EDATA_META;
+    } else {
+        struct in6_addr a6;
+        memcpy(&a6, b + 3, 16);
+        if (IN6_IS_ADDR_UNSPECIFIED(&a6) || IN6_IS_ADDR_MULTICAST(&a6)) return ECX_EDATA_META;
+    }
+    m->tcp_family = fam;
+    m->tcp_port = port;
+    memcpy(m->tcp_addr, b + 3, slen - 3);
+    m->has_tcp = true;
     return 0;
 }
 
@@ -266,6 +307,8 @@ int ecx_data_meta_decode(const uint8_t *buf, size_t len, ecx_data_meta *m)
             m->ucx_addr = b + DIGEST;
             m->ucx_addr_len = slen - DIGEST;
             m->has_ucx = true;
+        } else if (type == SEC_TCP) {
+            if ((rc = tcp_section(b, slen, m))) return rc;
         }
         off += slen;
     }
@@ -328,6 +371,47 @@ int ecx_data_boot_id(uint8_t out[16])
     return 0;
 }
 
+int ecx_data_bind_addr(const char *host, struct sockaddr_storage *bind,
+                       struct sockaddr_storage *publish, bool *any)
+{
+    memset(bind, 0, sizeof *bind);
+    memset(publish, 0, sizeof *publish);
+    *any = !host || !*host || !strcmp(host, "*") || !strcmp(host, "0.0.0.0") || !strcmp(host, "::");
+    if (*any) {
+        bind->ss_family = AF_INET;
+        struct sockaddr_in *in = (struct sockaddr_in *)publish;
+        in->sin_family = AF_INET;
+        in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        struct ifaddrs *ifs;
+        if (getifaddrs(&ifs) == 0) {
+            for (struct ifaddrs *i = ifs; i; i = i->ifa_next)
+                if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
+                    !(i->ifa_flags & IFF_LOOPBACK)) {
+                    in->sin_addr = ((struct sockaddr_in *)i->ifa_addr)->sin_addr;
+                    break;
+                }
+            freeifaddrs(ifs);
+        }
+        return 0;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
+    int e = getaddrinfo(host, NULL, &hints, &res);
+    if (e != 0) {
+        ecx_log(ECX_LOG_WARN, "data: cannot resolve %s: %s", host, gai_strerror(e));
+        return ECX_EINVAL;
+    }
+    int rc = ECX_EINVAL;
+    for (struct addrinfo *r = res; r && rc; r = r->ai_next)
+        if ((r->ai_family == AF_INET || r->ai_family == AF_INET6) &&
+            r->ai_addrlen <= sizeof *bind) {
+            memcpy(bind, r->ai_addr, r->ai_addrlen);
+            memcpy(publish, r->ai_addr, r->ai_addrlen);
+            rc = 0;
+        }
+    freeaddrinfo(res);
+    return rc;
+}
+
 /* ---- peer head ------------------------------------------------------- */
 
 int ecx_data_peer_head_init(ecx_data_peer *p, const ecx_data_desc *desc, const uint8_t *meta,
@@ -348,13 +432,15 @@ void ecx_data_peer_head_fini(ecx_data_peer *p)
     p->meta = NULL;
 }
 
-/* ---- auto: both paths, chosen per peer --------------------------------- */
+/* ---- auto: the paths a producer publishes, chosen per peer ---------- */
+
+/* The inner contexts, in the order a consumer prefers them. */
+enum { IN_SHM, IN_TCP, IN_UCX, IN_N };
 
 typedef struct auto_data {
     ecx_data base;
-    ecx_data *shm, *ucx; /* either may be NULL */
-    int epfd;            /* joins the inner descriptors */
-    int ucx_fd_added;
+    ecx_data *in[IN_N]; /* any may be NULL */
+    int epfd;           /* joins the inner descriptors */
 } auto_data;
 
 static const struct ecx_data_ops auto_ops;
@@ -372,8 +458,8 @@ static void auto_join_fd(auto_data *a, ecx_data *inner)
 static void auto_free(ecx_data *d)
 {
     auto_data *a = (auto_data *)d;
-    if (a->shm) a->shm->ops->free(a->shm);
-    if (a->ucx) a->ucx->ops->free(a->ucx);
+    for (int i = 0; i < IN_N; i++)
+        if (a->in[i]) a->in[i]->ops->free(a->in[i]);
     if (a->epfd >= 0) close(a->epfd);
     free(a);
 }
@@ -382,12 +468,9 @@ static int auto_progress(ecx_data *d)
 {
     auto_data *a = (auto_data *)d;
     int n = 0, rc;
-    if (a->shm) {
-        if ((rc = a->shm->ops->progress(a->shm)) < 0) return rc;
-        n += rc;
-    }
-    if (a->ucx) {
-        if ((rc = a->ucx->ops->progress(a->ucx)) < 0) return rc;
+    for (int i = 0; i < IN_N; i++) {
+        if (!a->in[i]) continue;
+        if ((rc = a->in[i]->ops->progress(a->in[i])) < 0) return rc;
         n += rc;
     }
     return n;
@@ -402,8 +485,8 @@ static int auto_arm(ecx_data *d)
 {
     auto_data *a = (auto_data *)d;
     int rc;
-    if (a->shm && (rc = a->shm->ops->arm(a->shm)) != 0) return rc;
-    if (a->ucx && (rc = a->ucx->ops->arm(a->ucx)) != 0) return rc;
+    for (int i = 0; i < IN_N; i++)
+        if (a->in[i] && (rc = a->in[i]->ops->arm(a->in[i])) != 0) return rc;
     return 0;
 }
 
@@ -411,47 +494,47 @@ static int auto_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
 {
     auto_data *a = (auto_data *)d;
     int n = 0, rc;
-    if (a->shm) {
-        if ((rc = a->shm->ops->poll_notifs(a->shm, cb, arg)) < 0) return rc;
-        n += rc;
-    }
-    if (a->ucx) {
-        if ((rc = a->ucx->ops->poll_notifs(a->ucx, cb, arg)) < 0) return rc;
+    for (int i = 0; i < IN_N; i++) {
+        if (!a->in[i]) continue;
+        if ((rc = a->in[i]->ops->poll_notifs(a->in[i], cb, arg)) < 0) return rc;
         n += rc;
     }
     return n;
 }
 
-/* The same-host path when it reaches the producer, else UCX (created on
- * first need: a consumer that only ever talks to local producers never
+/* The same-host path when it reaches the producer, else tcp if the
+ * producer publishes it, else UCX. The tcp and UCX contexts are created
+ * on first need (a consumer that only ever talks to local producers never
  * starts UCX). Peers returned are the inner backend's own. */
 static int auto_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
                          ecx_data_peer **out)
 {
     auto_data *a = (auto_data *)d;
     int rc = ECX_EDATA_NOPATH;
-    if (a->shm && m->has_shm) {
-        rc = a->shm->ops->peer_add(a->shm, m, desc, out);
+    if (a->in[IN_SHM] && m->has_shm) {
+        rc = a->in[IN_SHM]->ops->peer_add(a->in[IN_SHM], m, desc, out);
         if (rc == 0) return 0;
-        ecx_log(ECX_LOG_DEBUG, "data: same-host path not usable (%s); trying ucx",
+        ecx_log(ECX_LOG_DEBUG, "data: same-host path not usable (%s); trying the network",
                 ecx_strerror(rc));
     }
-    if (!m->has_ucx) return rc;
-    if (!a->ucx) {
-        int r2 = ecx_data_ucx_new_consumer(d->region, &a->ucx);
+    int k = m->has_tcp ? IN_TCP : m->has_ucx ? IN_UCX : -1;
+    if (k < 0) return rc;
+    if (!a->in[k]) {
+        int r2 = k == IN_TCP ? ecx_data_tcp_new_consumer(d->region, &a->in[k])
+                             : ecx_data_ucx_new_consumer(d->region, &a->in[k]);
         if (r2) return r2;
-        a->ucx->role = ECX_DATA_CONSUMER;
-        a->ucx->region = d->region;
-        auto_join_fd(a, a->ucx);
+        a->in[k]->role = ECX_DATA_CONSUMER;
+        a->in[k]->region = d->region;
+        auto_join_fd(a, a->in[k]);
     }
-    return a->ucx->ops->peer_add(a->ucx, m, desc, out);
+    return a->in[k]->ops->peer_add(a->in[k], m, desc, out);
 }
 
 static void auto_set_grant_fn(ecx_data *d, ecx_data_grant_fn fn, void *arg)
 {
     auto_data *a = (auto_data *)d;
-    if (a->shm) ecx_data_set_grant_fn(a->shm, fn, arg);
-    if (a->ucx) ecx_data_set_grant_fn(a->ucx, fn, arg);
+    for (int i = 0; i < IN_N; i++)
+        if (a->in[i]) ecx_data_set_grant_fn(a->in[i], fn, arg);
 }
 
 static const struct ecx_data_ops auto_ops = {
@@ -477,6 +560,8 @@ int ecx_data_backend_parse(const char *s, int *out)
         *out = ECX_DATA_SHM;
     else if (strcmp(s, "ucx") == 0)
         *out = ECX_DATA_UCX;
+    else if (strcmp(s, "tcp") == 0)
+        *out = ECX_DATA_TCP;
     else
         return ECX_EINVAL;
     return 0;
@@ -488,6 +573,7 @@ const char *ecx_data_backend_name(int backend)
     case ECX_DATA_AUTO: return "auto";
     case ECX_DATA_SHM: return "shm";
     case ECX_DATA_UCX: return "ucx";
+    case ECX_DATA_TCP: return "tcp";
     }
     return "unknown";
 }
@@ -501,20 +587,44 @@ static int random_nonce(uint64_t *out)
     return n == (ssize_t)sizeof *out ? 0 : ECX_ESYS;
 }
 
-static int make_auto(ecx_region *r, int role, ecx_data *shm, ecx_data *ucx, ecx_data **out)
+static int make_auto(ecx_region *r, int role, ecx_data *const in[IN_N], ecx_data **out)
 {
     auto_data *a = calloc(1, sizeof *a);
     if (!a) return ECX_ENOMEM;
     a->base.ops = &auto_ops;
     a->base.role = role;
     a->base.region = r;
-    a->shm = shm;
-    a->ucx = ucx;
     a->epfd = epoll_create1(EPOLL_CLOEXEC);
-    auto_join_fd(a, shm);
-    auto_join_fd(a, ucx);
+    for (int i = 0; i < IN_N; i++) {
+        a->in[i] = in[i];
+        auto_join_fd(a, in[i]);
+    }
     *out = &a->base;
     return 0;
+}
+
+static void free_inner(ecx_data *const in[IN_N])
+{
+    for (int i = 0; i < IN_N; i++)
+        if (in[i]) in[i]->ops->free(in[i]);
+}
+
+/* Start inner context k for role; 0 or its error. */
+static int start_inner(int k, ecx_region *region, const ecx_data_opts *opts, int role,
+                       ecx_data_meta *m, ecx_data_desc *dd, ecx_data **out)
+{
+    bool p = role == ECX_DATA_PRODUCER;
+    switch (k) {
+    case IN_SHM:
+        return p ? ecx_data_shm_new_producer(region, m, dd, out)
+                 : ecx_data_shm_new_consumer(region, out);
+    case IN_TCP:
+        return p ? ecx_data_tcp_new_producer(region, opts, m, out)
+                 : ecx_data_tcp_new_consumer(region, out);
+    default:
+        return p ? ecx_data_ucx_new_producer(region, opts, m, dd, out)
+                 : ecx_data_ucx_new_consumer(region, out);
+    }
 }
 
 static int new_ctx(ecx_region *region, const ecx_data_opts *opts, int role, ecx_data **out)
@@ -522,47 +632,55 @@ static int new_ctx(ecx_region *region, const ecx_data_opts *opts, int role, ecx_
     if (!region || !out) return ECX_EINVAL;
     *out = NULL;
     int backend = opts ? opts->backend : ECX_DATA_AUTO;
-    if (backend != ECX_DATA_AUTO && backend != ECX_DATA_SHM && backend != ECX_DATA_UCX)
+    static const int inner_of[] = {[ECX_DATA_SHM] = IN_SHM, [ECX_DATA_TCP] = IN_TCP,
+                                   [ECX_DATA_UCX] = IN_UCX};
+    if (backend != ECX_DATA_AUTO && backend != ECX_DATA_SHM && backend != ECX_DATA_UCX &&
+        backend != ECX_DATA_TCP)
         return ECX_EINVAL;
     ecx_data_meta m = {0};
     ecx_data_desc dd = {0};
-    ecx_data *shm = NULL, *ucx = NULL;
-    int rc = 0, rc_shm = 0, rc_ucx = 0;
+    ecx_data *in[IN_N] = {0};
+    int rc = 0;
     if (role == ECX_DATA_PRODUCER) {
         if ((rc = random_nonce(&m.nonce))) return rc;
         dd.nonce = m.nonce;
         dd.block_bytes = ecx_region_block_bytes(region);
         dd.num_blocks = ecx_region_num_blocks(region);
     }
-    if (backend != ECX_DATA_UCX) {
-        rc_shm = role == ECX_DATA_PRODUCER ? ecx_data_shm_new_producer(region, &m, &dd, &shm)
-                                           : ecx_data_shm_new_consumer(region, &shm);
-        if (rc_shm && backend == ECX_DATA_SHM) return rc_shm;
-        if (rc_shm)
-            ecx_log(ECX_LOG_WARN, "data: same-host path unavailable: %s", ecx_strerror(rc_shm));
-    }
-    /* An auto consumer starts UCX on first need (auto_peer_add). */
-    if (backend == ECX_DATA_UCX || (backend == ECX_DATA_AUTO && role == ECX_DATA_PRODUCER)) {
-        rc_ucx = role == ECX_DATA_PRODUCER ? ecx_data_ucx_new_producer(region, opts, &m, &dd, &ucx)
-                                           : ecx_data_ucx_new_consumer(region, &ucx);
-        if (rc_ucx && (backend == ECX_DATA_UCX || !shm)) {
-            if (shm) shm->ops->free(shm);
-            return rc_ucx;
+    /* What starts now: the one path asked for; for auto, the producer's
+     * shm and tcp (UCX only when asked: its tcp transport is open to
+     * writes, data_ucx.c), the consumer's shm (tcp / UCX start on first
+     * need, auto_peer_add). */
+    bool want[IN_N] = {0};
+    if (backend != ECX_DATA_AUTO)
+        want[inner_of[backend]] = true;
+    else
+        want[IN_SHM] = true, want[IN_TCP] = role == ECX_DATA_PRODUCER;
+    static const char *const what[IN_N] = {"same-host", "tcp", "UCX"};
+    int started = 0;
+    for (int k = 0; k < IN_N; k++) {
+        if (!want[k]) continue;
+        int rk = start_inner(k, region, opts, role, &m, &dd, &in[k]);
+        if (rk && backend != ECX_DATA_AUTO) return rk;
+        if (rk) {
+            ecx_log(ECX_LOG_WARN, "data: %s path unavailable: %s", what[k], ecx_strerror(rk));
+            rc = rk;
+            continue;
         }
-        if (rc_ucx) ecx_log(ECX_LOG_WARN, "data: UCX path unavailable: %s", ecx_strerror(rc_ucx));
+        in[k]->role = role, in[k]->region = region;
+        started++;
     }
-    if (shm) shm->role = role, shm->region = region;
-    if (ucx) ucx->role = role, ucx->region = region;
+    /* An auto consumer without shm still has the network, started later. */
+    if (!started && !(backend == ECX_DATA_AUTO && role == ECX_DATA_CONSUMER)) return rc;
     ecx_data *d = NULL;
     if (backend == ECX_DATA_AUTO) {
-        rc = make_auto(region, role, shm, ucx, &d);
+        rc = make_auto(region, role, in, &d);
         if (rc) {
-            if (shm) shm->ops->free(shm);
-            if (ucx) ucx->ops->free(ucx);
+            free_inner(in);
             return rc;
         }
     } else {
-        d = shm ? shm : ucx;
+        d = in[inner_of[backend]];
     }
     if (role == ECX_DATA_PRODUCER) {
         uint8_t mb[ECX_DATA_META_MAX], db[ECX_DATA_DESC_MAX];

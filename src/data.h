@@ -22,13 +22,19 @@
  *     the grant can release it.
  *
  * Backends (the vtable is in data_impl.h):
- *   ucx   UCX (data_ucx.c): across hosts (TCP here, RDMA where the hardware
- *         has it) and network namespaces.
+ *   tcp   across hosts and network namespaces (data_tcp.c): the producer
+ *         answers a request that names a live grant with its bytes, over
+ *         a plain TCP connection it fully controls. Unencrypted: trusted
+ *         networks, or IPsec / WireGuard.
+ *   ucx   UCX (data_ucx.c): for RDMA fabrics on trusted networks only,
+ *         chosen explicitly (UCX 1.13's own tcp transport lets a peer
+ *         write the producer's memory; see data_ucx.c).
  *   shm   same host (data_shm.c): the producer hands its region's
  *         descriptor to a consumer holding a grant; the consumer copies.
- *   auto  (default) a producer publishes both; a consumer uses shm when the
- *         producer has our boot id, its socket answers (same network
- *         namespace) and its process has our uid, else ucx (data.c).
+ *   auto  (default) a producer publishes shm and tcp; a consumer uses shm
+ *         when the producer has our boot id, its socket answers (same
+ *         network namespace) and its process has our uid, else tcp if
+ *         published, else ucx if published (data.c).
  *   fault tests only: wraps another context and injects failures
  *         (data_fault.h).
  *
@@ -56,8 +62,8 @@ typedef struct ecx_data ecx_data;
 typedef struct ecx_data_peer ecx_data_peer;
 typedef struct ecx_data_xfer ecx_data_xfer;
 
-/* Which path moves the bytes (`--data auto|shm|ucx`). */
-enum ecx_data_backend { ECX_DATA_AUTO = 0, ECX_DATA_SHM = 1, ECX_DATA_UCX = 2 };
+/* Which path moves the bytes (`--data auto|shm|tcp|ucx`). */
+enum ecx_data_backend { ECX_DATA_AUTO = 0, ECX_DATA_SHM = 1, ECX_DATA_UCX = 2, ECX_DATA_TCP = 3 };
 
 /* State of a posted READ. CORRUPT: the bytes arrived but their checksum is
  * not the ticket's (the item must not become ready). */
@@ -90,7 +96,7 @@ typedef struct ecx_data_ticket {
     uint32_t lease_ms;                 /* the producer's pin lease */
 } ecx_data_ticket;
 
-/* Parse "auto" / "shm" / "ucx" into enum ecx_data_backend; ECX_EINVAL else. */
+/* Parse "auto" / "shm" / "tcp" / "ucx" into enum ecx_data_backend; ECX_EINVAL else. */
 int ecx_data_backend_parse(const char *s, int *out);
 const char *ecx_data_backend_name(int backend);
 
@@ -161,7 +167,7 @@ int ecx_data_peer_add(ecx_data *d, const uint8_t *meta, size_t meta_len, const u
  * again). */
 bool ecx_data_peer_same(const ecx_data_peer *p, const uint8_t *meta, size_t meta_len);
 
-/* Name of the path the peer uses ("shm" / "ucx"). */
+/* Name of the path the peer uses ("shm" / "tcp" / "ucx"). */
 const char *ecx_data_peer_backend(const ecx_data_peer *p);
 
 /* Drop a registration. READs still running on it are failed (their xfers
@@ -209,7 +215,7 @@ int ecx_data_fd(ecx_data *d);
  * already pending (progress again first), negative = error. */
 int ecx_data_arm(ecx_data *d);
 
-/* Backend actually in use: "auto", "shm", "ucx", "fault". */
+/* Backend actually in use: "auto", "shm", "tcp", "ucx", "fault". */
 const char *ecx_data_name(const ecx_data *d);
 
 void ecx_data_free(ecx_data *d);

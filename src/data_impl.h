@@ -30,6 +30,10 @@ typedef struct ecx_data_meta {
     bool has_ucx;
     const uint8_t *ucx_addr; /* packed ucp worker address */
     size_t ucx_addr_len;
+    bool has_tcp;
+    uint8_t tcp_family;   /* 4 or 6 */
+    uint16_t tcp_port;    /* host order, never 0 */
+    uint8_t tcp_addr[16]; /* network order: 4 or 16 bytes, a unicast address */
 } ecx_data_meta;
 
 /* mem_descriptor, parsed. */
@@ -107,7 +111,7 @@ static inline int ecx_data_grant_check(ecx_data *d, const char *key, size_t key_
 /* Head of every peer: its owner, and what it was registered from. */
 struct ecx_data_peer {
     ecx_data *owner;
-    const char *backend;  /* "shm" / "ucx" */
+    const char *backend;  /* "shm" / "tcp" / "ucx" */
     uint64_t num_blocks;  /* of the remote region */
     uint64_t nonce;       /* of the producer context */
     uint8_t *meta;        /* the agent_metadata bytes */
@@ -138,12 +142,23 @@ static inline size_t ecx_data_run_len(const uint64_t *remote, const uint64_t *lo
 /* The bytes of /proc/sys/kernel/random/boot_id as 16 raw bytes. */
 int ecx_data_boot_id(uint8_t out[16]);
 
-/* Backend constructors (data_shm.c, data_ucx.c). The producer ones fill
+/* Backend constructors (data_shm.c, data_tcp.c, data_ucx.c). The producer ones fill
  * their part of *m and *dd; pointers they set stay valid until free. */
 int ecx_data_shm_new_producer(ecx_region *r, ecx_data_meta *m, ecx_data_desc *dd, ecx_data **out);
 int ecx_data_shm_new_consumer(ecx_region *r, ecx_data **out);
 int ecx_data_ucx_new_producer(ecx_region *r, const ecx_data_opts *opts, ecx_data_meta *m,
                               ecx_data_desc *dd, ecx_data **out);
 int ecx_data_ucx_new_consumer(ecx_region *r, ecx_data **out);
+int ecx_data_tcp_new_producer(ecx_region *r, const ecx_data_opts *opts, ecx_data_meta *m,
+                              ecx_data **out);
+int ecx_data_tcp_new_consumer(ecx_region *r, ecx_data **out);
+
+struct sockaddr_storage;
+/* The address a producer listens on for opts->bind_host (port 0): NULL,
+ * "", "*", "0.0.0.0" and "::" mean any (then *any is set and *publish is
+ * the first non-loopback IPv4 interface's address, else 127.0.0.1); else
+ * the host resolved, in both. 0 or ECX_EINVAL. */
+int ecx_data_bind_addr(const char *host, struct sockaddr_storage *bind,
+                       struct sockaddr_storage *publish, bool *any);
 
 #endif

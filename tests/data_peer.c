@@ -9,7 +9,7 @@
  *     create a region in DIR, fill it with a known pattern, publish, and
  *     serve until NOTIFS notifications arrived (exit 0) or time runs out.
  *   data_peer consume DIR BACKEND BLOCKS BLOCK_BYTES FILE PATH TIMEOUT_MS
- *     register the producer (its path must be PATH: shm / ucx), fetch one
+ *     register the producer (its path must be PATH: shm / tcp / ucx), fetch one
  *     block, many, scattered blocks with a partial last one, and the whole
  *     region, checking every byte; exit 0 if all match.
  * Every wait is bounded by TIMEOUT_MS.

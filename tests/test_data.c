@@ -1,6 +1,6 @@
 /* test_data — the data plane in one process: the metadata / descriptor
  * codec (round trip, every truncation, malformed fields, random
- * mutations), READs of every shape through the shm and UCX paths (one
+ * mutations), READs of every shape through the shm, tcp and UCX paths (one
  * block, many, non-contiguous, the whole region, a partial last block)
  * byte for byte with their notifications, the auto choice, argument
  * validation, and the fault wrapper. Two processes and two network
@@ -199,6 +199,9 @@ static void sample(ecx_data_meta *m, ecx_data_desc *d)
     m->sock = "ecx-ntf-1", m->sock_len = 9;
     m->has_ucx = true;
     m->ucx_addr = fake_addr, m->ucx_addr_len = sizeof fake_addr;
+    m->has_tcp = true; /* encoded last: 11 bytes */
+    m->tcp_family = 4, m->tcp_port = 40123;
+    memcpy(m->tcp_addr, (const uint8_t[]){10, 1, 2, 3}, 4);
     d->block_bytes = BS, d->num_blocks = NB;
     d->has_ticket = true;
     memset(d->ticket.token, 0x77, ECX_DATA_TOKEN_LEN);
@@ -220,7 +223,10 @@ static void test_codec_roundtrip(void **state)
     assert_true(dl > 0 && dl < 140);
     assert_int_equal(ecx_data_meta_decode(mb, (size_t)ml, &m2), 0);
     assert_int_equal(ecx_data_desc_decode(db, (size_t)dl, &d2), 0);
-    assert_true(m2.has_shm && m2.has_ucx);
+    assert_true(m2.has_shm && m2.has_ucx && m2.has_tcp);
+    assert_int_equal(m2.tcp_family, 4);
+    assert_int_equal(m2.tcp_port, 40123);
+    assert_memory_equal(m2.tcp_addr, m.tcp_addr, 4);
     assert_int_equal(m2.nonce, m.nonce);
     assert_int_equal(m2.dev, 42);
     assert_int_equal(m2.ino, 4242);
@@ -234,6 +240,22 @@ static void test_codec_roundtrip(void **state)
     assert_int_equal(d2.num_blocks, NB);
     assert_true(d2.has_ticket);
     assert_memory_equal(&d2.ticket, &d.ticket, sizeof d.ticket);
+    /* IPv6, alone. */
+    ecx_data_meta m6 = {.nonce = 1, .has_tcp = true, .tcp_family = 6, .tcp_port = 1};
+    m6.tcp_addr[15] = 1; /* ::1 */
+    uint8_t b6[64];
+    long l6 = ecx_data_meta_encode(&m6, b6, sizeof b6);
+    assert_int_equal(l6, 24 + 4 + 19);
+    assert_int_equal(ecx_data_meta_decode(b6, (size_t)l6, &m2), 0);
+    assert_true(m2.has_tcp && !m2.has_shm && !m2.has_ucx);
+    assert_int_equal(m2.tcp_family, 6);
+    assert_int_equal(m2.tcp_port, 1);
+    assert_memory_equal(m2.tcp_addr, m6.tcp_addr, 16);
+    /* Nothing is encoded that the decoder would refuse. */
+    m6.tcp_port = 0;
+    assert_int_equal(ecx_data_meta_encode(&m6, b6, sizeof b6), ECX_EINVAL);
+    m6.tcp_port = 1, m6.tcp_family = 5;
+    assert_int_equal(ecx_data_meta_encode(&m6, b6, sizeof b6), ECX_EINVAL);
     /* Too small a buffer is ECX_ERANGE, not an overrun. */
     assert_int_equal(ecx_data_meta_encode(&m, mb, 30), ECX_ERANGE);
     assert_int_equal(ecx_data_desc_encode(&d, db, 30), ECX_ERANGE);
@@ -270,7 +292,8 @@ static void test_codec_truncated_and_flipped(void **state)
             tmp[i] ^= (uint8_t)(1u << bit);
             int rc = ecx_data_meta_decode(tmp, (size_t)ml, &m2);
             if (rc) refused++;
-            if (i >= ml - (long)sizeof fake_addr) assert_int_equal(rc, ECX_EDATA_META);
+            if (i >= ml - 11 - (long)sizeof fake_addr && i < ml - 11)
+                assert_int_equal(rc, ECX_EDATA_META);
         }
     assert_true(refused > ml * 2);
     for (long i = 0; i < dl; i++)
@@ -325,7 +348,7 @@ static void test_codec_malformed(void **state)
     assert_int_equal(ecx_data_meta_decode(t, (size_t)ml + 1, &m2), ECX_EDATA_META);
     /* More sections claimed than present. */
     memcpy(t, mb, (size_t)ml);
-    t[6] = 3;
+    t[6] = 4;
     assert_int_equal(ecx_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
     /* Fewer sections claimed than present: leftover bytes. */
     t[6] = 1;
@@ -341,13 +364,13 @@ static void test_codec_malformed(void **state)
     /* An unknown section is skipped (forward compatible). */
     memcpy(t, mb, (size_t)ml);
     memcpy(t + ml, "\x09\x00\x03\x00xyz", 7);
-    t[6] = 3;
+    t[6] = 4;
     t[8] = (uint8_t)(ml + 7);
     assert_int_equal(ecx_data_meta_decode(t, (size_t)ml + 7, &m2), 0);
-    assert_true(m2.has_shm && m2.has_ucx);
+    assert_true(m2.has_shm && m2.has_ucx && m2.has_tcp);
     /* A known section twice is refused. */
     ecx_data_meta one = m;
-    one.has_shm = false;
+    one.has_shm = false, one.has_tcp = false;
     long ol = ecx_data_meta_encode(&one, t, sizeof t);
     memcpy(t + ol, t + 24, (size_t)(ol - 24));
     t[6] = 2;
@@ -375,6 +398,47 @@ static void test_codec_malformed(void **state)
     bd = d, bd.block_bytes = 1ull << 62, bd.num_blocks = 8;
     bl = ecx_data_desc_encode(&bd, t, sizeof t);
     assert_int_equal(ecx_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
+    /* tcp sections that cannot be: an unknown family or one whose length
+     * does not fit it, port 0, an address that is not unicast, the
+     * section one byte short or long, twice. */
+    ecx_data_meta tm = {.nonce = 9, .has_tcp = true, .tcp_family = 4, .tcp_port = 80};
+    memcpy(tm.tcp_addr, (const uint8_t[]){192, 168, 1, 2}, 4);
+    long tl4 = ecx_data_meta_encode(&tm, t, sizeof t);
+    assert_int_equal(tl4, 24 + 4 + 7); /* section body at 28: family, port, address */
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)tl4, &m2), 0);
+    static const uint8_t bad_body[][7] = {
+        {6, 80, 0, 192, 168, 1, 2},   {0, 80, 0, 192, 168, 1, 2}, {5, 80, 0, 192, 168, 1, 2},
+        {4, 0, 0, 192, 168, 1, 2},    {4, 80, 0, 0, 0, 0, 0},     {4, 80, 0, 224, 0, 0, 1},
+        {4, 80, 0, 255, 255, 255, 255}};
+    for (size_t i = 0; i < sizeof bad_body / sizeof bad_body[0]; i++) {
+        uint8_t u[64];
+        memcpy(u, t, (size_t)tl4);
+        memcpy(u + 28, bad_body[i], 7);
+        assert_int_equal(ecx_data_meta_decode(u, (size_t)tl4, &m2), ECX_EDATA_META);
+    }
+    for (int delta = -1; delta <= 1; delta += 2) {
+        uint8_t u[64] = {0};
+        memcpy(u, t, (size_t)tl4);
+        size_t nl = (size_t)(tl4 + delta);
+        u[26] = (uint8_t)(7 + delta);
+        u[8] = (uint8_t)nl;
+        assert_int_equal(ecx_data_meta_decode(u, nl, &m2), ECX_EDATA_META);
+    }
+    {
+        uint8_t u[96];
+        memcpy(u, t, (size_t)tl4);
+        memcpy(u + tl4, t + 24, 11);
+        u[6] = 2;
+        u[8] = (uint8_t)(tl4 + 11);
+        assert_int_equal(ecx_data_meta_decode(u, (size_t)tl4 + 11, &m2), ECX_EDATA_META);
+    }
+    tm.tcp_family = 6; /* :: and ff02::1 */
+    memset(tm.tcp_addr, 0, 16);
+    tl4 = ecx_data_meta_encode(&tm, t, sizeof t);
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)tl4, &m2), ECX_EDATA_META);
+    tm.tcp_addr[0] = 0xff, tm.tcp_addr[1] = 2, tm.tcp_addr[15] = 1;
+    tl4 = ecx_data_meta_encode(&tm, t, sizeof t);
+    assert_int_equal(ecx_data_meta_decode(t, (size_t)tl4, &m2), ECX_EDATA_META);
     /* NULL and empty input. */
     assert_int_equal(ecx_data_meta_decode(NULL, 0, &m2), ECX_EDATA_META);
     assert_int_equal(ecx_data_desc_decode(NULL, 0, &d2), ECX_EDATA_DESC);
@@ -462,17 +526,39 @@ static void test_fetch_ucx_tcp(void **state)
     unsetenv("UCX_TLS");
 }
 
+static void test_fetch_tcp(void **state)
+{
+    (void)state;
+    run_cases(ECX_DATA_TCP, ECX_DATA_TCP, "tcp");
+}
+
 static void test_auto_choice(void **state)
 {
     (void)state;
     run_cases(ECX_DATA_AUTO, ECX_DATA_AUTO, "shm"); /* same host: memcpy path */
-    run_cases(ECX_DATA_AUTO, ECX_DATA_UCX, "ucx");  /* forced */
+    run_cases(ECX_DATA_AUTO, ECX_DATA_TCP, "tcp");  /* forced */
+    run_cases(ECX_DATA_TCP, ECX_DATA_AUTO, "tcp");  /* producer offers only tcp */
     run_cases(ECX_DATA_UCX, ECX_DATA_AUTO, "ucx");  /* producer offers only ucx */
+    /* An auto producer publishes shm and tcp, never UCX. */
     pair p;
-    pair_open(&p, ECX_DATA_SHM, ECX_DATA_UCX, BS); /* nothing in common */
-    assert_int_equal(pair_peer(&p), ECX_EDATA_NOPATH);
-    assert_null(p.peer);
+    pair_open(&p, ECX_DATA_AUTO, ECX_DATA_AUTO, BS);
+    size_t ml;
+    ecx_data_meta m;
+    const uint8_t *mb = ecx_data_agent_metadata(p.prod, &ml);
+    assert_int_equal(ecx_data_meta_decode(mb, ml, &m), 0);
+    assert_true(m.has_shm && m.has_tcp && !m.has_ucx);
     pair_close(&p);
+    /* Nothing in common: no path. */
+    static const int none[][2] = {{ECX_DATA_SHM, ECX_DATA_UCX},
+                                  {ECX_DATA_AUTO, ECX_DATA_UCX},
+                                  {ECX_DATA_UCX, ECX_DATA_TCP},
+                                  {ECX_DATA_TCP, ECX_DATA_SHM}};
+    for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
+        pair_open(&p, none[i][0], none[i][1], BS);
+        assert_int_equal(pair_peer(&p), ECX_EDATA_NOPATH);
+        assert_null(p.peer);
+        pair_close(&p);
+    }
 }
 
 /* ---- validation -------------------------------------------------------- */
@@ -556,6 +642,9 @@ static void test_validation(void **state)
     assert_int_equal(b, ECX_DATA_SHM);
     assert_int_equal(ecx_data_backend_parse("ucx", &b), 0);
     assert_int_equal(b, ECX_DATA_UCX);
+    assert_int_equal(ecx_data_backend_parse("tcp", &b), 0);
+    assert_int_equal(b, ECX_DATA_TCP);
+    assert_string_equal(ecx_data_backend_name(ECX_DATA_TCP), "tcp");
     assert_int_equal(ecx_data_backend_parse("rdma", &b), ECX_EINVAL);
     ecx_data_opts bad = {.backend = 9};
     ecx_data *dd = NULL;
@@ -713,6 +802,7 @@ int main(void)
         cmocka_unit_test(test_fetch_shm),
         cmocka_unit_test(test_fetch_ucx),
         cmocka_unit_test(test_fetch_ucx_tcp),
+        cmocka_unit_test(test_fetch_tcp),
         cmocka_unit_test(test_auto_choice),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_peer_add_mutations),

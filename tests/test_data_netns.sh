@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # test_data_netns — the data plane across two network namespaces joined by
 # a veth pair this test creates (10.213.0.1/24 and 10.213.0.2/24, inside
-# those namespaces only): producer in one, consumer in the other. Runs UCX
-# over TCP only, UCX with its own transport choice, and auto (which must
-# fall back to UCX: the same-host path's socket is not reachable from
-# another network namespace). Skips (exit 77) unless root with `ip netns`.
+# those namespaces only): producer in one, consumer in the other. Runs tcp,
+# UCX over TCP only, UCX with its own transport choice, auto (which must
+# take tcp: the same-host path's socket is not reachable from another
+# network namespace, and an auto producer publishes no UCX), and an auto
+# consumer of a UCX-only producer (ucx). Skips (exit 77) unless root with `ip netns`.
 # Everything it creates is removed on exit.
 set -u
 HELPER=$1
@@ -58,7 +59,9 @@ run() { # name pbackend cbackend want_path [env...]
     fi
 }
 
+run tcp tcp tcp tcp
 run ucx-tcp ucx ucx ucx UCX_TLS=tcp
 run ucx-default ucx ucx ucx
-run auto auto auto ucx
+run auto auto auto tcp
+run auto-ucx ucx auto ucx
 exit $fail

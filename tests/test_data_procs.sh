@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_data_procs — producer and consumer of the data plane in two
-# processes on this host, through each path: shm, UCX as UCX likes it,
-# UCX over TCP only, and auto (which must pick shm here). Every byte is
+# processes on this host, through each path: shm, tcp, UCX as UCX likes
+# it, UCX over TCP only, auto (which must pick shm here), and an auto
+# consumer of a tcp-only producer (tcp). Every byte is
 # checked by data_peer; each run is bounded by its timeout.
 set -u
 HELPER=$1
@@ -31,6 +32,8 @@ run() { # name pbackend cbackend want_path [env...]
 }
 
 run shm shm shm shm
+run tcp tcp tcp tcp
+run auto-tcp tcp auto tcp
 run ucx ucx ucx ucx
 run ucx-tcp ucx ucx ucx UCX_TLS=tcp
 run auto auto auto shm

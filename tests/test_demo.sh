@@ -58,13 +58,13 @@ dir=$(grep -Eo '/tmp/ecx-demo\.[A-Za-z0-9]+' "$out" | head -1)
   bad "tampered demo: region directory left"
 
 run 2 "unknown option" --bogus
-run 2 "bad --data" --data tcp
+run 2 "bad --data" --data rdma
 run 2 "bad --items" --items 0
 run 2 "bad --consumers" --consumers 99
 run 2 "stray argument" extra
 run 0 "help" --help
 has "help" '--consumers N'
-has "help" '--data auto\|shm\|ucx'
+has "help" '--data auto\|shm\|tcp\|ucx'
 
 echo "test_demo: $pass passed, $failed failed"
 [ "$failed" = 0 ]

@@ -20,7 +20,7 @@ wait_file "$T/ann.json" || { echo "FAIL: serve did not start" >&2; cat "$T/serve
 region=$(ls "$SHM"/*.mmap | head -1)
 check "the producer's region file exists" '[ -f "$region" ]'
 
-for path in shm ucx auto; do
+for path in shm tcp auto; do
   rm -rf "$T/out" && mkdir -p "$T/out"
   expect 0 "" "clean fetch over $path" -- "$ECX" get --params "$T/ann.json" --out "$T/out" \
     --block-bytes 64Ki --data "$path"
@@ -33,7 +33,7 @@ import sys
 with open(sys.argv[1], "r+b") as f:
     f.seek(1234567); b = f.read(1); f.seek(1234567); f.write(bytes([b[0] ^ 0x10]))
 PY
-for path in shm ucx auto; do
+for path in shm tcp auto; do
   rm -rf "$T/out" && mkdir -p "$T/out"
   expect 3 "aaa: CORRUPT" "flipped byte over $path" -- "$ECX" get --params "$T/ann.json" \
     --out "$T/out" --block-bytes 64Ki --data "$path"

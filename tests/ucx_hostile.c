@@ -1,5 +1,7 @@
-/* ucx_hostile — the UCX data path against well-behaved and hostile peers,
- * each side in its own process (driven by test_ucx_hostile.sh). The
+/* ucx_hostile — the UCX and tcp data paths against well-behaved and hostile
+ * peers, each side in its own process (driven by test_ucx_hostile.sh and
+ * test_tcp_hostile.sh). produce / consume use the backend named by
+ * HOSTILE_DATA (ucx, the default, or tcp). The
  * producer publishes its agent_metadata and a set of grants (key, token,
  * blocks, descriptor) in a file, the way acks would carry them; a
  * consumer or an attacker reads what it needs from there (an attacker is
@@ -31,16 +33,34 @@
  *     raw UCT tcp put of 8 bytes at the producer's block BLOCK, to its tcp
  *     interface port PORT (a UCX 1.13 hole: see data_ucx.c). Prints what
  *     UCT said.
+ *   ucx_hostile tcp-attack FILE
+ *     a raw TCP client of a tcp producer holding only grant g5's ticket:
+ *     a wrong token, another grant's key, g5 (served once), its replay,
+ *     garbage headers, a key length of 0 and over the limit, half a
+ *     request then silence, 2000 pipelined requests, 100 connections at
+ *     once. Exit 0 if it obtained nothing but g5 (once) and every bound
+ *     held; prints what each step got.
+ *   ucx_hostile tcp-evil DIR
+ *     a hostile tcp producer (a forked raw server) against a real tcp
+ *     consumer: a wrong xfer id, a bigger nbytes than the ticket, a bad
+ *     status, a short stream then close, a stall, trailing bytes after a
+ *     good reply, and good replies in between. Exit 0 if every hostile
+ *     READ failed, the good ones are byte-exact, and nothing was written
+ *     outside the READ's bytes (a guard pattern around them).
  * Every wait is bounded.
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <inttypes.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <ucp/api/ucp.h>
 #include <uct/api/uct.h>
 #include <unistd.h>
@@ -103,6 +123,13 @@ static void shape(int i, grant *g)
     }
 }
 
+/* HOSTILE_DATA: the backend produce and consume use. */
+static int backend(void)
+{
+    const char *e = getenv("HOSTILE_DATA");
+    return e && !strcmp(e, "tcp") ? ECX_DATA_TCP : ECX_DATA_UCX;
+}
+
 static volatile sig_atomic_t stop;
 static void on_term(int s)
 {
@@ -156,7 +183,7 @@ static int produce(const char *dir, const char *file, int timeout_ms)
     for (uint64_t i = 0; i < ecx_region_size(r); i++) b[i] = pat(i);
     /* Something secret on the heap, for the attacker to aim at. */
     char *secret = strdup("CURVE-SECRET-KEY-0123456789abcdef");
-    ecx_data_opts o = {.backend = ECX_DATA_UCX, .bind_host = "127.0.0.1"};
+    ecx_data_opts o = {.backend = backend(), .bind_host = "127.0.0.1"};
     ecx_data *d;
     if ((rc = ecx_data_new_producer(r, &o, &d))) return fprintf(stderr, "producer: %s\n", ecx_strerror(rc)), 1;
     ecx_data_set_grant_fn(d, grant_fn, NULL);
@@ -169,9 +196,11 @@ static int produce(const char *dir, const char *file, int timeout_ms)
     FILE *f = fopen(tmp, "w");
     if (!f) return perror("fopen"), 1;
     ecx_data_meta m;
-    if (ecx_data_meta_decode(meta, ml, &m) || !m.has_ucx || m.ucx_addr_len < 4) return 1;
+    if (ecx_data_meta_decode(meta, ml, &m) || !(m.has_tcp || (m.has_ucx && m.ucx_addr_len >= 4)))
+        return 1;
     fprintf(f, "meta %s\nbase %" PRIxPTR " secret %" PRIxPTR "\nlistener %u\n", hex,
-            (uintptr_t)b, (uintptr_t)secret, (unsigned)(m.ucx_addr[2] << 8 | m.ucx_addr[3]));
+            (uintptr_t)b, (uintptr_t)secret,
+            m.has_tcp ? m.tcp_port : (unsigned)(m.ucx_addr[2] << 8 | m.ucx_addr[3]));
     free(hex);
     for (int i = 0; i < NG; i++) {
         grant *g = &G[i];
@@ -279,7 +308,7 @@ static int consume(const char *dir, const char *file, int first, int count, cons
     int rc = ecx_region_create_in(dir, inst, 0, (uint64_t)NB * BS, BS, &r);
     if (rc) return fprintf(stderr, "region: %s\n", ecx_strerror(rc)), 1;
     memset(ecx_region_base(r), 0xee, ecx_region_size(r));
-    ecx_data_opts o = {.backend = ECX_DATA_UCX};
+    ecx_data_opts o = {.backend = backend()};
     ecx_data *d;
     if ((rc = ecx_data_new_consumer(r, &o, &d))) return fprintf(stderr, "consumer: %s\n", ecx_strerror(rc)), 1;
     uint8_t db[ECX_DATA_DESC_MAX];
@@ -673,6 +702,377 @@ static int uct_put(const char *file, int port, int block)
     return 1;
 }
 
+/* ---- the tcp path, spoken by hand ---------------------------------------- */
+
+#define TREQ_HEAD 28 /* data_tcp.c's request head */
+
+static int tcp_dial(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A request: version, 'G', id, token, key_len, key. Its length. */
+static size_t treq(uint8_t *b, uint8_t version, uint64_t id, const uint8_t *token, const char *key,
+                   size_t kl)
+{
+    b[0] = version, b[1] = 'G';
+    for (int i = 0; i < 8; i++) b[2 + i] = (uint8_t)(id >> (8 * i));
+    memcpy(b + 10, token, ECX_DATA_TOKEN_LEN);
+    b[26] = (uint8_t)kl, b[27] = (uint8_t)(kl >> 8);
+    if (key) memcpy(b + TREQ_HEAD, key, kl);
+    return TREQ_HEAD + (key ? kl : 0);
+}
+
+static bool send_all(int fd, const void *b, size_t n)
+{
+    for (size_t off = 0; off < n;) {
+        ssize_t s = send(fd, (const uint8_t *)b + off, n - off, MSG_NOSIGNAL);
+        if (s <= 0) return false;
+        off += (size_t)s;
+    }
+    return true;
+}
+
+/* Read up to n bytes within ms; how many came (fewer: closed or late). */
+static size_t read_n(int fd, void *buf, size_t n, int ms)
+{
+    size_t got = 0;
+    int64_t end = ecx_now_ms(NULL) + ms;
+    while (got < n) {
+        int64_t left = end - ecx_now_ms(NULL);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, (int)left) <= 0) break;
+        ssize_t r = recv(fd, (uint8_t *)buf + got, n - got, 0);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    return got;
+}
+
+/* Wait up to ms for fd to be closed by the producer: the ms it took, or -1.
+ * Bytes that arrive instead are added to *leak. */
+static int64_t closed_after(int fd, int ms, uint64_t *leak)
+{
+    int64_t t0 = ecx_now_ms(NULL), end = t0 + ms;
+    uint8_t b[4096];
+    for (;;) {
+        int64_t left = end - ecx_now_ms(NULL);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, (int)left) <= 0) return -1;
+        ssize_t r = recv(fd, b, sizeof b, MSG_DONTWAIT);
+        if (r > 0) {
+            *leak += (uint64_t)r;
+            continue;
+        }
+        if (r == 0 || errno == ECONNRESET) return ecx_now_ms(NULL) - t0;
+    }
+}
+
+static uint64_t le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+/* One request on fd, expecting a refusal: true if refused, with our id. */
+static bool refused(int fd, uint8_t version, uint64_t id, const uint8_t *token, const char *key)
+{
+    uint8_t b[TREQ_HEAD + ECX_DATA_NOTIF_MAX], r[9];
+    size_t n = treq(b, version, id, token, key, strlen(key));
+    return send_all(fd, b, n) && read_n(fd, r, 9, 3000) == 9 && le64(r) == id && r[8] == 1;
+}
+
+static int tcp_attack(const char *file)
+{
+    if (load(file)) return 1;
+    ecx_data_meta m;
+    if (ecx_data_meta_decode(meta_b, meta_len, &m) || !m.has_tcp) return 1;
+    const grant *g5 = &G[5];
+    uint8_t wrong[ECX_DATA_TOKEN_LEN];
+    memcpy(wrong, g5->token, sizeof wrong);
+    wrong[0] ^= 1;
+    int bad = 0;
+#define CHECK(c, ...) \
+    do { \
+        bool ok_ = (c); \
+        printf("%s ", ok_ ? "ok  " : "FAIL"); \
+        printf(__VA_ARGS__); \
+        printf("\n"); \
+        bad += !ok_; \
+    } while (0)
+    int fd = tcp_dial(m.tcp_port);
+    if (fd < 0) return perror("connect"), 1;
+    CHECK(refused(fd, 1, 1, wrong, g5->key), "g5's key with a wrong token: refused");
+    CHECK(refused(fd, 1, 2, g5->token, G[6].key), "g6's key with g5's token: refused");
+    /* g5 itself: served once, byte-exact. */
+    uint8_t b[TREQ_HEAD + 1024], h[17];
+    size_t n = treq(b, 1, 3, g5->token, g5->key, strlen(g5->key));
+    bool ok = send_all(fd, b, n) && read_n(fd, h, 17, 3000) == 17 && le64(h) == 3 && h[8] == 0 &&
+              le64(h + 9) == g5->nbytes;
+    uint8_t *item = malloc(g5->nbytes);
+    ok = ok && read_n(fd, item, g5->nbytes, 5000) == g5->nbytes;
+    for (uint64_t j = 0; ok && j < g5->nbytes; j++) ok = item[j] == pat(g5->blocks[0] * BS + j);
+    free(item);
+    CHECK(ok, "g5 with its token: served, %" PRIu64 " bytes, byte-exact", g5->nbytes);
+    CHECK(refused(fd, 1, 4, g5->token, g5->key), "g5 replayed: refused (claimed once)");
+    close(fd);
+
+    /* Malformed requests close the connection, and nothing comes back. */
+    static const struct {
+        const char *what;
+        uint8_t version;
+        size_t kl;
+    } garbage[] = {{"an HTTP request", 0, 0},
+                   {"version 9", 9, 5},
+                   {"a key length of 0", 1, 0},
+                   {"a key length of 600 (over the limit)", 1, 600},
+                   {"a key length of 65535", 1, 65535}};
+    for (size_t i = 0; i < sizeof garbage / sizeof garbage[0]; i++) {
+        uint64_t leak = 0;
+        fd = tcp_dial(m.tcp_port);
+        if (garbage[i].version == 0) {
+            static const char http[] = "GET / HTTP/1.0\r\n\r\n";
+            send_all(fd, http, sizeof http - 1);
+        } else {
+            n = treq(b, garbage[i].version, 5, g5->token, NULL, garbage[i].kl);
+            send_all(fd, b, n);
+        }
+        int64_t ms = closed_after(fd, 3000, &leak);
+        CHECK(ms >= 0 && leak == 0, "%s: closed after %" PRId64 " ms, %" PRIu64 " bytes back",
+              garbage[i].what, ms, leak);
+        close(fd);
+    }
+    /* Half a request, then silence: closed after the request timeout. */
+    {
+        uint64_t leak = 0;
+        fd = tcp_dial(m.tcp_port);
+        n = treq(b, 1, 6, g5->token, G[7].key, strlen(G[7].key));
+        send_all(fd, b, 20);
+        int64_t ms = closed_after(fd, 12000, &leak);
+        CHECK(ms >= 3000 && leak == 0, "half a request, then silence: closed after %" PRId64 " ms",
+              ms);
+        close(fd);
+    }
+    /* 2000 requests at once: wrong tokens, other keys, g5 again. */
+    {
+        enum { FLOOD = 2000 };
+        fd = tcp_dial(m.tcp_port);
+        size_t cap = FLOOD * (TREQ_HEAD + 64), len = 0;
+        uint8_t *fl = malloc(cap);
+        for (int i = 0; i < FLOOD; i++) {
+            const grant *g = &G[i % NG];
+            uint8_t tok[ECX_DATA_TOKEN_LEN];
+            memcpy(tok, i % 3 == 0 ? g5->token : g->token, sizeof tok);
+            if (i % 3 != 0) tok[i % ECX_DATA_TOKEN_LEN] ^= 0x80;
+            const char *key = i % 3 == 0 ? g5->key : g->key;
+            len += treq(fl + len, 1, 1000 + (uint64_t)i, tok, key, strlen(key));
+        }
+        bool sent = send_all(fd, fl, len);
+        size_t want = (size_t)FLOOD * 9;
+        uint8_t *rep = malloc(want + 1);
+        size_t got = read_n(fd, rep, want + 1, 10000);
+        int refusals = 0;
+        for (int i = 0; i < FLOOD && (size_t)(i + 1) * 9 <= got; i++)
+            refusals += le64(rep + 9 * i) == 1000 + (uint64_t)i && rep[9 * i + 8] == 1;
+        CHECK(sent && got == want && refusals == FLOOD,
+              "%d pipelined requests: %d refusals, %zu bytes back (want %zu)", FLOOD, refusals,
+              got, want);
+        free(fl);
+        free(rep);
+        close(fd);
+    }
+    /* 100 connections from one address: at most 32 held. */
+    {
+        enum { MANY = 100 };
+        usleep(300000); /* the producer notices the closes above */
+        int fds[MANY], open_ = 0, shut = 0;
+        for (int i = 0; i < MANY; i++) fds[i] = tcp_dial(m.tcp_port);
+        usleep(500000);
+        for (int i = 0; i < MANY; i++) {
+            uint64_t leak = 0;
+            if (fds[i] < 0 || closed_after(fds[i], 1, &leak) >= 0)
+                shut++;
+            else
+                open_++;
+            if (fds[i] >= 0) close(fds[i]);
+        }
+        CHECK(open_ <= 32 && open_ > 0 && shut >= MANY - 32,
+              "%d connections at once: %d held, %d closed", MANY, open_, shut);
+    }
+    printf("%s\n", bad ? "the attacker got something, or a bound did not hold" : "attacker got only g5, once");
+    return bad ? 1 : 0;
+#undef CHECK
+}
+
+/* A hostile tcp producer: what its reply does to one READ. */
+enum evil { E_GOOD, E_WRONG_ID, E_BIG, E_STATUS, E_SHORT, E_STALL, E_TRAILING };
+
+static const struct {
+    const char *what;
+    enum evil how;
+    int expect;
+} evil_cases[] = {
+    {"a good reply", E_GOOD, ECX_XFER_DONE},
+    {"a reply with another xfer id", E_WRONG_ID, ECX_XFER_FAILED},
+    {"a good reply", E_GOOD, ECX_XFER_DONE},
+    {"nbytes one more than the ticket's", E_BIG, ECX_XFER_FAILED},
+    {"a status that is not 0 / 1", E_STATUS, ECX_XFER_FAILED},
+    {"half the bytes, then close", E_SHORT, ECX_XFER_FAILED},
+    {"1000 bytes, then a stall past the lease", E_STALL, ECX_XFER_FAILED},
+    {"a good reply with 100 bytes more", E_TRAILING, ECX_XFER_DONE},
+    {"a good reply", E_GOOD, ECX_XFER_DONE},
+};
+#define EVIL_N (sizeof evil_cases / sizeof evil_cases[0])
+static const uint64_t evil_remote[3] = {1, 2, 7}, evil_local[3] = {10, 20, 21};
+#define EVIL_NBYTES (2 * (uint64_t)BS + 100)
+
+/* The next request's xfer id, from *cfd or, when it closes, a new
+ * connection on lfd; false if none comes. */
+static bool evil_next(int lfd, int *cfd, uint64_t *id)
+{
+    for (int tries = 0; tries < 4; tries++) {
+        if (*cfd < 0 && (*cfd = accept(lfd, NULL, NULL)) < 0) return false;
+        uint8_t h[TREQ_HEAD], key[ECX_DATA_NOTIF_MAX];
+        if (read_n(*cfd, h, TREQ_HEAD, 15000) == TREQ_HEAD) {
+            size_t kl = (size_t)h[26] | (size_t)h[27] << 8;
+            if (kl <= sizeof key && read_n(*cfd, key, kl, 5000) == kl) {
+                *id = le64(h + 2);
+                return true;
+            }
+        }
+        close(*cfd);
+        *cfd = -1;
+    }
+    return false;
+}
+
+static void evil_serve(int lfd)
+{
+    alarm(90);
+    uint8_t *body = malloc(EVIL_NBYTES + 100);
+    for (uint64_t j = 0; j < EVIL_NBYTES + 100; j++)
+        body[j] = j < EVIL_NBYTES ? pat(evil_remote[j / BS] * BS + j % BS) : 0x5a;
+    int cfd = -1, stalled = -1;
+    for (size_t c = 0; c < EVIL_N; c++) {
+        uint64_t id;
+        if (!evil_next(lfd, &cfd, &id)) break;
+        enum evil how = evil_cases[c].how;
+        uint8_t h[17];
+        uint64_t nb = how == E_BIG ? EVIL_NBYTES + 1 : EVIL_NBYTES;
+        for (int i = 0; i < 8; i++) {
+            h[i] = (uint8_t)((how == E_WRONG_ID ? id ^ 1 : id) >> (8 * i));
+            h[9 + i] = (uint8_t)(nb >> (8 * i));
+        }
+        h[8] = how == E_STATUS ? 7 : 0;
+        send_all(cfd, h, 17);
+        size_t len = how == E_SHORT ? EVIL_NBYTES / 2 : how == E_STALL ? 1000
+                     : how == E_TRAILING || how == E_BIG ? EVIL_NBYTES + 100 : EVIL_NBYTES;
+        send_all(cfd, body, len);
+        if (how == E_SHORT || how == E_STALL) {
+            if (how == E_STALL) stalled = cfd; /* held open, silent */
+            else close(cfd);
+            cfd = -1;
+        }
+    }
+    if (stalled >= 0) close(stalled);
+    free(body);
+    _exit(0);
+}
+
+static int tcp_evil(const char *dir)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t sl = sizeof sa;
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof sa) || listen(lfd, 8) ||
+        getsockname(lfd, (struct sockaddr *)&sa, &sl))
+        return perror("listen"), 1;
+    pid_t child = fork();
+    if (child == 0) evil_serve(lfd);
+    close(lfd);
+    ecx_data_meta m = {.nonce = 42, .has_tcp = true, .tcp_family = 4, .tcp_port = ntohs(sa.sin_port)};
+    memcpy(m.tcp_addr, &sa.sin_addr, 4);
+    ecx_data_desc dd = {.nonce = 42, .block_bytes = BS, .num_blocks = NB, .has_ticket = true};
+    dd.ticket.nbytes = EVIL_NBYTES;
+    ecx_sum s;
+    ecx_sum_reset(&s);
+    for (uint64_t j = 0; j < EVIL_NBYTES; j++) {
+        uint8_t v = pat(evil_remote[j / BS] * BS + j % BS);
+        ecx_sum_update(&s, &v, 1);
+    }
+    dd.ticket.checksum = ecx_sum_digest(&s);
+    uint8_t mb[ECX_DATA_META_MAX], db[ECX_DATA_DESC_MAX];
+    long ml = ecx_data_meta_encode(&m, mb, sizeof mb);
+    ecx_region *r;
+    char inst[32];
+    snprintf(inst, sizeof inst, "tcpe%d", (int)getpid());
+    if (ml < 0 || ecx_region_create_in(dir, inst, 0, (uint64_t)NB * BS, BS, &r)) return 1;
+    ecx_data_opts o = {.backend = ECX_DATA_TCP};
+    ecx_data *d;
+    ecx_data_peer *p;
+    dd.ticket.lease_ms = 10000;
+    long dl = ecx_data_desc_encode(&dd, db, sizeof db);
+    if (dl < 0 || ecx_data_new_consumer(r, &o, &d) ||
+        ecx_data_peer_add(d, mb, (size_t)ml, db, (size_t)dl, &p))
+        return fprintf(stderr, "consumer setup failed\n"), 1;
+    uint8_t *lb = ecx_region_base(r);
+    int bad = 0;
+    for (size_t c = 0; c < EVIL_N; c++) {
+        memset(lb, 0xa5, ecx_region_size(r));
+        dd.ticket.lease_ms = evil_cases[c].how == E_STALL ? 1500 : 10000;
+        dl = ecx_data_desc_encode(&dd, db, sizeof db);
+        ecx_data_xfer *x;
+        if (ecx_data_read_post(p, db, (size_t)dl, evil_remote, evil_local, 3, EVIL_NBYTES,
+                               "evil:item", 9, &x))
+            return fprintf(stderr, "read_post failed\n"), 1;
+        int64_t t0 = ecx_now_ms(NULL);
+        int st;
+        while ((st = ecx_data_read_poll(x)) == ECX_XFER_RUNNING && ecx_now_ms(NULL) < t0 + 10000) {
+            ecx_data_progress(d);
+            wait_fd(d, 10);
+        }
+        ecx_data_read_release(x);
+        /* Let trailing bytes arrive before the next READ is posted. */
+        for (int64_t e = ecx_now_ms(NULL) + 200; ecx_now_ms(NULL) < e;) {
+            ecx_data_progress(d);
+            wait_fd(d, 10);
+        }
+        /* Outside the READ's bytes the guard is intact; a DONE is exact. */
+        uint64_t outside = 0, wrong = 0;
+        for (uint64_t i = 0; i < ecx_region_size(r); i++) {
+            uint64_t blk = i / BS, off = i % BS;
+            int k = blk == 10 ? 0 : blk == 20 ? 1 : blk == 21 ? 2 : -1;
+            bool inside = k >= 0 && (uint64_t)k * BS + off < EVIL_NBYTES;
+            if (!inside)
+                outside += lb[i] != 0xa5;
+            else if (st == ECX_XFER_DONE)
+                wrong += lb[i] != pat(evil_remote[k] * BS + off);
+        }
+        bool ok = st == evil_cases[c].expect && !outside && !wrong;
+        printf("%s %s: %s after %" PRId64 " ms, %" PRIu64 " bytes written outside, %" PRIu64
+               " wrong inside\n",
+               ok ? "ok  " : "FAIL", evil_cases[c].what, state_name(st), ecx_now_ms(NULL) - t0,
+               outside, wrong);
+        bad += !ok;
+    }
+    ecx_data_peer_drop(p);
+    ecx_data_free(d);
+    ecx_region_free(r);
+    int ws;
+    waitpid(child, &ws, 0);
+    printf("%s\n", bad ? "the hostile producer got through" : "every hostile reply failed its READ, nothing written outside");
+    return bad ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -683,6 +1083,8 @@ int main(int argc, char **argv)
     if (argc == 4 && !strcmp(argv[1], "attack")) return attack(argv[2], atoi(argv[3]));
     if (argc == 5 && !strcmp(argv[1], "mutate")) return mutate(argv[2], argv[3], atoi(argv[4]));
     if (argc == 5 && !strcmp(argv[1], "uct-put")) return uct_put(argv[2], atoi(argv[3]), atoi(argv[4]));
+    if (argc == 3 && !strcmp(argv[1], "tcp-attack")) return tcp_attack(argv[2]);
+    if (argc == 3 && !strcmp(argv[1], "tcp-evil")) return tcp_evil(argv[2]);
     fprintf(stderr, "usage: see the top of tests/ucx_hostile.c\n");
     return 2;
 }

@@ -36,7 +36,7 @@
 
 static const char HELP[] =
     "usage: ecx bench ctrl --params FILE [--requests N] [--window W] [options]\n"
-    "       ecx bench data [--size SIZE]... [--count N] [--data all|shm|ucx] [options]\n"
+    "       ecx bench data [--size SIZE]... [--count N] [--data all|shm|tcp|ucx] [options]\n"
     "\n"
     "ecx bench ctrl: control-plane load against a producer (ecx serve, or any peer\n"
     "speaking protocol version 1). Sends XferReq frames for the items of FILE (as\n"
@@ -64,10 +64,11 @@ static const char HELP[] =
     "  --size SIZE            bytes per fetch (repeatable, up to 8; default 4.7M and 28.8M)\n"
     "  --count N              timed fetches per size and path (default 30)\n"
     "  --warmup N             untimed fetches first (default 3)\n"
-    "  --data all|shm|ucx     paths to measure (default all; auto means all)\n"
+    "  --data all|shm|tcp|ucx paths to measure (default all; auto means all)\n"
     "  --block-bytes SIZE     block size of the regions (default 1Mi)\n"
     "  Output: one line per size, the last being the last size:\n"
     "    size=<bytes> shm_gbps=<x> ucx_gbps=<x> memcpy_gbps=<x> shm_ratio=<x> ucx_ratio=<x>\n"
+    "      tcp_gbps=<x> tcp_ratio=<x>   (on the same line)\n"
     "  (a path not measured reads 0; UCX_TLS=tcp measures UCX over TCP).\n"
     "\n"
     "Both accept the options serve takes in common; those that do not apply\n"
@@ -414,9 +415,10 @@ static int cmd_bench_data(int argc, char **argv)
         if (c == OPT_DATA) { /* this one also takes "all" */
             bool all = !strcmp(optarg, "all") || !strcmp(optarg, "auto");
             o.shm = all || !strcmp(optarg, "shm");
+            o.tcp = all || !strcmp(optarg, "tcp");
             o.ucx = all || !strcmp(optarg, "ucx");
-            if (!o.shm && !o.ucx)
-                return usage_error("--data takes all, shm or ucx, not '%s'", optarg);
+            if (!o.shm && !o.tcp && !o.ucx)
+                return usage_error("--data takes all, shm, tcp or ucx, not '%s'", optarg);
             continue;
         }
         int r = common_opt(c, optarg, &cfg, NULL);

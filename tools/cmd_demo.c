@@ -53,7 +53,8 @@ static const char HELP[] =
     "                         2..8)\n"
     "  --items N              encodings in the main load, every third 28.8 MB, the\n"
     "                         rest 4.7 MB (default 24, fewer if /dev/shm is small)\n"
-    "  --data auto|shm|ucx    data path for producers and consumers (default auto)\n"
+    "  --data auto|shm|tcp|ucx  data path for producers and consumers (default auto;\n"
+    "                         ucx: trusted networks only, see README's threat model)\n"
     "  --ack-timeout-ms MS    consumer ack timeout (default 300; the killed producer\n"
     "                         costs about this much)\n"
     "  --ready-delay-ms MS    how long the second producer keeps items not ready\n"
@@ -519,8 +520,9 @@ int cmd_demo(int argc, char **argv)
             d->items = (int)v;
             break;
         case O_DATA:
-            if (strcmp(optarg, "auto") && strcmp(optarg, "shm") && strcmp(optarg, "ucx"))
-                return usage_error("--data takes auto, shm or ucx, not '%s'", optarg);
+            if (strcmp(optarg, "auto") && strcmp(optarg, "shm") && strcmp(optarg, "tcp") &&
+                strcmp(optarg, "ucx"))
+                return usage_error("--data takes auto, shm, tcp or ucx, not '%s'", optarg);
             d->data = optarg;
             break;
         case O_ACK:

@@ -87,8 +87,8 @@ int common_opt(int c, const char *arg, ecx_config *cfg, bool *region_given)
     case OPT_MODEL: cfg->model = arg; return 1;
     case OPT_DTYPE: cfg->dtype = arg; return 1;
     case OPT_DATA:
-        if (strcmp(arg, "auto") && strcmp(arg, "shm") && strcmp(arg, "ucx")) {
-            fprintf(stderr, "ecx: --data takes auto, shm or ucx, not '%s'\n", arg);
+        if (strcmp(arg, "auto") && strcmp(arg, "shm") && strcmp(arg, "tcp") && strcmp(arg, "ucx")) {
+            fprintf(stderr, "ecx: --data takes auto, shm, tcp or ucx, not '%s'\n", arg);
             return -1;
         }
         cfg->data = arg;

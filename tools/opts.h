@@ -42,8 +42,10 @@ enum {
     "  --vllm-version TEXT    compatibility factor (default " ECX_DEFAULT_VLLM_VERSION ")\n"      \
     "  --model TEXT           compatibility factor (default " ECX_DEFAULT_MODEL ")\n"             \
     "  --dtype TEXT           compatibility factor (default " ECX_DEFAULT_DTYPE ")\n"             \
-    "  --data auto|shm|ucx    data path (default auto: shm on the same host, else UCX).\n"        \
-    "                         UCX moves the bytes unencrypted: trusted network only\n"             \
+    "  --data auto|shm|tcp|ucx  data path (default auto: shm on the same host, else tcp).\n"      \
+    "                         tcp moves the bytes unencrypted: trusted network or\n"              \
+    "                         IPsec/WireGuard. ucx (RDMA fabrics): trusted network ONLY,\n"       \
+    "                         UCX's tcp transport lets any peer write producer memory\n"          \
     "  SIZE takes K/M/G (x1000) and Ki/Mi/Gi (x1024) suffixes, e.g. 4.7M, 64Mi.\n"
 
 /* Apply one common option to cfg. Returns 1 if c was one of them, 0 if

@@ -1,0 +1,1038 @@
+/*
+ * data_tcp — the data path across hosts that ecx controls end to end
+ * (issue 9): plain TCP sockets, no third-party wire protocol. The producer
+ * owns a listener and its connections; the consumer owns one connection
+ * per producer. Everything runs from progress / poll_notifs (no threads);
+ * ecx_data_fd() is an epoll descriptor over the sockets (level-triggered).
+ *
+ * Protocol (little-endian), on a connection from consumer to producer:
+ *   request   u8 version=1 | u8 type='G' | u64 xfer id | 16B token |
+ *             u16 key_len (1..ECX_DATA_NOTIF_MAX) | key
+ *   reply     u64 xfer id | u8 status
+ *               status 1 (refused): nothing follows
+ *               status 0 (ok): u64 nbytes, then the item's nbytes bytes
+ * The producer answers a connection's requests in order, one at a time:
+ * it reads the next request only once the previous reply is wholly handed
+ * to the kernel (what a consumer sends ahead waits in the kernel's buffer,
+ * charged to it, and at most TCP_IN_MAX bytes in ours). For each request
+ * it asks the producer session (ecx_data_grant_check with
+ * ECX_DATA_GRANT_CLAIM): a live, unclaimed grant with exactly that key and
+ * token is served straight from the region's mapping (sendmsg over the
+ * grant's block runs, nbytes in all; no copy), anything else is refused.
+ * When an item's last byte is handed to the kernel, poll_notifs reports
+ * (key, token, 0) to the session, which releases the grant; a send that
+ * fails reports a negative status. The consumer receives the bytes
+ * straight into its destination blocks, folds each chunk into the XXH3-64
+ * while it is in cache, and compares with the ticket: DONE, else CORRUPT.
+ *
+ * What a peer can do to the producer, and what it cannot:
+ *   - It reads nothing but the bytes of a live grant whose key and token it
+ *     presents, once (the claim). No address, offset or length ever comes
+ *     from the wire: the session's block list decides what is sent.
+ *   - It writes nothing into the producer: the only bytes read from a peer
+ *     land in a fixed per-connection buffer of TCP_IN_MAX bytes and are
+ *     parsed with every length checked. A request with another version or
+ *     type, or a key length of 0 or over ECX_DATA_NOTIF_MAX, closes the
+ *     connection.
+ *   - What it can make the producer hold is bounded: TCP_MAX_CONNS
+ *     connections, TCP_MAX_PER_HOST per client address (more are accepted
+ *     and closed at once, and counted); one that says nothing for
+ *     TCP_HELLO_MS after connecting, sends half a request and stops for
+ *     TCP_REQ_MS, idles TCP_IDLE_MS between requests, or makes no send
+ *     progress for TCP_SEND_STALL_MS (a peer that stops reading) is closed.
+ *   Not closed: the bytes cross the network unencrypted and unauthenticated
+ *   (a grant's token travels in the clear, as does the control plane's
+ *   unless CURVE is on): use a trusted network, or IPsec / WireGuard.
+ *
+ * What a producer can do to the consumer: nothing but fail or corrupt its
+ * own READs. A reply for another xfer id than the oldest outstanding one,
+ * a status other than 0 / 1, an nbytes other than the ticket's, a byte
+ * when nothing is outstanding, or a connection that closes mid-reply,
+ * closes the connection and fails every READ on it; the consumer writes
+ * only into the READ's own blocks, at most its nbytes. A READ still
+ * running when its ticket's lease has passed fails its connection too (a
+ * producer that stalls): the next READ connects again. A READ released
+ * while running stays queued on the connection: its bytes, when they
+ * come, are read into a scratch buffer and dropped.
+ *
+ * Counters are kept per context and logged (rate-limited) as they move.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "checksum.h"
+#include "data_impl.h"
+#include "util.h"
+
+#define TCP_PROTO 1
+#define TCP_GET 'G'
+#define TCP_OK 0
+#define TCP_REFUSED 1
+#define TCP_REQ_HEAD 28 /* version, type, id, token, key_len */
+#define TCP_REQ_MAX (TCP_REQ_HEAD + ECX_DATA_NOTIF_MAX)
+#define TCP_REP_HEAD 9  /* id, status */
+#define TCP_REP_OK 17   /* id, status, nbytes */
+
+/* Producer bounds. */
+#define TCP_MAX_CONNS 256
+#define TCP_MAX_PER_HOST 32
+#define TCP_BACKLOG 128
+#define TCP_IN_MAX 4096           /* request bytes read ahead per connection */
+#define TCP_HELLO_MS 10000        /* connected, nothing sent yet */
+#define TCP_REQ_MS 5000           /* half a request, then silence */
+#define TCP_IDLE_MS 60000         /* between requests */
+#define TCP_SEND_STALL_MS 30000   /* a reply that makes no progress */
+#define TCP_IOV 64                /* runs per sendmsg */
+/* Consumer. */
+#define TCP_CONS_IDLE_MS 20000 /* close an idle connection before the producer does */
+#define TCP_RECV_CHUNK (256u << 10) /* per recv: hashed while in cache */
+#define TCP_SCRATCH 65536
+#define TCP_EVENTS 64
+#define TCP_SWEEP_MS 50
+
+/* ---- shared ------------------------------------------------------------ */
+
+typedef struct run {
+    uint64_t off, len; /* bytes in the region */
+} run;
+
+typedef struct tcp_counters {
+    uint64_t accepted, conns_refused, served, refused, bad_requests, timeouts, stalls,
+        send_failures, bytes;
+} tcp_counters;
+
+typedef struct tcp_conn tcp_conn;
+typedef struct tcp_peer tcp_peer;
+
+/* A completion waiting for poll_notifs. */
+typedef struct tnotif {
+    struct tnotif *next;
+    int status;
+    uint8_t token[ECX_DATA_TOKEN_LEN];
+    size_t key_len;
+    char key[ECX_DATA_NOTIF_MAX + 1];
+} tnotif;
+
+/* The producer's side of one connection. */
+struct tcp_conn {
+    tcp_conn *next;
+    int fd;
+    bool dead; /* closed during this progress; freed at its end */
+    struct sockaddr_storage from;
+    uint32_t events; /* epoll interest now */
+    uint8_t in[TCP_IN_MAX];
+    size_t in_len;
+    uint64_t requests;
+    int64_t last_in_ms, last_out_ms;
+    /* The reply being sent: header, then the runs; the grant's completion. */
+    uint8_t hdr[TCP_REP_OK];
+    size_t hdr_len, hdr_off;
+    run *runs;
+    size_t nruns, run_i;
+    uint64_t run_off;
+    tnotif *pending;
+};
+
+typedef struct tcp_xfer {
+    ecx_data_xfer head;
+    struct tcp_xfer *next; /* the peer's queue, oldest first */
+    tcp_peer *peer;        /* NULL once off the queue */
+    int state;
+    bool released;
+    uint64_t id, nbytes, checksum;
+    int64_t deadline_ms;
+    run *runs; /* local destination runs */
+    size_t nruns;
+} tcp_xfer;
+
+/* The consumer's side of one producer. */
+struct tcp_peer {
+    ecx_data_peer head;
+    tcp_peer *next;
+    int fd; /* -1: not connected (the next READ connects) */
+    struct sockaddr_storage addr;
+    socklen_t addr_len;
+    uint32_t events;
+    int64_t last_ms;
+    uint8_t *out; /* requests not yet sent */
+    size_t out_len, out_cap;
+    tcp_xfer *q, **q_tail;
+    /* The reply being received (for q, the oldest). */
+    uint8_t rh[TCP_REP_OK];
+    size_t rh_len;
+    bool in_body;
+    uint64_t got;
+    size_t run_i;
+    uint64_t run_off;
+    ecx_sum sum;
+};
+
+typedef struct tcp_data {
+    ecx_data base;
+    int epfd;
+    int lfd; /* producer: listener */
+    tcp_counters c;
+    int64_t next_sweep_ms;
+    /* producer */
+    tcp_conn *conns, *dead;
+    unsigned nconns;
+    tnotif *done, **done_tail;
+    /* consumer */
+    tcp_peer *peers;
+    uint8_t scratch[TCP_SCRATCH];
+} tcp_data;
+
+static const struct ecx_data_ops tcp_ops;
+static char listener_tag; /* epoll data of the listener */
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* Set fd's epoll interest to ev (cached in *cur); ptr is its data. */
+static void set_events(tcp_data *t, int fd, uint32_t *cur, uint32_t ev, void *ptr)
+{
+    if (*cur == ev) return;
+    struct epoll_event e = {.events = ev, .data.ptr = ptr};
+    if (epoll_ctl(t->epfd, *cur ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &e) != 0)
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data tcp: epoll_ctl: %s", strerror(errno));
+    *cur = ev;
+}
+
+/* The runs of blocks[0..n) of bs bytes, nbytes in all, consecutive blocks
+ * merged; malloc'd into *out. */
+static int make_runs(const uint64_t *blocks, size_t n, uint64_t bs, uint64_t nbytes, run **out,
+                     size_t *nruns)
+{
+    run *r = malloc(n * sizeof *r);
+    if (!r) return ECX_ENOMEM;
+    size_t k = 0;
+    uint64_t left = nbytes;
+    for (size_t i = 0; i < n && left; i++) {
+        uint64_t len = left < bs ? left : bs;
+        if (k && r[k - 1].off + r[k - 1].len == blocks[i] * bs)
+            r[k - 1].len += len;
+        else
+            r[k++] = (run){blocks[i] * bs, len};
+        left -= len;
+    }
+    *out = r;
+    *nruns = k;
+    return 0;
+}
+
+/* ---- producer: connections ------------------------------------------- */
+
+static bool same_ip(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+    if (a->ss_family != b->ss_family) return false;
+    if (a->ss_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+               ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                  &((const struct sockaddr_in6 *)b)->sin6_addr, 16) == 0;
+}
+
+static void queue_notif(tcp_data *t, tnotif *n)
+{
+    n->next = NULL;
+    *t->done_tail = n;
+    t->done_tail = &n->next;
+}
+
+/* Close c (its reply, if unfinished, is a failed send); freed at the end of
+ * this progress, so events already fetched for it are skipped. */
+static void conn_close(tcp_data *t, tcp_conn *c)
+{
+    if (c->dead) return;
+    close(c->fd);
+    c->dead = true;
+    if (c->pending) {
+        c->pending->status = ECX_EDATA_PEER;
+        queue_notif(t, c->pending);
+        c->pending = NULL;
+        t->c.send_failures++;
+    }
+    free(c->runs);
+    c->runs = NULL;
+    for (tcp_conn **pp = &t->conns; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    t->nconns--;
+    c->next = t->dead;
+    t->dead = c;
+}
+
+static void reap_dead(tcp_data *t)
+{
+    while (t->dead) {
+        tcp_conn *c = t->dead;
+        t->dead = c->next;
+        free(c);
+    }
+}
+
+static int accept_conns(tcp_data *t, int64_t now)
+{
+    int n = 0;
+    for (int i = 0; i < TCP_EVENTS; i++) {
+        struct sockaddr_storage from;
+        socklen_t fl = sizeof from;
+        int fd = accept4(t->lfd, (struct sockaddr *)&from, &fl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED &&
+                errno != EINTR)
+                ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data tcp: accept: %s", strerror(errno));
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            continue;
+        }
+        unsigned same = 0;
+        for (tcp_conn *c = t->conns; c; c = c->next)
+            same += same_ip(&c->from, &from);
+        tcp_conn *c = NULL;
+        if (t->nconns >= TCP_MAX_CONNS || same >= TCP_MAX_PER_HOST || !(c = calloc(1, sizeof *c))) {
+            close(fd);
+            t->c.conns_refused++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                "data tcp: connection refused (%u held, %u from that address; "
+                                "%" PRIu64 " refused so far)",
+                                t->nconns, same, t->c.conns_refused);
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        c->fd = fd;
+        c->from = from;
+        c->last_in_ms = c->last_out_ms = now;
+        c->next = t->conns;
+        t->conns = c;
+        t->nconns++;
+        t->c.accepted++;
+        set_events(t, fd, &c->events, EPOLLIN, c);
+        n++;
+    }
+    return n;
+}
+
+/* Hand as much of c's reply to the kernel as it takes: 0 when all of it
+ * is sent, 1 when the socket is full, negative on error. */
+static int conn_flush(tcp_data *t, tcp_conn *c, int64_t now)
+{
+    uint8_t *base = ecx_region_base(t->base.region);
+    for (;;) {
+        struct iovec iov[TCP_IOV + 1];
+        int k = 0;
+        if (c->hdr_off < c->hdr_len)
+            iov[k++] = (struct iovec){c->hdr + c->hdr_off, c->hdr_len - c->hdr_off};
+        for (size_t i = c->run_i; i < c->nruns && k < TCP_IOV + 1; i++) {
+            uint64_t skip = i == c->run_i ? c->run_off : 0;
+            iov[k++] = (struct iovec){base + c->runs[i].off + skip, c->runs[i].len - skip};
+        }
+        if (k == 0) return 0;
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+        ssize_t s = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (s < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return 1;
+            if (errno == EINTR) continue;
+            return ECX_ESYS;
+        }
+        c->last_out_ms = now;
+        size_t left = (size_t)s;
+        size_t h = c->hdr_len - c->hdr_off < left ? c->hdr_len - c->hdr_off : left;
+        c->hdr_off += h;
+        left -= h;
+        t->c.bytes += left;
+        while (left && c->run_i < c->nruns) {
+            uint64_t room = c->runs[c->run_i].len - c->run_off;
+            uint64_t take = left < room ? left : room;
+            c->run_off += take;
+            left -= take;
+            if (c->run_off == c->runs[c->run_i].len) c->run_i++, c->run_off = 0;
+        }
+    }
+}
+
+/* Answer one parsed request: a refusal header, or the grant's header and
+ * runs (sent by conn_flush). */
+static void conn_answer(tcp_data *t, tcp_conn *c, uint64_t id, const uint8_t *token,
+                        const char *key, size_t key_len)
+{
+    ecx_data_grant g;
+    int rc = ecx_data_grant_check(&t->base, key, key_len, token, ECX_DATA_GRANT_CLAIM, &g);
+    put64(c->hdr, id);
+    c->hdr_off = 0;
+    c->hdr_len = TCP_REP_HEAD;
+    c->hdr[8] = TCP_REFUSED;
+    if (rc) {
+        t->c.refused++;
+        ECX_LOG_RATELIMITED(ECX_LOG_INFO,
+                            "data tcp: request refused (no live grant with that key and "
+                            "token; %" PRIu64 " refused so far)",
+                            t->c.refused);
+        return;
+    }
+    /* The grant is claimed: whatever happens now, the session hears of it. */
+    tnotif *n = malloc(sizeof *n);
+    uint64_t bs = ecx_region_block_bytes(t->base.region);
+    uint64_t nb = ecx_region_num_blocks(t->base.region);
+    bool sane = g.n > 0 && g.nbytes > (g.n - 1) * bs && g.nbytes <= g.n * bs;
+    for (size_t i = 0; sane && i < g.n; i++)
+        sane = g.blocks[i] < nb;
+    if (n) {
+        memcpy(n->token, token, ECX_DATA_TOKEN_LEN);
+        memcpy(n->key, key, key_len);
+        n->key[key_len] = 0;
+        n->key_len = key_len;
+        n->status = 0;
+    }
+    if (!n || !sane || make_runs(g.blocks, g.n, bs, g.nbytes, &c->runs, &c->nruns) != 0) {
+        if (!sane) ecx_log(ECX_LOG_ERROR, "data tcp: the session granted blocks out of range");
+        if (n) {
+            n->status = sane ? ECX_ENOMEM : ECX_EDATA_INDEX;
+            queue_notif(t, n);
+        }
+        return;
+    }
+    c->hdr[8] = TCP_OK;
+    put64(c->hdr + 9, g.nbytes);
+    c->hdr_len = TCP_REP_OK;
+    c->run_i = 0;
+    c->run_off = 0;
+    c->pending = n;
+    t->c.served++;
+}
+
+/* Parse the request at the front of c->in: its length, 0 if incomplete,
+ * negative if malformed (the caller closes). */
+static long parse_request(tcp_conn *c, uint64_t *id, const uint8_t **token, const char **key,
+                          size_t *key_len)
+{
+    const uint8_t *b = c->in;
+    if (c->in_len >= 2 && (b[0] != TCP_PROTO || b[1] != TCP_GET)) return -1;
+    if (c->in_len < TCP_REQ_HEAD) return 0;
+    size_t kl = (size_t)b[26] | (size_t)b[27] << 8;
+    if (kl == 0 || kl > ECX_DATA_NOTIF_MAX) return -1;
+    if (c->in_len < TCP_REQ_HEAD + kl) return 0;
+    *id = get64(b + 2);
+    *token = b + 10;
+    *key = (const char *)b + TCP_REQ_HEAD;
+    *key_len = kl;
+    return (long)(TCP_REQ_HEAD + kl);
+}
+
+/* Move c on as far as it goes: finish the reply, then answer requests in
+ * order, reading more only when no whole request is buffered. */
+static int conn_step(tcp_data *t, tcp_conn *c, int64_t now)
+{
+    int n = 0;
+    while (!c->dead) {
+        int rc = conn_flush(t, c, now);
+        if (rc < 0) {
+            ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data tcp: send failed: %s", strerror(errno));
+            conn_close(t, c);
+            break;
+        }
+        if (rc == 1) {
+            set_events(t, c->fd, &c->events, EPOLLOUT, c);
+            break;
+        }
+        if (c->pending) { /* the item is wholly with the kernel */
+            queue_notif(t, c->pending);
+            c->pending = NULL;
+            n++;
+        }
+        free(c->runs);
+        c->runs = NULL;
+        c->nruns = c->run_i = 0;
+        c->hdr_len = c->hdr_off = 0;
+
+        uint64_t id;
+        const uint8_t *token;
+        const char *key;
+        size_t key_len;
+        long used = parse_request(c, &id, &token, &key, &key_len);
+        if (used < 0) {
+            t->c.bad_requests++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                "data tcp: malformed request; connection closed (%" PRIu64
+                                " so far)",
+                                t->c.bad_requests);
+            conn_close(t, c);
+            break;
+        }
+        if (used > 0) {
+            conn_answer(t, c, id, token, key, key_len);
+            c->requests++;
+            memmove(c->in, c->in + used, c->in_len - (size_t)used);
+            c->in_len -= (size_t)used;
+            n++;
+            continue;
+        }
+        ssize_t r = recv(c->fd, c->in + c->in_len, sizeof c->in - c->in_len, MSG_DONTWAIT);
+        if (r > 0) {
+            c->in_len += (size_t)r;
+            c->last_in_ms = now;
+            continue;
+        }
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            set_events(t, c->fd, &c->events, EPOLLIN, c);
+            break;
+        }
+        if (r < 0 && errno == EINTR) continue;
+        conn_close(t, c); /* the peer closed, or an error */
+    }
+    return n;
+}
+
+/* Close connections past their time (bounds at the top of the file). */
+static void sweep_conns(tcp_data *t, int64_t now)
+{
+    for (tcp_conn *c = t->conns, *next; c; c = next) {
+        next = c->next;
+        const char *why = NULL;
+        if (c->hdr_len)
+            why = now - c->last_out_ms > TCP_SEND_STALL_MS ? "its reply stalled" : NULL;
+        else if (c->in_len)
+            why = now - c->last_in_ms > TCP_REQ_MS ? "half a request, then silence" : NULL;
+        else if (!c->requests)
+            why = now - c->last_in_ms > TCP_HELLO_MS ? "no request" : NULL;
+        else
+            why = now - c->last_in_ms > TCP_IDLE_MS ? "idle" : NULL;
+        if (!why) continue;
+        if (c->hdr_len)
+            t->c.stalls++;
+        else
+            t->c.timeouts++;
+        ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data tcp: connection closed: %s", why);
+        conn_close(t, c);
+    }
+}
+
+static int producer_progress(tcp_data *t)
+{
+    struct epoll_event ev[TCP_EVENTS];
+    int64_t now = ecx_now_ms(NULL);
+    int k = epoll_wait(t->epfd, ev, TCP_EVENTS, 0), n = 0;
+    for (int i = 0; i < k; i++) {
+        if (ev[i].data.ptr == &listener_tag) {
+            n += accept_conns(t, now);
+            continue;
+        }
+        tcp_conn *c = ev[i].data.ptr;
+        if (!c->dead) n += conn_step(t, c, now);
+    }
+    if (now >= t->next_sweep_ms) {
+        sweep_conns(t, now);
+        t->next_sweep_ms = now + TCP_SWEEP_MS;
+    }
+    reap_dead(t);
+    return n;
+}
+
+static int listen_on(tcp_data *t, const ecx_data_opts *opts, ecx_data_meta *m)
+{
+    struct sockaddr_storage bind_ss, pub;
+    bool any;
+    int rc = ecx_data_bind_addr(opts ? opts->bind_host : NULL, &bind_ss, &pub, &any);
+    if (rc) return rc;
+    socklen_t sl = bind_ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                 : sizeof(struct sockaddr_in);
+    t->lfd = socket(bind_ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (t->lfd < 0) return ECX_ESYS;
+    int one = 1;
+    setsockopt(t->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(t->lfd, (struct sockaddr *)&bind_ss, sl) != 0 || listen(t->lfd, TCP_BACKLOG) != 0) {
+        ecx_log(ECX_LOG_WARN, "data tcp: cannot listen: %s", strerror(errno));
+        return ECX_ESYS;
+    }
+    struct sockaddr_storage got;
+    socklen_t gl = sizeof got;
+    if (getsockname(t->lfd, (struct sockaddr *)&got, &gl) != 0) return ECX_ESYS;
+    m->has_tcp = true;
+    if (pub.ss_family == AF_INET6) {
+        m->tcp_family = 6;
+        memcpy(m->tcp_addr, &((struct sockaddr_in6 *)&pub)->sin6_addr, 16);
+    } else {
+        m->tcp_family = 4;
+        memcpy(m->tcp_addr, &((struct sockaddr_in *)&pub)->sin_addr, 4);
+    }
+    m->tcp_port = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
+                                                  : ((struct sockaddr_in *)&got)->sin_port);
+    struct epoll_event e = {.events = EPOLLIN, .data.ptr = &listener_tag};
+    if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->lfd, &e) != 0) return ECX_ESYS;
+    if (any)
+        ecx_log(ECX_LOG_INFO, "data tcp: listening on every interface (no advertised host)");
+    return 0;
+}
+
+/* ---- consumer ---------------------------------------------------------- */
+
+static void xfer_free(tcp_xfer *x)
+{
+    free(x->runs);
+    free(x);
+}
+
+/* x leaves its peer's queue (the caller unlinks it) with this state. */
+static void xfer_end(tcp_xfer *x, int state)
+{
+    x->peer = NULL;
+    if (x->released)
+        xfer_free(x);
+    else
+        x->state = state;
+}
+
+/* Close p's connection and fail every READ on it. */
+static void peer_fail(tcp_data *t, tcp_peer *p, const char *why)
+{
+    if (why) ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data tcp: producer connection closed: %s", why);
+    if (p->fd >= 0) close(p->fd);
+    p->fd = -1;
+    p->events = 0;
+    p->out_len = 0;
+    p->rh_len = 0;
+    p->in_body = false;
+    while (p->q) {
+        tcp_xfer *x = p->q;
+        p->q = x->next;
+        xfer_end(x, ECX_XFER_FAILED);
+    }
+    p->q_tail = &p->q;
+    (void)t;
+}
+
+static void peer_events(tcp_data *t, tcp_peer *p)
+{
+    if (p->fd >= 0)
+        set_events(t, p->fd, &p->events, EPOLLIN | (p->out_len ? EPOLLOUT : 0u), p);
+}
+
+static int peer_connect(tcp_data *t, tcp_peer *p)
+{
+    p->fd = socket(p->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (p->fd < 0) return ECX_ESYS;
+    int one = 1;
+    setsockopt(p->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(p->fd, (struct sockaddr *)&p->addr, p->addr_len) != 0 && errno != EINPROGRESS) {
+        int e = errno;
+        close(p->fd);
+        p->fd = -1;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data tcp: connect: %s", strerror(e));
+        return e == ENETUNREACH || e == EHOSTUNREACH || e == ECONNREFUSED ? ECX_EDATA_NOPATH
+                                                                           : ECX_EDATA_PEER;
+    }
+    p->events = 0;
+    p->last_ms = ecx_now_ms(NULL);
+    peer_events(t, p);
+    return 0;
+}
+
+/* Send what requests the socket takes; false if the connection failed. */
+static bool peer_flush(tcp_peer *p)
+{
+    while (p->out_len) {
+        ssize_t s = send(p->fd, p->out, p->out_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (s < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ||
+                          errno == ENOTCONN; /* connect still in progress */
+        memmove(p->out, p->out + s, p->out_len - (size_t)s);
+        p->out_len -= (size_t)s;
+    }
+    return true;
+}
+
+/* A reply header is complete in p->rh: check it against the oldest READ.
+ * 1 if a body follows, 0 if the READ ended (refused), negative if the
+ * reply is not one we asked for. */
+static int reply_head(tcp_peer *p)
+{
+    tcp_xfer *x = p->q;
+    if (get64(p->rh) != x->id) return -1;
+    if (p->rh[8] == TCP_REFUSED) {
+        p->q = x->next;
+        if (!p->q) p->q_tail = &p->q;
+        xfer_end(x, ECX_XFER_FAILED);
+        p->rh_len = 0;
+        return 0;
+    }
+    if (p->rh[8] != TCP_OK) return -1;
+    if (p->rh_len < TCP_REP_OK) return 2; /* nbytes still to come */
+    if (get64(p->rh + 9) != x->nbytes) return -1;
+    p->in_body = true;
+    p->got = 0;
+    p->run_i = 0;
+    p->run_off = 0;
+    ecx_sum_reset(&p->sum);
+    return 1;
+}
+
+/* Receive into the oldest READ's blocks (or the scratch buffer if it was
+ * released), at most its nbytes; 0 to go on, 1 when the socket is empty,
+ * negative on a closed connection or error. */
+static int recv_body(tcp_data *t, tcp_peer *p)
+{
+    tcp_xfer *x = p->q;
+    uint8_t *dst;
+    uint64_t room;
+    if (x->released) {
+        dst = t->scratch;
+        room = x->nbytes - p->got < TCP_SCRATCH ? x->nbytes - p->got : TCP_SCRATCH;
+    } else {
+        dst = (uint8_t *)ecx_region_base(t->base.region) + x->runs[p->run_i].off + p->run_off;
+        room = x->runs[p->run_i].len - p->run_off;
+        if (room > TCP_RECV_CHUNK) room = TCP_RECV_CHUNK;
+    }
+    ssize_t r = recv(p->fd, dst, room, MSG_DONTWAIT);
+    if (r == 0) return -1;
+    if (r < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 1 : -1;
+    p->got += (uint64_t)r;
+    if (!x->released) {
+        ecx_sum_update(&p->sum, dst, (size_t)r);
+        p->run_off += (uint64_t)r;
+        if (p->run_off == x->runs[p->run_i].len) p->run_i++, p->run_off = 0;
+    }
+    if (p->got == x->nbytes) {
+        p->q = x->next;
+        if (!p->q) p->q_tail = &p->q;
+        p->in_body = false;
+        p->rh_len = 0;
+        xfer_end(x, ecx_sum_digest(&p->sum) == x->checksum ? ECX_XFER_DONE : ECX_XFER_CORRUPT);
+    }
+    return 0;
+}
+
+/* Read what p's socket holds; returns READs ended. */
+static int peer_recv(tcp_data *t, tcp_peer *p, int64_t now)
+{
+    int n = 0;
+    while (p->fd >= 0) {
+        if (!p->q) { /* nothing asked: a byte is a protocol error, 0 a close */
+            uint8_t b;
+            ssize_t r = recv(p->fd, &b, 1, MSG_DONTWAIT);
+            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
+            peer_fail(t, p, r > 0 ? "a reply nobody asked for" : NULL);
+            break;
+        }
+        int rc;
+        if (p->in_body) {
+            tcp_xfer *x = p->q;
+            rc = recv_body(t, p);
+            if (rc == 0 && p->q != x) n++;
+        } else {
+            size_t want = p->rh_len < TCP_REP_HEAD ? TCP_REP_HEAD : TCP_REP_OK;
+            ssize_t r = recv(p->fd, p->rh + p->rh_len, want - p->rh_len, MSG_DONTWAIT);
+            if (r == 0)
+                rc = -1;
+            else if (r < 0)
+                rc = errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 1 : -1;
+            else {
+                p->rh_len += (size_t)r;
+                rc = 0;
+                if (p->rh_len >= TCP_REP_HEAD) {
+                    int h = reply_head(p);
+                    if (h < 0) {
+                        peer_fail(t, p, "a reply that does not match the request");
+                        break;
+                    }
+                    n += h == 0;
+                }
+            }
+        }
+        if (rc == 1) break;
+        if (rc < 0) {
+            peer_fail(t, p, "connection lost");
+            break;
+        }
+        p->last_ms = now;
+    }
+    return n;
+}
+
+static void sweep_peers(tcp_data *t, int64_t now)
+{
+    for (tcp_peer *p = t->peers; p; p = p->next) {
+        if (p->fd < 0) continue;
+        if (!p->q) {
+            if (now - p->last_ms > TCP_CONS_IDLE_MS) peer_fail(t, p, NULL);
+            continue;
+        }
+        for (tcp_xfer *x = p->q; x; x = x->next)
+            if (now > x->deadline_ms) {
+                t->c.timeouts++;
+                peer_fail(t, p, "a READ outlived its lease");
+                break;
+            }
+    }
+}
+
+static int consumer_progress(tcp_data *t)
+{
+    struct epoll_event ev[TCP_EVENTS];
+    int64_t now = ecx_now_ms(NULL);
+    int k = epoll_wait(t->epfd, ev, TCP_EVENTS, 0), n = 0;
+    for (int i = 0; i < k; i++) {
+        tcp_peer *p = ev[i].data.ptr;
+        if (p->fd < 0) continue;
+        if ((ev[i].events & EPOLLOUT) && !peer_flush(p)) {
+            peer_fail(t, p, strerror(errno));
+            continue;
+        }
+        n += peer_recv(t, p, now);
+        peer_events(t, p);
+    }
+    if (now >= t->next_sweep_ms) {
+        sweep_peers(t, now);
+        t->next_sweep_ms = now + TCP_SWEEP_MS;
+    }
+    return n;
+}
+
+static int tcp_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
+                        ecx_data_peer **out)
+{
+    (void)desc;
+    tcp_data *t = (tcp_data *)d;
+    if (!m->has_tcp) return ECX_EDATA_NOPATH;
+    tcp_peer *p = calloc(1, sizeof *p);
+    if (!p) return ECX_ENOMEM;
+    if (m->tcp_family == 4) {
+        struct sockaddr_in *in = (struct sockaddr_in *)&p->addr;
+        in->sin_family = AF_INET;
+        in->sin_port = htons(m->tcp_port);
+        memcpy(&in->sin_addr, m->tcp_addr, 4);
+        p->addr_len = sizeof *in;
+    } else {
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&p->addr;
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons(m->tcp_port);
+        memcpy(&in6->sin6_addr, m->tcp_addr, 16);
+        p->addr_len = sizeof *in6;
+    }
+    p->q_tail = &p->q;
+    int rc = peer_connect(t, p);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    p->head.owner = d;
+    p->head.backend = "tcp";
+    p->next = t->peers;
+    t->peers = p;
+    *out = &p->head;
+    return 0;
+}
+
+static void tcp_peer_drop(ecx_data_peer *hp)
+{
+    tcp_peer *p = (tcp_peer *)hp;
+    tcp_data *t = (tcp_data *)hp->owner;
+    peer_fail(t, p, NULL);
+    for (tcp_peer **pp = &t->peers; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    free(p->out);
+    free(p);
+}
+
+static int tcp_read_post(ecx_data_peer *hp, const ecx_data_ticket *tk, const uint64_t *remote,
+                         const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
+                         size_t key_len, ecx_data_xfer **out)
+{
+    (void)remote; /* the producer's grant decides what it sends */
+    tcp_peer *p = (tcp_peer *)hp;
+    tcp_data *t = (tcp_data *)hp->owner;
+    int rc;
+    if (p->fd < 0 && (rc = peer_connect(t, p))) return rc;
+    size_t need = p->out_len + TCP_REQ_HEAD + key_len;
+    if (need > p->out_cap) {
+        size_t cap = need * 2;
+        uint8_t *o = realloc(p->out, cap);
+        if (!o) return ECX_ENOMEM;
+        p->out = o, p->out_cap = cap;
+    }
+    tcp_xfer *x = calloc(1, sizeof *x);
+    if (!x) return ECX_ENOMEM;
+    if ((rc = make_runs(local, n, ecx_region_block_bytes(t->base.region), nbytes, &x->runs,
+                        &x->nruns))) {
+        free(x);
+        return rc;
+    }
+    x->head.owner = hp->owner;
+    x->peer = p;
+    x->state = ECX_XFER_RUNNING;
+    x->nbytes = nbytes;
+    x->checksum = tk->checksum;
+    x->deadline_ms = ecx_now_ms(NULL) + tk->lease_ms;
+    randombytes_buf(&x->id, sizeof x->id);
+    uint8_t *b = p->out + p->out_len;
+    b[0] = TCP_PROTO;
+    b[1] = TCP_GET;
+    put64(b + 2, x->id);
+    memcpy(b + 10, tk->token, ECX_DATA_TOKEN_LEN);
+    b[26] = (uint8_t)key_len;
+    b[27] = (uint8_t)(key_len >> 8);
+    memcpy(b + TCP_REQ_HEAD, key, key_len);
+    p->out_len = need;
+    *p->q_tail = x;
+    p->q_tail = &x->next;
+    if (!p->q->next) p->last_ms = ecx_now_ms(NULL); /* the first outstanding READ */
+    if (!peer_flush(p))
+        peer_fail(t, p, strerror(errno)); /* x is FAILED: the caller polls it */
+    else
+        peer_events(t, p);
+    *out = &x->head;
+    return 0;
+}
+
+static int tcp_read_poll(ecx_data_xfer *hx)
+{
+    return ((tcp_xfer *)hx)->state;
+}
+
+/* A READ still queued on its connection stays there, released: its bytes
+ * are drained when they come (or the connection fails). */
+static void tcp_read_release(ecx_data_xfer *hx)
+{
+    tcp_xfer *x = (tcp_xfer *)hx;
+    if (x->peer)
+        x->released = true;
+    else
+        xfer_free(x);
+}
+
+/* ---- both -------------------------------------------------------------- */
+
+static int tcp_progress(ecx_data *d)
+{
+    tcp_data *t = (tcp_data *)d;
+    return t->lfd >= 0 ? producer_progress(t) : consumer_progress(t);
+}
+
+static int tcp_fd(ecx_data *d)
+{
+    return ((tcp_data *)d)->epfd;
+}
+
+static int tcp_arm(ecx_data *d)
+{
+    /* Level-triggered: a socket with work keeps the descriptor readable;
+     * only completions already collected need a call without waiting. */
+    return ((tcp_data *)d)->done ? 1 : 0;
+}
+
+static int tcp_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
+{
+    tcp_data *t = (tcp_data *)d;
+    int rc = tcp_progress(d);
+    if (rc < 0) return rc;
+    int count = 0;
+    while (t->done) {
+        tnotif *n = t->done;
+        if (!(t->done = n->next)) t->done_tail = &t->done;
+        cb(arg, n->key, n->key_len, n->token, n->status);
+        free(n);
+        count++;
+    }
+    return count;
+}
+
+static void tcp_free(ecx_data *d)
+{
+    tcp_data *t = (tcp_data *)d;
+    while (t->conns)
+        conn_close(t, t->conns);
+    reap_dead(t);
+    while (t->done) {
+        tnotif *n = t->done;
+        t->done = n->next;
+        free(n);
+    }
+    while (t->peers)
+        tcp_peer_drop(&t->peers->head);
+    if (t->lfd >= 0) close(t->lfd);
+    if (t->epfd >= 0) close(t->epfd);
+    if (t->c.accepted || t->c.conns_refused || t->c.bad_requests)
+        ecx_log(ECX_LOG_INFO,
+                "data tcp: %" PRIu64 " connections (%" PRIu64 " refused), %" PRIu64
+                " served, %" PRIu64 " refused, %" PRIu64 " malformed, %" PRIu64
+                " timed out, %" PRIu64 " stalled, %" PRIu64 " failed sends, %" PRIu64 " bytes",
+                t->c.accepted, t->c.conns_refused, t->c.served, t->c.refused, t->c.bad_requests,
+                t->c.timeouts, t->c.stalls, t->c.send_failures, t->c.bytes);
+    free(t);
+}
+
+static tcp_data *tcp_alloc(ecx_region *r)
+{
+    tcp_data *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->base.ops = &tcp_ops;
+    t->base.region = r;
+    t->lfd = -1;
+    t->done_tail = &t->done;
+    t->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (t->epfd < 0) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+int ecx_data_tcp_new_producer(ecx_region *r, const ecx_data_opts *opts, ecx_data_meta *m,
+                              ecx_data **out)
+{
+    tcp_data *t = tcp_alloc(r);
+    if (!t) return ECX_ENOMEM;
+    int rc = listen_on(t, opts, m);
+    if (rc) {
+        m->has_tcp = false;
+        tcp_free(&t->base);
+        return rc;
+    }
+    *out = &t->base;
+    return 0;
+}
+
+int ecx_data_tcp_new_consumer(ecx_region *r, ecx_data **out)
+{
+    tcp_data *t = tcp_alloc(r);
+    if (!t) return ECX_ENOMEM;
+    *out = &t->base;
+    return 0;
+}
+
+static const struct ecx_data_ops tcp_ops = {
+    .name = "tcp",
+    .free = tcp_free,
+    .progress = tcp_progress,
+    .fd = tcp_fd,
+    .arm = tcp_arm,
+    .poll_notifs = tcp_poll_notifs,
+    .peer_add = tcp_peer_add,
+    .peer_drop = tcp_peer_drop,
+    .read_post = tcp_read_post,
+    .read_poll = tcp_read_poll,
+    .read_release = tcp_read_release,
+};
