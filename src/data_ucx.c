@@ -87,7 +87,6 @@
 #include <arpa/inet.h>
 #include <inttypes.h>
 #include <ifaddrs.h>
-#include <netdb.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sodium.h>
@@ -340,43 +339,6 @@ static int ipv4_of(const char *ifname, struct sockaddr_in *in)
 /* bind_host as a socket address (port 0). NULL, "", "*", "0.0.0.0" and
  * "::" mean any; then *any is set and the address published is the first
  * non-loopback IPv4 interface's (else 127.0.0.1). */
-static int resolve_bind(const char *host, struct sockaddr_storage *ss, bool *any)
-{
-    memset(ss, 0, sizeof *ss);
-    *any = !host || !*host || !strcmp(host, "*") || !strcmp(host, "0.0.0.0") || !strcmp(host, "::");
-    if (*any) {
-        struct sockaddr_in *in = (struct sockaddr_in *)ss;
-        in->sin_family = AF_INET;
-        in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        struct ifaddrs *ifs;
-        if (getifaddrs(&ifs) == 0) {
-            for (struct ifaddrs *i = ifs; i; i = i->ifa_next)
-                if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
-                    !(i->ifa_flags & IFF_LOOPBACK)) {
-                    in->sin_addr = ((struct sockaddr_in *)i->ifa_addr)->sin_addr;
-                    break;
-                }
-            freeifaddrs(ifs);
-        }
-        return 0;
-    }
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
-    int e = getaddrinfo(host, NULL, &hints, &res);
-    if (e != 0) {
-        ecx_log(ECX_LOG_WARN, "data ucx: cannot resolve %s: %s", host, gai_strerror(e));
-        return ECX_EINVAL;
-    }
-    int rc = ECX_EINVAL;
-    for (struct addrinfo *r = res; r && rc; r = r->ai_next)
-        if ((r->ai_family == AF_INET || r->ai_family == AF_INET6) &&
-            r->ai_addrlen <= sizeof *ss) {
-            memcpy(ss, r->ai_addr, r->ai_addrlen);
-            rc = 0;
-        }
-    freeaddrinfo(res);
-    return rc;
-}
-
 static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_length, void *data,
                               size_t length, const ucp_am_recv_param_t *param);
 static void conn_req_cb(ucp_conn_request_h req, void *arg);
@@ -459,9 +421,9 @@ static int ucx_setup(ucx_data *u, bool producer, const char *ifname)
 
 static int producer_setup(ucx_data *u, ecx_region *r, const char *bind_host)
 {
-    struct sockaddr_storage ss;
+    struct sockaddr_storage ss, bind; /* published; listened on */
     bool any;
-    int rc = resolve_bind(bind_host, &ss, &any);
+    int rc = ecx_data_bind_addr(bind_host, &bind, &ss, &any);
     if (rc) return rc;
     char ifname[IF_NAMESIZE];
     bool have_if = !any && ifname_of((struct sockaddr *)&ss, ifname) == 0;
@@ -475,6 +437,7 @@ static int producer_setup(ucx_data *u, ecx_region *r, const char *bind_host)
     if (have_if && ss.ss_family == AF_INET6 && ipv4_of(ifname, &v4) == 0) {
         memset(&ss, 0, sizeof ss);
         memcpy(&ss, &v4, sizeof v4);
+        bind = ss;
     }
     if ((rc = ucx_setup(u, true, have_if ? ifname : NULL))) return rc;
 
@@ -497,11 +460,6 @@ static int producer_setup(ucx_data *u, ecx_region *r, const char *bind_host)
     st = ucp_worker_set_am_recv_handler(u->worker, &hp);
     if (st != UCS_OK) return ucx_err("set_am_recv_handler", st);
 
-    struct sockaddr_storage bind = ss;
-    if (any) {
-        memset(&bind, 0, sizeof bind);
-        bind.ss_family = AF_INET;
-    }
     ucp_listener_params_t lp = {
         .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
         .sockaddr = {.addr = (struct sockaddr *)&bind,
