@@ -2,8 +2,9 @@
 # test_integrity — end-to-end integrity with real processes: a byte of a
 # committed item changed in the producer's region (as corruption in memory or
 # in transit would) makes `ecx get` fall back with CORRUPT on every data path,
-# never write the item out as ready; the untouched item beside it still
-# arrives byte-exact; the producer keeps serving.
+# never write the item out as ready (the same fetch before the flip is
+# byte-exact), and the producer keeps serving. Both kinds of producer: auto
+# (shm + tcp) and ucx.
 # usage: test_integrity.sh PATH_TO_ECX
 set -u
 ECX=$1
@@ -12,32 +13,42 @@ private_shm
 
 mkdir -p "$T/in"
 head -c 3000000 /dev/urandom >"$T/in/aaa"
-"$ECX" serve --listen 127.0.0.1:0 --preload "$T/in" --block-bytes 64Ki --announce-out "$T/ann.json" \
-  2>"$T/serve.log" &
-spid=$!
-pids+=($spid)
-wait_file "$T/ann.json" || { echo "FAIL: serve did not start" >&2; cat "$T/serve.log" >&2; exit 1; }
-region=$(ls "$SHM"/*.mmap | head -1)
-check "the producer's region file exists" '[ -f "$region" ]'
 
-for path in shm tcp auto; do
-  rm -rf "$T/out" && mkdir -p "$T/out"
-  expect 0 "" "clean fetch over $path" -- "$ECX" get --params "$T/ann.json" --out "$T/out" \
-    --block-bytes 64Ki --data "$path"
-  check "clean fetch over $path is byte-exact" 'cmp -s "$T/in/aaa" "$T/out/aaa"'
-done
-
-# The only item starts at block 0: flip one byte in its middle.
-$PY - "$region" <<'PY'
+# producer DATA PATH...: serve the item with --data DATA, fetch it clean over
+# each consumer PATH, flip a byte of it in the producer's region, fetch again.
+producer() {
+  local data=$1; shift
+  local before; before=$(ls "$SHM")
+  rm -f "$T/ann.json"
+  "$ECX" serve --listen 127.0.0.1:0 --preload "$T/in" --block-bytes 64Ki --data "$data" \
+    --announce-out "$T/ann.json" 2>"$T/serve-$data.log" &
+  local spid=$!
+  pids+=($spid)
+  wait_file "$T/ann.json" || { echo "FAIL: serve --data $data did not start" >&2; cat "$T/serve-$data.log" >&2; exit 1; }
+  local region; region=$SHM/$(comm -13 <(echo "$before") <(ls "$SHM") | grep '\.mmap$' | head -1)
+  check "serve --data $data: its region file exists" '[ -f "$region" ]'
+  for path in "$@"; do
+    rm -rf "$T/out" && mkdir -p "$T/out"
+    expect 0 "" "clean fetch from --data $data over $path" -- "$ECX" get --params "$T/ann.json" \
+      --out "$T/out" --block-bytes 64Ki --data "$path"
+    check "clean fetch from --data $data over $path is byte-exact" 'cmp -s "$T/in/aaa" "$T/out/aaa"'
+  done
+  # The only item starts at block 0: flip one byte in its middle.
+  $PY - "$region" <<'PY'
 import sys
 with open(sys.argv[1], "r+b") as f:
     f.seek(1234567); b = f.read(1); f.seek(1234567); f.write(bytes([b[0] ^ 0x10]))
 PY
-for path in shm tcp auto; do
-  rm -rf "$T/out" && mkdir -p "$T/out"
-  expect 3 "aaa: CORRUPT" "flipped byte over $path" -- "$ECX" get --params "$T/ann.json" \
-    --out "$T/out" --block-bytes 64Ki --data "$path"
-  check "nothing written out as ready over $path" '[ ! -e "$T/out/aaa" ]'
-done
-check "the producer is still serving" 'kill -0 $spid'
+  for path in "$@"; do
+    rm -rf "$T/out" && mkdir -p "$T/out"
+    expect 3 "aaa: CORRUPT" "flipped byte, --data $data over $path" -- "$ECX" get --params "$T/ann.json" \
+      --out "$T/out" --block-bytes 64Ki --data "$path"
+    check "nothing written out as ready (--data $data over $path)" '[ ! -e "$T/out/aaa" ]'
+  done
+  check "serve --data $data is still serving" 'kill -0 $spid'
+  kill $spid; wait $spid 2>/dev/null
+}
+
+producer auto shm tcp auto # an auto producer publishes shm and tcp
+producer ucx ucx auto      # UCX only when asked for
 finish
