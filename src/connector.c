@@ -499,12 +499,14 @@ int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap)
     ecx_ctrl_stats cs;
     ecx_consumer_stats us;
     ecx_cache_stats st;
+    ecx_data_stats ds = {0};
     ecx_cache_get_stats(ctx->cache, &st);
     ecx_metrics_src m = {.cache = &st, .block_bytes = ctx->block_bytes};
     if (ctx->prod) {
         ps = ecx_producer_get_stats(ctx->prod);
         cs = ecx_ctrl_server_stats(ctx->srv);
-        m.producer = &ps, m.ctrl = &cs;
+        ecx_data_get_stats(ctx->pdata, &ds);
+        m.producer = &ps, m.ctrl = &cs, m.data = &ds;
     }
     if (ctx->cons) {
         us = ecx_consumer_get_stats(ctx->cons);

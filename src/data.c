@@ -537,9 +537,17 @@ static void auto_set_grant_fn(ecx_data *d, ecx_data_grant_fn fn, void *arg)
         if (a->in[i]) ecx_data_set_grant_fn(a->in[i], fn, arg);
 }
 
+static void auto_stats(const ecx_data *d, ecx_data_stats *st)
+{
+    const auto_data *a = (const auto_data *)d;
+    for (int i = 0; i < IN_N; i++)
+        if (a->in[i]) ecx_data_get_stats(a->in[i], st);
+}
+
 static const struct ecx_data_ops auto_ops = {
     .name = "auto",
     .set_grant_fn = auto_set_grant_fn,
+    .stats = auto_stats,
     .free = auto_free,
     .progress = auto_progress,
     .fd = auto_fd,
@@ -849,6 +857,11 @@ int ecx_data_arm(ecx_data *d)
 {
     if (!d) return ECX_EINVAL;
     return d->ops->arm(d);
+}
+
+void ecx_data_get_stats(const ecx_data *d, ecx_data_stats *st)
+{
+    if (d && st && d->ops->stats) d->ops->stats(d, st);
 }
 
 const char *ecx_data_name(const ecx_data *d)

@@ -215,6 +215,21 @@ int ecx_data_fd(ecx_data *d);
  * already pending (progress again first), negative = error. */
 int ecx_data_arm(ecx_data *d);
 
+/* What peers made a producer's data plane refuse or cut off, per path
+ * (indexed by enum ecx_data_backend; [ECX_DATA_AUTO] is unused). The grant
+ * refusals themselves are the producer session's (refused_reads). */
+typedef struct ecx_data_counts {
+    uint64_t conns_refused;    /* connections refused at a bound, or of another uid */
+    uint64_t conns_dropped;    /* connections closed for garbage, silence or a stalled send */
+    uint64_t requests_dropped; /* malformed requests, or past a queue bound */
+} ecx_data_counts;
+typedef struct ecx_data_stats {
+    ecx_data_counts path[4];
+} ecx_data_stats;
+
+/* Add the context's counters (every path it runs) to *st. */
+void ecx_data_get_stats(const ecx_data *d, ecx_data_stats *st);
+
 /* Backend actually in use: "auto", "shm", "tcp", "ucx", "fault". */
 const char *ecx_data_name(const ecx_data *d);
 

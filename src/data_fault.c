@@ -129,6 +129,11 @@ static void fault_set_grant_fn(ecx_data *d, ecx_data_grant_fn fn, void *arg)
     ecx_data_set_grant_fn(((fault_data *)d)->inner, fn, arg);
 }
 
+static void fault_stats(const ecx_data *d, ecx_data_stats *st)
+{
+    ecx_data_get_stats(((const fault_data *)d)->inner, st);
+}
+
 static int fault_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint64_t *remote,
                            const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
                            size_t key_len, ecx_data_xfer **out)
@@ -204,6 +209,7 @@ static const struct ecx_data_ops fault_ops = {
     .arm = fault_arm,
     .poll_notifs = fault_poll_notifs,
     .set_grant_fn = fault_set_grant_fn,
+    .stats = fault_stats,
     .peer_add = fault_peer_add,
     .peer_drop = fault_peer_drop,
     .read_post = fault_read_post,

@@ -67,6 +67,8 @@ struct ecx_data_ops {
     int (*poll_notifs)(ecx_data *d, ecx_data_notif_cb cb, void *arg);
     /* optional: a wrapper passes the grant check on to what it wraps */
     void (*set_grant_fn)(ecx_data *d, ecx_data_grant_fn fn, void *arg);
+    /* optional: add the backend's counters to *st (data.h) */
+    void (*stats)(const ecx_data *d, ecx_data_stats *st);
     /* consumer: meta and desc are already parsed, validated, and agree
      * (same nonce, same block size as the local region). */
     int (*peer_add)(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,

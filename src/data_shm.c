@@ -826,8 +826,17 @@ static void shm_free(ecx_data *d)
     free(s);
 }
 
+static void shm_stats(const ecx_data *d, ecx_data_stats *st)
+{
+    const shm_data *s = (const shm_data *)d;
+    ecx_data_counts *c = &st->path[ECX_DATA_SHM];
+    c->conns_refused += s->refused_uid + s->refused_full;
+    c->conns_dropped += s->bad_msgs + s->hello_timeouts;
+}
+
 static const struct ecx_data_ops shm_ops = {
     .name = "shm",
+    .stats = shm_stats,
     .free = shm_free,
     .progress = shm_progress,
     .fd = shm_fd,

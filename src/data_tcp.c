@@ -1023,8 +1023,18 @@ int ecx_data_tcp_new_consumer(ecx_region *r, ecx_data **out)
     return 0;
 }
 
+static void tcp_stats(const ecx_data *d, ecx_data_stats *st)
+{
+    const tcp_data *t = (const tcp_data *)d;
+    ecx_data_counts *c = &st->path[ECX_DATA_TCP];
+    c->conns_refused += t->c.conns_refused;
+    c->conns_dropped += t->c.timeouts + t->c.stalls;
+    c->requests_dropped += t->c.bad_requests;
+}
+
 static const struct ecx_data_ops tcp_ops = {
     .name = "tcp",
+    .stats = tcp_stats,
     .free = tcp_free,
     .progress = tcp_progress,
     .fd = tcp_fd,

@@ -220,7 +220,7 @@ typedef struct ucx_data {
     unsigned nqueued;
     psend *free_sends, *all_sends, *done, **done_tail;
     unsigned nsends;
-    uint64_t refused, dropped, stalled;
+    uint64_t refused, dropped, stalled, conns_refused;
     /* consumer */
     ucx_xfer *free_xfers, *all_xfers;
     ucx_peer *peers;
@@ -539,6 +539,7 @@ static void conn_req_cb(ucp_conn_request_h req, void *arg)
 {
     ucx_data *u = arg;
     if (u->naccepts == MAX_ACCEPTS || u->nconns + u->naccepts >= MAX_CONNS) {
+        u->conns_refused++;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: too many connections; rejected one");
         (void)ucp_listener_reject(u->listener, req);
         return;
@@ -603,6 +604,7 @@ static int accept_conns(ucx_data *u)
         if (h) h->conns++; /* this one, until it fails */
         conn *c = h && !full ? calloc(1, sizeof *c) : NULL;
         if (!c) {
+            u->conns_refused++;
             ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: connection refused (%s)",
                                 full ? "per-host limit" : "no memory");
             (void)ucp_listener_reject(u->listener, req);
@@ -1306,8 +1308,18 @@ static void ucx_free(ecx_data *d)
     free(u);
 }
 
+static void ucx_stats(const ecx_data *d, ecx_data_stats *st)
+{
+    const ucx_data *u = (const ucx_data *)d;
+    ecx_data_counts *c = &st->path[ECX_DATA_UCX];
+    c->conns_refused += u->conns_refused;
+    c->conns_dropped += u->stalled;
+    c->requests_dropped += u->dropped;
+}
+
 static const struct ecx_data_ops ucx_ops = {
     .name = "ucx",
+    .stats = ucx_stats,
     .free = ucx_free,
     .progress = ucx_progress,
     .fd = ucx_fd,

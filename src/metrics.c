@@ -2,8 +2,10 @@
 #include "metrics.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <string.h>
 
 typedef struct out {
     char *buf;
@@ -35,7 +37,8 @@ static void gauge(out *o, const char *name, const char *help, unsigned long long
     put(o, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", name, help, name, name, v);
 }
 
-static void producer(out *o, const ecx_producer_stats *p, const ecx_ctrl_stats *c)
+static void producer(out *o, const ecx_producer_stats *p, const ecx_ctrl_stats *c,
+                     const ecx_data_stats *d)
 {
     counter(o, "ecx_producer_requests_total", "XferReq frames received.", p->requests);
     counter(o, "ecx_producer_malformed_total", "Requests dropped because they did not decode.",
@@ -80,6 +83,32 @@ static void producer(out *o, const ecx_producer_stats *p, const ecx_ctrl_stats *
     counter(o, "ecx_producer_bytes_served_total", "Bytes of completed transfers.",
             p->bytes_served);
     counter(o, "ecx_producer_reply_failed_total", "Acks that could not be sent.", p->reply_failed);
+    if (d) {
+        static const struct {
+            const char *name, *help;
+            size_t off;
+        } dc[] = {
+            {"ecx_producer_data_connections_refused_total",
+             "Data-plane connections refused at a bound or for their uid, by path.",
+             offsetof(ecx_data_counts, conns_refused)},
+            {"ecx_producer_data_connections_dropped_total",
+             "Data-plane connections closed for garbage, silence or a stalled send, by path.",
+             offsetof(ecx_data_counts, conns_dropped)},
+            {"ecx_producer_data_requests_dropped_total",
+             "Data-plane requests dropped: malformed, or past a queue bound, by path.",
+             offsetof(ecx_data_counts, requests_dropped)},
+        };
+        static const int paths[] = {ECX_DATA_SHM, ECX_DATA_TCP, ECX_DATA_UCX};
+        for (size_t k = 0; k < sizeof dc / sizeof *dc; k++) {
+            put(o, "# HELP %s %s\n# TYPE %s counter\n", dc[k].name, dc[k].help, dc[k].name);
+            for (size_t j = 0; j < sizeof paths / sizeof *paths; j++) {
+                uint64_t v;
+                memcpy(&v, (const char *)&d->path[paths[j]] + dc[k].off, sizeof v);
+                put(o, "%s{path=\"%s\"} %llu\n", dc[k].name, ecx_data_backend_name(paths[j]),
+                    (unsigned long long)v);
+            }
+        }
+    }
     counter(o, "ecx_producer_refused_conn_grants_total",
             "Requests refused: the connection held its cap of grants, or its share of a full "
             "table.",
@@ -174,7 +203,7 @@ static void cache(out *o, const ecx_cache_stats *c, unsigned long long block_byt
 int ecx_metrics_render(const ecx_metrics_src *m, char *buf, size_t cap)
 {
     out o = {buf, cap, 0, cap == 0};
-    if (m->producer) producer(&o, m->producer, m->ctrl);
+    if (m->producer) producer(&o, m->producer, m->ctrl, m->data);
     if (m->consumer) consumer(&o, m->consumer);
     if (m->cache) cache(&o, m->cache, m->block_bytes);
     if (o.full) return ECX_ERANGE;

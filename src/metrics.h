@@ -13,11 +13,13 @@
 #include "cache.h"
 #include "consumer.h"
 #include "ctrl.h"
+#include "data.h"
 #include "producer.h"
 
 typedef struct ecx_metrics_src {
     const ecx_producer_stats *producer; /* NULL if not a producer */
     const ecx_ctrl_stats *ctrl;         /* the producer's ROUTER */
+    const ecx_data_stats *data;         /* the producer's data plane */
     const ecx_consumer_stats *consumer; /* NULL if not a consumer */
     const ecx_cache_stats *cache;
     unsigned long long block_bytes;

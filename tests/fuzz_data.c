@@ -35,6 +35,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (m.ucx_addr_len != m2.ucx_addr_len) abort();
             same(m.ucx_addr, m2.ucx_addr, m.ucx_addr_len);
         }
+        if (m.has_tcp != m2.has_tcp) abort();
+        if (m.has_tcp) {
+            if (m.tcp_family != m2.tcp_family || m.tcp_port != m2.tcp_port) abort();
+            same(m.tcp_addr, m2.tcp_addr, m.tcp_family == 4 ? 4 : 16);
+        }
     } else {
         ecx_data_desc d, d2;
         if (ecx_data_desc_decode(b, n, &d)) return 0;

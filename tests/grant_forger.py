@@ -6,7 +6,8 @@ protocol (src/data_shm.c) by hand.
 
 usage: grant_forger.py PORT COMPAT_HASH MM_HASH
 Prints one line per step ("victim granted", "takeover status N",
-"attacker granted", "shm F", "forged 2") and exits 0 if every step ran.
+"attacker granted", "shm F", "forged 2", then what became of garbage sent
+to the shm and tcp listeners) and exits 0 if every step ran.
 """
 import os
 import socket
@@ -72,6 +73,20 @@ c.send(b"\x01D" + os.urandom(16) + victim_key)
 c.send(b"\x01D" + token + victim_key)
 print("forged 2")
 c.close()
+# Garbage on both data-plane listeners: dropped, and counted.
+g = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+g.connect(b"\0" + name)
+g.send(b"\x09Z" + bytes(24))
+g.settimeout(5)
+print("shm garbage closed" if g.recv(64) == b"" else "shm garbage answered")
+g.close()
+tcp = sections(m["agent_metadata"], 24)[4]
+family, tport = tcp[0], struct.unpack_from("<H", tcp, 1)[0]
+host = socket.inet_ntop(socket.AF_INET if family == 4 else socket.AF_INET6, tcp[3:])
+t = socket.create_connection((host, tport), timeout=5)
+t.sendall(b"GET / HTTP/1.0\r\n\r\n")
+print("tcp garbage closed" if t.recv(64) == b"" else "tcp garbage answered")
+t.close()
 for s in (victim, thief, mine):
     s.close()
 ctx.term()

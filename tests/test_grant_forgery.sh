@@ -31,6 +31,10 @@ check "both forged completions counted" 'echo "$m" | grep -q "^ecx_producer_forg
 check "the takeover counted" 'echo "$m" | grep -q "^ecx_producer_foreign_requests_total 1$"'
 check "nothing released: both grants still held" 'echo "$m" | grep -q "^ecx_producer_active_grants 2$"'
 check "no completion counted" 'echo "$m" | grep -q "^ecx_producer_completions_total 0$"'
+check "garbage on the shm socket closes the connection" 'grep -q "shm garbage closed" "$T/forger.out"'
+check "garbage on the tcp port closes the connection" 'grep -q "tcp garbage closed" "$T/forger.out"'
+check "the shm drop counted" 'echo "$m" | grep -q "^ecx_producer_data_connections_dropped_total{path=\"shm\"} 1$"'
+check "the tcp drop counted" 'echo "$m" | grep -q "^ecx_producer_data_requests_dropped_total{path=\"tcp\"} 1$"'
 sleep 2 # the leases (1.5 s) expire
 m=$(metrics_of "$MPORT")
 check "the leases release them" 'echo "$m" | grep -q "^ecx_producer_active_grants 0$"'
