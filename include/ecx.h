@@ -171,7 +171,7 @@ typedef struct ecx_config {
     const char *vllm_version;  /* compatibility factors: peers must agree */
     const char *model;
     const char *dtype;
-    const char *data;          /* data path: "auto", "shm" or "ucx" */
+    const char *data;          /* data path: "auto" (shm + tcp), "shm", "tcp" or "ucx" */
     const char *instance;      /* region instance name; NULL: unique per process start */
     int rank;
     int64_t ack_timeout_ms;    /* consumer: 2000 */
