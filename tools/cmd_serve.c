@@ -83,6 +83,11 @@ static const char HELP[] =
     "all; when that table is full, a connection holding less than its share\n"
     "(65536 / connections holding grants) is still granted and the connection\n"
     "holding the most loses its oldest grant (ecx_producer_evicted_grants_total).\n"
+    "Data plane: a grant's bytes leave once, to a request with its key and token\n"
+    "(else ecx_producer_refused_reads_total); tcp and ucx take 256 connections,\n"
+    "32 per client address, and close silent, malformed or stalled ones; shm\n"
+    "takes 256 connections of this uid, each with a live grant within 2 s\n"
+    "(ecx_producer_data_*_total{path=...}).\n"
     "\n"
     "Exit status: 0 after a clean shutdown, 1 on failure, 2 on usage error.\n";
 
