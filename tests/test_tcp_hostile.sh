@@ -10,47 +10,14 @@
 # 16 whole-region READs resumes and serves. At the end the producer's
 # region and heap are untouched. Every wait is bounded.
 set -u
-BIN=$1
+BIN=$1 PREFIX=ecx-tcph
 export HOSTILE_DATA=tcp
-DIR=$(mktemp -d /dev/shm/ecx-tcph.XXXXXX)
-PROD=
-cleanup() {
-    if [ -n "$PROD" ]; then kill -CONT "$PROD" 2>/dev/null; kill -KILL "$PROD" 2>/dev/null; fi
-    rm -rf "$DIR"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*"
-    [ -f "$DIR/prod.log" ] && sed 's/^/  producer: /' "$DIR/prod.log" | tail -30
-    exit 1
-}
-G=$DIR/grants
-ECX_LOG=info timeout 150 "$BIN" produce "$DIR" "$G" 140000 >"$DIR/prod.log" 2>&1 &
-TPID=$!
-for _ in $(seq 100); do
-    PROD=$(pgrep -P $TPID)
-    [ -n "$PROD" ] && [ -s "$G" ] && break
-    sleep 0.1
-done
-[ -n "$PROD" ] && [ -s "$G" ] || fail "producer did not start"
-alive() { kill -0 "$PROD" 2>/dev/null || fail "producer died ($1)"; }
-consume() { # FIRST COUNT LAYOUT EXPECT TIMEOUT_MS
-    timeout 60 "$BIN" consume "$DIR" "$G" "$@" >"$DIR/cons.log" 2>&1
-    local rc=$?
-    sed 's/^/    /' "$DIR/cons.log" | grep -v 'ecx warn' | head -20
-    return $rc
-}
-
-if command -v ss >/dev/null; then
-    socks=$(ss -ltnp 2>/dev/null | grep "pid=$PROD," | awk '{print $4}')
-    [ -n "$socks" ] || fail "no listening socket seen"
-    ! echo "$socks" | grep -vq '^127\.0\.0\.1:' || fail "listening beyond lo: $socks"
-fi
-consume 0 2 direct done 10000 || fail "one block / a run"
-consume 2 3 reverse done 10000 || fail "scattered both sides, whole region, partial blocks"
-consume 0 1 direct failed 10000 || fail "a replayed grant did not fail"
-ms=$(sed -n 's/^g0 failed after \([0-9]*\) ms$/\1/p' "$DIR/cons.log")
-[ -n "$ms" ] && [ "$ms" -lt 2000 ] || fail "the refusal took ${ms:-?} ms"
+. "$(dirname "$0")/hostile_lib.sh"
+export ECX_LOG=info
+start_producer
+unset ECX_LOG
+listens_on_lo_only tcp
+reads_and_replay tcp
 
 echo "== a hostile client"
 timeout 90 "$BIN" tcp-attack "$G" >"$DIR/attack.log" 2>&1
@@ -79,12 +46,7 @@ alive "after SIGCONT"
 consume 8 1 direct done 10000 || fail "a READ after the stall"
 alive "after the stall"
 
-kill -TERM "$PROD"
-wait "$TPID"
-rc=$?
-PROD=
-[ $rc -eq 0 ] || fail "producer exit $rc"
-grep -q '^secret intact$' "$DIR/prod.log" || fail "the producer's heap changed"
+stop_producer tcp
 grep -q '^notif sess16:item16 status -' "$DIR/prod.log" || fail "no failed send reported after the stall"
 grep -q '^region intact$' "$DIR/prod.log" || fail "the region changed: $(grep '^block' "$DIR/prod.log")"
 n5=$(grep -c '^notif sess5:item5 ' "$DIR/prod.log")

@@ -13,55 +13,15 @@
 # that the consumer's checksum turns what it wrote into CORRUPT, never
 # DONE. Every wait is bounded.
 set -u
-BIN=$1
-DIR=$(mktemp -d /dev/shm/ecx-ucxh.XXXXXX)
-PROD=
-cleanup() {
-    if [ -n "$PROD" ]; then kill -CONT "$PROD" 2>/dev/null; kill -KILL "$PROD" 2>/dev/null; fi
-    rm -rf "$DIR"
-}
-trap cleanup EXIT
-fail() {
-    echo "FAIL: $*"
-    [ -f "$DIR/prod.log" ] && sed 's/^/  producer: /' "$DIR/prod.log" | tail -30
-    exit 1
-}
-G=$DIR/grants
-
-start_producer() {
-    rm -f "$G"
-    timeout 150 "$BIN" produce "$DIR" "$G" 140000 >"$DIR/prod.log" 2>&1 &
-    TPID=$!
-    for _ in $(seq 100); do
-        PROD=$(pgrep -P $TPID)
-        [ -n "$PROD" ] && [ -s "$G" ] && return 0
-        sleep 0.1
-    done
-    fail "producer did not start"
-}
-alive() { kill -0 "$PROD" 2>/dev/null || fail "producer died ($1)"; }
-consume() { # FIRST COUNT LAYOUT EXPECT TIMEOUT_MS
-    timeout 60 "$BIN" consume "$DIR" "$G" "$@" >"$DIR/cons.log" 2>&1
-    local rc=$?
-    sed 's/^/    /' "$DIR/cons.log" | grep -v 'ecx warn' | head -20
-    return $rc
-}
+BIN=$1 PREFIX=ecx-ucxh
+. "$(dirname "$0")/hostile_lib.sh"
 
 for tls in default tcp; do
     if [ $tls = tcp ]; then export UCX_TLS=tcp; else unset UCX_TLS; fi
     echo "== UCX transports: $tls"
     start_producer
-    # Bound to the advertised host's interface only (lo here).
-    if command -v ss >/dev/null; then
-        socks=$(ss -ltnp 2>/dev/null | grep "pid=$PROD," | awk '{print $4}')
-        [ -n "$socks" ] || fail "$tls: no listening socket seen"
-        ! echo "$socks" | grep -vq '^127\.0\.0\.1:' || fail "$tls: listening beyond lo: $socks"
-    fi
-    consume 0 2 direct done 10000 || fail "$tls: one block / a run"
-    consume 2 3 reverse done 10000 || fail "$tls: scattered both sides, whole region, partial blocks"
-    consume 0 1 direct failed 10000 || fail "$tls: a replayed grant did not fail"
-    ms=$(sed -n 's/^g0 failed after \([0-9]*\) ms$/\1/p' "$DIR/cons.log")
-    [ -n "$ms" ] && [ "$ms" -lt 2000 ] || fail "$tls: the refusal took ${ms:-?} ms"
+    listens_on_lo_only "$tls"
+    reads_and_replay "$tls"
     timeout 90 "$BIN" attack "$G" 1000 >"$DIR/attack.log" 2>&1
     rc=$?
     grep -v 'ecx warn\|UCX  WARN' "$DIR/attack.log" | sed 's/^/    /'
@@ -108,12 +68,7 @@ for tls in default tcp; do
     consume 8 1 direct done 10000 || fail "$tls: a READ after the stall"
     alive "after the stall"
 
-    kill -TERM "$PROD"
-    wait "$TPID"
-    rc=$?
-    PROD=
-    [ $rc -eq 0 ] || fail "$tls: producer exit $rc"
-    grep -q '^secret intact$' "$DIR/prod.log" || fail "$tls: the producer's heap changed"
+    stop_producer "$tls"
     changed=$(grep '^block .* changed$' "$DIR/prod.log" | grep -v '^block 57 ' || true)
     [ -z "$changed" ] || fail "$tls: the region changed: $changed"
     echo "    producer: $(grep -c '^notif' "$DIR/prod.log") completions, region intact but for the raw UCT put"
