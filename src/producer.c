@@ -20,16 +20,14 @@ typedef struct grant {
     ecx_table_node node;       /* keyed by key[0..key_len) */
     struct grant *prev, *next; /* lease queue, oldest first; next = free list */
     struct grant *cprev, *cnext; /* the owner's grants, oldest first */
-    struct conn *owner;
+    struct conn *owner; /* the connection that asked */
     int64_t expires_ms;
     uint64_t nbytes;
     uint64_t *blocks; /* item order; the buffer stays with the record when pooled */
     size_t n_blocks, blocks_cap;
     bool claimed; /* its bytes were handed to the data plane once */
     uint8_t token[ECX_DATA_TOKEN_LEN];
-    uint8_t identity_len;
-    uint8_t identity[IDENTITY_MAX]; /* the connection that asked */
-    uint32_t hash_off;              /* mm_hash starts at key + hash_off */
+    uint32_t hash_off; /* mm_hash starts at key + hash_off */
     uint32_t key_len;
     char key[ECX_DATA_NOTIF_MAX + 1]; /* "{session_id}:{mm_hash}" */
 } grant;
@@ -200,8 +198,6 @@ static grant *grant_add(ecx_producer *p, conn *c, ecx_span sid, ecx_span hash, s
     g->nbytes = nbytes;
     g->claimed = false;
     randombytes_buf(g->token, sizeof g->token);
-    g->identity_len = (uint8_t)p->msg.identity_len;
-    memcpy(g->identity, p->msg.identity, p->msg.identity_len);
     memcpy(g->key, sid.p, sid.n);
     g->key[sid.n] = ':';
     memcpy(g->key + sid.n + 1, hash.p, hash.n);
@@ -378,8 +374,8 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
     key[r->session_id.n] = ':';
     memcpy(key + r->session_id.n + 1, r->mm_hash.p, r->mm_hash.n);
     grant *old = grant_find(p, key, r->session_id.n + 1 + r->mm_hash.n);
-    if (old && (old->identity_len != p->msg.identity_len ||
-                memcmp(old->identity, p->msg.identity, old->identity_len))) {
+    conn *c = conn_find(p, p->msg.identity, p->msg.identity_len);
+    if (old && old->owner != c) {
         /* Only the connection that holds a grant may replace it. */
         p->st.foreign_requests++;
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "grant held by another connection");
@@ -388,9 +384,9 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
     if (old) { /* the consumer asked again: its old pin goes first */
         grant_release(p, old);
         p->st.regrants++;
+        c = conn_find(p, p->msg.identity, p->msg.identity_len); /* pooled with its last grant */
     }
     /* Per-connection cap, then the shared table (see producer.h). */
-    conn *c = conn_find(p, p->msg.identity, p->msg.identity_len);
     uint32_t held = c ? c->count : 0;
     if (held >= p->o.max_conn_grants) {
         p->st.refused_conn_grants++;
