@@ -63,6 +63,7 @@ struct ecx_consumer {
     xfer *head, *free_xfers;
     session *sessions_list;
     size_t n_sessions;
+    unsigned reads_started; /* by the acks of the current poll */
     msgpack_sbuffer out;
     int64_t *idx;             /* scratch: ack indices */
     uint64_t *remote, *local; /* scratch for read_post */
@@ -441,6 +442,7 @@ static void start_read(ecx_consumer *c, session *s, xfer *x, const ecx_ack *a, i
     x->state = READING;
     x->deadline_ms = now + c->o.read_timeout_ms;
     if (x->deadline_ms > x->lease_end_ms) x->deadline_ms = x->lease_end_ms;
+    c->reads_started++;
 }
 
 static void on_ack(ecx_consumer *c, session *s, const void *payload, size_t len, int64_t now)
@@ -572,6 +574,7 @@ int ecx_consumer_poll(ecx_consumer *c)
 {
     int events = 0;
     int64_t now = now_ms(c);
+    c->reads_started = 0;
     int n = ecx_data_progress(c->data);
     if (n > 0) events += n;
     /* Timers first: an ack that waited in the socket past its transfer's
@@ -598,7 +601,7 @@ int ecx_consumer_poll(ecx_consumer *c)
     }
     /* READs the acks just started may be done already (the same-host copy
      * is): report them in this call rather than the engine's next step. */
-    for (xfer *x = c->head, *next; x; x = next) {
+    for (xfer *x = c->reads_started ? c->head : NULL, *next; x; x = next) {
         next = x->next;
         if (x->state == READING) events += advance(c, x, now);
     }
