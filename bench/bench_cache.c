@@ -57,22 +57,22 @@ struct result {
 static int run(uint64_t entries, uint64_t max_ops, double max_s, struct result *res)
 {
     uint64_t blocks = entries * 5 / 2; /* sizes 1..4: 2.5 blocks on average */
-    ecx_cache_opts o = {.num_blocks = blocks, .expected_entries = entries};
-    ecx_cache *c;
-    int rc = ecx_cache_new(&o, &c);
+    ecxi_cache_opts o = {.num_blocks = blocks, .expected_entries = entries};
+    ecxi_cache *c;
+    int rc = ecxi_cache_new(&o, &c);
     if (rc) return rc;
     char key[64], other[64];
     uint64_t next = 0, rng = 42;
-    ecx_cache_stats st;
+    ecxi_cache_stats st;
     /* Fill until the cache is full and evicting. */
     do {
         make_key(next, key);
         rng = mix(rng);
-        if ((rc = ecx_cache_reserve(c, key, 64, 1 + rng % 4)) ||
-            (rc = ecx_cache_mark_ready(c, key, 64)))
+        if ((rc = ecxi_cache_reserve(c, key, 64, 1 + rng % 4)) ||
+            (rc = ecxi_cache_mark_ready(c, key, 64)))
             goto out;
         next++;
-        ecx_cache_get_stats(c, &st);
+        ecxi_cache_get_stats(c, &st);
     } while (st.evictions == 0);
 
     uint64_t ops = 0, hits = 0;
@@ -81,26 +81,26 @@ static int run(uint64_t entries, uint64_t max_ops, double max_s, struct result *
         for (int i = 0; i < 256; i++) {
             make_key(next, key);
             rng = mix(rng);
-            if ((rc = ecx_cache_reserve(c, key, 64, 1 + rng % 4)) ||
-                (rc = ecx_cache_mark_ready(c, key, 64)))
+            if ((rc = ecxi_cache_reserve(c, key, 64, 1 + rng % 4)) ||
+                (rc = ecxi_cache_mark_ready(c, key, 64)))
                 goto out;
             next++;
             make_key(next - 1 - (rng >> 8) % (entries / 2), other);
-            if (ecx_cache_pin_if_ready(c, other, 64) == 0) {
+            if (ecxi_cache_pin_if_ready(c, other, 64) == 0) {
                 hits++;
-                ecx_cache_unpin(c, other, 64);
+                ecxi_cache_unpin(c, other, 64);
                 ops++;
             }
             make_key(next - 1 - (rng >> 32) % (entries / 2), other);
-            hits += ecx_cache_lookup(c, other, 64, NULL) == 0;
+            hits += ecxi_cache_lookup(c, other, 64, NULL) == 0;
             make_key(next + 1000000, other); /* never reserved yet */
-            ecx_cache_lookup(c, other, 64, NULL);
+            ecxi_cache_lookup(c, other, 64, NULL);
             ops += 5;
         }
         t = now_s();
         if (t - t0 >= max_s) break;
     }
-    ecx_cache_get_stats(c, &st);
+    ecxi_cache_get_stats(c, &st);
     res->ops = ops;
     res->seconds = t - t0;
     res->ops_per_s = (double)ops / (t - t0);
@@ -108,7 +108,7 @@ static int run(uint64_t entries, uint64_t max_ops, double max_s, struct result *
     res->evictions = st.evictions;
     if (hits == 0) rc = ECX_ERANGE; /* the workload is not what it claims */
 out:
-    ecx_cache_free(c);
+    ecxi_cache_free(c);
     return rc;
 }
 

@@ -41,8 +41,8 @@ static long long number(const char *v)
 
 int main(int argc, char **argv)
 {
-    ecx_data_bench_opts o;
-    ecx_data_bench_opts_init(&o);
+    ecxi_data_bench_opts o;
+    ecxi_data_bench_opts_init(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) return usage();
@@ -67,5 +67,5 @@ int main(int argc, char **argv)
     if (o.iters < 1 || o.iters > 100000 || o.warmup < 0 || o.block_bytes == 0) return usage();
     for (int i = 0; i < o.nsizes; i++)
         if (o.sizes[i] == 0) return usage();
-    return ecx_data_bench_run(&o) ? 1 : 0;
+    return ecxi_data_bench_run(&o) ? 1 : 0;
 }

@@ -5,7 +5,7 @@
  * serves it (busy polling, as ucx_perftest's server does); this process is
  * the consumer. For each size and path it READs the encoding (stored in one
  * contiguous run, as the cache hands blocks out) repeatedly; each fetch is
- * timed from ecx_data_read_post() until the READ reports DONE, and every
+ * timed from ecxi_data_read_post() until the READ reports DONE, and every
  * fetch is then checked byte for byte against the pattern (outside the
  * timed window; a mismatch fails the run). Before each fetch, and before
  * each memcpy of the baseline, the destination is overwritten, so every
@@ -110,21 +110,21 @@ static void count_notif(void *arg, const char *key, size_t len, const uint8_t *t
 static int producer_main(const char *dir, uint64_t bytes, uint64_t bs, int out_fd, int stop_fd)
 {
     char id[ECX_REGION_INSTANCE_ID_LEN + 1];
-    ecx_region *r;
-    ecx_data *d[2];
-    static const ecx_data_opts opts[2] = {{.backend = ECX_DATA_AUTO},
+    ecxi_region *r;
+    ecxi_data *d[2];
+    static const ecxi_data_opts opts[2] = {{.backend = ECX_DATA_AUTO},
                                           {.backend = ECX_DATA_UCX}};
     static stub_grants grants;
     const uint8_t *m[2];
     size_t ml[2];
     uint8_t ds[2][ECX_DATA_DESC_MAX];
     uint32_t lens[4];
-    if (ecx_region_instance_id(id) || ecx_region_create_in(dir, id, 0, bytes, bs, &r)) return 1;
-    fill_pattern(ecx_region_base(r), ecx_region_size(r));
+    if (ecxi_region_instance_id(id) || ecxi_region_create_in(dir, id, 0, bytes, bs, &r)) return 1;
+    fill_pattern(ecxi_region_base(r), ecxi_region_size(r));
     for (int k = 0; k < 2; k++) {
-        if (ecx_data_new_producer(r, &opts[k], &d[k])) return 1;
-        ecx_data_set_grant_fn(d[k], stub_grant_check, &grants);
-        m[k] = ecx_data_agent_metadata(d[k], &ml[k]);
+        if (ecxi_data_new_producer(r, &opts[k], &d[k])) return 1;
+        ecxi_data_set_grant_fn(d[k], stub_grant_check, &grants);
+        m[k] = ecxi_data_agent_metadata(d[k], &ml[k]);
         long dl = stub_layout(d[k], ds[k], sizeof ds[k]);
         if (dl < 0) return 1;
         lens[2 * k] = (uint32_t)ml[k], lens[2 * k + 1] = (uint32_t)dl;
@@ -136,25 +136,25 @@ static int producer_main(const char *dir, uint64_t bytes, uint64_t bs, int out_f
     long notifs = 0;
     double end = now_s() + 600;
     for (unsigned i = 0; now_s() < end; i++) {
-        ecx_data_poll_notifs(d[0], count_notif, &notifs);
-        ecx_data_poll_notifs(d[1], count_notif, &notifs);
+        ecxi_data_poll_notifs(d[0], count_notif, &notifs);
+        ecxi_data_poll_notifs(d[1], count_notif, &notifs);
         if (i % 256 == 0) {
             struct pollfd p = {.fd = stop_fd, .events = POLLIN};
             if (poll(&p, 1, 0) > 0) break;
         }
     }
-    ecx_data_free(d[0]);
-    ecx_data_free(d[1]);
-    ecx_region_free(r);
+    ecxi_data_free(d[0]);
+    ecxi_data_free(d[1]);
+    ecxi_region_free(r);
     return 0;
 }
 
 typedef struct bench {
-    ecx_region *cr;
+    ecxi_region *cr;
     uint8_t *expect, *src, *dst; /* pattern; memcpy baseline buffers */
     uint64_t bs;
     int iters, warmup;
-    ecx_shm_src var;    /* the producer's region, for the copy variants */
+    ecxi_shm_src var;    /* the producer's region, for the copy variants */
     double *tv[2];      /* their times: pread, mmap+hash */
 } bench;
 
@@ -162,22 +162,22 @@ typedef struct path {
     int backend;
     const uint8_t *layout; /* its producer context's descriptor, for each grant's */
     size_t layout_len;
-    ecx_data *d;
-    ecx_data_peer *p;
+    ecxi_data *d;
+    ecxi_data_peer *p;
     double *t;
 } path;
 
 static int path_open(path *ph, int backend, bench *b, const uint8_t *m, size_t ml,
                      const uint8_t *ds, size_t dl)
 {
-    ecx_data_opts o = {.backend = backend};
+    ecxi_data_opts o = {.backend = backend};
     ph->backend = backend;
     ph->layout = ds, ph->layout_len = dl;
     ph->t = malloc((size_t)b->iters * sizeof *ph->t);
     if (!ph->t) return -1;
-    int rc = ecx_data_new_consumer(b->cr, &o, &ph->d);
-    if (rc || (rc = ecx_data_peer_add(ph->d, m, ml, ds, dl, &ph->p))) {
-        fprintf(stderr, "bench: %s path: %s\n", ecx_data_backend_name(backend), ecx_strerror(rc));
+    int rc = ecxi_data_new_consumer(b->cr, &o, &ph->d);
+    if (rc || (rc = ecxi_data_peer_add(ph->d, m, ml, ds, dl, &ph->p))) {
+        fprintf(stderr, "bench: %s path: %s\n", ecxi_data_backend_name(backend), ecx_strerror(rc));
         return -1;
     }
     return 0;
@@ -185,8 +185,8 @@ static int path_open(path *ph, int backend, bench *b, const uint8_t *m, size_t m
 
 static void path_close(path *ph)
 {
-    if (ph->p) ecx_data_peer_drop(ph->p);
-    if (ph->d) ecx_data_free(ph->d);
+    if (ph->p) ecxi_data_peer_drop(ph->p);
+    if (ph->d) ecxi_data_free(ph->d);
     free(ph->t);
     memset(ph, 0, sizeof *ph);
 }
@@ -196,32 +196,32 @@ static void path_close(path *ph)
 static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
 {
     uint64_t n = (size + b->bs - 1) / b->bs;
-    uint8_t *dst = ecx_region_base(b->cr);
+    uint8_t *dst = ecxi_region_base(b->cr);
     memset(dst, 0x5a, size);
-    ecx_data_xfer *x;
+    ecxi_data_xfer *x;
     char key[ECX_DATA_NOTIF_MAX];
     uint8_t desc[ECX_DATA_DESC_MAX];
     int kl = stub_key(key, sizeof key, size, idx, n);
-    long dl = stub_desc(ph->layout, ph->layout_len, size, ecx_checksum(b->expect, size), desc,
+    long dl = stub_desc(ph->layout, ph->layout_len, size, ecxi_checksum(b->expect, size), desc,
                         sizeof desc);
     if (kl < 0 || dl < 0) {
         fprintf(stderr, "bench: %llu blocks do not fit one grant key\n", (unsigned long long)n);
         return -1;
     }
     double t0 = now_s();
-    int rc = ecx_data_read_post(ph->p, desc, (size_t)dl, idx, idx, n, size, key, (size_t)kl, &x);
+    int rc = ecxi_data_read_post(ph->p, desc, (size_t)dl, idx, idx, n, size, key, (size_t)kl, &x);
     if (rc) {
         fprintf(stderr, "bench: post: %s\n", ecx_strerror(rc));
         return -1;
     }
     int st;
     double limit = t0 + 30;
-    while ((st = ecx_data_read_poll(x)) == ECX_XFER_RUNNING && now_s() < limit)
-        ecx_data_progress(ph->d);
+    while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && now_s() < limit)
+        ecxi_data_progress(ph->d);
     double t1 = now_s();
-    ecx_data_read_release(x);
+    ecxi_data_read_release(x);
     if (st != ECX_XFER_DONE || memcmp(dst, b->expect, size) != 0) {
-        fprintf(stderr, "bench: %s fetch %s\n", ecx_data_backend_name(ph->backend),
+        fprintf(stderr, "bench: %s fetch %s\n", ecxi_data_backend_name(ph->backend),
                 st == ECX_XFER_DONE ? "delivered wrong bytes" : "did not finish");
         return -1;
     }
@@ -232,20 +232,20 @@ static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
  * for the copy variants; 0, or -1 if unavailable (variants not measured). */
 static int variants_open(bench *b, const uint8_t *m, size_t ml)
 {
-    ecx_data_meta meta;
+    ecxi_data_meta meta;
     char path[ECX_DATA_PATH_MAX + 1];
-    if (ecx_data_meta_decode(m, ml, &meta) || !meta.has_shm) return -1;
+    if (ecxi_data_meta_decode(m, ml, &meta) || !meta.has_shm) return -1;
     memcpy(path, meta.path, meta.path_len);
     path[meta.path_len] = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) return -1;
-    uint64_t len = ecx_region_size(b->cr);
+    uint64_t len = ecxi_region_size(b->cr);
     void *map = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
         close(fd);
         return -1;
     }
-    b->var = (ecx_shm_src){.fd = fd, .map = map, .map_len = len};
+    b->var = (ecxi_shm_src){.fd = fd, .map = map, .map_len = len};
     return 0;
 }
 
@@ -261,22 +261,22 @@ static void variants_close(bench *b)
 static double variant_once(bench *b, int v, uint64_t size, const uint64_t *idx, uint64_t want)
 {
     uint64_t n = (size + b->bs - 1) / b->bs, sum = 0;
-    uint8_t *dst = ecx_region_base(b->cr);
+    uint8_t *dst = ecxi_region_base(b->cr);
     memset(dst, 0x5a, size);
     double t0 = now_s();
     if (v == 0) {
-        if (ecx_shm_copy(&b->var, dst, b->bs, idx, idx, n, size, ECX_SHM_COPY_PREAD, &sum))
+        if (ecxi_shm_copy(&b->var, dst, b->bs, idx, idx, n, size, ECX_SHM_COPY_PREAD, &sum))
             return -1;
     } else {
         const size_t chunk = 256u << 10;
-        ecx_sum st;
-        ecx_sum_reset(&st);
+        ecxi_sum st;
+        ecxi_sum_reset(&st);
         for (uint64_t off = 0; off < size; off += chunk) {
             size_t k = size - off < chunk ? (size_t)(size - off) : chunk;
             memcpy(dst + off, b->var.map + off, k);
-            ecx_sum_update(&st, dst + off, k);
+            ecxi_sum_update(&st, dst + off, k);
         }
-        sum = ecx_sum_digest(&st);
+        sum = ecxi_sum_digest(&st);
     }
     double t1 = now_s();
     if (sum != want) {
@@ -304,7 +304,7 @@ static double memcpy_once(bench *b, uint64_t size)
     return t1 - t0;
 }
 
-void ecx_data_bench_opts_init(ecx_data_bench_opts *o)
+void ecxi_data_bench_opts_init(ecxi_data_bench_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->iters = 30;
@@ -313,7 +313,7 @@ void ecx_data_bench_opts_init(ecx_data_bench_opts *o)
     o->shm = o->tcp = o->ucx = true;
 }
 
-int ecx_data_bench_run(const ecx_data_bench_opts *o)
+int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
 {
     uint64_t sizes[ECX_DATA_BENCH_MAX_SIZES];
     int nsizes = o->nsizes;
@@ -377,7 +377,7 @@ int ecx_data_bench_run(const ecx_data_bench_opts *o)
         fprintf(stderr, "bench: producer did not start\n");
         goto done;
     }
-    if (ecx_region_instance_id(id) || ecx_region_create_in(dir, id, 1, region, b.bs, &b.cr)) {
+    if (ecxi_region_instance_id(id) || ecxi_region_create_in(dir, id, 1, region, b.bs, &b.cr)) {
         fprintf(stderr, "bench: cannot create the consumer region\n");
         goto done;
     }
@@ -405,7 +405,7 @@ int ecx_data_bench_run(const ecx_data_bench_opts *o)
     if (o->ucx && path_open(&paths[np++], ECX_DATA_UCX, &b, um, lens[2], uds, lens[3])) goto done;
     for (int s = 0; s < nsizes; s++) {
         uint64_t size = sizes[s];
-        uint64_t want = ecx_checksum(b.expect, size);
+        uint64_t want = ecxi_checksum(b.expect, size);
         /* Interleaved: memcpy, then each path, per iteration, so all see
          * the same machine (this one is shared and noisy). */
         for (int it = 0; it < b.warmup + b.iters; it++) {
@@ -440,7 +440,7 @@ int ecx_data_bench_run(const ecx_data_bench_opts *o)
                     "bench: size %llu: verified copies / memcpy: shm fetch (%s) %.3f, "
                     "pread+hash %.3f, mmap memcpy+hash %.3f (medians, same run)\n",
                     (unsigned long long)size,
-                    ecx_shm_copy_guarded() ? "guarded one-pass copy+hash" : "pread+hash",
+                    ecxi_shm_copy_guarded() ? "guarded one-pass copy+hash" : "pread+hash",
                     lat[1] > 0 ? lat[0] / lat[1] : 0.0, lat[0] / lp, lat[0] / lm);
         }
         printf("size=%llu shm_gbps=%.3f ucx_gbps=%.3f memcpy_gbps=%.3f shm_ratio=%.3f "
@@ -463,7 +463,7 @@ done:
         int st;
         waitpid(pid, &st, 0);
     }
-    ecx_region_free(b.cr);
+    ecxi_region_free(b.cr);
     free(b.expect), free(b.src), free(b.dst), free(m), free(ds), free(um), free(uds);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

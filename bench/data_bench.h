@@ -18,21 +18,21 @@
 
 #define ECX_DATA_BENCH_MAX_SIZES 8
 
-typedef struct ecx_data_bench_opts {
+typedef struct ecxi_data_bench_opts {
     uint64_t sizes[ECX_DATA_BENCH_MAX_SIZES]; /* bytes per fetch; nsizes of them */
     int nsizes;                               /* 0: 4,700,000 and 28,800,000 */
     int iters;                                /* timed fetches per size and path */
     int warmup;                               /* untimed fetches first */
     uint64_t block_bytes;                     /* region block size */
     bool shm, tcp, ucx;                       /* which paths to measure */
-} ecx_data_bench_opts;
+} ecxi_data_bench_opts;
 
 /* Defaults: both sizes, 30 iterations, 3 warm-up, 1 MiB blocks, every path. */
-void ecx_data_bench_opts_init(ecx_data_bench_opts *o);
+void ecxi_data_bench_opts_init(ecxi_data_bench_opts *o);
 
 /* Run it. 0 on success; -1 on failure (message on stderr), including a
  * fetch or memcpy that delivered wrong bytes. Bounded: every wait has a
  * deadline. */
-int ecx_data_bench_run(const ecx_data_bench_opts *o);
+int ecxi_data_bench_run(const ecxi_data_bench_opts *o);
 
 #endif

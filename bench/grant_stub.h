@@ -51,10 +51,10 @@ static __attribute__((unused)) int stub_key(char *buf, size_t cap, uint64_t nbyt
     return k > 0 && (size_t)k < cap ? k : -1;
 }
 
-/* ecx_data_grant_fn: arg is a stub_grants. */
+/* ecxi_data_grant_fn: arg is a stub_grants. */
 static __attribute__((unused)) int stub_grant_check(void *arg, const char *key, size_t key_len,
                                                     const uint8_t token[ECX_DATA_TOKEN_LEN],
-                                                    int flags, ecx_data_grant *g)
+                                                    int flags, ecxi_data_grant *g)
 {
     (void)flags;
     stub_grants *s = arg;
@@ -99,23 +99,23 @@ static __attribute__((unused)) long stub_desc(const uint8_t *layout, size_t layo
                                               uint64_t nbytes, uint64_t sum, uint8_t *buf,
                                               size_t cap)
 {
-    ecx_data_desc dd;
-    int rc = ecx_data_desc_decode(layout, layout_len, &dd);
+    ecxi_data_desc dd;
+    int rc = ecxi_data_desc_decode(layout, layout_len, &dd);
     if (rc) return rc;
     dd.has_ticket = true;
     memcpy(dd.ticket.token, STUB_TOKEN, ECX_DATA_TOKEN_LEN);
     dd.ticket.checksum = sum;
     dd.ticket.nbytes = nbytes;
     dd.ticket.lease_ms = 30000;
-    return ecx_data_desc_encode(&dd, buf, cap);
+    return ecxi_data_desc_encode(&dd, buf, cap);
 }
 
 /* A producer's layout descriptor (a stub ticket for one byte). */
-static __attribute__((unused)) long stub_layout(const ecx_data *prod, uint8_t *buf, size_t cap)
+static __attribute__((unused)) long stub_layout(const ecxi_data *prod, uint8_t *buf, size_t cap)
 {
-    ecx_data_ticket t = {.nbytes = 1, .lease_ms = 30000};
+    ecxi_data_ticket t = {.nbytes = 1, .lease_ms = 30000};
     memcpy(t.token, STUB_TOKEN, ECX_DATA_TOKEN_LEN);
-    return ecx_data_grant_descriptor(prod, &t, buf, cap);
+    return ecxi_data_grant_descriptor(prod, &t, buf, cap);
 }
 
 #endif

@@ -55,7 +55,7 @@ enum { KEY_RAW = 0, KEY_HEX = 1, KEY_EXT = 2 };
  * An entry is in the FIFO exactly when it is ready and unpinned.
  */
 struct entry {
-    uint64_t size_bytes; /* the caller's, set by ecx_cache_set_size() */
+    uint64_t size_bytes; /* the caller's, set by ecxi_cache_set_size() */
     uint32_t pins;
     uint32_t n_blocks;
     uint32_t head;       /* start of the first (lowest) run */
@@ -92,7 +92,7 @@ struct slot {
     uint32_t h;
 };
 
-struct ecx_cache {
+struct ecxi_cache {
     pthread_mutex_t mu;
     uint32_t n;
     struct blk *b;
@@ -113,7 +113,7 @@ struct ecx_cache {
 
     void *key_free[KEY_CLASSES];
     unsigned char sipkey[crypto_shorthash_KEYBYTES];
-    ecx_cache_evict_fn on_evict;
+    ecxi_cache_evict_fn on_evict;
     void *evict_arg;
     uint64_t reserves, reserve_full, evictions;
 };
@@ -147,7 +147,7 @@ static void big_free(void *p, size_t size)
 
 /* ---- treap of free runs ---------------------------------------------- */
 
-static inline uint32_t prio(const ecx_cache *c, uint32_t s)
+static inline uint32_t prio(const ecxi_cache *c, uint32_t s)
 {
     uint64_t z = s + c->prio_seed;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -162,7 +162,7 @@ static inline bool key_less(uint32_t len_a, uint32_t a, uint32_t len_b, uint32_t
 }
 
 /* Split t into keys < (klen, ks) and keys >= (klen, ks). */
-static void t_split(ecx_cache *c, uint32_t t, uint32_t klen, uint32_t ks, uint32_t *l, uint32_t *r)
+static void t_split(ecxi_cache *c, uint32_t t, uint32_t klen, uint32_t ks, uint32_t *l, uint32_t *r)
 {
     if (t == NIL) {
         *l = *r = NIL;
@@ -178,7 +178,7 @@ static void t_split(ecx_cache *c, uint32_t t, uint32_t klen, uint32_t ks, uint32
 }
 
 /* Join a and b, every key of a below every key of b. */
-static uint32_t t_merge(ecx_cache *c, uint32_t a, uint32_t b)
+static uint32_t t_merge(ecxi_cache *c, uint32_t a, uint32_t b)
 {
     if (a == NIL) return b;
     if (b == NIL) return a;
@@ -190,7 +190,7 @@ static uint32_t t_merge(ecx_cache *c, uint32_t a, uint32_t b)
     return b;
 }
 
-static uint32_t t_insert(ecx_cache *c, uint32_t t, uint32_t x)
+static uint32_t t_insert(ecxi_cache *c, uint32_t t, uint32_t x)
 {
     if (t == NIL) {
         c->b[x].left = c->b[x].right = NIL;
@@ -208,7 +208,7 @@ static uint32_t t_insert(ecx_cache *c, uint32_t t, uint32_t x)
 }
 
 /* Remove x (keyed by its current len) from t. */
-static uint32_t t_erase(ecx_cache *c, uint32_t t, uint32_t x)
+static uint32_t t_erase(ecxi_cache *c, uint32_t t, uint32_t x)
 {
     if (t == NIL) return NIL;
     if (t == x) return t_merge(c, c->b[x].left, c->b[x].right);
@@ -220,7 +220,7 @@ static uint32_t t_erase(ecx_cache *c, uint32_t t, uint32_t x)
 }
 
 /* The smallest free run of length >= len, lowest start among equals. */
-static uint32_t t_lower_bound(const ecx_cache *c, uint32_t len)
+static uint32_t t_lower_bound(const ecxi_cache *c, uint32_t len)
 {
     uint32_t t = c->root, best = NIL;
     while (t != NIL) {
@@ -235,7 +235,7 @@ static uint32_t t_lower_bound(const ecx_cache *c, uint32_t len)
 }
 
 /* The largest free run, lowest start among equals. */
-static uint32_t t_largest(const ecx_cache *c)
+static uint32_t t_largest(const ecxi_cache *c)
 {
     uint32_t t = c->root;
     if (t == NIL) return NIL;
@@ -248,7 +248,7 @@ static uint32_t t_largest(const ecx_cache *c)
 
 /* Take the first k blocks of the free run starting at s (k <= its length);
  * s becomes an owned run of length k. */
-static void take_prefix(ecx_cache *c, uint32_t s, uint32_t k)
+static void take_prefix(ecxi_cache *c, uint32_t s, uint32_t k)
 {
     c->root = t_erase(c, c->root, s);
     uint32_t len = c->b[s].len;
@@ -267,7 +267,7 @@ static void take_prefix(ecx_cache *c, uint32_t s, uint32_t k)
 }
 
 /* Return the owned run [a, a + l) to the free space, merging neighbours. */
-static void free_run(ecx_cache *c, uint32_t a, uint32_t l)
+static void free_run(ecxi_cache *c, uint32_t a, uint32_t l)
 {
     c->free_blocks += l;
     c->b[a].len = 0;
@@ -296,7 +296,7 @@ static void free_run(ecx_cache *c, uint32_t a, uint32_t l)
 }
 
 /* Sort a chain of owned runs (linked by next) by start. */
-static uint32_t sort_runs(ecx_cache *c, uint32_t list, uint32_t count)
+static uint32_t sort_runs(ecxi_cache *c, uint32_t list, uint32_t count)
 {
     if (count <= 1) return list;
     uint32_t half = count / 2, mid = list;
@@ -317,7 +317,7 @@ static uint32_t sort_runs(ecx_cache *c, uint32_t list, uint32_t count)
 }
 
 /* Allocate n <= free_blocks blocks by the policy in cache.h. */
-static void alloc_blocks(ecx_cache *c, uint32_t n, uint32_t *head)
+static void alloc_blocks(ecxi_cache *c, uint32_t n, uint32_t *head)
 {
     uint32_t rem = n, list = NIL, k = 0;
     while (rem > 0) {
@@ -407,7 +407,7 @@ static inline bool evictable(const struct entry *e)
     return e->state == ST_READY && e->pins == 0;
 }
 
-static uint32_t key_hash(const ecx_cache *c, const char *key, size_t len)
+static uint32_t key_hash(const ecxi_cache *c, const char *key, size_t len)
 {
     unsigned char h[crypto_shorthash_BYTES];
     crypto_shorthash(h, (const unsigned char *)key, len, c->sipkey);
@@ -424,7 +424,7 @@ static int key_class(size_t len)
     return k;
 }
 
-static char *key_buf_get(ecx_cache *c, size_t len)
+static char *key_buf_get(ecxi_cache *c, size_t len)
 {
     int k = key_class(len);
     void *b = c->key_free[k];
@@ -435,7 +435,7 @@ static char *key_buf_get(ecx_cache *c, size_t len)
     return malloc((size_t)KEY_CLASS_MIN << k);
 }
 
-static void key_buf_put(ecx_cache *c, char *b, size_t len)
+static void key_buf_put(ecxi_cache *c, char *b, size_t len)
 {
     int k = key_class(len);
     memcpy(b, &c->key_free[k], sizeof(void *));
@@ -450,7 +450,7 @@ static void key_buf_put(ecx_cache *c, char *b, size_t len)
  * peak entry count and as much of it as possible stays in the CPU caches.
  */
 
-static uint32_t tab_find(const ecx_cache *c, uint32_t h, const char *key, size_t len)
+static uint32_t tab_find(const ecxi_cache *c, uint32_t h, const char *key, size_t len)
 {
     for (uint32_t i = h & c->tab_mask;; i = (i + 1) & c->tab_mask) {
         const struct slot *s = &c->tab[i];
@@ -473,7 +473,7 @@ static uint32_t tab_hole(const struct slot *tab, uint32_t mask, uint32_t h)
 
 /* Insert a new key: take an id (ents_reserve_one() made sure there is
  * one) and place its slot. */
-static uint32_t tab_insert(ecx_cache *c, uint32_t h)
+static uint32_t tab_insert(ecxi_cache *c, uint32_t h)
 {
     uint32_t id;
     if (c->free_ent != NIL) {
@@ -490,7 +490,7 @@ static uint32_t tab_insert(ecx_cache *c, uint32_t h)
 
 /* Remove id, whose key hashes to h (the entry keeps no copy of its hash:
  * that keeps it within one cache line). */
-static void tab_delete(ecx_cache *c, uint32_t id, uint32_t h)
+static void tab_delete(ecxi_cache *c, uint32_t id, uint32_t h)
 {
     uint32_t mask = c->tab_mask, i = h & mask;
     while (c->tab[i].id != id)
@@ -512,7 +512,7 @@ static void tab_delete(ecx_cache *c, uint32_t id, uint32_t h)
 
 /* Size (or resize) the table for want_entries at load <= 1/2. Nothing
  * changes on failure. */
-static int tab_grow(ecx_cache *c, uint64_t want_entries)
+static int tab_grow(ecxi_cache *c, uint64_t want_entries)
 {
     uint64_t old = c->tab ? (uint64_t)c->tab_mask + 1 : 0, size = old ? old : 16;
     if (want_entries * 2 <= old) return 0;
@@ -533,7 +533,7 @@ static int tab_grow(ecx_cache *c, uint64_t want_entries)
 }
 
 /* Make sure one more id exists (may move c->ents). */
-static int ents_reserve_one(ecx_cache *c)
+static int ents_reserve_one(ecxi_cache *c)
 {
     if (c->free_ent != NIL || c->ents_used < c->ents_cap) return 0;
     /* With an id per block, the eviction this reserve must do (no block is
@@ -562,7 +562,7 @@ static int ents_reserve_one(ecx_cache *c)
 
 /* ---- FIFO of evictable entries --------------------------------------- */
 
-static void fifo_push(ecx_cache *c, uint32_t id)
+static void fifo_push(ecxi_cache *c, uint32_t id)
 {
     struct entry *e = &c->ents[id];
     e->prev = c->fifo_tail;
@@ -575,7 +575,7 @@ static void fifo_push(ecx_cache *c, uint32_t id)
     c->evictable_blocks += e->n_blocks;
 }
 
-static void fifo_remove(ecx_cache *c, uint32_t id)
+static void fifo_remove(ecxi_cache *c, uint32_t id)
 {
     struct entry *e = &c->ents[id];
     if (e->prev != NIL)
@@ -593,7 +593,7 @@ static void fifo_remove(ecx_cache *c, uint32_t id)
 /* ---- entries --------------------------------------------------------- */
 
 /* Free the entry's blocks, drop it from the table, recycle its id. */
-static void entry_remove(ecx_cache *c, uint32_t id, uint32_t h)
+static void entry_remove(ecxi_cache *c, uint32_t id, uint32_t h)
 {
     struct entry *e = &c->ents[id];
     if (evictable(e)) fifo_remove(c, id);
@@ -617,7 +617,7 @@ static void entry_remove(ecx_cache *c, uint32_t id, uint32_t h)
     tab_delete(c, id, h);
 }
 
-static void evict_one(ecx_cache *c)
+static void evict_one(ecxi_cache *c)
 {
     uint32_t id = c->fifo_head;
     struct entry *e = &c->ents[id];
@@ -642,14 +642,14 @@ static bool key_ok(const char *key, size_t len)
 
 /* ---- public API ------------------------------------------------------ */
 
-int ecx_cache_new(const ecx_cache_opts *opts, ecx_cache **out)
+int ecxi_cache_new(const ecxi_cache_opts *opts, ecxi_cache **out)
 {
     if (!out) return ECX_EINVAL;
     *out = NULL;
     if (!opts || opts->num_blocks == 0 || opts->num_blocks > ECX_CACHE_MAX_BLOCKS)
         return ECX_EINVAL;
     if (sodium_init() < 0) return ECX_ECRYPTO;
-    ecx_cache *c = calloc(1, sizeof *c);
+    ecxi_cache *c = calloc(1, sizeof *c);
     if (!c) return ECX_ENOMEM;
     if (pthread_mutex_init(&c->mu, NULL) != 0) {
         free(c);
@@ -661,7 +661,7 @@ int ecx_cache_new(const ecx_cache_opts *opts, ecx_cache **out)
     uint64_t want = opts->expected_entries ? opts->expected_entries : 64;
     if (want > n) want = n;
     if (!c->b || tab_grow(c, want) != 0) {
-        ecx_cache_free(c);
+        ecxi_cache_free(c);
         return ECX_ENOMEM;
     }
     for (uint32_t i = 0; i < n; i++)
@@ -682,7 +682,7 @@ int ecx_cache_new(const ecx_cache_opts *opts, ecx_cache **out)
     return 0;
 }
 
-void ecx_cache_free(ecx_cache *c)
+void ecxi_cache_free(ecxi_cache *c)
 {
     if (!c) return;
     for (uint64_t i = 0; i < c->ents_used; i++)
@@ -705,7 +705,7 @@ void ecx_cache_free(ecx_cache *c)
     free(c);
 }
 
-int ecx_cache_reserve(ecx_cache *c, const char *key, size_t key_len, uint64_t n_blocks)
+int ecxi_cache_reserve(ecxi_cache *c, const char *key, size_t key_len, uint64_t n_blocks)
 {
     if (!c || !key_ok(key, key_len) || n_blocks == 0) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
@@ -751,7 +751,7 @@ out:
 }
 
 /* Look the key up with the lock held; NULL if absent. */
-static struct entry *find_locked(ecx_cache *c, const char *key, size_t key_len, uint32_t *id_out,
+static struct entry *find_locked(ecxi_cache *c, const char *key, size_t key_len, uint32_t *id_out,
                                  uint32_t *h_out)
 {
     uint32_t h = key_hash(c, key, key_len), id = tab_find(c, h, key, key_len);
@@ -761,7 +761,7 @@ static struct entry *find_locked(ecx_cache *c, const char *key, size_t key_len, 
     return &c->ents[id];
 }
 
-int ecx_cache_mark_ready(ecx_cache *c, const char *key, size_t key_len)
+int ecxi_cache_mark_ready(ecxi_cache *c, const char *key, size_t key_len)
 {
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
@@ -783,7 +783,7 @@ int ecx_cache_mark_ready(ecx_cache *c, const char *key, size_t key_len)
     return rc;
 }
 
-static int pin_locked(ecx_cache *c, uint32_t id)
+static int pin_locked(ecxi_cache *c, uint32_t id)
 {
     struct entry *e = &c->ents[id];
     if (e->pins == UINT32_MAX) return ECX_ERANGE;
@@ -794,7 +794,7 @@ static int pin_locked(ecx_cache *c, uint32_t id)
     return 0;
 }
 
-int ecx_cache_pin(ecx_cache *c, const char *key, size_t key_len)
+int ecxi_cache_pin(ecxi_cache *c, const char *key, size_t key_len)
 {
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
@@ -804,7 +804,7 @@ int ecx_cache_pin(ecx_cache *c, const char *key, size_t key_len)
     return rc;
 }
 
-int ecx_cache_pin_if_ready(ecx_cache *c, const char *key, size_t key_len)
+int ecxi_cache_pin_if_ready(ecxi_cache *c, const char *key, size_t key_len)
 {
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
@@ -817,7 +817,7 @@ int ecx_cache_pin_if_ready(ecx_cache *c, const char *key, size_t key_len)
     return rc;
 }
 
-int ecx_cache_unpin(ecx_cache *c, const char *key, size_t key_len)
+int ecxi_cache_unpin(ecxi_cache *c, const char *key, size_t key_len)
 {
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
@@ -836,7 +836,7 @@ int ecx_cache_unpin(ecx_cache *c, const char *key, size_t key_len)
     return rc;
 }
 
-int ecx_cache_discard(ecx_cache *c, const char *key, size_t key_len)
+int ecxi_cache_discard(ecxi_cache *c, const char *key, size_t key_len)
 {
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
@@ -853,7 +853,7 @@ int ecx_cache_discard(ecx_cache *c, const char *key, size_t key_len)
     return rc;
 }
 
-int ecx_cache_set_size(ecx_cache *c, const char *key, size_t key_len, uint64_t size_bytes)
+int ecxi_cache_set_size(ecxi_cache *c, const char *key, size_t key_len, uint64_t size_bytes)
 {
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
@@ -864,7 +864,7 @@ int ecx_cache_set_size(ecx_cache *c, const char *key, size_t key_len, uint64_t s
     return rc;
 }
 
-int ecx_cache_set_checksum(ecx_cache *c, const char *key, size_t key_len, uint64_t checksum)
+int ecxi_cache_set_checksum(ecxi_cache *c, const char *key, size_t key_len, uint64_t checksum)
 {
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
@@ -875,7 +875,7 @@ int ecx_cache_set_checksum(ecx_cache *c, const char *key, size_t key_len, uint64
     return rc;
 }
 
-int ecx_cache_lookup(ecx_cache *c, const char *key, size_t key_len, ecx_cache_info *info)
+int ecxi_cache_lookup(ecxi_cache *c, const char *key, size_t key_len, ecxi_cache_info *info)
 {
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
@@ -891,7 +891,7 @@ int ecx_cache_lookup(ecx_cache *c, const char *key, size_t key_len, ecx_cache_in
     return e ? 0 : ECX_ECACHE_MISSING;
 }
 
-int ecx_cache_runs(ecx_cache *c, const char *key, size_t key_len, ecx_cache_run *runs, size_t cap,
+int ecxi_cache_runs(ecxi_cache *c, const char *key, size_t key_len, ecxi_cache_run *runs, size_t cap,
                    size_t *n_runs)
 {
     if (!c || !key_ok(key, key_len) || (cap && !runs)) return ECX_EINVAL;
@@ -903,7 +903,7 @@ int ecx_cache_runs(ecx_cache *c, const char *key, size_t key_len, ecx_cache_run 
     } else {
         size_t i = 0;
         for (uint32_t s = e->head; s != NIL; s = c->b[s].next, i++)
-            if (i < cap) runs[i] = (ecx_cache_run){s, c->b[s].len};
+            if (i < cap) runs[i] = (ecxi_cache_run){s, c->b[s].len};
         if (n_runs) *n_runs = i;
         if (i > cap) rc = ECX_ERANGE; /* runs[0..cap) hold the first ones */
     }
@@ -911,7 +911,7 @@ int ecx_cache_runs(ecx_cache *c, const char *key, size_t key_len, ecx_cache_run 
     return rc;
 }
 
-int ecx_cache_blocks(ecx_cache *c, const char *key, size_t key_len, int64_t *out, size_t cap,
+int ecxi_cache_blocks(ecxi_cache *c, const char *key, size_t key_len, int64_t *out, size_t cap,
                      size_t *n_blocks)
 {
     if (!c || !key_ok(key, key_len) || (cap && !out)) return ECX_EINVAL;
@@ -935,11 +935,11 @@ int ecx_cache_blocks(ecx_cache *c, const char *key, size_t key_len, int64_t *out
     return rc;
 }
 
-void ecx_cache_get_stats(ecx_cache *c, ecx_cache_stats *st)
+void ecxi_cache_get_stats(ecxi_cache *c, ecxi_cache_stats *st)
 {
     if (!c || !st) return;
     pthread_mutex_lock(&c->mu);
-    *st = (ecx_cache_stats){
+    *st = (ecxi_cache_stats){
         .num_blocks = c->n,
         .free_blocks = c->free_blocks,
         .evictable_blocks = c->evictable_blocks,
@@ -953,7 +953,7 @@ void ecx_cache_get_stats(ecx_cache *c, ecx_cache_stats *st)
         .reserve_full = c->reserve_full,
         .evictions = c->evictions,
     };
-    /* owned is counted from the entries in ecx_cache_check(); here it is
+    /* owned is counted from the entries in ecxi_cache_check(); here it is
      * what the allocator says is not free. */
     st->owned_blocks = c->n - c->free_blocks;
     pthread_mutex_unlock(&c->mu);
@@ -964,7 +964,7 @@ void ecx_cache_get_stats(ecx_cache *c, ecx_cache_stats *st)
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
-            ecx_log(ECX_LOG_ERROR, "cache check: " __VA_ARGS__);                                   \
+            ecxi_log(ECX_LOG_ERROR, "cache check: " __VA_ARGS__);                                  \
             rc = ECX_ERANGE;                                                                       \
             goto done;                                                                             \
         }                                                                                          \
@@ -972,7 +972,7 @@ void ecx_cache_get_stats(ecx_cache *c, ecx_cache_stats *st)
 
 /* In-order walk of the treap: count nodes, check order, heap, and that each
  * node is a free-run start. Returns -1 on a violation. */
-static int64_t check_treap(const ecx_cache *c, uint32_t t, uint32_t *prev, bool *have_prev,
+static int64_t check_treap(const ecxi_cache *c, uint32_t t, uint32_t *prev, bool *have_prev,
                            int depth)
 {
     if (t == NIL) return 0;
@@ -992,7 +992,7 @@ static int64_t check_treap(const ecx_cache *c, uint32_t t, uint32_t *prev, bool 
     return l + r + 1;
 }
 
-int ecx_cache_check(ecx_cache *c)
+int ecxi_cache_check(ecxi_cache *c)
 {
     if (!c) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);

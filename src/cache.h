@@ -46,7 +46,7 @@
 
 #include "ecx.h"
 
-typedef struct ecx_cache ecx_cache;
+typedef struct ecxi_cache ecxi_cache;
 
 /* Largest number of blocks a cache can manage (block indices are uint32;
  * equal to ECX_REGION_MAX_BLOCKS). */
@@ -54,34 +54,34 @@ typedef struct ecx_cache ecx_cache;
 /* Longest key in bytes. */
 #define ECX_CACHE_KEY_MAX 4096
 
-enum ecx_cache_state { ECX_CACHE_NOT_READY = 0, ECX_CACHE_READY = 1 };
+enum ecxi_cache_state { ECX_CACHE_NOT_READY = 0, ECX_CACHE_READY = 1 };
 
 /* A contiguous run of blocks: start, start + 1, ..., start + len - 1. */
-typedef struct ecx_cache_run {
+typedef struct ecxi_cache_run {
     uint32_t start;
     uint32_t len;
-} ecx_cache_run;
+} ecxi_cache_run;
 
 /* Called, with the cache locked, for each entry evicted by a reserve. It
  * must not call back into the cache. key is valid only during the call. */
-typedef void (*ecx_cache_evict_fn)(void *arg, const char *key, size_t key_len, uint64_t n_blocks);
+typedef void (*ecxi_cache_evict_fn)(void *arg, const char *key, size_t key_len, uint64_t n_blocks);
 
-typedef struct ecx_cache_opts {
+typedef struct ecxi_cache_opts {
     uint64_t num_blocks;         /* 1..ECX_CACHE_MAX_BLOCKS */
     size_t expected_entries;     /* sizing hint for the table; 0: a default */
-    ecx_cache_evict_fn on_evict; /* optional */
+    ecxi_cache_evict_fn on_evict; /* optional */
     void *evict_arg;
-} ecx_cache_opts;
+} ecxi_cache_opts;
 
-typedef struct ecx_cache_info {
-    int state; /* enum ecx_cache_state */
+typedef struct ecxi_cache_info {
+    int state; /* enum ecxi_cache_state */
     uint32_t pins;
     uint64_t n_blocks;
-    uint64_t size_bytes; /* as set by ecx_cache_set_size(); 0 if never set */
-    uint64_t checksum;   /* as set by ecx_cache_set_checksum(); 0 if never set */
-} ecx_cache_info;
+    uint64_t size_bytes; /* as set by ecxi_cache_set_size(); 0 if never set */
+    uint64_t checksum;   /* as set by ecxi_cache_set_checksum(); 0 if never set */
+} ecxi_cache_info;
 
-typedef struct ecx_cache_stats {
+typedef struct ecxi_cache_stats {
     uint64_t num_blocks;       /* total */
     uint64_t free_blocks;      /* in no entry */
     uint64_t owned_blocks;     /* in some entry; free + owned == total */
@@ -90,71 +90,71 @@ typedef struct ecx_cache_stats {
     uint64_t free_runs;        /* fragments of free space */
     uint64_t entries, not_ready, ready, pinned;
     uint64_t reserves, reserve_full, evictions; /* counters since creation */
-} ecx_cache_stats;
+} ecxi_cache_stats;
 
-int ecx_cache_new(const ecx_cache_opts *opts, ecx_cache **out);
-void ecx_cache_free(ecx_cache *c);
+int ecxi_cache_new(const ecxi_cache_opts *opts, ecxi_cache **out);
+void ecxi_cache_free(ecxi_cache *c);
 
 /* Reserve n_blocks (>= 1) for a new, not-ready entry, evicting as
  * described above. ECX_EINVAL (bad key, n_blocks 0), ECX_ECACHE_EXISTS,
  * ECX_ECACHE_FULL (n_blocks > free + evictable; nothing changed),
  * ECX_ENOMEM (growing the table failed; nothing changed). */
-int ecx_cache_reserve(ecx_cache *c, const char *key, size_t key_len, uint64_t n_blocks);
+int ecxi_cache_reserve(ecxi_cache *c, const char *key, size_t key_len, uint64_t n_blocks);
 
 /* not ready -> ready (evictable when it has no pins). ECX_ECACHE_MISSING,
  * ECX_ECACHE_STATE if already ready. */
-int ecx_cache_mark_ready(ecx_cache *c, const char *key, size_t key_len);
+int ecxi_cache_mark_ready(ecxi_cache *c, const char *key, size_t key_len);
 
 /* Add a pin to an entry in any state (a pinned entry is never evicted, and
  * a not-ready one cannot be discarded while pinned). ECX_ECACHE_MISSING,
  * ECX_ERANGE if the count would overflow. */
-int ecx_cache_pin(ecx_cache *c, const char *key, size_t key_len);
+int ecxi_cache_pin(ecxi_cache *c, const char *key, size_t key_len);
 
 /* The producer's check: absent -> ECX_ECACHE_MISSING, not ready ->
  * ECX_ECACHE_NOT_READY, ready -> pinned, 0. */
-int ecx_cache_pin_if_ready(ecx_cache *c, const char *key, size_t key_len);
+int ecxi_cache_pin_if_ready(ecxi_cache *c, const char *key, size_t key_len);
 
 /* Drop a pin; at zero a ready entry becomes evictable (at the FIFO tail).
  * ECX_ECACHE_MISSING, ECX_ECACHE_STATE if it has no pins. */
-int ecx_cache_unpin(ecx_cache *c, const char *key, size_t key_len);
+int ecxi_cache_unpin(ecxi_cache *c, const char *key, size_t key_len);
 
 /* Drop a not-ready, unpinned entry and free its blocks (a failed save or
  * fetch). ECX_ECACHE_MISSING, ECX_ECACHE_STATE if ready or pinned. */
-int ecx_cache_discard(ecx_cache *c, const char *key, size_t key_len);
+int ecxi_cache_discard(ecxi_cache *c, const char *key, size_t key_len);
 
 /* Record the entry's size in bytes (the encoding it will hold; the cache
  * does not interpret it), while it is not ready: the writer sets it after
  * reserve and it is fixed from mark_ready on. ECX_ECACHE_MISSING,
  * ECX_ECACHE_STATE once ready. */
-int ecx_cache_set_size(ecx_cache *c, const char *key, size_t key_len, uint64_t size_bytes);
+int ecxi_cache_set_size(ecxi_cache *c, const char *key, size_t key_len, uint64_t size_bytes);
 
 /* Record the checksum of the entry's bytes (checksum.h), while it is not
- * ready, as ecx_cache_set_size(): the writer sets it when the bytes are in,
+ * ready, as ecxi_cache_set_size(): the writer sets it when the bytes are in,
  * before mark_ready. ECX_ECACHE_MISSING, ECX_ECACHE_STATE once ready. */
-int ecx_cache_set_checksum(ecx_cache *c, const char *key, size_t key_len, uint64_t checksum);
+int ecxi_cache_set_checksum(ecxi_cache *c, const char *key, size_t key_len, uint64_t checksum);
 
 /* 0 and *info (may be NULL) if present, else ECX_ECACHE_MISSING. */
-int ecx_cache_lookup(ecx_cache *c, const char *key, size_t key_len, ecx_cache_info *info);
+int ecxi_cache_lookup(ecxi_cache *c, const char *key, size_t key_len, ecxi_cache_info *info);
 
 /* Copy an entry's runs (ascending) into runs[0..cap). *n_runs receives the
  * entry's run count; ECX_ERANGE if cap is smaller (the first cap are
  * copied). O(runs). The
  * answer is stable only while the caller keeps the entry from eviction
  * (it is not ready, or pinned). */
-int ecx_cache_runs(ecx_cache *c, const char *key, size_t key_len, ecx_cache_run *runs, size_t cap,
+int ecxi_cache_runs(ecxi_cache *c, const char *key, size_t key_len, ecxi_cache_run *runs, size_t cap,
                    size_t *n_runs);
 
 /* The same as block indices: out[0..n_blocks) in ascending order.
  * ECX_ERANGE if cap < the entry's block count (*n_blocks says how many). */
-int ecx_cache_blocks(ecx_cache *c, const char *key, size_t key_len, int64_t *out, size_t cap,
+int ecxi_cache_blocks(ecxi_cache *c, const char *key, size_t key_len, int64_t *out, size_t cap,
                      size_t *n_blocks);
 
-void ecx_cache_get_stats(ecx_cache *c, ecx_cache_stats *st);
+void ecxi_cache_get_stats(ecxi_cache *c, ecxi_cache_stats *st);
 
 /* Walk every structure and check every invariant (free + owned == total,
  * boundary tags, treap order and heap property, table, FIFO). O(blocks +
  * entries); for tests. 0, or ECX_ERANGE on the first inconsistency (and a
  * log line saying which). */
-int ecx_cache_check(ecx_cache *c);
+int ecxi_cache_check(ecxi_cache *c);
 
 #endif

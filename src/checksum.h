@@ -19,20 +19,20 @@
 #include <xxhash.h>
 
 /* Streaming state; lives on the stack or in a struct (about 600 bytes). */
-typedef struct ecx_sum {
+typedef struct ecxi_sum {
     XXH3_state_t st;
-} ecx_sum;
+} ecxi_sum;
 
-void ecx_sum_reset(ecx_sum *s);
-void ecx_sum_update(ecx_sum *s, const void *p, size_t n);
-uint64_t ecx_sum_digest(const ecx_sum *s);
+void ecxi_sum_reset(ecxi_sum *s);
+void ecxi_sum_update(ecxi_sum *s, const void *p, size_t n);
+uint64_t ecxi_sum_digest(const ecxi_sum *s);
 
 /* One shot: equal to reset + update + digest over the same bytes. */
-uint64_t ecx_checksum(const void *p, size_t n);
+uint64_t ecxi_checksum(const void *p, size_t n);
 
 /* The checksum of an item stored in blocks[0..n) of a region at base
  * (block_bytes each), nbytes long (the last block holds the rest). */
-uint64_t ecx_checksum_blocks(const uint8_t *base, uint64_t block_bytes, const uint64_t *blocks,
+uint64_t ecxi_checksum_blocks(const uint8_t *base, uint64_t block_bytes, const uint64_t *blocks,
                              size_t n, uint64_t nbytes);
 
 #endif

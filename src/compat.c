@@ -49,7 +49,7 @@ static int put_json_string(sink *s, const char *str, size_t len)
     put(s, "\"", 1);
     while (len) {
         uint32_t cp;
-        size_t k = ecx_utf8_next(p, len, &cp);
+        size_t k = ecxi_utf8_next(p, len, &cp);
         if (k == 0) return ECX_EUTF8;
         p += k, len -= k;
         switch (cp) {
@@ -99,6 +99,6 @@ int ecx_compat_hash(const char *vllm_version, size_t vllm_version_len, const cha
     unsigned char digest[crypto_hash_sha256_BYTES];
     crypto_hash_sha256_update(&s.st, s.buf, s.n);
     crypto_hash_sha256_final(&s.st, digest);
-    ecx_hex_encode(digest, sizeof digest, out);
+    ecxi_hex_encode(digest, sizeof digest, out);
     return 0;
 }

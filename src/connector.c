@@ -35,13 +35,13 @@ struct ecx_ctx {
     char advertise[256];
     int port;
     void *zctx;
-    ecx_region *region;
-    ecx_cache *cache;
-    ecx_data *pdata, *cdata; /* producer / consumer data-plane contexts */
-    ecx_ctrl_server *srv;
-    ecx_producer *prod;
-    ecx_consumer *cons;
-    ecx_cache_run *runs; /* scratch for segments */
+    ecxi_region *region;
+    ecxi_cache *cache;
+    ecxi_data *pdata, *cdata; /* producer / consumer data-plane contexts */
+    ecxi_ctrl_server *srv;
+    ecxi_producer *prod;
+    ecxi_consumer *cons;
+    ecxi_cache_run *runs; /* scratch for segments */
     size_t runs_cap;
     zmq_pollitem_t *items; /* scratch for ecx_poll */
     size_t items_cap;
@@ -86,8 +86,8 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
 {
     char host[256];
     int port, rc;
-    if (ecx_ctrl_parse_addr(cfg->listen, host, &port)) {
-        ecx_log(ECX_LOG_ERROR, "listen address '%s' is not HOST:PORT", cfg->listen);
+    if (ecxi_ctrl_parse_addr(cfg->listen, host, &port)) {
+        ecxi_log(ECX_LOG_ERROR, "listen address '%s' is not HOST:PORT", cfg->listen);
         return ECX_EINVAL;
     }
     const char *adv = cfg->advertise_host;
@@ -96,38 +96,38 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
         adv = wild ? "127.0.0.1" : host;
     }
     if (!host_ok(adv)) {
-        ecx_log(ECX_LOG_ERROR, "advertised host '%s' is not a host name or address", adv);
+        ecxi_log(ECX_LOG_ERROR, "advertised host '%s' is not a host name or address", adv);
         return ECX_EINVAL;
     }
     snprintf(ctx->advertise, sizeof ctx->advertise, "%s", adv);
-    ecx_ctrl_opts copts = {.curve_secret_key = cfg->curve_secret_key,
+    ecxi_ctrl_opts copts = {.curve_secret_key = cfg->curve_secret_key,
                            .curve_allow = cfg->curve_allow,
                            .n_curve_allow = cfg->n_curve_allow};
     if (cfg->n_curve_allow && !cfg->curve_secret_key) {
-        ecx_log(ECX_LOG_ERROR, "a CURVE allow-list needs the producer's CURVE secret key");
+        ecxi_log(ECX_LOG_ERROR, "a CURVE allow-list needs the producer's CURVE secret key");
         return ECX_EINVAL;
     }
-    if ((rc = ecx_ctrl_server_new(ctx->zctx, host, port, &copts, &ctx->srv))) return rc;
+    if ((rc = ecxi_ctrl_server_new(ctx->zctx, host, port, &copts, &ctx->srv))) return rc;
     if (cfg->curve_secret_key)
-        ecx_log(ECX_LOG_INFO, "producer: CURVE on, %s",
+        ecxi_log(ECX_LOG_INFO, "producer: CURVE on, %s",
                 cfg->n_curve_allow ? "allow-list enforced" : "any client with the server key");
-    ctx->port = ecx_ctrl_server_port(ctx->srv);
-    ecx_data_opts dopts = {.backend = backend, .bind_host = ctx->advertise};
-    if ((rc = ecx_data_new_producer(ctx->region, &dopts, &ctx->pdata))) return rc;
-    ecx_producer_opts po = {.compat_hash = ctx->compat,
+    ctx->port = ecxi_ctrl_server_port(ctx->srv);
+    ecxi_data_opts dopts = {.backend = backend, .bind_host = ctx->advertise};
+    if ((rc = ecxi_data_new_producer(ctx->region, &dopts, &ctx->pdata))) return rc;
+    ecxi_producer_opts po = {.compat_hash = ctx->compat,
                             .lease_ms = cfg->lease_ms,
                             .max_conn_grants = cfg->max_conn_grants,
                             .max_conn_pin_pct = cfg->max_conn_pin_pct,
                             .block_bytes = ctx->block_bytes};
-    return ecx_producer_new(ctx->cache, ctx->pdata, ctx->srv, &po, &ctx->prod);
+    return ecxi_producer_new(ctx->cache, ctx->pdata, ctx->srv, &po, &ctx->prod);
 }
 
 static int start_consumer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
 {
-    ecx_data_opts dopts = {.backend = backend};
-    int rc = ecx_data_new_consumer(ctx->region, &dopts, &ctx->cdata);
+    ecxi_data_opts dopts = {.backend = backend};
+    int rc = ecxi_data_new_consumer(ctx->region, &dopts, &ctx->cdata);
     if (rc) return rc;
-    ecx_consumer_opts co = {.zctx = ctx->zctx,
+    ecxi_consumer_opts co = {.zctx = ctx->zctx,
                             .compat_hash = ctx->compat,
                             .block_bytes = ctx->block_bytes,
                             .ack_timeout_ms = cfg->ack_timeout_ms,
@@ -136,9 +136,9 @@ static int start_consumer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
                             .item_wait_ms = cfg->item_wait_ms};
     if (cfg->curve_server_key) {
         /* Keys are checked here so a bad one fails ecx_new, not every fetch. */
-        if (ecx_ctrl_key_parse(cfg->curve_server_key, NULL) ||
-            (cfg->curve_secret_key && ecx_ctrl_key_parse(cfg->curve_secret_key, NULL))) {
-            ecx_log(ECX_LOG_ERROR, "consumer: a CURVE key is not Z85 (40 characters)");
+        if (ecxi_ctrl_key_parse(cfg->curve_server_key, NULL) ||
+            (cfg->curve_secret_key && ecxi_ctrl_key_parse(cfg->curve_secret_key, NULL))) {
+            ecxi_log(ECX_LOG_ERROR, "consumer: a CURVE key is not Z85 (40 characters)");
             return ECX_EINVAL;
         }
         memcpy(ctx->curve_server, cfg->curve_server_key, sizeof ctx->curve_server);
@@ -148,7 +148,7 @@ static int start_consumer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
             co.ctrl.curve_secret_key = ctx->curve_secret;
         }
     }
-    return ecx_consumer_new(ctx->cache, ctx->cdata, &co, &ctx->cons);
+    return ecxi_consumer_new(ctx->cache, ctx->cdata, &co, &ctx->cons);
 }
 
 int ecx_new(const ecx_config *cfg, ecx_ctx **out)
@@ -158,7 +158,7 @@ int ecx_new(const ecx_config *cfg, ecx_ctx **out)
         cfg->block_bytes > INT64_MAX || cfg->region_bytes < cfg->block_bytes)
         return ECX_EINVAL;
     int backend, rc;
-    if ((rc = ecx_data_backend_parse(cfg->data ? cfg->data : "auto", &backend))) return rc;
+    if ((rc = ecxi_data_backend_parse(cfg->data ? cfg->data : "auto", &backend))) return rc;
     ecx_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return ECX_ENOMEM;
     ctx->role = cfg->role;
@@ -168,12 +168,12 @@ int ecx_new(const ecx_config *cfg, ecx_ctx **out)
                          (int64_t)cfg->block_bytes, ctx->compat);
     char instance[ECX_REGION_INSTANCE_ID_LEN + 1];
     const char *inst = cfg->instance;
-    if (!rc && !inst && !(rc = ecx_region_instance_id(instance))) inst = instance;
+    if (!rc && !inst && !(rc = ecxi_region_instance_id(instance))) inst = instance;
     if (!rc)
-        rc = ecx_region_create(inst, cfg->rank, cfg->region_bytes, cfg->block_bytes, &ctx->region);
+        rc = ecxi_region_create(inst, cfg->rank, cfg->region_bytes, cfg->block_bytes, &ctx->region);
     if (!rc) {
-        ecx_cache_opts co = {.num_blocks = ecx_region_num_blocks(ctx->region)};
-        rc = ecx_cache_new(&co, &ctx->cache);
+        ecxi_cache_opts co = {.num_blocks = ecxi_region_num_blocks(ctx->region)};
+        rc = ecxi_cache_new(&co, &ctx->cache);
     }
     if (!rc && !(ctx->zctx = zmq_ctx_new())) rc = ECX_ESYS;
     if (!rc && (cfg->role & ECX_ROLE_PRODUCER)) rc = start_producer(ctx, cfg, backend);
@@ -189,14 +189,14 @@ int ecx_new(const ecx_config *cfg, ecx_ctx **out)
 void ecx_free(ecx_ctx *ctx)
 {
     if (!ctx) return;
-    ecx_consumer_free(ctx->cons);
-    ecx_producer_free(ctx->prod);
-    ecx_data_free(ctx->cdata);
-    ecx_data_free(ctx->pdata);
-    ecx_ctrl_server_free(ctx->srv);
+    ecxi_consumer_free(ctx->cons);
+    ecxi_producer_free(ctx->prod);
+    ecxi_data_free(ctx->cdata);
+    ecxi_data_free(ctx->pdata);
+    ecxi_ctrl_server_free(ctx->srv);
     if (ctx->zctx) zmq_ctx_term(ctx->zctx);
-    ecx_cache_free(ctx->cache);
-    ecx_region_free(ctx->region);
+    ecxi_cache_free(ctx->cache);
+    ecxi_region_free(ctx->region);
     free(ctx->runs);
     free(ctx->items);
     sodium_memzero(ctx->curve_secret, sizeof ctx->curve_secret);
@@ -210,8 +210,8 @@ int ecx_listen_port(const ecx_ctx *ctx) { return ctx->srv ? ctx->port : ECX_EINV
 static int step(ecx_ctx *ctx)
 {
     int ev = 0;
-    if (ctx->prod) ev += ecx_producer_poll(ctx->prod);
-    if (ctx->cons) ev += ecx_consumer_poll(ctx->cons);
+    if (ctx->prod) ev += ecxi_producer_poll(ctx->prod);
+    if (ctx->cons) ev += ecxi_consumer_poll(ctx->cons);
     return ev;
 }
 
@@ -236,12 +236,12 @@ static int add_item(ecx_ctx *ctx, size_t *n, zmq_pollitem_t it)
 
 /* Add a data context's descriptor; returns false if it has none to sleep
  * on (then ecx_poll must wake on a short timer). */
-static bool add_data_fd(ecx_ctx *ctx, size_t *n, ecx_data *d, bool *work)
+static bool add_data_fd(ecx_ctx *ctx, size_t *n, ecxi_data *d, bool *work)
 {
     if (!d) return true;
-    int fd = ecx_data_fd(d);
+    int fd = ecxi_data_fd(d);
     if (fd < 0) return false;
-    int armed = ecx_data_arm(d);
+    int armed = ecxi_data_arm(d);
     if (armed != 0) *work = true;
     return add_item(ctx, n, (zmq_pollitem_t){NULL, fd, ZMQ_POLLIN, 0}) == 0;
 }
@@ -261,22 +261,22 @@ int ecx_poll(ecx_ctx *ctx, int timeout_ms)
 
     size_t n = 0;
     bool work = false, sleepable = true;
-    if (ctx->srv) add_item(ctx, &n, (zmq_pollitem_t){ecx_ctrl_server_socket(ctx->srv), 0, ZMQ_POLLIN, 0});
-    if (ctx->srv && ecx_ctrl_server_zap_socket(ctx->srv)) /* CURVE handshakes wait on it */
+    if (ctx->srv) add_item(ctx, &n, (zmq_pollitem_t){ecxi_ctrl_server_socket(ctx->srv), 0, ZMQ_POLLIN, 0});
+    if (ctx->srv && ecxi_ctrl_server_zap_socket(ctx->srv)) /* CURVE handshakes wait on it */
         add_item(ctx, &n,
-                 (zmq_pollitem_t){ecx_ctrl_server_zap_socket(ctx->srv), 0, ZMQ_POLLIN, 0});
+                 (zmq_pollitem_t){ecxi_ctrl_server_zap_socket(ctx->srv), 0, ZMQ_POLLIN, 0});
     if (ctx->cons) {
-        size_t want = ecx_consumer_pollitems(ctx->cons, NULL, 0);
+        size_t want = ecxi_consumer_pollitems(ctx->cons, NULL, 0);
         if (items_reserve(ctx, n + want)) return ECX_ENOMEM;
-        n += ecx_consumer_pollitems(ctx->cons, ctx->items + n, ctx->items_cap - n);
+        n += ecxi_consumer_pollitems(ctx->cons, ctx->items + n, ctx->items_cap - n);
     }
     sleepable &= add_data_fd(ctx, &n, ctx->pdata, &work);
     sleepable &= add_data_fd(ctx, &n, ctx->cdata, &work);
     if (work) return step(ctx);
 
     int64_t wait = timeout_ms;
-    if (ctx->prod) wait = min_timeout(wait, ecx_producer_next_timeout(ctx->prod));
-    if (ctx->cons) wait = min_timeout(wait, ecx_consumer_next_timeout(ctx->cons));
+    if (ctx->prod) wait = min_timeout(wait, ecxi_producer_next_timeout(ctx->prod));
+    if (ctx->cons) wait = min_timeout(wait, ecxi_consumer_next_timeout(ctx->cons));
     if (!sleepable) wait = min_timeout(wait, 1);
     /* With nothing to wait on (a consumer before its first fetch), sleep
      * out the timeout rather than spin; never block forever on nothing. */
@@ -292,9 +292,9 @@ static bool hash_ok(const char *h) { return h && *h && strlen(h) <= ECX_CACHE_KE
 static int entry_runs(ecx_ctx *ctx, const char *h, size_t *n)
 {
     int rc;
-    while ((rc = ecx_cache_runs(ctx->cache, h, strlen(h), ctx->runs, ctx->runs_cap, n)) ==
+    while ((rc = ecxi_cache_runs(ctx->cache, h, strlen(h), ctx->runs, ctx->runs_cap, n)) ==
            ECX_ERANGE) {
-        ecx_cache_run *r = realloc(ctx->runs, *n * sizeof *r);
+        ecxi_cache_run *r = realloc(ctx->runs, *n * sizeof *r);
         if (!r) return ECX_ENOMEM;
         ctx->runs = r, ctx->runs_cap = *n;
     }
@@ -310,7 +310,7 @@ static int segments(ecx_ctx *ctx, const char *h, uint64_t size, ecx_segment *seg
     if (rc) return rc;
     *n_segs = n;
     if (n > cap) return ECX_ERANGE;
-    uint8_t *base = ecx_region_base(ctx->region);
+    uint8_t *base = ecxi_region_base(ctx->region);
     uint64_t left = size;
     for (size_t i = 0; i < n; i++) {
         uint64_t len = (uint64_t)ctx->runs[i].len * ctx->block_bytes;
@@ -328,11 +328,11 @@ int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes, ecx_s
     if (!ctx || !ctx->prod || !hash_ok(mm_hash) || size_bytes == 0 || !n_segs) return ECX_EINVAL;
     uint64_t blocks = (size_bytes - 1) / ctx->block_bytes + 1;
     size_t hl = strlen(mm_hash);
-    int rc = ecx_cache_reserve(ctx->cache, mm_hash, hl, blocks);
-    if (!rc) rc = ecx_cache_set_size(ctx->cache, mm_hash, hl, size_bytes);
+    int rc = ecxi_cache_reserve(ctx->cache, mm_hash, hl, blocks);
+    if (!rc) rc = ecxi_cache_set_size(ctx->cache, mm_hash, hl, size_bytes);
     if (!rc) rc = segments(ctx, mm_hash, size_bytes, segs, cap, n_segs);
     if (rc && rc != ECX_ECACHE_EXISTS && rc != ECX_ECACHE_FULL && rc != ECX_EINVAL)
-        ecx_cache_discard(ctx->cache, mm_hash, hl);
+        ecxi_cache_discard(ctx->cache, mm_hash, hl);
     return rc;
 }
 
@@ -340,31 +340,31 @@ int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !ctx->prod || !hash_ok(mm_hash)) return ECX_EINVAL;
     size_t hl = strlen(mm_hash);
-    ecx_cache_info info;
-    int rc = ecx_cache_lookup(ctx->cache, mm_hash, hl, &info);
+    ecxi_cache_info info;
+    int rc = ecxi_cache_lookup(ctx->cache, mm_hash, hl, &info);
     if (rc) return rc;
     if (info.state == ECX_CACHE_READY) return ECX_ECACHE_STATE;
     /* The item's checksum travels in every grant of it (checksum.h). */
     uint64_t left = info.size_bytes;
     size_t n = 0;
     if ((rc = entry_runs(ctx, mm_hash, &n))) return rc;
-    ecx_sum sum;
-    ecx_sum_reset(&sum);
-    const uint8_t *base = ecx_region_base(ctx->region);
+    ecxi_sum sum;
+    ecxi_sum_reset(&sum);
+    const uint8_t *base = ecxi_region_base(ctx->region);
     for (size_t i = 0; i < n && left; i++) {
         uint64_t len = (uint64_t)ctx->runs[i].len * ctx->block_bytes;
         if (len > left) len = left;
-        ecx_sum_update(&sum, base + (uint64_t)ctx->runs[i].start * ctx->block_bytes, (size_t)len);
+        ecxi_sum_update(&sum, base + (uint64_t)ctx->runs[i].start * ctx->block_bytes, (size_t)len);
         left -= len;
     }
-    if ((rc = ecx_cache_set_checksum(ctx->cache, mm_hash, hl, ecx_sum_digest(&sum)))) return rc;
-    return ecx_cache_mark_ready(ctx->cache, mm_hash, hl);
+    if ((rc = ecxi_cache_set_checksum(ctx->cache, mm_hash, hl, ecxi_sum_digest(&sum)))) return rc;
+    return ecxi_cache_mark_ready(ctx->cache, mm_hash, hl);
 }
 
 int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !ctx->prod || !hash_ok(mm_hash)) return ECX_EINVAL;
-    return ecx_cache_discard(ctx->cache, mm_hash, strlen(mm_hash));
+    return ecxi_cache_discard(ctx->cache, mm_hash, strlen(mm_hash));
 }
 
 int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size_bytes)
@@ -391,9 +391,9 @@ int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size
 int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap)
 {
     if (!ctx || !ctx->prod || !hash_ok(mm_hash) || !buf) return ECX_EINVAL;
-    ecx_cache_info info;
+    ecxi_cache_info info;
     int n;
-    if (ecx_cache_lookup(ctx->cache, mm_hash, strlen(mm_hash), &info) == 0)
+    if (ecxi_cache_lookup(ctx->cache, mm_hash, strlen(mm_hash), &info) == 0)
         n = snprintf(buf, cap,
                      "{\"peer_host\":\"%s\",\"peer_port\":%d,\"size_bytes\":%llu,\"metadata\":{}}",
                      ctx->advertise, ctx->port, (unsigned long long)info.size_bytes);
@@ -411,7 +411,7 @@ int ecx_fetch(ecx_ctx *ctx, const char *mm_hash, const char *announcement, uint6
     size_t hl = mm_hash ? strlen(mm_hash) : 0;
     /* An item in flight, tombstoned or local is answered without its
      * announcement: the engine asks every step, so parse only for new ones. */
-    int st = ecx_consumer_answer(ctx->cons, mm_hash, hl, reason);
+    int st = ecxi_consumer_answer(ctx->cons, mm_hash, hl, reason);
     if (st >= 0) return st;
     const char *host = NULL;
     int port = 0;
@@ -438,7 +438,7 @@ int ecx_fetch(ecx_ctx *ctx, const char *mm_hash, const char *announcement, uint6
         *reason = ECX_REASON_INVALID;
         st = ECX_FETCH_LOCAL;
     } else {
-        st = ecx_consumer_fetch(ctx->cons, mm_hash, hl, host, port, size, expected_size, reason);
+        st = ecxi_consumer_fetch(ctx->cons, mm_hash, hl, host, port, size, expected_size, reason);
     }
     json_decref(j);
     return st;
@@ -449,21 +449,21 @@ int ecx_load(ecx_ctx *ctx, const char *mm_hash, ecx_segment *segs, size_t cap, s
 {
     if (!ctx || !hash_ok(mm_hash) || !n_segs || !size_bytes) return ECX_EINVAL;
     size_t hl = strlen(mm_hash);
-    int rc = ecx_cache_pin_if_ready(ctx->cache, mm_hash, hl);
+    int rc = ecxi_cache_pin_if_ready(ctx->cache, mm_hash, hl);
     if (rc) return rc;
-    ecx_cache_info info;
-    if (!(rc = ecx_cache_lookup(ctx->cache, mm_hash, hl, &info))) {
+    ecxi_cache_info info;
+    if (!(rc = ecxi_cache_lookup(ctx->cache, mm_hash, hl, &info))) {
         *size_bytes = info.size_bytes;
         rc = segments(ctx, mm_hash, info.size_bytes, segs, cap, n_segs);
     }
-    if (rc) ecx_cache_unpin(ctx->cache, mm_hash, hl);
+    if (rc) ecxi_cache_unpin(ctx->cache, mm_hash, hl);
     return rc;
 }
 
 int ecx_release(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
-    return ecx_cache_unpin(ctx->cache, mm_hash, strlen(mm_hash));
+    return ecxi_cache_unpin(ctx->cache, mm_hash, strlen(mm_hash));
 }
 
 int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t cap)
@@ -495,22 +495,22 @@ int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t cap)
 int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap)
 {
     if (!ctx || !buf) return ECX_EINVAL;
-    ecx_producer_stats ps;
-    ecx_ctrl_stats cs;
-    ecx_consumer_stats us;
-    ecx_cache_stats st;
-    ecx_data_stats ds = {0};
-    ecx_cache_get_stats(ctx->cache, &st);
-    ecx_metrics_src m = {.cache = &st, .block_bytes = ctx->block_bytes};
+    ecxi_producer_stats ps;
+    ecxi_ctrl_stats cs;
+    ecxi_consumer_stats us;
+    ecxi_cache_stats st;
+    ecxi_data_stats ds = {0};
+    ecxi_cache_get_stats(ctx->cache, &st);
+    ecxi_metrics_src m = {.cache = &st, .block_bytes = ctx->block_bytes};
     if (ctx->prod) {
-        ps = ecx_producer_get_stats(ctx->prod);
-        cs = ecx_ctrl_server_stats(ctx->srv);
-        ecx_data_get_stats(ctx->pdata, &ds);
+        ps = ecxi_producer_get_stats(ctx->prod);
+        cs = ecxi_ctrl_server_stats(ctx->srv);
+        ecxi_data_get_stats(ctx->pdata, &ds);
         m.producer = &ps, m.ctrl = &cs, m.data = &ds;
     }
     if (ctx->cons) {
-        us = ecx_consumer_get_stats(ctx->cons);
+        us = ecxi_consumer_get_stats(ctx->cons);
         m.consumer = &us;
     }
-    return ecx_metrics_render(&m, buf, cap);
+    return ecxi_metrics_render(&m, buf, cap);
 }

@@ -12,7 +12,7 @@
 #include "table.h"
 #include "wire.h"
 
-const double ecx_latency_bounds_ms[ECX_LATENCY_BUCKETS - 1] = {
+const double ecxi_latency_bounds_ms[ECX_LATENCY_BUCKETS - 1] = {
     1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 20000};
 
 enum xstate { WAITING_ACK, READING, RETRY, QUARANTINED, TOMBSTONE };
@@ -20,7 +20,7 @@ enum xstate { WAITING_ACK, READING, RETRY, QUARANTINED, TOMBSTONE };
 typedef struct session session;
 
 typedef struct xfer {
-    ecx_table_node node;      /* by mm_hash */
+    ecxi_table_node node;      /* by mm_hash */
     struct xfer *prev, *next; /* every transfer; next = free list */
     session *s;               /* WAITING_ACK, READING, QUARANTINED; else NULL */
     int state;                /* enum xstate */
@@ -33,7 +33,7 @@ typedef struct xfer {
     int64_t lease_end_ms; /* READING: the bytes must be in by then (see start_read) */
     uint64_t checksum;    /* READING: the producer's, from the ticket */
     uint64_t size_bytes, n_blocks;
-    ecx_data_xfer *dx; /* READING, QUARANTINED */
+    ecxi_data_xfer *dx; /* READING, QUARANTINED */
     int port;
     char host[256];
     uint32_t hash_len;
@@ -41,10 +41,10 @@ typedef struct xfer {
 } xfer;
 
 struct session {
-    ecx_table_node node; /* by "host|port" */
+    ecxi_table_node node; /* by "host|port" */
     session *next;
-    ecx_ctrl_peer *peer;
-    ecx_data_peer *dpeer; /* registered from the first OK ack */
+    ecxi_ctrl_peer *peer;
+    ecxi_data_peer *dpeer; /* registered from the first OK ack */
     char sid[37];         /* UUID4 text */
     char key[270];
     char host[256];
@@ -53,13 +53,13 @@ struct session {
     bool busy;            /* scratch of mark_busy() */
 };
 
-struct ecx_consumer {
-    ecx_cache *cache;
-    ecx_data *data;
-    ecx_consumer_opts o;
+struct ecxi_consumer {
+    ecxi_cache *cache;
+    ecxi_data *data;
+    ecxi_consumer_opts o;
     char compat[ECX_COMPAT_HASH_HEX + 1];
-    ecx_consumer_stats st;
-    ecx_table xfers, sessions;
+    ecxi_consumer_stats st;
+    ecxi_table xfers, sessions;
     xfer *head, *free_xfers;
     session *sessions_list;
     size_t n_sessions;
@@ -72,9 +72,9 @@ struct ecx_consumer {
 
 /* ---------- small helpers ---------- */
 
-static int64_t now_ms(const ecx_consumer *c)
+static int64_t now_ms(const ecxi_consumer *c)
 {
-    return ecx_now_ms(c->o.clock);
+    return ecxi_now_ms(c->o.clock);
 }
 
 static int reason_of_status(int status)
@@ -94,11 +94,11 @@ static void uuid4(char out[37])
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     char hex[33];
-    ecx_hex_encode(b, sizeof b, hex);
+    ecxi_hex_encode(b, sizeof b, hex);
     snprintf(out, 37, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
 }
 
-static int grow_scratch(ecx_consumer *c, size_t n)
+static int grow_scratch(ecxi_consumer *c, size_t n)
 {
     if (n <= c->scratch_cap) return 0;
     int64_t *i = realloc(c->idx, n * sizeof *i);
@@ -114,13 +114,13 @@ static int grow_scratch(ecx_consumer *c, size_t n)
 
 /* ---------- transfers ---------- */
 
-static xfer *xfer_find(const ecx_consumer *c, const char *hash, size_t len)
+static xfer *xfer_find(const ecxi_consumer *c, const char *hash, size_t len)
 {
-    ecx_table_node *n = ecx_table_find(&c->xfers, hash, len);
+    ecxi_table_node *n = ecxi_table_find(&c->xfers, hash, len);
     return n ? ECX_CONTAINER_OF(n, xfer, node) : NULL;
 }
 
-static xfer *xfer_new(ecx_consumer *c, const char *hash, size_t len)
+static xfer *xfer_new(ecxi_consumer *c, const char *hash, size_t len)
 {
     xfer *x = c->free_xfers;
     if (x)
@@ -132,7 +132,7 @@ static xfer *xfer_new(ecx_consumer *c, const char *hash, size_t len)
     x->hash_len = (uint32_t)len;
     x->node.key = x->hash;
     x->node.key_len = len;
-    ecx_table_insert(&c->xfers, &x->node);
+    ecxi_table_insert(&c->xfers, &x->node);
     x->next = c->head;
     if (c->head) c->head->prev = x;
     c->head = x;
@@ -140,9 +140,9 @@ static xfer *xfer_new(ecx_consumer *c, const char *hash, size_t len)
     return x;
 }
 
-static void xfer_delete(ecx_consumer *c, xfer *x)
+static void xfer_delete(ecxi_consumer *c, xfer *x)
 {
-    ecx_table_remove(&c->xfers, &x->node);
+    ecxi_table_remove(&c->xfers, &x->node);
     if (x->prev)
         x->prev->next = x->next;
     else
@@ -153,21 +153,21 @@ static void xfer_delete(ecx_consumer *c, xfer *x)
 }
 
 /* Give the local blocks back (the entry is not ready). */
-static void free_blocks(ecx_consumer *c, xfer *x)
+static void free_blocks(ecxi_consumer *c, xfer *x)
 {
     if (!x->holds_blocks) return;
-    int rc = ecx_cache_discard(c->cache, x->hash, x->hash_len);
-    if (rc) ecx_log(ECX_LOG_ERROR, "consumer: discard failed: %s", ecx_strerror(rc));
+    int rc = ecxi_cache_discard(c->cache, x->hash, x->hash_len);
+    if (rc) ecxi_log(ECX_LOG_ERROR, "consumer: discard failed: %s", ecx_strerror(rc));
     x->holds_blocks = false;
 }
 
-static void tombstone(ecx_consumer *c, xfer *x, int reason, int64_t now)
+static void tombstone(ecxi_consumer *c, xfer *x, int reason, int64_t now)
 {
     int level = reason == ECX_REASON_NACK_MISSING ? ECX_LOG_INFO : ECX_LOG_WARN;
     ECX_LOG_RATELIMITED(level, "consumer: %.*s from %s:%d falls back: %s", (int)x->hash_len,
                         x->hash, x->host, x->port, ecx_reason_name(reason));
     if (x->dx) {
-        ecx_data_read_release(x->dx);
+        ecxi_data_read_release(x->dx);
         x->dx = NULL;
     }
     free_blocks(c, x);
@@ -179,7 +179,7 @@ static void tombstone(ecx_consumer *c, xfer *x, int reason, int64_t now)
 
 /* NOT_READY (or a lost producer before its ack): free the blocks and ask
  * again after a backoff, within the item's overall wait. */
-static void retry_later(ecx_consumer *c, xfer *x, int64_t now)
+static void retry_later(ecxi_consumer *c, xfer *x, int64_t now)
 {
     free_blocks(c, x);
     x->s = NULL;
@@ -196,7 +196,7 @@ static void retry_later(ecx_consumer *c, xfer *x, int64_t now)
 
 /* ---------- sessions ---------- */
 
-static void session_close(ecx_consumer *c, session *s, int64_t now)
+static void session_close(ecxi_consumer *c, session *s, int64_t now)
 {
     for (xfer *x = c->head; x; x = x->next) {
         if (x->s != s) continue;
@@ -212,9 +212,9 @@ static void session_close(ecx_consumer *c, session *s, int64_t now)
     }
     /* Dropping the data peer fails its running READs: nothing writes into
      * the quarantined blocks after this, so they settle on the next poll. */
-    ecx_data_peer_drop(s->dpeer);
-    ecx_ctrl_peer_free(s->peer);
-    ecx_table_remove(&c->sessions, &s->node);
+    ecxi_data_peer_drop(s->dpeer);
+    ecxi_ctrl_peer_free(s->peer);
+    ecxi_table_remove(&c->sessions, &s->node);
     for (session **pp = &c->sessions_list; *pp; pp = &(*pp)->next)
         if (*pp == s) {
             *pp = s->next;
@@ -227,7 +227,7 @@ static void session_close(ecx_consumer *c, session *s, int64_t now)
 /* A session is busy while a transfer on it waits for an ack, reads, or is
  * quarantined (a quarantined READ keeps the data peer registered). Marks
  * each session's busy flag, and refreshes last_used of busy ones. */
-static void mark_busy(ecx_consumer *c, int64_t now)
+static void mark_busy(ecxi_consumer *c, int64_t now)
 {
     for (session *s = c->sessions_list; s; s = s->next)
         s->busy = false;
@@ -241,14 +241,14 @@ static void mark_busy(ecx_consumer *c, int64_t now)
 /* Close every session that has not been busy for session_idle_ms: a dead
  * producer that never completed a handshake is never reported lost, and
  * its socket would otherwise reconnect forever. */
-static int close_idle(ecx_consumer *c, int64_t now)
+static int close_idle(ecxi_consumer *c, int64_t now)
 {
     int closed = 0;
     mark_busy(c, now);
     for (session *s = c->sessions_list, *next; s; s = next) {
         next = s->next;
         if (s->busy || now - s->last_used_ms < c->o.session_idle_ms) continue;
-        ecx_log(ECX_LOG_DEBUG, "consumer: session to %s:%d idle; closed", s->host, s->port);
+        ecxi_log(ECX_LOG_DEBUG, "consumer: session to %s:%d idle; closed", s->host, s->port);
         c->st.sessions_idle_closed++;
         session_close(c, s, now);
         closed++;
@@ -259,14 +259,14 @@ static int close_idle(ecx_consumer *c, int64_t now)
 /* At the cap: close the idle session unused the longest. Returns false if
  * every session is busy. Only idle sessions are closed, so no transfer
  * changes state (the caller may be walking the transfer list). */
-static bool evict_one(ecx_consumer *c, int64_t now)
+static bool evict_one(ecxi_consumer *c, int64_t now)
 {
     mark_busy(c, now);
     session *victim = NULL;
     for (session *s = c->sessions_list; s; s = s->next)
         if (!s->busy && (!victim || s->last_used_ms < victim->last_used_ms)) victim = s;
     if (!victim) return false;
-    ecx_log(ECX_LOG_DEBUG, "consumer: session cap (%d) reached; closed idle session to %s:%d",
+    ecxi_log(ECX_LOG_DEBUG, "consumer: session cap (%d) reached; closed idle session to %s:%d",
             c->o.max_sessions, victim->host, victim->port);
     c->st.sessions_evicted++;
     session_close(c, victim, now);
@@ -276,20 +276,20 @@ static bool evict_one(ecx_consumer *c, int64_t now)
 /* Close a session whose producer connection was lost (SPEC §5: waiting
  * transfers become retryable, reading ones are quarantined). A later
  * contact opens a fresh socket and session id. */
-static bool retire_if_lost(ecx_consumer *c, session *s, int64_t now)
+static bool retire_if_lost(ecxi_consumer *c, session *s, int64_t now)
 {
-    if (!ecx_ctrl_peer_lost(s->peer)) return false;
-    ecx_log(ECX_LOG_WARN, "consumer: lost producer %s:%d; session closed", s->host, s->port);
+    if (!ecxi_ctrl_peer_lost(s->peer)) return false;
+    ecxi_log(ECX_LOG_WARN, "consumer: lost producer %s:%d; session closed", s->host, s->port);
     c->st.peers_lost++;
     session_close(c, s, now);
     return true;
 }
 
-static session *session_get(ecx_consumer *c, const char *host, int port, int64_t now)
+static session *session_get(ecxi_consumer *c, const char *host, int port, int64_t now)
 {
     char key[270];
     int kl = snprintf(key, sizeof key, "%s|%d", host, port);
-    ecx_table_node *n = ecx_table_find(&c->sessions, key, (size_t)kl);
+    ecxi_table_node *n = ecxi_table_find(&c->sessions, key, (size_t)kl);
     /* Never send over a connection already known to be lost. */
     if (n && !retire_if_lost(c, ECX_CONTAINER_OF(n, session, node), now)) {
         session *s = ECX_CONTAINER_OF(n, session, node);
@@ -305,7 +305,7 @@ static session *session_get(ecx_consumer *c, const char *host, int port, int64_t
     }
     session *s = calloc(1, sizeof *s);
     if (!s) return NULL;
-    int rc = ecx_ctrl_peer_new(c->o.zctx, host, port, &c->o.ctrl, &s->peer);
+    int rc = ecxi_ctrl_peer_new(c->o.zctx, host, port, &c->o.ctrl, &s->peer);
     if (rc) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: cannot open a session to %s:%d: %s", host,
                             port, ecx_strerror(rc));
@@ -319,20 +319,20 @@ static session *session_get(ecx_consumer *c, const char *host, int port, int64_t
     s->last_used_ms = now;
     s->node.key = s->key;
     s->node.key_len = (size_t)kl;
-    ecx_table_insert(&c->sessions, &s->node);
+    ecxi_table_insert(&c->sessions, &s->node);
     s->next = c->sessions_list, c->sessions_list = s;
     c->n_sessions++;
-    ecx_log(ECX_LOG_DEBUG, "consumer: session %s to %s:%d", s->sid, host, port);
+    ecxi_log(ECX_LOG_DEBUG, "consumer: session %s to %s:%d", s->sid, host, port);
     return s;
 }
 
 /* Reserve local blocks and send the XferReq. On failure the transfer is a
  * tombstone. */
-static void ask(ecx_consumer *c, xfer *x, int64_t now)
+static void ask(ecxi_consumer *c, xfer *x, int64_t now)
 {
-    int rc = ecx_cache_reserve(c->cache, x->hash, x->hash_len, x->n_blocks);
-    if (!rc && (rc = ecx_cache_set_size(c->cache, x->hash, x->hash_len, x->size_bytes)))
-        ecx_cache_discard(c->cache, x->hash, x->hash_len);
+    int rc = ecxi_cache_reserve(c->cache, x->hash, x->hash_len, x->n_blocks);
+    if (!rc && (rc = ecxi_cache_set_size(c->cache, x->hash, x->hash_len, x->size_bytes)))
+        ecxi_cache_discard(c->cache, x->hash, x->hash_len);
     if (rc) {
         tombstone(c, x, ECX_REASON_NO_ROOM, now);
         return;
@@ -348,8 +348,8 @@ static void ask(ecx_consumer *c, xfer *x, int64_t now)
     r.mm_hash = (ecx_span){x->hash, x->hash_len};
     r.compatibility_hash = (ecx_span){c->compat, strlen(c->compat)};
     r.session_id = (ecx_span){s->sid, 36};
-    if ((rc = ecx_wire_encode_req(&r, &c->out)) ||
-        (rc = ecx_ctrl_peer_send(s->peer, c->out.data, c->out.size))) {
+    if ((rc = ecxi_wire_encode_req(&r, &c->out)) ||
+        (rc = ecxi_ctrl_peer_send(s->peer, c->out.data, c->out.size))) {
         tombstone(c, x, ECX_REASON_SEND_FAILED, now);
         return;
     }
@@ -362,7 +362,7 @@ static void ask(ecx_consumer *c, xfer *x, int64_t now)
 /* ---------- acks ---------- */
 
 /* Validate an OK ack and post the READ; on any failure, tombstone. */
-static void start_read(ecx_consumer *c, session *s, xfer *x, const ecx_ack *a, int64_t now)
+static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, int64_t now)
 {
     if (a->n_indices != x->n_blocks) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: ack for %.*s has %zu blocks, reserved %llu",
@@ -374,16 +374,16 @@ static void start_read(ecx_consumer *c, session *s, xfer *x, const ecx_ack *a, i
     const uint8_t *meta = (const uint8_t *)a->agent_metadata.p;
     const uint8_t *desc = (const uint8_t *)a->mem_descriptor.p;
     size_t ml = a->agent_metadata.n, dl = a->mem_descriptor.n;
-    if (s->dpeer && !ecx_data_peer_same(s->dpeer, meta, ml)) {
-        ecx_log(ECX_LOG_WARN, "consumer: producer %s:%d restarted (new metadata); re-registering",
+    if (s->dpeer && !ecxi_data_peer_same(s->dpeer, meta, ml)) {
+        ecxi_log(ECX_LOG_WARN, "consumer: producer %s:%d restarted (new metadata); re-registering",
                 s->host, s->port);
         /* READs still running on the old registration fail and settle. */
-        ecx_data_peer_drop(s->dpeer);
+        ecxi_data_peer_drop(s->dpeer);
         s->dpeer = NULL;
         c->st.peer_restarts++;
     }
     int rc;
-    if (!s->dpeer && (rc = ecx_data_peer_add(c->data, meta, ml, desc, dl, &s->dpeer))) {
+    if (!s->dpeer && (rc = ecxi_data_peer_add(c->data, meta, ml, desc, dl, &s->dpeer))) {
         /* Metadata we cannot use is a bad ack; a producer we cannot reach
          * with good metadata (it died after acking, say) is a failed READ. */
         bool bad = rc == ECX_EDATA_META || rc == ECX_EDATA_DESC || rc == ECX_EDATA_VERSION ||
@@ -411,18 +411,18 @@ static void start_read(ecx_consumer *c, session *s, xfer *x, const ecx_ack *a, i
         }
         c->remote[i] = (uint64_t)c->idx[i];
     }
-    if (ecx_cache_blocks(c->cache, x->hash, x->hash_len, c->idx, n, &got) || got != n) {
+    if (ecxi_cache_blocks(c->cache, x->hash, x->hash_len, c->idx, n, &got) || got != n) {
         tombstone(c, x, ECX_REASON_READ_FAILED, now);
         return;
     }
     for (size_t i = 0; i < n; i++)
         c->local[i] = (uint64_t)c->idx[i];
-    ecx_data_ticket t;
+    ecxi_data_ticket t;
     char key[ECX_DATA_NOTIF_MAX];
     int kl = snprintf(key, sizeof key, "%s:%.*s", s->sid, (int)x->hash_len, x->hash);
-    rc = ecx_data_desc_ticket(desc, dl, &t);
+    rc = ecxi_data_desc_ticket(desc, dl, &t);
     if (!rc)
-        rc = ecx_data_read_post(s->dpeer, desc, dl, c->remote, c->local, n, x->size_bytes, key,
+        rc = ecxi_data_read_post(s->dpeer, desc, dl, c->remote, c->local, n, x->size_bytes, key,
                                 (size_t)kl, &x->dx);
     if (rc) {
         x->dx = NULL;
@@ -445,7 +445,7 @@ static void start_read(ecx_consumer *c, session *s, xfer *x, const ecx_ack *a, i
     c->reads_started++;
 }
 
-static void on_ack(ecx_consumer *c, session *s, const void *payload, size_t len, int64_t now)
+static void on_ack(ecxi_consumer *c, session *s, const void *payload, size_t len, int64_t now)
 {
     ecx_ack a;
     int rc = ecx_wire_decode_ack(payload, len, &a);
@@ -475,11 +475,11 @@ static void on_ack(ecx_consumer *c, session *s, const void *payload, size_t len,
 
 /* ---------- timers and READs ---------- */
 
-static void record_done(ecx_consumer *c, xfer *x, int64_t now)
+static void record_done(ecxi_consumer *c, xfer *x, int64_t now)
 {
     double ms = (double)(now - x->first_ask_ms);
     int b = 0;
-    while (b < ECX_LATENCY_BUCKETS - 1 && ms > ecx_latency_bounds_ms[b])
+    while (b < ECX_LATENCY_BUCKETS - 1 && ms > ecxi_latency_bounds_ms[b])
         b++;
     c->st.latency_count[b]++;
     c->st.latency_sum_ms += ms;
@@ -489,9 +489,9 @@ static void record_done(ecx_consumer *c, xfer *x, int64_t now)
 
 /* Settle a quarantined transfer: its READ has ended (or was cancelled with
  * its peer), so the blocks can go back. */
-static void settle(ecx_consumer *c, xfer *x, int64_t now)
+static void settle(ecxi_consumer *c, xfer *x, int64_t now)
 {
-    ecx_data_read_release(x->dx);
+    ecxi_data_read_release(x->dx);
     x->dx = NULL;
     free_blocks(c, x);
     c->st.settled++;
@@ -503,7 +503,7 @@ static void settle(ecx_consumer *c, xfer *x, int64_t now)
     }
 }
 
-static int advance(ecx_consumer *c, xfer *x, int64_t now)
+static int advance(ecxi_consumer *c, xfer *x, int64_t now)
 {
     int st;
     switch (x->state) {
@@ -512,16 +512,16 @@ static int advance(ecx_consumer *c, xfer *x, int64_t now)
         tombstone(c, x, ECX_REASON_ACK_TIMEOUT, now);
         return 1;
     case READING:
-        st = ecx_data_read_poll(x->dx);
+        st = ecxi_data_read_poll(x->dx);
         if (st == ECX_XFER_DONE && now > x->lease_end_ms) {
             tombstone(c, x, ECX_REASON_LEASE_EXPIRED, now);
             return 1;
         }
         if (st == ECX_XFER_DONE) {
-            ecx_data_read_release(x->dx);
+            ecxi_data_read_release(x->dx);
             x->dx = NULL;
-            int rc = ecx_cache_set_checksum(c->cache, x->hash, x->hash_len, x->checksum);
-            if (!rc) rc = ecx_cache_mark_ready(c->cache, x->hash, x->hash_len);
+            int rc = ecxi_cache_set_checksum(c->cache, x->hash, x->hash_len, x->checksum);
+            if (!rc) rc = ecxi_cache_mark_ready(c->cache, x->hash, x->hash_len);
             if (rc) {
                 tombstone(c, x, ECX_REASON_READ_FAILED, now);
                 return 1;
@@ -545,7 +545,7 @@ static int advance(ecx_consumer *c, xfer *x, int64_t now)
         c->st.quarantines++;
         return 1;
     case QUARANTINED:
-        if (ecx_data_read_poll(x->dx) != ECX_XFER_RUNNING) {
+        if (ecxi_data_read_poll(x->dx) != ECX_XFER_RUNNING) {
             settle(c, x, now);
             return 1;
         }
@@ -553,7 +553,7 @@ static int advance(ecx_consumer *c, xfer *x, int64_t now)
         /* Out of patience: drop the registration so the READ is cancelled
          * and can no longer write, then free. */
         if (x->s) {
-            ecx_data_peer_drop(x->s->dpeer);
+            ecxi_data_peer_drop(x->s->dpeer);
             x->s->dpeer = NULL;
         }
         settle(c, x, now);
@@ -570,12 +570,12 @@ static int advance(ecx_consumer *c, xfer *x, int64_t now)
     return 0;
 }
 
-int ecx_consumer_poll(ecx_consumer *c)
+int ecxi_consumer_poll(ecxi_consumer *c)
 {
     int events = 0;
     int64_t now = now_ms(c);
     c->reads_started = 0;
-    int n = ecx_data_progress(c->data);
+    int n = ecxi_data_progress(c->data);
     if (n > 0) events += n;
     /* Timers first: an ack that waited in the socket past its transfer's
      * deadline (say, while this process was stopped) finds the transfer
@@ -594,7 +594,7 @@ int ecx_consumer_poll(ecx_consumer *c)
         }
         const void *pl;
         size_t len;
-        for (int i = 0; i < 4096 && ecx_ctrl_peer_recv(s->peer, &pl, &len) == 1; i++, events++) {
+        for (int i = 0; i < 4096 && ecxi_ctrl_peer_recv(s->peer, &pl, &len) == 1; i++, events++) {
             s->last_used_ms = now;
             on_ack(c, s, pl, len, now);
         }
@@ -611,7 +611,7 @@ int ecx_consumer_poll(ecx_consumer *c)
 
 /* ---------- engine-facing ---------- */
 
-int ecx_consumer_answer(ecx_consumer *c, const char *mm_hash, size_t hash_len, int *reason)
+int ecxi_consumer_answer(ecxi_consumer *c, const char *mm_hash, size_t hash_len, int *reason)
 {
     *reason = ECX_REASON_NONE;
     if (!mm_hash || hash_len == 0 || hash_len > ECX_MM_HASH_MAX) {
@@ -635,16 +635,16 @@ int ecx_consumer_answer(ecx_consumer *c, const char *mm_hash, size_t hash_len, i
         default: return ECX_FETCH_PENDING;
         }
     }
-    ecx_cache_info info;
-    if (ecx_cache_lookup(c->cache, mm_hash, hash_len, &info) == 0)
+    ecxi_cache_info info;
+    if (ecxi_cache_lookup(c->cache, mm_hash, hash_len, &info) == 0)
         return info.state == ECX_CACHE_READY ? ECX_FETCH_READY : ECX_FETCH_PENDING;
     return -1;
 }
 
-int ecx_consumer_fetch(ecx_consumer *c, const char *mm_hash, size_t hash_len, const char *host,
+int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, const char *host,
                        int port, uint64_t size_bytes, uint64_t expected_size, int *reason)
 {
-    int st = ecx_consumer_answer(c, mm_hash, hash_len, reason);
+    int st = ecxi_consumer_answer(c, mm_hash, hash_len, reason);
     if (st >= 0) return st;
     if (!host || !*host || strlen(host) >= 256 || port <= 0 || port > 65535) {
         *reason = ECX_REASON_NO_PEER;
@@ -686,15 +686,15 @@ int ecx_consumer_fetch(ecx_consumer *c, const char *mm_hash, size_t hash_len, co
     return ECX_FETCH_PENDING;
 }
 
-size_t ecx_consumer_pollitems(ecx_consumer *c, zmq_pollitem_t *items, size_t cap)
+size_t ecxi_consumer_pollitems(ecxi_consumer *c, zmq_pollitem_t *items, size_t cap)
 {
     size_t n = 0;
     for (session *s = c->sessions_list; s; s = s->next, n++)
-        if (n < cap) items[n] = (zmq_pollitem_t){ecx_ctrl_peer_socket(s->peer), 0, ZMQ_POLLIN, 0};
+        if (n < cap) items[n] = (zmq_pollitem_t){ecxi_ctrl_peer_socket(s->peer), 0, ZMQ_POLLIN, 0};
     return n;
 }
 
-int64_t ecx_consumer_next_timeout(ecx_consumer *c)
+int64_t ecxi_consumer_next_timeout(ecxi_consumer *c)
 {
     int64_t now = now_ms(c), best = -1;
     for (xfer *x = c->head; x; x = x->next) {
@@ -713,9 +713,9 @@ int64_t ecx_consumer_next_timeout(ecx_consumer *c)
     return best;
 }
 
-ecx_consumer_stats ecx_consumer_get_stats(const ecx_consumer *c)
+ecxi_consumer_stats ecxi_consumer_get_stats(const ecxi_consumer *c)
 {
-    ecx_consumer_stats st = c->st;
+    ecxi_consumer_stats st = c->st;
     st.sessions_open = c->n_sessions;
     for (const xfer *x = c->head; x; x = x->next) {
         switch (x->state) {
@@ -731,13 +731,13 @@ ecx_consumer_stats ecx_consumer_get_stats(const ecx_consumer *c)
 
 /* ---------- lifecycle ---------- */
 
-int ecx_consumer_new(ecx_cache *cache, ecx_data *data, const ecx_consumer_opts *opts,
-                     ecx_consumer **out)
+int ecxi_consumer_new(ecxi_cache *cache, ecxi_data *data, const ecxi_consumer_opts *opts,
+                     ecxi_consumer **out)
 {
     if (!cache || !data || !opts || !opts->zctx || !opts->compat_hash || !out ||
         opts->block_bytes == 0 || strlen(opts->compat_hash) > ECX_COMPAT_HASH_HEX)
         return ECX_EINVAL;
-    ecx_consumer *c = calloc(1, sizeof *c);
+    ecxi_consumer *c = calloc(1, sizeof *c);
     if (!c) return ECX_ENOMEM;
     c->cache = cache, c->data = data, c->o = *opts;
     snprintf(c->compat, sizeof c->compat, "%s", opts->compat_hash);
@@ -749,11 +749,11 @@ int ecx_consumer_new(ecx_cache *cache, ecx_data *data, const ecx_consumer_opts *
     if (c->o.tombstone_ttl_ms <= 0) c->o.tombstone_ttl_ms = 600000;
     if (c->o.session_idle_ms <= 0) c->o.session_idle_ms = 30000;
     if (c->o.max_sessions <= 0) c->o.max_sessions = 256;
-    int rc = ecx_table_init(&c->xfers);
-    if (!rc && (rc = ecx_table_init(&c->sessions))) ecx_table_fini(&c->xfers);
+    int rc = ecxi_table_init(&c->xfers);
+    if (!rc && (rc = ecxi_table_init(&c->sessions))) ecxi_table_fini(&c->xfers);
     if (!rc && (rc = grow_scratch(c, 256))) {
-        ecx_table_fini(&c->xfers);
-        ecx_table_fini(&c->sessions);
+        ecxi_table_fini(&c->xfers);
+        ecxi_table_fini(&c->sessions);
     }
     if (rc) {
         free(c->idx), free(c->remote), free(c->local), free(c);
@@ -764,7 +764,7 @@ int ecx_consumer_new(ecx_cache *cache, ecx_data *data, const ecx_consumer_opts *
     return 0;
 }
 
-void ecx_consumer_free(ecx_consumer *c)
+void ecxi_consumer_free(ecxi_consumer *c)
 {
     if (!c) return;
     int64_t now = now_ms(c);
@@ -773,15 +773,15 @@ void ecx_consumer_free(ecx_consumer *c)
     /* Every READ is now failed or cancelled with its peer: free it all. */
     while (c->head) {
         xfer *x = c->head;
-        if (x->dx) ecx_data_read_release(x->dx);
+        if (x->dx) ecxi_data_read_release(x->dx);
         x->dx = NULL;
         free_blocks(c, x);
         xfer_delete(c, x);
     }
     for (xfer *x = c->free_xfers, *n; x; x = n)
         n = x->next, free(x);
-    ecx_table_fini(&c->xfers);
-    ecx_table_fini(&c->sessions);
+    ecxi_table_fini(&c->xfers);
+    ecxi_table_fini(&c->sessions);
     msgpack_sbuffer_destroy(&c->out);
     free(c->idx), free(c->remote), free(c->local);
     free(c);

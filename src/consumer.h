@@ -59,13 +59,13 @@
 #include "data.h"
 #include "util.h"
 
-typedef struct ecx_consumer ecx_consumer;
+typedef struct ecxi_consumer ecxi_consumer;
 
 /* Longest mm_hash a consumer fetches: "{uuid}:{mm_hash}" must fit a
  * notification. */
 #define ECX_MM_HASH_MAX 256
 
-typedef struct ecx_consumer_opts {
+typedef struct ecxi_consumer_opts {
     void *zctx;               /* ZeroMQ context for the sessions' sockets */
     const char *compat_hash;  /* sent in every XferReq */
     uint64_t block_bytes;     /* of the local region */
@@ -76,15 +76,15 @@ typedef struct ecx_consumer_opts {
     int64_t tombstone_ttl_ms; /* unclaimed tombstones are dropped; default 600000 */
     int64_t session_idle_ms;  /* a session not busy this long is closed; default 30000 */
     int max_sessions;         /* open sessions at most; default 256 */
-    ecx_ctrl_opts ctrl;
-    const ecx_clock *clock; /* NULL: monotonic */
-} ecx_consumer_opts;
+    ecxi_ctrl_opts ctrl;
+    const ecxi_clock *clock; /* NULL: monotonic */
+} ecxi_consumer_opts;
 
 /* Upper bounds (ms) of the fetch-latency histogram; the last is +Inf. */
 #define ECX_LATENCY_BUCKETS 14
-extern const double ecx_latency_bounds_ms[ECX_LATENCY_BUCKETS - 1];
+extern const double ecxi_latency_bounds_ms[ECX_LATENCY_BUCKETS - 1];
 
-typedef struct ecx_consumer_stats {
+typedef struct ecxi_consumer_stats {
     uint64_t requests;                    /* XferReqs sent */
     uint64_t ready;                       /* items fetched */
     uint64_t fallbacks[ECX_REASON_COUNT]; /* items answered "encode locally", by reason */
@@ -104,12 +104,12 @@ typedef struct ecx_consumer_stats {
     uint64_t waiting_ack, reading, retrying, quarantined, tombstones; /* in_flight by state */
     uint64_t latency_count[ECX_LATENCY_BUCKETS]; /* fetch latency, non-cumulative */
     double latency_sum_ms;
-} ecx_consumer_stats;
+} ecxi_consumer_stats;
 
-int ecx_consumer_new(ecx_cache *cache, ecx_data *data, const ecx_consumer_opts *opts,
-                     ecx_consumer **out);
+int ecxi_consumer_new(ecxi_cache *cache, ecxi_data *data, const ecxi_consumer_opts *opts,
+                     ecxi_consumer **out);
 /* Close every session and free every reserved block. NULL is a no-op. */
-void ecx_consumer_free(ecx_consumer *c);
+void ecxi_consumer_free(ecxi_consumer *c);
 
 /*
  * Ask for mm_hash from the producer at host:port (host NULL: not
@@ -118,26 +118,26 @@ void ecx_consumer_free(ecx_consumer *c);
  * ECX_FETCH_LOCAL, *reason says why. Asking again about a pending item is
  * cheap and is how the engine learns it finished.
  */
-int ecx_consumer_fetch(ecx_consumer *c, const char *mm_hash, size_t hash_len, const char *host,
+int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, const char *host,
                        int port, uint64_t size_bytes, uint64_t expected_size, int *reason);
 
 /* The answer for an item the consumer already knows (in flight, a
- * tombstone, or in the local cache), as ecx_consumer_fetch() would give it;
+ * tombstone, or in the local cache), as ecxi_consumer_fetch() would give it;
  * -1 for an item it has never heard of, which needs its announcement. */
-int ecx_consumer_answer(ecx_consumer *c, const char *mm_hash, size_t hash_len, int *reason);
+int ecxi_consumer_answer(ecxi_consumer *c, const char *mm_hash, size_t hash_len, int *reason);
 
 /* Receive acks, advance READs and timers. Never blocks; returns the number
  * of events handled. */
-int ecx_consumer_poll(ecx_consumer *c);
+int ecxi_consumer_poll(ecxi_consumer *c);
 
 /* Fill items with the sessions' sockets (for zmq_poll); returns how many
  * there are (may exceed cap: then only cap were written). */
-size_t ecx_consumer_pollitems(ecx_consumer *c, zmq_pollitem_t *items, size_t cap);
+size_t ecxi_consumer_pollitems(ecxi_consumer *c, zmq_pollitem_t *items, size_t cap);
 
 /* Milliseconds until the next timer is due (0 if one is due, -1 if none);
  * the sessions' idle deadlines count as timers. */
-int64_t ecx_consumer_next_timeout(ecx_consumer *c);
+int64_t ecxi_consumer_next_timeout(ecxi_consumer *c);
 
-ecx_consumer_stats ecx_consumer_get_stats(const ecx_consumer *c);
+ecxi_consumer_stats ecxi_consumer_get_stats(const ecxi_consumer *c);
 
 #endif

@@ -31,7 +31,7 @@ typedef struct guard {
     int64_t max_pending, max_pending_total, next_check_ms;
 } guard;
 
-struct ecx_ctrl_server {
+struct ecxi_ctrl_server {
     void *sock;
     guard g;
     int max_conns;
@@ -39,22 +39,22 @@ struct ecx_ctrl_server {
     uint8_t (*allow)[32]; /* allowed client public keys, binary */
     size_t n_allow;
     int port;
-    ecx_ctrl_stats stats;
+    ecxi_ctrl_stats stats;
 };
 
 static bool has_more(void *sock);
 static void drain(void *sock, zmq_msg_t *scratch);
 
-struct ecx_ctrl_peer {
+struct ecxi_ctrl_peer {
     void *sock;
     guard g;
     zmq_msg_t parts[2];
     bool parts_open, lost;
     bool handshaken; /* a ZMTP handshake has succeeded */
-    ecx_ctrl_stats stats;
+    ecxi_ctrl_stats stats;
 };
 
-int ecx_ctrl_parse_addr(const char *addr, char host[256], int *port)
+int ecxi_ctrl_parse_addr(const char *addr, char host[256], int *port)
 {
     if (!addr) return ECX_EINVAL;
     const char *colon = strrchr(addr, ':');
@@ -91,7 +91,7 @@ static int set_int(void *sock, int opt, int v)
     return zmq_setsockopt(sock, opt, &v, sizeof v);
 }
 
-int ecx_ctrl_key_parse(const char *z85, uint8_t out[32])
+int ecxi_ctrl_key_parse(const char *z85, uint8_t out[32])
 {
     static const char alphabet[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                    ".-:+=^!/*?&<>()[]{}@%$#";
@@ -108,7 +108,7 @@ int ecx_ctrl_key_parse(const char *z85, uint8_t out[32])
 /* Make sock a CURVE server with secret key sk (Z85). */
 static int curve_server(void *sock, const char *sk)
 {
-    if (ecx_ctrl_key_parse(sk, NULL)) return ECX_EINVAL;
+    if (ecxi_ctrl_key_parse(sk, NULL)) return ECX_EINVAL;
     if (set_int(sock, ZMQ_CURVE_SERVER, 1) ||
         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sk, ECX_CTRL_KEY_Z85))
         return ECX_ESYS;
@@ -121,7 +121,7 @@ static int curve_client(void *sock, const char *pk, const char *sk)
 {
     char pub[ECX_CTRL_KEY_Z85 + 1], sec[ECX_CTRL_KEY_Z85 + 1];
     int rc = 0;
-    if (ecx_ctrl_key_parse(pk, NULL) || (sk && ecx_ctrl_key_parse(sk, NULL))) return ECX_EINVAL;
+    if (ecxi_ctrl_key_parse(pk, NULL) || (sk && ecxi_ctrl_key_parse(sk, NULL))) return ECX_EINVAL;
     if (sk) {
         memcpy(sec, sk, sizeof sec);
         if (zmq_curve_public(pub, sec)) rc = ECX_ESYS;
@@ -137,7 +137,7 @@ static int curve_client(void *sock, const char *pk, const char *sk)
 }
 
 /* *max_frame: in, the default frame cap; out, the one set. */
-static int apply_common(void *sock, const ecx_ctrl_opts *o, int64_t *max_frame)
+static int apply_common(void *sock, const ecxi_ctrl_opts *o, int64_t *max_frame)
 {
     if (o && o->max_frame_bytes > 0) *max_frame = o->max_frame_bytes;
     if (set_int(sock, ZMQ_LINGER, 0) || set_int(sock, ZMQ_IPV6, 1) ||
@@ -165,7 +165,7 @@ struct conn {
 };
 
 static int guard_init(guard *g, void *zctx, void *sock, int events, int port, bool local,
-                      int64_t max_frame, const ecx_ctrl_opts *o)
+                      int64_t max_frame, const ecxi_ctrl_opts *o)
 {
     static unsigned long seq;
     char mon[64];
@@ -260,7 +260,7 @@ static void guard_settle(guard *g, zmq_msg_t *part)
         g->conns[fd].settled = rx;
 }
 
-static void guard_drop(guard *g, int fd, uint64_t pending, ecx_ctrl_stats *st)
+static void guard_drop(guard *g, int fd, uint64_t pending, ecxi_ctrl_stats *st)
 {
     guard_track(g, fd, false);
     if (!guard_owns(g, fd)) return;
@@ -272,9 +272,9 @@ static void guard_drop(guard *g, int fd, uint64_t pending, ecx_ctrl_stats *st)
 }
 
 /* Every ECX_CTRL_GUARD_IVL_MS, drop the connections over the bounds. */
-static void guard_check(guard *g, ecx_ctrl_stats *st)
+static void guard_check(guard *g, ecxi_ctrl_stats *st)
 {
-    int64_t now = ecx_now_ms(NULL);
+    int64_t now = ecxi_now_ms(NULL);
     if (now < g->next_check_ms) return;
     g->next_check_ms = now + ECX_CTRL_GUARD_IVL_MS;
     uint64_t total = 0, heaviest = 0;
@@ -305,8 +305,8 @@ static int default_max_conns(void)
     return n > 16 ? n : 16;
 }
 
-int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_opts *opts,
-                        ecx_ctrl_server **out)
+int ecxi_ctrl_server_new(void *zctx, const char *host, int port, const ecxi_ctrl_opts *opts,
+                        ecxi_ctrl_server **out)
 {
     if (!zctx || !host || port < 0 || port > 65535 || !out) return ECX_EINVAL;
     /* Resolve the bind address ourselves: libzmq binds only to numeric
@@ -321,7 +321,7 @@ int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_o
                         *ai;
         int g = getaddrinfo(host, NULL, &hints, &ai);
         if (g) {
-            ecx_log(ECX_LOG_ERROR, "ctrl: cannot resolve listen host '%s': %s", host,
+            ecxi_log(ECX_LOG_ERROR, "ctrl: cannot resolve listen host '%s': %s", host,
                     gai_strerror(g));
             return ECX_EINVAL;
         }
@@ -335,7 +335,7 @@ int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_o
     const char *sk = opts ? opts->curve_secret_key : NULL;
     size_t n_allow = opts && opts->curve_allow ? opts->n_curve_allow : 0;
     if (n_allow && !sk) return ECX_EINVAL; /* an allow-list needs CURVE */
-    ecx_ctrl_server *s = calloc(1, sizeof *s);
+    ecxi_ctrl_server *s = calloc(1, sizeof *s);
     if (!s) return ECX_ENOMEM;
     int rc = ECX_ESYS;
     if (n_allow) {
@@ -344,7 +344,7 @@ int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_o
             goto fail;
         }
         for (s->n_allow = 0; s->n_allow < n_allow; s->n_allow++)
-            if (ecx_ctrl_key_parse(opts->curve_allow[s->n_allow], s->allow[s->n_allow])) {
+            if (ecxi_ctrl_key_parse(opts->curve_allow[s->n_allow], s->allow[s->n_allow])) {
                 rc = ECX_EINVAL;
                 goto fail;
             }
@@ -352,7 +352,7 @@ int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_o
         s->zap = zmq_socket(zctx, ZMQ_REP);
         if (!s->zap || set_int(s->zap, ZMQ_LINGER, 0) ||
             zmq_bind(s->zap, "inproc://zeromq.zap.01")) {
-            ecx_log(ECX_LOG_ERROR, "ctrl: cannot bind the ZAP handler: %s",
+            ecxi_log(ECX_LOG_ERROR, "ctrl: cannot bind the ZAP handler: %s",
                     zmq_strerror(zmq_errno()));
             goto fail;
         }
@@ -367,12 +367,12 @@ int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_o
         goto fail;
     s->max_conns = opts && opts->max_connections > 0 ? opts->max_connections : default_max_conns();
     if (sk && (rc = curve_server(s->sock, sk))) {
-        if (rc == ECX_EINVAL) ecx_log(ECX_LOG_ERROR, "ctrl: the CURVE secret key is not Z85");
+        if (rc == ECX_EINVAL) ecxi_log(ECX_LOG_ERROR, "ctrl: the CURVE secret key is not Z85");
         goto fail;
     }
     rc = ECX_ESYS;
     if (zmq_bind(s->sock, ep)) {
-        ecx_log(ECX_LOG_ERROR, "ctrl: cannot listen on %s: %s", ep, zmq_strerror(zmq_errno()));
+        ecxi_log(ECX_LOG_ERROR, "ctrl: cannot listen on %s: %s", ep, zmq_strerror(zmq_errno()));
         goto fail;
     }
     char last[300];
@@ -384,11 +384,11 @@ int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_o
     *out = s;
     return 0;
 fail:
-    ecx_ctrl_server_free(s);
+    ecxi_ctrl_server_free(s);
     return rc;
 }
 
-void ecx_ctrl_server_free(ecx_ctrl_server *s)
+void ecxi_ctrl_server_free(ecxi_ctrl_server *s)
 {
     if (!s) return;
     guard_fini(&s->g, s->sock);
@@ -398,12 +398,12 @@ void ecx_ctrl_server_free(ecx_ctrl_server *s)
     free(s);
 }
 
-void *ecx_ctrl_server_zap_socket(const ecx_ctrl_server *s)
+void *ecxi_ctrl_server_zap_socket(const ecxi_ctrl_server *s)
 {
     return s->zap;
 }
 
-static bool allowed(const ecx_ctrl_server *s, const zmq_msg_t *key)
+static bool allowed(const ecxi_ctrl_server *s, const zmq_msg_t *key)
 {
     if (zmq_msg_size(key) != 32) return false;
     for (size_t i = 0; i < s->n_allow; i++)
@@ -416,7 +416,7 @@ static bool allowed(const ecx_ctrl_server *s, const zmq_msg_t *key)
  * status_text, user_id, metadata]. Only libzmq speaks on this inproc
  * socket, but a request of another shape still gets a 500, so the REP
  * socket never sticks half-way through a request. */
-int ecx_ctrl_server_serve_zap(ecx_ctrl_server *s)
+int ecxi_ctrl_server_serve_zap(ecxi_ctrl_server *s)
 {
     if (!s->zap) return 0;
     int served = 0;
@@ -450,7 +450,7 @@ int ecx_ctrl_server_serve_zap(ecx_ctrl_server *s)
             zmq_send(s->zap, text, strlen(text), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
             zmq_send(s->zap, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
             zmq_send(s->zap, "", 0, ZMQ_DONTWAIT) < 0) {
-            ecx_log(ECX_LOG_WARN, "ctrl: ZAP reply not sent: %s", zmq_strerror(zmq_errno()));
+            ecxi_log(ECX_LOG_WARN, "ctrl: ZAP reply not sent: %s", zmq_strerror(zmq_errno()));
             break;
         }
         served++;
@@ -460,15 +460,15 @@ int ecx_ctrl_server_serve_zap(ecx_ctrl_server *s)
     return served;
 }
 
-int ecx_ctrl_server_port(const ecx_ctrl_server *s)
+int ecxi_ctrl_server_port(const ecxi_ctrl_server *s)
 {
     return s->port;
 }
-void *ecx_ctrl_server_socket(const ecx_ctrl_server *s)
+void *ecxi_ctrl_server_socket(const ecxi_ctrl_server *s)
 {
     return s->sock;
 }
-ecx_ctrl_stats ecx_ctrl_server_stats(const ecx_ctrl_server *s)
+ecxi_ctrl_stats ecxi_ctrl_server_stats(const ecxi_ctrl_server *s)
 {
     return s->stats;
 }
@@ -509,7 +509,7 @@ static int recv_parts(void *sock, guard *g, zmq_msg_t *parts, int want)
 }
 
 /* Take the monitor's news of connections; refuse those over the cap. */
-static void server_events(ecx_ctrl_server *s)
+static void server_events(ecxi_ctrl_server *s)
 {
     uint16_t ev = 0;
     uint32_t v = 0;
@@ -530,9 +530,9 @@ static void server_events(ecx_ctrl_server *s)
     guard_check(&s->g, &s->stats);
 }
 
-int ecx_ctrl_server_recv(ecx_ctrl_server *s, ecx_ctrl_msg *m)
+int ecxi_ctrl_server_recv(ecxi_ctrl_server *s, ecxi_ctrl_msg *m)
 {
-    ecx_ctrl_server_serve_zap(s);
+    ecxi_ctrl_server_serve_zap(s);
     server_events(s);
     for (;;) {
         int rc = recv_parts(s->sock, &s->g, m->parts, 3);
@@ -545,31 +545,31 @@ int ecx_ctrl_server_recv(ecx_ctrl_server *s, ecx_ctrl_msg *m)
             return 1;
         }
         s->stats.bad_framing++;
-        ecx_log(ECX_LOG_DEBUG, "ctrl: dropped a request with bad framing");
+        ecxi_log(ECX_LOG_DEBUG, "ctrl: dropped a request with bad framing");
     }
 }
 
-void ecx_ctrl_msg_init(ecx_ctrl_msg *m)
+void ecxi_ctrl_msg_init(ecxi_ctrl_msg *m)
 {
     memset(m, 0, sizeof *m);
     for (int i = 0; i < 3; i++)
         zmq_msg_init(&m->parts[i]);
 }
 
-void ecx_ctrl_msg_fini(ecx_ctrl_msg *m)
+void ecxi_ctrl_msg_fini(ecxi_ctrl_msg *m)
 {
     for (int i = 0; i < 3; i++)
         zmq_msg_close(&m->parts[i]);
 }
 
-int ecx_ctrl_server_send(ecx_ctrl_server *s, const void *identity, size_t identity_len,
+int ecxi_ctrl_server_send(ecxi_ctrl_server *s, const void *identity, size_t identity_len,
                          const void *payload, size_t len)
 {
     if (zmq_send(s->sock, identity, identity_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(s->sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(s->sock, payload, len, ZMQ_DONTWAIT) < 0) {
         s->stats.send_failed++;
-        ecx_log(ECX_LOG_DEBUG, "ctrl: reply not sent: %s", zmq_strerror(zmq_errno()));
+        ecxi_log(ECX_LOG_DEBUG, "ctrl: reply not sent: %s", zmq_strerror(zmq_errno()));
         return ECX_ESYS;
     }
     return 0;
@@ -577,14 +577,14 @@ int ecx_ctrl_server_send(ecx_ctrl_server *s, const void *identity, size_t identi
 
 /* ---------- peer ---------- */
 
-int ecx_ctrl_peer_new(void *zctx, const char *host, int port, const ecx_ctrl_opts *opts,
-                      ecx_ctrl_peer **out)
+int ecxi_ctrl_peer_new(void *zctx, const char *host, int port, const ecxi_ctrl_opts *opts,
+                      ecxi_ctrl_peer **out)
 {
     char ep[300];
     if (!zctx || !host || !*host || port <= 0 || port > 65535 || !out ||
         endpoint(ep, sizeof ep, host, port))
         return ECX_EINVAL;
-    ecx_ctrl_peer *p = calloc(1, sizeof *p);
+    ecxi_ctrl_peer *p = calloc(1, sizeof *p);
     if (!p) return ECX_ENOMEM;
     zmq_msg_init(&p->parts[0]);
     zmq_msg_init(&p->parts[1]);
@@ -606,22 +606,22 @@ int ecx_ctrl_peer_new(void *zctx, const char *host, int port, const ecx_ctrl_opt
         goto fail;
     if (opts && opts->curve_server_key &&
         (rc = curve_client(p->sock, opts->curve_server_key, opts->curve_secret_key))) {
-        if (rc == ECX_EINVAL) ecx_log(ECX_LOG_ERROR, "ctrl: a CURVE key is not Z85");
+        if (rc == ECX_EINVAL) ecxi_log(ECX_LOG_ERROR, "ctrl: a CURVE key is not Z85");
         goto fail;
     }
     if (zmq_connect(p->sock, ep)) {
-        ecx_log(ECX_LOG_WARN, "ctrl: cannot connect to %s: %s", ep, zmq_strerror(zmq_errno()));
+        ecxi_log(ECX_LOG_WARN, "ctrl: cannot connect to %s: %s", ep, zmq_strerror(zmq_errno()));
         rc = ECX_EINVAL;
         goto fail;
     }
     *out = p;
     return 0;
 fail:
-    ecx_ctrl_peer_free(p);
+    ecxi_ctrl_peer_free(p);
     return rc;
 }
 
-void ecx_ctrl_peer_free(ecx_ctrl_peer *p)
+void ecxi_ctrl_peer_free(ecxi_ctrl_peer *p)
 {
     if (!p) return;
     guard_fini(&p->g, p->sock);
@@ -631,16 +631,16 @@ void ecx_ctrl_peer_free(ecx_ctrl_peer *p)
     free(p);
 }
 
-void *ecx_ctrl_peer_socket(const ecx_ctrl_peer *p)
+void *ecxi_ctrl_peer_socket(const ecxi_ctrl_peer *p)
 {
     return p->sock;
 }
-ecx_ctrl_stats ecx_ctrl_peer_stats(const ecx_ctrl_peer *p)
+ecxi_ctrl_stats ecxi_ctrl_peer_stats(const ecxi_ctrl_peer *p)
 {
     return p->stats;
 }
 
-int ecx_ctrl_peer_send(ecx_ctrl_peer *p, const void *payload, size_t len)
+int ecxi_ctrl_peer_send(ecxi_ctrl_peer *p, const void *payload, size_t len)
 {
     if (zmq_send(p->sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(p->sock, payload, len, ZMQ_DONTWAIT) < 0) {
@@ -652,7 +652,7 @@ int ecx_ctrl_peer_send(ecx_ctrl_peer *p, const void *payload, size_t len)
 
 /* Take the monitor's news of the connection: its fd, its handshake, its
  * loss. */
-static void peer_events(ecx_ctrl_peer *p)
+static void peer_events(ecxi_ctrl_peer *p)
 {
     uint16_t ev = 0;
     uint32_t v = 0;
@@ -677,7 +677,7 @@ static void peer_events(ecx_ctrl_peer *p)
     }
 }
 
-int ecx_ctrl_peer_recv(ecx_ctrl_peer *p, const void **payload, size_t *len)
+int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len)
 {
     peer_events(p);
     guard_check(&p->g, &p->stats);
@@ -690,11 +690,11 @@ int ecx_ctrl_peer_recv(ecx_ctrl_peer *p, const void **payload, size_t *len)
             return 1;
         }
         p->stats.bad_framing++;
-        ecx_log(ECX_LOG_DEBUG, "ctrl: dropped a reply with bad framing");
+        ecxi_log(ECX_LOG_DEBUG, "ctrl: dropped a reply with bad framing");
     }
 }
 
-bool ecx_ctrl_peer_lost(ecx_ctrl_peer *p)
+bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p)
 {
     peer_events(p);
     return p->lost;

@@ -23,7 +23,7 @@
  * reaches the producer's 2 MiB cap after about five days and is dropped
  * and reconnected; ecx consumers close sessions idle for 30 s long before. The server also refuses (accepts, then shuts down)
  * connections beyond max_connections, so libzmq does not spin on a failed
- * accept at the fd limit. All of it is counted in ecx_ctrl_stats.
+ * accept at the fd limit. All of it is counted in ecxi_ctrl_stats.
  *
  * DEALERs carry ZMQ heartbeats
  * (2000 / 4000 / 8000 ms) and a socket monitor, so a dead producer shows up
@@ -40,7 +40,7 @@
  * was given; the frames inside are the same bytes as in plaintext. Clients
  * are checked against an allow-list by a ZAP handler: a REP socket on
  * inproc://zeromq.zap.01 that the server owns and answers from
- * ecx_ctrl_server_recv() — no thread; put ecx_ctrl_server_zap_socket() in
+ * ecxi_ctrl_server_recv() — no thread; put ecxi_ctrl_server_zap_socket() in
  * the zmq_poll set so handshakes finish promptly. Without an allow-list any
  * client that knows the server's public key gets in. A failed handshake
  * (wrong server key, client not allowed, plaintext against CURVE) drops the
@@ -59,7 +59,7 @@
 #include <zmq.h>
 
 /* Socket options both ends share; zero fields take the SPEC defaults. */
-typedef struct ecx_ctrl_opts {
+typedef struct ecxi_ctrl_opts {
     int64_t max_frame_bytes;  /* inbound frame cap; default ECX_CTRL_MAX_REQUEST (server),
                                  ECX_CTRL_MAX_FRAME (peer) */
     int heartbeat_ivl_ms;     /* DEALER only; default 2000 */
@@ -76,14 +76,14 @@ typedef struct ecx_ctrl_opts {
     const char *curve_server_key;   /* peer: the server's public key (turns CURVE on) */
     const char *const *curve_allow; /* server: client public keys let in; 0 of them: any */
     size_t n_curve_allow;
-} ecx_ctrl_opts;
+} ecxi_ctrl_opts;
 
 /* Length of a Z85 CURVE key, without NUL. */
 #define ECX_CTRL_KEY_Z85 40
 
 /* Check a Z85 key (exactly 40 Z85 characters) and decode it into out
  * (may be NULL). Returns 0 or ECX_EINVAL. */
-int ecx_ctrl_key_parse(const char *z85, uint8_t out[32]);
+int ecxi_ctrl_key_parse(const char *z85, uint8_t out[32]);
 
 /* Default inbound frame caps. A request is a few hundred bytes: 1 MiB
  * leaves room. An ack from the Python reference carries ~14 B per block of
@@ -100,7 +100,7 @@ int ecx_ctrl_key_parse(const char *z85, uint8_t out[32]);
 #define ECX_CTRL_FD_RESERVE 64
 
 /* Counters of what ctrl dropped, for metrics. */
-typedef struct ecx_ctrl_stats {
+typedef struct ecxi_ctrl_stats {
     uint64_t bad_framing;      /* messages with the wrong number or shape of frames */
     uint64_t send_failed;      /* replies that could not be queued (peer gone, HWM) */
     uint64_t auth_failures;    /* server: CURVE clients the ZAP handler turned away */
@@ -108,70 +108,70 @@ typedef struct ecx_ctrl_stats {
     uint64_t pending_drops;    /* connections shut down for unfinished messages over the bounds */
     uint64_t refused_conns;    /* server: connections refused over max_connections */
     uint64_t accept_failed;    /* server: accepts that failed (fd limit) */
-} ecx_ctrl_stats;
+} ecxi_ctrl_stats;
 
 /* Split "HOST:PORT" / "[V6]:PORT" into host (no brackets) and port.
  * Returns 0 or ECX_EINVAL. host must hold at least 256 bytes. */
-int ecx_ctrl_parse_addr(const char *addr, char host[256], int *port);
+int ecxi_ctrl_parse_addr(const char *addr, char host[256], int *port);
 
 /* ---------- producer: ROUTER ---------- */
 
-typedef struct ecx_ctrl_server ecx_ctrl_server;
+typedef struct ecxi_ctrl_server ecxi_ctrl_server;
 
 /* One received request: the asker's identity and the payload, valid until
- * the next receive into the same msg or ecx_ctrl_msg_fini(). One msg is
+ * the next receive into the same msg or ecxi_ctrl_msg_fini(). One msg is
  * reused for every receive, so nothing is allocated per request. */
-typedef struct ecx_ctrl_msg {
+typedef struct ecxi_ctrl_msg {
     zmq_msg_t parts[3];
     const void *identity;
     size_t identity_len;
     const void *payload;
     size_t payload_len;
-} ecx_ctrl_msg;
+} ecxi_ctrl_msg;
 
 /* Bind a ROUTER on host:port (port 0 picks a free one). With
  * opts->curve_allow, the context's ZAP endpoint is bound too: one such
  * server per ZeroMQ context (ECX_ESYS otherwise). Bad keys: ECX_EINVAL. */
-int ecx_ctrl_server_new(void *zctx, const char *host, int port, const ecx_ctrl_opts *opts,
-                        ecx_ctrl_server **out);
-void ecx_ctrl_server_free(ecx_ctrl_server *s);
+int ecxi_ctrl_server_new(void *zctx, const char *host, int port, const ecxi_ctrl_opts *opts,
+                        ecxi_ctrl_server **out);
+void ecxi_ctrl_server_free(ecxi_ctrl_server *s);
 /* The port actually bound. */
-int ecx_ctrl_server_port(const ecx_ctrl_server *s);
+int ecxi_ctrl_server_port(const ecxi_ctrl_server *s);
 /* Receive one well-framed request without blocking: 1 got one, 0 none
  * waiting. Badly framed messages are drained, counted and skipped. Pending
  * ZAP requests are answered first. */
-int ecx_ctrl_server_recv(ecx_ctrl_server *s, ecx_ctrl_msg *m);
-void ecx_ctrl_msg_init(ecx_ctrl_msg *m);
-void ecx_ctrl_msg_fini(ecx_ctrl_msg *m);
+int ecxi_ctrl_server_recv(ecxi_ctrl_server *s, ecxi_ctrl_msg *m);
+void ecxi_ctrl_msg_init(ecxi_ctrl_msg *m);
+void ecxi_ctrl_msg_fini(ecxi_ctrl_msg *m);
 /* Reply [identity, "", payload]. Never blocks; 0 or ECX_ESYS (counted). */
-int ecx_ctrl_server_send(ecx_ctrl_server *s, const void *identity, size_t identity_len,
+int ecxi_ctrl_server_send(ecxi_ctrl_server *s, const void *identity, size_t identity_len,
                          const void *payload, size_t len);
-void *ecx_ctrl_server_socket(const ecx_ctrl_server *s); /* for zmq_poll */
+void *ecxi_ctrl_server_socket(const ecxi_ctrl_server *s); /* for zmq_poll */
 /* The ZAP handler's socket, for zmq_poll beside the ROUTER; NULL if none. */
-void *ecx_ctrl_server_zap_socket(const ecx_ctrl_server *s);
+void *ecxi_ctrl_server_zap_socket(const ecxi_ctrl_server *s);
 /* Answer pending ZAP requests; returns how many were answered. */
-int ecx_ctrl_server_serve_zap(ecx_ctrl_server *s);
-ecx_ctrl_stats ecx_ctrl_server_stats(const ecx_ctrl_server *s);
+int ecxi_ctrl_server_serve_zap(ecxi_ctrl_server *s);
+ecxi_ctrl_stats ecxi_ctrl_server_stats(const ecxi_ctrl_server *s);
 
 /* ---------- consumer: DEALER to one producer ---------- */
 
-typedef struct ecx_ctrl_peer ecx_ctrl_peer;
+typedef struct ecxi_ctrl_peer ecxi_ctrl_peer;
 
 /* Bad CURVE keys in opts: ECX_EINVAL. */
-int ecx_ctrl_peer_new(void *zctx, const char *host, int port, const ecx_ctrl_opts *opts,
-                      ecx_ctrl_peer **out);
-void ecx_ctrl_peer_free(ecx_ctrl_peer *p);
+int ecxi_ctrl_peer_new(void *zctx, const char *host, int port, const ecxi_ctrl_opts *opts,
+                      ecxi_ctrl_peer **out);
+void ecxi_ctrl_peer_free(ecxi_ctrl_peer *p);
 /* Send ["", payload] without blocking: 0, or ECX_ESYS if it cannot be queued. */
-int ecx_ctrl_peer_send(ecx_ctrl_peer *p, const void *payload, size_t len);
+int ecxi_ctrl_peer_send(ecxi_ctrl_peer *p, const void *payload, size_t len);
 /* Receive one ["", payload] reply without blocking: 1 got one (view valid
- * until the next call or ecx_ctrl_peer_free), 0 none waiting. */
-int ecx_ctrl_peer_recv(ecx_ctrl_peer *p, const void **payload, size_t *len);
+ * until the next call or ecxi_ctrl_peer_free), 0 none waiting. */
+int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len);
 /* True once the connection to the producer was lost (disconnect seen by the
  * monitor after a completed handshake, which includes a heartbeat
  * timeout). A connection refused in its handshake is not lost: the
  * request just goes unanswered. Sticky. */
-bool ecx_ctrl_peer_lost(ecx_ctrl_peer *p);
-void *ecx_ctrl_peer_socket(const ecx_ctrl_peer *p); /* for zmq_poll */
-ecx_ctrl_stats ecx_ctrl_peer_stats(const ecx_ctrl_peer *p);
+bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p);
+void *ecxi_ctrl_peer_socket(const ecxi_ctrl_peer *p); /* for zmq_poll */
+ecxi_ctrl_stats ecxi_ctrl_peer_stats(const ecxi_ctrl_peer *p);
 
 #endif

@@ -169,7 +169,7 @@ static long finish(wbuf *w)
     return (long)w->len;
 }
 
-long ecx_data_meta_encode(const ecx_data_meta *m, uint8_t *buf, size_t cap)
+long ecxi_data_meta_encode(const ecxi_data_meta *m, uint8_t *buf, size_t cap)
 {
     if (!m || !buf) return ECX_EINVAL;
     if (m->has_shm && (m->path_len == 0 || m->path_len > ECX_DATA_PATH_MAX || m->sock_len == 0 ||
@@ -211,7 +211,7 @@ long ecx_data_meta_encode(const ecx_data_meta *m, uint8_t *buf, size_t cap)
     return finish(&w);
 }
 
-long ecx_data_desc_encode(const ecx_data_desc *d, uint8_t *buf, size_t cap)
+long ecxi_data_desc_encode(const ecxi_data_desc *d, uint8_t *buf, size_t cap)
 {
     if (!d || !buf) return ECX_EINVAL;
     wbuf w = {buf, cap, 0, false};
@@ -243,7 +243,7 @@ static int check_head(const uint8_t *buf, size_t len, const char *magic, size_t 
 }
 
 /* A tcp section's body into m (family, port, a unicast address). */
-static int tcp_section(const uint8_t *b, size_t slen, ecx_data_meta *m)
+static int tcp_section(const uint8_t *b, size_t slen, ecxi_data_meta *m)
 {
     if (m->has_tcp || slen < 3) return ECX_EDATA_META;
     uint8_t fam = b[0];
@@ -264,7 +264,7 @@ static int tcp_section(const uint8_t *b, size_t slen, ecx_data_meta *m)
     return 0;
 }
 
-int ecx_data_meta_decode(const uint8_t *buf, size_t len, ecx_data_meta *m)
+int ecxi_data_meta_decode(const uint8_t *buf, size_t len, ecxi_data_meta *m)
 {
     if (!m) return ECX_EINVAL;
     memset(m, 0, sizeof *m);
@@ -316,7 +316,7 @@ int ecx_data_meta_decode(const uint8_t *buf, size_t len, ecx_data_meta *m)
     return 0;
 }
 
-int ecx_data_desc_decode(const uint8_t *buf, size_t len, ecx_data_desc *d)
+int ecxi_data_desc_decode(const uint8_t *buf, size_t len, ecxi_data_desc *d)
 {
     if (!d) return ECX_EINVAL;
     memset(d, 0, sizeof *d);
@@ -355,7 +355,7 @@ int ecx_data_desc_decode(const uint8_t *buf, size_t len, ecx_data_desc *d)
     return 0;
 }
 
-int ecx_data_boot_id(uint8_t out[16])
+int ecxi_data_boot_id(uint8_t out[16])
 {
     int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return ECX_ESYS;
@@ -367,11 +367,11 @@ int ecx_data_boot_id(uint8_t out[16])
     size_t k = 0;
     for (ssize_t i = 0; i < 36 && k < 32; i++)
         if (txt[i] != '-') hex[k++] = txt[i];
-    if (k != 32 || ecx_hex_decode(hex, 32, out) != 16) return ECX_ESYS;
+    if (k != 32 || ecxi_hex_decode(hex, 32, out) != 16) return ECX_ESYS;
     return 0;
 }
 
-int ecx_data_bind_addr(const char *host, struct sockaddr_storage *bind,
+int ecxi_data_bind_addr(const char *host, struct sockaddr_storage *bind,
                        struct sockaddr_storage *publish, bool *any)
 {
     memset(bind, 0, sizeof *bind);
@@ -397,7 +397,7 @@ int ecx_data_bind_addr(const char *host, struct sockaddr_storage *bind,
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
     int e = getaddrinfo(host, NULL, &hints, &res);
     if (e != 0) {
-        ecx_log(ECX_LOG_WARN, "data: cannot resolve %s: %s", host, gai_strerror(e));
+        ecxi_log(ECX_LOG_WARN, "data: cannot resolve %s: %s", host, gai_strerror(e));
         return ECX_EINVAL;
     }
     int rc = ECX_EINVAL;
@@ -414,7 +414,7 @@ int ecx_data_bind_addr(const char *host, struct sockaddr_storage *bind,
 
 /* ---- peer head ------------------------------------------------------- */
 
-int ecx_data_peer_head_init(ecx_data_peer *p, const ecx_data_desc *desc, const uint8_t *meta,
+int ecxi_data_peer_head_init(ecxi_data_peer *p, const ecxi_data_desc *desc, const uint8_t *meta,
                             size_t meta_len)
 {
     p->num_blocks = desc->num_blocks;
@@ -426,7 +426,7 @@ int ecx_data_peer_head_init(ecx_data_peer *p, const ecx_data_desc *desc, const u
     return 0;
 }
 
-void ecx_data_peer_head_fini(ecx_data_peer *p)
+void ecxi_data_peer_head_fini(ecxi_data_peer *p)
 {
     free(p->meta);
     p->meta = NULL;
@@ -438,24 +438,24 @@ void ecx_data_peer_head_fini(ecx_data_peer *p)
 enum { IN_SHM, IN_TCP, IN_UCX, IN_N };
 
 typedef struct auto_data {
-    ecx_data base;
-    ecx_data *in[IN_N]; /* any may be NULL */
+    ecxi_data base;
+    ecxi_data *in[IN_N]; /* any may be NULL */
     int epfd;           /* joins the inner descriptors */
 } auto_data;
 
-static const struct ecx_data_ops auto_ops;
+static const struct ecxi_data_ops auto_ops;
 
-static void auto_join_fd(auto_data *a, ecx_data *inner)
+static void auto_join_fd(auto_data *a, ecxi_data *inner)
 {
     if (!inner || a->epfd < 0) return;
     int fd = inner->ops->fd(inner);
     if (fd < 0) return;
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
     if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, fd, &ev) != 0 && errno != EEXIST)
-        ecx_log(ECX_LOG_WARN, "data: epoll_ctl: %s", strerror(errno));
+        ecxi_log(ECX_LOG_WARN, "data: epoll_ctl: %s", strerror(errno));
 }
 
-static void auto_free(ecx_data *d)
+static void auto_free(ecxi_data *d)
 {
     auto_data *a = (auto_data *)d;
     for (int i = 0; i < IN_N; i++)
@@ -464,7 +464,7 @@ static void auto_free(ecx_data *d)
     free(a);
 }
 
-static int auto_progress(ecx_data *d)
+static int auto_progress(ecxi_data *d)
 {
     auto_data *a = (auto_data *)d;
     int n = 0, rc;
@@ -476,12 +476,12 @@ static int auto_progress(ecx_data *d)
     return n;
 }
 
-static int auto_fd(ecx_data *d)
+static int auto_fd(ecxi_data *d)
 {
     return ((auto_data *)d)->epfd;
 }
 
-static int auto_arm(ecx_data *d)
+static int auto_arm(ecxi_data *d)
 {
     auto_data *a = (auto_data *)d;
     int rc;
@@ -490,7 +490,7 @@ static int auto_arm(ecx_data *d)
     return 0;
 }
 
-static int auto_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
+static int auto_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
 {
     auto_data *a = (auto_data *)d;
     int n = 0, rc;
@@ -506,22 +506,22 @@ static int auto_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
  * producer publishes it, else UCX. The tcp and UCX contexts are created
  * on first need (a consumer that only ever talks to local producers never
  * starts UCX). Peers returned are the inner backend's own. */
-static int auto_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
-                         ecx_data_peer **out)
+static int auto_peer_add(ecxi_data *d, const ecxi_data_meta *m, const ecxi_data_desc *desc,
+                         ecxi_data_peer **out)
 {
     auto_data *a = (auto_data *)d;
     int rc = ECX_EDATA_NOPATH;
     if (a->in[IN_SHM] && m->has_shm) {
         rc = a->in[IN_SHM]->ops->peer_add(a->in[IN_SHM], m, desc, out);
         if (rc == 0) return 0;
-        ecx_log(ECX_LOG_DEBUG, "data: same-host path not usable (%s); trying the network",
+        ecxi_log(ECX_LOG_DEBUG, "data: same-host path not usable (%s); trying the network",
                 ecx_strerror(rc));
     }
     int k = m->has_tcp ? IN_TCP : m->has_ucx ? IN_UCX : -1;
     if (k < 0) return rc;
     if (!a->in[k]) {
-        int r2 = k == IN_TCP ? ecx_data_tcp_new_consumer(d->region, &a->in[k])
-                             : ecx_data_ucx_new_consumer(d->region, &a->in[k]);
+        int r2 = k == IN_TCP ? ecxi_data_tcp_new_consumer(d->region, &a->in[k])
+                             : ecxi_data_ucx_new_consumer(d->region, &a->in[k]);
         if (r2) return r2;
         a->in[k]->role = ECX_DATA_CONSUMER;
         a->in[k]->region = d->region;
@@ -530,21 +530,21 @@ static int auto_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_des
     return a->in[k]->ops->peer_add(a->in[k], m, desc, out);
 }
 
-static void auto_set_grant_fn(ecx_data *d, ecx_data_grant_fn fn, void *arg)
+static void auto_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)
 {
     auto_data *a = (auto_data *)d;
     for (int i = 0; i < IN_N; i++)
-        if (a->in[i]) ecx_data_set_grant_fn(a->in[i], fn, arg);
+        if (a->in[i]) ecxi_data_set_grant_fn(a->in[i], fn, arg);
 }
 
-static void auto_stats(const ecx_data *d, ecx_data_stats *st)
+static void auto_stats(const ecxi_data *d, ecxi_data_stats *st)
 {
     const auto_data *a = (const auto_data *)d;
     for (int i = 0; i < IN_N; i++)
-        if (a->in[i]) ecx_data_get_stats(a->in[i], st);
+        if (a->in[i]) ecxi_data_get_stats(a->in[i], st);
 }
 
-static const struct ecx_data_ops auto_ops = {
+static const struct ecxi_data_ops auto_ops = {
     .name = "auto",
     .set_grant_fn = auto_set_grant_fn,
     .stats = auto_stats,
@@ -559,7 +559,7 @@ static const struct ecx_data_ops auto_ops = {
 
 /* ---- public calls ---------------------------------------------------- */
 
-int ecx_data_backend_parse(const char *s, int *out)
+int ecxi_data_backend_parse(const char *s, int *out)
 {
     if (!s || !out) return ECX_EINVAL;
     if (strcmp(s, "auto") == 0)
@@ -575,7 +575,7 @@ int ecx_data_backend_parse(const char *s, int *out)
     return 0;
 }
 
-const char *ecx_data_backend_name(int backend)
+const char *ecxi_data_backend_name(int backend)
 {
     switch (backend) {
     case ECX_DATA_AUTO: return "auto";
@@ -595,7 +595,7 @@ static int random_nonce(uint64_t *out)
     return n == (ssize_t)sizeof *out ? 0 : ECX_ESYS;
 }
 
-static int make_auto(ecx_region *r, int role, ecx_data *const in[IN_N], ecx_data **out)
+static int make_auto(ecxi_region *r, int role, ecxi_data *const in[IN_N], ecxi_data **out)
 {
     auto_data *a = calloc(1, sizeof *a);
     if (!a) return ECX_ENOMEM;
@@ -611,31 +611,31 @@ static int make_auto(ecx_region *r, int role, ecx_data *const in[IN_N], ecx_data
     return 0;
 }
 
-static void free_inner(ecx_data *const in[IN_N])
+static void free_inner(ecxi_data *const in[IN_N])
 {
     for (int i = 0; i < IN_N; i++)
         if (in[i]) in[i]->ops->free(in[i]);
 }
 
 /* Start inner context k for role; 0 or its error. */
-static int start_inner(int k, ecx_region *region, const ecx_data_opts *opts, int role,
-                       ecx_data_meta *m, ecx_data_desc *dd, ecx_data **out)
+static int start_inner(int k, ecxi_region *region, const ecxi_data_opts *opts, int role,
+                       ecxi_data_meta *m, ecxi_data_desc *dd, ecxi_data **out)
 {
     bool p = role == ECX_DATA_PRODUCER;
     switch (k) {
     case IN_SHM:
-        return p ? ecx_data_shm_new_producer(region, m, dd, out)
-                 : ecx_data_shm_new_consumer(region, out);
+        return p ? ecxi_data_shm_new_producer(region, m, dd, out)
+                 : ecxi_data_shm_new_consumer(region, out);
     case IN_TCP:
-        return p ? ecx_data_tcp_new_producer(region, opts, m, out)
-                 : ecx_data_tcp_new_consumer(region, out);
+        return p ? ecxi_data_tcp_new_producer(region, opts, m, out)
+                 : ecxi_data_tcp_new_consumer(region, out);
     default:
-        return p ? ecx_data_ucx_new_producer(region, opts, m, dd, out)
-                 : ecx_data_ucx_new_consumer(region, out);
+        return p ? ecxi_data_ucx_new_producer(region, opts, m, dd, out)
+                 : ecxi_data_ucx_new_consumer(region, out);
     }
 }
 
-static int new_ctx(ecx_region *region, const ecx_data_opts *opts, int role, ecx_data **out)
+static int new_ctx(ecxi_region *region, const ecxi_data_opts *opts, int role, ecxi_data **out)
 {
     if (!region || !out) return ECX_EINVAL;
     *out = NULL;
@@ -645,15 +645,15 @@ static int new_ctx(ecx_region *region, const ecx_data_opts *opts, int role, ecx_
     if (backend != ECX_DATA_AUTO && backend != ECX_DATA_SHM && backend != ECX_DATA_UCX &&
         backend != ECX_DATA_TCP)
         return ECX_EINVAL;
-    ecx_data_meta m = {0};
-    ecx_data_desc dd = {0};
-    ecx_data *in[IN_N] = {0};
+    ecxi_data_meta m = {0};
+    ecxi_data_desc dd = {0};
+    ecxi_data *in[IN_N] = {0};
     int rc = 0;
     if (role == ECX_DATA_PRODUCER) {
         if ((rc = random_nonce(&m.nonce))) return rc;
         dd.nonce = m.nonce;
-        dd.block_bytes = ecx_region_block_bytes(region);
-        dd.num_blocks = ecx_region_num_blocks(region);
+        dd.block_bytes = ecxi_region_block_bytes(region);
+        dd.num_blocks = ecxi_region_num_blocks(region);
     }
     /* What starts now: the one path asked for; for auto, the producer's
      * shm and tcp (UCX only when asked: its tcp transport is open to
@@ -671,7 +671,7 @@ static int new_ctx(ecx_region *region, const ecx_data_opts *opts, int role, ecx_
         int rk = start_inner(k, region, opts, role, &m, &dd, &in[k]);
         if (rk && backend != ECX_DATA_AUTO) return rk;
         if (rk) {
-            ecx_log(ECX_LOG_WARN, "data: %s path unavailable: %s", what[k], ecx_strerror(rk));
+            ecxi_log(ECX_LOG_WARN, "data: %s path unavailable: %s", what[k], ecx_strerror(rk));
             rc = rk;
             continue;
         }
@@ -680,7 +680,7 @@ static int new_ctx(ecx_region *region, const ecx_data_opts *opts, int role, ecx_
     }
     /* An auto consumer without shm still has the network, started later. */
     if (!started && !(backend == ECX_DATA_AUTO && role == ECX_DATA_CONSUMER)) return rc;
-    ecx_data *d = NULL;
+    ecxi_data *d = NULL;
     if (backend == ECX_DATA_AUTO) {
         rc = make_auto(region, role, in, &d);
         if (rc) {
@@ -692,10 +692,10 @@ static int new_ctx(ecx_region *region, const ecx_data_opts *opts, int role, ecx_
     }
     if (role == ECX_DATA_PRODUCER) {
         uint8_t mb[ECX_DATA_META_MAX], db[ECX_DATA_DESC_MAX];
-        long ml = ecx_data_meta_encode(&m, mb, sizeof mb);
-        long dl = ecx_data_desc_encode(&dd, db, sizeof db);
+        long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
+        long dl = ecxi_data_desc_encode(&dd, db, sizeof db);
         if (ml < 0 || dl < 0) {
-            ecx_log(ECX_LOG_ERROR, "data: metadata does not fit (%ld / %ld)", ml, dl);
+            ecxi_log(ECX_LOG_ERROR, "data: metadata does not fit (%ld / %ld)", ml, dl);
             d->ops->free(d);
             return ECX_ERANGE;
         }
@@ -711,34 +711,34 @@ static int new_ctx(ecx_region *region, const ecx_data_opts *opts, int role, ecx_
     return 0;
 }
 
-int ecx_data_new_producer(ecx_region *region, const ecx_data_opts *opts, ecx_data **out)
+int ecxi_data_new_producer(ecxi_region *region, const ecxi_data_opts *opts, ecxi_data **out)
 {
     return new_ctx(region, opts, ECX_DATA_PRODUCER, out);
 }
 
-int ecx_data_new_consumer(ecx_region *region, const ecx_data_opts *opts, ecx_data **out)
+int ecxi_data_new_consumer(ecxi_region *region, const ecxi_data_opts *opts, ecxi_data **out)
 {
     return new_ctx(region, opts, ECX_DATA_CONSUMER, out);
 }
 
-const uint8_t *ecx_data_agent_metadata(const ecx_data *d, size_t *len)
+const uint8_t *ecxi_data_agent_metadata(const ecxi_data *d, size_t *len)
 {
     if (len) *len = d ? d->meta_len : 0;
     return d ? d->meta : NULL;
 }
 
-long ecx_data_grant_descriptor(const ecx_data *d, const ecx_data_ticket *t, uint8_t *buf,
+long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, uint8_t *buf,
                                size_t cap)
 {
     if (!d || !t || !buf) return ECX_EINVAL;
     if (d->role != ECX_DATA_PRODUCER) return ECX_EDATA_ROLE;
-    ecx_data_desc dd = d->layout;
+    ecxi_data_desc dd = d->layout;
     dd.has_ticket = true;
     dd.ticket = *t;
-    return ecx_data_desc_encode(&dd, buf, cap);
+    return ecxi_data_desc_encode(&dd, buf, cap);
 }
 
-void ecx_data_set_grant_fn(ecx_data *d, ecx_data_grant_fn fn, void *arg)
+void ecxi_data_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)
 {
     if (!d) return;
     d->grant_fn = fn;
@@ -746,40 +746,40 @@ void ecx_data_set_grant_fn(ecx_data *d, ecx_data_grant_fn fn, void *arg)
     if (d->ops->set_grant_fn) d->ops->set_grant_fn(d, fn, arg);
 }
 
-int ecx_data_desc_ticket(const uint8_t *desc, size_t desc_len, ecx_data_ticket *t)
+int ecxi_data_desc_ticket(const uint8_t *desc, size_t desc_len, ecxi_data_ticket *t)
 {
-    ecx_data_desc dd;
-    int rc = ecx_data_desc_decode(desc, desc_len, &dd);
+    ecxi_data_desc dd;
+    int rc = ecxi_data_desc_decode(desc, desc_len, &dd);
     if (rc) return rc;
     if (!dd.has_ticket) return ECX_EDATA_DESC;
     if (t) *t = dd.ticket;
     return 0;
 }
 
-int ecx_data_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
+int ecxi_data_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
 {
     if (!d || !cb) return ECX_EINVAL;
     if (d->role != ECX_DATA_PRODUCER) return ECX_EDATA_ROLE;
     return d->ops->poll_notifs(d, cb, arg);
 }
 
-int ecx_data_peer_add(ecx_data *d, const uint8_t *meta, size_t meta_len, const uint8_t *desc,
-                      size_t desc_len, ecx_data_peer **out)
+int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len, const uint8_t *desc,
+                      size_t desc_len, ecxi_data_peer **out)
 {
     if (!d || !out) return ECX_EINVAL;
     *out = NULL;
     if (d->role != ECX_DATA_CONSUMER) return ECX_EDATA_ROLE;
-    ecx_data_meta m;
-    ecx_data_desc dd;
-    int rc = ecx_data_meta_decode(meta, meta_len, &m);
+    ecxi_data_meta m;
+    ecxi_data_desc dd;
+    int rc = ecxi_data_meta_decode(meta, meta_len, &m);
     if (rc) return rc;
-    if ((rc = ecx_data_desc_decode(desc, desc_len, &dd))) return rc;
-    if (m.nonce != dd.nonce || dd.block_bytes != ecx_region_block_bytes(d->region))
+    if ((rc = ecxi_data_desc_decode(desc, desc_len, &dd))) return rc;
+    if (m.nonce != dd.nonce || dd.block_bytes != ecxi_region_block_bytes(d->region))
         return ECX_EDATA_MISMATCH;
     rc = d->ops->peer_add(d, &m, &dd, out);
     if (rc == 0) {
-        ecx_data_peer *p = *out;
-        rc = ecx_data_peer_head_init(p, &dd, meta, meta_len);
+        ecxi_data_peer *p = *out;
+        rc = ecxi_data_peer_head_init(p, &dd, meta, meta_len);
         if (rc) {
             p->owner->ops->peer_drop(p);
             *out = NULL;
@@ -788,36 +788,36 @@ int ecx_data_peer_add(ecx_data *d, const uint8_t *meta, size_t meta_len, const u
     return rc;
 }
 
-bool ecx_data_peer_same(const ecx_data_peer *p, const uint8_t *meta, size_t meta_len)
+bool ecxi_data_peer_same(const ecxi_data_peer *p, const uint8_t *meta, size_t meta_len)
 {
     return p && meta && p->meta_len == meta_len && memcmp(p->meta, meta, meta_len) == 0;
 }
 
-const char *ecx_data_peer_backend(const ecx_data_peer *p)
+const char *ecxi_data_peer_backend(const ecxi_data_peer *p)
 {
     return p ? p->backend : "none";
 }
 
-void ecx_data_peer_drop(ecx_data_peer *p)
+void ecxi_data_peer_drop(ecxi_data_peer *p)
 {
     if (!p) return;
     /* The head's copies go first: the backend frees the peer itself. */
-    ecx_data_peer_head_fini(p);
+    ecxi_data_peer_head_fini(p);
     p->owner->ops->peer_drop(p);
 }
 
-int ecx_data_read_post(ecx_data_peer *p, const uint8_t *desc, size_t desc_len,
+int ecxi_data_read_post(ecxi_data_peer *p, const uint8_t *desc, size_t desc_len,
                        const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
-                       const char *key, size_t key_len, ecx_data_xfer **out)
+                       const char *key, size_t key_len, ecxi_data_xfer **out)
 {
     if (!p || !out || (n && (!remote || !local)) || (key_len && !key)) return ECX_EINVAL;
     *out = NULL;
-    ecx_data_desc dd;
-    int rc = ecx_data_desc_decode(desc, desc_len, &dd);
+    ecxi_data_desc dd;
+    int rc = ecxi_data_desc_decode(desc, desc_len, &dd);
     if (rc) return rc;
     if (!dd.has_ticket) return ECX_EDATA_DESC;
-    uint64_t lblocks = ecx_region_num_blocks(p->owner->region);
-    uint64_t bs = ecx_region_block_bytes(p->owner->region);
+    uint64_t lblocks = ecxi_region_num_blocks(p->owner->region);
+    uint64_t bs = ecxi_region_block_bytes(p->owner->region);
     if (dd.nonce != p->nonce || dd.num_blocks != p->num_blocks || dd.block_bytes != bs)
         return ECX_EDATA_MISMATCH;
     if (nbytes == 0) nbytes = dd.ticket.nbytes;
@@ -831,45 +831,45 @@ int ecx_data_read_post(ecx_data_peer *p, const uint8_t *desc, size_t desc_len,
     return p->owner->ops->read_post(p, &dd.ticket, remote, local, n, nbytes, key, key_len, out);
 }
 
-int ecx_data_read_poll(ecx_data_xfer *x)
+int ecxi_data_read_poll(ecxi_data_xfer *x)
 {
     if (!x) return ECX_EINVAL;
     return x->owner->ops->read_poll(x);
 }
 
-void ecx_data_read_release(ecx_data_xfer *x)
+void ecxi_data_read_release(ecxi_data_xfer *x)
 {
     if (x) x->owner->ops->read_release(x);
 }
 
-int ecx_data_progress(ecx_data *d)
+int ecxi_data_progress(ecxi_data *d)
 {
     if (!d) return ECX_EINVAL;
     return d->ops->progress(d);
 }
 
-int ecx_data_fd(ecx_data *d)
+int ecxi_data_fd(ecxi_data *d)
 {
     return d ? d->ops->fd(d) : -1;
 }
 
-int ecx_data_arm(ecx_data *d)
+int ecxi_data_arm(ecxi_data *d)
 {
     if (!d) return ECX_EINVAL;
     return d->ops->arm(d);
 }
 
-void ecx_data_get_stats(const ecx_data *d, ecx_data_stats *st)
+void ecxi_data_get_stats(const ecxi_data *d, ecxi_data_stats *st)
 {
     if (d && st && d->ops->stats) d->ops->stats(d, st);
 }
 
-const char *ecx_data_name(const ecx_data *d)
+const char *ecxi_data_name(const ecxi_data *d)
 {
     return d ? d->ops->name : "none";
 }
 
-void ecx_data_free(ecx_data *d)
+void ecxi_data_free(ecxi_data *d)
 {
     if (!d) return;
     free(d->meta);

@@ -12,7 +12,7 @@
  *
  * What a peer can do, and what it cannot (issue 9):
  *   - The producer decides what leaves it. Every backend asks the producer
- *     session (ecx_data_set_grant_fn) before a byte goes out: a READ is
+ *     session (ecxi_data_set_grant_fn) before a byte goes out: a READ is
  *     served only for a live grant whose key and token match, and only
  *     once. No rkey is published; no peer can read or write the producer's
  *     memory one-sidedly.
@@ -38,13 +38,13 @@
  *   fault tests only: wraps another context and injects failures
  *         (data_fault.h).
  *
- * No hidden threads: everything advances in ecx_data_progress() (and the
- * poll calls), which ecx_poll() calls. ecx_data_fd() is a descriptor that
+ * No hidden threads: everything advances in ecxi_data_progress() (and the
+ * poll calls), which ecx_poll() calls. ecxi_data_fd() is a descriptor that
  * becomes readable when there may be something to progress; call
- * ecx_data_arm() first and sleep on it only if that returns 0.
+ * ecxi_data_arm() first and sleep on it only if that returns 0.
  *
  * Formats (data.c, versioned, length-checked, a few hundred bytes at most
- * whatever the region size): see the comment above ecx_data_meta_encode().
+ * whatever the region size): see the comment above ecxi_data_meta_encode().
  * Everything that comes from a peer is validated; malformed input is an
  * ECX_EDATA_* code, never a crash.
  */
@@ -58,16 +58,16 @@
 #include "ecx.h"
 #include "region.h"
 
-typedef struct ecx_data ecx_data;
-typedef struct ecx_data_peer ecx_data_peer;
-typedef struct ecx_data_xfer ecx_data_xfer;
+typedef struct ecxi_data ecxi_data;
+typedef struct ecxi_data_peer ecxi_data_peer;
+typedef struct ecxi_data_xfer ecxi_data_xfer;
 
 /* Which path moves the bytes (`--data auto|shm|tcp|ucx`). */
-enum ecx_data_backend { ECX_DATA_AUTO = 0, ECX_DATA_SHM = 1, ECX_DATA_UCX = 2, ECX_DATA_TCP = 3 };
+enum ecxi_data_backend { ECX_DATA_AUTO = 0, ECX_DATA_SHM = 1, ECX_DATA_UCX = 2, ECX_DATA_TCP = 3 };
 
 /* State of a posted READ. CORRUPT: the bytes arrived but their checksum is
  * not the ticket's (the item must not become ready). */
-enum ecx_xfer_state {
+enum ecxi_xfer_state {
     ECX_XFER_RUNNING = 0,
     ECX_XFER_DONE = 1,
     ECX_XFER_FAILED = 2,
@@ -82,46 +82,46 @@ enum ecx_xfer_state {
 #define ECX_DATA_META_MAX 4096
 #define ECX_DATA_DESC_MAX 4096
 
-typedef struct ecx_data_opts {
-    int backend;           /* enum ecx_data_backend; 0 = auto */
+typedef struct ecxi_data_opts {
+    int backend;           /* enum ecxi_data_backend; 0 = auto */
     const char *bind_host; /* producer: the advertised host; listeners bind
                               to its interface only (NULL: any) */
-} ecx_data_opts;
+} ecxi_data_opts;
 
 /* One grant as the data plane carries it (inside the mem_descriptor). */
-typedef struct ecx_data_ticket {
+typedef struct ecxi_data_ticket {
     uint8_t token[ECX_DATA_TOKEN_LEN]; /* random per grant: its credential */
     uint64_t checksum;                 /* XXH3-64 of the item's bytes */
     uint64_t nbytes;                   /* the item's size */
     uint32_t lease_ms;                 /* the producer's pin lease */
-} ecx_data_ticket;
+} ecxi_data_ticket;
 
-/* Parse "auto" / "shm" / "tcp" / "ucx" into enum ecx_data_backend; ECX_EINVAL else. */
-int ecx_data_backend_parse(const char *s, int *out);
-const char *ecx_data_backend_name(int backend);
+/* Parse "auto" / "shm" / "tcp" / "ucx" into enum ecxi_data_backend; ECX_EINVAL else. */
+int ecxi_data_backend_parse(const char *s, int *out);
+const char *ecxi_data_backend_name(int backend);
 
 /* ---- producer ---------------------------------------------------------- */
 
 /* A producer context serving `region` (which must outlive it). opts may be
  * NULL (auto: publish both paths; if one cannot start it is left out with a
  * warning, and only if none starts is it an error). */
-int ecx_data_new_producer(ecx_region *region, const ecx_data_opts *opts, ecx_data **out);
+int ecxi_data_new_producer(ecxi_region *region, const ecxi_data_opts *opts, ecxi_data **out);
 
-/* The agent_metadata to put in every OK ack; valid until ecx_data_free(). */
-const uint8_t *ecx_data_agent_metadata(const ecx_data *d, size_t *len);
+/* The agent_metadata to put in every OK ack; valid until ecxi_data_free(). */
+const uint8_t *ecxi_data_agent_metadata(const ecxi_data *d, size_t *len);
 
 /* The mem_descriptor of one grant's ack into buf: the layout plus the
  * ticket. Returns its length, or ECX_ERANGE if cap is too small
  * (ECX_DATA_DESC_MAX always suffices). */
-long ecx_data_grant_descriptor(const ecx_data *d, const ecx_data_ticket *t, uint8_t *buf,
+long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, uint8_t *buf,
                                size_t cap);
 
 /* A grant as a producer backend needs it to serve the bytes. */
-typedef struct ecx_data_grant {
+typedef struct ecxi_data_grant {
     const uint64_t *blocks; /* producer block indices, in item order */
     size_t n;
     uint64_t nbytes; /* the bytes run through blocks in order */
-} ecx_data_grant;
+} ecxi_data_grant;
 
 /* Flag for the grant check: mark the grant served (a second claim fails). */
 #define ECX_DATA_GRANT_CLAIM 1
@@ -131,48 +131,48 @@ typedef struct ecx_data_grant {
  * (and, with ECX_DATA_GRANT_CLAIM, not claimed before: it is now);
  * ECX_EDATA_GRANT otherwise. g->blocks stays valid until the grant is
  * released. Backends call it only from progress / poll_notifs. */
-typedef int (*ecx_data_grant_fn)(void *arg, const char *key, size_t key_len,
+typedef int (*ecxi_data_grant_fn)(void *arg, const char *key, size_t key_len,
                                  const uint8_t token[ECX_DATA_TOKEN_LEN], int flags,
-                                 ecx_data_grant *g);
+                                 ecxi_data_grant *g);
 
 /* Install the grant check (without one, nothing is ever served). */
-void ecx_data_set_grant_fn(ecx_data *d, ecx_data_grant_fn fn, void *arg);
+void ecxi_data_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg);
 
 /* Called once per completion: key is NUL-terminated (key_len excludes it);
  * status 0: the grant's transfer is complete (the consumer said so, or the
  * producer's own send finished); negative: the producer's send failed. The
  * token is the one the completion presented: the session must check it. */
-typedef void (*ecx_data_notif_cb)(void *arg, const char *key, size_t key_len,
+typedef void (*ecxi_data_notif_cb)(void *arg, const char *key, size_t key_len,
                                   const uint8_t token[ECX_DATA_TOKEN_LEN], int status);
 
 /* Progress, then hand every completion since the last call to cb. Returns
  * how many were delivered, or a negative error. */
-int ecx_data_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg);
+int ecxi_data_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg);
 
 /* ---- consumer ---------------------------------------------------------- */
 
 /* A consumer context reading into `region` (which must outlive it). */
-int ecx_data_new_consumer(ecx_region *region, const ecx_data_opts *opts, ecx_data **out);
+int ecxi_data_new_consumer(ecxi_region *region, const ecxi_data_opts *opts, ecxi_data **out);
 
 /* Register the producer that sent these bytes (an ack's agent_metadata and
  * mem_descriptor). Errors: ECX_EDATA_META / ECX_EDATA_DESC (malformed),
  * ECX_EDATA_VERSION, ECX_EDATA_MISMATCH (descriptor of another producer,
  * or block sizes differ), ECX_EDATA_NOPATH (no enabled backend reaches
  * it), ECX_EDATA_UCX. */
-int ecx_data_peer_add(ecx_data *d, const uint8_t *meta, size_t meta_len, const uint8_t *desc,
-                      size_t desc_len, ecx_data_peer **out);
+int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len, const uint8_t *desc,
+                      size_t desc_len, ecxi_data_peer **out);
 
 /* True if the peer was registered from exactly this agent_metadata (an
  * ack whose metadata differs means the producer restarted: drop and add
  * again). */
-bool ecx_data_peer_same(const ecx_data_peer *p, const uint8_t *meta, size_t meta_len);
+bool ecxi_data_peer_same(const ecxi_data_peer *p, const uint8_t *meta, size_t meta_len);
 
 /* Name of the path the peer uses ("shm" / "tcp" / "ucx"). */
-const char *ecx_data_peer_backend(const ecx_data_peer *p);
+const char *ecxi_data_peer_backend(const ecxi_data_peer *p);
 
 /* Drop a registration. READs still running on it are failed (their xfers
  * stay valid until released). NULL is a no-op. */
-void ecx_data_peer_drop(ecx_data_peer *p);
+void ecxi_data_peer_drop(ecxi_data_peer *p);
 
 /* Post a READ of the grant in desc (this ack's mem_descriptor): the
  * peer's blocks remote[i] into our blocks local[i], i < n. key is the
@@ -186,53 +186,53 @@ void ecx_data_peer_drop(ecx_data_peer *p);
  * n * block_bytes]), ECX_EDATA_INDEX (an index beyond either side's block
  * count), ECX_EDATA_NOTIF (key empty or too long), ECX_EDATA_PEER (peer
  * broken), ECX_ENOMEM, ECX_EDATA_UCX. */
-int ecx_data_read_post(ecx_data_peer *p, const uint8_t *desc, size_t desc_len,
+int ecxi_data_read_post(ecxi_data_peer *p, const uint8_t *desc, size_t desc_len,
                        const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
-                       const char *key, size_t key_len, ecx_data_xfer **out);
+                       const char *key, size_t key_len, ecxi_data_xfer **out);
 
 /* The ticket of a mem_descriptor (for the consumer session: the lease). */
-int ecx_data_desc_ticket(const uint8_t *desc, size_t desc_len, ecx_data_ticket *t);
+int ecxi_data_desc_ticket(const uint8_t *desc, size_t desc_len, ecxi_data_ticket *t);
 
-/* enum ecx_xfer_state. Cheap; call ecx_data_progress() to move things on. */
-int ecx_data_read_poll(ecx_data_xfer *x);
+/* enum ecxi_xfer_state. Cheap; call ecxi_data_progress() to move things on. */
+int ecxi_data_read_poll(ecxi_data_xfer *x);
 
 /* Give the xfer back. A READ still running is cancelled; its memory may be
  * written until the backend confirms (at the latest when its peer is
  * dropped). NULL is a no-op. */
-void ecx_data_read_release(ecx_data_xfer *x);
+void ecxi_data_read_release(ecxi_data_xfer *x);
 
 /* ---- both -------------------------------------------------------------- */
 
 /* Advance everything; returns how many events it handled (>= 0) or a
  * negative error. Never blocks. */
-int ecx_data_progress(ecx_data *d);
+int ecxi_data_progress(ecxi_data *d);
 
 /* A descriptor that becomes readable when progress may have work, or -1
  * if the context has none (then poll it on a timer). */
-int ecx_data_fd(ecx_data *d);
+int ecxi_data_fd(ecxi_data *d);
 
-/* Prepare to sleep on ecx_data_fd(): 0 = safe to sleep, 1 = work is
+/* Prepare to sleep on ecxi_data_fd(): 0 = safe to sleep, 1 = work is
  * already pending (progress again first), negative = error. */
-int ecx_data_arm(ecx_data *d);
+int ecxi_data_arm(ecxi_data *d);
 
 /* What peers made a producer's data plane refuse or cut off, per path
- * (indexed by enum ecx_data_backend; [ECX_DATA_AUTO] is unused). The grant
+ * (indexed by enum ecxi_data_backend; [ECX_DATA_AUTO] is unused). The grant
  * refusals themselves are the producer session's (refused_reads). */
-typedef struct ecx_data_counts {
+typedef struct ecxi_data_counts {
     uint64_t conns_refused;    /* connections refused at a bound, or of another uid */
     uint64_t conns_dropped;    /* connections closed for garbage, silence or a stalled send */
     uint64_t requests_dropped; /* malformed requests, or past a queue bound */
-} ecx_data_counts;
-typedef struct ecx_data_stats {
-    ecx_data_counts path[4];
-} ecx_data_stats;
+} ecxi_data_counts;
+typedef struct ecxi_data_stats {
+    ecxi_data_counts path[4];
+} ecxi_data_stats;
 
 /* Add the context's counters (every path it runs) to *st. */
-void ecx_data_get_stats(const ecx_data *d, ecx_data_stats *st);
+void ecxi_data_get_stats(const ecxi_data *d, ecxi_data_stats *st);
 
 /* Backend actually in use: "auto", "shm", "tcp", "ucx", "fault". */
-const char *ecx_data_name(const ecx_data *d);
+const char *ecxi_data_name(const ecxi_data *d);
 
-void ecx_data_free(ecx_data *d);
+void ecxi_data_free(ecxi_data *d);
 
 #endif

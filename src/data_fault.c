@@ -10,21 +10,21 @@
 #include "data_impl.h"
 
 typedef struct fault_data {
-    ecx_data base;
-    ecx_data *inner;
+    ecxi_data base;
+    ecxi_data *inner;
     int kind, skip, count;
     unsigned posts, hits;
-    unsigned epoch; /* bumped by every ecx_data_fault_set(): ends DELAY holds */
+    unsigned epoch; /* bumped by every ecxi_data_fault_set(): ends DELAY holds */
 } fault_data;
 
 typedef struct fault_peer {
-    ecx_data_peer head;
-    ecx_data_peer *inner;
+    ecxi_data_peer head;
+    ecxi_data_peer *inner;
 } fault_peer;
 
 typedef struct fault_xfer {
-    ecx_data_xfer head;
-    ecx_data_xfer *inner; /* NULL when the fault replaced the READ */
+    ecxi_data_xfer head;
+    ecxi_data_xfer *inner; /* NULL when the fault replaced the READ */
     int kind, state;
     unsigned epoch; /* DELAY: held while the wrapper's epoch is this */
     bool corrupted;
@@ -33,9 +33,9 @@ typedef struct fault_xfer {
     uint64_t local[]; /* CORRUPT: where the bytes went, to check them again */
 } fault_xfer;
 
-static const struct ecx_data_ops fault_ops;
+static const struct ecxi_data_ops fault_ops;
 
-int ecx_data_fault_wrap(ecx_data *inner, ecx_data **out)
+int ecxi_data_fault_wrap(ecxi_data *inner, ecxi_data **out)
 {
     if (!inner || !out) return ECX_EINVAL;
     fault_data *f = calloc(1, sizeof *f);
@@ -53,7 +53,7 @@ int ecx_data_fault_wrap(ecx_data *inner, ecx_data **out)
     return 0;
 }
 
-int ecx_data_fault_set(ecx_data *d, int kind, int skip, int count)
+int ecxi_data_fault_set(ecxi_data *d, int kind, int skip, int count)
 {
     if (!d || d->ops != &fault_ops || kind < ECX_FAULT_NONE || kind > ECX_FAULT_DELAY || skip < 0)
         return ECX_EINVAL;
@@ -64,44 +64,44 @@ int ecx_data_fault_set(ecx_data *d, int kind, int skip, int count)
     return 0;
 }
 
-unsigned ecx_data_fault_hits(const ecx_data *d)
+unsigned ecxi_data_fault_hits(const ecxi_data *d)
 {
     return d && d->ops == &fault_ops ? ((const fault_data *)d)->hits : 0;
 }
 
-static void fault_free(ecx_data *d)
+static void fault_free(ecxi_data *d)
 {
     fault_data *f = (fault_data *)d;
     f->inner->ops->free(f->inner);
     free(f);
 }
 
-static int fault_progress(ecx_data *d)
+static int fault_progress(ecxi_data *d)
 {
     fault_data *f = (fault_data *)d;
     return f->inner->ops->progress(f->inner);
 }
 
-static int fault_fd(ecx_data *d)
+static int fault_fd(ecxi_data *d)
 {
     fault_data *f = (fault_data *)d;
     return f->inner->ops->fd(f->inner);
 }
 
-static int fault_arm(ecx_data *d)
+static int fault_arm(ecxi_data *d)
 {
     fault_data *f = (fault_data *)d;
     return f->inner->ops->arm(f->inner);
 }
 
-static int fault_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
+static int fault_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
 {
     fault_data *f = (fault_data *)d;
     return f->inner->ops->poll_notifs(f->inner, cb, arg);
 }
 
-static int fault_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
-                          ecx_data_peer **out)
+static int fault_peer_add(ecxi_data *d, const ecxi_data_meta *m, const ecxi_data_desc *desc,
+                          ecxi_data_peer **out)
 {
     fault_data *f = (fault_data *)d;
     fault_peer *p = calloc(1, sizeof *p);
@@ -117,26 +117,26 @@ static int fault_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_de
     return 0;
 }
 
-static void fault_peer_drop(ecx_data_peer *hp)
+static void fault_peer_drop(ecxi_data_peer *hp)
 {
     fault_peer *p = (fault_peer *)hp;
     p->inner->owner->ops->peer_drop(p->inner);
     free(p);
 }
 
-static void fault_set_grant_fn(ecx_data *d, ecx_data_grant_fn fn, void *arg)
+static void fault_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)
 {
-    ecx_data_set_grant_fn(((fault_data *)d)->inner, fn, arg);
+    ecxi_data_set_grant_fn(((fault_data *)d)->inner, fn, arg);
 }
 
-static void fault_stats(const ecx_data *d, ecx_data_stats *st)
+static void fault_stats(const ecxi_data *d, ecxi_data_stats *st)
 {
-    ecx_data_get_stats(((const fault_data *)d)->inner, st);
+    ecxi_data_get_stats(((const fault_data *)d)->inner, st);
 }
 
-static int fault_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint64_t *remote,
+static int fault_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *remote,
                            const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                           size_t key_len, ecx_data_xfer **out)
+                           size_t key_len, ecxi_data_xfer **out)
 {
     fault_peer *p = (fault_peer *)hp;
     fault_data *f = (fault_data *)hp->owner;
@@ -173,7 +173,7 @@ static int fault_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const ui
     return 0;
 }
 
-static int fault_read_poll(ecx_data_xfer *hx)
+static int fault_read_poll(ecxi_data_xfer *hx)
 {
     fault_xfer *x = (fault_xfer *)hx;
     if (!x->inner) return x->state;
@@ -183,25 +183,25 @@ static int fault_read_poll(ecx_data_xfer *hx)
     if (st == ECX_XFER_DONE && x->kind == ECX_FAULT_CORRUPT) {
         /* A byte changed after the copy: the check is run again on what
          * is there now, as the backend ran it on what it wrote. */
-        ecx_region *r = hx->owner->region;
-        uint8_t *base = ecx_region_base(r);
-        uint64_t bs = ecx_region_block_bytes(r);
+        ecxi_region *r = hx->owner->region;
+        uint8_t *base = ecxi_region_base(r);
+        uint64_t bs = ecxi_region_block_bytes(r);
         if (!x->corrupted) base[x->local[0] * bs] ^= 0xff;
         x->corrupted = true;
-        if (ecx_checksum_blocks(base, bs, x->local, x->n, x->nbytes) != x->checksum)
+        if (ecxi_checksum_blocks(base, bs, x->local, x->n, x->nbytes) != x->checksum)
             st = ECX_XFER_CORRUPT;
     }
     return st;
 }
 
-static void fault_read_release(ecx_data_xfer *hx)
+static void fault_read_release(ecxi_data_xfer *hx)
 {
     fault_xfer *x = (fault_xfer *)hx;
     if (x->inner) x->inner->owner->ops->read_release(x->inner);
     free(x);
 }
 
-static const struct ecx_data_ops fault_ops = {
+static const struct ecxi_data_ops fault_ops = {
     .name = "fault",
     .free = fault_free,
     .progress = fault_progress,

@@ -6,12 +6,12 @@
  *
  * Faults apply to posts counted on the wrapper: after `skip` posts, the
  * next `count` posts (count < 0: all of them) get the fault.
- *   POST_FAIL  ecx_data_read_post() returns ECX_EDATA_FAULT
+ *   POST_FAIL  ecxi_data_read_post() returns ECX_EDATA_FAULT
  *   READ_FAIL  the post succeeds, moves nothing, and polls FAILED
  *   HANG       the post succeeds, moves nothing, and polls RUNNING forever
  *              (the quarantine path); release works as for any xfer
  *   DELAY      the real READ runs, but its end is held back (it polls
- *              RUNNING) until ecx_data_fault_set() is called again: a
+ *              RUNNING) until ecxi_data_fault_set() is called again: a
  *              READ that finishes late, as in a consumer stopped mid-read
  *   CORRUPT    the real READ runs; when it is done, the first byte of the
  *              first local block is flipped and the checksum is checked
@@ -23,7 +23,7 @@
 
 #include "data.h"
 
-enum ecx_data_fault_kind {
+enum ecxi_data_fault_kind {
     ECX_FAULT_NONE = 0,
     ECX_FAULT_POST_FAIL = 1,
     ECX_FAULT_READ_FAIL = 2,
@@ -32,13 +32,13 @@ enum ecx_data_fault_kind {
     ECX_FAULT_DELAY = 5,
 };
 
-/* Wrap inner (taking ownership: ecx_data_free(*out) frees it). */
-int ecx_data_fault_wrap(ecx_data *inner, ecx_data **out);
+/* Wrap inner (taking ownership: ecxi_data_free(*out) frees it). */
+int ecxi_data_fault_wrap(ecxi_data *inner, ecxi_data **out);
 
 /* Arm a fault; ECX_EINVAL if d is not a fault wrapper or kind unknown. */
-int ecx_data_fault_set(ecx_data *d, int kind, int skip, int count);
+int ecxi_data_fault_set(ecxi_data *d, int kind, int skip, int count);
 
 /* How many posts got a fault so far. */
-unsigned ecx_data_fault_hits(const ecx_data *d);
+unsigned ecxi_data_fault_hits(const ecxi_data *d);
 
 #endif

@@ -5,7 +5,7 @@
  * agent_metadata and mem_descriptor with their codec, and the run
  * coalescing both real backends use.
  *
- * Dispatch: every ecx_data, ecx_data_peer and ecx_data_xfer starts with
+ * Dispatch: every ecxi_data, ecxi_data_peer and ecxi_data_xfer starts with
  * the head below; the public calls in data.c follow x->owner->ops. A
  * wrapper (auto, fault) may hand out its inner backend's peers and xfers
  * or its own, as it likes: each object names its real owner.
@@ -15,10 +15,10 @@
 
 #include "data.h"
 
-enum ecx_data_role { ECX_DATA_PRODUCER = 1, ECX_DATA_CONSUMER = 2 };
+enum ecxi_data_role { ECX_DATA_PRODUCER = 1, ECX_DATA_CONSUMER = 2 };
 
 /* agent_metadata, parsed. Pointers are views into the bytes parsed. */
-typedef struct ecx_data_meta {
+typedef struct ecxi_data_meta {
     uint64_t nonce; /* random per producer context; ties meta and desc */
     bool has_shm;
     uint8_t boot_id[16];
@@ -34,16 +34,16 @@ typedef struct ecx_data_meta {
     uint8_t tcp_family;   /* 4 or 6 */
     uint16_t tcp_port;    /* host order, never 0 */
     uint8_t tcp_addr[16]; /* network order: 4 or 16 bytes, a unicast address */
-} ecx_data_meta;
+} ecxi_data_meta;
 
 /* mem_descriptor, parsed. */
-typedef struct ecx_data_desc {
+typedef struct ecxi_data_desc {
     uint64_t nonce;
     uint64_t block_bytes;
     uint64_t num_blocks;
     bool has_ticket; /* the grant this descriptor came with */
-    ecx_data_ticket ticket;
-} ecx_data_desc;
+    ecxi_data_ticket ticket;
+} ecxi_data_desc;
 
 #define ECX_DATA_PATH_MAX 1024
 #define ECX_DATA_SOCK_MAX 100
@@ -51,68 +51,68 @@ typedef struct ecx_data_desc {
 
 /* Encode into buf (cap bytes); returns the length or a negative error
  * (ECX_ERANGE if it does not fit). */
-long ecx_data_meta_encode(const ecx_data_meta *m, uint8_t *buf, size_t cap);
-long ecx_data_desc_encode(const ecx_data_desc *d, uint8_t *buf, size_t cap);
+long ecxi_data_meta_encode(const ecxi_data_meta *m, uint8_t *buf, size_t cap);
+long ecxi_data_desc_encode(const ecxi_data_desc *d, uint8_t *buf, size_t cap);
 /* Strict parse; ECX_EDATA_META / ECX_EDATA_DESC / ECX_EDATA_VERSION. */
-int ecx_data_meta_decode(const uint8_t *buf, size_t len, ecx_data_meta *m);
-int ecx_data_desc_decode(const uint8_t *buf, size_t len, ecx_data_desc *d);
+int ecxi_data_meta_decode(const uint8_t *buf, size_t len, ecxi_data_meta *m);
+int ecxi_data_desc_decode(const uint8_t *buf, size_t len, ecxi_data_desc *d);
 
-struct ecx_data_ops {
+struct ecxi_data_ops {
     const char *name;
-    void (*free)(ecx_data *d);
-    int (*progress)(ecx_data *d);
-    int (*fd)(ecx_data *d);
-    int (*arm)(ecx_data *d);
+    void (*free)(ecxi_data *d);
+    int (*progress)(ecxi_data *d);
+    int (*fd)(ecxi_data *d);
+    int (*arm)(ecxi_data *d);
     /* producer */
-    int (*poll_notifs)(ecx_data *d, ecx_data_notif_cb cb, void *arg);
+    int (*poll_notifs)(ecxi_data *d, ecxi_data_notif_cb cb, void *arg);
     /* optional: a wrapper passes the grant check on to what it wraps */
-    void (*set_grant_fn)(ecx_data *d, ecx_data_grant_fn fn, void *arg);
+    void (*set_grant_fn)(ecxi_data *d, ecxi_data_grant_fn fn, void *arg);
     /* optional: add the backend's counters to *st (data.h) */
-    void (*stats)(const ecx_data *d, ecx_data_stats *st);
+    void (*stats)(const ecxi_data *d, ecxi_data_stats *st);
     /* consumer: meta and desc are already parsed, validated, and agree
      * (same nonce, same block size as the local region). */
-    int (*peer_add)(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
-                    ecx_data_peer **out);
-    void (*peer_drop)(ecx_data_peer *p);
+    int (*peer_add)(ecxi_data *d, const ecxi_data_meta *m, const ecxi_data_desc *desc,
+                    ecxi_data_peer **out);
+    void (*peer_drop)(ecxi_data_peer *p);
     /* The ticket comes from a descriptor of this peer's producer, with
      * t->nbytes == nbytes; indices are already checked against both block
      * counts, n > 0, nbytes is in ((n-1) * block_bytes, n * block_bytes]
      * and 0 < key_len <= ECX_DATA_NOTIF_MAX. Before reporting DONE the
      * backend checks what it wrote against t->checksum (CORRUPT if not). */
-    int (*read_post)(ecx_data_peer *p, const ecx_data_ticket *t, const uint64_t *remote,
+    int (*read_post)(ecxi_data_peer *p, const ecxi_data_ticket *t, const uint64_t *remote,
                      const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                     size_t key_len, ecx_data_xfer **out);
-    int (*read_poll)(ecx_data_xfer *x);
-    void (*read_release)(ecx_data_xfer *x);
+                     size_t key_len, ecxi_data_xfer **out);
+    int (*read_poll)(ecxi_data_xfer *x);
+    void (*read_release)(ecxi_data_xfer *x);
 };
 
 /* Head of every context. The front (data.c) fills role, region, the
  * published metadata and the grant check; backends fill ops. */
-struct ecx_data {
-    const struct ecx_data_ops *ops;
+struct ecxi_data {
+    const struct ecxi_data_ops *ops;
     int role;
-    ecx_region *region;
+    ecxi_region *region;
     uint8_t *meta; /* producer: published agent_metadata (malloc'd) */
     size_t meta_len;
-    ecx_data_desc layout; /* producer: every grant's descriptor, less the ticket
+    ecxi_data_desc layout; /* producer: every grant's descriptor, less the ticket
                              (its pointers are into the backend) */
-    ecx_data_grant_fn grant_fn; /* producer: the session's grant check */
+    ecxi_data_grant_fn grant_fn; /* producer: the session's grant check */
     void *grant_arg;
 };
 
 /* Ask the producer session whether a grant may be served (a backend's
  * only way to decide what leaves the producer). */
-static inline int ecx_data_grant_check(ecx_data *d, const char *key, size_t key_len,
+static inline int ecxi_data_grant_check(ecxi_data *d, const char *key, size_t key_len,
                                        const uint8_t token[ECX_DATA_TOKEN_LEN], int flags,
-                                       ecx_data_grant *g)
+                                       ecxi_data_grant *g)
 {
     if (!d->grant_fn || key_len == 0 || key_len > ECX_DATA_NOTIF_MAX) return ECX_EDATA_GRANT;
     return d->grant_fn(d->grant_arg, key, key_len, token, flags, g);
 }
 
 /* Head of every peer: its owner, and what it was registered from. */
-struct ecx_data_peer {
-    ecx_data *owner;
+struct ecxi_data_peer {
+    ecxi_data *owner;
     const char *backend;  /* "shm" / "tcp" / "ucx" */
     uint64_t num_blocks;  /* of the remote region */
     uint64_t nonce;       /* of the producer context */
@@ -121,18 +121,18 @@ struct ecx_data_peer {
 };
 
 /* Head of every xfer. */
-struct ecx_data_xfer {
-    ecx_data *owner;
+struct ecxi_data_xfer {
+    ecxi_data *owner;
 };
 
 /* Fill the peer head (copies the meta bytes); ECX_ENOMEM. */
-int ecx_data_peer_head_init(ecx_data_peer *p, const ecx_data_desc *desc, const uint8_t *meta,
+int ecxi_data_peer_head_init(ecxi_data_peer *p, const ecxi_data_desc *desc, const uint8_t *meta,
                             size_t meta_len);
-void ecx_data_peer_head_fini(ecx_data_peer *p);
+void ecxi_data_peer_head_fini(ecxi_data_peer *p);
 
 /* Length of the run of consecutive block pairs starting at i: the largest
  * k with remote[i+j] == remote[i]+j and local[i+j] == local[i]+j, j < k. */
-static inline size_t ecx_data_run_len(const uint64_t *remote, const uint64_t *local, size_t i,
+static inline size_t ecxi_data_run_len(const uint64_t *remote, const uint64_t *local, size_t i,
                                       size_t n)
 {
     size_t k = 1;
@@ -142,25 +142,25 @@ static inline size_t ecx_data_run_len(const uint64_t *remote, const uint64_t *lo
 }
 
 /* The bytes of /proc/sys/kernel/random/boot_id as 16 raw bytes. */
-int ecx_data_boot_id(uint8_t out[16]);
+int ecxi_data_boot_id(uint8_t out[16]);
 
 /* Backend constructors (data_shm.c, data_tcp.c, data_ucx.c). The producer ones fill
  * their part of *m and *dd; pointers they set stay valid until free. */
-int ecx_data_shm_new_producer(ecx_region *r, ecx_data_meta *m, ecx_data_desc *dd, ecx_data **out);
-int ecx_data_shm_new_consumer(ecx_region *r, ecx_data **out);
-int ecx_data_ucx_new_producer(ecx_region *r, const ecx_data_opts *opts, ecx_data_meta *m,
-                              ecx_data_desc *dd, ecx_data **out);
-int ecx_data_ucx_new_consumer(ecx_region *r, ecx_data **out);
-int ecx_data_tcp_new_producer(ecx_region *r, const ecx_data_opts *opts, ecx_data_meta *m,
-                              ecx_data **out);
-int ecx_data_tcp_new_consumer(ecx_region *r, ecx_data **out);
+int ecxi_data_shm_new_producer(ecxi_region *r, ecxi_data_meta *m, ecxi_data_desc *dd, ecxi_data **out);
+int ecxi_data_shm_new_consumer(ecxi_region *r, ecxi_data **out);
+int ecxi_data_ucx_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data_meta *m,
+                              ecxi_data_desc *dd, ecxi_data **out);
+int ecxi_data_ucx_new_consumer(ecxi_region *r, ecxi_data **out);
+int ecxi_data_tcp_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data_meta *m,
+                              ecxi_data **out);
+int ecxi_data_tcp_new_consumer(ecxi_region *r, ecxi_data **out);
 
 struct sockaddr_storage;
 /* The address a producer listens on for opts->bind_host (port 0): NULL,
  * "", "*", "0.0.0.0" and "::" mean any (then *any is set and *publish is
  * the first non-loopback IPv4 interface's address, else 127.0.0.1); else
  * the host resolved, in both. 0 or ECX_EINVAL. */
-int ecx_data_bind_addr(const char *host, struct sockaddr_storage *bind,
+int ecxi_data_bind_addr(const char *host, struct sockaddr_storage *bind,
                        struct sockaddr_storage *publish, bool *any);
 
 #endif

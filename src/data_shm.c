@@ -57,12 +57,12 @@
  *   bytes under a matching checksum (XXH3 is not a MAC).
  *
  * Handshake without blocking: a READ posted before the descriptor arrived
- * waits (RUNNING) on the peer while ecx_data_progress() collects the
+ * waits (RUNNING) on the peer while ecxi_data_progress() collects the
  * answer from the socket, which is in the context's epoll set; the
  * producer answers from its own poll loop, so a blocking wait in the
  * consumer's engine thread could last as long as the producer's step. If
  * no answer comes within SHM_HANDSHAKE_MS the waiting READs fail. Once
- * the descriptor is there, a READ is done when ecx_data_read_post()
+ * the descriptor is there, a READ is done when ecxi_data_read_post()
  * returns (the copy is synchronous: tens of milliseconds at most for the
  * largest encodings).
  *
@@ -108,13 +108,13 @@
 typedef struct shm_peer shm_peer;
 
 typedef struct shm_xfer {
-    ecx_data_xfer head;
+    ecxi_data_xfer head;
     struct shm_xfer *next; /* free list, a peer's waiting list, or the pending list */
     shm_peer *peer;        /* while waiting or pending */
     int state;
     bool released, waiting, pending;
     int64_t give_up_ms;
-    ecx_data_ticket t;
+    ecxi_data_ticket t;
     uint64_t *idx; /* while waiting: remote[n] then local[n] */
     size_t n;
     uint64_t nbytes;
@@ -130,7 +130,7 @@ enum peer_state {
 };
 
 struct shm_peer {
-    ecx_data_peer head;
+    ecxi_data_peer head;
     shm_peer *next; /* the context's peers */
     int state;
     int sock;
@@ -141,7 +141,7 @@ struct shm_peer {
     char sock_name[ECX_DATA_SOCK_MAX];
     size_t sock_len;
     uint64_t dev, ino, map_len;
-    ecx_shm_src src; /* fd -1, map NULL until READY */
+    ecxi_shm_src src; /* fd -1, map NULL until READY */
 };
 
 typedef struct conn {
@@ -152,7 +152,7 @@ typedef struct conn {
 } conn;
 
 typedef struct shm_data {
-    ecx_data base;
+    ecxi_data base;
     uint8_t boot_id[16];
     int epfd;
     /* producer */
@@ -168,7 +168,7 @@ typedef struct shm_data {
     shm_xfer *pending; /* done messages waiting for room */
 } shm_data;
 
-static const struct ecx_data_ops shm_ops;
+static const struct ecxi_data_ops shm_ops;
 
 static socklen_t abstract_addr(struct sockaddr_un *sa, const char *name, size_t len)
 {
@@ -188,7 +188,7 @@ static shm_data *shm_alloc(void)
     s->uid = geteuid();
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0) {
-        ecx_log(ECX_LOG_WARN, "data shm: epoll_create1: %s", strerror(errno));
+        ecxi_log(ECX_LOG_WARN, "data shm: epoll_create1: %s", strerror(errno));
         free(s);
         return NULL;
     }
@@ -199,28 +199,28 @@ static int watch(shm_data *s, int op, int fd, uint32_t events, void *ptr)
 {
     struct epoll_event ev = {.events = events, .data.ptr = ptr};
     if (epoll_ctl(s->epfd, op, fd, &ev) == 0) return 0;
-    ecx_log(ECX_LOG_WARN, "data shm: epoll_ctl: %s", strerror(errno));
+    ecxi_log(ECX_LOG_WARN, "data shm: epoll_ctl: %s", strerror(errno));
     return ECX_ESYS;
 }
 
 /* ---- producer ---------------------------------------------------------- */
 
-int ecx_data_shm_new_producer(ecx_region *r, ecx_data_meta *m, ecx_data_desc *dd, ecx_data **out)
+int ecxi_data_shm_new_producer(ecxi_region *r, ecxi_data_meta *m, ecxi_data_desc *dd, ecxi_data **out)
 {
     (void)dd;
-    const char *path = ecx_region_path(r);
+    const char *path = ecxi_region_path(r);
     if (!path || path[0] != '/' || strlen(path) > ECX_DATA_PATH_MAX) return ECX_EINVAL;
     shm_data *s = shm_alloc();
     if (!s) return ECX_ESYS;
-    int rc = ecx_data_boot_id(s->boot_id);
+    int rc = ecxi_data_boot_id(s->boot_id);
     if (rc) goto fail;
     /* The descriptor we hand out: read-only, of our own file. */
     struct stat st;
     s->region_fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (s->region_fd < 0 || fstat(s->region_fd, &st) != 0) goto sysfail;
     if (!S_ISREG(st.st_mode) || st.st_uid != s->uid ||
-        (uint64_t)st.st_size != ecx_region_size(r)) {
-        ecx_log(ECX_LOG_WARN, "data shm: %s is not this region's file", path);
+        (uint64_t)st.st_size != ecxi_region_size(r)) {
+        ecxi_log(ECX_LOG_WARN, "data shm: %s is not this region's file", path);
         rc = ECX_EREGION_BADFILE;
         goto fail;
     }
@@ -244,7 +244,7 @@ int ecx_data_shm_new_producer(ecx_region *r, ecx_data_meta *m, ecx_data_desc *dd
     *out = &s->base;
     return 0;
 sysfail:
-    ecx_log(ECX_LOG_WARN, "data shm: %s", strerror(errno));
+    ecxi_log(ECX_LOG_WARN, "data shm: %s", strerror(errno));
     rc = ECX_ESYS;
 fail:
     if (s->lsock >= 0) close(s->lsock);
@@ -329,7 +329,7 @@ static int send_reply(int fd, char type, int pass_fd)
 }
 
 /* Handle what one connection sent; close it on hang-up, refusal or a bad packet. */
-static void conn_service(shm_data *s, conn *c, ecx_data_notif_cb cb, void *arg, int *count)
+static void conn_service(shm_data *s, conn *c, ecxi_data_notif_cb cb, void *arg, int *count)
 {
     uint8_t b[SHM_MSG_MAX + 1];
     for (int i = 0; i < SHM_RECV_BATCH; i++) {
@@ -355,8 +355,8 @@ static void conn_service(shm_data *s, conn *c, ecx_data_notif_cb cb, void *arg, 
             (*count)++;
             continue;
         }
-        ecx_data_grant g;
-        if (ecx_data_grant_check(&s->base, key, key_len, token, 0, &g) != 0) {
+        ecxi_data_grant g;
+        if (ecxi_data_grant_check(&s->base, key, key_len, token, 0, &g) != 0) {
             s->refused_grant++;
             ECX_LOG_RATELIMITED(ECX_LOG_WARN,
                                 "data shm: refused a connection that holds no live grant; "
@@ -375,11 +375,11 @@ static void conn_service(shm_data *s, conn *c, ecx_data_notif_cb cb, void *arg, 
     conn_close(s, c);
 }
 
-static int shm_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
+static int shm_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
 {
     shm_data *s = (shm_data *)d;
     if (s->lsock < 0) return 0;
-    int64_t now = ecx_now_ms(NULL);
+    int64_t now = ecxi_now_ms(NULL);
     for (conn *c = s->conns, *nx; c; c = nx) {
         nx = c->next;
         if (!c->served && now >= c->hello_by_ms) {
@@ -406,18 +406,18 @@ static int shm_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
 
 /* ---- consumer ---------------------------------------------------------- */
 
-int ecx_data_shm_new_consumer(ecx_region *r, ecx_data **out)
+int ecxi_data_shm_new_consumer(ecxi_region *r, ecxi_data **out)
 {
     (void)r;
     shm_data *s = shm_alloc();
     if (!s) return ECX_ESYS;
-    int rc = ecx_data_boot_id(s->boot_id);
+    int rc = ecxi_data_boot_id(s->boot_id);
     if (rc) {
         close(s->epfd);
         free(s);
         return rc;
     }
-    (void)ecx_shm_copy_init(); /* without the guard, copies use pread */
+    (void)ecxi_shm_copy_init(); /* without the guard, copies use pread */
     *out = &s->base;
     return 0;
 }
@@ -489,7 +489,7 @@ static void peer_reset(shm_data *s, shm_peer *p)
     p->watch_out = false;
     if (p->src.map) munmap((void *)p->src.map, p->src.map_len);
     if (p->src.fd >= 0) close(p->src.fd);
-    p->src = (ecx_shm_src){.fd = -1};
+    p->src = (ecxi_shm_src){.fd = -1};
     p->state = PEER_IDLE;
 }
 
@@ -504,9 +504,9 @@ static int peer_connect(shm_data *s, shm_peer *p)
     socklen_t cl = sizeof cr;
     int rc = ECX_EDATA_NOPATH;
     if (connect(fd, (struct sockaddr *)&sa, sl) != 0) {
-        ecx_log(ECX_LOG_DEBUG, "data shm: producer socket unreachable: %s", strerror(errno));
+        ecxi_log(ECX_LOG_DEBUG, "data shm: producer socket unreachable: %s", strerror(errno));
     } else if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cr.uid != s->uid) {
-        ecx_log(ECX_LOG_DEBUG, "data shm: producer runs as another uid; not using this path");
+        ecxi_log(ECX_LOG_DEBUG, "data shm: producer runs as another uid; not using this path");
     } else if ((rc = watch(s, EPOLL_CTL_ADD, fd, EPOLLIN, p)) == 0) {
         p->sock = fd;
         p->state = PEER_CONNECTED;
@@ -516,8 +516,8 @@ static int peer_connect(shm_data *s, shm_peer *p)
     return rc;
 }
 
-static int shm_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
-                        ecx_data_peer **out)
+static int shm_peer_add(ecxi_data *d, const ecxi_data_meta *m, const ecxi_data_desc *desc,
+                        ecxi_data_peer **out)
 {
     shm_data *s = (shm_data *)d;
     if (!m->has_shm || memcmp(m->boot_id, s->boot_id, 16) != 0) return ECX_EDATA_NOPATH;
@@ -543,7 +543,7 @@ static int shm_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc
     return 0;
 }
 
-static void shm_peer_drop(ecx_data_peer *hp)
+static void shm_peer_drop(ecxi_data_peer *hp)
 {
     shm_peer *p = (shm_peer *)hp;
     shm_data *s = (shm_data *)hp->owner;
@@ -560,9 +560,9 @@ static void shm_peer_drop(ecx_data_peer *hp)
 static void run_xfer(shm_data *s, shm_peer *p, shm_xfer *x, const uint64_t *remote,
                      const uint64_t *local)
 {
-    const uint64_t bs = ecx_region_block_bytes(s->base.region);
+    const uint64_t bs = ecxi_region_block_bytes(s->base.region);
     uint64_t sum = 0;
-    int rc = ecx_shm_copy(&p->src, ecx_region_base(s->base.region), bs, remote, local, x->n,
+    int rc = ecxi_shm_copy(&p->src, ecxi_region_base(s->base.region), bs, remote, local, x->n,
                           x->nbytes, ECX_SHM_COPY_AUTO, &sum);
     if (rc)
         x->state = ECX_XFER_FAILED;
@@ -575,7 +575,7 @@ static void run_xfer(shm_data *s, shm_peer *p, shm_xfer *x, const uint64_t *remo
     if (done_send(p, x->msg, x->msg_len) == 1) {
         x->peer = p;
         x->pending = true;
-        x->give_up_ms = ecx_now_ms(NULL) + SHM_NOTIF_RETRY_MS;
+        x->give_up_ms = ecxi_now_ms(NULL) + SHM_NOTIF_RETRY_MS;
         x->next = s->pending;
         s->pending = x;
         if (p->npending++ == 0) peer_watch_out(s, p, true);
@@ -610,7 +610,7 @@ static int take_region(shm_peer *p, int fd)
         close(fd);
         return ECX_ESYS;
     }
-    p->src = (ecx_shm_src){.fd = fd, .map = map, .map_len = p->map_len};
+    p->src = (ecxi_shm_src){.fd = fd, .map = map, .map_len = p->map_len};
     return 0;
 }
 
@@ -664,7 +664,7 @@ static void peer_input(shm_data *s, shm_peer *p)
     p->wait_tail = NULL;
 }
 
-static int shm_progress(ecx_data *d)
+static int shm_progress(ecxi_data *d)
 {
     shm_data *s = (shm_data *)d;
     if (s->base.role == ECX_DATA_PRODUCER) return 0; /* all in poll_notifs */
@@ -678,7 +678,7 @@ static int shm_progress(ecx_data *d)
             done++;
         }
     }
-    int64_t now = (s->pending || s->peers) ? ecx_now_ms(NULL) : 0;
+    int64_t now = (s->pending || s->peers) ? ecxi_now_ms(NULL) : 0;
     for (shm_peer *p = s->peers; p; p = p->next)
         if (p->state == PEER_HELLO && now >= p->hello_by_ms) {
             ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: the producer did not answer in %d ms",
@@ -702,9 +702,9 @@ static int shm_progress(ecx_data *d)
     return done;
 }
 
-static int shm_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint64_t *remote,
+static int shm_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *remote,
                          const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                         size_t key_len, ecx_data_xfer **out)
+                         size_t key_len, ecxi_data_xfer **out)
 {
     shm_peer *p = (shm_peer *)hp;
     shm_data *s = (shm_data *)hp->owner;
@@ -752,7 +752,7 @@ static int shm_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint
             continue;
         }
         p->state = PEER_HELLO;
-        p->hello_by_ms = ecx_now_ms(NULL) + SHM_HANDSHAKE_MS;
+        p->hello_by_ms = ecxi_now_ms(NULL) + SHM_HANDSHAKE_MS;
     }
     x->waiting = true;
     x->peer = p;
@@ -769,12 +769,12 @@ fail:
     return rc;
 }
 
-static int shm_read_poll(ecx_data_xfer *hx)
+static int shm_read_poll(ecxi_data_xfer *hx)
 {
     return ((shm_xfer *)hx)->state;
 }
 
-static void shm_read_release(ecx_data_xfer *hx)
+static void shm_read_release(ecxi_data_xfer *hx)
 {
     shm_xfer *x = (shm_xfer *)hx;
     shm_data *s = (shm_data *)hx->owner;
@@ -797,18 +797,18 @@ static void shm_read_release(ecx_data_xfer *hx)
     if (!x->pending) xfer_put(s, x);
 }
 
-static int shm_fd(ecx_data *d)
+static int shm_fd(ecxi_data *d)
 {
     return ((shm_data *)d)->epfd;
 }
 
-static int shm_arm(ecx_data *d)
+static int shm_arm(ecxi_data *d)
 {
     (void)d;
     return 0;
 }
 
-static void shm_free(ecx_data *d)
+static void shm_free(ecxi_data *d)
 {
     shm_data *s = (shm_data *)d;
     /* Peers are dropped by the caller first; their xfers may remain. */
@@ -826,15 +826,15 @@ static void shm_free(ecx_data *d)
     free(s);
 }
 
-static void shm_stats(const ecx_data *d, ecx_data_stats *st)
+static void shm_stats(const ecxi_data *d, ecxi_data_stats *st)
 {
     const shm_data *s = (const shm_data *)d;
-    ecx_data_counts *c = &st->path[ECX_DATA_SHM];
+    ecxi_data_counts *c = &st->path[ECX_DATA_SHM];
     c->conns_refused += s->refused_uid + s->refused_full;
     c->conns_dropped += s->bad_msgs + s->hello_timeouts;
 }
 
-static const struct ecx_data_ops shm_ops = {
+static const struct ecxi_data_ops shm_ops = {
     .name = "shm",
     .stats = shm_stats,
     .free = shm_free,

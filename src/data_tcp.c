@@ -3,7 +3,7 @@
  * (issue 9): plain TCP sockets, no third-party wire protocol. The producer
  * owns a listener and its connections; the consumer owns one connection
  * per producer. Everything runs from progress / poll_notifs (no threads);
- * ecx_data_fd() is an epoll descriptor over the sockets (level-triggered).
+ * ecxi_data_fd() is an epoll descriptor over the sockets (level-triggered).
  *
  * Protocol (little-endian), on a connection from consumer to producer:
  *   request   u8 version=1 | u8 type='G' | u64 xfer id | 16B token |
@@ -15,7 +15,7 @@
  * it reads the next request only once the previous reply is wholly handed
  * to the kernel (what a consumer sends ahead waits in the kernel's buffer,
  * charged to it, and at most TCP_IN_MAX bytes in ours). For each request
- * it asks the producer session (ecx_data_grant_check with
+ * it asks the producer session (ecxi_data_grant_check with
  * ECX_DATA_GRANT_CLAIM): a live, unclaimed grant with exactly that key and
  * token is served straight from the region's mapping (sendmsg over the
  * grant's block runs, nbytes in all; no copy), anything else is refused.
@@ -144,7 +144,7 @@ struct tcp_conn {
 };
 
 typedef struct tcp_xfer {
-    ecx_data_xfer head;
+    ecxi_data_xfer head;
     struct tcp_xfer *next; /* the peer's queue, oldest first */
     tcp_peer *peer;        /* NULL once off the queue */
     int state;
@@ -157,7 +157,7 @@ typedef struct tcp_xfer {
 
 /* The consumer's side of one producer. */
 struct tcp_peer {
-    ecx_data_peer head;
+    ecxi_data_peer head;
     tcp_peer *next;
     int fd; /* -1: not connected (the next READ connects) */
     struct sockaddr_storage addr;
@@ -174,11 +174,11 @@ struct tcp_peer {
     uint64_t got;
     size_t run_i;
     uint64_t run_off;
-    ecx_sum sum;
+    ecxi_sum sum;
 };
 
 typedef struct tcp_data {
-    ecx_data base;
+    ecxi_data base;
     int epfd;
     int lfd; /* producer: listener */
     tcp_counters c;
@@ -192,7 +192,7 @@ typedef struct tcp_data {
     uint8_t scratch[TCP_SCRATCH];
 } tcp_data;
 
-static const struct ecx_data_ops tcp_ops;
+static const struct ecxi_data_ops tcp_ops;
 static char listener_tag; /* epoll data of the listener */
 
 static void put64(uint8_t *p, uint64_t v)
@@ -339,7 +339,7 @@ static int accept_conns(tcp_data *t, int64_t now)
  * is sent, 1 when the socket is full, negative on error. */
 static int conn_flush(tcp_data *t, tcp_conn *c, int64_t now)
 {
-    uint8_t *base = ecx_region_base(t->base.region);
+    uint8_t *base = ecxi_region_base(t->base.region);
     for (;;) {
         struct iovec iov[TCP_IOV + 1];
         int k = 0;
@@ -378,8 +378,8 @@ static int conn_flush(tcp_data *t, tcp_conn *c, int64_t now)
 static void conn_answer(tcp_data *t, tcp_conn *c, uint64_t id, const uint8_t *token,
                         const char *key, size_t key_len)
 {
-    ecx_data_grant g;
-    int rc = ecx_data_grant_check(&t->base, key, key_len, token, ECX_DATA_GRANT_CLAIM, &g);
+    ecxi_data_grant g;
+    int rc = ecxi_data_grant_check(&t->base, key, key_len, token, ECX_DATA_GRANT_CLAIM, &g);
     put64(c->hdr, id);
     c->hdr_off = 0;
     c->hdr_len = TCP_REP_HEAD;
@@ -394,8 +394,8 @@ static void conn_answer(tcp_data *t, tcp_conn *c, uint64_t id, const uint8_t *to
     }
     /* The grant is claimed: whatever happens now, the session hears of it. */
     tnotif *n = malloc(sizeof *n);
-    uint64_t bs = ecx_region_block_bytes(t->base.region);
-    uint64_t nb = ecx_region_num_blocks(t->base.region);
+    uint64_t bs = ecxi_region_block_bytes(t->base.region);
+    uint64_t nb = ecxi_region_num_blocks(t->base.region);
     bool sane = g.n > 0 && g.nbytes > (g.n - 1) * bs && g.nbytes <= g.n * bs;
     for (size_t i = 0; sane && i < g.n; i++)
         sane = g.blocks[i] < nb;
@@ -407,7 +407,7 @@ static void conn_answer(tcp_data *t, tcp_conn *c, uint64_t id, const uint8_t *to
         n->status = 0;
     }
     if (!n || !sane || make_runs(g.blocks, g.n, bs, g.nbytes, &c->runs, &c->nruns) != 0) {
-        if (!sane) ecx_log(ECX_LOG_ERROR, "data tcp: the session granted blocks out of range");
+        if (!sane) ecxi_log(ECX_LOG_ERROR, "data tcp: the session granted blocks out of range");
         if (n) {
             n->status = sane ? ECX_ENOMEM : ECX_EDATA_INDEX;
             queue_notif(t, n);
@@ -532,7 +532,7 @@ static void sweep_conns(tcp_data *t, int64_t now)
 static int producer_progress(tcp_data *t)
 {
     struct epoll_event ev[TCP_EVENTS];
-    int64_t now = ecx_now_ms(NULL);
+    int64_t now = ecxi_now_ms(NULL);
     int k = epoll_wait(t->epfd, ev, TCP_EVENTS, 0), n = 0;
     for (int i = 0; i < k; i++) {
         if (ev[i].data.ptr == &listener_tag) {
@@ -550,11 +550,11 @@ static int producer_progress(tcp_data *t)
     return n;
 }
 
-static int listen_on(tcp_data *t, const ecx_data_opts *opts, ecx_data_meta *m)
+static int listen_on(tcp_data *t, const ecxi_data_opts *opts, ecxi_data_meta *m)
 {
     struct sockaddr_storage bind_ss, pub;
     bool any;
-    int rc = ecx_data_bind_addr(opts ? opts->bind_host : NULL, &bind_ss, &pub, &any);
+    int rc = ecxi_data_bind_addr(opts ? opts->bind_host : NULL, &bind_ss, &pub, &any);
     if (rc) return rc;
     socklen_t sl = bind_ss.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6)
                                                  : sizeof(struct sockaddr_in);
@@ -563,7 +563,7 @@ static int listen_on(tcp_data *t, const ecx_data_opts *opts, ecx_data_meta *m)
     int one = 1;
     setsockopt(t->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(t->lfd, (struct sockaddr *)&bind_ss, sl) != 0 || listen(t->lfd, TCP_BACKLOG) != 0) {
-        ecx_log(ECX_LOG_WARN, "data tcp: cannot listen: %s", strerror(errno));
+        ecxi_log(ECX_LOG_WARN, "data tcp: cannot listen: %s", strerror(errno));
         return ECX_ESYS;
     }
     struct sockaddr_storage got;
@@ -582,7 +582,7 @@ static int listen_on(tcp_data *t, const ecx_data_opts *opts, ecx_data_meta *m)
     struct epoll_event e = {.events = EPOLLIN, .data.ptr = &listener_tag};
     if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->lfd, &e) != 0) return ECX_ESYS;
     if (any)
-        ecx_log(ECX_LOG_INFO, "data tcp: listening on every interface (no advertised host)");
+        ecxi_log(ECX_LOG_INFO, "data tcp: listening on every interface (no advertised host)");
     return 0;
 }
 
@@ -644,7 +644,7 @@ static int peer_connect(tcp_data *t, tcp_peer *p)
                                                                            : ECX_EDATA_PEER;
     }
     p->events = 0;
-    p->last_ms = ecx_now_ms(NULL);
+    p->last_ms = ecxi_now_ms(NULL);
     peer_events(t, p);
     return 0;
 }
@@ -683,7 +683,7 @@ static int reply_head(tcp_peer *p)
     p->got = 0;
     p->run_i = 0;
     p->run_off = 0;
-    ecx_sum_reset(&p->sum);
+    ecxi_sum_reset(&p->sum);
     return 1;
 }
 
@@ -699,7 +699,7 @@ static int recv_body(tcp_data *t, tcp_peer *p)
         dst = t->scratch;
         room = x->nbytes - p->got < TCP_SCRATCH ? x->nbytes - p->got : TCP_SCRATCH;
     } else {
-        dst = (uint8_t *)ecx_region_base(t->base.region) + x->runs[p->run_i].off + p->run_off;
+        dst = (uint8_t *)ecxi_region_base(t->base.region) + x->runs[p->run_i].off + p->run_off;
         room = x->runs[p->run_i].len - p->run_off;
         if (room > TCP_RECV_CHUNK) room = TCP_RECV_CHUNK;
     }
@@ -708,7 +708,7 @@ static int recv_body(tcp_data *t, tcp_peer *p)
     if (r < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 1 : -1;
     p->got += (uint64_t)r;
     if (!x->released) {
-        ecx_sum_update(&p->sum, dst, (size_t)r);
+        ecxi_sum_update(&p->sum, dst, (size_t)r);
         p->run_off += (uint64_t)r;
         if (p->run_off == x->runs[p->run_i].len) p->run_i++, p->run_off = 0;
     }
@@ -717,7 +717,7 @@ static int recv_body(tcp_data *t, tcp_peer *p)
         if (!p->q) p->q_tail = &p->q;
         p->in_body = false;
         p->rh_len = 0;
-        xfer_end(x, ecx_sum_digest(&p->sum) == x->checksum ? ECX_XFER_DONE : ECX_XFER_CORRUPT);
+        xfer_end(x, ecxi_sum_digest(&p->sum) == x->checksum ? ECX_XFER_DONE : ECX_XFER_CORRUPT);
     }
     return 0;
 }
@@ -789,7 +789,7 @@ static void sweep_peers(tcp_data *t, int64_t now)
 static int consumer_progress(tcp_data *t)
 {
     struct epoll_event ev[TCP_EVENTS];
-    int64_t now = ecx_now_ms(NULL);
+    int64_t now = ecxi_now_ms(NULL);
     int k = epoll_wait(t->epfd, ev, TCP_EVENTS, 0), n = 0;
     for (int i = 0; i < k; i++) {
         tcp_peer *p = ev[i].data.ptr;
@@ -808,8 +808,8 @@ static int consumer_progress(tcp_data *t)
     return n;
 }
 
-static int tcp_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
-                        ecx_data_peer **out)
+static int tcp_peer_add(ecxi_data *d, const ecxi_data_meta *m, const ecxi_data_desc *desc,
+                        ecxi_data_peer **out)
 {
     (void)desc;
     tcp_data *t = (tcp_data *)d;
@@ -843,7 +843,7 @@ static int tcp_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc
     return 0;
 }
 
-static void tcp_peer_drop(ecx_data_peer *hp)
+static void tcp_peer_drop(ecxi_data_peer *hp)
 {
     tcp_peer *p = (tcp_peer *)hp;
     tcp_data *t = (tcp_data *)hp->owner;
@@ -857,9 +857,9 @@ static void tcp_peer_drop(ecx_data_peer *hp)
     free(p);
 }
 
-static int tcp_read_post(ecx_data_peer *hp, const ecx_data_ticket *tk, const uint64_t *remote,
+static int tcp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *tk, const uint64_t *remote,
                          const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                         size_t key_len, ecx_data_xfer **out)
+                         size_t key_len, ecxi_data_xfer **out)
 {
     (void)remote; /* the producer's grant decides what it sends */
     tcp_peer *p = (tcp_peer *)hp;
@@ -875,7 +875,7 @@ static int tcp_read_post(ecx_data_peer *hp, const ecx_data_ticket *tk, const uin
     }
     tcp_xfer *x = calloc(1, sizeof *x);
     if (!x) return ECX_ENOMEM;
-    if ((rc = make_runs(local, n, ecx_region_block_bytes(t->base.region), nbytes, &x->runs,
+    if ((rc = make_runs(local, n, ecxi_region_block_bytes(t->base.region), nbytes, &x->runs,
                         &x->nruns))) {
         free(x);
         return rc;
@@ -885,7 +885,7 @@ static int tcp_read_post(ecx_data_peer *hp, const ecx_data_ticket *tk, const uin
     x->state = ECX_XFER_RUNNING;
     x->nbytes = nbytes;
     x->checksum = tk->checksum;
-    x->deadline_ms = ecx_now_ms(NULL) + tk->lease_ms;
+    x->deadline_ms = ecxi_now_ms(NULL) + tk->lease_ms;
     randombytes_buf(&x->id, sizeof x->id);
     uint8_t *b = p->out + p->out_len;
     b[0] = TCP_PROTO;
@@ -898,7 +898,7 @@ static int tcp_read_post(ecx_data_peer *hp, const ecx_data_ticket *tk, const uin
     p->out_len = need;
     *p->q_tail = x;
     p->q_tail = &x->next;
-    if (!p->q->next) p->last_ms = ecx_now_ms(NULL); /* the first outstanding READ */
+    if (!p->q->next) p->last_ms = ecxi_now_ms(NULL); /* the first outstanding READ */
     if (!peer_flush(p))
         peer_fail(t, p, strerror(errno)); /* x is FAILED: the caller polls it */
     else
@@ -907,14 +907,14 @@ static int tcp_read_post(ecx_data_peer *hp, const ecx_data_ticket *tk, const uin
     return 0;
 }
 
-static int tcp_read_poll(ecx_data_xfer *hx)
+static int tcp_read_poll(ecxi_data_xfer *hx)
 {
     return ((tcp_xfer *)hx)->state;
 }
 
 /* A READ still queued on its connection stays there, released: its bytes
  * are drained when they come (or the connection fails). */
-static void tcp_read_release(ecx_data_xfer *hx)
+static void tcp_read_release(ecxi_data_xfer *hx)
 {
     tcp_xfer *x = (tcp_xfer *)hx;
     if (x->peer)
@@ -925,25 +925,25 @@ static void tcp_read_release(ecx_data_xfer *hx)
 
 /* ---- both -------------------------------------------------------------- */
 
-static int tcp_progress(ecx_data *d)
+static int tcp_progress(ecxi_data *d)
 {
     tcp_data *t = (tcp_data *)d;
     return t->lfd >= 0 ? producer_progress(t) : consumer_progress(t);
 }
 
-static int tcp_fd(ecx_data *d)
+static int tcp_fd(ecxi_data *d)
 {
     return ((tcp_data *)d)->epfd;
 }
 
-static int tcp_arm(ecx_data *d)
+static int tcp_arm(ecxi_data *d)
 {
     /* Level-triggered: a socket with work keeps the descriptor readable;
      * only completions already collected need a call without waiting. */
     return ((tcp_data *)d)->done ? 1 : 0;
 }
 
-static int tcp_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
+static int tcp_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
 {
     tcp_data *t = (tcp_data *)d;
     int rc = tcp_progress(d);
@@ -959,7 +959,7 @@ static int tcp_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
     return count;
 }
 
-static void tcp_free(ecx_data *d)
+static void tcp_free(ecxi_data *d)
 {
     tcp_data *t = (tcp_data *)d;
     while (t->conns)
@@ -975,7 +975,7 @@ static void tcp_free(ecx_data *d)
     if (t->lfd >= 0) close(t->lfd);
     if (t->epfd >= 0) close(t->epfd);
     if (t->c.accepted || t->c.conns_refused || t->c.bad_requests)
-        ecx_log(ECX_LOG_INFO,
+        ecxi_log(ECX_LOG_INFO,
                 "data tcp: %" PRIu64 " connections (%" PRIu64 " refused), %" PRIu64
                 " served, %" PRIu64 " refused, %" PRIu64 " malformed, %" PRIu64
                 " timed out, %" PRIu64 " stalled, %" PRIu64 " failed sends, %" PRIu64 " bytes",
@@ -984,7 +984,7 @@ static void tcp_free(ecx_data *d)
     free(t);
 }
 
-static tcp_data *tcp_alloc(ecx_region *r)
+static tcp_data *tcp_alloc(ecxi_region *r)
 {
     tcp_data *t = calloc(1, sizeof *t);
     if (!t) return NULL;
@@ -1000,8 +1000,8 @@ static tcp_data *tcp_alloc(ecx_region *r)
     return t;
 }
 
-int ecx_data_tcp_new_producer(ecx_region *r, const ecx_data_opts *opts, ecx_data_meta *m,
-                              ecx_data **out)
+int ecxi_data_tcp_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data_meta *m,
+                              ecxi_data **out)
 {
     tcp_data *t = tcp_alloc(r);
     if (!t) return ECX_ENOMEM;
@@ -1015,7 +1015,7 @@ int ecx_data_tcp_new_producer(ecx_region *r, const ecx_data_opts *opts, ecx_data
     return 0;
 }
 
-int ecx_data_tcp_new_consumer(ecx_region *r, ecx_data **out)
+int ecxi_data_tcp_new_consumer(ecxi_region *r, ecxi_data **out)
 {
     tcp_data *t = tcp_alloc(r);
     if (!t) return ECX_ENOMEM;
@@ -1023,16 +1023,16 @@ int ecx_data_tcp_new_consumer(ecx_region *r, ecx_data **out)
     return 0;
 }
 
-static void tcp_stats(const ecx_data *d, ecx_data_stats *st)
+static void tcp_stats(const ecxi_data *d, ecxi_data_stats *st)
 {
     const tcp_data *t = (const tcp_data *)d;
-    ecx_data_counts *c = &st->path[ECX_DATA_TCP];
+    ecxi_data_counts *c = &st->path[ECX_DATA_TCP];
     c->conns_refused += t->c.conns_refused;
     c->conns_dropped += t->c.timeouts + t->c.stalls;
     c->requests_dropped += t->c.bad_requests;
 }
 
-static const struct ecx_data_ops tcp_ops = {
+static const struct ecxi_data_ops tcp_ops = {
     .name = "tcp",
     .stats = tcp_stats,
     .free = tcp_free,

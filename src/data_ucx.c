@@ -81,7 +81,7 @@
  * Lifetimes (consumer): an xfer lives until it is released AND its receive
  * request has ended; a peer lives until it is dropped AND no xfer refers to
  * it. Dropping a peer cancels its receives and force-closes its endpoint.
- * Endpoint closes run in the background of progress; ecx_data_free()
+ * Endpoint closes run in the background of progress; ecxi_data_free()
  * waits for them a bounded time.
  */
 #include <arpa/inet.h>
@@ -169,7 +169,7 @@ typedef struct psend {
 typedef struct ucx_peer ucx_peer;
 
 typedef struct ucx_xfer {
-    ecx_data_xfer head;
+    ecxi_data_xfer head;
     struct ucx_xfer *next;     /* free list, or the peer's running list */
     struct ucx_xfer *all_next; /* every xfer ever allocated */
     ucx_peer *peer;
@@ -189,7 +189,7 @@ typedef struct ucx_xfer {
 } ucx_xfer;
 
 struct ucx_peer {
-    ecx_data_peer head;
+    ecxi_data_peer head;
     struct ucx_peer *all_next, **all_prev;
     ucp_ep_h ep;
     unsigned refs; /* 1 while registered, +1 per xfer */
@@ -202,7 +202,7 @@ typedef struct closing {
 } closing;
 
 typedef struct ucx_data {
-    ecx_data base;
+    ecxi_data base;
     ucp_context_h ctx;
     ucp_worker_h worker;
     int efd;
@@ -228,11 +228,11 @@ typedef struct ucx_data {
     closing *closing;
 } ucx_data;
 
-static const struct ecx_data_ops ucx_ops;
+static const struct ecxi_data_ops ucx_ops;
 
 static int ucx_err(const char *what, ucs_status_t st)
 {
-    ecx_log(ECX_LOG_WARN, "data ucx: %s: %s", what, ucs_status_string(st));
+    ecxi_log(ECX_LOG_WARN, "data ucx: %s: %s", what, ucs_status_string(st));
     return ECX_EDATA_UCX;
 }
 
@@ -269,8 +269,8 @@ static void close_ep(ucx_data *u, ucp_ep_h ep, bool force)
     closing *c = malloc(sizeof *c);
     if (!c) {
         /* Cannot track it: wait here, bounded. */
-        int64_t end = ecx_now_ms(NULL) + CLOSE_WAIT_MS;
-        while (ucp_request_check_status(req) == UCS_INPROGRESS && ecx_now_ms(NULL) < end)
+        int64_t end = ecxi_now_ms(NULL) + CLOSE_WAIT_MS;
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && ecxi_now_ms(NULL) < end)
             ucp_worker_progress(u->worker);
         if (ucp_request_check_status(req) != UCS_INPROGRESS) ucp_request_free(req);
         return;
@@ -419,16 +419,16 @@ static int ucx_setup(ucx_data *u, bool producer, const char *ifname)
     return 0;
 }
 
-static int producer_setup(ucx_data *u, ecx_region *r, const char *bind_host)
+static int producer_setup(ucx_data *u, ecxi_region *r, const char *bind_host)
 {
     struct sockaddr_storage ss, bind; /* published; listened on */
     bool any;
-    int rc = ecx_data_bind_addr(bind_host, &bind, &ss, &any);
+    int rc = ecxi_data_bind_addr(bind_host, &bind, &ss, &any);
     if (rc) return rc;
     char ifname[IF_NAMESIZE];
     bool have_if = !any && ifname_of((struct sockaddr *)&ss, ifname) == 0;
     if (!any && !have_if)
-        ecx_log(ECX_LOG_WARN, "data ucx: no interface holds %s; UCX may use every one",
+        ecxi_log(ECX_LOG_WARN, "data ucx: no interface holds %s; UCX may use every one",
                 bind_host);
     /* UCX 1.13's tcp transport speaks IPv4 on an interface that has both
      * (a consumer reaching us by an IPv6 address finds no lane): listen
@@ -443,8 +443,8 @@ static int producer_setup(ucx_data *u, ecx_region *r, const char *bind_host)
 
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-        .address = ecx_region_base(r),
-        .length = ecx_region_size(r),
+        .address = ecxi_region_base(r),
+        .length = ecxi_region_size(r),
     };
     ucs_status_t st = ucp_mem_map(u->ctx, &mp, &u->memh);
     if (st != UCS_OK) return ucx_err("mem_map", st);
@@ -489,9 +489,9 @@ static int producer_setup(ucx_data *u, ecx_region *r, const char *bind_host)
     return 0;
 }
 
-static void ucx_free(ecx_data *d);
+static void ucx_free(ecxi_data *d);
 
-static ucx_data *ucx_alloc(ecx_region *r)
+static ucx_data *ucx_alloc(ecxi_region *r)
 {
     ucx_data *u = calloc(1, sizeof *u);
     if (!u) return NULL;
@@ -502,8 +502,8 @@ static ucx_data *ucx_alloc(ecx_region *r)
     return u;
 }
 
-int ecx_data_ucx_new_producer(ecx_region *r, const ecx_data_opts *opts, ecx_data_meta *m,
-                              ecx_data_desc *dd, ecx_data **out)
+int ecxi_data_ucx_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data_meta *m,
+                              ecxi_data_desc *dd, ecxi_data **out)
 {
     (void)dd; /* no UCX section in the descriptor: nothing to publish */
     ucx_data *u = ucx_alloc(r);
@@ -520,7 +520,7 @@ int ecx_data_ucx_new_producer(ecx_region *r, const ecx_data_opts *opts, ecx_data
     return 0;
 }
 
-int ecx_data_ucx_new_consumer(ecx_region *r, ecx_data **out)
+int ecxi_data_ucx_new_consumer(ecxi_region *r, ecxi_data **out)
 {
     ucx_data *u = ucx_alloc(r);
     if (!u) return ECX_ENOMEM;
@@ -637,7 +637,7 @@ static int accept_conns(ucx_data *u)
 /* Close failed connections; free each once nothing refers to it. */
 static void reap_conns(ucx_data *u)
 {
-    int64_t now = ecx_now_ms(NULL);
+    int64_t now = ecxi_now_ms(NULL);
     for (conn **pp = &u->conns; *pp;) {
         conn *c = *pp;
         if (!c->failed && c->sends && now - c->last_done_ms > SEND_STALL_MS) {
@@ -712,7 +712,7 @@ static void send_done_cb(void *req, ucs_status_t status, void *user_data)
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a send failed: %s", ucs_status_string(status));
     s->status = s->fail ? s->fail : status == UCS_OK ? 0 : ECX_EDATA_UCX;
     s->c->sends--, s->c->h->sends--;
-    s->c->last_done_ms = ecx_now_ms(NULL);
+    s->c->last_done_ms = ecxi_now_ms(NULL);
     s->next = NULL;
     *u->done_tail = s;
     u->done_tail = &s->next;
@@ -728,7 +728,7 @@ static psend *send_get(ucx_data *u, conn *c)
     else
         return NULL;
     u->nsends++;
-    if (c->sends++ == 0) c->last_done_ms = ecx_now_ms(NULL);
+    if (c->sends++ == 0) c->last_done_ms = ecxi_now_ms(NULL);
     c->h->sends++;
     s->next = NULL;
     s->u = u;
@@ -771,11 +771,11 @@ static void post_send(ucx_data *u, psend *s, uint64_t tag, void *buf, size_t cou
 
 /* The grant's blocks as an IOV over the region: one entry per run of
  * consecutive blocks, the last cut to nbytes. */
-static int grant_iov(ucx_data *u, psend *s, const ecx_data_grant *g, size_t *count)
+static int grant_iov(ucx_data *u, psend *s, const ecxi_data_grant *g, size_t *count)
 {
-    const uint64_t bs = ecx_region_block_bytes(u->base.region);
-    const uint64_t nb = ecx_region_num_blocks(u->base.region);
-    uint8_t *base = ecx_region_base(u->base.region);
+    const uint64_t bs = ecxi_region_block_bytes(u->base.region);
+    const uint64_t nb = ecxi_region_num_blocks(u->base.region);
+    uint8_t *base = ecxi_region_base(u->base.region);
     if (g->n == 0 || g->nbytes == 0 || g->nbytes > g->n * bs || g->nbytes <= (g->n - 1) * bs)
         return ECX_EDATA_COUNT;
     size_t k = 0;
@@ -813,8 +813,8 @@ static bool serve(ucx_data *u, request *q)
         return false;
     psend *s = send_get(u, c);
     if (!s) return false;
-    ecx_data_grant g;
-    int rc = ecx_data_grant_check(&u->base, q->key, q->key_len, q->token, ECX_DATA_GRANT_CLAIM, &g);
+    ecxi_data_grant g;
+    int rc = ecxi_data_grant_check(&u->base, q->key, q->key_len, q->token, ECX_DATA_GRANT_CLAIM, &g);
     size_t count = 0;
     if (rc == 0) {
         memcpy(s->token, q->token, ECX_DATA_TOKEN_LEN);
@@ -825,7 +825,7 @@ static bool serve(ucx_data *u, request *q)
             /* Cannot happen with a sane session; the grant is claimed, so
              * its end is still reported (as a failure), and the consumer
              * told at once. */
-            ecx_log(ECX_LOG_ERROR, "data ucx: a grant does not fit the region: %s",
+            ecxi_log(ECX_LOG_ERROR, "data ucx: a grant does not fit the region: %s",
                     ecx_strerror(rc));
             s->fail = rc;
             post_send(u, s, q->tag, NULL, 0, ucp_dt_make_contig(1), false);
@@ -867,19 +867,19 @@ static int serve_queue(ucx_data *u)
 
 /* ---- progress ---------------------------------------------------------- */
 
-/* Longest stretch one ecx_data_progress() spends moving UCX data. */
+/* Longest stretch one ecxi_data_progress() spends moving UCX data. */
 #define PROGRESS_BUDGET_MS 2
 
-static int ucx_progress(ecx_data *d)
+static int ucx_progress(ecxi_data *d)
 {
     ucx_data *u = (ucx_data *)d;
     int n = 0;
     /* Bounded in time too, so one engine step never stalls for long behind
      * a large transfer: the caller's next poll carries on. */
-    int64_t until = ecx_now_ms(NULL) + PROGRESS_BUDGET_MS;
+    int64_t until = ecxi_now_ms(NULL) + PROGRESS_BUDGET_MS;
     for (int i = 0; i < 256 && ucp_worker_progress(u->worker); i++) {
         n++;
-        if (ecx_now_ms(NULL) >= until) break;
+        if (ecxi_now_ms(NULL) >= until) break;
     }
     if (u->naccepts) n += accept_conns(u);
     if (u->nqueued) n += serve_queue(u);
@@ -888,12 +888,12 @@ static int ucx_progress(ecx_data *d)
     return n;
 }
 
-static int ucx_fd(ecx_data *d)
+static int ucx_fd(ecxi_data *d)
 {
     return ((ucx_data *)d)->efd;
 }
 
-static int ucx_arm(ecx_data *d)
+static int ucx_arm(ecxi_data *d)
 {
     ucx_data *u = (ucx_data *)d;
     if (u->done || u->naccepts) return 1;
@@ -910,7 +910,7 @@ static int ucx_arm(ecx_data *d)
     return ucx_err("worker_arm", st);
 }
 
-static int ucx_poll_notifs(ecx_data *d, ecx_data_notif_cb cb, void *arg)
+static int ucx_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
 {
     ucx_data *u = (ucx_data *)d;
     int rc = ucx_progress(d);
@@ -970,8 +970,8 @@ static int parse_addr(const uint8_t *b, size_t len, struct sockaddr_storage *ss,
     return ECX_EDATA_META;
 }
 
-static int ucx_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc *desc,
-                        ecx_data_peer **out)
+static int ucx_peer_add(ecxi_data *d, const ecxi_data_meta *m, const ecxi_data_desc *desc,
+                        ecxi_data_peer **out)
 {
     (void)desc;
     ucx_data *u = (ucx_data *)d;
@@ -993,7 +993,7 @@ static int ucx_peer_add(ecx_data *d, const ecx_data_meta *m, const ecx_data_desc
     ucs_status_t st = ucp_ep_create(u->worker, &ep, &p->ep);
     if (st != UCS_OK) {
         free(p);
-        ecx_log(ECX_LOG_WARN, "data ucx: ep_create: %s", ucs_status_string(st));
+        ecxi_log(ECX_LOG_WARN, "data ucx: ep_create: %s", ucs_status_string(st));
         return st == UCS_ERR_UNREACHABLE ? ECX_EDATA_NOPATH : ECX_EDATA_UCX;
     }
     p->refs = 1;
@@ -1015,12 +1015,12 @@ static void peer_unref(ucx_peer *p)
     free(p);
 }
 
-static void ucx_peer_drop(ecx_data_peer *hp)
+static void ucx_peer_drop(ecxi_data_peer *hp)
 {
     ucx_peer *p = (ucx_peer *)hp;
     ucx_data *u = (ucx_data *)hp->owner;
     /* What UCX ended up using (after wire-up), for whoever debugs a path. */
-    if (ecx_log_level() >= ECX_LOG_DEBUG && p->ep) ucp_ep_print_info(p->ep, stderr);
+    if (ecxi_log_level() >= ECX_LOG_DEBUG && p->ep) ucp_ep_print_info(p->ep, stderr);
     /* Receives are posted on the worker, not the endpoint: cancel them
      * (one already matched ends when the forced close purges it). */
     for (ucx_xfer *x = u->all_xfers; x; x = x->all_next)
@@ -1083,8 +1083,8 @@ static void xfer_land(ucx_data *u, ucx_xfer *x)
         x->state = ECX_XFER_FAILED;
         return;
     }
-    const ecx_region *r = u->base.region;
-    uint64_t sum = ecx_checksum_blocks(ecx_region_base(r), ecx_region_block_bytes(r), x->local,
+    const ecxi_region *r = u->base.region;
+    uint64_t sum = ecxi_checksum_blocks(ecxi_region_base(r), ecxi_region_block_bytes(r), x->local,
                                        x->n_local, x->nbytes);
     x->state = sum == x->checksum ? ECX_XFER_DONE : ECX_XFER_CORRUPT;
 }
@@ -1119,8 +1119,8 @@ static void req_sent_cb(void *req, ucs_status_t status, void *user_data)
 /* The local blocks as an IOV: one entry per run, the last cut to nbytes. */
 static int local_iov(ucx_data *u, ucx_xfer *x, const uint64_t *local, size_t n, size_t *count)
 {
-    const uint64_t bs = ecx_region_block_bytes(u->base.region);
-    uint8_t *base = ecx_region_base(u->base.region);
+    const uint64_t bs = ecxi_region_block_bytes(u->base.region);
+    uint8_t *base = ecxi_region_base(u->base.region);
     size_t k = 0;
     uint64_t left = x->nbytes;
     for (size_t i = 0; i < n;) {
@@ -1143,9 +1143,9 @@ static int local_iov(ucx_data *u, ucx_xfer *x, const uint64_t *local, size_t n, 
     return 0;
 }
 
-static int ucx_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint64_t *remote,
+static int ucx_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *remote,
                          const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                         size_t key_len, ecx_data_xfer **out)
+                         size_t key_len, ecxi_data_xfer **out)
 {
     (void)remote; /* the producer sends the grant's blocks; it never takes ours */
     ucx_peer *p = (ucx_peer *)hp;
@@ -1225,12 +1225,12 @@ static int ucx_read_post(ecx_data_peer *hp, const ecx_data_ticket *t, const uint
     return 0;
 }
 
-static int ucx_read_poll(ecx_data_xfer *hx)
+static int ucx_read_poll(ecxi_data_xfer *hx)
 {
     return ((ucx_xfer *)hx)->state;
 }
 
-static void ucx_read_release(ecx_data_xfer *hx)
+static void ucx_read_release(ecxi_data_xfer *hx)
 {
     ucx_xfer *x = (ucx_xfer *)hx;
     ucx_data *u = (ucx_data *)hx->owner;
@@ -1246,7 +1246,7 @@ static void ucx_read_release(ecx_data_xfer *hx)
 
 /* ---- teardown ---------------------------------------------------------- */
 
-static void ucx_free(ecx_data *d)
+static void ucx_free(ecxi_data *d)
 {
     ucx_data *u = (ucx_data *)d;
     if (u->worker) {
@@ -1262,8 +1262,8 @@ static void ucx_free(ecx_data *d)
                 close_ep(u, c->ep, true);
                 c->ep = NULL;
             }
-        int64_t end = ecx_now_ms(NULL) + CLOSE_WAIT_MS;
-        while (u->closing && ecx_now_ms(NULL) < end) {
+        int64_t end = ecxi_now_ms(NULL) + CLOSE_WAIT_MS;
+        while (u->closing && ecxi_now_ms(NULL) < end) {
             ucp_worker_progress(u->worker);
             reap_closing(u);
         }
@@ -1308,16 +1308,16 @@ static void ucx_free(ecx_data *d)
     free(u);
 }
 
-static void ucx_stats(const ecx_data *d, ecx_data_stats *st)
+static void ucx_stats(const ecxi_data *d, ecxi_data_stats *st)
 {
     const ucx_data *u = (const ucx_data *)d;
-    ecx_data_counts *c = &st->path[ECX_DATA_UCX];
+    ecxi_data_counts *c = &st->path[ECX_DATA_UCX];
     c->conns_refused += u->conns_refused;
     c->conns_dropped += u->stalled;
     c->requests_dropped += u->dropped;
 }
 
-static const struct ecx_data_ops ucx_ops = {
+static const struct ecxi_data_ops ucx_ops = {
     .name = "ucx",
     .stats = ucx_stats,
     .free = ucx_free,

@@ -37,8 +37,8 @@ static void gauge(out *o, const char *name, const char *help, unsigned long long
     put(o, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", name, help, name, name, v);
 }
 
-static void producer(out *o, const ecx_producer_stats *p, const ecx_ctrl_stats *c,
-                     const ecx_data_stats *d)
+static void producer(out *o, const ecxi_producer_stats *p, const ecxi_ctrl_stats *c,
+                     const ecxi_data_stats *d)
 {
     counter(o, "ecx_producer_requests_total", "XferReq frames received.", p->requests);
     counter(o, "ecx_producer_malformed_total", "Requests dropped because they did not decode.",
@@ -90,13 +90,13 @@ static void producer(out *o, const ecx_producer_stats *p, const ecx_ctrl_stats *
         } dc[] = {
             {"ecx_producer_data_connections_refused_total",
              "Data-plane connections refused at a bound or for their uid, by path.",
-             offsetof(ecx_data_counts, conns_refused)},
+             offsetof(ecxi_data_counts, conns_refused)},
             {"ecx_producer_data_connections_dropped_total",
              "Data-plane connections closed for garbage, silence or a stalled send, by path.",
-             offsetof(ecx_data_counts, conns_dropped)},
+             offsetof(ecxi_data_counts, conns_dropped)},
             {"ecx_producer_data_requests_dropped_total",
              "Data-plane requests dropped: malformed, or past a queue bound, by path.",
-             offsetof(ecx_data_counts, requests_dropped)},
+             offsetof(ecxi_data_counts, requests_dropped)},
         };
         static const int paths[] = {ECX_DATA_SHM, ECX_DATA_TCP, ECX_DATA_UCX};
         for (size_t k = 0; k < sizeof dc / sizeof *dc; k++) {
@@ -104,7 +104,7 @@ static void producer(out *o, const ecx_producer_stats *p, const ecx_ctrl_stats *
             for (size_t j = 0; j < sizeof paths / sizeof *paths; j++) {
                 uint64_t v;
                 memcpy(&v, (const char *)&d->path[paths[j]] + dc[k].off, sizeof v);
-                put(o, "%s{path=\"%s\"} %llu\n", dc[k].name, ecx_data_backend_name(paths[j]),
+                put(o, "%s{path=\"%s\"} %llu\n", dc[k].name, ecxi_data_backend_name(paths[j]),
                     (unsigned long long)v);
             }
         }
@@ -121,7 +121,7 @@ static void producer(out *o, const ecx_producer_stats *p, const ecx_ctrl_stats *
             p->evicted_grants);
 }
 
-static void consumer(out *o, const ecx_consumer_stats *c)
+static void consumer(out *o, const ecxi_consumer_stats *c)
 {
     put(o, "# HELP ecx_consumer_fetches_total Items answered, by outcome (ready, or the reason "
            "for encoding locally).\n# TYPE ecx_consumer_fetches_total counter\n");
@@ -170,7 +170,7 @@ static void consumer(out *o, const ecx_consumer_stats *c)
         cum += c->latency_count[b];
         if (b < ECX_LATENCY_BUCKETS - 1)
             put(o, "ecx_consumer_fetch_latency_seconds_bucket{le=\"%g\"} %llu\n",
-                ecx_latency_bounds_ms[b] / 1000.0, cum);
+                ecxi_latency_bounds_ms[b] / 1000.0, cum);
         else
             put(o, "ecx_consumer_fetch_latency_seconds_bucket{le=\"+Inf\"} %llu\n", cum);
     }
@@ -178,7 +178,7 @@ static void consumer(out *o, const ecx_consumer_stats *c)
     put(o, "ecx_consumer_fetch_latency_seconds_count %llu\n", cum);
 }
 
-static void cache(out *o, const ecx_cache_stats *c, unsigned long long block_bytes)
+static void cache(out *o, const ecxi_cache_stats *c, unsigned long long block_bytes)
 {
     gauge(o, "ecx_region_block_bytes", "Size of one block.", block_bytes);
     put(o, "# HELP ecx_region_blocks Blocks of the region, by state.\n"
@@ -200,7 +200,7 @@ static void cache(out *o, const ecx_cache_stats *c, unsigned long long block_byt
             c->reserve_full);
 }
 
-int ecx_metrics_render(const ecx_metrics_src *m, char *buf, size_t cap)
+int ecxi_metrics_render(const ecxi_metrics_src *m, char *buf, size_t cap)
 {
     out o = {buf, cap, 0, cap == 0};
     if (m->producer) producer(&o, m->producer, m->ctrl, m->data);

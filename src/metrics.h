@@ -16,17 +16,17 @@
 #include "data.h"
 #include "producer.h"
 
-typedef struct ecx_metrics_src {
-    const ecx_producer_stats *producer; /* NULL if not a producer */
-    const ecx_ctrl_stats *ctrl;         /* the producer's ROUTER */
-    const ecx_data_stats *data;         /* the producer's data plane */
-    const ecx_consumer_stats *consumer; /* NULL if not a consumer */
-    const ecx_cache_stats *cache;
+typedef struct ecxi_metrics_src {
+    const ecxi_producer_stats *producer; /* NULL if not a producer */
+    const ecxi_ctrl_stats *ctrl;         /* the producer's ROUTER */
+    const ecxi_data_stats *data;         /* the producer's data plane */
+    const ecxi_consumer_stats *consumer; /* NULL if not a consumer */
+    const ecxi_cache_stats *cache;
     unsigned long long block_bytes;
-} ecx_metrics_src;
+} ecxi_metrics_src;
 
 /* Returns the length written (NUL excluded) or ECX_ERANGE if cap is too
  * small. */
-int ecx_metrics_render(const ecx_metrics_src *m, char *buf, size_t cap);
+int ecxi_metrics_render(const ecxi_metrics_src *m, char *buf, size_t cap);
 
 #endif

@@ -17,7 +17,7 @@
 struct conn;
 
 typedef struct grant {
-    ecx_table_node node;       /* keyed by key[0..key_len) */
+    ecxi_table_node node;       /* keyed by key[0..key_len) */
     struct grant *prev, *next; /* lease queue, oldest first; next = free list */
     struct grant *cprev, *cnext; /* the owner's grants, oldest first */
     struct conn *owner; /* the connection that asked */
@@ -34,7 +34,7 @@ typedef struct grant {
 
 /* What one connection (routing id) holds; exists while it holds a grant. */
 typedef struct conn {
-    ecx_table_node node;         /* keyed by identity[0..identity_len) */
+    ecxi_table_node node;         /* keyed by identity[0..identity_len) */
     struct conn *bprev, *bnext;  /* by_count[count] list; bnext = free list */
     grant *oldest, *newest;      /* its grants, oldest first */
     uint32_t count;              /* grants */
@@ -43,26 +43,26 @@ typedef struct conn {
     uint8_t identity[IDENTITY_MAX];
 } conn;
 
-struct ecx_producer {
-    ecx_cache *cache;
-    ecx_data *data;
-    ecx_ctrl_server *srv;
-    ecx_producer_opts o;
+struct ecxi_producer {
+    ecxi_cache *cache;
+    ecxi_data *data;
+    ecxi_ctrl_server *srv;
+    ecxi_producer_opts o;
     char compat[ECX_COMPAT_HASH_HEX + 1];
     size_t compat_len;
-    ecx_producer_stats st;
+    ecxi_producer_stats st;
 
-    ecx_table grants;
+    ecxi_table grants;
     grant *oldest, *newest; /* lease queue */
     grant *free_list;       /* pooled records */
 
-    ecx_table conns;     /* routing id -> conn, for connections holding grants */
+    ecxi_table conns;     /* routing id -> conn, for connections holding grants */
     conn *conn_free;     /* pooled conn records */
     conn **by_count;     /* [1..max_conn_grants]: conns holding that many grants */
     uint32_t max_count;  /* highest non-empty by_count slot (0: none) */
     uint64_t pin_limit;  /* blocks one connection's pins may cover */
 
-    ecx_ctrl_msg msg;    /* reused for every request */
+    ecxi_ctrl_msg msg;    /* reused for every request */
     msgpack_sbuffer out; /* reused for every ack */
     int64_t *idx;        /* reused block-index buffer */
     size_t idx_cap;
@@ -71,15 +71,15 @@ struct ecx_producer {
 
 /* ---------- grant table ---------- */
 
-static grant *grant_find(const ecx_producer *p, const char *key, size_t len)
+static grant *grant_find(const ecxi_producer *p, const char *key, size_t len)
 {
-    ecx_table_node *n = ecx_table_find(&p->grants, key, len);
+    ecxi_table_node *n = ecxi_table_find(&p->grants, key, len);
     return n ? ECX_CONTAINER_OF(n, grant, node) : NULL;
 }
 
 /* ---------- connections ---------- */
 
-static void bucket_out(ecx_producer *p, conn *c)
+static void bucket_out(ecxi_producer *p, conn *c)
 {
     if (!c->count) return;
     if (c->bprev)
@@ -89,7 +89,7 @@ static void bucket_out(ecx_producer *p, conn *c)
     if (c->bnext) c->bnext->bprev = c->bprev;
 }
 
-static void bucket_in(ecx_producer *p, conn *c)
+static void bucket_in(ecxi_producer *p, conn *c)
 {
     if (c->count) {
         c->bprev = NULL, c->bnext = p->by_count[c->count];
@@ -101,15 +101,15 @@ static void bucket_in(ecx_producer *p, conn *c)
         p->max_count--;
 }
 
-static conn *conn_find(const ecx_producer *p, const uint8_t *id, size_t len)
+static conn *conn_find(const ecxi_producer *p, const uint8_t *id, size_t len)
 {
-    ecx_table_node *n = ecx_table_find(&p->conns, (const char *)id, len);
+    ecxi_table_node *n = ecxi_table_find(&p->conns, (const char *)id, len);
     return n ? ECX_CONTAINER_OF(n, conn, node) : NULL;
 }
 
 /* The record of the connection that sent p->msg, created (from the pool) if
  * it holds nothing yet; NULL if memory runs out. */
-static conn *conn_get(ecx_producer *p)
+static conn *conn_get(ecxi_producer *p)
 {
     conn *c = conn_find(p, p->msg.identity, p->msg.identity_len);
     if (c) return c;
@@ -123,19 +123,19 @@ static conn *conn_get(ecx_producer *p)
     c->node.key_len = c->identity_len;
     c->oldest = c->newest = NULL;
     c->count = 0, c->blocks = 0;
-    ecx_table_insert(&p->conns, &c->node);
+    ecxi_table_insert(&p->conns, &c->node);
     return c;
 }
 
 /* Back to the pool once it holds nothing. */
-static void conn_put(ecx_producer *p, conn *c)
+static void conn_put(ecxi_producer *p, conn *c)
 {
     if (c->count) return;
-    ecx_table_remove(&p->conns, &c->node);
+    ecxi_table_remove(&p->conns, &c->node);
     c->bnext = p->conn_free, p->conn_free = c;
 }
 
-static void grant_unlink(ecx_producer *p, grant *g)
+static void grant_unlink(ecxi_producer *p, grant *g)
 {
     conn *c = g->owner;
     if (g->cprev)
@@ -151,7 +151,7 @@ static void grant_unlink(ecx_producer *p, grant *g)
     c->blocks -= g->n_blocks;
     bucket_in(p, c);
     conn_put(p, c);
-    ecx_table_remove(&p->grants, &g->node);
+    ecxi_table_remove(&p->grants, &g->node);
     if (g->prev)
         g->prev->next = g->next;
     else
@@ -165,17 +165,17 @@ static void grant_unlink(ecx_producer *p, grant *g)
 }
 
 /* Drop a grant and the pin it holds. */
-static void grant_release(ecx_producer *p, grant *g)
+static void grant_release(ecxi_producer *p, grant *g)
 {
-    int rc = ecx_cache_unpin(p->cache, g->key + g->hash_off, g->key_len - g->hash_off);
+    int rc = ecxi_cache_unpin(p->cache, g->key + g->hash_off, g->key_len - g->hash_off);
     if (rc)
-        ecx_log(ECX_LOG_ERROR, "producer: unpin of a granted entry failed: %s", ecx_strerror(rc));
+        ecxi_log(ECX_LOG_ERROR, "producer: unpin of a granted entry failed: %s", ecx_strerror(rc));
     grant_unlink(p, g);
 }
 
 /* A grant record for blocks p->idx[0..n), from the pool; NULL if memory
  * runs out. */
-static grant *grant_add(ecx_producer *p, conn *c, ecx_span sid, ecx_span hash, size_t n,
+static grant *grant_add(ecxi_producer *p, conn *c, ecx_span sid, ecx_span hash, size_t n,
                         uint64_t nbytes, int64_t now)
 {
     grant *g = p->free_list;
@@ -207,7 +207,7 @@ static grant *grant_add(ecx_producer *p, conn *c, ecx_span sid, ecx_span hash, s
     g->expires_ms = now + p->o.lease_ms;
     g->node.key = g->key;
     g->node.key_len = g->key_len;
-    ecx_table_insert(&p->grants, &g->node);
+    ecxi_table_insert(&p->grants, &g->node);
     g->prev = p->newest, g->next = NULL;
     if (p->newest)
         p->newest->next = g;
@@ -232,15 +232,15 @@ static grant *grant_add(ecx_producer *p, conn *c, ecx_span sid, ecx_span hash, s
 /* ---------- lifecycle ---------- */
 
 static int grant_check(void *arg, const char *key, size_t key_len,
-                       const uint8_t token[ECX_DATA_TOKEN_LEN], int flags, ecx_data_grant *out);
+                       const uint8_t token[ECX_DATA_TOKEN_LEN], int flags, ecxi_data_grant *out);
 
-int ecx_producer_new(ecx_cache *cache, ecx_data *data, ecx_ctrl_server *srv,
-                     const ecx_producer_opts *opts, ecx_producer **out)
+int ecxi_producer_new(ecxi_cache *cache, ecxi_data *data, ecxi_ctrl_server *srv,
+                     const ecxi_producer_opts *opts, ecxi_producer **out)
 {
     if (!cache || !data || !srv || !opts || !opts->compat_hash || !out) return ECX_EINVAL;
     size_t cl = strlen(opts->compat_hash);
     if (cl > ECX_COMPAT_HASH_HEX) return ECX_EINVAL;
-    ecx_producer *p = calloc(1, sizeof *p);
+    ecxi_producer *p = calloc(1, sizeof *p);
     if (!p) return ECX_ENOMEM;
     p->cache = cache, p->data = data, p->srv = srv, p->o = *opts;
     if (p->o.lease_ms <= 0) p->o.lease_ms = 30000;
@@ -249,8 +249,8 @@ int ecx_producer_new(ecx_cache *cache, ecx_data *data, ecx_ctrl_server *srv,
     if (p->o.max_conn_grants > p->o.max_grants) p->o.max_conn_grants = p->o.max_grants;
     if (p->o.max_conn_pin_pct == 0) p->o.max_conn_pin_pct = 50;
     if (p->o.max_conn_pin_pct > 100) p->o.max_conn_pin_pct = 100;
-    ecx_cache_stats cst;
-    ecx_cache_get_stats(cache, &cst);
+    ecxi_cache_stats cst;
+    ecxi_cache_get_stats(cache, &cst);
     p->pin_limit = cst.num_blocks * p->o.max_conn_pin_pct / 100;
     if (p->pin_limit == 0) p->pin_limit = 1;
     memcpy(p->compat, opts->compat_hash, cl + 1);
@@ -259,23 +259,23 @@ int ecx_producer_new(ecx_cache *cache, ecx_data *data, ecx_ctrl_server *srv,
     p->idx_cap = 1024;
     p->idx = malloc(p->idx_cap * sizeof *p->idx);
     p->by_count = calloc((size_t)p->o.max_conn_grants + 1, sizeof *p->by_count);
-    int rc = p->idx && p->by_count ? ecx_table_init(&p->grants) : ECX_ENOMEM;
-    if (!rc && (rc = ecx_table_init(&p->conns))) ecx_table_fini(&p->grants);
+    int rc = p->idx && p->by_count ? ecxi_table_init(&p->grants) : ECX_ENOMEM;
+    if (!rc && (rc = ecxi_table_init(&p->conns))) ecxi_table_fini(&p->grants);
     if (rc) {
         free(p->by_count), free(p->idx), free(p);
         return rc;
     }
-    ecx_ctrl_msg_init(&p->msg);
+    ecxi_ctrl_msg_init(&p->msg);
     msgpack_sbuffer_init(&p->out);
-    ecx_data_set_grant_fn(data, grant_check, p);
+    ecxi_data_set_grant_fn(data, grant_check, p);
     *out = p;
     return 0;
 }
 
-void ecx_producer_free(ecx_producer *p)
+void ecxi_producer_free(ecxi_producer *p)
 {
     if (!p) return;
-    ecx_data_set_grant_fn(p->data, NULL, NULL);
+    ecxi_data_set_grant_fn(p->data, NULL, NULL);
     while (p->oldest)
         grant_release(p, p->oldest);
     for (grant *g = p->free_list, *n; g; g = n) {
@@ -283,38 +283,38 @@ void ecx_producer_free(ecx_producer *p)
         free(g->blocks);
         free(g);
     }
-    ecx_ctrl_msg_fini(&p->msg);
+    ecxi_ctrl_msg_fini(&p->msg);
     msgpack_sbuffer_destroy(&p->out);
     for (conn *c = p->conn_free, *n; c; c = n) {
         n = c->bnext;
         free(c);
     }
-    ecx_table_fini(&p->grants);
-    ecx_table_fini(&p->conns);
+    ecxi_table_fini(&p->grants);
+    ecxi_table_fini(&p->conns);
     free(p->by_count);
     free(p->idx);
     free(p);
 }
 
-int64_t ecx_producer_next_timeout(const ecx_producer *p)
+int64_t ecxi_producer_next_timeout(const ecxi_producer *p)
 {
     if (!p->oldest) return -1;
-    int64_t due = p->oldest->expires_ms - ecx_now_ms(p->o.clock);
+    int64_t due = p->oldest->expires_ms - ecxi_now_ms(p->o.clock);
     return due < 0 ? 0 : due;
 }
 
-ecx_producer_stats ecx_producer_get_stats(const ecx_producer *p)
+ecxi_producer_stats ecxi_producer_get_stats(const ecxi_producer *p)
 {
     return p->st;
 }
 
 /* ---------- requests ---------- */
 
-static void reply(ecx_producer *p, const ecx_ack *a)
+static void reply(ecxi_producer *p, const ecx_ack *a)
 {
-    int rc = ecx_wire_encode_ack(a, &p->out);
+    int rc = ecxi_wire_encode_ack(a, &p->out);
     if (!rc)
-        rc = ecx_ctrl_server_send(p->srv, p->msg.identity, p->msg.identity_len, p->out.data,
+        rc = ecxi_ctrl_server_send(p->srv, p->msg.identity, p->msg.identity_len, p->out.data,
                                   p->out.size);
     if (rc) {
         p->st.reply_failed++;
@@ -322,7 +322,7 @@ static void reply(ecx_producer *p, const ecx_ack *a)
     }
 }
 
-static void nack(ecx_producer *p, ecx_span hash, int status, const char *why)
+static void nack(ecxi_producer *p, ecx_span hash, int status, const char *why)
 {
     p->st.nacks[status]++;
     /* Expected outcomes are info, the rest warnings (SPEC §3). */
@@ -339,17 +339,17 @@ static void nack(ecx_producer *p, ecx_span hash, int status, const char *why)
 }
 
 /* Copy the entry's block indices into p->idx, growing it if needed. */
-static int entry_blocks(ecx_producer *p, ecx_span hash, size_t *n)
+static int entry_blocks(ecxi_producer *p, ecx_span hash, size_t *n)
 {
-    int rc = ecx_cache_blocks(p->cache, hash.p, hash.n, p->idx, p->idx_cap, n);
+    int rc = ecxi_cache_blocks(p->cache, hash.p, hash.n, p->idx, p->idx_cap, n);
     if (rc != ECX_ERANGE) return rc;
     int64_t *bigger = realloc(p->idx, *n * sizeof *bigger);
     if (!bigger) return ECX_ENOMEM;
     p->idx = bigger, p->idx_cap = *n;
-    return ecx_cache_blocks(p->cache, hash.p, hash.n, p->idx, p->idx_cap, n);
+    return ecxi_cache_blocks(p->cache, hash.p, hash.n, p->idx, p->idx_cap, n);
 }
 
-static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
+static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
 {
     if (r->connector_version != ECX_CONNECTOR_VERSION) {
         nack(p, r->mm_hash, ECX_STATUS_NACK_VERSION, "connector version differs");
@@ -405,7 +405,7 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
         evict = true; /* below its share: the heaviest connection makes room */
     }
 
-    int rc = ecx_cache_pin_if_ready(p->cache, r->mm_hash.p, r->mm_hash.n);
+    int rc = ecxi_cache_pin_if_ready(p->cache, r->mm_hash.p, r->mm_hash.n);
     if (rc == ECX_ECACHE_MISSING || rc == ECX_EINVAL) {
         nack(p, r->mm_hash, ECX_STATUS_NACK_MISSING, "not held");
         return;
@@ -421,10 +421,10 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
 
     size_t n = 0;
     grant *g = NULL;
-    ecx_cache_info info;
+    ecxi_cache_info info;
     long dl = 0;
-    if ((rc = ecx_cache_lookup(p->cache, r->mm_hash.p, r->mm_hash.n, &info))) {
-        ecx_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
+    if ((rc = ecxi_cache_lookup(p->cache, r->mm_hash.p, r->mm_hash.n, &info))) {
+        ecxi_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, ecx_strerror(rc));
         return;
     }
@@ -432,7 +432,7 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
      * one holding none may always take one item (else a big item could
      * never be served). */
     if (c && c->blocks && c->blocks + info.n_blocks > p->pin_limit) {
-        ecx_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
+        ecxi_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
         p->st.refused_conn_pins++;
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "connection pins too many blocks");
         return;
@@ -451,17 +451,17 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
         g = grant_add(p, c, r->session_id, r->mm_hash, n, info.size_bytes, now);
     if (c && !g) conn_put(p, c); /* a record created for nothing goes back */
     if (g) {
-        ecx_data_ticket t = {.checksum = info.checksum,
+        ecxi_data_ticket t = {.checksum = info.checksum,
                              .nbytes = info.size_bytes,
                              .lease_ms = (uint32_t)p->o.lease_ms};
         memcpy(t.token, g->token, sizeof t.token);
-        dl = ecx_data_grant_descriptor(p->data, &t, p->desc, sizeof p->desc);
+        dl = ecxi_data_grant_descriptor(p->data, &t, p->desc, sizeof p->desc);
     }
     if (!g || dl < 0) {
         if (g)
             grant_release(p, g);
         else
-            ecx_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
+            ecxi_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
         rc = dl < 0 ? (int)dl : rc ? rc : ECX_ENOMEM;
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, ecx_strerror(rc));
         return;
@@ -474,7 +474,7 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
     a.n_indices = n;
     a.indices = p->idx;
     size_t ml;
-    const uint8_t *meta = ecx_data_agent_metadata(p->data, &ml);
+    const uint8_t *meta = ecxi_data_agent_metadata(p->data, &ml);
     a.agent_metadata = (ecx_span){(const char *)meta, ml};
     a.mem_descriptor = (ecx_span){(const char *)p->desc, (size_t)dl};
     uint64_t failed_before = p->st.reply_failed;
@@ -489,9 +489,9 @@ static void serve(ecx_producer *p, const ecx_req *r, int64_t now)
 /* The data plane asks before anything leaves (data.h): a live grant with
  * this key and token, claimed at most once. */
 static int grant_check(void *arg, const char *key, size_t key_len,
-                       const uint8_t token[ECX_DATA_TOKEN_LEN], int flags, ecx_data_grant *out)
+                       const uint8_t token[ECX_DATA_TOKEN_LEN], int flags, ecxi_data_grant *out)
 {
-    ecx_producer *p = arg;
+    ecxi_producer *p = arg;
     grant *g = grant_find(p, key, key_len);
     if (!g || sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN) != 0 ||
         ((flags & ECX_DATA_GRANT_CLAIM) && g->claimed)) {
@@ -511,7 +511,7 @@ static int grant_check(void *arg, const char *key, size_t key_len,
 static void on_notif(void *arg, const char *key, size_t len,
                      const uint8_t token[ECX_DATA_TOKEN_LEN], int status)
 {
-    ecx_producer *p = arg;
+    ecxi_producer *p = arg;
     grant *g = len <= ECX_DATA_NOTIF_MAX ? grant_find(p, key, len) : NULL;
     if (!g) {
         p->st.unknown_notifs++;
@@ -535,12 +535,12 @@ static void on_notif(void *arg, const char *key, size_t len,
     grant_release(p, g);
 }
 
-int ecx_producer_poll(ecx_producer *p)
+int ecxi_producer_poll(ecxi_producer *p)
 {
     int events = 0;
-    int64_t now = ecx_now_ms(p->o.clock);
+    int64_t now = ecxi_now_ms(p->o.clock);
     /* Bounded per call so one flooding peer cannot starve the engine loop. */
-    for (int i = 0; i < 4096 && ecx_ctrl_server_recv(p->srv, &p->msg) == 1; i++, events++) {
+    for (int i = 0; i < 4096 && ecxi_ctrl_server_recv(p->srv, &p->msg) == 1; i++, events++) {
         p->st.requests++;
         ecx_req r;
         int rc = ecx_wire_decode_req(p->msg.payload, p->msg.payload_len, &r);
@@ -552,7 +552,7 @@ int ecx_producer_poll(ecx_producer *p)
         }
         serve(p, &r, now);
     }
-    int n = ecx_data_poll_notifs(p->data, on_notif, p);
+    int n = ecxi_data_poll_notifs(p->data, on_notif, p);
     if (n > 0) events += n;
     while (p->oldest && p->oldest->expires_ms <= now) {
         grant *g = p->oldest;

@@ -64,19 +64,19 @@
 #include "data.h"
 #include "util.h"
 
-typedef struct ecx_producer ecx_producer;
+typedef struct ecxi_producer ecxi_producer;
 
-typedef struct ecx_producer_opts {
+typedef struct ecxi_producer_opts {
     const char *compat_hash; /* ours: requests with another one get NACK_INCOMPAT */
     int64_t lease_ms;        /* default 30000 */
     uint32_t max_grants;     /* default 65536 */
     uint32_t max_conn_grants; /* per connection; default 1024 (at most max_grants) */
     uint32_t max_conn_pin_pct; /* % of the region one connection's pins may cover; default 50 */
     uint64_t block_bytes;    /* for bytes_served */
-    const ecx_clock *clock;  /* NULL: monotonic */
-} ecx_producer_opts;
+    const ecxi_clock *clock;  /* NULL: monotonic */
+} ecxi_producer_opts;
 
-typedef struct ecx_producer_stats {
+typedef struct ecxi_producer_stats {
     uint64_t requests;                  /* frames received */
     uint64_t malformed;                 /* frames that did not decode (dropped) */
     uint64_t grants;                    /* OK acks */
@@ -95,21 +95,21 @@ typedef struct ecx_producer_stats {
     uint64_t refused_conn_grants; /* refused: at its cap, or at its share of a full table */
     uint64_t refused_conn_pins;   /* refused: its pins would pass its share of the region */
     uint64_t evicted_grants;      /* taken from the heaviest connection: a full table */
-} ecx_producer_stats;
+} ecxi_producer_stats;
 
 /* None of cache, data, srv is owned; all must outlive the producer. */
-int ecx_producer_new(ecx_cache *cache, ecx_data *data, ecx_ctrl_server *srv,
-                     const ecx_producer_opts *opts, ecx_producer **out);
+int ecxi_producer_new(ecxi_cache *cache, ecxi_data *data, ecxi_ctrl_server *srv,
+                     const ecxi_producer_opts *opts, ecxi_producer **out);
 /* Release every grant (unpinning) and free. NULL is a no-op. */
-void ecx_producer_free(ecx_producer *p);
+void ecxi_producer_free(ecxi_producer *p);
 
 /* Drain requests and reply, drain notifications, sweep expired leases.
  * Never blocks. Returns the number of events handled. */
-int ecx_producer_poll(ecx_producer *p);
+int ecxi_producer_poll(ecxi_producer *p);
 
-ecx_producer_stats ecx_producer_get_stats(const ecx_producer *p);
+ecxi_producer_stats ecxi_producer_get_stats(const ecxi_producer *p);
 
 /* Milliseconds until the oldest lease expires (0 if due, -1 if no grant). */
-int64_t ecx_producer_next_timeout(const ecx_producer *p);
+int64_t ecxi_producer_next_timeout(const ecxi_producer *p);
 
 #endif

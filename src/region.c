@@ -27,7 +27,7 @@
 
 #include "util.h"
 
-struct ecx_region {
+struct ecxi_region {
     uint8_t *base;
     uint64_t size, block_bytes, num_blocks;
     int fd;    /* holds the shared flock (read-write mappings) */
@@ -41,7 +41,7 @@ struct ecx_region {
 
 static const char TMP_INFIX[] = ".mmap.tmp.";
 
-const char *ecx_region_default_dir(void)
+const char *ecxi_region_default_dir(void)
 {
     const char *d = getenv("ECX_SHM_DIR");
     return d && *d ? d : "/dev/shm";
@@ -61,14 +61,14 @@ static int random_bytes(void *buf, size_t n)
     return 0;
 }
 
-int ecx_region_instance_id(char out[ECX_REGION_INSTANCE_ID_LEN + 1])
+int ecxi_region_instance_id(char out[ECX_REGION_INSTANCE_ID_LEN + 1])
 {
     if (!out) return ECX_EINVAL;
     uint8_t rnd[8];
     int rc = random_bytes(rnd, sizeof rnd);
     if (rc) return rc;
     char hex[17];
-    ecx_hex_encode(rnd, sizeof rnd, hex);
+    ecxi_hex_encode(rnd, sizeof rnd, hex);
     snprintf(out, ECX_REGION_INSTANCE_ID_LEN + 1, "%08x-%.15s", (unsigned)getpid(), hex);
     return 0;
 }
@@ -108,7 +108,7 @@ static int open_dir(const char *dir)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
-        ecx_log(ECX_LOG_ERROR, "region: cannot open directory %s: %s", dir, strerror(errno));
+        ecxi_log(ECX_LOG_ERROR, "region: cannot open directory %s: %s", dir, strerror(errno));
     return fd;
 }
 
@@ -156,14 +156,14 @@ static int errno_to_ecx(int e)
     }
 }
 
-static ecx_region *region_alloc(void)
+static ecxi_region *region_alloc(void)
 {
-    ecx_region *r = calloc(1, sizeof *r);
+    ecxi_region *r = calloc(1, sizeof *r);
     if (r) r->fd = r->dirfd = -1;
     return r;
 }
 
-static void set_path(ecx_region *r, const char *dir, const char *name)
+static void set_path(ecxi_region *r, const char *dir, const char *name)
 {
     snprintf(r->name, sizeof r->name, "%s", name);
     size_t dl = strlen(dir);
@@ -182,7 +182,7 @@ static int create_tmp(int dirfd, const char *name, char tmp[NAME_MAX + 1], struc
         char hex[13];
         int rc = random_bytes(rnd, sizeof rnd);
         if (rc) return rc;
-        ecx_hex_encode(rnd, sizeof rnd, hex);
+        ecxi_hex_encode(rnd, sizeof rnd, hex);
         /* name ends in ".mmap"; keep it and add ".tmp.<pid>.<rand>". */
         int n = snprintf(tmp, NAME_MAX + 1, "%s.tmp.%d.%s", name, (int)getpid(), hex);
         if (n <= 0 || n > NAME_MAX) return ECX_EINVAL;
@@ -190,14 +190,14 @@ static int create_tmp(int dirfd, const char *name, char tmp[NAME_MAX + 1], struc
         if (fd < 0) {
             if (errno == EEXIST) continue;
             int e = errno;
-            ecx_log(ECX_LOG_ERROR, "region: cannot create %s: %s", tmp, strerror(e));
+            ecxi_log(ECX_LOG_ERROR, "region: cannot create %s: %s", tmp, strerror(e));
             return errno_to_ecx(e);
         }
         if (flock_retry(fd, LOCK_SH) != 0 || fstat(fd, st) != 0) {
             int e = errno;
             close(fd);
             unlinkat(dirfd, tmp, 0);
-            ecx_log(ECX_LOG_ERROR, "region: cannot lock %s: %s", tmp, strerror(e));
+            ecxi_log(ECX_LOG_ERROR, "region: cannot lock %s: %s", tmp, strerror(e));
             return ECX_ESYS;
         }
         if (name_is(dirfd, tmp, st)) return fd;
@@ -206,23 +206,23 @@ static int create_tmp(int dirfd, const char *name, char tmp[NAME_MAX + 1], struc
     return ECX_ESYS;
 }
 
-int ecx_region_create_in(const char *dir, const char *instance, int rank, uint64_t total_bytes,
-                         uint64_t block_bytes, ecx_region **out)
+int ecxi_region_create_in(const char *dir, const char *instance, int rank, uint64_t total_bytes,
+                         uint64_t block_bytes, ecxi_region **out)
 {
     if (!out) return ECX_EINVAL;
     *out = NULL;
-    if (!dir) dir = ecx_region_default_dir();
+    if (!dir) dir = ecxi_region_default_dir();
     char name[NAME_MAX + 1], tmp[NAME_MAX + 1];
     int rc = region_name(instance, rank, name);
     if (rc) return rc;
     uint64_t num_blocks, size;
     if ((rc = check_sizes(total_bytes, block_bytes, &num_blocks, &size))) return rc;
 
-    int reaped = ecx_region_reap(dir);
+    int reaped = ecxi_region_reap(dir);
     if (reaped > 0)
-        ecx_log(ECX_LOG_INFO, "region: reclaimed %d orphaned file(s) in %s", reaped, dir);
+        ecxi_log(ECX_LOG_INFO, "region: reclaimed %d orphaned file(s) in %s", reaped, dir);
 
-    ecx_region *r = region_alloc();
+    ecxi_region *r = region_alloc();
     if (!r) return ECX_ENOMEM;
     r->block_bytes = block_bytes;
     r->num_blocks = num_blocks;
@@ -235,7 +235,7 @@ int ecx_region_create_in(const char *dir, const char *instance, int rank, uint64
     }
     struct stat st;
     if (fstatat(r->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-        ecx_log(ECX_LOG_ERROR, "region: %s already exists", r->path);
+        ecxi_log(ECX_LOG_ERROR, "region: %s already exists", r->path);
         rc = ECX_EREGION_EXISTS;
         goto fail_dir;
     }
@@ -264,14 +264,14 @@ int ecx_region_create_in(const char *dir, const char *instance, int rank, uint64
     if (linkat(r->dirfd, tmp, r->dirfd, name, 0) != 0) goto fail_sys;
     if (name_is(r->dirfd, tmp, &st)) unlinkat(r->dirfd, tmp, 0);
     *out = r;
-    ecx_log(ECX_LOG_INFO, "region: created %s (%llu blocks of %llu bytes)", r->path,
+    ecxi_log(ECX_LOG_INFO, "region: created %s (%llu blocks of %llu bytes)", r->path,
             (unsigned long long)num_blocks, (unsigned long long)block_bytes);
     return 0;
 
 fail_sys : {
     int e = errno;
     rc = errno_to_ecx(e);
-    ecx_log(ECX_LOG_ERROR, "region: %s of %s (%llu bytes) failed: %s", step, r->path,
+    ecxi_log(ECX_LOG_ERROR, "region: %s of %s (%llu bytes) failed: %s", step, r->path,
             (unsigned long long)size, strerror(e));
     if (r->base) munmap(r->base, (size_t)size);
     if (name_is(r->dirfd, tmp, &st)) unlinkat(r->dirfd, tmp, 0);
@@ -283,10 +283,10 @@ fail_dir:
     return rc;
 }
 
-int ecx_region_create(const char *instance, int rank, uint64_t total_bytes, uint64_t block_bytes,
-                      ecx_region **out)
+int ecxi_region_create(const char *instance, int rank, uint64_t total_bytes, uint64_t block_bytes,
+                      ecxi_region **out)
 {
-    return ecx_region_create_in(NULL, instance, rank, total_bytes, block_bytes, out);
+    return ecxi_region_create_in(NULL, instance, rank, total_bytes, block_bytes, out);
 }
 
 /* What join requires of an opened region file. */
@@ -304,19 +304,19 @@ static int check_file(const struct stat *st, uint64_t block_bytes, uint64_t *num
     return 0;
 }
 
-int ecx_region_join_in(const char *dir, const char *instance, int rank, uint64_t block_bytes,
-                       ecx_region **out)
+int ecxi_region_join_in(const char *dir, const char *instance, int rank, uint64_t block_bytes,
+                       ecxi_region **out)
 {
     if (!out) return ECX_EINVAL;
     *out = NULL;
-    if (!dir) dir = ecx_region_default_dir();
+    if (!dir) dir = ecxi_region_default_dir();
     char name[NAME_MAX + 1];
     int rc = region_name(instance, rank, name);
     if (rc) return rc;
     if (block_bytes == 0) return ECX_EREGION_SIZE;
     int dirfd = open_dir(dir);
     if (dirfd < 0) return ECX_ESYS;
-    ecx_region *r = region_alloc();
+    ecxi_region *r = region_alloc();
     if (!r) {
         close(dirfd);
         return ECX_ENOMEM;
@@ -361,19 +361,19 @@ int ecx_region_join_in(const char *dir, const char *instance, int rank, uint64_t
     *out = r;
     return 0;
 fail:
-    if (rc == ECX_ESYS) ecx_log(ECX_LOG_ERROR, "region: join %s: %s", r->path, strerror(errno));
+    if (rc == ECX_ESYS) ecxi_log(ECX_LOG_ERROR, "region: join %s: %s", r->path, strerror(errno));
     if (r->fd >= 0) close(r->fd);
     close(dirfd);
     free(r);
     return rc;
 }
 
-int ecx_region_join(const char *instance, int rank, uint64_t block_bytes, ecx_region **out)
+int ecxi_region_join(const char *instance, int rank, uint64_t block_bytes, ecxi_region **out)
 {
-    return ecx_region_join_in(NULL, instance, rank, block_bytes, out);
+    return ecxi_region_join_in(NULL, instance, rank, block_bytes, out);
 }
 
-void ecx_region_free(ecx_region *r)
+void ecxi_region_free(ecxi_region *r)
 {
     if (!r) return;
     if (r->base) munmap(r->base, (size_t)r->size);
@@ -381,34 +381,34 @@ void ecx_region_free(ecx_region *r)
         /* Unlink while we still hold our lock, and only our own file. */
         struct stat st = {.st_dev = r->dev, .st_ino = r->ino};
         if (name_is(r->dirfd, r->name, &st) && unlinkat(r->dirfd, r->name, 0) != 0)
-            ecx_log(ECX_LOG_WARN, "region: cannot unlink %s: %s", r->path, strerror(errno));
+            ecxi_log(ECX_LOG_WARN, "region: cannot unlink %s: %s", r->path, strerror(errno));
     }
     if (r->fd >= 0) close(r->fd);
     if (r->dirfd >= 0) close(r->dirfd);
     free(r);
 }
 
-uint8_t *ecx_region_base(const ecx_region *r)
+uint8_t *ecxi_region_base(const ecxi_region *r)
 {
     return r ? r->base : NULL;
 }
-uint64_t ecx_region_block_bytes(const ecx_region *r)
+uint64_t ecxi_region_block_bytes(const ecxi_region *r)
 {
     return r ? r->block_bytes : 0;
 }
-uint64_t ecx_region_num_blocks(const ecx_region *r)
+uint64_t ecxi_region_num_blocks(const ecxi_region *r)
 {
     return r ? r->num_blocks : 0;
 }
-uint64_t ecx_region_size(const ecx_region *r)
+uint64_t ecxi_region_size(const ecxi_region *r)
 {
     return r ? r->size : 0;
 }
-const char *ecx_region_path(const ecx_region *r)
+const char *ecxi_region_path(const ecxi_region *r)
 {
     return r ? r->path : "";
 }
-bool ecx_region_is_owner(const ecx_region *r)
+bool ecxi_region_is_owner(const ecxi_region *r)
 {
     return r && r->owner;
 }
@@ -428,7 +428,7 @@ static bool reap_one(int dirfd, const char *name, uid_t uid)
          * this inode, then remove it. */
         if (name_is(dirfd, name, &st2) && unlinkat(dirfd, name, 0) == 0) {
             done = true;
-            ecx_log(ECX_LOG_INFO, "region: reclaimed orphan %s (%lld bytes)", name,
+            ecxi_log(ECX_LOG_INFO, "region: reclaimed orphan %s (%lld bytes)", name,
                     (long long)st2.st_size);
         }
     }
@@ -436,9 +436,9 @@ static bool reap_one(int dirfd, const char *name, uid_t uid)
     return done;
 }
 
-int ecx_region_reap(const char *dir)
+int ecxi_region_reap(const char *dir)
 {
-    if (!dir) dir = ecx_region_default_dir();
+    if (!dir) dir = ecxi_region_default_dir();
     int dirfd = open_dir(dir);
     if (dirfd < 0) return ECX_ESYS;
     int listfd = dup(dirfd);

@@ -15,9 +15,9 @@
  * final name (link(2) refuses to replace an existing file). Every process
  * that maps the region read-write (creator and joiners) holds a shared
  * flock on it for as long as it is mapped; the creator unlinks it in
- * ecx_region_free(). A process killed with SIGKILL leaves its file behind
- * with nobody holding the lock: ecx_region_reap() (run by every
- * ecx_region_create()) takes an exclusive non-blocking flock on each
+ * ecxi_region_free(). A process killed with SIGKILL leaves its file behind
+ * with nobody holding the lock: ecxi_region_reap() (run by every
+ * ecxi_region_create()) takes an exclusive non-blocking flock on each
  * `ecx_*.mmap` (and leftover temporary) of ours, and unlinks only the ones
  * it gets. Files of live processes, other users' files, symlinks and
  * anything that is not a regular file are never touched.
@@ -42,23 +42,23 @@
 
 #include "ecx.h"
 
-typedef struct ecx_region ecx_region;
+typedef struct ecxi_region ecxi_region;
 
 /* Largest block count a region may have: block indices fit in uint32 with
  * UINT32_MAX left as a sentinel (the cache relies on this). */
 #define ECX_REGION_MAX_BLOCKS 0xfffffffeu
 /* Longest instance name accepted. */
 #define ECX_REGION_INSTANCE_MAX 64
-/* Length of an id made by ecx_region_instance_id(), without the NUL. */
+/* Length of an id made by ecxi_region_instance_id(), without the NUL. */
 #define ECX_REGION_INSTANCE_ID_LEN 24
 
 /* The directory regions live in: $ECX_SHM_DIR if set and non-empty, else
  * "/dev/shm". */
-const char *ecx_region_default_dir(void);
+const char *ecxi_region_default_dir(void);
 
 /* Fill out with a fresh instance name, unique per process start:
  * 8 hex digits of the pid, '-', 15 random hex digits. */
-int ecx_region_instance_id(char out[ECX_REGION_INSTANCE_ID_LEN + 1]);
+int ecxi_region_instance_id(char out[ECX_REGION_INSTANCE_ID_LEN + 1]);
 
 /* Create and publish the region of (instance, rank): floor(total_bytes /
  * block_bytes) blocks. Reaps orphans in the directory first. Errors:
@@ -67,36 +67,36 @@ int ecx_region_instance_id(char out[ECX_REGION_INSTANCE_ID_LEN + 1]);
  * that does not fit off_t / size_t), ECX_EREGION_EXISTS (the name is
  * taken), ECX_EREGION_NOSPC (shared memory too small), ECX_ENOMEM (the
  * mapping failed), ECX_ESYS (other system errors, logged). */
-int ecx_region_create(const char *instance, int rank, uint64_t total_bytes, uint64_t block_bytes,
-                      ecx_region **out);
-int ecx_region_create_in(const char *dir, const char *instance, int rank, uint64_t total_bytes,
-                         uint64_t block_bytes, ecx_region **out);
+int ecxi_region_create(const char *instance, int rank, uint64_t total_bytes, uint64_t block_bytes,
+                      ecxi_region **out);
+int ecxi_region_create_in(const char *dir, const char *instance, int rank, uint64_t total_bytes,
+                         uint64_t block_bytes, ecxi_region **out);
 
 /* Map the region of (instance, rank) that another local process of the
  * same instance created, read-write, and hold a shared lock on it until
- * ecx_region_free(). block_bytes must be the creator's block size.
+ * ecxi_region_free(). block_bytes must be the creator's block size.
  * Errors: ECX_EREGION_NOTFOUND, ECX_EREGION_BADFILE (symlink, not a
  * regular file, other owner, mode not 0600), ECX_EREGION_SIZE (size not a
  * whole non-zero number of blocks), ECX_EREGION_BUSY (being reclaimed). */
-int ecx_region_join(const char *instance, int rank, uint64_t block_bytes, ecx_region **out);
-int ecx_region_join_in(const char *dir, const char *instance, int rank, uint64_t block_bytes,
-                       ecx_region **out);
+int ecxi_region_join(const char *instance, int rank, uint64_t block_bytes, ecxi_region **out);
+int ecxi_region_join_in(const char *dir, const char *instance, int rank, uint64_t block_bytes,
+                       ecxi_region **out);
 
 /* Unmap and release the lock; the creator also unlinks the file (only if
  * the name still refers to its file). NULL is a no-op. */
-void ecx_region_free(ecx_region *r);
+void ecxi_region_free(ecxi_region *r);
 
-/* Accessors; the base stays valid until ecx_region_free(). */
-uint8_t *ecx_region_base(const ecx_region *r);
-uint64_t ecx_region_block_bytes(const ecx_region *r);
-uint64_t ecx_region_num_blocks(const ecx_region *r);
-uint64_t ecx_region_size(const ecx_region *r); /* num_blocks × block_bytes */
-const char *ecx_region_path(const ecx_region *r);
-bool ecx_region_is_owner(const ecx_region *r);    /* true for the creator */
+/* Accessors; the base stays valid until ecxi_region_free(). */
+uint8_t *ecxi_region_base(const ecxi_region *r);
+uint64_t ecxi_region_block_bytes(const ecxi_region *r);
+uint64_t ecxi_region_num_blocks(const ecxi_region *r);
+uint64_t ecxi_region_size(const ecxi_region *r); /* num_blocks × block_bytes */
+const char *ecxi_region_path(const ecxi_region *r);
+bool ecxi_region_is_owner(const ecxi_region *r);    /* true for the creator */
 
 /* Reclaim orphaned region files (and leftover temporaries) of this user in
- * dir (NULL: ecx_region_default_dir()). Returns how many were removed, or
+ * dir (NULL: ecxi_region_default_dir()). Returns how many were removed, or
  * a negative error if dir cannot be read. */
-int ecx_region_reap(const char *dir);
+int ecxi_region_reap(const char *dir);
 
 #endif

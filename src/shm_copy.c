@@ -73,13 +73,13 @@ static void install(void)
     sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK | SA_RESTART;
     sigemptyset(&sa.sa_mask);
     if (sigaction(SIGBUS, &sa, &g_prev) != 0) {
-        ecx_log(ECX_LOG_WARN, "data shm: cannot install the SIGBUS guard: %s; copies use pread",
+        ecxi_log(ECX_LOG_WARN, "data shm: cannot install the SIGBUS guard: %s; copies use pread",
                 strerror(errno));
         g_init_rc = ECX_ESYS;
     }
 }
 
-int ecx_shm_copy_init(void)
+int ecxi_shm_copy_init(void)
 {
     pthread_once(&g_once, install);
     return g_init_rc;
@@ -101,14 +101,14 @@ static bool cpu_ok(void)
 #endif
 }
 
-bool ecx_shm_copy_guarded(void)
+bool ecxi_shm_copy_guarded(void)
 {
     return cpu_ok() && guard_in_place();
 }
 
 /* ---- pread: a chunk at a time, hashed while in cache ------------------- */
 
-static int pread_run(int fd, uint8_t *dst, uint64_t off, uint64_t len, ecx_sum *s)
+static int pread_run(int fd, uint8_t *dst, uint64_t off, uint64_t len, ecxi_sum *s)
 {
     while (len) {
         size_t want = len < PREAD_CHUNK ? (size_t)len : PREAD_CHUNK;
@@ -119,18 +119,18 @@ static int pread_run(int fd, uint8_t *dst, uint64_t off, uint64_t len, ecx_sum *
                                 k < 0 ? strerror(errno) : "ended early (file truncated?)");
             return ECX_ESYS;
         }
-        ecx_sum_update(s, dst, (size_t)k);
+        ecxi_sum_update(s, dst, (size_t)k);
         dst += k, off += (uint64_t)k, len -= (uint64_t)k;
     }
     return 0;
 }
 
-static int copy_pread(const ecx_shm_src *src, uint8_t *dst_base, uint64_t bs,
+static int copy_pread(const ecxi_shm_src *src, uint8_t *dst_base, uint64_t bs,
                       const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
                       uint64_t *sum)
 {
-    ecx_sum s;
-    ecx_sum_reset(&s);
+    ecxi_sum s;
+    ecxi_sum_reset(&s);
     for (size_t i = 0; i < n && nbytes;) {
         size_t k = 1;
         while (i + k < n && remote[i + k] == remote[i] + k && local[i + k] == local[i] + k)
@@ -141,7 +141,7 @@ static int copy_pread(const ecx_shm_src *src, uint8_t *dst_base, uint64_t bs,
         nbytes -= len;
         i += k;
     }
-    *sum = ecx_sum_digest(&s);
+    *sum = ecxi_sum_digest(&s);
     return 0;
 }
 
@@ -268,7 +268,7 @@ static uint64_t fsum_digest(fsum *f)
                           f->total * XXH_PRIME64_1);
 }
 
-static __attribute__((noinline)) void copy_runs(const ecx_shm_src *src, uint8_t *dst_base,
+static __attribute__((noinline)) void copy_runs(const ecxi_shm_src *src, uint8_t *dst_base,
                                                 uint64_t bs, const uint64_t *remote,
                                                 const uint64_t *local, size_t n, uint64_t nbytes,
                                                 fsum *f)
@@ -286,7 +286,7 @@ static __attribute__((noinline)) void copy_runs(const ecx_shm_src *src, uint8_t 
 
 /* The guarded part: a fault on the source jumps back here (nothing in
  * between needs cleaning up). */
-static int copy_guarded(const ecx_shm_src *src, uint8_t *dst_base, uint64_t bs,
+static int copy_guarded(const ecxi_shm_src *src, uint8_t *dst_base, uint64_t bs,
                         const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
                         fsum *f)
 {
@@ -305,12 +305,12 @@ static int copy_guarded(const ecx_shm_src *src, uint8_t *dst_base, uint64_t bs,
 }
 #endif
 
-int ecx_shm_copy(const ecx_shm_src *src, uint8_t *dst_base, uint64_t block_bytes,
+int ecxi_shm_copy(const ecxi_shm_src *src, uint8_t *dst_base, uint64_t block_bytes,
                  const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
                  int mode, uint64_t *sum)
 {
     bool fast = mode == ECX_SHM_COPY_AUTO && src->map && nbytes > 240;
-    if (fast && !ecx_shm_copy_guarded()) {
+    if (fast && !ecxi_shm_copy_guarded()) {
         fast = false;
         ECX_LOG_RATELIMITED(ECX_LOG_INFO,
                             "data shm: copying with pread (%s)",

@@ -4,7 +4,7 @@
  * the bytes written, and no way for the file's owner to raise a signal in
  * the consumer (issue 9).
  *
- * Two ways, same result (the checksum equals ecx_checksum() of the bytes
+ * Two ways, same result (the checksum equals ecxi_checksum() of the bytes
  * written, whatever the split into runs):
  *
  *   guarded  (default) one pass over a read-only mapping of the file: each
@@ -12,7 +12,7 @@
  *            folded into the XXH3 accumulators from the same registers
  *            (AVX2), so the hash costs next to nothing over the copy.
  *            A mapping raises SIGBUS where the owner truncated the file;
- *            ecx_shm_copy_init() installs, once per process, a SIGBUS
+ *            ecxi_shm_copy_init() installs, once per process, a SIGBUS
  *            handler that turns such a fault *inside a guarded copy, at an
  *            address of the source mapping* into a failed copy
  *            (siglongjmp), and hands every other SIGBUS to the handler
@@ -38,19 +38,19 @@
 #include <stdint.h>
 
 /* Where the bytes come from. */
-typedef struct ecx_shm_src {
+typedef struct ecxi_shm_src {
     int fd;               /* read-only descriptor of the region file */
     const uint8_t *map;   /* read-only mapping of its first map_len bytes */
     uint64_t map_len;     /* (NULL / 0: pread only) */
-} ecx_shm_src;
+} ecxi_shm_src;
 
-enum ecx_shm_copy_mode { ECX_SHM_COPY_AUTO = 0, ECX_SHM_COPY_PREAD = 1 };
+enum ecxi_shm_copy_mode { ECX_SHM_COPY_AUTO = 0, ECX_SHM_COPY_PREAD = 1 };
 
 /* Install the SIGBUS guard (idempotent, thread-safe). 0 or ECX_ESYS. */
-int ecx_shm_copy_init(void);
+int ecxi_shm_copy_init(void);
 
 /* True if a copy of a large item would take the guarded path now. */
-bool ecx_shm_copy_guarded(void);
+bool ecxi_shm_copy_guarded(void);
 
 /* Copy an item: for each run of consecutive pairs, the source blocks
  * remote[i] into dst_base's blocks local[i] (block_bytes each), nbytes in
@@ -59,7 +59,7 @@ bool ecx_shm_copy_guarded(void);
  * (its map_len / file size as seen at fstat) and the destination.
  * 0, or ECX_ESYS: a short or failed read, or a fault on the source (the
  * destination then holds part of the item). */
-int ecx_shm_copy(const ecx_shm_src *src, uint8_t *dst_base, uint64_t block_bytes,
+int ecxi_shm_copy(const ecxi_shm_src *src, uint8_t *dst_base, uint64_t block_bytes,
                  const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
                  int mode, uint64_t *sum);
 

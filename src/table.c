@@ -7,7 +7,7 @@
 
 #include "ecx.h"
 
-static size_t bucket_of(const ecx_table *t, const char *key, size_t len)
+static size_t bucket_of(const ecxi_table *t, const char *key, size_t len)
 {
     unsigned char h[crypto_shorthash_BYTES];
     crypto_shorthash(h, (const unsigned char *)key, len, t->sipkey);
@@ -16,7 +16,7 @@ static size_t bucket_of(const ecx_table *t, const char *key, size_t len)
     return (size_t)(v & (t->n_buckets - 1));
 }
 
-int ecx_table_init(ecx_table *t)
+int ecxi_table_init(ecxi_table *t)
 {
     if (sodium_init() < 0) return ECX_ECRYPTO;
     memset(t, 0, sizeof *t);
@@ -27,30 +27,30 @@ int ecx_table_init(ecx_table *t)
     return 0;
 }
 
-void ecx_table_fini(ecx_table *t)
+void ecxi_table_fini(ecxi_table *t)
 {
     free(t->buckets);
     t->buckets = NULL;
     t->n_buckets = t->count = 0;
 }
 
-ecx_table_node *ecx_table_find(const ecx_table *t, const char *key, size_t len)
+ecxi_table_node *ecxi_table_find(const ecxi_table *t, const char *key, size_t len)
 {
-    for (ecx_table_node *n = t->buckets[bucket_of(t, key, len)]; n; n = n->next)
+    for (ecxi_table_node *n = t->buckets[bucket_of(t, key, len)]; n; n = n->next)
         if (n->key_len == len && memcmp(n->key, key, len) == 0) return n;
     return NULL;
 }
 
-static void grow(ecx_table *t)
+static void grow(ecxi_table *t)
 {
     size_t n = t->n_buckets * 2;
-    ecx_table_node **nb = calloc(n, sizeof *nb);
+    ecxi_table_node **nb = calloc(n, sizeof *nb);
     if (!nb) return;
-    ecx_table_node **old = t->buckets;
+    ecxi_table_node **old = t->buckets;
     size_t old_n = t->n_buckets;
     t->buckets = nb, t->n_buckets = n;
     for (size_t i = 0; i < old_n; i++)
-        for (ecx_table_node *e = old[i], *next; e; e = next) {
+        for (ecxi_table_node *e = old[i], *next; e; e = next) {
             next = e->next;
             size_t b = bucket_of(t, e->key, e->key_len);
             e->next = nb[b], nb[b] = e;
@@ -58,16 +58,16 @@ static void grow(ecx_table *t)
     free(old);
 }
 
-void ecx_table_insert(ecx_table *t, ecx_table_node *n)
+void ecxi_table_insert(ecxi_table *t, ecxi_table_node *n)
 {
     size_t b = bucket_of(t, n->key, n->key_len);
     n->next = t->buckets[b], t->buckets[b] = n;
     if (++t->count > t->n_buckets) grow(t);
 }
 
-void ecx_table_remove(ecx_table *t, ecx_table_node *n)
+void ecxi_table_remove(ecxi_table *t, ecxi_table_node *n)
 {
-    ecx_table_node **pp = &t->buckets[bucket_of(t, n->key, n->key_len)];
+    ecxi_table_node **pp = &t->buckets[bucket_of(t, n->key, n->key_len)];
     while (*pp && *pp != n)
         pp = &(*pp)->next;
     if (*pp) {

@@ -12,7 +12,7 @@
 
 static int log_level = -1;
 
-int ecx_log_level(void)
+int ecxi_log_level(void)
 {
     if (log_level < 0) {
         const char *e = getenv("ECX_LOG");
@@ -24,10 +24,10 @@ int ecx_log_level(void)
     return log_level;
 }
 
-void ecx_log(int level, const char *fmt, ...)
+void ecxi_log(int level, const char *fmt, ...)
 {
     static const char *tags[] = {"error", "warn", "info", "debug"};
-    if (level > ecx_log_level()) return;
+    if (level > ecxi_log_level()) return;
     char line[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -36,7 +36,7 @@ void ecx_log(int level, const char *fmt, ...)
     fprintf(stderr, "ecx %s: %s\n", tags[level < 0 ? 0 : level > 3 ? 3 : level], line);
 }
 
-int64_t ecx_now_ms(const ecx_clock *c)
+int64_t ecxi_now_ms(const ecxi_clock *c)
 {
     if (c && c->now_ms) return c->now_ms(c->arg);
     struct timespec ts;
@@ -44,9 +44,9 @@ int64_t ecx_now_ms(const ecx_clock *c)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-bool ecx_ratelimit_allow(ecx_ratelimit *rl, uint32_t burst, uint64_t *dropped)
+bool ecxi_ratelimit_allow(ecxi_ratelimit *rl, uint32_t burst, uint64_t *dropped)
 {
-    int64_t now = ecx_now_ms(NULL);
+    int64_t now = ecxi_now_ms(NULL);
     if (now - rl->window_start_ms >= 1000) {
         rl->window_start_ms = now;
         rl->in_window = 0;
@@ -61,7 +61,7 @@ bool ecx_ratelimit_allow(ecx_ratelimit *rl, uint32_t burst, uint64_t *dropped)
     return true;
 }
 
-size_t ecx_utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
+size_t ecxi_utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
 {
     if (n == 0) return 0;
     uint8_t b = s[0];
@@ -90,7 +90,7 @@ size_t ecx_utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
     return len;
 }
 
-bool ecx_utf8_valid(const void *s, size_t n)
+bool ecxi_utf8_valid(const void *s, size_t n)
 {
     const uint8_t *p = s;
     while (n) {
@@ -100,14 +100,14 @@ bool ecx_utf8_valid(const void *s, size_t n)
             continue;
         }
         uint32_t cp;
-        size_t k = ecx_utf8_next(p, n, &cp);
+        size_t k = ecxi_utf8_next(p, n, &cp);
         if (k == 0) return false;
         p += k, n -= k;
     }
     return true;
 }
 
-void ecx_hex_encode(const void *in, size_t n, char *out)
+void ecxi_hex_encode(const void *in, size_t n, char *out)
 {
     static const char digits[] = "0123456789abcdef";
     const uint8_t *p = in;
@@ -126,7 +126,7 @@ static int hexval(char c)
     return -1;
 }
 
-long ecx_hex_decode(const char *hex, size_t len, uint8_t *out)
+long ecxi_hex_decode(const char *hex, size_t len, uint8_t *out)
 {
     if (len % 2) return ECX_EINVAL;
     for (size_t i = 0; i < len / 2; i++) {

@@ -13,58 +13,58 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum ecx_log_level { ECX_LOG_ERROR = 0, ECX_LOG_WARN = 1, ECX_LOG_INFO = 2, ECX_LOG_DEBUG = 3 };
+enum ecxi_log_level { ECX_LOG_ERROR = 0, ECX_LOG_WARN = 1, ECX_LOG_INFO = 2, ECX_LOG_DEBUG = 3 };
 
-int ecx_log_level(void);
-void ecx_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int ecxi_log_level(void);
+void ecxi_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Log at most `burst` lines per second from one call site (anything a peer
  * can trigger), and say how many were suppressed when it resumes. */
 #define ECX_LOG_RATELIMITED(level, ...)                                                            \
     do {                                                                                           \
-        static ecx_ratelimit rl_;                                                                  \
-        if (ecx_log_level() >= (level)) {                                                          \
+        static ecxi_ratelimit rl_;                                                                 \
+        if (ecxi_log_level() >= (level)) {                                                         \
             uint64_t dropped_;                                                                     \
-            if (ecx_ratelimit_allow(&rl_, 5, &dropped_)) {                                         \
-                if (dropped_) ecx_log(level, "(%llu similar lines suppressed)",                   \
+            if (ecxi_ratelimit_allow(&rl_, 5, &dropped_)) {                                        \
+                if (dropped_) ecxi_log(level, "(%llu similar lines suppressed)",                  \
                                       (unsigned long long)dropped_);                              \
-                ecx_log(level, __VA_ARGS__);                                                       \
+                ecxi_log(level, __VA_ARGS__);                                                      \
             }                                                                                      \
         }                                                                                          \
     } while (0)
 
-typedef struct ecx_ratelimit {
+typedef struct ecxi_ratelimit {
     int64_t window_start_ms;
     uint32_t in_window;
     uint64_t dropped;
-} ecx_ratelimit;
+} ecxi_ratelimit;
 
 /* True if another event may be logged in this one-second window. When it
  * returns true, *dropped is how many were refused since the last allowed. */
-bool ecx_ratelimit_allow(ecx_ratelimit *rl, uint32_t burst, uint64_t *dropped);
+bool ecxi_ratelimit_allow(ecxi_ratelimit *rl, uint32_t burst, uint64_t *dropped);
 
 /* A clock in milliseconds. Sessions take one so tests can drive timeouts
  * with a fake clock; NULL (or a NULL now_ms) means CLOCK_MONOTONIC. */
-typedef struct ecx_clock {
+typedef struct ecxi_clock {
     int64_t (*now_ms)(void *arg);
     void *arg;
-} ecx_clock;
+} ecxi_clock;
 
-int64_t ecx_now_ms(const ecx_clock *c);
+int64_t ecxi_now_ms(const ecxi_clock *c);
 
 /* True if the n bytes at s are well-formed UTF-8 (no overlongs, no
  * surrogates, nothing above U+10FFFF), as Python's strict decoder wants. */
-bool ecx_utf8_valid(const void *s, size_t n);
+bool ecxi_utf8_valid(const void *s, size_t n);
 
 /* Decode one code point from s[0..n); returns bytes consumed (1..4) or 0 if
  * the sequence is not well-formed UTF-8. */
-size_t ecx_utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
+size_t ecxi_utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
 
 /* Lowercase hex of n bytes into out (2n chars + NUL). */
-void ecx_hex_encode(const void *in, size_t n, char *out);
+void ecxi_hex_encode(const void *in, size_t n, char *out);
 
 /* Parse 2n hex digits (either case) into n bytes. Returns the byte count or
  * ECX_EINVAL on an odd length or a non-hex digit. out must hold len/2 bytes. */
-long ecx_hex_decode(const char *hex, size_t len, uint8_t *out);
+long ecxi_hex_decode(const char *hex, size_t len, uint8_t *out);
 
 #endif

@@ -28,7 +28,7 @@ static int check_str(ecx_span s)
 {
     if (s.n > UINT32_MAX) return ECX_EWIRE_TOO_LARGE;
     if (s.n && !s.p) return ECX_EINVAL;
-    return ecx_utf8_valid(s.p, s.n) ? 0 : ECX_EUTF8;
+    return ecxi_utf8_valid(s.p, s.n) ? 0 : ECX_EUTF8;
 }
 
 static int check_bin(ecx_span s)
@@ -47,7 +47,7 @@ static int pack_bin(msgpack_packer *pk, const char *key, ecx_span s)
     return pack_key(pk, key) || msgpack_pack_bin(pk, s.n) || msgpack_pack_bin_body(pk, s.p, s.n);
 }
 
-int ecx_wire_encode_req(const ecx_req *r, msgpack_sbuffer *buf)
+int ecxi_wire_encode_req(const ecx_req *r, msgpack_sbuffer *buf)
 {
     int rc;
     if ((rc = check_str(r->mm_hash)) || (rc = check_str(r->compatibility_hash)) ||
@@ -67,7 +67,7 @@ int ecx_wire_encode_req(const ecx_req *r, msgpack_sbuffer *buf)
     return fail ? ECX_ENOMEM : 0;
 }
 
-int ecx_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf)
+int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf)
 {
     int rc;
     if ((rc = check_str(a->mm_hash)) || (rc = check_str(a->session_id)) ||
@@ -150,7 +150,7 @@ static int read_str(cursor *c, ecx_span *out)
 {
     int rc = read_str_raw(c, out);
     if (rc) return rc;
-    return ecx_utf8_valid(out->p, out->n) ? 0 : ECX_EWIRE_UTF8;
+    return ecxi_utf8_valid(out->p, out->n) ? 0 : ECX_EWIRE_UTF8;
 }
 
 static int read_bin(cursor *c, ecx_span *out)

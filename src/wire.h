@@ -63,8 +63,8 @@ void ecx_ack_init(ecx_ack *a);
  * steady state). Refuses str fields that are not UTF-8 (ECX_EUTF8), a status
  * outside 0..5 (ECX_EINVAL), and fields over 4 GiB (ECX_EWIRE_TOO_LARGE).
  */
-int ecx_wire_encode_req(const ecx_req *r, msgpack_sbuffer *buf);
-int ecx_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf);
+int ecxi_wire_encode_req(const ecx_req *r, msgpack_sbuffer *buf);
+int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf);
 
 /* Decode one frame. On success the spans in *r / *a point into frame, which
  * must outlive them. On failure returns an ECX_EWIRE_* code. */

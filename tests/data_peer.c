@@ -2,8 +2,8 @@
  * test_data_procs.sh and test_data_netns.sh (producer and consumer in two
  * processes, possibly two network namespaces). The two exchange
  * agent_metadata / mem_descriptor through a file, as hex, the way an ack
- * would carry them. Both sides sleep on ecx_data_fd() between progress
- * calls (after ecx_data_arm()), so the wake-up path is exercised too.
+ * would carry them. Both sides sleep on ecxi_data_fd() between progress
+ * calls (after ecxi_data_arm()), so the wake-up path is exercised too.
  *
  *   data_peer produce DIR BACKEND BLOCKS BLOCK_BYTES FILE NOTIFS TIMEOUT_MS
  *     create a region in DIR, fill it with a known pattern, publish, and
@@ -35,10 +35,10 @@ static uint8_t pat(uint64_t off)
 
 static int64_t deadline;
 
-static void wait_fd(ecx_data *d, int ms)
+static void wait_fd(ecxi_data *d, int ms)
 {
-    int fd = ecx_data_fd(d);
-    if (fd < 0 || ecx_data_arm(d) != 0) return;
+    int fd = ecxi_data_fd(d);
+    if (fd < 0 || ecxi_data_arm(d) != 0) return;
     struct pollfd p = {.fd = fd, .events = POLLIN};
     (void)poll(&p, 1, ms);
 }
@@ -51,28 +51,28 @@ static void on_notif(void *arg, const char *msg, size_t len, const uint8_t *toke
     (*n)++;
 }
 
-static int produce(ecx_region *r, ecx_data_opts *o, const char *file, int want)
+static int produce(ecxi_region *r, ecxi_data_opts *o, const char *file, int want)
 {
-    uint8_t *b = ecx_region_base(r);
-    for (uint64_t i = 0; i < ecx_region_size(r); i++)
+    uint8_t *b = ecxi_region_base(r);
+    for (uint64_t i = 0; i < ecxi_region_size(r); i++)
         b[i] = pat(i);
-    ecx_data *d;
-    int rc = ecx_data_new_producer(r, o, &d);
+    ecxi_data *d;
+    int rc = ecxi_data_new_producer(r, o, &d);
     if (rc) {
         fprintf(stderr, "producer: %s\n", ecx_strerror(rc));
         return 1;
     }
     static stub_grants grants;
-    ecx_data_set_grant_fn(d, stub_grant_check, &grants);
+    ecxi_data_set_grant_fn(d, stub_grant_check, &grants);
     size_t ml;
     uint8_t ds[ECX_DATA_DESC_MAX];
-    const uint8_t *m = ecx_data_agent_metadata(d, &ml);
+    const uint8_t *m = ecxi_data_agent_metadata(d, &ml);
     long dl0 = stub_layout(d, ds, sizeof ds);
     if (dl0 < 0) return 1;
     size_t dl = (size_t)dl0;
     char *mh = malloc(2 * ml + 1), *dh = malloc(2 * dl + 1);
-    ecx_hex_encode(m, ml, mh);
-    ecx_hex_encode(ds, dl, dh);
+    ecxi_hex_encode(m, ml, mh);
+    ecxi_hex_encode(ds, dl, dh);
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", file);
     FILE *f = fopen(tmp, "w");
@@ -81,31 +81,31 @@ static int produce(ecx_region *r, ecx_data_opts *o, const char *file, int want)
         return 1;
     }
     free(mh), free(dh);
-    printf("producer %s: meta %zu bytes, desc %zu bytes\n", ecx_data_name(d), ml, dl);
+    printf("producer %s: meta %zu bytes, desc %zu bytes\n", ecxi_data_name(d), ml, dl);
     fflush(stdout);
     int got = 0;
-    while (got < want && ecx_now_ms(NULL) < deadline) {
-        if (ecx_data_poll_notifs(d, on_notif, &got) < 0) break;
+    while (got < want && ecxi_now_ms(NULL) < deadline) {
+        if (ecxi_data_poll_notifs(d, on_notif, &got) < 0) break;
         wait_fd(d, 5);
     }
     /* Serve a little longer so the consumer's closes complete cleanly. */
-    int64_t end = ecx_now_ms(NULL) + 200;
-    while (ecx_now_ms(NULL) < end) {
-        ecx_data_poll_notifs(d, on_notif, &got);
+    int64_t end = ecxi_now_ms(NULL) + 200;
+    while (ecxi_now_ms(NULL) < end) {
+        ecxi_data_poll_notifs(d, on_notif, &got);
         wait_fd(d, 5);
     }
-    ecx_data_free(d);
+    ecxi_data_free(d);
     printf("producer: %d notifications, %u grants served, %u refused\n", got, grants.served,
            grants.refused);
     return got >= want ? 0 : 1;
 }
 
-static int consume(ecx_region *r, ecx_data_opts *o, const char *file, const char *want_path)
+static int consume(ecxi_region *r, ecxi_data_opts *o, const char *file, const char *want_path)
 {
     char *line = NULL, *line2 = NULL;
     size_t cap = 0, cap2 = 0;
     FILE *f = NULL;
-    while (!(f = fopen(file, "r")) && ecx_now_ms(NULL) < deadline)
+    while (!(f = fopen(file, "r")) && ecxi_now_ms(NULL) < deadline)
         usleep(10000);
     if (!f || getline(&line, &cap, f) < 2 || getline(&line2, &cap2, f) < 2) {
         fprintf(stderr, "consumer: no metadata in %s\n", file);
@@ -114,25 +114,25 @@ static int consume(ecx_region *r, ecx_data_opts *o, const char *file, const char
     fclose(f);
     size_t mlen = strcspn(line, "\n"), dlen = strcspn(line2, "\n");
     uint8_t *m = malloc(mlen / 2 + 1), *ds = malloc(dlen / 2 + 1);
-    long ml = ecx_hex_decode(line, mlen, m), dsl = ecx_hex_decode(line2, dlen, ds);
+    long ml = ecxi_hex_decode(line, mlen, m), dsl = ecxi_hex_decode(line2, dlen, ds);
     free(line), free(line2);
-    ecx_data *d;
-    int rc = ecx_data_new_consumer(r, o, &d);
+    ecxi_data *d;
+    int rc = ecxi_data_new_consumer(r, o, &d);
     if (rc || ml < 0 || dsl < 0) {
         fprintf(stderr, "consumer: %s\n", ecx_strerror(rc));
         return 1;
     }
-    ecx_data_peer *p;
-    if ((rc = ecx_data_peer_add(d, m, (size_t)ml, ds, (size_t)dsl, &p))) {
+    ecxi_data_peer *p;
+    if ((rc = ecxi_data_peer_add(d, m, (size_t)ml, ds, (size_t)dsl, &p))) {
         fprintf(stderr, "consumer: peer_add: %s\n", ecx_strerror(rc));
         return 1;
     }
     free(m);
-    if (strcmp(ecx_data_peer_backend(p), want_path) != 0) {
-        fprintf(stderr, "consumer: path %s, want %s\n", ecx_data_peer_backend(p), want_path);
+    if (strcmp(ecxi_data_peer_backend(p), want_path) != 0) {
+        fprintf(stderr, "consumer: path %s, want %s\n", ecxi_data_peer_backend(p), want_path);
         return 1;
     }
-    const uint64_t bs = ecx_region_block_bytes(r), nb = ecx_region_num_blocks(r);
+    const uint64_t bs = ecxi_region_block_bytes(r), nb = ecxi_region_num_blocks(r);
     uint64_t *rem = calloc(nb, 8), *loc = calloc(nb, 8);
     int failures = 0;
     for (int c = 0; c < 4; c++) {
@@ -155,39 +155,39 @@ static int consume(ecx_region *r, ecx_data_opts *o, const char *file, const char
             for (size_t i = 0; i < n; i++)
                 rem[i] = i, loc[i] = i;
         }
-        memset(ecx_region_base(r), 0, ecx_region_size(r));
+        memset(ecxi_region_base(r), 0, ecxi_region_size(r));
         if (!nbytes) nbytes = n * bs;
         /* The grant's ticket: the checksum of what the producer holds there. */
-        ecx_sum sum;
-        ecx_sum_reset(&sum);
+        ecxi_sum sum;
+        ecxi_sum_reset(&sum);
         for (uint64_t i = 0, left = nbytes; i < n; i++) {
             uint8_t blk[65536];
             uint64_t l = left < bs ? left : bs;
             for (uint64_t j = 0; j < l && j < sizeof blk; j++)
                 blk[j] = pat(rem[i] * bs + j);
             if (l > sizeof blk) return 2; /* blocks above 64 KiB: not used by the tests */
-            ecx_sum_update(&sum, blk, l);
+            ecxi_sum_update(&sum, blk, l);
             left -= l;
         }
         char key[ECX_DATA_NOTIF_MAX];
         uint8_t desc[ECX_DATA_DESC_MAX];
         int kl = stub_key(key, sizeof key, nbytes, rem, n);
-        long dl = stub_desc(ds, (size_t)dsl, nbytes, ecx_sum_digest(&sum), desc, sizeof desc);
-        ecx_data_xfer *x;
+        long dl = stub_desc(ds, (size_t)dsl, nbytes, ecxi_sum_digest(&sum), desc, sizeof desc);
+        ecxi_data_xfer *x;
         if (kl < 0 || dl < 0) return 2;
-        if ((rc = ecx_data_read_post(p, desc, (size_t)dl, rem, loc, n, nbytes, key, (size_t)kl,
+        if ((rc = ecxi_data_read_post(p, desc, (size_t)dl, rem, loc, n, nbytes, key, (size_t)kl,
                                      &x))) {
             fprintf(stderr, "consumer: post %s: %s\n", name, ecx_strerror(rc));
             return 1;
         }
         int st;
-        while ((st = ecx_data_read_poll(x)) == ECX_XFER_RUNNING && ecx_now_ms(NULL) < deadline) {
-            ecx_data_progress(d);
-            if (ecx_data_read_poll(x) == ECX_XFER_RUNNING) wait_fd(d, 5);
+        while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < deadline) {
+            ecxi_data_progress(d);
+            if (ecxi_data_read_poll(x) == ECX_XFER_RUNNING) wait_fd(d, 5);
         }
-        ecx_data_read_release(x);
+        ecxi_data_read_release(x);
         uint64_t left = nbytes, bad = 0;
-        const uint8_t *lb = ecx_region_base(r);
+        const uint8_t *lb = ecxi_region_base(r);
         for (size_t i = 0; i < n; i++) {
             uint64_t l = left < bs ? left : bs;
             for (uint64_t j = 0; j < l; j++)
@@ -200,13 +200,13 @@ static int consume(ecx_region *r, ecx_data_opts *o, const char *file, const char
     }
     free(rem), free(loc), free(ds);
     /* Let the last notification leave before the endpoint closes. */
-    int64_t end = ecx_now_ms(NULL) + 100;
-    while (ecx_now_ms(NULL) < end) {
-        ecx_data_progress(d);
+    int64_t end = ecxi_now_ms(NULL) + 100;
+    while (ecxi_now_ms(NULL) < end) {
+        ecxi_data_progress(d);
         wait_fd(d, 5);
     }
-    ecx_data_peer_drop(p);
-    ecx_data_free(d);
+    ecxi_data_peer_drop(p);
+    ecxi_data_free(d);
     return failures ? 1 : 0;
 }
 
@@ -217,15 +217,15 @@ int main(int argc, char **argv)
                         "NOTIFS|PATH TIMEOUT_MS\n");
         return 2;
     }
-    ecx_data_opts o = {0};
-    if (ecx_data_backend_parse(argv[3], &o.backend)) return 2;
+    ecxi_data_opts o = {0};
+    if (ecxi_data_backend_parse(argv[3], &o.backend)) return 2;
     uint64_t blocks = strtoull(argv[4], NULL, 10), bs = strtoull(argv[5], NULL, 10);
-    deadline = ecx_now_ms(NULL) + atoi(argv[8]);
+    deadline = ecxi_now_ms(NULL) + atoi(argv[8]);
     setvbuf(stdout, NULL, _IOLBF, 0);
     char id[ECX_REGION_INSTANCE_ID_LEN + 1];
-    ecx_region *r;
-    int rc = ecx_region_instance_id(id);
-    if (!rc) rc = ecx_region_create_in(argv[2], id, 0, blocks * bs, bs, &r);
+    ecxi_region *r;
+    int rc = ecxi_region_instance_id(id);
+    if (!rc) rc = ecxi_region_create_in(argv[2], id, 0, blocks * bs, bs, &r);
     if (rc) {
         fprintf(stderr, "region: %s\n", ecx_strerror(rc));
         return 1;
@@ -233,6 +233,6 @@ int main(int argc, char **argv)
     int ret = strcmp(argv[1], "produce") == 0   ? produce(r, &o, argv[6], atoi(argv[7]))
               : strcmp(argv[1], "consume") == 0 ? consume(r, &o, argv[6], argv[7])
                                                 : 2;
-    ecx_region_free(r);
+    ecxi_region_free(r);
     return ret;
 }

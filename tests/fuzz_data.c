@@ -21,10 +21,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n = size - 1;
     uint8_t out[ECX_DATA_META_MAX + ECX_DATA_DESC_MAX];
     if (data[0] % 2 == 0) {
-        ecx_data_meta m, m2;
-        if (ecx_data_meta_decode(b, n, &m)) return 0;
-        long k = ecx_data_meta_encode(&m, out, sizeof out);
-        if (k < 0 || ecx_data_meta_decode(out, (size_t)k, &m2)) abort();
+        ecxi_data_meta m, m2;
+        if (ecxi_data_meta_decode(b, n, &m)) return 0;
+        long k = ecxi_data_meta_encode(&m, out, sizeof out);
+        if (k < 0 || ecxi_data_meta_decode(out, (size_t)k, &m2)) abort();
         if (m.nonce != m2.nonce || m.has_shm != m2.has_shm || m.has_ucx != m2.has_ucx) abort();
         if (m.has_shm) {
             if (m.path_len != m2.path_len || m.sock_len != m2.sock_len) abort();
@@ -41,10 +41,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             same(m.tcp_addr, m2.tcp_addr, m.tcp_family == 4 ? 4 : 16);
         }
     } else {
-        ecx_data_desc d, d2;
-        if (ecx_data_desc_decode(b, n, &d)) return 0;
-        long k = ecx_data_desc_encode(&d, out, sizeof out);
-        if (k < 0 || ecx_data_desc_decode(out, (size_t)k, &d2)) abort();
+        ecxi_data_desc d, d2;
+        if (ecxi_data_desc_decode(b, n, &d)) return 0;
+        long k = ecxi_data_desc_encode(&d, out, sizeof out);
+        if (k < 0 || ecxi_data_desc_decode(out, (size_t)k, &d2)) abort();
         if (d.nonce != d2.nonce || d.block_bytes != d2.block_bytes ||
             d.num_blocks != d2.num_blocks || d.has_ticket != d2.has_ticket)
             abort();

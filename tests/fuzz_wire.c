@@ -20,7 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     ecx_req r, r2;
     if (ecx_wire_decode_req(data, size, &r) == 0) {
-        if (ecx_wire_encode_req(&r, &buf)) abort();
+        if (ecxi_wire_encode_req(&r, &buf)) abort();
         if (ecx_wire_decode_req(buf.data, buf.size, &r2)) abort();
         check_span(r.mm_hash, r2.mm_hash);
         check_span(r.compatibility_hash, r2.compatibility_hash);
@@ -35,7 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (n != (a.n_indices < (1 << 16) ? a.n_indices : (1 << 16))) abort();
         if (n == a.n_indices) {
             a.indices = idx;
-            if (ecx_wire_encode_ack(&a, &buf)) abort();
+            if (ecxi_wire_encode_ack(&a, &buf)) abort();
             if (ecx_wire_decode_ack(buf.data, buf.size, &a2)) abort();
             check_span(a.mm_hash, a2.mm_hash);
             check_span(a.session_id, a2.session_id);

@@ -23,33 +23,33 @@ static int fail(const char *what, int rc)
 int main(int argc, char **argv)
 {
     if (argc == 7 && strcmp(argv[1], "create") == 0) {
-        ecx_region *r;
-        int rc = ecx_region_create_in(argv[2], argv[3], atoi(argv[4]), strtoull(argv[5], NULL, 10),
+        ecxi_region *r;
+        int rc = ecxi_region_create_in(argv[2], argv[3], atoi(argv[4]), strtoull(argv[5], NULL, 10),
                                       strtoull(argv[6], NULL, 10), &r);
         if (rc) return fail("create", rc);
-        memset(ecx_region_base(r), 0xa5, ecx_region_block_bytes(r));
-        printf("ready %s\n", ecx_region_path(r));
+        memset(ecxi_region_base(r), 0xa5, ecxi_region_block_bytes(r));
+        printf("ready %s\n", ecxi_region_path(r));
         fflush(stdout);
         char buf[64];
         while (read(0, buf, sizeof buf) > 0) {
         }
-        ecx_region_free(r);
+        ecxi_region_free(r);
         return 0;
     }
     if (argc == 6 && strcmp(argv[1], "join") == 0) {
-        ecx_region *r;
+        ecxi_region *r;
         uint64_t bs = strtoull(argv[5], NULL, 10);
-        int rc = ecx_region_join_in(argv[2], argv[3], atoi(argv[4]), bs, &r);
+        int rc = ecxi_region_join_in(argv[2], argv[3], atoi(argv[4]), bs, &r);
         if (rc) return fail("join", rc);
-        const uint8_t *b = ecx_region_base(r);
+        const uint8_t *b = ecxi_region_base(r);
         for (uint64_t i = 0; i < bs; i++)
             if (b[i] != 0xa5) {
                 fprintf(stderr, "region_helper: byte %llu is %02x\n", (unsigned long long)i, b[i]);
                 return 1;
             }
-        if (ecx_region_num_blocks(r) < 2) return fail("join: too few blocks", ECX_ERANGE);
-        memset(ecx_region_base(r) + bs, 0x5a, bs);
-        ecx_region_free(r);
+        if (ecxi_region_num_blocks(r) < 2) return fail("join: too few blocks", ECX_ERANGE);
+        memset(ecxi_region_base(r) + bs, 0x5a, bs);
+        ecxi_region_free(r);
         return 0;
     }
     fprintf(stderr,

@@ -74,8 +74,8 @@ static int write_ack(const char *file, const uint8_t *m, size_t ml, const uint8_
     snprintf(tmp, sizeof tmp, "%s.tmp", file);
     FILE *f = fopen(tmp, "w");
     if (!f) return -1;
-    ecx_hex_encode(m, ml, mh);
-    ecx_hex_encode(ds, dl, dh);
+    ecxi_hex_encode(m, ml, mh);
+    ecxi_hex_encode(ds, dl, dh);
     fprintf(f, "%s\n%s\n%s\n%s\n", mh, dh, KEY, path);
     return fclose(f) || rename(tmp, file) ? -1 : 0;
 }
@@ -95,9 +95,9 @@ static int read_ack(const char *file, ack *a)
     ssize_t n;
     int rc = -1;
     if ((n = getline(&line, &cap, f)) < 2 || n > 2 * ECX_DATA_META_MAX + 1) goto out;
-    if ((a->ml = ecx_hex_decode(line, (size_t)n - 1, a->m)) < 0) goto out;
+    if ((a->ml = ecxi_hex_decode(line, (size_t)n - 1, a->m)) < 0) goto out;
     if ((n = getline(&line, &cap, f)) < 2 || n > 2 * ECX_DATA_DESC_MAX + 1) goto out;
-    if ((a->dl = ecx_hex_decode(line, (size_t)n - 1, a->d)) < 0) goto out;
+    if ((a->dl = ecxi_hex_decode(line, (size_t)n - 1, a->d)) < 0) goto out;
     if (getline(&line, &cap, f) < 0) goto out; /* the key: always KEY */
     if ((n = getline(&line, &cap, f)) < 2 || n > ECX_DATA_PATH_MAX) goto out;
     memcpy(a->path, line, (size_t)n - 1);
@@ -118,7 +118,7 @@ typedef struct grant_state {
 } grant_state;
 
 static int grant_check(void *arg, const char *key, size_t key_len,
-                       const uint8_t token[ECX_DATA_TOKEN_LEN], int flags, ecx_data_grant *g)
+                       const uint8_t token[ECX_DATA_TOKEN_LEN], int flags, ecxi_data_grant *g)
 {
     (void)flags;
     grant_state *s = arg;
@@ -134,48 +134,48 @@ static int grant_check(void *arg, const char *key, size_t key_len,
 static void on_done(void *arg, const char *key, size_t key_len, const uint8_t *token, int status)
 {
     grant_state *s = arg;
-    if (status == 0 && grant_check(s, key, key_len, token, 0, &(ecx_data_grant){0}) == 0)
+    if (status == 0 && grant_check(s, key, key_len, token, 0, &(ecxi_data_grant){0}) == 0)
         s->completions++;
 }
 
 static int produce(const char *dir, const char *file, bool truncate_after)
 {
     char id[ECX_REGION_INSTANCE_ID_LEN + 1];
-    ecx_region *r;
-    ecx_data *d;
-    if (ecx_region_instance_id(id) || ecx_region_create_in(dir, id, 0, NB * BS, BS, &r)) return 1;
-    uint8_t *b = ecx_region_base(r);
-    for (uint64_t i = 0; i < ecx_region_size(r); i++)
+    ecxi_region *r;
+    ecxi_data *d;
+    if (ecxi_region_instance_id(id) || ecxi_region_create_in(dir, id, 0, NB * BS, BS, &r)) return 1;
+    uint8_t *b = ecxi_region_base(r);
+    for (uint64_t i = 0; i < ecxi_region_size(r); i++)
         b[i] = pat(i);
-    ecx_data_opts o = {.backend = ECX_DATA_SHM};
-    if (ecx_data_new_producer(r, &o, &d)) return 1;
+    ecxi_data_opts o = {.backend = ECX_DATA_SHM};
+    if (ecxi_data_new_producer(r, &o, &d)) return 1;
     static grant_state gs;
     for (unsigned i = 0; i < ITEM_BLOCKS; i++)
         gs.blocks[i] = i;
     if (random_bytes(gs.token, sizeof gs.token)) return 1;
-    ecx_data_set_grant_fn(d, grant_check, &gs);
-    ecx_data_ticket t = {.checksum = ecx_checksum_blocks(b, BS, gs.blocks, ITEM_BLOCKS, ITEM_BYTES),
+    ecxi_data_set_grant_fn(d, grant_check, &gs);
+    ecxi_data_ticket t = {.checksum = ecxi_checksum_blocks(b, BS, gs.blocks, ITEM_BLOCKS, ITEM_BYTES),
                          .nbytes = ITEM_BYTES,
                          .lease_ms = 30000};
     memcpy(t.token, gs.token, sizeof t.token);
     uint8_t ds[ECX_DATA_DESC_MAX];
     size_t ml;
-    const uint8_t *m = ecx_data_agent_metadata(d, &ml);
-    long dl = ecx_data_grant_descriptor(d, &t, ds, sizeof ds);
-    if (dl < 0 || write_ack(file, m, ml, ds, (size_t)dl, ecx_region_path(r))) return 1;
+    const uint8_t *m = ecxi_data_agent_metadata(d, &ml);
+    long dl = ecxi_data_grant_descriptor(d, &t, ds, sizeof ds);
+    if (dl < 0 || write_ack(file, m, ml, ds, (size_t)dl, ecxi_region_path(r))) return 1;
     bool truncated = false;
-    for (int64_t end = ecx_now_ms(NULL) + 60000; ecx_now_ms(NULL) < end;) {
-        ecx_data_poll_notifs(d, on_done, &gs);
+    for (int64_t end = ecxi_now_ms(NULL) + 60000; ecxi_now_ms(NULL) < end;) {
+        ecxi_data_poll_notifs(d, on_done, &gs);
         if (truncate_after && !truncated && gs.completions > 0) {
-            truncated = truncate(ecx_region_path(r), BS) == 0;
+            truncated = truncate(ecxi_region_path(r), BS) == 0;
             fprintf(stderr, "producer: region truncated to one block: %s\n",
                     truncated ? "yes" : strerror(errno));
         }
-        struct pollfd p = {.fd = ecx_data_fd(d), .events = POLLIN};
-        if (ecx_data_arm(d) == 0) (void)poll(&p, 1, 50);
+        struct pollfd p = {.fd = ecxi_data_fd(d), .events = POLLIN};
+        if (ecxi_data_arm(d) == 0) (void)poll(&p, 1, 50);
     }
-    ecx_data_free(d);
-    ecx_region_free(r);
+    ecxi_data_free(d);
+    ecxi_region_free(r);
     return 0;
 }
 
@@ -217,24 +217,24 @@ static int fake(const char *dir, const char *kind, const char *file)
     memcpy(sa.sun_path + 1, name, strlen(name));
     socklen_t sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name));
     if (ls < 0 || bind(ls, (struct sockaddr *)&sa, sl) != 0 || listen(ls, 8) != 0) return 1;
-    ecx_data_meta m = {.has_shm = true,
+    ecxi_data_meta m = {.has_shm = true,
                        .dev = (uint64_t)st.st_dev,
                        .ino = (uint64_t)st.st_ino,
                        .path = trap,
                        .path_len = strlen(trap),
                        .sock = name,
                        .sock_len = strlen(name)};
-    ecx_data_desc dd = {.block_bytes = BS, .num_blocks = NB, .has_ticket = true};
-    if (random_bytes(&m.nonce, sizeof m.nonce) || ecx_data_boot_id(m.boot_id) ||
+    ecxi_data_desc dd = {.block_bytes = BS, .num_blocks = NB, .has_ticket = true};
+    if (random_bytes(&m.nonce, sizeof m.nonce) || ecxi_data_boot_id(m.boot_id) ||
         random_bytes(dd.ticket.token, sizeof dd.ticket.token))
         return 1;
     dd.nonce = m.nonce;
     dd.ticket.nbytes = ITEM_BYTES;
     dd.ticket.lease_ms = 30000;
     uint8_t mb[ECX_DATA_META_MAX], db[ECX_DATA_DESC_MAX];
-    long ml = ecx_data_meta_encode(&m, mb, sizeof mb), dl = ecx_data_desc_encode(&dd, db, sizeof db);
+    long ml = ecxi_data_meta_encode(&m, mb, sizeof mb), dl = ecxi_data_desc_encode(&dd, db, sizeof db);
     if (ml < 0 || dl < 0 || write_ack(file, mb, (size_t)ml, db, (size_t)dl, trap)) return 1;
-    for (int64_t end = ecx_now_ms(NULL) + 60000; ecx_now_ms(NULL) < end;) {
+    for (int64_t end = ecxi_now_ms(NULL) + 60000; ecxi_now_ms(NULL) < end;) {
         struct pollfd p = {.fd = ls, .events = POLLIN};
         if (poll(&p, 1, 200) <= 0) continue;
         int c = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
@@ -275,33 +275,33 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
         return 2;
     }
     if (sock_of) { /* the same producer's ack, naming another's socket */
-        ecx_data_meta m, mo;
-        if (ecx_data_meta_decode(a.m, (size_t)a.ml, &m) ||
-            ecx_data_meta_decode(other.m, (size_t)other.ml, &mo))
+        ecxi_data_meta m, mo;
+        if (ecxi_data_meta_decode(a.m, (size_t)a.ml, &m) ||
+            ecxi_data_meta_decode(other.m, (size_t)other.ml, &mo))
             return 2;
         m.sock = mo.sock;
         m.sock_len = mo.sock_len;
         uint8_t mb[ECX_DATA_META_MAX];
-        long ml = ecx_data_meta_encode(&m, mb, sizeof mb);
+        long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
         if (ml < 0) return 2;
         memcpy(a.m, mb, (size_t)ml);
         a.ml = ml;
     }
     char id[ECX_REGION_INSTANCE_ID_LEN + 1];
-    ecx_region *r;
-    ecx_data *d;
-    ecx_data_opts o = {.backend = ECX_DATA_SHM};
-    if (ecx_region_instance_id(id) || ecx_region_create_in(dir, id, 1, NB * BS, BS, &r) ||
-        ecx_data_new_consumer(r, &o, &d)) {
+    ecxi_region *r;
+    ecxi_data *d;
+    ecxi_data_opts o = {.backend = ECX_DATA_SHM};
+    if (ecxi_region_instance_id(id) || ecxi_region_create_in(dir, id, 1, NB * BS, BS, &r) ||
+        ecxi_data_new_consumer(r, &o, &d)) {
         fprintf(stderr, "consumer: cannot start\n");
         return 2;
     }
-    uint8_t *dst = ecx_region_base(r);
+    uint8_t *dst = ecxi_region_base(r);
     uint64_t remote[ITEM_BLOCKS], local[ITEM_BLOCKS];
     for (unsigned i = 0; i < ITEM_BLOCKS; i++)
         remote[i] = i, local[i] = NB - 1 - i; /* scattered, reversed */
-    ecx_data_peer *p = NULL;
-    int prc = ecx_data_peer_add(d, a.m, (size_t)a.ml, a.d, (size_t)a.dl, &p);
+    ecxi_data_peer *p = NULL;
+    int prc = ecxi_data_peer_add(d, a.m, (size_t)a.ml, a.d, (size_t)a.dl, &p);
     int bad = 0;
     for (int e = 0; e < nexpect; e++) {
         if (strcmp(expect[e], "pause") == 0) {
@@ -313,20 +313,20 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
         if (prc) {
             got = prc == ECX_EDATA_NOPATH ? "nopath" : ecx_strerror(prc);
         } else {
-            memset(dst, 0x5a, ecx_region_size(r));
-            ecx_data_xfer *x;
-            int rc = ecx_data_read_post(p, a.d, (size_t)a.dl, remote, local, ITEM_BLOCKS,
+            memset(dst, 0x5a, ecxi_region_size(r));
+            ecxi_data_xfer *x;
+            int rc = ecxi_data_read_post(p, a.d, (size_t)a.dl, remote, local, ITEM_BLOCKS,
                                         ITEM_BYTES, KEY, strlen(KEY), &x);
             int st = rc ? ECX_XFER_FAILED : ECX_XFER_RUNNING;
-            for (int64_t end = ecx_now_ms(NULL) + 10000;
-                 !rc && (st = ecx_data_read_poll(x)) == ECX_XFER_RUNNING &&
-                 ecx_now_ms(NULL) < end;) {
-                ecx_data_progress(d);
-                struct pollfd pf = {.fd = ecx_data_fd(d), .events = POLLIN};
-                if (ecx_data_arm(d) == 0) (void)poll(&pf, 1, 50);
+            for (int64_t end = ecxi_now_ms(NULL) + 10000;
+                 !rc && (st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING &&
+                 ecxi_now_ms(NULL) < end;) {
+                ecxi_data_progress(d);
+                struct pollfd pf = {.fd = ecxi_data_fd(d), .events = POLLIN};
+                if (ecxi_data_arm(d) == 0) (void)poll(&pf, 1, 50);
             }
-            if (!rc) ecx_data_read_release(x);
-            for (uint64_t i = 0; i < ecx_region_size(r); i++)
+            if (!rc) ecxi_data_read_release(x);
+            for (uint64_t i = 0; i < ecxi_region_size(r); i++)
                 if (dst[i] != 0x5a) untouched = false;
             for (uint64_t i = 0; i < ITEM_BYTES; i++)
                 if (dst[local[i / BS] * BS + i % BS] != pat(i)) exact = false;
@@ -342,19 +342,19 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
         printf("read %d: %s (expected %s)\n", e + 1, got, expect[e]);
         if (!match) bad++;
     }
-    ecx_data_peer_drop(p);
-    ecx_data_free(d);
-    ecx_region_free(r);
+    ecxi_data_peer_drop(p);
+    ecxi_data_free(d);
+    ecxi_region_free(r);
     return bad ? 1 : 0;
 }
 
 static int raw(const char *file)
 {
     ack a;
-    ecx_data_meta m;
-    ecx_data_ticket t;
-    if (read_ack(file, &a) || ecx_data_meta_decode(a.m, (size_t)a.ml, &m) || !m.has_shm ||
-        ecx_data_desc_ticket(a.d, (size_t)a.dl, &t))
+    ecxi_data_meta m;
+    ecxi_data_ticket t;
+    if (read_ack(file, &a) || ecxi_data_meta_decode(a.m, (size_t)a.ml, &m) || !m.has_shm ||
+        ecxi_data_desc_ticket(a.d, (size_t)a.dl, &t))
         return 2;
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};

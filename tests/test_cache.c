@@ -33,22 +33,22 @@ static void log_evict(void *arg, const char *key, size_t len, uint64_t n_blocks)
     if (l->n < 64) snprintf(l->keys[l->n++], 64, "%.*s", (int)len, key);
 }
 
-static ecx_cache *mk(uint64_t n, struct evlog *log)
+static ecxi_cache *mk(uint64_t n, struct evlog *log)
 {
-    ecx_cache_opts o = {.num_blocks = n, .on_evict = log ? log_evict : NULL, .evict_arg = log};
-    ecx_cache *c = NULL;
-    assert_int_equal(ecx_cache_new(&o, &c), 0);
+    ecxi_cache_opts o = {.num_blocks = n, .on_evict = log ? log_evict : NULL, .evict_arg = log};
+    ecxi_cache *c = NULL;
+    assert_int_equal(ecxi_cache_new(&o, &c), 0);
     assert_non_null(c);
     return c;
 }
 
 /* The entry's blocks as a string "0,1,2" for easy comparison. */
-static const char *blocks_str(ecx_cache *c, const char *key)
+static const char *blocks_str(ecxi_cache *c, const char *key)
 {
     static char buf[1024];
     int64_t idx[128];
     size_t n = 0;
-    assert_int_equal(ecx_cache_blocks(c, K(key), idx, 128, &n), 0);
+    assert_int_equal(ecxi_cache_blocks(c, K(key), idx, 128, &n), 0);
     size_t off = 0;
     buf[0] = 0;
     for (size_t i = 0; i < n; i++)
@@ -57,10 +57,10 @@ static const char *blocks_str(ecx_cache *c, const char *key)
     return buf;
 }
 
-static void ready(ecx_cache *c, const char *key, uint64_t n)
+static void ready(ecxi_cache *c, const char *key, uint64_t n)
 {
-    assert_int_equal(ecx_cache_reserve(c, K(key), n), 0);
-    assert_int_equal(ecx_cache_mark_ready(c, K(key)), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K(key), n), 0);
+    assert_int_equal(ecxi_cache_mark_ready(c, K(key)), 0);
 }
 
 /* ---- hand-worked cases ----------------------------------------------- */
@@ -68,59 +68,59 @@ static void ready(ecx_cache *c, const char *key, uint64_t n)
 static void test_new_invalid(void **state)
 {
     (void)state;
-    ecx_cache *c = (ecx_cache *)1;
-    ecx_cache_opts o = {.num_blocks = 0};
-    assert_int_equal(ecx_cache_new(&o, &c), ECX_EINVAL);
+    ecxi_cache *c = (ecxi_cache *)1;
+    ecxi_cache_opts o = {.num_blocks = 0};
+    assert_int_equal(ecxi_cache_new(&o, &c), ECX_EINVAL);
     assert_null(c);
     o.num_blocks = (uint64_t)ECX_CACHE_MAX_BLOCKS + 1;
-    assert_int_equal(ecx_cache_new(&o, &c), ECX_EINVAL);
-    assert_int_equal(ecx_cache_new(NULL, &c), ECX_EINVAL);
-    assert_int_equal(ecx_cache_new(&o, NULL), ECX_EINVAL);
-    ecx_cache_free(NULL);
+    assert_int_equal(ecxi_cache_new(&o, &c), ECX_EINVAL);
+    assert_int_equal(ecxi_cache_new(NULL, &c), ECX_EINVAL);
+    assert_int_equal(ecxi_cache_new(&o, NULL), ECX_EINVAL);
+    ecxi_cache_free(NULL);
 }
 
 static void test_lifecycle(void **state)
 {
     (void)state;
-    ecx_cache *c = mk(10, NULL);
-    ecx_cache_info info;
-    assert_int_equal(ecx_cache_lookup(c, K("a"), &info), ECX_ECACHE_MISSING);
-    assert_int_equal(ecx_cache_pin_if_ready(c, K("a")), ECX_ECACHE_MISSING);
-    assert_int_equal(ecx_cache_reserve(c, K("a"), 3), 0);
-    assert_int_equal(ecx_cache_lookup(c, K("a"), &info), 0);
+    ecxi_cache *c = mk(10, NULL);
+    ecxi_cache_info info;
+    assert_int_equal(ecxi_cache_lookup(c, K("a"), &info), ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_pin_if_ready(c, K("a")), ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_reserve(c, K("a"), 3), 0);
+    assert_int_equal(ecxi_cache_lookup(c, K("a"), &info), 0);
     assert_int_equal(info.state, ECX_CACHE_NOT_READY);
     assert_int_equal(info.n_blocks, 3);
     assert_int_equal(info.size_bytes, 0);
-    assert_int_equal(ecx_cache_set_size(c, K("a"), 12345), 0);
-    assert_int_equal(ecx_cache_lookup(c, K("a"), &info), 0);
+    assert_int_equal(ecxi_cache_set_size(c, K("a"), 12345), 0);
+    assert_int_equal(ecxi_cache_lookup(c, K("a"), &info), 0);
     assert_int_equal(info.size_bytes, 12345);
-    ecx_cache_run one[2];
+    ecxi_cache_run one[2];
     size_t nr = 0;
-    assert_int_equal(ecx_cache_runs(c, K("a"), one, 2, &nr), 0);
+    assert_int_equal(ecxi_cache_runs(c, K("a"), one, 2, &nr), 0);
     assert_int_equal(nr, 1);
-    assert_int_equal(ecx_cache_pin_if_ready(c, K("a")), ECX_ECACHE_NOT_READY);
-    assert_int_equal(ecx_cache_mark_ready(c, K("a")), 0);
-    assert_int_equal(ecx_cache_set_size(c, K("a"), 1), ECX_ECACHE_STATE);
-    assert_int_equal(ecx_cache_set_size(c, K("b"), 1), ECX_ECACHE_MISSING);
-    assert_int_equal(ecx_cache_pin_if_ready(c, K("a")), 0);
-    assert_int_equal(ecx_cache_pin_if_ready(c, K("a")), 0);
-    assert_int_equal(ecx_cache_lookup(c, K("a"), &info), 0);
+    assert_int_equal(ecxi_cache_pin_if_ready(c, K("a")), ECX_ECACHE_NOT_READY);
+    assert_int_equal(ecxi_cache_mark_ready(c, K("a")), 0);
+    assert_int_equal(ecxi_cache_set_size(c, K("a"), 1), ECX_ECACHE_STATE);
+    assert_int_equal(ecxi_cache_set_size(c, K("b"), 1), ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_pin_if_ready(c, K("a")), 0);
+    assert_int_equal(ecxi_cache_pin_if_ready(c, K("a")), 0);
+    assert_int_equal(ecxi_cache_lookup(c, K("a"), &info), 0);
     assert_int_equal(info.state, ECX_CACHE_READY);
     assert_int_equal(info.pins, 2);
-    ecx_cache_stats st;
-    ecx_cache_get_stats(c, &st);
+    ecxi_cache_stats st;
+    ecxi_cache_get_stats(c, &st);
     assert_int_equal(st.free_blocks, 7);
     assert_int_equal(st.owned_blocks, 3);
     assert_int_equal(st.evictable_blocks, 0);
     assert_int_equal(st.pinned, 1);
-    assert_int_equal(ecx_cache_unpin(c, K("a")), 0);
-    assert_int_equal(ecx_cache_unpin(c, K("a")), 0);
-    ecx_cache_get_stats(c, &st);
+    assert_int_equal(ecxi_cache_unpin(c, K("a")), 0);
+    assert_int_equal(ecxi_cache_unpin(c, K("a")), 0);
+    ecxi_cache_get_stats(c, &st);
     assert_int_equal(st.evictable_blocks, 3);
     assert_int_equal(st.pinned, 0);
     assert_string_equal(blocks_str(c, "a"), "0,1,2");
-    assert_int_equal(ecx_cache_check(c), 0);
-    ecx_cache_free(c);
+    assert_int_equal(ecxi_cache_check(c), 0);
+    ecxi_cache_free(c);
 }
 
 /* Best fit with lowest start among equals; when nothing fits, the largest
@@ -128,79 +128,79 @@ static void test_lifecycle(void **state)
 static void test_allocation_policy(void **state)
 {
     (void)state;
-    ecx_cache *c = mk(16, NULL);
-    assert_int_equal(ecx_cache_reserve(c, K("a"), 4), 0);
-    assert_int_equal(ecx_cache_reserve(c, K("b"), 4), 0);
-    assert_int_equal(ecx_cache_reserve(c, K("c"), 4), 0);
+    ecxi_cache *c = mk(16, NULL);
+    assert_int_equal(ecxi_cache_reserve(c, K("a"), 4), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("b"), 4), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("c"), 4), 0);
     assert_string_equal(blocks_str(c, "b"), "4,5,6,7");
-    assert_int_equal(ecx_cache_discard(c, K("b")), 0);
+    assert_int_equal(ecxi_cache_discard(c, K("b")), 0);
     /* free: [4..7] and [12..15], equal length: lowest start wins. */
-    assert_int_equal(ecx_cache_reserve(c, K("d"), 3), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("d"), 3), 0);
     assert_string_equal(blocks_str(c, "d"), "4,5,6");
     /* free: [7] and [12..15]; 5 fits nowhere: take 12..15, then 7. */
-    assert_int_equal(ecx_cache_reserve(c, K("e"), 5), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("e"), 5), 0);
     assert_string_equal(blocks_str(c, "e"), "7,12,13,14,15");
-    ecx_cache_run runs[4];
+    ecxi_cache_run runs[4];
     size_t nr = 0;
-    assert_int_equal(ecx_cache_runs(c, K("e"), runs, 4, &nr), 0);
+    assert_int_equal(ecxi_cache_runs(c, K("e"), runs, 4, &nr), 0);
     assert_int_equal(nr, 2);
     assert_int_equal(runs[0].start, 7);
     assert_int_equal(runs[0].len, 1);
     assert_int_equal(runs[1].start, 12);
     assert_int_equal(runs[1].len, 4);
-    assert_int_equal(ecx_cache_runs(c, K("e"), runs, 1, &nr), ECX_ERANGE);
+    assert_int_equal(ecxi_cache_runs(c, K("e"), runs, 1, &nr), ECX_ERANGE);
     assert_int_equal(nr, 2);
     int64_t idx[4];
     size_t nb = 0;
-    assert_int_equal(ecx_cache_blocks(c, K("e"), idx, 4, &nb), ECX_ERANGE);
+    assert_int_equal(ecxi_cache_blocks(c, K("e"), idx, 4, &nb), ECX_ERANGE);
     assert_int_equal(nb, 5);
     /* Best fit prefers the smaller run even at a higher address. */
-    assert_int_equal(ecx_cache_discard(c, K("a")), 0); /* free [0..3] */
-    assert_int_equal(ecx_cache_discard(c, K("d")), 0); /* free [0..6] merged */
-    assert_int_equal(ecx_cache_discard(c, K("c")), 0); /* frees 8..11 -> [0..6], [8..11] */
-    assert_int_equal(ecx_cache_reserve(c, K("f"), 4), 0);
+    assert_int_equal(ecxi_cache_discard(c, K("a")), 0); /* free [0..3] */
+    assert_int_equal(ecxi_cache_discard(c, K("d")), 0); /* free [0..6] merged */
+    assert_int_equal(ecxi_cache_discard(c, K("c")), 0); /* frees 8..11 -> [0..6], [8..11] */
+    assert_int_equal(ecxi_cache_reserve(c, K("f"), 4), 0);
     assert_string_equal(blocks_str(c, "f"), "8,9,10,11");
-    assert_int_equal(ecx_cache_check(c), 0);
-    ecx_cache_stats st;
-    ecx_cache_get_stats(c, &st);
+    assert_int_equal(ecxi_cache_check(c), 0);
+    ecxi_cache_stats st;
+    ecxi_cache_get_stats(c, &st);
     assert_int_equal(st.free_runs, 1);
     assert_int_equal(st.free_blocks, 7);
-    ecx_cache_free(c);
+    ecxi_cache_free(c);
 }
 
 static void test_fifo_eviction(void **state)
 {
     (void)state;
     struct evlog log = {0};
-    ecx_cache *c = mk(4, &log);
+    ecxi_cache *c = mk(4, &log);
     ready(c, "a", 1);
     ready(c, "b", 1);
     ready(c, "c", 1);
     ready(c, "d", 1);
     /* a pinned then unpinned goes back to the tail: b, c, d, a. */
-    assert_int_equal(ecx_cache_pin(c, K("a")), 0);
-    assert_int_equal(ecx_cache_unpin(c, K("a")), 0);
-    assert_int_equal(ecx_cache_reserve(c, K("e"), 2), 0);
+    assert_int_equal(ecxi_cache_pin(c, K("a")), 0);
+    assert_int_equal(ecxi_cache_unpin(c, K("a")), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("e"), 2), 0);
     assert_int_equal(log.n, 2);
     assert_string_equal(log.keys[0], "b");
     assert_string_equal(log.keys[1], "c");
-    assert_int_equal(ecx_cache_lookup(c, K("b"), NULL), ECX_ECACHE_MISSING);
-    assert_int_equal(ecx_cache_lookup(c, K("a"), NULL), 0);
+    assert_int_equal(ecxi_cache_lookup(c, K("b"), NULL), ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_lookup(c, K("a"), NULL), 0);
     assert_string_equal(blocks_str(c, "e"), "1,2");
     /* A not-ready entry (e) and a pinned one (d) are never evicted. */
-    assert_int_equal(ecx_cache_pin(c, K("d")), 0);
-    assert_int_equal(ecx_cache_reserve(c, K("f"), 2), ECX_ECACHE_FULL);
+    assert_int_equal(ecxi_cache_pin(c, K("d")), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("f"), 2), ECX_ECACHE_FULL);
     assert_int_equal(log.n, 2); /* no side effect */
-    assert_int_equal(ecx_cache_lookup(c, K("a"), NULL), 0);
-    assert_int_equal(ecx_cache_reserve(c, K("f"), 1), 0);
+    assert_int_equal(ecxi_cache_lookup(c, K("a"), NULL), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("f"), 1), 0);
     assert_int_equal(log.n, 3);
     assert_string_equal(log.keys[2], "a");
     /* Eviction happens only when needed. */
-    assert_int_equal(ecx_cache_discard(c, K("f")), 0);
-    assert_int_equal(ecx_cache_reserve(c, K("g"), 1), 0);
+    assert_int_equal(ecxi_cache_discard(c, K("f")), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("g"), 1), 0);
     assert_int_equal(log.n, 3);
-    assert_int_equal(ecx_cache_check(c), 0);
-    ecx_cache_free(c);
+    assert_int_equal(ecxi_cache_check(c), 0);
+    ecxi_cache_free(c);
 }
 
 /* Every slot used by a one-block entry: the reserve must evict to get a
@@ -209,98 +209,98 @@ static void test_full_of_single_blocks(void **state)
 {
     (void)state;
     struct evlog log = {0};
-    ecx_cache *c = mk(8, &log);
+    ecxi_cache *c = mk(8, &log);
     char key[8];
     for (int i = 0; i < 8; i++) {
         snprintf(key, sizeof key, "k%d", i);
         ready(c, key, 1);
     }
-    assert_int_equal(ecx_cache_reserve(c, K("new"), 1), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("new"), 1), 0);
     assert_int_equal(log.n, 1);
     assert_string_equal(log.keys[0], "k0");
     assert_string_equal(blocks_str(c, "new"), "0");
-    assert_int_equal(ecx_cache_reserve(c, K("big"), 8), ECX_ECACHE_FULL); /* new is not ready */
-    assert_int_equal(ecx_cache_reserve(c, K("big"), 7), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("big"), 8), ECX_ECACHE_FULL); /* new is not ready */
+    assert_int_equal(ecxi_cache_reserve(c, K("big"), 7), 0);
     assert_int_equal(log.n, 8);
     assert_string_equal(blocks_str(c, "big"), "1,2,3,4,5,6,7");
-    assert_int_equal(ecx_cache_check(c), 0);
-    ecx_cache_free(c);
+    assert_int_equal(ecxi_cache_check(c), 0);
+    ecxi_cache_free(c);
 }
 
 static void test_misuse(void **state)
 {
     (void)state;
-    ecx_cache *c = mk(8, NULL);
-    assert_int_equal(ecx_cache_reserve(c, K("a"), 2), 0);
-    assert_int_equal(ecx_cache_reserve(c, K("a"), 2), ECX_ECACHE_EXISTS);
-    assert_int_equal(ecx_cache_reserve(c, K("b"), 0), ECX_EINVAL);
-    assert_int_equal(ecx_cache_reserve(c, K("b"), 9), ECX_ECACHE_FULL);
-    assert_int_equal(ecx_cache_reserve(c, K("b"), UINT64_MAX), ECX_ECACHE_FULL);
-    assert_int_equal(ecx_cache_reserve(c, NULL, 3, 1), ECX_EINVAL);
-    assert_int_equal(ecx_cache_reserve(c, "x", 0, 1), ECX_EINVAL);
+    ecxi_cache *c = mk(8, NULL);
+    assert_int_equal(ecxi_cache_reserve(c, K("a"), 2), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("a"), 2), ECX_ECACHE_EXISTS);
+    assert_int_equal(ecxi_cache_reserve(c, K("b"), 0), ECX_EINVAL);
+    assert_int_equal(ecxi_cache_reserve(c, K("b"), 9), ECX_ECACHE_FULL);
+    assert_int_equal(ecxi_cache_reserve(c, K("b"), UINT64_MAX), ECX_ECACHE_FULL);
+    assert_int_equal(ecxi_cache_reserve(c, NULL, 3, 1), ECX_EINVAL);
+    assert_int_equal(ecxi_cache_reserve(c, "x", 0, 1), ECX_EINVAL);
     static char huge[ECX_CACHE_KEY_MAX + 1];
     memset(huge, 'h', sizeof huge);
-    assert_int_equal(ecx_cache_reserve(c, huge, sizeof huge, 1), ECX_EINVAL);
-    assert_int_equal(ecx_cache_reserve(c, huge, ECX_CACHE_KEY_MAX, 1), 0);
-    assert_int_equal(ecx_cache_discard(c, huge, ECX_CACHE_KEY_MAX), 0);
-    assert_int_equal(ecx_cache_reserve(NULL, K("z"), 1), ECX_EINVAL);
+    assert_int_equal(ecxi_cache_reserve(c, huge, sizeof huge, 1), ECX_EINVAL);
+    assert_int_equal(ecxi_cache_reserve(c, huge, ECX_CACHE_KEY_MAX, 1), 0);
+    assert_int_equal(ecxi_cache_discard(c, huge, ECX_CACHE_KEY_MAX), 0);
+    assert_int_equal(ecxi_cache_reserve(NULL, K("z"), 1), ECX_EINVAL);
 
-    assert_int_equal(ecx_cache_unpin(c, K("a")), ECX_ECACHE_STATE);
-    assert_int_equal(ecx_cache_unpin(c, K("nope")), ECX_ECACHE_MISSING);
-    assert_int_equal(ecx_cache_mark_ready(c, K("nope")), ECX_ECACHE_MISSING);
-    assert_int_equal(ecx_cache_discard(c, K("nope")), ECX_ECACHE_MISSING);
-    assert_int_equal(ecx_cache_pin(c, K("nope")), ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_unpin(c, K("a")), ECX_ECACHE_STATE);
+    assert_int_equal(ecxi_cache_unpin(c, K("nope")), ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_mark_ready(c, K("nope")), ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_discard(c, K("nope")), ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_pin(c, K("nope")), ECX_ECACHE_MISSING);
     /* A pinned not-ready entry cannot be discarded. */
-    assert_int_equal(ecx_cache_pin(c, K("a")), 0);
-    assert_int_equal(ecx_cache_discard(c, K("a")), ECX_ECACHE_STATE);
-    assert_int_equal(ecx_cache_mark_ready(c, K("a")), 0);
-    assert_int_equal(ecx_cache_mark_ready(c, K("a")), ECX_ECACHE_STATE);
-    assert_int_equal(ecx_cache_discard(c, K("a")), ECX_ECACHE_STATE);
-    ecx_cache_stats st;
-    ecx_cache_get_stats(c, &st);
+    assert_int_equal(ecxi_cache_pin(c, K("a")), 0);
+    assert_int_equal(ecxi_cache_discard(c, K("a")), ECX_ECACHE_STATE);
+    assert_int_equal(ecxi_cache_mark_ready(c, K("a")), 0);
+    assert_int_equal(ecxi_cache_mark_ready(c, K("a")), ECX_ECACHE_STATE);
+    assert_int_equal(ecxi_cache_discard(c, K("a")), ECX_ECACHE_STATE);
+    ecxi_cache_stats st;
+    ecxi_cache_get_stats(c, &st);
     assert_int_equal(st.evictable_blocks, 0); /* still pinned */
-    assert_int_equal(ecx_cache_unpin(c, K("a")), 0);
-    assert_int_equal(ecx_cache_unpin(c, K("a")), ECX_ECACHE_STATE);
-    assert_int_equal(ecx_cache_discard(c, K("a")), ECX_ECACHE_STATE);
-    ecx_cache_get_stats(c, &st);
+    assert_int_equal(ecxi_cache_unpin(c, K("a")), 0);
+    assert_int_equal(ecxi_cache_unpin(c, K("a")), ECX_ECACHE_STATE);
+    assert_int_equal(ecxi_cache_discard(c, K("a")), ECX_ECACHE_STATE);
+    ecxi_cache_get_stats(c, &st);
     assert_int_equal(st.evictable_blocks, 2);
     assert_int_equal(st.entries, 1);
     assert_int_equal(st.free_blocks, 6);
-    assert_int_equal(ecx_cache_blocks(c, K("a"), NULL, 1, NULL), ECX_EINVAL);
-    assert_int_equal(ecx_cache_check(c), 0);
-    ecx_cache_free(c);
+    assert_int_equal(ecxi_cache_blocks(c, K("a"), NULL, 1, NULL), ECX_EINVAL);
+    assert_int_equal(ecxi_cache_check(c), 0);
+    ecxi_cache_free(c);
 }
 
 /* Keys are bytes: NULs, long keys in every size class, prefixes. */
 static void test_keys(void **state)
 {
     (void)state;
-    ecx_cache *c = mk(64, NULL);
-    assert_int_equal(ecx_cache_reserve(c, "a\0b", 3, 1), 0);
-    assert_int_equal(ecx_cache_reserve(c, "a\0c", 3, 1), 0);
-    assert_int_equal(ecx_cache_reserve(c, "a", 1, 1), 0);
-    assert_int_equal(ecx_cache_lookup(c, "a\0b", 3, NULL), 0);
-    assert_int_equal(ecx_cache_lookup(c, "a\0", 2, NULL), ECX_ECACHE_MISSING);
+    ecxi_cache *c = mk(64, NULL);
+    assert_int_equal(ecxi_cache_reserve(c, "a\0b", 3, 1), 0);
+    assert_int_equal(ecxi_cache_reserve(c, "a\0c", 3, 1), 0);
+    assert_int_equal(ecxi_cache_reserve(c, "a", 1, 1), 0);
+    assert_int_equal(ecxi_cache_lookup(c, "a\0b", 3, NULL), 0);
+    assert_int_equal(ecxi_cache_lookup(c, "a\0", 2, NULL), ECX_ECACHE_MISSING);
     char key[ECX_CACHE_KEY_MAX];
     size_t lens[] = {63, 64, 65, 128, 129, 1000, 2049, ECX_CACHE_KEY_MAX};
     for (int round = 0; round < 3; round++) {
         for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
             memset(key, 'a' + (int)i, lens[i]);
-            assert_int_equal(ecx_cache_reserve(c, key, lens[i], 2), 0);
+            assert_int_equal(ecxi_cache_reserve(c, key, lens[i], 2), 0);
         }
         for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
             memset(key, 'a' + (int)i, lens[i]);
-            assert_int_equal(ecx_cache_lookup(c, key, lens[i], NULL), 0);
-            assert_int_equal(ecx_cache_lookup(c, key, lens[i] - 1, NULL), ECX_ECACHE_MISSING);
+            assert_int_equal(ecxi_cache_lookup(c, key, lens[i], NULL), 0);
+            assert_int_equal(ecxi_cache_lookup(c, key, lens[i] - 1, NULL), ECX_ECACHE_MISSING);
         }
-        assert_int_equal(ecx_cache_check(c), 0);
+        assert_int_equal(ecxi_cache_check(c), 0);
         for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
             memset(key, 'a' + (int)i, lens[i]);
-            assert_int_equal(ecx_cache_discard(c, key, lens[i]), 0);
+            assert_int_equal(ecxi_cache_discard(c, key, lens[i]), 0);
         }
     }
-    assert_int_equal(ecx_cache_check(c), 0);
-    ecx_cache_free(c);
+    assert_int_equal(ecxi_cache_check(c), 0);
+    ecxi_cache_free(c);
 }
 
 /* Many entries: the table and the entry pool grow, and stay consistent. */
@@ -308,29 +308,29 @@ static void test_growth(void **state)
 {
     (void)state;
     enum { N = 50000 };
-    ecx_cache *c = mk(N, NULL);
+    ecxi_cache *c = mk(N, NULL);
     char key[32];
     for (int i = 0; i < N; i++) {
         snprintf(key, sizeof key, "key-%d", i);
-        assert_int_equal(ecx_cache_reserve(c, K(key), 1), 0);
+        assert_int_equal(ecxi_cache_reserve(c, K(key), 1), 0);
     }
-    assert_int_equal(ecx_cache_check(c), 0);
+    assert_int_equal(ecxi_cache_check(c), 0);
     for (int i = 0; i < N; i += 2) {
         snprintf(key, sizeof key, "key-%d", i);
-        assert_int_equal(ecx_cache_discard(c, K(key)), 0);
+        assert_int_equal(ecxi_cache_discard(c, K(key)), 0);
     }
     for (int i = 1; i < N; i += 2) {
         snprintf(key, sizeof key, "key-%d", i);
-        assert_int_equal(ecx_cache_lookup(c, K(key), NULL), 0);
+        assert_int_equal(ecxi_cache_lookup(c, K(key), NULL), 0);
     }
-    ecx_cache_stats st;
-    ecx_cache_get_stats(c, &st);
+    ecxi_cache_stats st;
+    ecxi_cache_get_stats(c, &st);
     assert_int_equal(st.free_runs, N / 2);
-    assert_int_equal(ecx_cache_check(c), 0);
+    assert_int_equal(ecxi_cache_check(c), 0);
     /* 25,000 one-block holes: a 3-block reserve takes the 3 lowest. */
-    assert_int_equal(ecx_cache_reserve(c, K("spread"), 3), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("spread"), 3), 0);
     assert_string_equal(blocks_str(c, "spread"), "0,2,4");
-    ecx_cache_free(c);
+    ecxi_cache_free(c);
 }
 
 /* ---- randomized comparison with a reference model --------------------- */
@@ -493,10 +493,10 @@ static void seen_evict(void *arg, const char *key, size_t len, uint64_t n_blocks
     if (s->n < RN) s->keys[s->n++] = k;
 }
 
-static void compare_entry(ecx_cache *c, int k)
+static void compare_entry(ecxi_cache *c, int k)
 {
-    ecx_cache_info info;
-    int rc = ecx_cache_lookup(c, rkeys[k], rklen[k], &info);
+    ecxi_cache_info info;
+    int rc = ecxi_cache_lookup(c, rkeys[k], rklen[k], &info);
     if (!ref.e[k].live) {
         assert_int_equal(rc, ECX_ECACHE_MISSING);
         return;
@@ -507,16 +507,16 @@ static void compare_entry(ecx_cache *c, int k)
     assert_int_equal(info.n_blocks, ref.e[k].n);
     int64_t idx[RN];
     size_t n = 0;
-    assert_int_equal(ecx_cache_blocks(c, rkeys[k], rklen[k], idx, RN, &n), 0);
+    assert_int_equal(ecxi_cache_blocks(c, rkeys[k], rklen[k], idx, RN, &n), 0);
     assert_int_equal(n, ref.e[k].n);
     int runs = 0;
     for (size_t i = 0; i < n; i++) {
         assert_int_equal(idx[i], ref.e[k].blocks[i]);
         if (i == 0 || idx[i] != idx[i - 1] + 1) runs++;
     }
-    ecx_cache_run rr[RN];
+    ecxi_cache_run rr[RN];
     size_t nr = 0;
-    assert_int_equal(ecx_cache_runs(c, rkeys[k], rklen[k], rr, RN, &nr), 0);
+    assert_int_equal(ecxi_cache_runs(c, rkeys[k], rklen[k], rr, RN, &nr), 0);
     assert_int_equal(nr, runs);
     for (size_t i = 0, b = 0; i < nr; b += rr[i].len, i++)
         assert_int_equal(rr[i].start, idx[b]);
@@ -543,9 +543,9 @@ static void test_random_vs_reference(void **state)
     ref.free_blocks = RN;
 
     struct seen seen = {0};
-    ecx_cache_opts o = {.num_blocks = RN, .on_evict = seen_evict, .evict_arg = &seen};
-    ecx_cache *c = NULL;
-    assert_int_equal(ecx_cache_new(&o, &c), 0);
+    ecxi_cache_opts o = {.num_blocks = RN, .on_evict = seen_evict, .evict_arg = &seen};
+    ecxi_cache *c = NULL;
+    assert_int_equal(ecxi_cache_new(&o, &c), 0);
 
     int live[RKEYS], n_live = 0;
     long counts[8] = {0}, ok[8] = {0}, evictions = 0;
@@ -574,31 +574,31 @@ static void test_random_vs_reference(void **state)
             else
                 n = 1 + rnd() % (RN / 8);
             if (rnd() % 2) k = (int)(rnd() % RKEYS); /* mostly new keys */
-            got = ecx_cache_reserve(c, rkeys[k], rklen[k], n);
+            got = ecxi_cache_reserve(c, rkeys[k], rklen[k], n);
             want = ref_reserve(k, n);
         } else if (op < 50) {
             op = 1;
-            got = ecx_cache_mark_ready(c, rkeys[k], rklen[k]);
+            got = ecxi_cache_mark_ready(c, rkeys[k], rklen[k]);
             want = ref_mark_ready(k);
         } else if (op < 56) {
             op = 2;
-            got = ecx_cache_pin(c, rkeys[k], rklen[k]);
+            got = ecxi_cache_pin(c, rkeys[k], rklen[k]);
             want = ref_pin(k, false);
         } else if (op < 66) {
             op = 3;
-            got = ecx_cache_pin_if_ready(c, rkeys[k], rklen[k]);
+            got = ecxi_cache_pin_if_ready(c, rkeys[k], rklen[k]);
             want = ref_pin(k, true);
         } else if (op < 86) {
             op = 4;
-            got = ecx_cache_unpin(c, rkeys[k], rklen[k]);
+            got = ecxi_cache_unpin(c, rkeys[k], rklen[k]);
             want = ref_unpin(k);
         } else if (op < 95) {
             op = 5;
-            got = ecx_cache_discard(c, rkeys[k], rklen[k]);
+            got = ecxi_cache_discard(c, rkeys[k], rklen[k]);
             want = ref_discard(k);
         } else {
             op = 6;
-            got = ecx_cache_lookup(c, rkeys[k], rklen[k], NULL);
+            got = ecxi_cache_lookup(c, rkeys[k], rklen[k], NULL);
             want = ref.e[k].live ? 0 : ECX_ECACHE_MISSING;
         }
         if (got != want) fail_msg("step %ld op %d key %d: got %d want %d", step, op, k, got, want);
@@ -611,8 +611,8 @@ static void test_random_vs_reference(void **state)
         evictions += seen.n;
         /* Same entry afterwards (blocks included), same totals. */
         compare_entry(c, k);
-        ecx_cache_stats st;
-        ecx_cache_get_stats(c, &st);
+        ecxi_cache_stats st;
+        ecxi_cache_get_stats(c, &st);
         assert_int_equal(st.free_blocks, ref.free_blocks);
         uint64_t owned = 0, entries = 0;
         for (int i = 0; i < RKEYS; i++)
@@ -621,24 +621,24 @@ static void test_random_vs_reference(void **state)
         assert_int_equal(st.owned_blocks, owned);
         assert_int_equal(st.entries, entries);
         if (step % 256 == 0) {
-            assert_int_equal(ecx_cache_check(c), 0);
+            assert_int_equal(ecxi_cache_check(c), 0);
             for (int i = 0; i < RKEYS; i++)
                 compare_entry(c, i);
         }
     }
-    assert_int_equal(ecx_cache_check(c), 0);
+    assert_int_equal(ecxi_cache_check(c), 0);
     /* The run must have exercised every path, not just the error ones. */
     for (int op = 0; op < 7; op++) {
         print_message("op %d: %ld calls, %ld succeeded\n", op, counts[op], ok[op]);
         assert_true(ok[op] > counts[op] / 50);
     }
     assert_true(evictions > 10000);
-    ecx_cache_stats st;
-    ecx_cache_get_stats(c, &st);
+    ecxi_cache_stats st;
+    ecxi_cache_get_stats(c, &st);
     assert_int_equal(st.evictions, evictions);
     print_message("random: %ld ops, %ld evictions, %llu reserves ok, %llu full\n", OPS, evictions,
                   (unsigned long long)st.reserves, (unsigned long long)st.reserve_full);
-    ecx_cache_free(c);
+    ecxi_cache_free(c);
     for (int i = 0; i < RKEYS; i++)
         free(rkeys[i]);
 }
@@ -646,7 +646,7 @@ static void test_random_vs_reference(void **state)
 /* ---- threads --------------------------------------------------------- */
 
 struct worker {
-    ecx_cache *c;
+    ecxi_cache *c;
     int id;
     long ops, failures;
 };
@@ -662,18 +662,18 @@ static void *worker_main(void *arg)
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         int r = (int)(s >> 33);
         snprintf(key, sizeof key, "t%d-%ld", w->id, i);
-        int rc = ecx_cache_reserve(w->c, K(key), 1 + (uint64_t)(r % 5));
+        int rc = ecxi_cache_reserve(w->c, K(key), 1 + (uint64_t)(r % 5));
         if (rc == ECX_ECACHE_FULL) continue;
         if (rc) w->failures++;
         if (r % 7 == 0) {
-            if (ecx_cache_discard(w->c, K(key))) w->failures++;
+            if (ecxi_cache_discard(w->c, K(key))) w->failures++;
             continue;
         }
-        if (ecx_cache_mark_ready(w->c, K(key))) w->failures++;
+        if (ecxi_cache_mark_ready(w->c, K(key))) w->failures++;
         snprintf(other, sizeof other, "t%d-%ld", (w->id + 1) % 4, i > 3 ? i - 3 : 0);
-        if (ecx_cache_pin_if_ready(w->c, K(other)) == 0 && ecx_cache_unpin(w->c, K(other)))
+        if (ecxi_cache_pin_if_ready(w->c, K(other)) == 0 && ecxi_cache_unpin(w->c, K(other)))
             w->failures++;
-        if (ecx_cache_pin(w->c, K(key)) == 0 && ecx_cache_unpin(w->c, K(key))) w->failures++;
+        if (ecxi_cache_pin(w->c, K(key)) == 0 && ecxi_cache_unpin(w->c, K(key))) w->failures++;
     }
     return NULL;
 }
@@ -681,7 +681,7 @@ static void *worker_main(void *arg)
 static void test_threads(void **state)
 {
     (void)state;
-    ecx_cache *c = mk(512, NULL);
+    ecxi_cache *c = mk(512, NULL);
     pthread_t t[4];
     struct worker w[4];
     for (int i = 0; i < 4; i++) {
@@ -692,13 +692,13 @@ static void test_threads(void **state)
         pthread_join(t[i], NULL);
         assert_int_equal(w[i].failures, 0);
     }
-    assert_int_equal(ecx_cache_check(c), 0);
-    ecx_cache_stats st;
-    ecx_cache_get_stats(c, &st);
+    assert_int_equal(ecxi_cache_check(c), 0);
+    ecxi_cache_stats st;
+    ecxi_cache_get_stats(c, &st);
     assert_int_equal(st.free_blocks + st.owned_blocks, 512);
     assert_int_equal(st.pinned, 0);
     assert_true(st.evictions > 1000);
-    ecx_cache_free(c);
+    ecxi_cache_free(c);
 }
 
 int main(void)

@@ -118,7 +118,7 @@ static void test_property_against_python(void **state)
         size_t n[3];
         for (int k = 0; k < 3; k++) {
             n[k] = random_str(s[k]);
-            ecx_hex_encode(s[k], n[k], hx[k]);
+            ecxi_hex_encode(s[k], n[k], hx[k]);
         }
         int64_t bs = random_int();
         assert_int_equal(ecx_compat_hash(s[0], n[0], s[1], n[1], s[2], n[2], bs, ours[i]), 0);

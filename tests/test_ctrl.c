@@ -46,25 +46,25 @@ static double now_s(void)
 }
 
 /* Wait (bounded) for one request on the server. */
-static int server_wait(ecx_ctrl_server *s, ecx_ctrl_msg *m, int ms)
+static int server_wait(ecxi_ctrl_server *s, ecxi_ctrl_msg *m, int ms)
 {
-    zmq_pollitem_t it[2] = {{ecx_ctrl_server_socket(s), 0, ZMQ_POLLIN, 0},
-                            {ecx_ctrl_server_zap_socket(s), 0, ZMQ_POLLIN, 0}};
+    zmq_pollitem_t it[2] = {{ecxi_ctrl_server_socket(s), 0, ZMQ_POLLIN, 0},
+                            {ecxi_ctrl_server_zap_socket(s), 0, ZMQ_POLLIN, 0}};
     double end = now_s() + ms / 1000.0;
     while (now_s() < end) {
-        int rc = ecx_ctrl_server_recv(s, m);
+        int rc = ecxi_ctrl_server_recv(s, m);
         if (rc) return rc;
         zmq_poll(it, it[1].socket ? 2 : 1, 20);
     }
     return 0;
 }
 
-static int peer_wait(ecx_ctrl_peer *p, const void **pl, size_t *n, int ms)
+static int peer_wait(ecxi_ctrl_peer *p, const void **pl, size_t *n, int ms)
 {
-    zmq_pollitem_t it = {ecx_ctrl_peer_socket(p), 0, ZMQ_POLLIN, 0};
+    zmq_pollitem_t it = {ecxi_ctrl_peer_socket(p), 0, ZMQ_POLLIN, 0};
     double end = now_s() + ms / 1000.0;
     while (now_s() < end) {
-        int rc = ecx_ctrl_peer_recv(p, pl, n);
+        int rc = ecxi_ctrl_peer_recv(p, pl, n);
         if (rc) return rc;
         zmq_poll(&it, 1, 20);
     }
@@ -74,38 +74,38 @@ static int peer_wait(ecx_ctrl_peer *p, const void **pl, size_t *n, int ms)
 /* The peer sends "hello"; if it reaches the server within wait_ms, the
  * server answers "world!" to the identity that asked, and the reply must
  * come back. Returns whether the request got through. */
-static bool exchange(ecx_ctrl_server *s, ecx_ctrl_peer *p, int wait_ms)
+static bool exchange(ecxi_ctrl_server *s, ecxi_ctrl_peer *p, int wait_ms)
 {
-    assert_int_equal(ecx_ctrl_peer_send(p, "hello", 5), 0);
-    ecx_ctrl_msg m;
-    ecx_ctrl_msg_init(&m);
+    assert_int_equal(ecxi_ctrl_peer_send(p, "hello", 5), 0);
+    ecxi_ctrl_msg m;
+    ecxi_ctrl_msg_init(&m);
     bool ok = server_wait(s, &m, wait_ms) == 1;
     if (ok) {
         assert_int_equal(m.payload_len, 5);
         assert_memory_equal(m.payload, "hello", 5);
-        assert_int_equal(ecx_ctrl_server_send(s, m.identity, m.identity_len, "world!", 6), 0);
+        assert_int_equal(ecxi_ctrl_server_send(s, m.identity, m.identity_len, "world!", 6), 0);
         const void *pl;
         size_t n;
         assert_int_equal(peer_wait(p, &pl, &n, 5000), 1);
         assert_int_equal(n, 6);
         assert_memory_equal(pl, "world!", 6);
     }
-    ecx_ctrl_msg_fini(&m);
+    ecxi_ctrl_msg_fini(&m);
     return ok;
 }
 
 static void roundtrip(const char *bind_host, const char *connect_host)
 {
-    ecx_ctrl_server *s;
-    ecx_ctrl_peer *p;
-    assert_int_equal(ecx_ctrl_server_new(zctx, bind_host, 0, NULL, &s), 0);
-    int port = ecx_ctrl_server_port(s);
+    ecxi_ctrl_server *s;
+    ecxi_ctrl_peer *p;
+    assert_int_equal(ecxi_ctrl_server_new(zctx, bind_host, 0, NULL, &s), 0);
+    int port = ecxi_ctrl_server_port(s);
     assert_true(port > 0);
-    assert_int_equal(ecx_ctrl_peer_new(zctx, connect_host, port, NULL, &p), 0);
+    assert_int_equal(ecxi_ctrl_peer_new(zctx, connect_host, port, NULL, &p), 0);
     assert_true(exchange(s, p, 5000));
-    assert_false(ecx_ctrl_peer_lost(p));
-    ecx_ctrl_peer_free(p);
-    ecx_ctrl_server_free(s);
+    assert_false(ecxi_ctrl_peer_lost(p));
+    ecxi_ctrl_peer_free(p);
+    ecxi_ctrl_server_free(s);
 }
 
 static void test_roundtrip_v4(void **state)
@@ -129,19 +129,19 @@ static void test_parse_addr(void **state)
     (void)state;
     char h[256];
     int port;
-    assert_int_equal(ecx_ctrl_parse_addr("127.0.0.1:5601", h, &port), 0);
+    assert_int_equal(ecxi_ctrl_parse_addr("127.0.0.1:5601", h, &port), 0);
     assert_string_equal(h, "127.0.0.1");
     assert_int_equal(port, 5601);
-    assert_int_equal(ecx_ctrl_parse_addr("[::1]:80", h, &port), 0);
+    assert_int_equal(ecxi_ctrl_parse_addr("[::1]:80", h, &port), 0);
     assert_string_equal(h, "::1");
-    assert_int_equal(ecx_ctrl_parse_addr("localhost:0", h, &port), 0);
+    assert_int_equal(ecxi_ctrl_parse_addr("localhost:0", h, &port), 0);
     const char *bad[] = {"",        ":5601",  "host",    "host:",   "host:x", "host:65536",
                          "host:-1", "::1:80", "[::1:80", "host: 1", NULL};
     for (int i = 0; bad[i]; i++)
-        if (ecx_ctrl_parse_addr(bad[i], h, &port) != ECX_EINVAL) fail_msg("accepted '%s'", bad[i]);
-    assert_int_equal(ecx_ctrl_parse_addr(NULL, h, &port), ECX_EINVAL);
-    ecx_ctrl_server *s;
-    assert_int_equal(ecx_ctrl_server_new(zctx, "no-such-host.invalid", 0, NULL, &s), ECX_EINVAL);
+        if (ecxi_ctrl_parse_addr(bad[i], h, &port) != ECX_EINVAL) fail_msg("accepted '%s'", bad[i]);
+    assert_int_equal(ecxi_ctrl_parse_addr(NULL, h, &port), ECX_EINVAL);
+    ecxi_ctrl_server *s;
+    assert_int_equal(ecxi_ctrl_server_new(zctx, "no-such-host.invalid", 0, NULL, &s), ECX_EINVAL);
 }
 
 /* A raw DEALER sends badly framed messages; each is dropped and counted,
@@ -149,10 +149,10 @@ static void test_parse_addr(void **state)
 static void test_bad_framing(void **state)
 {
     (void)state;
-    ecx_ctrl_server *s;
-    assert_int_equal(ecx_ctrl_server_new(zctx, "127.0.0.1", 0, NULL, &s), 0);
+    ecxi_ctrl_server *s;
+    assert_int_equal(ecxi_ctrl_server_new(zctx, "127.0.0.1", 0, NULL, &s), 0);
     char ep[64];
-    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ecx_ctrl_server_port(s));
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ecxi_ctrl_server_port(s));
     void *d = zmq_socket(zctx, ZMQ_DEALER);
     int zero = 0;
     zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
@@ -165,43 +165,43 @@ static void test_bad_framing(void **state)
     zmq_send(d, "b", 1, 0);
     zmq_send(d, "", 0, ZMQ_SNDMORE); /* good */
     zmq_send(d, "good", 4, 0);
-    ecx_ctrl_msg m;
-    ecx_ctrl_msg_init(&m);
+    ecxi_ctrl_msg m;
+    ecxi_ctrl_msg_init(&m);
     assert_int_equal(server_wait(s, &m, 5000), 1);
     assert_int_equal(m.payload_len, 4);
     assert_memory_equal(m.payload, "good", 4);
-    assert_int_equal(ecx_ctrl_server_stats(s).bad_framing, 3);
+    assert_int_equal(ecxi_ctrl_server_stats(s).bad_framing, 3);
     /* A reply to an identity that is not connected fails and is counted. */
-    assert_int_equal(ecx_ctrl_server_send(s, "nobody", 6, "x", 1), ECX_ESYS);
-    assert_int_equal(ecx_ctrl_server_stats(s).send_failed, 1);
-    ecx_ctrl_msg_fini(&m);
+    assert_int_equal(ecxi_ctrl_server_send(s, "nobody", 6, "x", 1), ECX_ESYS);
+    assert_int_equal(ecxi_ctrl_server_stats(s).send_failed, 1);
+    ecxi_ctrl_msg_fini(&m);
     zmq_close(d);
-    ecx_ctrl_server_free(s);
+    ecxi_ctrl_server_free(s);
 }
 
 /* A frame over the cap never reaches us; a small one afterwards does. */
 static void test_max_frame(void **state)
 {
     (void)state;
-    ecx_ctrl_opts o = {.max_frame_bytes = 1024};
-    ecx_ctrl_server *s;
-    ecx_ctrl_peer *big, *small;
-    assert_int_equal(ecx_ctrl_server_new(zctx, "127.0.0.1", 0, &o, &s), 0);
-    int port = ecx_ctrl_server_port(s);
-    assert_int_equal(ecx_ctrl_peer_new(zctx, "127.0.0.1", port, NULL, &big), 0);
+    ecxi_ctrl_opts o = {.max_frame_bytes = 1024};
+    ecxi_ctrl_server *s;
+    ecxi_ctrl_peer *big, *small;
+    assert_int_equal(ecxi_ctrl_server_new(zctx, "127.0.0.1", 0, &o, &s), 0);
+    int port = ecxi_ctrl_server_port(s);
+    assert_int_equal(ecxi_ctrl_peer_new(zctx, "127.0.0.1", port, NULL, &big), 0);
     static char blob[4096];
-    assert_int_equal(ecx_ctrl_peer_send(big, blob, sizeof blob), 0);
-    ecx_ctrl_msg m;
-    ecx_ctrl_msg_init(&m);
+    assert_int_equal(ecxi_ctrl_peer_send(big, blob, sizeof blob), 0);
+    ecxi_ctrl_msg m;
+    ecxi_ctrl_msg_init(&m);
     assert_int_equal(server_wait(s, &m, 500), 0);
-    assert_int_equal(ecx_ctrl_peer_new(zctx, "127.0.0.1", port, NULL, &small), 0);
-    assert_int_equal(ecx_ctrl_peer_send(small, blob, 1000), 0);
+    assert_int_equal(ecxi_ctrl_peer_new(zctx, "127.0.0.1", port, NULL, &small), 0);
+    assert_int_equal(ecxi_ctrl_peer_send(small, blob, 1000), 0);
     assert_int_equal(server_wait(s, &m, 5000), 1);
     assert_int_equal(m.payload_len, 1000);
-    ecx_ctrl_msg_fini(&m);
-    ecx_ctrl_peer_free(big);
-    ecx_ctrl_peer_free(small);
-    ecx_ctrl_server_free(s);
+    ecxi_ctrl_msg_fini(&m);
+    ecxi_ctrl_peer_free(big);
+    ecxi_ctrl_peer_free(small);
+    ecxi_ctrl_server_free(s);
 }
 
 /* A Python ROUTER in its own process that echoes, prints its port, then
@@ -234,23 +234,23 @@ static pid_t spawn_python(const char *code, int *port)
 
 /* Connect, prove the echo works, apply `sig` to the producer, and return
  * how long it took the peer to see the loss (or -1 if it never did in 15 s). */
-static double loss_after(int sig, const ecx_ctrl_opts *o)
+static double loss_after(int sig, const ecxi_ctrl_opts *o)
 {
     int port;
     pid_t pid = spawn_python(PY_ECHO, &port);
     assert_true(pid > 0);
     assert_true(port > 0);
-    ecx_ctrl_peer *p;
-    assert_int_equal(ecx_ctrl_peer_new(zctx, "127.0.0.1", port, o, &p), 0);
-    assert_int_equal(ecx_ctrl_peer_send(p, "ping", 4), 0);
+    ecxi_ctrl_peer *p;
+    assert_int_equal(ecxi_ctrl_peer_new(zctx, "127.0.0.1", port, o, &p), 0);
+    assert_int_equal(ecxi_ctrl_peer_send(p, "ping", 4), 0);
     const void *pl;
     size_t n;
     assert_int_equal(peer_wait(p, &pl, &n, 10000), 1);
-    assert_false(ecx_ctrl_peer_lost(p));
+    assert_false(ecxi_ctrl_peer_lost(p));
     kill(pid, sig);
     double t0 = now_s(), waited = -1;
     while (now_s() - t0 < 15) {
-        if (ecx_ctrl_peer_lost(p)) {
+        if (ecxi_ctrl_peer_lost(p)) {
             waited = now_s() - t0;
             break;
         }
@@ -259,7 +259,7 @@ static double loss_after(int sig, const ecx_ctrl_opts *o)
     kill(pid, SIGKILL);
     kill(pid, SIGCONT);
     waitpid(pid, NULL, 0);
-    ecx_ctrl_peer_free(p);
+    ecxi_ctrl_peer_free(p);
     return waited;
 }
 
@@ -274,7 +274,7 @@ static void test_lost_on_kill(void **state)
 static void test_lost_on_heartbeat_timeout(void **state)
 {
     (void)state;
-    ecx_ctrl_opts o = {
+    ecxi_ctrl_opts o = {
         .heartbeat_ivl_ms = 100, .heartbeat_timeout_ms = 300, .heartbeat_ttl_ms = 1000};
     assert_true(loss_after(SIGSTOP, &o) >= 0);
 }
@@ -296,21 +296,21 @@ static keypair new_keys(void)
  * and one client; returns whether a request and its reply went through,
  * within wait_ms. *lost says whether the client saw the producer as lost,
  * *auth_failures what the server counted. */
-static bool curve_try(const ecx_ctrl_opts *so, const ecx_ctrl_opts *co, int wait_ms, bool *lost,
+static bool curve_try(const ecxi_ctrl_opts *so, const ecxi_ctrl_opts *co, int wait_ms, bool *lost,
                       uint64_t *auth_failures, uint64_t *handshake_failed)
 {
     void *z = zmq_ctx_new();
     assert_non_null(z);
-    ecx_ctrl_server *s;
-    ecx_ctrl_peer *p;
-    assert_int_equal(ecx_ctrl_server_new(z, "127.0.0.1", 0, so, &s), 0);
-    assert_int_equal(ecx_ctrl_peer_new(z, "127.0.0.1", ecx_ctrl_server_port(s), co, &p), 0);
+    ecxi_ctrl_server *s;
+    ecxi_ctrl_peer *p;
+    assert_int_equal(ecxi_ctrl_server_new(z, "127.0.0.1", 0, so, &s), 0);
+    assert_int_equal(ecxi_ctrl_peer_new(z, "127.0.0.1", ecxi_ctrl_server_port(s), co, &p), 0);
     bool ok = exchange(s, p, wait_ms);
-    *lost = ecx_ctrl_peer_lost(p);
-    *auth_failures = ecx_ctrl_server_stats(s).auth_failures;
-    *handshake_failed = ecx_ctrl_peer_stats(p).handshake_failed;
-    ecx_ctrl_peer_free(p);
-    ecx_ctrl_server_free(s);
+    *lost = ecxi_ctrl_peer_lost(p);
+    *auth_failures = ecxi_ctrl_server_stats(s).auth_failures;
+    *handshake_failed = ecxi_ctrl_peer_stats(p).handshake_failed;
+    ecxi_ctrl_peer_free(p);
+    ecxi_ctrl_server_free(s);
     zmq_ctx_term(z);
     return ok;
 }
@@ -319,11 +319,11 @@ static void test_curve_roundtrip(void **state)
 {
     (void)state;
     keypair srv = new_keys(), cli = new_keys();
-    ecx_ctrl_opts so = {.curve_secret_key = srv.sec};
+    ecxi_ctrl_opts so = {.curve_secret_key = srv.sec};
     bool lost;
     uint64_t fails, hs;
     /* Any client that knows the server key; an ephemeral or a given keypair. */
-    ecx_ctrl_opts co = {.curve_server_key = srv.pub};
+    ecxi_ctrl_opts co = {.curve_server_key = srv.pub};
     assert_true(curve_try(&so, &co, 5000, &lost, &fails, &hs));
     assert_false(lost);
     co.curve_secret_key = cli.sec;
@@ -336,7 +336,7 @@ static void test_curve_wrong_server_key(void **state)
 {
     (void)state;
     keypair srv = new_keys(), other = new_keys();
-    ecx_ctrl_opts so = {.curve_secret_key = srv.sec}, co = {.curve_server_key = other.pub};
+    ecxi_ctrl_opts so = {.curve_secret_key = srv.sec}, co = {.curve_server_key = other.pub};
     bool lost;
     uint64_t fails, hs;
     double t0 = now_s();
@@ -351,8 +351,8 @@ static void test_curve_allow_list(void **state)
     (void)state;
     keypair srv = new_keys(), a = new_keys(), b = new_keys(), c = new_keys();
     const char *allow[] = {a.pub, c.pub};
-    ecx_ctrl_opts so = {.curve_secret_key = srv.sec, .curve_allow = allow, .n_curve_allow = 2};
-    ecx_ctrl_opts co = {.curve_server_key = srv.pub, .curve_secret_key = a.sec};
+    ecxi_ctrl_opts so = {.curve_secret_key = srv.sec, .curve_allow = allow, .n_curve_allow = 2};
+    ecxi_ctrl_opts co = {.curve_server_key = srv.pub, .curve_secret_key = a.sec};
     bool lost;
     uint64_t fails, hs;
     assert_true(curve_try(&so, &co, 5000, &lost, &fails, &hs));
@@ -375,7 +375,7 @@ static void test_curve_plaintext_mismatch(void **state)
 {
     (void)state;
     keypair srv = new_keys();
-    ecx_ctrl_opts curve_srv = {.curve_secret_key = srv.sec}, plain = {0},
+    ecxi_ctrl_opts curve_srv = {.curve_secret_key = srv.sec}, plain = {0},
                   curve_cli = {.curve_server_key = srv.pub};
     bool lost;
     uint64_t fails, hs;
@@ -388,25 +388,25 @@ static void test_curve_bad_keys(void **state)
 {
     (void)state;
     keypair k = new_keys();
-    assert_int_equal(ecx_ctrl_key_parse(k.pub, NULL), 0);
+    assert_int_equal(ecxi_ctrl_key_parse(k.pub, NULL), 0);
     const char *bad[] = {"", "short", "0123456789012345678901234567890123456789x",
                          "012345678901234567890123456789012345678~", NULL};
     for (int i = 0; bad[i]; i++)
-        assert_int_equal(ecx_ctrl_key_parse(bad[i], NULL), ECX_EINVAL);
-    assert_int_equal(ecx_ctrl_key_parse(NULL, NULL), ECX_EINVAL);
-    ecx_ctrl_server *s;
-    ecx_ctrl_peer *p;
-    ecx_ctrl_opts o = {.curve_secret_key = "not a key"};
-    assert_int_equal(ecx_ctrl_server_new(zctx, "127.0.0.1", 0, &o, &s), ECX_EINVAL);
+        assert_int_equal(ecxi_ctrl_key_parse(bad[i], NULL), ECX_EINVAL);
+    assert_int_equal(ecxi_ctrl_key_parse(NULL, NULL), ECX_EINVAL);
+    ecxi_ctrl_server *s;
+    ecxi_ctrl_peer *p;
+    ecxi_ctrl_opts o = {.curve_secret_key = "not a key"};
+    assert_int_equal(ecxi_ctrl_server_new(zctx, "127.0.0.1", 0, &o, &s), ECX_EINVAL);
     const char *allow[] = {k.pub, "nope"};
-    o = (ecx_ctrl_opts){.curve_secret_key = k.sec, .curve_allow = allow, .n_curve_allow = 2};
-    assert_int_equal(ecx_ctrl_server_new(zctx, "127.0.0.1", 0, &o, &s), ECX_EINVAL);
-    o = (ecx_ctrl_opts){.curve_allow = allow, .n_curve_allow = 1}; /* allow-list without CURVE */
-    assert_int_equal(ecx_ctrl_server_new(zctx, "127.0.0.1", 0, &o, &s), ECX_EINVAL);
-    o = (ecx_ctrl_opts){.curve_server_key = "bad"};
-    assert_int_equal(ecx_ctrl_peer_new(zctx, "127.0.0.1", 1, &o, &p), ECX_EINVAL);
-    o = (ecx_ctrl_opts){.curve_server_key = k.pub, .curve_secret_key = "bad"};
-    assert_int_equal(ecx_ctrl_peer_new(zctx, "127.0.0.1", 1, &o, &p), ECX_EINVAL);
+    o = (ecxi_ctrl_opts){.curve_secret_key = k.sec, .curve_allow = allow, .n_curve_allow = 2};
+    assert_int_equal(ecxi_ctrl_server_new(zctx, "127.0.0.1", 0, &o, &s), ECX_EINVAL);
+    o = (ecxi_ctrl_opts){.curve_allow = allow, .n_curve_allow = 1}; /* allow-list without CURVE */
+    assert_int_equal(ecxi_ctrl_server_new(zctx, "127.0.0.1", 0, &o, &s), ECX_EINVAL);
+    o = (ecxi_ctrl_opts){.curve_server_key = "bad"};
+    assert_int_equal(ecxi_ctrl_peer_new(zctx, "127.0.0.1", 1, &o, &p), ECX_EINVAL);
+    o = (ecxi_ctrl_opts){.curve_server_key = k.pub, .curve_secret_key = "bad"};
+    assert_int_equal(ecxi_ctrl_peer_new(zctx, "127.0.0.1", 1, &o, &p), ECX_EINVAL);
 }
 
 int main(void)

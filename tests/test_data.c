@@ -50,13 +50,13 @@ static int group_teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-static ecx_region *mkregion(uint64_t blocks, uint64_t bs)
+static ecxi_region *mkregion(uint64_t blocks, uint64_t bs)
 {
     char id[ECX_REGION_INSTANCE_ID_LEN + 1];
-    assert_int_equal(ecx_region_instance_id(id), 0);
+    assert_int_equal(ecxi_region_instance_id(id), 0);
     static int rank;
-    ecx_region *r = NULL;
-    assert_int_equal(ecx_region_create_in(dir, id, rank++, blocks * bs, bs, &r), 0);
+    ecxi_region *r = NULL;
+    assert_int_equal(ecxi_region_create_in(dir, id, rank++, blocks * bs, bs, &r), 0);
     return r;
 }
 
@@ -67,10 +67,10 @@ static uint8_t pat(uint64_t seed, uint64_t off)
     return (uint8_t)(x ^ (x >> 17));
 }
 
-static void fill(ecx_region *r, uint64_t seed)
+static void fill(ecxi_region *r, uint64_t seed)
 {
-    uint8_t *b = ecx_region_base(r);
-    for (uint64_t i = 0; i < ecx_region_size(r); i++)
+    uint8_t *b = ecxi_region_base(r);
+    for (uint64_t i = 0; i < ecxi_region_size(r); i++)
         b[i] = pat(seed, i);
 }
 
@@ -93,23 +93,23 @@ static void on_notif(void *arg, const char *msg, size_t len, const uint8_t *toke
 
 /* Drive both sides until the xfer ends and `want` notifications arrived
  * (bounded: 10 s). Returns the xfer's end state. */
-static int pump(ecx_data *prod, ecx_data *cons, ecx_data_xfer *x, notes *ns, int want)
+static int pump(ecxi_data *prod, ecxi_data *cons, ecxi_data_xfer *x, notes *ns, int want)
 {
-    int64_t end = ecx_now_ms(NULL) + 10000;
+    int64_t end = ecxi_now_ms(NULL) + 10000;
     int st = ECX_XFER_RUNNING;
-    while (ecx_now_ms(NULL) < end) {
-        assert_true(ecx_data_progress(cons) >= 0);
-        assert_true(ecx_data_poll_notifs(prod, on_notif, ns) >= 0);
-        st = ecx_data_read_poll(x);
+    while (ecxi_now_ms(NULL) < end) {
+        assert_true(ecxi_data_progress(cons) >= 0);
+        assert_true(ecxi_data_poll_notifs(prod, on_notif, ns) >= 0);
+        st = ecxi_data_read_poll(x);
         if (st != ECX_XFER_RUNNING && ns->n >= want) break;
     }
     return st;
 }
 
 typedef struct pair {
-    ecx_region *pr, *cr;
-    ecx_data *prod, *cons;
-    ecx_data_peer *peer;
+    ecxi_region *pr, *cr;
+    ecxi_data *prod, *cons;
+    ecxi_data_peer *peer;
     stub_grants grants; /* what the producer serves */
     char key[ECX_DATA_NOTIF_MAX + 1]; /* of the last post() */
 } pair;
@@ -120,14 +120,14 @@ static void pair_open(pair *p, int pb, int cb, uint64_t cons_bs)
     p->pr = mkregion(NB, BS);
     p->cr = mkregion(NB, cons_bs);
     fill(p->pr, 7);
-    ecx_data_opts po = {.backend = pb}, co = {.backend = cb};
-    assert_int_equal(ecx_data_new_producer(p->pr, &po, &p->prod), 0);
-    ecx_data_set_grant_fn(p->prod, stub_grant_check, &p->grants);
-    assert_int_equal(ecx_data_new_consumer(p->cr, &co, &p->cons), 0);
+    ecxi_data_opts po = {.backend = pb}, co = {.backend = cb};
+    assert_int_equal(ecxi_data_new_producer(p->pr, &po, &p->prod), 0);
+    ecxi_data_set_grant_fn(p->prod, stub_grant_check, &p->grants);
+    assert_int_equal(ecxi_data_new_consumer(p->cr, &co, &p->cons), 0);
 }
 
 /* The producer's layout descriptor (its bytes, with a throwaway ticket). */
-static size_t layout(ecx_data *prod, uint8_t *buf)
+static size_t layout(ecxi_data *prod, uint8_t *buf)
 {
     long n = stub_layout(prod, buf, ECX_DATA_DESC_MAX);
     assert_true(n > 0);
@@ -138,8 +138,8 @@ static int pair_peer(pair *p)
 {
     size_t ml;
     uint8_t d[ECX_DATA_DESC_MAX];
-    const uint8_t *m = ecx_data_agent_metadata(p->prod, &ml);
-    return ecx_data_peer_add(p->cons, m, ml, d, layout(p->prod, d), &p->peer);
+    const uint8_t *m = ecxi_data_agent_metadata(p->prod, &ml);
+    return ecxi_data_peer_add(p->cons, m, ml, d, layout(p->prod, d), &p->peer);
 }
 
 /* Post a READ of the producer's blocks remote[] into local[] under a stub
@@ -147,13 +147,13 @@ static int pair_peer(pair *p)
  * producer's bytes (so the READ verifies), unless `sum` overrides it.
  * pad > 0 pads the key to that length. The key goes to p->key. */
 static int post_sum(pair *p, const uint64_t *remote, const uint64_t *local, size_t n,
-                    uint64_t nbytes, size_t pad, const uint64_t *sum, ecx_data_xfer **x)
+                    uint64_t nbytes, size_t pad, const uint64_t *sum, ecxi_data_xfer **x)
 {
-    uint64_t bs = ecx_region_block_bytes(p->pr);
+    uint64_t bs = ecxi_region_block_bytes(p->pr);
     if (nbytes == 0) nbytes = n * bs;
     uint8_t d[ECX_DATA_DESC_MAX], g[ECX_DATA_DESC_MAX];
     size_t gl = layout(p->prod, g);
-    uint64_t want = ecx_checksum_blocks(ecx_region_base(p->pr), bs, remote, n, nbytes);
+    uint64_t want = ecxi_checksum_blocks(ecxi_region_base(p->pr), bs, remote, n, nbytes);
     long dl = stub_desc(g, gl, nbytes, sum ? *sum : want, d, sizeof d);
     assert_true(dl > 0);
     int kl = stub_key(p->key, sizeof p->key, nbytes, remote, n);
@@ -164,30 +164,30 @@ static int post_sum(pair *p, const uint64_t *remote, const uint64_t *local, size
         kl = (int)pad;
         p->key[kl] = 0;
     }
-    return ecx_data_read_post(p->peer, d, (size_t)dl, remote, local, n, nbytes, p->key,
+    return ecxi_data_read_post(p->peer, d, (size_t)dl, remote, local, n, nbytes, p->key,
                               (size_t)kl, x);
 }
 
 static int post(pair *p, const uint64_t *remote, const uint64_t *local, size_t n,
-                uint64_t nbytes, ecx_data_xfer **x)
+                uint64_t nbytes, ecxi_data_xfer **x)
 {
     return post_sum(p, remote, local, n, nbytes, 0, NULL, x);
 }
 
 static void pair_close(pair *p)
 {
-    ecx_data_peer_drop(p->peer);
-    ecx_data_free(p->cons);
-    ecx_data_free(p->prod);
-    ecx_region_free(p->cr);
-    ecx_region_free(p->pr);
+    ecxi_data_peer_drop(p->peer);
+    ecxi_data_free(p->cons);
+    ecxi_data_free(p->prod);
+    ecxi_region_free(p->cr);
+    ecxi_region_free(p->pr);
 }
 
 /* ---- codec ------------------------------------------------------------- */
 
 static const uint8_t fake_addr[40] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 
-static void sample(ecx_data_meta *m, ecx_data_desc *d)
+static void sample(ecxi_data_meta *m, ecxi_data_desc *d)
 {
     memset(m, 0, sizeof *m);
     memset(d, 0, sizeof *d);
@@ -213,16 +213,16 @@ static void sample(ecx_data_meta *m, ecx_data_desc *d)
 static void test_codec_roundtrip(void **state)
 {
     (void)state;
-    ecx_data_meta m, m2;
-    ecx_data_desc d, d2;
+    ecxi_data_meta m, m2;
+    ecxi_data_desc d, d2;
     sample(&m, &d);
     uint8_t mb[512], db[512];
-    long ml = ecx_data_meta_encode(&m, mb, sizeof mb);
-    long dl = ecx_data_desc_encode(&d, db, sizeof db);
+    long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
+    long dl = ecxi_data_desc_encode(&d, db, sizeof db);
     assert_true(ml > 0 && ml < 200);
     assert_true(dl > 0 && dl < 140);
-    assert_int_equal(ecx_data_meta_decode(mb, (size_t)ml, &m2), 0);
-    assert_int_equal(ecx_data_desc_decode(db, (size_t)dl, &d2), 0);
+    assert_int_equal(ecxi_data_meta_decode(mb, (size_t)ml, &m2), 0);
+    assert_int_equal(ecxi_data_desc_decode(db, (size_t)dl, &d2), 0);
     assert_true(m2.has_shm && m2.has_ucx && m2.has_tcp);
     assert_int_equal(m2.tcp_family, 4);
     assert_int_equal(m2.tcp_port, 40123);
@@ -241,45 +241,45 @@ static void test_codec_roundtrip(void **state)
     assert_true(d2.has_ticket);
     assert_memory_equal(&d2.ticket, &d.ticket, sizeof d.ticket);
     /* IPv6, alone. */
-    ecx_data_meta m6 = {.nonce = 1, .has_tcp = true, .tcp_family = 6, .tcp_port = 1};
+    ecxi_data_meta m6 = {.nonce = 1, .has_tcp = true, .tcp_family = 6, .tcp_port = 1};
     m6.tcp_addr[15] = 1; /* ::1 */
     uint8_t b6[64];
-    long l6 = ecx_data_meta_encode(&m6, b6, sizeof b6);
+    long l6 = ecxi_data_meta_encode(&m6, b6, sizeof b6);
     assert_int_equal(l6, 24 + 4 + 19);
-    assert_int_equal(ecx_data_meta_decode(b6, (size_t)l6, &m2), 0);
+    assert_int_equal(ecxi_data_meta_decode(b6, (size_t)l6, &m2), 0);
     assert_true(m2.has_tcp && !m2.has_shm && !m2.has_ucx);
     assert_int_equal(m2.tcp_family, 6);
     assert_int_equal(m2.tcp_port, 1);
     assert_memory_equal(m2.tcp_addr, m6.tcp_addr, 16);
     /* Nothing is encoded that the decoder would refuse. */
     m6.tcp_port = 0;
-    assert_int_equal(ecx_data_meta_encode(&m6, b6, sizeof b6), ECX_EINVAL);
+    assert_int_equal(ecxi_data_meta_encode(&m6, b6, sizeof b6), ECX_EINVAL);
     m6.tcp_port = 1, m6.tcp_family = 5;
-    assert_int_equal(ecx_data_meta_encode(&m6, b6, sizeof b6), ECX_EINVAL);
+    assert_int_equal(ecxi_data_meta_encode(&m6, b6, sizeof b6), ECX_EINVAL);
     /* Too small a buffer is ECX_ERANGE, not an overrun. */
-    assert_int_equal(ecx_data_meta_encode(&m, mb, 30), ECX_ERANGE);
-    assert_int_equal(ecx_data_desc_encode(&d, db, 30), ECX_ERANGE);
+    assert_int_equal(ecxi_data_meta_encode(&m, mb, 30), ECX_ERANGE);
+    assert_int_equal(ecxi_data_desc_encode(&d, db, 30), ECX_ERANGE);
 }
 
 static void test_codec_truncated_and_flipped(void **state)
 {
     (void)state;
-    ecx_data_meta m, m2;
-    ecx_data_desc d, d2;
+    ecxi_data_meta m, m2;
+    ecxi_data_desc d, d2;
     sample(&m, &d);
     uint8_t mb[512], db[512], tmp[512];
-    long ml = ecx_data_meta_encode(&m, mb, sizeof mb);
-    long dl = ecx_data_desc_encode(&d, db, sizeof db);
+    long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
+    long dl = ecxi_data_desc_encode(&d, db, sizeof db);
     for (long n = 0; n < ml; n++) {
         uint8_t *h = malloc((size_t)n + 1);
         memcpy(h, mb, (size_t)n);
-        assert_int_equal(ecx_data_meta_decode(h, (size_t)n, &m2), ECX_EDATA_META);
+        assert_int_equal(ecxi_data_meta_decode(h, (size_t)n, &m2), ECX_EDATA_META);
         free(h);
     }
     for (long n = 0; n < dl; n++) {
         uint8_t *h = malloc((size_t)n + 1);
         memcpy(h, db, (size_t)n);
-        assert_int_equal(ecx_data_desc_decode(h, (size_t)n, &d2), ECX_EDATA_DESC);
+        assert_int_equal(ecxi_data_desc_decode(h, (size_t)n, &d2), ECX_EDATA_DESC);
         free(h);
     }
     /* Every single-bit flip either fails cleanly or leaves a well-formed
@@ -290,7 +290,7 @@ static void test_codec_truncated_and_flipped(void **state)
         for (int bit = 0; bit < 8; bit++) {
             memcpy(tmp, mb, (size_t)ml);
             tmp[i] ^= (uint8_t)(1u << bit);
-            int rc = ecx_data_meta_decode(tmp, (size_t)ml, &m2);
+            int rc = ecxi_data_meta_decode(tmp, (size_t)ml, &m2);
             if (rc) refused++;
             if (i >= ml - 11 - (long)sizeof fake_addr && i < ml - 11)
                 assert_int_equal(rc, ECX_EDATA_META);
@@ -300,7 +300,7 @@ static void test_codec_truncated_and_flipped(void **state)
         for (int bit = 0; bit < 8; bit++) {
             memcpy(tmp, db, (size_t)dl);
             tmp[i] ^= (uint8_t)(1u << bit);
-            int rc = ecx_data_desc_decode(tmp, (size_t)dl, &d2);
+            int rc = ecxi_data_desc_decode(tmp, (size_t)dl, &d2);
             /* A flipped section length never passes; a flipped token,
              * checksum or size is a well-formed (wrong) ticket, caught by
              * the grant check or the checksum, not here. */
@@ -311,101 +311,101 @@ static void test_codec_truncated_and_flipped(void **state)
 static void test_codec_malformed(void **state)
 {
     (void)state;
-    ecx_data_meta m, m2;
-    ecx_data_desc d, d2;
+    ecxi_data_meta m, m2;
+    ecxi_data_desc d, d2;
     sample(&m, &d);
     uint8_t mb[512], db[512], t[600];
-    long ml = ecx_data_meta_encode(&m, mb, sizeof mb);
-    long dl = ecx_data_desc_encode(&d, db, sizeof db);
+    long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
+    long dl = ecxi_data_desc_encode(&d, db, sizeof db);
 
     memcpy(t, mb, (size_t)ml);
     t[4] = 1; /* the previous version (rkey-era descriptors) */
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_VERSION);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_VERSION);
     memcpy(t, db, (size_t)dl);
     t[4] = 9;
-    assert_int_equal(ecx_data_desc_decode(t, (size_t)dl, &d2), ECX_EDATA_VERSION);
+    assert_int_equal(ecxi_data_desc_decode(t, (size_t)dl, &d2), ECX_EDATA_VERSION);
     /* A ticket for no bytes, more bytes than the region, or no lease. */
-    ecx_data_desc bt = d;
+    ecxi_data_desc bt = d;
     bt.ticket.nbytes = 0;
-    long tl = ecx_data_desc_encode(&bt, t, sizeof t);
-    assert_int_equal(ecx_data_desc_decode(t, (size_t)tl, &d2), ECX_EDATA_DESC);
+    long tl = ecxi_data_desc_encode(&bt, t, sizeof t);
+    assert_int_equal(ecxi_data_desc_decode(t, (size_t)tl, &d2), ECX_EDATA_DESC);
     bt.ticket.nbytes = NB * BS + 1;
-    tl = ecx_data_desc_encode(&bt, t, sizeof t);
-    assert_int_equal(ecx_data_desc_decode(t, (size_t)tl, &d2), ECX_EDATA_DESC);
+    tl = ecxi_data_desc_encode(&bt, t, sizeof t);
+    assert_int_equal(ecxi_data_desc_decode(t, (size_t)tl, &d2), ECX_EDATA_DESC);
     bt = d;
     bt.ticket.lease_ms = 0;
-    tl = ecx_data_desc_encode(&bt, t, sizeof t);
-    assert_int_equal(ecx_data_desc_decode(t, (size_t)tl, &d2), ECX_EDATA_DESC);
+    tl = ecxi_data_desc_encode(&bt, t, sizeof t);
+    assert_int_equal(ecxi_data_desc_decode(t, (size_t)tl, &d2), ECX_EDATA_DESC);
     memcpy(t, mb, (size_t)ml);
     t[0] = 'X'; /* magic */
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
     /* A descriptor is not metadata and vice versa. */
-    assert_int_equal(ecx_data_meta_decode(db, (size_t)dl, &m2), ECX_EDATA_META);
-    assert_int_equal(ecx_data_desc_decode(mb, (size_t)ml, &d2), ECX_EDATA_DESC);
+    assert_int_equal(ecxi_data_meta_decode(db, (size_t)dl, &m2), ECX_EDATA_META);
+    assert_int_equal(ecxi_data_desc_decode(mb, (size_t)ml, &d2), ECX_EDATA_DESC);
     /* Trailing byte: total length no longer matches. */
     memcpy(t, mb, (size_t)ml);
     t[ml] = 0;
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml + 1, &m2), ECX_EDATA_META);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)ml + 1, &m2), ECX_EDATA_META);
     /* More sections claimed than present. */
     memcpy(t, mb, (size_t)ml);
     t[6] = 4;
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
     /* Fewer sections claimed than present: leftover bytes. */
     t[6] = 1;
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
     /* Section length overrunning the buffer. */
     memcpy(t, mb, (size_t)ml);
     t[24 + 2] = 0xff, t[24 + 3] = 0x7f;
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
     /* Reserved field set. */
     memcpy(t, mb, (size_t)ml);
     t[12] = 1;
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)ml, &m2), ECX_EDATA_META);
     /* An unknown section is skipped (forward compatible). */
     memcpy(t, mb, (size_t)ml);
     memcpy(t + ml, "\x09\x00\x03\x00xyz", 7);
     t[6] = 4;
     t[8] = (uint8_t)(ml + 7);
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)ml + 7, &m2), 0);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)ml + 7, &m2), 0);
     assert_true(m2.has_shm && m2.has_ucx && m2.has_tcp);
     /* A known section twice is refused. */
-    ecx_data_meta one = m;
+    ecxi_data_meta one = m;
     one.has_shm = false, one.has_tcp = false;
-    long ol = ecx_data_meta_encode(&one, t, sizeof t);
+    long ol = ecxi_data_meta_encode(&one, t, sizeof t);
     memcpy(t + ol, t + 24, (size_t)(ol - 24));
     t[6] = 2;
     t[8] = (uint8_t)(ol + ol - 24);
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)(ol + ol - 24), &m2), ECX_EDATA_META);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)(ol + ol - 24), &m2), ECX_EDATA_META);
     /* Path must be absolute, without NUL. */
-    ecx_data_meta bad = m;
+    ecxi_data_meta bad = m;
     bad.path = "rel/path", bad.path_len = 8;
-    long bl = ecx_data_meta_encode(&bad, t, sizeof t);
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)bl, &m2), ECX_EDATA_META);
+    long bl = ecxi_data_meta_encode(&bad, t, sizeof t);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)bl, &m2), ECX_EDATA_META);
     bad.path = "/a\0b", bad.path_len = 4;
-    bl = ecx_data_meta_encode(&bad, t, sizeof t);
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)bl, &m2), ECX_EDATA_META);
+    bl = ecxi_data_meta_encode(&bad, t, sizeof t);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)bl, &m2), ECX_EDATA_META);
     /* Descriptor layouts that cannot be. */
-    ecx_data_desc bd = d;
+    ecxi_data_desc bd = d;
     bd.block_bytes = 0;
-    bl = ecx_data_desc_encode(&bd, t, sizeof t);
-    assert_int_equal(ecx_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
+    bl = ecxi_data_desc_encode(&bd, t, sizeof t);
+    assert_int_equal(ecxi_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
     bd = d, bd.num_blocks = 0;
-    bl = ecx_data_desc_encode(&bd, t, sizeof t);
-    assert_int_equal(ecx_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
+    bl = ecxi_data_desc_encode(&bd, t, sizeof t);
+    assert_int_equal(ecxi_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
     bd = d, bd.num_blocks = 1ull << 40;
-    bl = ecx_data_desc_encode(&bd, t, sizeof t);
-    assert_int_equal(ecx_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
+    bl = ecxi_data_desc_encode(&bd, t, sizeof t);
+    assert_int_equal(ecxi_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
     bd = d, bd.block_bytes = 1ull << 62, bd.num_blocks = 8;
-    bl = ecx_data_desc_encode(&bd, t, sizeof t);
-    assert_int_equal(ecx_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
+    bl = ecxi_data_desc_encode(&bd, t, sizeof t);
+    assert_int_equal(ecxi_data_desc_decode(t, (size_t)bl, &d2), ECX_EDATA_DESC);
     /* tcp sections that cannot be: an unknown family or one whose length
      * does not fit it, port 0, an address that is not unicast, the
      * section one byte short or long, twice. */
-    ecx_data_meta tm = {.nonce = 9, .has_tcp = true, .tcp_family = 4, .tcp_port = 80};
+    ecxi_data_meta tm = {.nonce = 9, .has_tcp = true, .tcp_family = 4, .tcp_port = 80};
     memcpy(tm.tcp_addr, (const uint8_t[]){192, 168, 1, 2}, 4);
-    long tl4 = ecx_data_meta_encode(&tm, t, sizeof t);
+    long tl4 = ecxi_data_meta_encode(&tm, t, sizeof t);
     assert_int_equal(tl4, 24 + 4 + 7); /* section body at 28: family, port, address */
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)tl4, &m2), 0);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)tl4, &m2), 0);
     static const uint8_t bad_body[][7] = {
         {6, 80, 0, 192, 168, 1, 2},   {0, 80, 0, 192, 168, 1, 2}, {5, 80, 0, 192, 168, 1, 2},
         {4, 0, 0, 192, 168, 1, 2},    {4, 80, 0, 0, 0, 0, 0},     {4, 80, 0, 224, 0, 0, 1},
@@ -414,7 +414,7 @@ static void test_codec_malformed(void **state)
         uint8_t u[64];
         memcpy(u, t, (size_t)tl4);
         memcpy(u + 28, bad_body[i], 7);
-        assert_int_equal(ecx_data_meta_decode(u, (size_t)tl4, &m2), ECX_EDATA_META);
+        assert_int_equal(ecxi_data_meta_decode(u, (size_t)tl4, &m2), ECX_EDATA_META);
     }
     for (int delta = -1; delta <= 1; delta += 2) {
         uint8_t u[64] = {0};
@@ -422,7 +422,7 @@ static void test_codec_malformed(void **state)
         size_t nl = (size_t)(tl4 + delta);
         u[26] = (uint8_t)(7 + delta);
         u[8] = (uint8_t)nl;
-        assert_int_equal(ecx_data_meta_decode(u, nl, &m2), ECX_EDATA_META);
+        assert_int_equal(ecxi_data_meta_decode(u, nl, &m2), ECX_EDATA_META);
     }
     {
         uint8_t u[96];
@@ -430,18 +430,18 @@ static void test_codec_malformed(void **state)
         memcpy(u + tl4, t + 24, 11);
         u[6] = 2;
         u[8] = (uint8_t)(tl4 + 11);
-        assert_int_equal(ecx_data_meta_decode(u, (size_t)tl4 + 11, &m2), ECX_EDATA_META);
+        assert_int_equal(ecxi_data_meta_decode(u, (size_t)tl4 + 11, &m2), ECX_EDATA_META);
     }
     tm.tcp_family = 6; /* :: and ff02::1 */
     memset(tm.tcp_addr, 0, 16);
-    tl4 = ecx_data_meta_encode(&tm, t, sizeof t);
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)tl4, &m2), ECX_EDATA_META);
+    tl4 = ecxi_data_meta_encode(&tm, t, sizeof t);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)tl4, &m2), ECX_EDATA_META);
     tm.tcp_addr[0] = 0xff, tm.tcp_addr[1] = 2, tm.tcp_addr[15] = 1;
-    tl4 = ecx_data_meta_encode(&tm, t, sizeof t);
-    assert_int_equal(ecx_data_meta_decode(t, (size_t)tl4, &m2), ECX_EDATA_META);
+    tl4 = ecxi_data_meta_encode(&tm, t, sizeof t);
+    assert_int_equal(ecxi_data_meta_decode(t, (size_t)tl4, &m2), ECX_EDATA_META);
     /* NULL and empty input. */
-    assert_int_equal(ecx_data_meta_decode(NULL, 0, &m2), ECX_EDATA_META);
-    assert_int_equal(ecx_data_desc_decode(NULL, 0, &d2), ECX_EDATA_DESC);
+    assert_int_equal(ecxi_data_meta_decode(NULL, 0, &m2), ECX_EDATA_META);
+    assert_int_equal(ecxi_data_desc_decode(NULL, 0, &d2), ECX_EDATA_DESC);
 }
 
 /* ---- fetches ----------------------------------------------------------- */
@@ -455,7 +455,7 @@ typedef struct fcase {
 
 static void check_case(pair *p, const fcase *c)
 {
-    const uint8_t *src = ecx_region_base(p->pr), *dst = ecx_region_base(p->cr);
+    const uint8_t *src = ecxi_region_base(p->pr), *dst = ecxi_region_base(p->cr);
     uint64_t left = c->nbytes ? c->nbytes : c->n * BS;
     for (size_t i = 0; i < c->n; i++) {
         uint64_t len = left < BS ? left : BS;
@@ -472,7 +472,7 @@ static void run_cases(int pb, int cb, const char *want_path)
     pair p;
     pair_open(&p, pb, cb, BS);
     assert_int_equal(pair_peer(&p), 0);
-    assert_string_equal(ecx_data_peer_backend(p.peer), want_path);
+    assert_string_equal(ecxi_data_peer_backend(p.peer), want_path);
 
     static fcase cs[5];
     memset(cs, 0, sizeof cs);
@@ -494,14 +494,14 @@ static void run_cases(int pb, int cb, const char *want_path)
 
     notes ns = {0};
     for (int k = 0; k < 5; k++) {
-        memset(ecx_region_base(p.cr), 0xee, ecx_region_size(p.cr));
-        ecx_data_xfer *x = NULL;
+        memset(ecxi_region_base(p.cr), 0xee, ecxi_region_size(p.cr));
+        ecxi_data_xfer *x = NULL;
         assert_int_equal(post(&p, cs[k].remote, cs[k].local, cs[k].n, cs[k].nbytes, &x), 0);
         assert_int_equal(pump(p.prod, p.cons, x, &ns, k + 1), ECX_XFER_DONE);
         check_case(&p, &cs[k]);
         assert_int_equal(ns.n, k + 1);
         assert_string_equal(ns.last, p.key);
-        ecx_data_read_release(x);
+        ecxi_data_read_release(x);
     }
     pair_close(&p);
 }
@@ -543,9 +543,9 @@ static void test_auto_choice(void **state)
     pair p;
     pair_open(&p, ECX_DATA_AUTO, ECX_DATA_AUTO, BS);
     size_t ml;
-    ecx_data_meta m;
-    const uint8_t *mb = ecx_data_agent_metadata(p.prod, &ml);
-    assert_int_equal(ecx_data_meta_decode(mb, ml, &m), 0);
+    ecxi_data_meta m;
+    const uint8_t *mb = ecxi_data_agent_metadata(p.prod, &ml);
+    assert_int_equal(ecxi_data_meta_decode(mb, ml, &m), 0);
     assert_true(m.has_shm && m.has_tcp && !m.has_ucx);
     pair_close(&p);
     /* Nothing in common: no path. */
@@ -569,32 +569,32 @@ static void test_validation(void **state)
     pair p;
     pair_open(&p, ECX_DATA_AUTO, ECX_DATA_AUTO, BS);
     assert_int_equal(pair_peer(&p), 0);
-    ecx_data_xfer *x = (ecx_data_xfer *)1;
+    ecxi_data_xfer *x = (ecxi_data_xfer *)1;
     uint8_t g[ECX_DATA_DESC_MAX], d[ECX_DATA_DESC_MAX];
     size_t gl = layout(p.prod, g);
     long dl2 = stub_desc(g, gl, 2 * BS, 0, d, sizeof d); /* a ticket for 2 blocks */
     assert_true(dl2 > 0);
     size_t dl = (size_t)dl2;
     uint64_t r1[1] = {NB}, l1[1] = {0}, r2[2] = {0, 1}, l2[2] = {0, NB};
-    assert_int_equal(ecx_data_read_post(p.peer, d, dl, r1, l1, 1, BS, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, d, dl, r1, l1, 1, BS, "a:b", 3, &x),
                      ECX_EDATA_MISMATCH); /* the ticket says 2 blocks' worth */
     assert_null(x);
-    assert_int_equal(ecx_data_read_post(p.peer, d, dl, r2, l2, 2, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, d, dl, r2, l2, 2, 0, "a:b", 3, &x),
                      ECX_EDATA_INDEX);
-    assert_int_equal(ecx_data_read_post(p.peer, d, dl, r2, l1, 0, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, d, dl, r2, l1, 0, 0, "a:b", 3, &x),
                      ECX_EDATA_COUNT);
     uint64_t ok[2] = {0, 1};
-    assert_int_equal(ecx_data_read_post(p.peer, d, dl, ok, ok, 1, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, d, dl, ok, ok, 1, 0, "a:b", 3, &x),
                      ECX_EDATA_COUNT);
-    assert_int_equal(ecx_data_read_post(p.peer, d, dl, ok, ok, 2, 0, "", 0, &x), ECX_EDATA_NOTIF);
+    assert_int_equal(ecxi_data_read_post(p.peer, d, dl, ok, ok, 2, 0, "", 0, &x), ECX_EDATA_NOTIF);
     static char big[ECX_DATA_NOTIF_MAX + 1];
     memset(big, 'x', sizeof big);
-    assert_int_equal(ecx_data_read_post(p.peer, d, dl, ok, ok, 2, 0, big, sizeof big, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, d, dl, ok, ok, 2, 0, big, sizeof big, &x),
                      ECX_EDATA_NOTIF);
     /* A descriptor without a ticket, or garbage, is no grant. */
-    assert_int_equal(ecx_data_read_post(p.peer, g, 40, ok, ok, 2, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, g, 40, ok, ok, 2, 0, "a:b", 3, &x),
                      ECX_EDATA_DESC);
-    assert_int_equal(ecx_data_read_post(p.peer, (const uint8_t *)"junk", 4, ok, ok, 2, 0, "a:b",
+    assert_int_equal(ecxi_data_read_post(p.peer, (const uint8_t *)"junk", 4, ok, ok, 2, 0, "a:b",
                                         3, &x),
                      ECX_EDATA_DESC);
     /* The longest key is fine. */
@@ -602,32 +602,32 @@ static void test_validation(void **state)
     assert_int_equal(post_sum(&p, ok, ok, 2, 0, ECX_DATA_NOTIF_MAX, NULL, &x), 0);
     assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECX_XFER_DONE);
     assert_int_equal(strlen(ns.last), ECX_DATA_NOTIF_MAX);
-    ecx_data_read_release(x);
+    ecxi_data_read_release(x);
 
     /* Roles. */
-    assert_int_equal(ecx_data_poll_notifs(p.cons, on_notif, &ns), ECX_EDATA_ROLE);
+    assert_int_equal(ecxi_data_poll_notifs(p.cons, on_notif, &ns), ECX_EDATA_ROLE);
     size_t ml;
-    const uint8_t *m = ecx_data_agent_metadata(p.prod, &ml);
-    ecx_data_peer *q = NULL;
-    assert_int_equal(ecx_data_peer_add(p.prod, m, ml, g, gl, &q), ECX_EDATA_ROLE);
+    const uint8_t *m = ecxi_data_agent_metadata(p.prod, &ml);
+    ecxi_data_peer *q = NULL;
+    assert_int_equal(ecxi_data_peer_add(p.prod, m, ml, g, gl, &q), ECX_EDATA_ROLE);
     assert_true(ml < 512 && gl < 256); /* a few hundred bytes, whatever the region */
 
     /* Same bytes: same producer; another producer's metadata is not. */
-    assert_true(ecx_data_peer_same(p.peer, m, ml));
+    assert_true(ecxi_data_peer_same(p.peer, m, ml));
     pair o;
     pair_open(&o, ECX_DATA_AUTO, ECX_DATA_AUTO, BS);
     size_t oml;
     uint8_t od[ECX_DATA_DESC_MAX];
     size_t odl = layout(o.prod, od);
-    const uint8_t *om = ecx_data_agent_metadata(o.prod, &oml);
-    assert_false(ecx_data_peer_same(p.peer, om, oml));
+    const uint8_t *om = ecxi_data_agent_metadata(o.prod, &oml);
+    assert_false(ecxi_data_peer_same(p.peer, om, oml));
     /* A descriptor from another producer does not go with this metadata,
      * neither to register nor to read. */
-    assert_int_equal(ecx_data_peer_add(p.cons, m, ml, od, odl, &q), ECX_EDATA_MISMATCH);
+    assert_int_equal(ecxi_data_peer_add(p.cons, m, ml, od, odl, &q), ECX_EDATA_MISMATCH);
     assert_null(q);
     long odl2 = stub_desc(od, odl, 2 * BS, 0, d, sizeof d);
     assert_true(odl2 > 0);
-    assert_int_equal(ecx_data_read_post(p.peer, d, (size_t)odl2, ok, ok, 2, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, d, (size_t)odl2, ok, ok, 2, 0, "a:b", 3, &x),
                      ECX_EDATA_MISMATCH);
     pair_close(&o);
     pair_close(&p);
@@ -638,19 +638,19 @@ static void test_validation(void **state)
     pair_close(&p);
 
     int b;
-    assert_int_equal(ecx_data_backend_parse("shm", &b), 0);
+    assert_int_equal(ecxi_data_backend_parse("shm", &b), 0);
     assert_int_equal(b, ECX_DATA_SHM);
-    assert_int_equal(ecx_data_backend_parse("ucx", &b), 0);
+    assert_int_equal(ecxi_data_backend_parse("ucx", &b), 0);
     assert_int_equal(b, ECX_DATA_UCX);
-    assert_int_equal(ecx_data_backend_parse("tcp", &b), 0);
+    assert_int_equal(ecxi_data_backend_parse("tcp", &b), 0);
     assert_int_equal(b, ECX_DATA_TCP);
-    assert_string_equal(ecx_data_backend_name(ECX_DATA_TCP), "tcp");
-    assert_int_equal(ecx_data_backend_parse("rdma", &b), ECX_EINVAL);
-    ecx_data_opts bad = {.backend = 9};
-    ecx_data *dd = NULL;
-    ecx_region *r = mkregion(2, BS);
-    assert_int_equal(ecx_data_new_producer(r, &bad, &dd), ECX_EINVAL);
-    ecx_region_free(r);
+    assert_string_equal(ecxi_data_backend_name(ECX_DATA_TCP), "tcp");
+    assert_int_equal(ecxi_data_backend_parse("rdma", &b), ECX_EINVAL);
+    ecxi_data_opts bad = {.backend = 9};
+    ecxi_data *dd = NULL;
+    ecxi_region *r = mkregion(2, BS);
+    assert_int_equal(ecxi_data_new_producer(r, &bad, &dd), ECX_EINVAL);
+    ecxi_region_free(r);
 }
 
 /* Random damage to real metadata and descriptors through the public
@@ -662,7 +662,7 @@ static void test_peer_add_mutations(void **state)
     pair_open(&p, ECX_DATA_AUTO, ECX_DATA_SHM, BS);
     size_t ml, dl;
     uint8_t d[ECX_DATA_DESC_MAX];
-    const uint8_t *m = ecx_data_agent_metadata(p.prod, &ml);
+    const uint8_t *m = ecxi_data_agent_metadata(p.prod, &ml);
     dl = layout(p.prod, d);
     uint8_t *tm = malloc(ml), *td = malloc(dl);
     srand(1234);
@@ -678,11 +678,11 @@ static void test_peer_add_mutations(void **state)
                 td[(size_t)rand() % dl] ^= (uint8_t)(1 + rand() % 255);
         }
         size_t cut_m = rand() % 8 == 0 ? (size_t)rand() % ml : ml;
-        ecx_data_peer *q = NULL;
-        int rc = ecx_data_peer_add(p.cons, tm, cut_m, td, dl, &q);
+        ecxi_data_peer *q = NULL;
+        int rc = ecxi_data_peer_add(p.cons, tm, cut_m, td, dl, &q);
         assert_true(rc <= 0);
         if (rc == 0)
-            ecx_data_peer_drop(q);
+            ecxi_data_peer_drop(q);
         else
             refused++;
     }
@@ -705,30 +705,30 @@ static void test_ucx_drop_and_release_in_flight(void **state)
         all[i] = i;
     /* Released while running (the producer never progressed): the xfer is
      * reclaimed once UCX lets go of it; nothing leaks (ASan checks). */
-    ecx_data_xfer *x = NULL;
+    ecxi_data_xfer *x = NULL;
     assert_int_equal(post(&p, all, all, NB, 0, &x), 0);
-    ecx_data_read_release(x);
+    ecxi_data_read_release(x);
     /* Dropped while running: the READ ends (failed or done), never hangs. */
     assert_int_equal(post(&p, all, all, NB, 0, &x), 0);
-    ecx_data_peer_drop(p.peer);
+    ecxi_data_peer_drop(p.peer);
     p.peer = NULL;
-    int64_t end = ecx_now_ms(NULL) + 10000;
+    int64_t end = ecxi_now_ms(NULL) + 10000;
     int st;
-    while ((st = ecx_data_read_poll(x)) == ECX_XFER_RUNNING && ecx_now_ms(NULL) < end)
-        ecx_data_progress(p.cons);
+    while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < end)
+        ecxi_data_progress(p.cons);
     assert_int_not_equal(st, ECX_XFER_RUNNING);
-    ecx_data_read_release(x);
+    ecxi_data_read_release(x);
     /* A fresh registration works after that. */
     notes ns = {0};
     assert_int_equal(pair_peer(&p), 0);
     assert_int_equal(post(&p, all, all, 4, 0, &x), 0);
     assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECX_XFER_DONE);
     assert_string_equal(ns.last, p.key);
-    ecx_data_read_release(x);
+    ecxi_data_read_release(x);
     /* The fd and arm protocol. */
-    assert_true(ecx_data_fd(p.cons) >= 0);
-    assert_true(ecx_data_fd(p.prod) >= 0);
-    assert_true(ecx_data_arm(p.cons) >= 0);
+    assert_true(ecxi_data_fd(p.cons) >= 0);
+    assert_true(ecxi_data_fd(p.prod) >= 0);
+    assert_true(ecxi_data_arm(p.cons) >= 0);
     pair_close(&p);
 }
 
@@ -739,43 +739,43 @@ static void test_fault(void **state)
     (void)state;
     pair p;
     pair_open(&p, ECX_DATA_AUTO, ECX_DATA_AUTO, BS);
-    ecx_data *f = NULL;
-    assert_int_equal(ecx_data_fault_wrap(p.cons, &f), 0);
+    ecxi_data *f = NULL;
+    assert_int_equal(ecxi_data_fault_wrap(p.cons, &f), 0);
     p.cons = f;
-    assert_string_equal(ecx_data_name(f), "fault");
+    assert_string_equal(ecxi_data_name(f), "fault");
     assert_int_equal(pair_peer(&p), 0);
     uint64_t r[3] = {4, 5, 6}, l[3] = {7, 8, 9};
     notes ns = {0};
-    ecx_data_xfer *x = NULL;
+    ecxi_data_xfer *x = NULL;
 
-    assert_int_equal(ecx_data_fault_set(f, ECX_FAULT_POST_FAIL, 0, 1), 0);
+    assert_int_equal(ecxi_data_fault_set(f, ECX_FAULT_POST_FAIL, 0, 1), 0);
     assert_int_equal(post(&p, r, l, 3, 0, &x), ECX_EDATA_FAULT);
     /* count = 1: the next post is clean. */
     assert_int_equal(post(&p, r, l, 3, 0, &x), 0);
     assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECX_XFER_DONE);
-    ecx_data_read_release(x);
+    ecxi_data_read_release(x);
 
-    assert_int_equal(ecx_data_fault_set(f, ECX_FAULT_READ_FAIL, 0, -1), 0);
+    assert_int_equal(ecxi_data_fault_set(f, ECX_FAULT_READ_FAIL, 0, -1), 0);
     assert_int_equal(post(&p, r, l, 3, 0, &x), 0);
-    assert_int_equal(ecx_data_read_poll(x), ECX_XFER_FAILED);
-    ecx_data_read_release(x);
+    assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_FAILED);
+    ecxi_data_read_release(x);
 
-    assert_int_equal(ecx_data_fault_set(f, ECX_FAULT_HANG, 0, -1), 0);
+    assert_int_equal(ecxi_data_fault_set(f, ECX_FAULT_HANG, 0, -1), 0);
     assert_int_equal(post(&p, r, l, 3, 0, &x), 0);
     for (int i = 0; i < 100; i++)
-        ecx_data_progress(p.cons);
-    assert_int_equal(ecx_data_read_poll(x), ECX_XFER_RUNNING);
-    ecx_data_read_release(x);
+        ecxi_data_progress(p.cons);
+    assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_RUNNING);
+    ecxi_data_read_release(x);
     /* A hung or failed READ sends no notification. */
-    assert_int_equal(ecx_data_poll_notifs(p.prod, on_notif, &ns), 0);
+    assert_int_equal(ecxi_data_poll_notifs(p.prod, on_notif, &ns), 0);
     assert_int_equal(ns.n, 1);
 
     /* skip 1, count 1: clean, corrupt (the byte flipped after the copy is
      * caught by the checksum), clean. */
-    assert_int_equal(ecx_data_fault_set(f, ECX_FAULT_CORRUPT, 1, 1), 0);
-    const uint8_t *src = ecx_region_base(p.pr), *dst = ecx_region_base(p.cr);
+    assert_int_equal(ecxi_data_fault_set(f, ECX_FAULT_CORRUPT, 1, 1), 0);
+    const uint8_t *src = ecxi_region_base(p.pr), *dst = ecxi_region_base(p.cr);
     for (int k = 0; k < 3; k++) {
-        memset(ecx_region_base(p.cr), 0, ecx_region_size(p.cr));
+        memset(ecxi_region_base(p.cr), 0, ecxi_region_size(p.cr));
         assert_int_equal(post(&p, r, l, 3, 0, &x), 0);
         assert_int_equal(pump(p.prod, p.cons, x, &ns, 2 + k),
                          k == 1 ? ECX_XFER_CORRUPT : ECX_XFER_DONE);
@@ -785,11 +785,11 @@ static void test_fault(void **state)
         } else {
             assert_memory_equal(dst + 7 * BS, src + 4 * BS, 3 * BS);
         }
-        ecx_data_read_release(x);
+        ecxi_data_read_release(x);
     }
-    assert_int_equal(ecx_data_fault_hits(f), 4); /* one per fault armed above */
-    assert_int_equal(ecx_data_fault_set(p.prod, ECX_FAULT_HANG, 0, 1), ECX_EINVAL);
-    assert_int_equal(ecx_data_fault_set(f, 99, 0, 1), ECX_EINVAL);
+    assert_int_equal(ecxi_data_fault_hits(f), 4); /* one per fault armed above */
+    assert_int_equal(ecxi_data_fault_set(p.prod, ECX_FAULT_HANG, 0, 1), ECX_EINVAL);
+    assert_int_equal(ecxi_data_fault_set(f, 99, 0, 1), ECX_EINVAL);
     pair_close(&p);
 }
 

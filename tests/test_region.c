@@ -144,18 +144,18 @@ static void test_create_join_kill_reap(void **state)
     assert_int_equal(wait_exit(joiner), 0);
 
     /* So do we; we see both writes. */
-    ecx_region *r;
-    assert_int_equal(ecx_region_join_in(dir, "inst1", 3, BS, &r), 0);
-    assert_false(ecx_region_is_owner(r));
-    assert_int_equal(ecx_region_num_blocks(r), 8);
-    assert_int_equal(ecx_region_base(r)[0], 0xa5);
-    assert_int_equal(ecx_region_base(r)[BS - 1], 0xa5);
-    assert_int_equal(ecx_region_base(r)[BS], 0x5a);
-    assert_int_equal(ecx_region_base(r)[2 * BS], 0);
+    ecxi_region *r;
+    assert_int_equal(ecxi_region_join_in(dir, "inst1", 3, BS, &r), 0);
+    assert_false(ecxi_region_is_owner(r));
+    assert_int_equal(ecxi_region_num_blocks(r), 8);
+    assert_int_equal(ecxi_region_base(r)[0], 0xa5);
+    assert_int_equal(ecxi_region_base(r)[BS - 1], 0xa5);
+    assert_int_equal(ecxi_region_base(r)[BS], 0x5a);
+    assert_int_equal(ecxi_region_base(r)[2 * BS], 0);
     /* The creator is alive: nothing to reap, even while we hold it too. */
-    assert_int_equal(ecx_region_reap(dir), 0);
-    ecx_region_free(r); /* a joiner never unlinks */
-    assert_int_equal(ecx_region_reap(dir), 0);
+    assert_int_equal(ecxi_region_reap(dir), 0);
+    ecxi_region_free(r); /* a joiner never unlinks */
+    assert_int_equal(ecxi_region_reap(dir), 0);
     assert_true(exists(name));
 
     /* Crash: the file stays behind, unlocked. */
@@ -165,11 +165,11 @@ static void test_create_join_kill_reap(void **state)
     assert_true(exists(name));
 
     /* Next start: creating any region in the directory reclaims it. */
-    assert_int_equal(ecx_region_create_in(dir, "inst2", 0, 4 * BS, BS, &r), 0);
+    assert_int_equal(ecxi_region_create_in(dir, "inst2", 0, 4 * BS, BS, &r), 0);
     assert_false(exists(name));
     assert_true(exists("ecx_inst2_0.mmap"));
     assert_int_equal(count_entries(), 1);
-    ecx_region_free(r);
+    ecxi_region_free(r);
     assert_int_equal(count_entries(), 0);
 }
 
@@ -181,52 +181,52 @@ static void test_clean_shutdown(void **state)
     int ctl;
     pid_t creator =
         spawn((char *[]){"region_helper", "create", dir, "c", "0", "40960", "4096", NULL}, &ctl);
-    ecx_region *r;
-    assert_int_equal(ecx_region_join_in(dir, "c", 0, BS, &r), 0);
+    ecxi_region *r;
+    assert_int_equal(ecxi_region_join_in(dir, "c", 0, BS, &r), 0);
     close(ctl); /* EOF: the helper frees the region and exits */
     assert_int_equal(wait_exit(creator), 0);
     assert_false(exists("ecx_c_0.mmap"));
-    assert_int_equal(ecx_region_base(r)[100], 0xa5); /* still mapped */
-    ecx_region_base(r)[BS] = 7;
-    ecx_region_free(r);
+    assert_int_equal(ecxi_region_base(r)[100], 0xa5); /* still mapped */
+    ecxi_region_base(r)[BS] = 7;
+    ecxi_region_free(r);
     assert_int_equal(count_entries(), 0);
 }
 
 static void test_sizes(void **state)
 {
     (void)state;
-    ecx_region *r = (ecx_region *)1;
-    assert_int_equal(ecx_region_create_in(dir, "s", 0, 0, BS, &r), ECX_EREGION_SIZE);
+    ecxi_region *r = (ecxi_region *)1;
+    assert_int_equal(ecxi_region_create_in(dir, "s", 0, 0, BS, &r), ECX_EREGION_SIZE);
     assert_null(r);
-    assert_int_equal(ecx_region_create_in(dir, "s", 0, BS, 0, &r), ECX_EREGION_SIZE);
-    assert_int_equal(ecx_region_create_in(dir, "s", 0, BS - 1, BS, &r), ECX_EREGION_SIZE);
-    assert_int_equal(ecx_region_create_in(dir, "s", 0, UINT64_MAX, 1, &r), ECX_EREGION_SIZE);
-    assert_int_equal(ecx_region_create_in(dir, "s", 0, UINT64_MAX, 1u << 20, &r), ECX_EREGION_SIZE);
+    assert_int_equal(ecxi_region_create_in(dir, "s", 0, BS, 0, &r), ECX_EREGION_SIZE);
+    assert_int_equal(ecxi_region_create_in(dir, "s", 0, BS - 1, BS, &r), ECX_EREGION_SIZE);
+    assert_int_equal(ecxi_region_create_in(dir, "s", 0, UINT64_MAX, 1, &r), ECX_EREGION_SIZE);
+    assert_int_equal(ecxi_region_create_in(dir, "s", 0, UINT64_MAX, 1u << 20, &r), ECX_EREGION_SIZE);
     /* Whole blocks, but far more than the machine has: refused up front. */
-    int rc = ecx_region_create_in(dir, "s", 0, (uint64_t)1 << 46, (uint64_t)1 << 20, &r);
+    int rc = ecxi_region_create_in(dir, "s", 0, (uint64_t)1 << 46, (uint64_t)1 << 20, &r);
     assert_true(rc == ECX_EREGION_NOSPC || rc == ECX_ENOMEM);
     assert_int_equal(count_entries(), 0); /* no temporary left behind */
 
     /* Rounded down to whole blocks; odd block sizes are fine. */
-    assert_int_equal(ecx_region_create_in(dir, "s", 0, 10 * BS + 100, BS, &r), 0);
-    assert_int_equal(ecx_region_num_blocks(r), 10);
-    assert_int_equal(ecx_region_size(r), 10 * BS);
-    assert_int_equal(ecx_region_block_bytes(r), BS);
+    assert_int_equal(ecxi_region_create_in(dir, "s", 0, 10 * BS + 100, BS, &r), 0);
+    assert_int_equal(ecxi_region_num_blocks(r), 10);
+    assert_int_equal(ecxi_region_size(r), 10 * BS);
+    assert_int_equal(ecxi_region_block_bytes(r), BS);
     struct stat st;
-    assert_int_equal(stat(ecx_region_path(r), &st), 0);
+    assert_int_equal(stat(ecxi_region_path(r), &st), 0);
     assert_int_equal(st.st_size, 10 * BS);
-    ecx_region_free(r);
-    assert_int_equal(ecx_region_create_in(dir, "odd", 1, 10000, 1000, &r), 0);
-    assert_int_equal(ecx_region_num_blocks(r), 10);
-    memset(ecx_region_base(r), 1, 10000);
-    ecx_region_free(r);
+    ecxi_region_free(r);
+    assert_int_equal(ecxi_region_create_in(dir, "odd", 1, 10000, 1000, &r), 0);
+    assert_int_equal(ecxi_region_num_blocks(r), 10);
+    memset(ecxi_region_base(r), 1, 10000);
+    ecxi_region_free(r);
     assert_int_equal(count_entries(), 0);
 }
 
 static void test_names(void **state)
 {
     (void)state;
-    ecx_region *r;
+    ecxi_region *r;
     const char *bad[] = {"",
                          "../x",
                          "a/b",
@@ -235,36 +235,36 @@ static void test_names(void **state)
                          "new\nline",
                          "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        assert_int_equal(ecx_region_create_in(dir, bad[i], 0, BS, BS, &r), ECX_EINVAL);
-        assert_int_equal(ecx_region_join_in(dir, bad[i], 0, BS, &r), ECX_EINVAL);
+        assert_int_equal(ecxi_region_create_in(dir, bad[i], 0, BS, BS, &r), ECX_EINVAL);
+        assert_int_equal(ecxi_region_join_in(dir, bad[i], 0, BS, &r), ECX_EINVAL);
     }
-    assert_int_equal(ecx_region_create_in(dir, NULL, 0, BS, BS, &r), ECX_EINVAL);
-    assert_int_equal(ecx_region_create_in(dir, "ok", -1, BS, BS, &r), ECX_EINVAL);
-    assert_int_equal(ecx_region_create_in(dir, "ok", 0, BS, BS, NULL), ECX_EINVAL);
+    assert_int_equal(ecxi_region_create_in(dir, NULL, 0, BS, BS, &r), ECX_EINVAL);
+    assert_int_equal(ecxi_region_create_in(dir, "ok", -1, BS, BS, &r), ECX_EINVAL);
+    assert_int_equal(ecxi_region_create_in(dir, "ok", 0, BS, BS, NULL), ECX_EINVAL);
     assert_int_equal(count_entries(), 0);
 
     char a[ECX_REGION_INSTANCE_ID_LEN + 1], b[ECX_REGION_INSTANCE_ID_LEN + 1];
-    assert_int_equal(ecx_region_instance_id(a), 0);
-    assert_int_equal(ecx_region_instance_id(b), 0);
+    assert_int_equal(ecxi_region_instance_id(a), 0);
+    assert_int_equal(ecxi_region_instance_id(b), 0);
     assert_int_equal(strlen(a), ECX_REGION_INSTANCE_ID_LEN);
     assert_string_not_equal(a, b);
-    assert_int_equal(ecx_region_create_in(dir, a, 7, BS, BS, &r), 0);
+    assert_int_equal(ecxi_region_create_in(dir, a, 7, BS, BS, &r), 0);
     char want[512];
     snprintf(want, sizeof want, "%s/ecx_%s_7.mmap", dir, a);
-    assert_string_equal(ecx_region_path(r), want);
-    ecx_region_free(r);
+    assert_string_equal(ecxi_region_path(r), want);
+    ecxi_region_free(r);
 
     /* The directory comes from $ECX_SHM_DIR when not given. */
     setenv("ECX_SHM_DIR", dir, 1);
-    assert_string_equal(ecx_region_default_dir(), dir);
-    assert_int_equal(ecx_region_create("env", 2, BS, BS, &r), 0);
+    assert_string_equal(ecxi_region_default_dir(), dir);
+    assert_int_equal(ecxi_region_create("env", 2, BS, BS, &r), 0);
     assert_true(exists("ecx_env_2.mmap"));
-    ecx_region *j;
-    assert_int_equal(ecx_region_join("env", 2, BS, &j), 0);
-    ecx_region_free(j);
-    ecx_region_free(r);
+    ecxi_region *j;
+    assert_int_equal(ecxi_region_join("env", 2, BS, &j), 0);
+    ecxi_region_free(j);
+    ecxi_region_free(r);
     unsetenv("ECX_SHM_DIR");
-    assert_string_equal(ecx_region_default_dir(), "/dev/shm");
+    assert_string_equal(ecxi_region_default_dir(), "/dev/shm");
     assert_int_equal(count_entries(), 0);
 }
 
@@ -274,28 +274,28 @@ static void test_mode_and_exists(void **state)
 {
     (void)state;
     mode_t old = umask(0277);
-    ecx_region *r, *r2 = (ecx_region *)1;
-    assert_int_equal(ecx_region_create_in(dir, "m", 0, 4 * BS, BS, &r), 0);
+    ecxi_region *r, *r2 = (ecxi_region *)1;
+    assert_int_equal(ecxi_region_create_in(dir, "m", 0, 4 * BS, BS, &r), 0);
     umask(old);
     struct stat st;
-    assert_int_equal(stat(ecx_region_path(r), &st), 0);
+    assert_int_equal(stat(ecxi_region_path(r), &st), 0);
     assert_int_equal(st.st_mode & 0777, 0600);
     assert_int_equal(st.st_uid, geteuid());
-    ecx_region_base(r)[0] = 42;
-    assert_int_equal(ecx_region_create_in(dir, "m", 0, 4 * BS, BS, &r2), ECX_EREGION_EXISTS);
+    ecxi_region_base(r)[0] = 42;
+    assert_int_equal(ecxi_region_create_in(dir, "m", 0, 4 * BS, BS, &r2), ECX_EREGION_EXISTS);
     assert_null(r2);
     assert_int_equal(count_entries(), 1);
-    ecx_region *j;
-    assert_int_equal(ecx_region_join_in(dir, "m", 0, BS, &j), 0);
-    assert_int_equal(ecx_region_base(j)[0], 42);
-    ecx_region_free(j);
+    ecxi_region *j;
+    assert_int_equal(ecxi_region_join_in(dir, "m", 0, BS, &j), 0);
+    assert_int_equal(ecxi_region_base(j)[0], 42);
+    ecxi_region_free(j);
     /* Join checks: wrong block size, missing name, wrong mode. */
-    assert_int_equal(ecx_region_join_in(dir, "m", 0, 3 * BS, &j), ECX_EREGION_SIZE);
-    assert_int_equal(ecx_region_join_in(dir, "m", 0, 0, &j), ECX_EREGION_SIZE);
-    assert_int_equal(ecx_region_join_in(dir, "m", 1, BS, &j), ECX_EREGION_NOTFOUND);
-    assert_int_equal(chmod(ecx_region_path(r), 0644), 0);
-    assert_int_equal(ecx_region_join_in(dir, "m", 0, BS, &j), ECX_EREGION_BADFILE);
-    ecx_region_free(r);
+    assert_int_equal(ecxi_region_join_in(dir, "m", 0, 3 * BS, &j), ECX_EREGION_SIZE);
+    assert_int_equal(ecxi_region_join_in(dir, "m", 0, 0, &j), ECX_EREGION_SIZE);
+    assert_int_equal(ecxi_region_join_in(dir, "m", 1, BS, &j), ECX_EREGION_NOTFOUND);
+    assert_int_equal(chmod(ecxi_region_path(r), 0644), 0);
+    assert_int_equal(ecxi_region_join_in(dir, "m", 0, BS, &j), ECX_EREGION_BADFILE);
+    ecxi_region_free(r);
     assert_int_equal(count_entries(), 0);
 }
 
@@ -310,10 +310,10 @@ static void test_symlinks(void **state)
     char target[512];
     snprintf(target, sizeof target, "%s", path_of("victim"));
     assert_int_equal(symlink(target, path_of("ecx_sym_0.mmap")), 0);
-    ecx_region *r;
-    assert_int_equal(ecx_region_join_in(dir, "sym", 0, BS, &r), ECX_EREGION_BADFILE);
-    assert_int_equal(ecx_region_create_in(dir, "sym", 0, 4 * BS, BS, &r), ECX_EREGION_EXISTS);
-    assert_int_equal(ecx_region_reap(dir), 0);
+    ecxi_region *r;
+    assert_int_equal(ecxi_region_join_in(dir, "sym", 0, BS, &r), ECX_EREGION_BADFILE);
+    assert_int_equal(ecxi_region_create_in(dir, "sym", 0, 4 * BS, BS, &r), ECX_EREGION_EXISTS);
+    assert_int_equal(ecxi_region_reap(dir), 0);
     assert_true(exists("ecx_sym_0.mmap"));
     assert_true(exists("victim"));
     struct stat st;
@@ -347,7 +347,7 @@ static void test_reaper_limits(void **state)
         make_file("ecx_theirs_0.mmap", BS); /* another user's: never touched */
         assert_int_equal(chown(path_of("ecx_theirs_0.mmap"), 65534, 65534), 0);
     }
-    assert_int_equal(ecx_region_reap(dir), 2);
+    assert_int_equal(ecxi_region_reap(dir), 2);
     assert_false(exists("ecx_dead_0.mmap"));
     assert_false(exists("ecx_dead_0.mmap.tmp.99.abcdef"));
     assert_true(exists("other.mmap"));
@@ -355,11 +355,11 @@ static void test_reaper_limits(void **state)
     assert_true(exists("ecx_held_0.mmap"));
     assert_true(exists("ecx_dir_0.mmap"));
     if (as_root) assert_true(exists("ecx_theirs_0.mmap"));
-    assert_int_equal(ecx_region_reap(dir), 0);
+    assert_int_equal(ecxi_region_reap(dir), 0);
     close(held); /* the holder is gone: now it is an orphan */
-    assert_int_equal(ecx_region_reap(dir), 1);
+    assert_int_equal(ecxi_region_reap(dir), 1);
     assert_false(exists("ecx_held_0.mmap"));
-    assert_int_equal(ecx_region_reap(path_of("no-such-dir")), ECX_ESYS);
+    assert_int_equal(ecxi_region_reap(path_of("no-such-dir")), ECX_ESYS);
 }
 
 int main(void)

@@ -39,21 +39,21 @@ static int64_t fake_clock(void *arg)
     (void)arg;
     return fake_now;
 }
-static const ecx_clock CLOCK = {fake_clock, NULL};
+static const ecxi_clock CLOCK = {fake_clock, NULL};
 
 typedef struct side {
-    ecx_region *region;
-    ecx_cache *cache;
-    ecx_data *data;
+    ecxi_region *region;
+    ecxi_cache *cache;
+    ecxi_data *data;
 } side;
 
 typedef struct world {
     void *zctx;
     char dir[64];
     side P, C;
-    ecx_ctrl_server *srv;
-    ecx_producer *prod;
-    ecx_consumer *cons;
+    ecxi_ctrl_server *srv;
+    ecxi_producer *prod;
+    ecxi_consumer *cons;
     char compat[ECX_COMPAT_HASH_HEX + 1];
     int port;
 } world;
@@ -67,24 +67,24 @@ static double real_s(void)
 
 static void side_init(world *w, side *s, const char *name, bool producer)
 {
-    assert_int_equal(ecx_region_create_in(w->dir, name, 0, BLOCK * BLOCKS, BLOCK, &s->region), 0);
-    ecx_cache_opts co = {.num_blocks = BLOCKS};
-    assert_int_equal(ecx_cache_new(&co, &s->cache), 0);
-    ecx_data_opts d = {.backend = ECX_DATA_SHM};
+    assert_int_equal(ecxi_region_create_in(w->dir, name, 0, BLOCK * BLOCKS, BLOCK, &s->region), 0);
+    ecxi_cache_opts co = {.num_blocks = BLOCKS};
+    assert_int_equal(ecxi_cache_new(&co, &s->cache), 0);
+    ecxi_data_opts d = {.backend = ECX_DATA_SHM};
     if (producer) {
-        assert_int_equal(ecx_data_new_producer(s->region, &d, &s->data), 0);
+        assert_int_equal(ecxi_data_new_producer(s->region, &d, &s->data), 0);
     } else {
-        ecx_data *inner;
-        assert_int_equal(ecx_data_new_consumer(s->region, &d, &inner), 0);
-        assert_int_equal(ecx_data_fault_wrap(inner, &s->data), 0);
+        ecxi_data *inner;
+        assert_int_equal(ecxi_data_new_consumer(s->region, &d, &inner), 0);
+        assert_int_equal(ecxi_data_fault_wrap(inner, &s->data), 0);
     }
 }
 
 static void side_fini(side *s)
 {
-    ecx_data_free(s->data);
-    ecx_cache_free(s->cache);
-    ecx_region_free(s->region);
+    ecxi_data_free(s->data);
+    ecxi_cache_free(s->cache);
+    ecxi_region_free(s->region);
 }
 
 /* The producer's pin lease for the next world_new() (0: the default). */
@@ -109,23 +109,23 @@ static world *world_new(const char *consumer_compat)
     assert_int_equal(ecx_compat_hash("v", 1, "m", 1, "bf16", 4, BLOCK, w->compat), 0);
     side_init(w, &w->P, "prod", true);
     side_init(w, &w->C, "cons", false);
-    assert_int_equal(ecx_ctrl_server_new(w->zctx, "127.0.0.1", 0, NULL, &w->srv), 0);
-    w->port = ecx_ctrl_server_port(w->srv);
-    ecx_producer_opts po = {.compat_hash = w->compat,
+    assert_int_equal(ecxi_ctrl_server_new(w->zctx, "127.0.0.1", 0, NULL, &w->srv), 0);
+    w->port = ecxi_ctrl_server_port(w->srv);
+    ecxi_producer_opts po = {.compat_hash = w->compat,
                             .block_bytes = BLOCK,
                             .lease_ms = next_lease_ms,
                             .max_grants = next_max_grants,
                             .max_conn_grants = next_conn_grants,
                             .max_conn_pin_pct = next_pin_pct ? next_pin_pct : 100,
                             .clock = &CLOCK};
-    assert_int_equal(ecx_producer_new(w->P.cache, w->P.data, w->srv, &po, &w->prod), 0);
-    ecx_consumer_opts co = {.zctx = w->zctx,
+    assert_int_equal(ecxi_producer_new(w->P.cache, w->P.data, w->srv, &po, &w->prod), 0);
+    ecxi_consumer_opts co = {.zctx = w->zctx,
                             .compat_hash = consumer_compat ? consumer_compat : w->compat,
                             .block_bytes = BLOCK,
                             .max_sessions = next_max_sessions,
                             .session_idle_ms = next_session_idle_ms,
                             .clock = &CLOCK};
-    assert_int_equal(ecx_consumer_new(w->C.cache, w->C.data, &co, &w->cons), 0);
+    assert_int_equal(ecxi_consumer_new(w->C.cache, w->C.data, &co, &w->cons), 0);
     return w;
 }
 
@@ -142,9 +142,9 @@ static world *world_new_sessions(int max_sessions, int64_t idle_ms)
 
 static void world_free(world *w)
 {
-    ecx_consumer_free(w->cons);
-    ecx_producer_free(w->prod);
-    ecx_ctrl_server_free(w->srv);
+    ecxi_consumer_free(w->cons);
+    ecxi_producer_free(w->prod);
+    ecxi_ctrl_server_free(w->srv);
     side_fini(&w->C);
     side_fini(&w->P);
     zmq_ctx_term(w->zctx);
@@ -154,8 +154,8 @@ static void world_free(world *w)
 
 static void pump(world *w)
 {
-    if (w->prod) ecx_producer_poll(w->prod);
-    ecx_consumer_poll(w->cons);
+    if (w->prod) ecxi_producer_poll(w->prod);
+    ecxi_consumer_poll(w->cons);
     usleep(500);
 }
 
@@ -167,25 +167,25 @@ static void commit(world *w, const char *hash)
     size_t hl = strlen(hash), n;
     int64_t idx[BLOCKS];
     uint64_t blocks[BLOCKS];
-    ecx_cache_info info;
-    assert_int_equal(ecx_cache_lookup(w->P.cache, hash, hl, &info), 0);
-    assert_int_equal(ecx_cache_blocks(w->P.cache, hash, hl, idx, BLOCKS, &n), 0);
+    ecxi_cache_info info;
+    assert_int_equal(ecxi_cache_lookup(w->P.cache, hash, hl, &info), 0);
+    assert_int_equal(ecxi_cache_blocks(w->P.cache, hash, hl, idx, BLOCKS, &n), 0);
     for (size_t i = 0; i < n; i++) blocks[i] = (uint64_t)idx[i];
-    uint64_t sum = ecx_checksum_blocks(ecx_region_base(w->P.region), BLOCK, blocks, n,
+    uint64_t sum = ecxi_checksum_blocks(ecxi_region_base(w->P.region), BLOCK, blocks, n,
                                        info.size_bytes);
-    assert_int_equal(ecx_cache_set_checksum(w->P.cache, hash, hl, sum), 0);
-    assert_int_equal(ecx_cache_mark_ready(w->P.cache, hash, hl), 0);
+    assert_int_equal(ecxi_cache_set_checksum(w->P.cache, hash, hl, sum), 0);
+    assert_int_equal(ecxi_cache_mark_ready(w->P.cache, hash, hl), 0);
 }
 
 /* Save an item on the producer: reserve, write, and (if ready) commit. */
 static void save(world *w, const char *hash, size_t size, bool ready)
 {
     size_t hl = strlen(hash), nb = (size + BLOCK - 1) / BLOCK, n;
-    assert_int_equal(ecx_cache_reserve(w->P.cache, hash, hl, nb), 0);
-    assert_int_equal(ecx_cache_set_size(w->P.cache, hash, hl, size), 0);
+    assert_int_equal(ecxi_cache_reserve(w->P.cache, hash, hl, nb), 0);
+    assert_int_equal(ecxi_cache_set_size(w->P.cache, hash, hl, size), 0);
     int64_t idx[BLOCKS];
-    assert_int_equal(ecx_cache_blocks(w->P.cache, hash, hl, idx, BLOCKS, &n), 0);
-    uint8_t *base = ecx_region_base(w->P.region);
+    assert_int_equal(ecxi_cache_blocks(w->P.cache, hash, hl, idx, BLOCKS, &n), 0);
+    uint8_t *base = ecxi_region_base(w->P.region);
     for (size_t i = 0; i < size; i++) base[idx[i / BLOCK] * BLOCK + i % BLOCK] = pattern(hash, i);
     if (ready) commit(w, hash);
 }
@@ -194,8 +194,8 @@ static bool consumer_has(world *w, const char *hash, size_t size)
 {
     size_t hl = strlen(hash), n;
     int64_t idx[BLOCKS];
-    if (ecx_cache_blocks(w->C.cache, hash, hl, idx, BLOCKS, &n)) return false;
-    const uint8_t *base = ecx_region_base(w->C.region);
+    if (ecxi_cache_blocks(w->C.cache, hash, hl, idx, BLOCKS, &n)) return false;
+    const uint8_t *base = ecxi_region_base(w->C.region);
     for (size_t i = 0; i < size; i++)
         if (base[idx[i / BLOCK] * BLOCK + i % BLOCK] != pattern(hash, i)) return false;
     return true;
@@ -207,7 +207,7 @@ static int fetch_wait(world *w, const char *hash, size_t size, int port, int *re
 {
     double end = real_s() + 10;
     int st;
-    while ((st = ecx_consumer_fetch(w->cons, hash, strlen(hash), "127.0.0.1", port, size, 0,
+    while ((st = ecxi_consumer_fetch(w->cons, hash, strlen(hash), "127.0.0.1", port, size, 0,
                                     reason)) == ECX_FETCH_PENDING &&
            real_s() < end) {
         pump(w);
@@ -216,10 +216,10 @@ static int fetch_wait(world *w, const char *hash, size_t size, int port, int *re
     return st;
 }
 
-static uint64_t free_blocks(ecx_cache *c)
+static uint64_t free_blocks(ecxi_cache *c)
 {
-    ecx_cache_stats st;
-    ecx_cache_get_stats(c, &st);
+    ecxi_cache_stats st;
+    ecxi_cache_get_stats(c, &st);
     return st.free_blocks;
 }
 
@@ -237,19 +237,19 @@ static void test_fetch_sizes(void **state)
         assert_int_equal(fetch_wait(w, names[i], sizes[i], w->port, &reason), ECX_FETCH_READY);
         assert_true(consumer_has(w, names[i], sizes[i]));
         /* A second ask is answered from the local cache. */
-        assert_int_equal(ecx_consumer_fetch(w->cons, names[i], strlen(names[i]), NULL, 0, 0, 0,
+        assert_int_equal(ecxi_consumer_fetch(w->cons, names[i], strlen(names[i]), NULL, 0, 0, 0,
                                             &reason),
                          ECX_FETCH_READY);
     }
-    for (int i = 0; i < 50 && ecx_producer_get_stats(w->prod).active_grants; i++) pump(w);
-    ecx_producer_stats ps = ecx_producer_get_stats(w->prod);
+    for (int i = 0; i < 50 && ecxi_producer_get_stats(w->prod).active_grants; i++) pump(w);
+    ecxi_producer_stats ps = ecxi_producer_get_stats(w->prod);
     assert_int_equal(ps.grants, 4);
     assert_int_equal(ps.completions, 4);
     assert_int_equal(ps.active_grants, 0);
-    ecx_cache_info info;
-    assert_int_equal(ecx_cache_lookup(w->P.cache, "largest", 7, &info), 0);
+    ecxi_cache_info info;
+    assert_int_equal(ecxi_cache_lookup(w->P.cache, "largest", 7, &info), 0);
     assert_int_equal(info.pins, 0); /* the notification unpinned it */
-    ecx_consumer_stats cs = ecx_consumer_get_stats(w->cons);
+    ecxi_consumer_stats cs = ecxi_consumer_get_stats(w->cons);
     assert_int_equal(cs.ready, 4);
     assert_int_equal(cs.in_flight, 0);
     world_free(w);
@@ -267,12 +267,12 @@ static void test_fetch_fragmented(void **state)
     }
     for (int i = 0; i < 8; i += 2) { /* pin the odd ones, evict the even ones */
         snprintf(name, sizeof name, "fill%d", i + 1);
-        assert_int_equal(ecx_cache_pin(w->P.cache, name, strlen(name)), 0);
+        assert_int_equal(ecxi_cache_pin(w->P.cache, name, strlen(name)), 0);
     }
     save(w, "scattered", 20 * BLOCK, true); /* evicts fill0, 2, 4: three runs */
-    ecx_cache_run runs[8];
+    ecxi_cache_run runs[8];
     size_t n_runs;
-    assert_int_equal(ecx_cache_runs(w->P.cache, "scattered", 9, runs, 8, &n_runs), 0);
+    assert_int_equal(ecxi_cache_runs(w->P.cache, "scattered", 9, runs, 8, &n_runs), 0);
     assert_true(n_runs >= 3);
     int reason;
     assert_int_equal(fetch_wait(w, "scattered", 20 * BLOCK, w->port, &reason), ECX_FETCH_READY);
@@ -290,10 +290,10 @@ static void test_nack_missing(void **state)
     assert_int_equal(fetch_wait(w, "absent", 100, w->port, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_NACK_MISSING);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS); /* blocks came back */
-    assert_int_equal(ecx_producer_get_stats(w->prod).nacks[ECX_STATUS_NACK_MISSING], 1);
+    assert_int_equal(ecxi_producer_get_stats(w->prod).nacks[ECX_STATUS_NACK_MISSING], 1);
     /* The tombstone was consumed: asking again sends a new request. */
     assert_int_equal(fetch_wait(w, "absent", 100, w->port, &reason), ECX_FETCH_LOCAL);
-    assert_int_equal(ecx_consumer_get_stats(w->cons).requests, 2);
+    assert_int_equal(ecxi_consumer_get_stats(w->cons).requests, 2);
     world_free(w);
 }
 
@@ -316,14 +316,14 @@ static void test_not_ready_then_ready(void **state)
     save(w, "slow", 3 * BLOCK, false);
     int reason;
     for (int i = 0; i < 200; i++) {
-        assert_int_equal(ecx_consumer_fetch(w->cons, "slow", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
+        assert_int_equal(ecxi_consumer_fetch(w->cons, "slow", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
                                             &reason),
                          ECX_FETCH_PENDING);
         pump(w);
         fake_now += 5;
     }
-    assert_true(ecx_consumer_get_stats(w->cons).retries >= 2);
-    assert_true(ecx_producer_get_stats(w->prod).nacks[ECX_STATUS_NACK_NOT_READY] >= 2);
+    assert_true(ecxi_consumer_get_stats(w->cons).retries >= 2);
+    assert_true(ecxi_producer_get_stats(w->prod).nacks[ECX_STATUS_NACK_NOT_READY] >= 2);
     commit(w, "slow");
     assert_int_equal(fetch_wait(w, "slow", 3 * BLOCK, w->port, &reason), ECX_FETCH_READY);
     assert_true(consumer_has(w, "slow", 3 * BLOCK));
@@ -337,7 +337,7 @@ static void test_not_ready_timeout(void **state)
     save(w, "never", 100, false);
     int reason, st = ECX_FETCH_PENDING;
     for (int i = 0; i < 2000 && st == ECX_FETCH_PENDING; i++) {
-        st = ecx_consumer_fetch(w->cons, "never", 5, "127.0.0.1", w->port, 100, 0, &reason);
+        st = ecxi_consumer_fetch(w->cons, "never", 5, "127.0.0.1", w->port, 100, 0, &reason);
         pump(w);
         fake_now += 100; /* 60 s pass in 600 steps */
     }
@@ -375,7 +375,7 @@ static void raw_send_req(raw *r, const char *hash, const char *compat, const cha
     q.connector_version = version;
     msgpack_sbuffer b;
     msgpack_sbuffer_init(&b);
-    assert_int_equal(ecx_wire_encode_req(&q, &b), 0);
+    assert_int_equal(ecxi_wire_encode_req(&q, &b), 0);
     zmq_send(r->sock, "", 0, ZMQ_SNDMORE);
     zmq_send(r->sock, b.data, b.size, 0);
     msgpack_sbuffer_destroy(&b);
@@ -386,7 +386,7 @@ static size_t raw_recv(world *w, raw *r, uint8_t *buf, size_t cap)
 {
     double end = real_s() + 2;
     while (real_s() < end) {
-        ecx_producer_poll(w->prod);
+        ecxi_producer_poll(w->prod);
         char empty[8];
         if (zmq_recv(r->sock, empty, sizeof empty, ZMQ_DONTWAIT) >= 0) {
             int n = zmq_recv(r->sock, buf, cap, 0);
@@ -403,8 +403,8 @@ static void test_producer_checks_in_order(void **state)
     world *w = world_new(NULL);
     save(w, "item", 100, true);
     save(w, "pending", 100, false);
-    ecx_cache_stats cst;
-    ecx_cache_get_stats(w->P.cache, &cst);
+    ecxi_cache_stats cst;
+    ecxi_cache_get_stats(w->P.cache, &cst);
     assert_int_equal(cst.not_ready_blocks, 1);
     raw r = raw_dealer(w);
     uint8_t buf[4096];
@@ -454,36 +454,36 @@ static void test_regrant_and_lease_expiry(void **state)
     save(w, "item", 100, true);
     raw r = raw_dealer(w);
     uint8_t buf[4096];
-    ecx_cache_info info;
+    ecxi_cache_info info;
     for (int i = 0; i < 3; i++) {
         raw_send_req(&r, "item", w->compat, "sess", 1);
         assert_true(raw_recv(w, &r, buf, sizeof buf) > 0);
-        assert_int_equal(ecx_cache_lookup(w->P.cache, "item", 4, &info), 0);
+        assert_int_equal(ecxi_cache_lookup(w->P.cache, "item", 4, &info), 0);
         assert_int_equal(info.pins, 1);
     }
     raw_send_req(&r, "item", w->compat, "other", 1); /* another session: a second pin */
     assert_true(raw_recv(w, &r, buf, sizeof buf) > 0);
-    assert_int_equal(ecx_cache_lookup(w->P.cache, "item", 4, &info), 0);
+    assert_int_equal(ecxi_cache_lookup(w->P.cache, "item", 4, &info), 0);
     assert_int_equal(info.pins, 2);
-    ecx_cache_stats cst;
-    ecx_cache_get_stats(w->P.cache, &cst); /* the granted block is pinned, not evictable */
+    ecxi_cache_stats cst;
+    ecxi_cache_get_stats(w->P.cache, &cst); /* the granted block is pinned, not evictable */
     assert_int_equal(cst.not_ready_blocks, 0);
     assert_int_equal(cst.evictable_blocks, 0);
     assert_int_equal(cst.owned_blocks, 1);
-    ecx_producer_stats ps = ecx_producer_get_stats(w->prod);
+    ecxi_producer_stats ps = ecxi_producer_get_stats(w->prod);
     assert_int_equal(ps.regrants, 2);
     assert_int_equal(ps.active_grants, 2);
     fake_now += 29999;
-    ecx_producer_poll(w->prod);
-    assert_int_equal(ecx_producer_get_stats(w->prod).expired_leases, 0);
+    ecxi_producer_poll(w->prod);
+    assert_int_equal(ecxi_producer_get_stats(w->prod).expired_leases, 0);
     fake_now += 1;
-    ecx_producer_poll(w->prod);
-    ps = ecx_producer_get_stats(w->prod);
+    ecxi_producer_poll(w->prod);
+    ps = ecxi_producer_get_stats(w->prod);
     assert_int_equal(ps.expired_leases, 2);
     assert_int_equal(ps.active_grants, 0);
-    assert_int_equal(ecx_cache_lookup(w->P.cache, "item", 4, &info), 0);
+    assert_int_equal(ecxi_cache_lookup(w->P.cache, "item", 4, &info), 0);
     assert_int_equal(info.pins, 0);
-    ecx_cache_get_stats(w->P.cache, &cst);
+    ecxi_cache_get_stats(w->P.cache, &cst);
     assert_int_equal(cst.evictable_blocks, 1);
     zmq_close(r.sock);
     world_free(w);
@@ -502,7 +502,7 @@ static void test_producer_drops_garbage(void **state)
         zmq_send(r.sock, junk[i], strlen(junk[i]) + (i == 1), 0);
     }
     assert_int_equal(raw_recv(w, &r, buf, sizeof buf), 0); /* no reply to any */
-    assert_int_equal(ecx_producer_get_stats(w->prod).malformed, 5);
+    assert_int_equal(ecxi_producer_get_stats(w->prod).malformed, 5);
     raw_send_req(&r, "item", w->compat, "s", 1); /* still serving */
     size_t n = raw_recv(w, &r, buf, sizeof buf);
     ecx_ack a;
@@ -537,7 +537,7 @@ static bool fake_recv(world *w, fakep *f, uint8_t *id, size_t *idl, ecx_req *q, 
 {
     double end = real_s() + 5;
     while (real_s() < end) {
-        ecx_consumer_poll(w->cons);
+        ecxi_consumer_poll(w->cons);
         int n = zmq_recv(f->sock, id, 256, ZMQ_DONTWAIT);
         if (n >= 0) {
             *idl = (size_t)n;
@@ -555,7 +555,7 @@ static void fake_reply(fakep *f, const uint8_t *id, size_t idl, const ecx_ack *a
 {
     msgpack_sbuffer b;
     msgpack_sbuffer_init(&b);
-    assert_int_equal(ecx_wire_encode_ack(a, &b), 0);
+    assert_int_equal(ecxi_wire_encode_ack(a, &b), 0);
     zmq_send(f->sock, id, idl, ZMQ_SNDMORE);
     zmq_send(f->sock, "", 0, ZMQ_SNDMORE);
     zmq_send(f->sock, b.data, b.size, 0);
@@ -567,7 +567,7 @@ static void fake_reply(fakep *f, const uint8_t *id, size_t idl, const ecx_ack *a
 static int scripted(world *w, fakep *f, const char *hash, size_t size, ecx_ack *a, bool echo,
                     int *reason)
 {
-    assert_int_equal(ecx_consumer_fetch(w->cons, hash, strlen(hash), "127.0.0.1", f->port, size,
+    assert_int_equal(ecxi_consumer_fetch(w->cons, hash, strlen(hash), "127.0.0.1", f->port, size,
                                         0, reason),
                      ECX_FETCH_PENDING);
     uint8_t id[256], buf[1024];
@@ -586,7 +586,7 @@ static void test_consumer_validates_acks(void **state)
     world *w = world_new(NULL);
     fakep f = fake_producer(w);
     size_t ml, dl;
-    const uint8_t *meta = ecx_data_agent_metadata(w->P.data, &ml);
+    const uint8_t *meta = ecxi_data_agent_metadata(w->P.data, &ml);
     uint8_t desc[ECX_DATA_DESC_MAX];
     dl = (size_t)stub_layout(w->P.data, desc, sizeof desc);
     int64_t two[2] = {0, 1}, oob[2] = {0, BLOCKS}, neg[2] = {0, -1};
@@ -631,7 +631,7 @@ static void test_consumer_validates_acks(void **state)
     a.agent_metadata = (ecx_span){(const char *)meta, ml};
     a.mem_descriptor = (ecx_span){(const char *)desc, dl};
     a.session_id = (ecx_span){"someone-else", 12};
-    assert_int_equal(ecx_consumer_fetch(w->cons, "noecho", 6, "127.0.0.1", f.port, 100, 0,
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "noecho", 6, "127.0.0.1", f.port, 100, 0,
                                         &(int){0}),
                      ECX_FETCH_PENDING);
     uint8_t id[256], buf[1024];
@@ -641,7 +641,7 @@ static void test_consumer_validates_acks(void **state)
     a.mm_hash = q.mm_hash;
     fake_reply(&f, id, idl, &a);
     for (int i = 0; i < 100; i++) pump(w);
-    assert_int_equal(ecx_consumer_get_stats(w->cons).stale_acks, 1);
+    assert_int_equal(ecxi_consumer_get_stats(w->cons).stale_acks, 1);
     fake_now += 2000; /* the ack timeout */
     int reason;
     assert_int_equal(fetch_wait(w, "noecho", 100, f.port, &reason), ECX_FETCH_LOCAL);
@@ -650,8 +650,8 @@ static void test_consumer_validates_acks(void **state)
     zmq_send(f.sock, id, idl, ZMQ_SNDMORE);
     zmq_send(f.sock, "", 0, ZMQ_SNDMORE);
     zmq_send(f.sock, "\xc1\xc1", 2, 0);
-    for (int i = 0; i < 100 && !ecx_consumer_get_stats(w->cons).malformed_acks; i++) pump(w);
-    assert_int_equal(ecx_consumer_get_stats(w->cons).malformed_acks, 1);
+    for (int i = 0; i < 100 && !ecxi_consumer_get_stats(w->cons).malformed_acks; i++) pump(w);
+    assert_int_equal(ecxi_consumer_get_stats(w->cons).malformed_acks, 1);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
     zmq_close(f.sock);
     world_free(w);
@@ -687,15 +687,15 @@ static void test_ack_timeout(void **state)
     world *w = world_new(NULL);
     fakep f = fake_producer(w); /* receives, never answers */
     int reason;
-    assert_int_equal(ecx_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
                      ECX_FETCH_PENDING);
     fake_now += 1999;
     pump(w);
-    assert_int_equal(ecx_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
                      ECX_FETCH_PENDING);
     fake_now += 1;
     pump(w);
-    assert_int_equal(ecx_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
                      ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_ACK_TIMEOUT);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
@@ -710,12 +710,12 @@ static void test_read_failed(void **state)
     (void)state;
     world *w = world_new(NULL);
     save(w, "item", 5 * BLOCK, true);
-    assert_int_equal(ecx_data_fault_set(w->C.data, ECX_FAULT_READ_FAIL, 0, 1), 0);
+    assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_READ_FAIL, 0, 1), 0);
     int reason;
     assert_int_equal(fetch_wait(w, "item", 5 * BLOCK, w->port, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_READ_FAILED);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
-    assert_int_equal(ecx_data_fault_set(w->C.data, ECX_FAULT_POST_FAIL, 0, 1), 0);
+    assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_POST_FAIL, 0, 1), 0);
     assert_int_equal(fetch_wait(w, "item", 5 * BLOCK, w->port, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_READ_FAILED);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
@@ -731,28 +731,28 @@ static void test_quarantine(void **state)
     (void)state;
     world *w = world_new(NULL);
     save(w, "stuck", 7 * BLOCK, true);
-    assert_int_equal(ecx_data_fault_set(w->C.data, ECX_FAULT_HANG, 0, 1), 0);
+    assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_HANG, 0, 1), 0);
     int reason;
-    assert_int_equal(ecx_consumer_fetch(w->cons, "stuck", 5, "127.0.0.1", w->port, 7 * BLOCK, 0,
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "stuck", 5, "127.0.0.1", w->port, 7 * BLOCK, 0,
                                         &reason),
                      ECX_FETCH_PENDING);
-    for (int i = 0; i < 200 && ecx_data_fault_hits(w->C.data) == 0; i++) pump(w);
-    assert_int_equal(ecx_data_fault_hits(w->C.data), 1);
+    for (int i = 0; i < 200 && ecxi_data_fault_hits(w->C.data) == 0; i++) pump(w);
+    assert_int_equal(ecxi_data_fault_hits(w->C.data), 1);
     fake_now += 20000; /* read deadline */
     pump(w);
-    assert_int_equal(ecx_consumer_fetch(w->cons, "stuck", 5, "127.0.0.1", w->port, 7 * BLOCK, 0,
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "stuck", 5, "127.0.0.1", w->port, 7 * BLOCK, 0,
                                         &reason),
                      ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_QUARANTINED);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS - 7); /* held: the DMA may still write */
-    assert_int_equal(ecx_consumer_get_stats(w->cons).quarantines, 1);
+    assert_int_equal(ecxi_consumer_get_stats(w->cons).quarantines, 1);
     fake_now += 59999;
     pump(w);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS - 7);
     fake_now += 1;
     pump(w);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
-    ecx_consumer_stats cs = ecx_consumer_get_stats(w->cons);
+    ecxi_consumer_stats cs = ecxi_consumer_get_stats(w->cons);
     assert_int_equal(cs.settled, 1);
     assert_int_equal(cs.in_flight, 0);
     world_free(w);
@@ -765,11 +765,11 @@ static void test_corrupt(void **state)
     (void)state;
     world *w = world_new(NULL);
     save(w, "item", 5 * BLOCK + 3, true);
-    assert_int_equal(ecx_data_fault_set(w->C.data, ECX_FAULT_CORRUPT, 0, 1), 0);
+    assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_CORRUPT, 0, 1), 0);
     int reason;
     assert_int_equal(fetch_wait(w, "item", 5 * BLOCK + 3, w->port, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_CORRUPT);
-    assert_int_equal(ecx_consumer_get_stats(w->cons).fallbacks[ECX_REASON_CORRUPT], 1);
+    assert_int_equal(ecxi_consumer_get_stats(w->cons).fallbacks[ECX_REASON_CORRUPT], 1);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
     /* The producer's bytes themselves are fine: the next fetch is ready. */
     assert_int_equal(fetch_wait(w, "item", 5 * BLOCK + 3, w->port, &reason), ECX_FETCH_READY);
@@ -786,27 +786,27 @@ static void test_stale_ack_dropped(void **state)
     world *w = world_new(NULL);
     save(w, "item", 3 * BLOCK, true);
     int reason;
-    assert_int_equal(ecx_consumer_fetch(w->cons, "item", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "item", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
                                         &reason),
                      ECX_FETCH_PENDING);
     /* Only the producer runs: it answers OK. */
     double end = real_s() + 5;
-    while (ecx_producer_get_stats(w->prod).grants == 0 && real_s() < end) {
-        ecx_producer_poll(w->prod);
+    while (ecxi_producer_get_stats(w->prod).grants == 0 && real_s() < end) {
+        ecxi_producer_poll(w->prod);
         usleep(1000);
     }
-    assert_int_equal(ecx_producer_get_stats(w->prod).grants, 1);
+    assert_int_equal(ecxi_producer_get_stats(w->prod).grants, 1);
     usleep(20000); /* the ack is in the consumer's socket now */
     fake_now += 2001;
     for (int i = 0; i < 20; i++) pump(w);
-    assert_int_equal(ecx_consumer_fetch(w->cons, "item", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "item", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
                                         &reason),
                      ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_ACK_TIMEOUT);
-    ecx_consumer_stats cs = ecx_consumer_get_stats(w->cons);
+    ecxi_consumer_stats cs = ecxi_consumer_get_stats(w->cons);
     assert_int_equal(cs.stale_acks, 1);
     assert_int_equal(cs.ready, 0);
-    assert_int_equal(ecx_data_fault_hits(w->C.data), 0);
+    assert_int_equal(ecxi_data_fault_hits(w->C.data), 0);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
     world_free(w);
 }
@@ -821,21 +821,21 @@ static void test_read_after_lease(void **state)
     world *w = world_new(NULL);
     next_lease_ms = 0;
     save(w, "item", 2 * BLOCK, true);
-    assert_int_equal(ecx_data_fault_set(w->C.data, ECX_FAULT_DELAY, 0, 1), 0);
+    assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_DELAY, 0, 1), 0);
     int reason;
-    assert_int_equal(ecx_consumer_fetch(w->cons, "item", 4, "127.0.0.1", w->port, 2 * BLOCK, 0,
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "item", 4, "127.0.0.1", w->port, 2 * BLOCK, 0,
                                         &reason),
                      ECX_FETCH_PENDING);
-    for (int i = 0; i < 2000 && ecx_data_fault_hits(w->C.data) == 0; i++) pump(w);
-    assert_int_equal(ecx_data_fault_hits(w->C.data), 1);
+    for (int i = 0; i < 2000 && ecxi_data_fault_hits(w->C.data) == 0; i++) pump(w);
+    assert_int_equal(ecxi_data_fault_hits(w->C.data), 1);
     fake_now += 899;
     pump(w);
-    assert_int_equal(ecx_consumer_get_stats(w->cons).reading, 1);
+    assert_int_equal(ecxi_consumer_get_stats(w->cons).reading, 1);
     fake_now += 2; /* past receipt + lease - margin */
-    assert_int_equal(ecx_data_fault_set(w->C.data, ECX_FAULT_NONE, 0, 0), 0); /* READ ends */
+    assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_NONE, 0, 0), 0); /* READ ends */
     assert_int_equal(fetch_wait(w, "item", 2 * BLOCK, w->port, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_LEASE_EXPIRED);
-    assert_int_equal(ecx_consumer_get_stats(w->cons).ready, 0);
+    assert_int_equal(ecxi_consumer_get_stats(w->cons).ready, 0);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
     world_free(w);
 }
@@ -855,8 +855,8 @@ static void test_grant_belongs_to_connection(void **state)
     ecx_ack ack;
     assert_int_equal(ecx_wire_decode_ack(buf, n, &ack), 0);
     assert_int_equal(ack.status, ECX_STATUS_OK);
-    ecx_data_ticket t;
-    assert_int_equal(ecx_data_desc_ticket((const uint8_t *)ack.mem_descriptor.p,
+    ecxi_data_ticket t;
+    assert_int_equal(ecxi_data_desc_ticket((const uint8_t *)ack.mem_descriptor.p,
                                           ack.mem_descriptor.n, &t),
                      0);
     assert_int_equal(t.nbytes, 100);
@@ -867,39 +867,39 @@ static void test_grant_belongs_to_connection(void **state)
     ecx_ack nack;
     assert_int_equal(ecx_wire_decode_ack(buf, n, &nack), 0);
     assert_int_equal(nack.status, ECX_STATUS_NACK_INTERNAL);
-    ecx_producer_stats ps = ecx_producer_get_stats(w->prod);
+    ecxi_producer_stats ps = ecxi_producer_get_stats(w->prod);
     assert_int_equal(ps.foreign_requests, 1);
     assert_int_equal(ps.active_grants, 1);
     /* The data plane's check: wrong token, unknown key, then the right
      * token (served once), then a replay. */
-    ecx_data_grant g;
+    ecxi_data_grant g;
     uint8_t wrong[ECX_DATA_TOKEN_LEN];
     memcpy(wrong, t.token, sizeof wrong);
     wrong[0] ^= 1;
-    assert_int_equal(ecx_data_grant_check(w->P.data, "sess:item", 9, wrong, ECX_DATA_GRANT_CLAIM,
+    assert_int_equal(ecxi_data_grant_check(w->P.data, "sess:item", 9, wrong, ECX_DATA_GRANT_CLAIM,
                                           &g),
                      ECX_EDATA_GRANT);
-    assert_int_equal(ecx_data_grant_check(w->P.data, "sess:other", 10, t.token,
+    assert_int_equal(ecxi_data_grant_check(w->P.data, "sess:other", 10, t.token,
                                           ECX_DATA_GRANT_CLAIM, &g),
                      ECX_EDATA_GRANT);
-    assert_int_equal(ecx_data_grant_check(w->P.data, "sess:item", 9, t.token, 0, &g), 0);
-    assert_int_equal(ecx_data_grant_check(w->P.data, "sess:item", 9, t.token,
+    assert_int_equal(ecxi_data_grant_check(w->P.data, "sess:item", 9, t.token, 0, &g), 0);
+    assert_int_equal(ecxi_data_grant_check(w->P.data, "sess:item", 9, t.token,
                                           ECX_DATA_GRANT_CLAIM, &g),
                      0);
     assert_int_equal(g.nbytes, 100);
     assert_int_equal(g.n, 1);
-    assert_int_equal(ecx_data_grant_check(w->P.data, "sess:item", 9, t.token,
+    assert_int_equal(ecxi_data_grant_check(w->P.data, "sess:item", 9, t.token,
                                           ECX_DATA_GRANT_CLAIM, &g),
                      ECX_EDATA_GRANT);
-    assert_int_equal(ecx_producer_get_stats(w->prod).refused_reads, 3);
+    assert_int_equal(ecxi_producer_get_stats(w->prod).refused_reads, 3);
     /* The holder may still ask again (a regrant), from its own connection. */
     raw_send_req(&a, "item", w->compat, "sess", 1);
     n = raw_recv(w, &a, buf, sizeof buf);
     assert_int_equal(ecx_wire_decode_ack(buf, n, &ack), 0);
     assert_int_equal(ack.status, ECX_STATUS_OK);
-    assert_int_equal(ecx_producer_get_stats(w->prod).regrants, 1);
-    ecx_data_ticket t2;
-    assert_int_equal(ecx_data_desc_ticket((const uint8_t *)ack.mem_descriptor.p,
+    assert_int_equal(ecxi_producer_get_stats(w->prod).regrants, 1);
+    ecxi_data_ticket t2;
+    assert_int_equal(ecxi_data_desc_ticket((const uint8_t *)ack.mem_descriptor.p,
                                           ack.mem_descriptor.n, &t2),
                      0);
     assert_memory_not_equal(t.token, t2.token, ECX_DATA_TOKEN_LEN); /* a fresh token */
@@ -919,7 +919,7 @@ static void test_producer_lost(void **state)
     world *w = world_new(NULL);
     fakep f = fake_producer(w);
     int reason;
-    assert_int_equal(ecx_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
                      ECX_FETCH_PENDING);
     uint8_t id[256], buf[1024];
     size_t idl;
@@ -927,8 +927,8 @@ static void test_producer_lost(void **state)
     assert_true(fake_recv(w, &f, id, &idl, &q, buf));
     zmq_close(f.sock); /* the producer dies */
     double end = real_s() + 10;
-    while (!ecx_consumer_get_stats(w->cons).peers_lost && real_s() < end) pump(w);
-    ecx_consumer_stats cs = ecx_consumer_get_stats(w->cons);
+    while (!ecxi_consumer_get_stats(w->cons).peers_lost && real_s() < end) pump(w);
+    ecxi_consumer_stats cs = ecxi_consumer_get_stats(w->cons);
     assert_int_equal(cs.peers_lost, 1);
     assert_true(cs.retries >= 1);
     fake_now += 10000;
@@ -948,20 +948,20 @@ static void test_producer_restart(void **state)
     int reason;
     assert_int_equal(fetch_wait(w, "a", 100, w->port, &reason), ECX_FETCH_READY);
     /* Restart the producer's data plane and cache on the same port. */
-    ecx_producer_free(w->prod);
+    ecxi_producer_free(w->prod);
     side_fini(&w->P);
     side_init(w, &w->P, "prod2", true);
-    ecx_producer_opts po = {.compat_hash = w->compat,
+    ecxi_producer_opts po = {.compat_hash = w->compat,
                             .block_bytes = BLOCK,
                             .lease_ms = next_lease_ms,
                             .max_grants = next_max_grants,
                             .max_conn_grants = next_conn_grants,
                             .clock = &CLOCK};
-    assert_int_equal(ecx_producer_new(w->P.cache, w->P.data, w->srv, &po, &w->prod), 0);
+    assert_int_equal(ecxi_producer_new(w->P.cache, w->P.data, w->srv, &po, &w->prod), 0);
     save(w, "b", 2 * BLOCK, true);
     assert_int_equal(fetch_wait(w, "b", 2 * BLOCK, w->port, &reason), ECX_FETCH_READY);
     assert_true(consumer_has(w, "b", 2 * BLOCK));
-    assert_int_equal(ecx_consumer_get_stats(w->cons).peer_restarts, 1);
+    assert_int_equal(ecxi_consumer_get_stats(w->cons).peer_restarts, 1);
     world_free(w);
 }
 
@@ -970,23 +970,23 @@ static void test_fetch_refusals(void **state)
     (void)state;
     world *w = world_new(NULL);
     int reason;
-    assert_int_equal(ecx_consumer_fetch(w->cons, "h", 1, NULL, 0, 100, 0, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "h", 1, NULL, 0, 100, 0, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_NO_PEER);
-    assert_int_equal(ecx_consumer_fetch(w->cons, "h", 1, "127.0.0.1", w->port, 100, 99, &reason),
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "h", 1, "127.0.0.1", w->port, 100, 99, &reason),
                      ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_SIZE_MISMATCH);
-    assert_int_equal(ecx_consumer_fetch(w->cons, "h", 1, "127.0.0.1", w->port, 0, 0, &reason),
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "h", 1, "127.0.0.1", w->port, 0, 0, &reason),
                      ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_INVALID);
-    assert_int_equal(ecx_consumer_fetch(w->cons, "", 0, "127.0.0.1", w->port, 10, 0, &reason),
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "", 0, "127.0.0.1", w->port, 10, 0, &reason),
                      ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_INVALID);
-    assert_int_equal(ecx_consumer_fetch(w->cons, "big", 3, "127.0.0.1", w->port,
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "big", 3, "127.0.0.1", w->port,
                                         (BLOCKS + 1) * BLOCK, 0, &reason),
                      ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_NO_ROOM);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
-    assert_int_equal(ecx_consumer_get_stats(w->cons).requests, 0);
+    assert_int_equal(ecxi_consumer_get_stats(w->cons).requests, 0);
     world_free(w);
 }
 
@@ -1022,14 +1022,14 @@ static void test_dead_producers_bounded(void **state)
     char h[16];
     for (int i = 0; i < DEAD; i++) {
         snprintf(h, sizeof h, "dead%03d", i);
-        int st = ecx_consumer_fetch(w->cons, h, strlen(h), "127.0.0.1", ports[i], 100, 0, &reason);
+        int st = ecxi_consumer_fetch(w->cons, h, strlen(h), "127.0.0.1", ports[i], 100, 0, &reason);
         pending[i] = st == ECX_FETCH_PENDING;
         if (!pending[i]) {
             assert_int_equal(st, ECX_FETCH_LOCAL);
             assert_int_equal(reason, ECX_REASON_SEND_FAILED);
             refused++;
         }
-        ecx_consumer_stats cs = ecx_consumer_get_stats(w->cons);
+        ecxi_consumer_stats cs = ecxi_consumer_get_stats(w->cons);
         assert_true(cs.sessions_open <= CAP);
         if ((int)cs.sessions_open > max_open) max_open = (int)cs.sessions_open;
         if (i % 16 == 15) { /* 16 new producers every 250 ms: twice what the cap takes */
@@ -1037,7 +1037,7 @@ static void test_dead_producers_bounded(void **state)
             pump(w);
         }
     }
-    ecx_consumer_stats cs = ecx_consumer_get_stats(w->cons);
+    ecxi_consumer_stats cs = ecxi_consumer_get_stats(w->cons);
     assert_int_equal(max_open, CAP);
     assert_true(refused > 0 && refused < DEAD - CAP); /* some, never all */
     assert_int_equal(cs.session_cap_refusals, (uint64_t)refused);
@@ -1051,32 +1051,32 @@ static void test_dead_producers_bounded(void **state)
         if (!pending[i]) continue;
         snprintf(h, sizeof h, "dead%03d", i);
         assert_int_equal(
-            ecx_consumer_fetch(w->cons, h, strlen(h), "127.0.0.1", ports[i], 100, 0, &reason),
+            ecxi_consumer_fetch(w->cons, h, strlen(h), "127.0.0.1", ports[i], 100, 0, &reason),
             ECX_FETCH_LOCAL);
         assert_int_equal(reason, ECX_REASON_ACK_TIMEOUT);
     }
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
     /* Nothing is busy now: the open sessions close after the idle timeout
      * (counted from when each was last busy), and the poll is woken for it. */
-    cs = ecx_consumer_get_stats(w->cons);
+    cs = ecxi_consumer_get_stats(w->cons);
     uint64_t open = cs.sessions_open;
     assert_true(open > 0 && open <= CAP);
-    int64_t t = ecx_consumer_next_timeout(w->cons);
+    int64_t t = ecxi_consumer_next_timeout(w->cons);
     assert_true(t > 0 && t <= 30000);
     fake_now += 30000 - 2001;
     pump(w);
-    assert_int_equal(ecx_consumer_get_stats(w->cons).sessions_open, open); /* not yet */
+    assert_int_equal(ecxi_consumer_get_stats(w->cons).sessions_open, open); /* not yet */
     fake_now += 2001;
     pump(w);
-    cs = ecx_consumer_get_stats(w->cons);
+    cs = ecxi_consumer_get_stats(w->cons);
     assert_int_equal(cs.sessions_open, 0);
     assert_int_equal(cs.sessions_idle_closed, open);
-    assert_int_equal(ecx_consumer_next_timeout(w->cons), -1);
+    assert_int_equal(ecxi_consumer_next_timeout(w->cons), -1);
     /* The live producer is reached at once. */
     save(w, "live", 3 * BLOCK, true);
     assert_int_equal(fetch_wait(w, "live", 3 * BLOCK, w->port, &reason), ECX_FETCH_READY);
     assert_true(consumer_has(w, "live", 3 * BLOCK));
-    assert_int_equal(ecx_consumer_get_stats(w->cons).sessions_open, 1);
+    assert_int_equal(ecxi_consumer_get_stats(w->cons).sessions_open, 1);
     for (int i = 0; i < DEAD; i++) close(fds[i]);
     world_free(w);
 }
@@ -1114,7 +1114,7 @@ static void test_grant_flood_costs_the_flooder(void **state)
     }
     assert_int_equal(ok, 8);
     assert_int_equal(refused, 4);
-    ecx_producer_stats ps = ecx_producer_get_stats(w->prod);
+    ecxi_producer_stats ps = ecxi_producer_get_stats(w->prod);
     assert_int_equal(ps.refused_conn_grants, 4);
     assert_int_equal(ps.active_grants, 8);
     assert_int_equal(raw_ask(w, &b, "item", "b0"), ECX_STATUS_OK); /* the other consumer */
@@ -1122,27 +1122,27 @@ static void test_grant_flood_costs_the_flooder(void **state)
         snprintf(sid, sizeof sid, "c%d", i);
         assert_int_equal(raw_ask(w, &a2, "item", sid), ECX_STATUS_OK);
     }
-    assert_int_equal(ecx_producer_get_stats(w->prod).active_grants, 16);
+    assert_int_equal(ecxi_producer_get_stats(w->prod).active_grants, 16);
     /* Full: the floods (8 and 7, share 16/3 = 5) are refused... */
     assert_int_equal(raw_ask(w, &a2, "item", "c7"), ECX_STATUS_NACK_INTERNAL);
     assert_int_equal(raw_ask(w, &a, "item", "a99"), ECX_STATUS_NACK_INTERNAL);
     /* ...the light consumer is served, at the cost of the heaviest. */
     assert_int_equal(raw_ask(w, &b, "item", "b1"), ECX_STATUS_OK);
-    ps = ecx_producer_get_stats(w->prod);
+    ps = ecxi_producer_get_stats(w->prod);
     assert_int_equal(ps.evicted_grants, 1);
     assert_int_equal(ps.refused_conn_grants, 6);
     assert_int_equal(ps.active_grants, 16);
     assert_int_equal(ps.grants, 8 + 1 + 7 + 1);
-    ecx_cache_info info;
-    assert_int_equal(ecx_cache_lookup(w->P.cache, "item", 4, &info), 0);
+    ecxi_cache_info info;
+    assert_int_equal(ecxi_cache_lookup(w->P.cache, "item", 4, &info), 0);
     assert_int_equal(info.pins, 16);
     /* a lost its oldest grant (a0) and is below its cap, but the table is
      * full and a holds 7 >= its share of 5: still refused */
     assert_int_equal(raw_ask(w, &a, "item", "a0"), ECX_STATUS_NACK_INTERNAL);
     /* Leases expire: everyone is back to nothing, and a is served again. */
     fake_now += 30000;
-    ecx_producer_poll(w->prod);
-    assert_int_equal(ecx_producer_get_stats(w->prod).active_grants, 0);
+    ecxi_producer_poll(w->prod);
+    assert_int_equal(ecxi_producer_get_stats(w->prod).active_grants, 0);
     assert_int_equal(raw_ask(w, &a, "item", "a0"), ECX_STATUS_OK);
     zmq_close(a.sock), zmq_close(a2.sock), zmq_close(b.sock);
     world_free(w);
@@ -1166,17 +1166,17 @@ static void test_pin_share(void **state)
     assert_int_equal(raw_ask(w, &a, "item", "s3"), ECX_STATUS_OK);            /* 21 */
     assert_int_equal(raw_ask(w, &b, "big2", "t1"), ECX_STATUS_OK);
     assert_int_equal(raw_ask(w, &b, "big", "t2"), ECX_STATUS_NACK_INTERNAL);
-    ecx_producer_stats ps = ecx_producer_get_stats(w->prod);
+    ecxi_producer_stats ps = ecxi_producer_get_stats(w->prod);
     assert_int_equal(ps.refused_conn_pins, 2);
     assert_int_equal(ps.refused_conn_grants, 0);
     assert_int_equal(ps.active_grants, 3);
-    ecx_cache_info info;
-    assert_int_equal(ecx_cache_lookup(w->P.cache, "big2", 4, &info), 0);
+    ecxi_cache_info info;
+    assert_int_equal(ecxi_cache_lookup(w->P.cache, "big2", 4, &info), 0);
     assert_int_equal(info.pins, 1); /* the refused request left no pin */
     /* a regrant of what a holds is not counted twice */
     assert_int_equal(raw_ask(w, &a, "big", "s1"), ECX_STATUS_OK);
     fake_now += 30000;
-    ecx_producer_poll(w->prod);
+    ecxi_producer_poll(w->prod);
     assert_int_equal(raw_ask(w, &a, "big2", "s2"), ECX_STATUS_OK); /* nothing held: served */
     zmq_close(a.sock), zmq_close(b.sock);
     world_free(w);

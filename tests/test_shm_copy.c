@@ -1,5 +1,5 @@
 /* test_shm_copy — the same-host copy (shm_copy.h) on its own: the one-pass
- * copy+hash gives XXH3-64 exactly (ecx_checksum of the bytes written) for
+ * copy+hash gives XXH3-64 exactly (ecxi_checksum of the bytes written) for
  * every length and split into runs, as pread does; a source truncated
  * under the copy is a failed copy, never a signal, on both ways; the
  * SIGBUS guard hands faults that are not its own to whoever was there
@@ -43,7 +43,7 @@ static int failures;
     } while (0)
 
 /* A source file of len bytes of pseudo-random content, mapped read-only. */
-static ecx_shm_src make_src(uint64_t len)
+static ecxi_shm_src make_src(uint64_t len)
 {
     strcpy(path, "/dev/shm/ecx-test-shm-copy-XXXXXX");
     int wfd = mkstemp(path);
@@ -62,10 +62,10 @@ static ecx_shm_src make_src(uint64_t len)
     REQUIRE(fd >= 0);
     void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
     REQUIRE(m != MAP_FAILED);
-    return (ecx_shm_src){.fd = fd, .map = m, .map_len = len};
+    return (ecxi_shm_src){.fd = fd, .map = m, .map_len = len};
 }
 
-static void drop_src(ecx_shm_src *s)
+static void drop_src(ecxi_shm_src *s)
 {
     munmap((void *)s->map, s->map_len);
     close(s->fd);
@@ -73,7 +73,7 @@ static void drop_src(ecx_shm_src *s)
 }
 
 /* The expected bytes of an item: src blocks remote[i], nbytes in all. */
-static uint64_t expect_sum(const ecx_shm_src *s, uint64_t bs, const uint64_t *remote, size_t n,
+static uint64_t expect_sum(const ecxi_shm_src *s, uint64_t bs, const uint64_t *remote, size_t n,
                            uint64_t nbytes, uint8_t *flat)
 {
     uint64_t off = 0;
@@ -82,7 +82,7 @@ static uint64_t expect_sum(const ecx_shm_src *s, uint64_t bs, const uint64_t *re
         memcpy(flat + off, s->map + remote[i] * bs, k);
         off += k;
     }
-    return ecx_checksum(flat, nbytes);
+    return ecxi_checksum(flat, nbytes);
 }
 
 static void check_item(const uint8_t *dst, uint64_t bs, const uint64_t *local, size_t n,
@@ -98,10 +98,10 @@ static void check_item(const uint8_t *dst, uint64_t bs, const uint64_t *local, s
 
 static void sums_match_xxh3(void)
 {
-    CHECK(ecx_shm_copy_init() == 0);
+    CHECK(ecxi_shm_copy_init() == 0);
     /* The guarded way, where the CPU allows it; pread is checked too. */
-    REQUIRE(ecx_shm_copy_guarded() || !__builtin_cpu_supports("avx2"));
-    ecx_shm_src s = make_src(MAXLEN);
+    REQUIRE(ecxi_shm_copy_guarded() || !__builtin_cpu_supports("avx2"));
+    ecxi_shm_src s = make_src(MAXLEN);
     uint8_t *dst = malloc(MAXLEN), *flat = malloc(MAXLEN);
     uint64_t *remote = malloc(MAXLEN * sizeof *remote), *local = malloc(MAXLEN * sizeof *local);
     REQUIRE(dst && flat && remote && local);
@@ -134,7 +134,7 @@ static void sums_match_xxh3(void)
         for (int mode = ECX_SHM_COPY_AUTO; mode <= ECX_SHM_COPY_PREAD; mode++) {
             uint64_t got = 0;
             memset(dst, 0x5a, (size_t)maxb);
-            CHECK(ecx_shm_copy(&s, dst, bs, remote, local, n, nbytes, mode, &got) == 0);
+            CHECK(ecxi_shm_copy(&s, dst, bs, remote, local, n, nbytes, mode, &got) == 0);
             if (got != want) {
                 fprintf(stderr, "FAIL mode %d bs %llu nbytes %llu: %016llx != %016llx\n", mode,
                         (unsigned long long)bs, (unsigned long long)nbytes,
@@ -151,21 +151,21 @@ static void sums_match_xxh3(void)
 /* Truncate the source under a mapping: the copy fails, no signal. */
 static void truncated_source_fails(void)
 {
-    CHECK(ecx_shm_copy_init() == 0);
+    CHECK(ecxi_shm_copy_init() == 0);
     const uint64_t bs = 65536, len = 64 * bs;
-    ecx_shm_src s = make_src(len);
+    ecxi_shm_src s = make_src(len);
     uint8_t *dst = malloc(len);
     uint64_t idx[64], sum;
     for (int i = 0; i < 64; i++)
         idx[i] = (uint64_t)i;
-    REQUIRE(ecx_shm_copy_guarded() || !__builtin_cpu_supports("avx2"));
-    CHECK(ecx_shm_copy(&s, dst, bs, idx, idx, 64, len, ECX_SHM_COPY_AUTO, &sum) == 0);
+    REQUIRE(ecxi_shm_copy_guarded() || !__builtin_cpu_supports("avx2"));
+    CHECK(ecxi_shm_copy(&s, dst, bs, idx, idx, 64, len, ECX_SHM_COPY_AUTO, &sum) == 0);
     CHECK(truncate(path, 10 * bs) == 0);
     for (int mode = ECX_SHM_COPY_AUTO; mode <= ECX_SHM_COPY_PREAD; mode++)
-        CHECK(ecx_shm_copy(&s, dst, bs, idx, idx, 64, len, mode, &sum) == ECX_ESYS);
+        CHECK(ecxi_shm_copy(&s, dst, bs, idx, idx, 64, len, mode, &sum) == ECX_ESYS);
     /* What is still there still copies. */
-    CHECK(ecx_shm_copy(&s, dst, bs, idx, idx, 10, 10 * bs, ECX_SHM_COPY_AUTO, &sum) == 0);
-    REQUIRE(sum == ecx_checksum(s.map, 10 * bs));
+    CHECK(ecxi_shm_copy(&s, dst, bs, idx, idx, 10, 10 * bs, ECX_SHM_COPY_AUTO, &sum) == 0);
+    REQUIRE(sum == ecxi_checksum(s.map, 10 * bs));
     free(dst);
     drop_src(&s);
 }
@@ -173,7 +173,7 @@ static void truncated_source_fails(void)
 /* In a child: touch a truncated mapping outside any copy. */
 static int fault_outside(void)
 {
-    ecx_shm_src s = make_src(65536);
+    ecxi_shm_src s = make_src(65536);
     CHECK(truncate(path, 0) == 0);
     unlink(path);
     volatile uint8_t x = s.map[100]; /* SIGBUS */
@@ -192,7 +192,7 @@ static void foreign_faults_chain(void)
     /* No handler before ours: the default action (death by SIGBUS). */
     pid_t pid = fork();
     if (pid == 0) {
-        ecx_shm_copy_init();
+        ecxi_shm_copy_init();
         _exit(fault_outside());
     }
     int st;
@@ -204,7 +204,7 @@ static void foreign_faults_chain(void)
     pid = fork();
     if (pid == 0) {
         signal(SIGBUS, on_bus_exit);
-        ecx_shm_copy_init();
+        ecxi_shm_copy_init();
         _exit(fault_outside());
     }
     CHECK(waitpid(pid, &st, 0) == pid);
@@ -216,20 +216,20 @@ static void replaced_handler_uses_pread(void)
 {
     pid_t pid = fork();
     if (pid == 0) {
-        if (ecx_shm_copy_init() != 0) _exit(1);
+        if (ecxi_shm_copy_init() != 0) _exit(1);
         signal(SIGBUS, on_bus_exit);
-        if (ecx_shm_copy_guarded()) _exit(2);
+        if (ecxi_shm_copy_guarded()) _exit(2);
         const uint64_t bs = 4096, len = 16 * bs;
-        ecx_shm_src s = make_src(len);
+        ecxi_shm_src s = make_src(len);
         uint8_t dst[16 * 4096];
         uint64_t idx[16], sum;
         for (int i = 0; i < 16; i++)
             idx[i] = (uint64_t)i;
-        if (ecx_shm_copy(&s, dst, bs, idx, idx, 16, len, ECX_SHM_COPY_AUTO, &sum) != 0 ||
-            sum != ecx_checksum(s.map, len))
+        if (ecxi_shm_copy(&s, dst, bs, idx, idx, 16, len, ECX_SHM_COPY_AUTO, &sum) != 0 ||
+            sum != ecxi_checksum(s.map, len))
             _exit(3);
         if (truncate(path, bs) != 0) _exit(4);
-        int rc = ecx_shm_copy(&s, dst, bs, idx, idx, 16, len, ECX_SHM_COPY_AUTO, &sum);
+        int rc = ecxi_shm_copy(&s, dst, bs, idx, idx, 16, len, ECX_SHM_COPY_AUTO, &sum);
         drop_src(&s);
         _exit(rc == ECX_ESYS ? 0 : 5);
     }

@@ -17,7 +17,7 @@ static uint8_t *unhex(const char *hex, size_t *len)
 {
     size_t hl = strlen(hex);
     uint8_t *b = malloc(hl / 2 + 1);
-    long n = ecx_hex_decode(hex, hl, b);
+    long n = ecxi_hex_decode(hex, hl, b);
     assert_true(n >= 0);
     *len = (size_t)n;
     return b;
@@ -47,7 +47,7 @@ static char *encode_fields(json_t *f)
         r.session_id = jspan(f, "session_id");
         json_t *v = json_object_get(f, "connector_version");
         if (v) r.connector_version = json_integer_value(v);
-        rc = ecx_wire_encode_req(&r, &buf);
+        rc = ecxi_wire_encode_req(&r, &buf);
     } else {
         ecx_ack a;
         ecx_ack_init(&a);
@@ -71,11 +71,11 @@ static char *encode_fields(json_t *f)
             desc = unhex(json_string_value(json_object_get(f, "mem_descriptor")), &n);
             a.mem_descriptor = (ecx_span){(char *)desc, n};
         }
-        rc = ecx_wire_encode_ack(&a, &buf);
+        rc = ecxi_wire_encode_ack(&a, &buf);
     }
     assert_int_equal(rc, 0);
     char *hex = malloc(2 * buf.size + 1);
-    ecx_hex_encode(buf.data, buf.size, hex);
+    ecxi_hex_encode(buf.data, buf.size, hex);
     msgpack_sbuffer_destroy(&buf);
     free(meta), free(desc), free(idx);
     return hex;
@@ -375,15 +375,15 @@ static void test_encode_refuses(void **state)
     ecx_req_init(&r);
     r.mm_hash = (ecx_span){"\xc3\x28", 2};
     r.compatibility_hash = (ecx_span){"c", 1};
-    assert_int_equal(ecx_wire_encode_req(&r, &buf), ECX_EUTF8);
+    assert_int_equal(ecxi_wire_encode_req(&r, &buf), ECX_EUTF8);
     ecx_ack a;
     ecx_ack_init(&a);
     a.mm_hash = (ecx_span){"h", 1};
     a.status = 6;
-    assert_int_equal(ecx_wire_encode_ack(&a, &buf), ECX_EINVAL);
+    assert_int_equal(ecxi_wire_encode_ack(&a, &buf), ECX_EINVAL);
     a.status = 0;
     a.n_indices = 3; /* indices missing */
-    assert_int_equal(ecx_wire_encode_ack(&a, &buf), ECX_EINVAL);
+    assert_int_equal(ecxi_wire_encode_ack(&a, &buf), ECX_EINVAL);
     msgpack_sbuffer_destroy(&buf);
 }
 
@@ -412,7 +412,7 @@ static void test_roundtrip_random(void **state)
             idx[k] = (int64_t)(((uint64_t)rand() << 20) ^ (uint64_t)rand()) ^ (rand() % 2 ? 0 : -1);
         a.indices = idx;
         a.agent_metadata = (ecx_span){(char *)meta, ml};
-        assert_int_equal(ecx_wire_encode_ack(&a, &buf), 0);
+        assert_int_equal(ecxi_wire_encode_ack(&a, &buf), 0);
         ecx_ack d;
         assert_int_equal(ecx_wire_decode_ack(buf.data, buf.size, &d), 0);
         assert_int_equal(d.mm_hash.n, hl);

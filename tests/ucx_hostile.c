@@ -138,7 +138,7 @@ static void on_term(int s)
 }
 
 static int grant_fn(void *arg, const char *key, size_t key_len, const uint8_t *token, int flags,
-                    ecx_data_grant *out)
+                    ecxi_data_grant *out)
 {
     (void)arg;
     for (int i = 0; i < NG; i++) {
@@ -166,37 +166,37 @@ static void on_notif(void *arg, const char *key, size_t key_len, const uint8_t *
     fflush(stdout);
 }
 
-static void wait_fd(ecx_data *d, int ms)
+static void wait_fd(ecxi_data *d, int ms)
 {
-    int fd = ecx_data_fd(d);
-    if (fd < 0 || ecx_data_arm(d) != 0) return;
+    int fd = ecxi_data_fd(d);
+    if (fd < 0 || ecxi_data_arm(d) != 0) return;
     struct pollfd p = {.fd = fd, .events = POLLIN};
     (void)poll(&p, 1, ms);
 }
 
 static int produce(const char *dir, const char *file, int timeout_ms)
 {
-    ecx_region *r;
-    int rc = ecx_region_create_in(dir, "ucxh", 0, (uint64_t)NB * BS, BS, &r);
+    ecxi_region *r;
+    int rc = ecxi_region_create_in(dir, "ucxh", 0, (uint64_t)NB * BS, BS, &r);
     if (rc) return fprintf(stderr, "region: %s\n", ecx_strerror(rc)), 1;
-    uint8_t *b = ecx_region_base(r);
-    for (uint64_t i = 0; i < ecx_region_size(r); i++) b[i] = pat(i);
+    uint8_t *b = ecxi_region_base(r);
+    for (uint64_t i = 0; i < ecxi_region_size(r); i++) b[i] = pat(i);
     /* Something secret on the heap, for the attacker to aim at. */
     char *secret = strdup("CURVE-SECRET-KEY-0123456789abcdef");
-    ecx_data_opts o = {.backend = backend(), .bind_host = "127.0.0.1"};
-    ecx_data *d;
-    if ((rc = ecx_data_new_producer(r, &o, &d))) return fprintf(stderr, "producer: %s\n", ecx_strerror(rc)), 1;
-    ecx_data_set_grant_fn(d, grant_fn, NULL);
+    ecxi_data_opts o = {.backend = backend(), .bind_host = "127.0.0.1"};
+    ecxi_data *d;
+    if ((rc = ecxi_data_new_producer(r, &o, &d))) return fprintf(stderr, "producer: %s\n", ecx_strerror(rc)), 1;
+    ecxi_data_set_grant_fn(d, grant_fn, NULL);
     size_t ml;
-    const uint8_t *meta = ecx_data_agent_metadata(d, &ml);
+    const uint8_t *meta = ecxi_data_agent_metadata(d, &ml);
     char *hex = malloc(2 * ml + 1);
-    ecx_hex_encode(meta, ml, hex);
+    ecxi_hex_encode(meta, ml, hex);
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", file);
     FILE *f = fopen(tmp, "w");
     if (!f) return perror("fopen"), 1;
-    ecx_data_meta m;
-    if (ecx_data_meta_decode(meta, ml, &m) || !(m.has_tcp || (m.has_ucx && m.ucx_addr_len >= 4)))
+    ecxi_data_meta m;
+    if (ecxi_data_meta_decode(meta, ml, &m) || !(m.has_tcp || (m.has_ucx && m.ucx_addr_len >= 4)))
         return 1;
     fprintf(f, "meta %s\nbase %" PRIxPTR " secret %" PRIxPTR "\nlistener %u\n", hex,
             (uintptr_t)b, (uintptr_t)secret,
@@ -207,16 +207,16 @@ static int produce(const char *dir, const char *file, int timeout_ms)
         shape(i, g);
         snprintf(g->key, sizeof g->key, "sess%d:item%d", i, i);
         randombytes_buf(g->token, sizeof g->token);
-        ecx_data_ticket t = {.checksum = ecx_checksum_blocks(b, BS, g->blocks, g->n, g->nbytes),
+        ecxi_data_ticket t = {.checksum = ecxi_checksum_blocks(b, BS, g->blocks, g->n, g->nbytes),
                              .nbytes = g->nbytes,
                              .lease_ms = 30000};
         memcpy(t.token, g->token, sizeof t.token);
         uint8_t db[ECX_DATA_DESC_MAX];
-        long dl = ecx_data_grant_descriptor(d, &t, db, sizeof db);
+        long dl = ecxi_data_grant_descriptor(d, &t, db, sizeof db);
         if (dl < 0) return fprintf(stderr, "descriptor: %s\n", ecx_strerror((int)dl)), 1;
-        ecx_hex_encode(db, (size_t)dl, g->desc_hex);
+        ecxi_hex_encode(db, (size_t)dl, g->desc_hex);
         char th[2 * ECX_DATA_TOKEN_LEN + 1];
-        ecx_hex_encode(g->token, sizeof g->token, th);
+        ecxi_hex_encode(g->token, sizeof g->token, th);
         fprintf(f, "grant %d %s %s %" PRIu64 " %zu", i, g->key, th, g->nbytes, g->n);
         for (size_t k = 0; k < g->n; k++) fprintf(f, " %" PRIu64, g->blocks[k]);
         fprintf(f, " %s\n", g->desc_hex);
@@ -227,13 +227,13 @@ static int produce(const char *dir, const char *file, int timeout_ms)
     signal(SIGINT, on_term);
     printf("producer ready pid %d\n", (int)getpid());
     fflush(stdout);
-    int64_t end = ecx_now_ms(NULL) + timeout_ms;
-    while (!stop && ecx_now_ms(NULL) < end) {
-        if ((rc = ecx_data_poll_notifs(d, on_notif, NULL)) < 0)
+    int64_t end = ecxi_now_ms(NULL) + timeout_ms;
+    while (!stop && ecxi_now_ms(NULL) < end) {
+        if ((rc = ecxi_data_poll_notifs(d, on_notif, NULL)) < 0)
             fprintf(stderr, "poll_notifs: %s\n", ecx_strerror(rc));
         wait_fd(d, 50);
     }
-    ecx_data_free(d);
+    ecxi_data_free(d);
     int changed = 0;
     for (uint64_t blk = 0; blk < NB; blk++)
         for (uint64_t i = blk * BS; i < (blk + 1) * BS; i++)
@@ -245,7 +245,7 @@ static int produce(const char *dir, const char *file, int timeout_ms)
     if (!changed) printf("region intact\n");
     printf("secret %s\n", strcmp(secret, "CURVE-SECRET-KEY-0123456789abcdef") ? "changed" : "intact");
     free(secret);
-    ecx_region_free(r);
+    ecxi_region_free(r);
     return 0;
 }
 
@@ -265,7 +265,7 @@ static int load(const char *file)
         if (!w) continue;
         if (!strcmp(w, "meta")) {
             char *h = strtok_r(NULL, " \n", &save);
-            meta_len = (size_t)ecx_hex_decode(h, strlen(h), meta_b);
+            meta_len = (size_t)ecxi_hex_decode(h, strlen(h), meta_b);
         } else if (!strcmp(w, "base")) {
             base_addr = (uintptr_t)strtoull(strtok_r(NULL, " \n", &save), NULL, 16);
             strtok_r(NULL, " \n", &save);
@@ -276,7 +276,7 @@ static int load(const char *file)
             grant *g = &G[i];
             snprintf(g->key, sizeof g->key, "%s", strtok_r(NULL, " \n", &save));
             char *th = strtok_r(NULL, " \n", &save);
-            ecx_hex_decode(th, strlen(th), g->token);
+            ecxi_hex_decode(th, strlen(th), g->token);
             g->nbytes = strtoull(strtok_r(NULL, " \n", &save), NULL, 10);
             g->n = strtoull(strtok_r(NULL, " \n", &save), NULL, 10);
             for (size_t k = 0; k < g->n && k < NB; k++)
@@ -304,40 +304,40 @@ static int consume(const char *dir, const char *file, int first, int count, cons
     if (load(file) || first < 0 || count < 1 || first + count > NG) return 1;
     char inst[32];
     snprintf(inst, sizeof inst, "ucxc%d", (int)getpid());
-    ecx_region *r;
-    int rc = ecx_region_create_in(dir, inst, 0, (uint64_t)NB * BS, BS, &r);
+    ecxi_region *r;
+    int rc = ecxi_region_create_in(dir, inst, 0, (uint64_t)NB * BS, BS, &r);
     if (rc) return fprintf(stderr, "region: %s\n", ecx_strerror(rc)), 1;
-    memset(ecx_region_base(r), 0xee, ecx_region_size(r));
-    ecx_data_opts o = {.backend = backend()};
-    ecx_data *d;
-    if ((rc = ecx_data_new_consumer(r, &o, &d))) return fprintf(stderr, "consumer: %s\n", ecx_strerror(rc)), 1;
+    memset(ecxi_region_base(r), 0xee, ecxi_region_size(r));
+    ecxi_data_opts o = {.backend = backend()};
+    ecxi_data *d;
+    if ((rc = ecxi_data_new_consumer(r, &o, &d))) return fprintf(stderr, "consumer: %s\n", ecx_strerror(rc)), 1;
     uint8_t db[ECX_DATA_DESC_MAX];
-    long dl = ecx_hex_decode(G[first].desc_hex, strlen(G[first].desc_hex), db);
-    ecx_data_peer *p;
-    if ((rc = ecx_data_peer_add(d, meta_b, meta_len, db, (size_t)dl, &p)))
+    long dl = ecxi_hex_decode(G[first].desc_hex, strlen(G[first].desc_hex), db);
+    ecxi_data_peer *p;
+    if ((rc = ecxi_data_peer_add(d, meta_b, meta_len, db, (size_t)dl, &p)))
         return fprintf(stderr, "peer_add: %s\n", ecx_strerror(rc)), 1;
-    ecx_data_xfer *x[NG];
+    ecxi_data_xfer *x[NG];
     uint64_t local[NG][NB];
     for (int i = first; i < first + count; i++) {
         grant *g = &G[i];
         for (size_t k = 0; k < g->n; k++)
             local[i][k] = !strcmp(layout, "reverse") ? NB - 1 - g->blocks[k] : g->blocks[k];
-        dl = ecx_hex_decode(g->desc_hex, strlen(g->desc_hex), db);
-        rc = ecx_data_read_post(p, db, (size_t)dl, g->blocks, local[i], g->n, g->nbytes, g->key,
+        dl = ecxi_hex_decode(g->desc_hex, strlen(g->desc_hex), db);
+        rc = ecxi_data_read_post(p, db, (size_t)dl, g->blocks, local[i], g->n, g->nbytes, g->key,
                                 strlen(g->key), &x[i]);
         if (rc) return fprintf(stderr, "read_post g%d: %s\n", i, ecx_strerror(rc)), 1;
     }
-    int64_t t0 = ecx_now_ms(NULL), end = t0 + timeout_ms;
+    int64_t t0 = ecxi_now_ms(NULL), end = t0 + timeout_ms;
     int st[NG], left = count;
-    while (left && ecx_now_ms(NULL) < end) {
-        ecx_data_progress(d);
+    while (left && ecxi_now_ms(NULL) < end) {
+        ecxi_data_progress(d);
         left = 0;
         for (int i = first; i < first + count; i++)
-            left += (st[i] = ecx_data_read_poll(x[i])) == ECX_XFER_RUNNING;
+            left += (st[i] = ecxi_data_read_poll(x[i])) == ECX_XFER_RUNNING;
         if (left) wait_fd(d, 20);
     }
     int bad = 0;
-    const uint8_t *lb = ecx_region_base(r);
+    const uint8_t *lb = ecxi_region_base(r);
     for (int i = first; i < first + count; i++) {
         grant *g = &G[i];
         bool exact = st[i] == ECX_XFER_DONE;
@@ -348,15 +348,15 @@ static int consume(const char *dir, const char *file, int first, int count, cons
         }
         printf("g%d %s%s after %" PRId64 " ms\n", i, state_name(st[i]),
                st[i] == ECX_XFER_DONE ? (exact ? " (byte-exact)" : " (BYTES DIFFER)") : "",
-               ecx_now_ms(NULL) - t0);
+               ecxi_now_ms(NULL) - t0);
         if ((strcmp(expect, "any") && strcmp(state_name(st[i]), expect)) ||
             (st[i] == ECX_XFER_DONE && !exact))
             bad++;
-        ecx_data_read_release(x[i]);
+        ecxi_data_read_release(x[i]);
     }
-    ecx_data_peer_drop(p);
-    ecx_data_free(d);
-    ecx_region_free(r);
+    ecxi_data_peer_drop(p);
+    ecxi_data_free(d);
+    ecxi_region_free(r);
     return bad ? 2 : 0;
 }
 
@@ -373,8 +373,8 @@ static void wait_req(void *r, int ms, ucs_status_t *st)
         *st = UCS_PTR_STATUS(r);
         return;
     }
-    int64_t end = ecx_now_ms(NULL) + ms;
-    while (ucp_request_check_status(r) == UCS_INPROGRESS && ecx_now_ms(NULL) < end)
+    int64_t end = ecxi_now_ms(NULL) + ms;
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && ecxi_now_ms(NULL) < end)
         ucp_worker_progress(wk);
     *st = ucp_request_check_status(r);
     if (*st == UCS_INPROGRESS) return; /* left to UCX: we exit soon */
@@ -408,8 +408,8 @@ static long ask(ucp_ep_h ep, uint64_t tag, const void *msg, size_t len, bool rep
                                        (eager ? UCP_AM_SEND_FLAG_EAGER : UCP_AM_SEND_FLAG_RNDV)};
     ucs_status_t st;
     wait_req(ucp_am_send_nbx(ep, AM_REQ_ID, NULL, 0, msg, len, &sp), ms, &st);
-    int64_t end = ecx_now_ms(NULL) + ms;
-    while (got == -3 && ecx_now_ms(NULL) < end) ucp_worker_progress(wk);
+    int64_t end = ecxi_now_ms(NULL) + ms;
+    while (got == -3 && ecxi_now_ms(NULL) < end) ucp_worker_progress(wk);
     if (got == -3) {
         ucp_request_cancel(wk, rr);
         while (ucp_request_check_status(rr) == UCS_INPROGRESS) ucp_worker_progress(wk);
@@ -434,8 +434,8 @@ static size_t req_msg(uint8_t *m, uint64_t tag, const uint8_t *token, const char
 static int attack(const char *file, int timeout_ms)
 {
     if (load(file)) return 1;
-    ecx_data_meta m;
-    if (ecx_data_meta_decode(meta_b, meta_len, &m) || !m.has_ucx || m.ucx_addr_len != 8) return 1;
+    ecxi_data_meta m;
+    if (ecxi_data_meta_decode(meta_b, meta_len, &m) || !m.has_ucx || m.ucx_addr_len != 8) return 1;
     struct sockaddr_in sa = {.sin_family = AF_INET};
     memcpy(&sa.sin_port, m.ucx_addr + 2, 2);
     memcpy(&sa.sin_addr, m.ucx_addr + 4, 4);
@@ -556,8 +556,8 @@ static int attack(const char *file, int timeout_ms)
         wait_req(ucp_am_send_nbx(e, AM_REQ_ID, NULL, 0, msg, l, &sp), timeout_ms, &st);
     }
     /* Collect the 0-byte refusals that came back (unexpected messages). */
-    int64_t end = ecx_now_ms(NULL) + 500;
-    while (ecx_now_ms(NULL) < end) ucp_worker_progress(wk);
+    int64_t end = ecxi_now_ms(NULL) + 500;
+    while (ecxi_now_ms(NULL) < end) ucp_worker_progress(wk);
     for (int i = 0; i < 2000; i++) {
         ucp_tag_recv_info_t info;
         ucp_tag_message_h mh2 = ucp_tag_probe_nb(wk, 5000 + (uint64_t)i, UINT64_MAX, 0, &info);
@@ -584,20 +584,20 @@ static int attack(const char *file, int timeout_ms)
 static int mutate(const char *dir, const char *file, int count)
 {
     if (load(file)) return 1;
-    ecx_data_meta m;
-    if (ecx_data_meta_decode(meta_b, meta_len, &m) || !m.has_ucx) return 1;
+    ecxi_data_meta m;
+    if (ecxi_data_meta_decode(meta_b, meta_len, &m) || !m.has_ucx) return 1;
     uint8_t orig[64];
     size_t olen = m.ucx_addr_len < sizeof orig ? m.ucx_addr_len : sizeof orig;
     memcpy(orig, m.ucx_addr, olen);
     char inst[32];
     snprintf(inst, sizeof inst, "ucxm%d", (int)getpid());
-    ecx_region *r;
-    if (ecx_region_create_in(dir, inst, 0, (uint64_t)NB * BS, BS, &r)) return 1;
-    ecx_data_opts o = {.backend = ECX_DATA_UCX};
-    ecx_data *d;
-    if (ecx_data_new_consumer(r, &o, &d)) return 1;
+    ecxi_region *r;
+    if (ecxi_region_create_in(dir, inst, 0, (uint64_t)NB * BS, BS, &r)) return 1;
+    ecxi_data_opts o = {.backend = ECX_DATA_UCX};
+    ecxi_data *d;
+    if (ecxi_data_new_consumer(r, &o, &d)) return 1;
     uint8_t db[ECX_DATA_DESC_MAX];
-    long dl = ecx_hex_decode(G[0].desc_hex, strlen(G[0].desc_hex), db);
+    long dl = ecxi_hex_decode(G[0].desc_hex, strlen(G[0].desc_hex), db);
     int refused = 0, added = 0;
     for (int i = 0; i < count; i++) {
         uint8_t blob[64];
@@ -620,19 +620,19 @@ static int mutate(const char *dir, const char *file, int count)
         m.ucx_addr = blob;
         m.ucx_addr_len = len;
         uint8_t mb[ECX_DATA_META_MAX];
-        long ml = ecx_data_meta_encode(&m, mb, sizeof mb);
+        long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
         if (ml < 0) return 1;
-        ecx_data_peer *p;
-        if (ecx_data_peer_add(d, mb, (size_t)ml, db, (size_t)dl, &p) == 0) {
+        ecxi_data_peer *p;
+        if (ecxi_data_peer_add(d, mb, (size_t)ml, db, (size_t)dl, &p) == 0) {
             added++;
-            ecx_data_progress(d);
-            ecx_data_peer_drop(p);
+            ecxi_data_progress(d);
+            ecxi_data_peer_drop(p);
         } else {
             refused++;
         }
     }
-    ecx_data_free(d);
-    ecx_region_free(r);
+    ecxi_data_free(d);
+    ecxi_region_free(r);
     printf("mutated UCX metadata: %d refused, %d registered (a well-formed address), no crash\n",
            refused, added);
     return 0;
@@ -689,13 +689,13 @@ static int uct_put(const char *file, int port, int block)
         uct_iov_t iov = {.buffer = &mark, .length = 8, .memh = UCT_MEM_HANDLE_NULL, .count = 1};
         uint64_t addr = base_addr + (uint64_t)block * BS;
         ucs_status_t st;
-        int64_t end = ecx_now_ms(NULL) + 3000;
+        int64_t end = ecxi_now_ms(NULL) + 3000;
         do {
             st = uct_ep_put_zcopy(e, &iov, 1, addr, 0, NULL);
             uct_worker_progress(w);
-        } while (st == UCS_ERR_NO_RESOURCE && ecx_now_ms(NULL) < end);
-        end = ecx_now_ms(NULL) + 1000;
-        while (ecx_now_ms(NULL) < end) uct_worker_progress(w);
+        } while (st == UCS_ERR_NO_RESOURCE && ecxi_now_ms(NULL) < end);
+        end = ecxi_now_ms(NULL) + 1000;
+        while (ecxi_now_ms(NULL) < end) uct_worker_progress(w);
         printf("uct put_zcopy at block %d: %s\n", block, ucs_status_string(st));
         return 0;
     }
@@ -744,9 +744,9 @@ static bool send_all(int fd, const void *b, size_t n)
 static size_t read_n(int fd, void *buf, size_t n, int ms)
 {
     size_t got = 0;
-    int64_t end = ecx_now_ms(NULL) + ms;
+    int64_t end = ecxi_now_ms(NULL) + ms;
     while (got < n) {
-        int64_t left = end - ecx_now_ms(NULL);
+        int64_t left = end - ecxi_now_ms(NULL);
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (left <= 0 || poll(&p, 1, (int)left) <= 0) break;
         ssize_t r = recv(fd, (uint8_t *)buf + got, n - got, 0);
@@ -760,10 +760,10 @@ static size_t read_n(int fd, void *buf, size_t n, int ms)
  * Bytes that arrive instead are added to *leak. */
 static int64_t closed_after(int fd, int ms, uint64_t *leak)
 {
-    int64_t t0 = ecx_now_ms(NULL), end = t0 + ms;
+    int64_t t0 = ecxi_now_ms(NULL), end = t0 + ms;
     uint8_t b[4096];
     for (;;) {
-        int64_t left = end - ecx_now_ms(NULL);
+        int64_t left = end - ecxi_now_ms(NULL);
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (left <= 0 || poll(&p, 1, (int)left) <= 0) return -1;
         ssize_t r = recv(fd, b, sizeof b, MSG_DONTWAIT);
@@ -771,7 +771,7 @@ static int64_t closed_after(int fd, int ms, uint64_t *leak)
             *leak += (uint64_t)r;
             continue;
         }
-        if (r == 0 || errno == ECONNRESET) return ecx_now_ms(NULL) - t0;
+        if (r == 0 || errno == ECONNRESET) return ecxi_now_ms(NULL) - t0;
     }
 }
 
@@ -793,8 +793,8 @@ static bool refused(int fd, uint8_t version, uint64_t id, const uint8_t *token, 
 static int tcp_attack(const char *file)
 {
     if (load(file)) return 1;
-    ecx_data_meta m;
-    if (ecx_data_meta_decode(meta_b, meta_len, &m) || !m.has_tcp) return 1;
+    ecxi_data_meta m;
+    if (ecxi_data_meta_decode(meta_b, meta_len, &m) || !m.has_tcp) return 1;
     const grant *g5 = &G[5];
     uint8_t wrong[ECX_DATA_TOKEN_LEN];
     memcpy(wrong, g5->token, sizeof wrong);
@@ -999,56 +999,56 @@ static int tcp_evil(const char *dir)
     pid_t child = fork();
     if (child == 0) evil_serve(lfd);
     close(lfd);
-    ecx_data_meta m = {.nonce = 42, .has_tcp = true, .tcp_family = 4, .tcp_port = ntohs(sa.sin_port)};
+    ecxi_data_meta m = {.nonce = 42, .has_tcp = true, .tcp_family = 4, .tcp_port = ntohs(sa.sin_port)};
     memcpy(m.tcp_addr, &sa.sin_addr, 4);
-    ecx_data_desc dd = {.nonce = 42, .block_bytes = BS, .num_blocks = NB, .has_ticket = true};
+    ecxi_data_desc dd = {.nonce = 42, .block_bytes = BS, .num_blocks = NB, .has_ticket = true};
     dd.ticket.nbytes = EVIL_NBYTES;
-    ecx_sum s;
-    ecx_sum_reset(&s);
+    ecxi_sum s;
+    ecxi_sum_reset(&s);
     for (uint64_t j = 0; j < EVIL_NBYTES; j++) {
         uint8_t v = pat(evil_remote[j / BS] * BS + j % BS);
-        ecx_sum_update(&s, &v, 1);
+        ecxi_sum_update(&s, &v, 1);
     }
-    dd.ticket.checksum = ecx_sum_digest(&s);
+    dd.ticket.checksum = ecxi_sum_digest(&s);
     uint8_t mb[ECX_DATA_META_MAX], db[ECX_DATA_DESC_MAX];
-    long ml = ecx_data_meta_encode(&m, mb, sizeof mb);
-    ecx_region *r;
+    long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
+    ecxi_region *r;
     char inst[32];
     snprintf(inst, sizeof inst, "tcpe%d", (int)getpid());
-    if (ml < 0 || ecx_region_create_in(dir, inst, 0, (uint64_t)NB * BS, BS, &r)) return 1;
-    ecx_data_opts o = {.backend = ECX_DATA_TCP};
-    ecx_data *d;
-    ecx_data_peer *p;
+    if (ml < 0 || ecxi_region_create_in(dir, inst, 0, (uint64_t)NB * BS, BS, &r)) return 1;
+    ecxi_data_opts o = {.backend = ECX_DATA_TCP};
+    ecxi_data *d;
+    ecxi_data_peer *p;
     dd.ticket.lease_ms = 10000;
-    long dl = ecx_data_desc_encode(&dd, db, sizeof db);
-    if (dl < 0 || ecx_data_new_consumer(r, &o, &d) ||
-        ecx_data_peer_add(d, mb, (size_t)ml, db, (size_t)dl, &p))
+    long dl = ecxi_data_desc_encode(&dd, db, sizeof db);
+    if (dl < 0 || ecxi_data_new_consumer(r, &o, &d) ||
+        ecxi_data_peer_add(d, mb, (size_t)ml, db, (size_t)dl, &p))
         return fprintf(stderr, "consumer setup failed\n"), 1;
-    uint8_t *lb = ecx_region_base(r);
+    uint8_t *lb = ecxi_region_base(r);
     int bad = 0;
     for (size_t c = 0; c < EVIL_N; c++) {
-        memset(lb, 0xa5, ecx_region_size(r));
+        memset(lb, 0xa5, ecxi_region_size(r));
         dd.ticket.lease_ms = evil_cases[c].how == E_STALL ? 1500 : 10000;
-        dl = ecx_data_desc_encode(&dd, db, sizeof db);
-        ecx_data_xfer *x;
-        if (ecx_data_read_post(p, db, (size_t)dl, evil_remote, evil_local, 3, EVIL_NBYTES,
+        dl = ecxi_data_desc_encode(&dd, db, sizeof db);
+        ecxi_data_xfer *x;
+        if (ecxi_data_read_post(p, db, (size_t)dl, evil_remote, evil_local, 3, EVIL_NBYTES,
                                "evil:item", 9, &x))
             return fprintf(stderr, "read_post failed\n"), 1;
-        int64_t t0 = ecx_now_ms(NULL);
+        int64_t t0 = ecxi_now_ms(NULL);
         int st;
-        while ((st = ecx_data_read_poll(x)) == ECX_XFER_RUNNING && ecx_now_ms(NULL) < t0 + 10000) {
-            ecx_data_progress(d);
+        while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < t0 + 10000) {
+            ecxi_data_progress(d);
             wait_fd(d, 10);
         }
-        ecx_data_read_release(x);
+        ecxi_data_read_release(x);
         /* Let trailing bytes arrive before the next READ is posted. */
-        for (int64_t e = ecx_now_ms(NULL) + 200; ecx_now_ms(NULL) < e;) {
-            ecx_data_progress(d);
+        for (int64_t e = ecxi_now_ms(NULL) + 200; ecxi_now_ms(NULL) < e;) {
+            ecxi_data_progress(d);
             wait_fd(d, 10);
         }
         /* Outside the READ's bytes the guard is intact; a DONE is exact. */
         uint64_t outside = 0, wrong = 0;
-        for (uint64_t i = 0; i < ecx_region_size(r); i++) {
+        for (uint64_t i = 0; i < ecxi_region_size(r); i++) {
             uint64_t blk = i / BS, off = i % BS;
             int k = blk == 10 ? 0 : blk == 20 ? 1 : blk == 21 ? 2 : -1;
             bool inside = k >= 0 && (uint64_t)k * BS + off < EVIL_NBYTES;
@@ -1060,13 +1060,13 @@ static int tcp_evil(const char *dir)
         bool ok = st == evil_cases[c].expect && !outside && !wrong;
         printf("%s %s: %s after %" PRId64 " ms, %" PRIu64 " bytes written outside, %" PRIu64
                " wrong inside\n",
-               ok ? "ok  " : "FAIL", evil_cases[c].what, state_name(st), ecx_now_ms(NULL) - t0,
+               ok ? "ok  " : "FAIL", evil_cases[c].what, state_name(st), ecxi_now_ms(NULL) - t0,
                outside, wrong);
         bad += !ok;
     }
-    ecx_data_peer_drop(p);
-    ecx_data_free(d);
-    ecx_region_free(r);
+    ecxi_data_peer_drop(p);
+    ecxi_data_free(d);
+    ecxi_region_free(r);
     int ws;
     waitpid(child, &ws, 0);
     printf("%s\n", bad ? "the hostile producer got through" : "every hostile reply failed its READ, nothing written outside");

@@ -221,7 +221,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
         r.compatibility_hash = (ecx_span){compat, strlen(compat)};
         r.session_id = (ecx_span){session, strlen(session)};
         msgpack_sbuffer_init(&t[i].frame);
-        if ((e = ecx_wire_encode_req(&r, &t[i].frame))) {
+        if ((e = ecxi_wire_encode_req(&r, &t[i].frame))) {
             fprintf(stderr, "ecx: cannot encode a request for '%s': %s\n", t[i].hash,
                     ecx_strerror(e));
             free_targets(t, nt);
@@ -230,7 +230,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
     }
 
     void *zctx = zmq_ctx_new();
-    ecx_ctrl_peer *peer = NULL;
+    ecxi_ctrl_peer *peer = NULL;
     size_t total = (size_t)(o->warmup + o->requests), window = (size_t)o->window;
     slot *ring = calloc(window, sizeof *ring);
     uint64_t *lat = malloc((size_t)o->requests * sizeof *lat);
@@ -238,7 +238,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
         fprintf(stderr, "ecx: out of memory\n");
         goto out;
     }
-    if ((e = ecx_ctrl_peer_new(zctx, host, port, NULL, &peer))) {
+    if ((e = ecxi_ctrl_peer_new(zctx, host, port, NULL, &peer))) {
         fprintf(stderr, "ecx: cannot open a socket to %s:%d: %s\n", host, port, ecx_strerror(e));
         goto out;
     }
@@ -250,7 +250,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
     uint64_t status[6] = {0}, ack_bytes = 0;
     uint64_t start = now_ns(), deadline = start + (uint64_t)o->timeout_ms * 1000000ull;
     uint64_t t_first = 0, t_last = 0;
-    zmq_pollitem_t pi = {.socket = ecx_ctrl_peer_socket(peer), .events = ZMQ_POLLIN};
+    zmq_pollitem_t pi = {.socket = ecxi_ctrl_peer_socket(peer), .events = ZMQ_POLLIN};
     bool lost = false;
     /* Send while the window allows, drain acks without blocking, and only
      * block in zmq_poll (or look at the connection) when neither moved. */
@@ -261,7 +261,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
         while (sent < total && sent - answered < window) {
             const target *x = &t[sent % (size_t)nt];
             uint64_t ts = now_ns();
-            if (ecx_ctrl_peer_send(peer, x->frame.data, x->frame.size)) break; /* queue full */
+            if (ecxi_ctrl_peer_send(peer, x->frame.data, x->frame.size)) break; /* queue full */
             if (sent == (size_t)o->warmup) t_first = ts;
             ring[sent % window] = (slot){ts, sent % (size_t)nt};
             sent++;
@@ -269,7 +269,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
         }
         const void *payload;
         size_t len;
-        while (answered < sent && ecx_ctrl_peer_recv(peer, &payload, &len) == 1) {
+        while (answered < sent && ecxi_ctrl_peer_recv(peer, &payload, &len) == 1) {
             uint64_t ts = now_ns();
             slot *s = &ring[answered % window];
             ecx_ack a;
@@ -290,7 +290,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
             moved = true;
         }
         if (moved) continue;
-        if (ecx_ctrl_peer_lost(peer)) {
+        if (ecxi_ctrl_peer_lost(peer)) {
             lost = true;
             break;
         }
@@ -335,7 +335,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
         rc = EXIT_FAIL;
     }
 out:
-    ecx_ctrl_peer_free(peer);
+    ecxi_ctrl_peer_free(peer);
     if (zctx) zmq_ctx_term(zctx);
     free(ring);
     free(lat);
@@ -406,8 +406,8 @@ static int cmd_bench_data(int argc, char **argv)
                                          {0, 0, 0, 0}};
     ecx_config cfg;
     ecx_config_init(&cfg);
-    ecx_data_bench_opts o;
-    ecx_data_bench_opts_init(&o);
+    ecxi_data_bench_opts o;
+    ecxi_data_bench_opts_init(&o);
     int c;
     int64_t v;
     optind = 1;
@@ -449,7 +449,7 @@ static int cmd_bench_data(int argc, char **argv)
         return usage_error("bench data takes no arguments ('%s'); try 'ecx bench --help'",
                            argv[optind]);
     o.block_bytes = cfg.block_bytes;
-    return ecx_data_bench_run(&o) ? EXIT_FAIL : EXIT_OK;
+    return ecxi_data_bench_run(&o) ? EXIT_FAIL : EXIT_OK;
 }
 
 int cmd_bench(int argc, char **argv)

@@ -92,7 +92,7 @@ typedef struct job {
 typedef struct child_stat {
     int started;
     int err;          /* ecx_new failed or similar */
-    uint64_t retries; /* ecx_consumer_retries_total */
+    uint64_t retries; /* ecxi_consumer_retries_total */
     double t0, t1;    /* first fetch, last outcome */
 } child_stat;
 
@@ -289,7 +289,7 @@ static int verify_item(ecx_ctx *ctx, job *j, bool tamper, uint8_t *buf, size_t b
     return same ? 0 : -1;
 }
 
-/* ecx_consumer_retries_total from the context's metrics. */
+/* ecxi_consumer_retries_total from the context's metrics. */
 static uint64_t read_retries(ecx_ctx *ctx)
 {
     uint64_t v = 0;
@@ -544,7 +544,7 @@ int cmd_demo(int argc, char **argv)
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     if (cpus < 1) cpus = 1;
     struct statvfs vfs;
-    const char *shm_root = ecx_region_default_dir();
+    const char *shm_root = ecxi_region_default_dir();
     double shm_free =
         statvfs(shm_root, &vfs) == 0 ? (double)vfs.f_bavail * (double)vfs.f_frsize : 0;
     bool items_given = d->items > 0;
@@ -669,7 +669,7 @@ cleanup:
     bool a_clean = d->prod_a && WIFEXITED(prod_a_status) && WEXITSTATUS(prod_a_status) == 0;
     /* The killed producer's region file is an orphan: reap it, then the
      * directory must be empty. */
-    ecx_region_reap(d->shm);
+    ecxi_region_reap(d->shm);
     bool shm_clean = dir_empty(d->shm) && rmdir(d->shm) == 0;
     double secs = now_s() - t_start;
 

@@ -254,7 +254,7 @@ int cmd_get(int argc, char **argv)
     char host[256];
     int port;
     if (peer) {
-        if (ecx_ctrl_parse_addr(peer, host, &port) || port == 0) {
+        if (ecxi_ctrl_parse_addr(peer, host, &port) || port == 0) {
             fprintf(stderr, "ecx: --peer takes HOST:PORT, not '%s'\n", peer);
             goto usage;
         }

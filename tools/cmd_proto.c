@@ -49,7 +49,7 @@ static json_t *jhex(ecx_span s)
 {
     char *h = malloc(2 * s.n + 1);
     if (!h) return NULL;
-    ecx_hex_encode(s.p, s.n, h);
+    ecxi_hex_encode(s.p, s.n, h);
     json_t *j = json_string(h);
     free(h);
     return j;
@@ -148,7 +148,7 @@ static int proto_decode(int argc, char **argv)
         if (hl / 2 > MAX_FRAME) return fail("%s", "frame larger than 64 MiB");
         frame = malloc(hl / 2 + 1);
         if (!frame) return fail("%s", "out of memory");
-        long k = ecx_hex_decode(hex, hl, frame);
+        long k = ecxi_hex_decode(hex, hl, frame);
         if (k < 0) {
             free(frame);
             return fail("%s", "HEX is not an even number of hex digits");
@@ -226,7 +226,7 @@ static int get_hex(json_t *o, const char *key, ecx_span *out, uint8_t **mem)
     if (!h.n) return 0;
     *mem = malloc(h.n / 2 + 1);
     if (!*mem) return fail("%s", "out of memory");
-    long k = ecx_hex_decode(h.p, h.n, *mem);
+    long k = ecxi_hex_decode(h.p, h.n, *mem);
     if (k < 0) return fail("\"%s\" must be an even number of hex digits", key);
     out->p = (const char *)*mem;
     out->n = (size_t)k;
@@ -281,7 +281,7 @@ static int encode_ack(json_t *o, msgpack_sbuffer *buf)
         }
         a.indices = idx;
     }
-    int e = ecx_wire_encode_ack(&a, buf);
+    int e = ecxi_wire_encode_ack(&a, buf);
     rc = e ? fail("%s", ecx_strerror(e)) : EXIT_OK;
 out:
     free(idx);
@@ -299,7 +299,7 @@ static int encode_req(json_t *o, msgpack_sbuffer *buf)
         get_str(o, "session_id", false, &r.session_id) ||
         get_int(o, "connector_version", false, &r.connector_version))
         return EXIT_FAIL;
-    int e = ecx_wire_encode_req(&r, buf);
+    int e = ecxi_wire_encode_req(&r, buf);
     return e ? fail("%s", ecx_strerror(e)) : EXIT_OK;
 }
 
@@ -333,7 +333,7 @@ static int proto_encode(int argc, char **argv)
         if (!hex) {
             rc = fail("%s", "out of memory");
         } else {
-            ecx_hex_encode(buf.data, buf.size, hex);
+            ecxi_hex_encode(buf.data, buf.size, hex);
             puts(hex);
             free(hex);
         }

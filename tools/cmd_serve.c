@@ -290,7 +290,7 @@ static struct MHD_Daemon *start_metrics(const char *addr, ecx_ctx *ctx)
 {
     char host[256];
     int port;
-    if (ecx_ctrl_parse_addr(addr, host, &port)) {
+    if (ecxi_ctrl_parse_addr(addr, host, &port)) {
         fprintf(stderr, "ecx: --metrics takes HOST:PORT, not '%s'\n", addr);
         return NULL;
     }
@@ -445,12 +445,12 @@ int cmd_serve(int argc, char **argv)
     if (announce && write_announcements(ctx, &it, announce)) goto out;
     fprintf(stderr, "ecx: serving %zu item(s) on port %d\n", it.n, ecx_listen_port(ctx));
 
-    int64_t ready_at = ecx_now_ms(NULL) + delay;
+    int64_t ready_at = ecxi_now_ms(NULL) + delay;
     bool all_ready = delay == 0;
     while (!stop) {
         ecx_poll(ctx, 20);
         if (http) MHD_run(http);
-        if (!all_ready && ecx_now_ms(NULL) >= ready_at) {
+        if (!all_ready && ecxi_now_ms(NULL) >= ready_at) {
             for (size_t i = 0; i < it.n; i++) ecx_save_commit(ctx, it.v[i].hash);
             all_ready = true;
         }

@@ -68,7 +68,7 @@ static int read_keys(const char *opt, const char *path, size_t max,
         lineno++;
         char *k = trim(line);
         if (!k) continue;
-        if (ecx_ctrl_key_parse(k, NULL)) {
+        if (ecxi_ctrl_key_parse(k, NULL)) {
             /* Say where, never what: the line may be a secret. */
             fprintf(stderr, "ecx: %s: '%s' line %d is not a Z85 CURVE key (40 characters)\n", opt,
                     path, lineno);

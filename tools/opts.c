@@ -115,13 +115,13 @@ void synthetic_hash(uint64_t i, uint64_t bytes, char out[65])
                      (unsigned long long)bytes);
     unsigned char h[crypto_hash_sha256_BYTES];
     crypto_hash_sha256(h, (const unsigned char *)text, (unsigned long long)n);
-    ecx_hex_encode(h, sizeof h, out);
+    ecxi_hex_encode(h, sizeof h, out);
 }
 
 uint64_t synthetic_seed(const char *mm_hash)
 {
     uint8_t b[8];
-    if (strlen(mm_hash) != 64 || ecx_hex_decode(mm_hash, 16, b) != 8) return 0;
+    if (strlen(mm_hash) != 64 || ecxi_hex_decode(mm_hash, 16, b) != 8) return 0;
     uint64_t s = 0;
     for (int i = 7; i >= 0; i--) s = s << 8 | b[i];
     return s;
