@@ -1,14 +1,44 @@
 /*
- * ecx.h — the one public header of ecx, peer-to-peer encoder-cache transfer
- * for disaggregated multimodal LLM serving.
+ * ecx.h — the one public header of libecx: peer-to-peer encoder-cache
+ * transfer for disaggregated multimodal LLM serving.
  *
- * Conventions (as in libuv / nng): every function returns 0 or a negative
- * ECX_E* code, and ecx_strerror() names the code. Handles are opaque.
- * Bad input from the network or the user is an error code, never an abort.
+ * An encoder (the producer) keeps vision-encoder outputs in a shared-memory
+ * block region; a prefill/decode engine (the consumer) asks for one by its
+ * mm_hash and reads its blocks over the data plane, or is told to encode
+ * locally. docs/PROTOCOL.md describes the protocol; docs/API.md walks
+ * through this header with examples.
  *
- * What is here so far: error codes and the compatibility hash. The wire
- * codec lives in src/wire.h (internal); sessions and the engine-facing
- * context arrive with later work.
+ * Conventions (as in libuv and nng):
+ *   - Every int-returning call returns 0 (or a count / state) on success
+ *     and a negative ECX_E* code on failure; ecx_errname() and
+ *     ecx_strerror() name the code. Bad input from the network or from the
+ *     caller is an error code, never an abort.
+ *   - Handles are opaque. Only what this header declares is exported.
+ *   - Strings are NUL-terminated UTF-8 unless a length is given.
+ *   - Memory the library hands out (segment lists, strings) is owned by the
+ *     library and stays valid for as long as each call's comment says.
+ *
+ * Threading (the rule for every call on a context):
+ *   - Every call on an ecx_ctx may be made from any thread. Calls on one
+ *     context are serialised by the context's lock; ecx_poll() with a
+ *     timeout waits *without* holding it, so other threads may fetch, load
+ *     or save while one thread waits in ecx_poll().
+ *   - ecx_free() must be the last call on a context: no other thread may be
+ *     inside, or later enter, a call on it.
+ *   - Segments returned by ecx_save_begin() / ecx_load() may be read and
+ *     written from any thread until the call that ends them (commit/abort,
+ *     release).
+ *   - The process-wide calls (ecx_version, ecx_errname, ecx_strerror,
+ *     ecx_status_name, ecx_reason_name, ecx_compat_hash, the wire codec,
+ *     ecx_set_logger, ecx_set_log_level, ecx_reap_regions) are safe from
+ *     any thread at any time.
+ *   - The library runs no thread of its own: work advances inside the
+ *     calls, chiefly ecx_poll(). (The data plane's UCX path, if chosen,
+ *     runs UCX's own internal threads.)
+ *
+ * ABI: ecx_config carries its own size (set by ecx_config_init), so fields
+ * appended in later versions do not break programs built against this
+ * one. The shared library's SONAME is libecx.so.ECX_ABI_VERSION.
  */
 #ifndef ECX_H
 #define ECX_H
@@ -20,110 +50,176 @@
 extern "C" {
 #endif
 
-/* Protocol version spoken on the wire (SPEC §7). */
+#if defined(ECX_BUILDING_LIBRARY) && defined(__GNUC__)
+#define ECX_API __attribute__((visibility("default")))
+#else
+#define ECX_API
+#endif
+
+/* ======================================================================
+ * Versions
+ * ====================================================================== */
+
+#define ECX_VERSION_MAJOR 0
+#define ECX_VERSION_MINOR 2
+#define ECX_VERSION_PATCH 0
+#define ECX_VERSION_STRING "0.2.0"
+/* Bumped on every incompatible ABI change; the SONAME's number. */
+#define ECX_ABI_VERSION 1
+
+/* Protocol version spoken on the wire (docs/PROTOCOL.md). */
 #define ECX_CONNECTOR_VERSION 1
 
-/* Error codes. Keep ecx_strerror() (src/error.c) in step with this list. */
+/* The library's version as "MAJOR.MINOR.PATCH" (that of the library loaded
+ * at run time, which may be newer than the header a program was built
+ * with). Never NULL. */
+ECX_API const char *ecx_version(void);
+
+/* ======================================================================
+ * Errors, statuses, reasons: each list is written once, here, and the
+ * enum and the name tables are generated from it.
+ * ====================================================================== */
+
+/* X(NAME, code, "message") */
+#define ECX_ERRORS(X)                                                                              \
+    X(OK, 0, "success")                                                                            \
+    X(EINVAL, -1, "invalid argument")                                                              \
+    X(ENOMEM, -2, "out of memory")                                                                 \
+    X(ERANGE, -3, "value out of range, or buffer too small")                                       \
+    X(EUTF8, -4, "string is not valid UTF-8")                                                      \
+    X(ECRYPTO, -5, "crypto library failure")                                                       \
+    X(ESYS, -6, "system call failed")                                                              \
+    /* Wire decoding: why a frame was refused. */                                                  \
+    X(EWIRE_EMPTY, -20, "empty frame")                                                             \
+    X(EWIRE_TRUNCATED, -21, "frame truncated inside a value")                                      \
+    X(EWIRE_TRAILING, -22, "trailing bytes after the message")                                     \
+    X(EWIRE_NOT_MAP, -23, "message is not a msgpack map")                                          \
+    X(EWIRE_TYPE, -24, "field or key has the wrong msgpack type")                                  \
+    X(EWIRE_UTF8, -25, "str field is not valid UTF-8")                                             \
+    X(EWIRE_MISSING, -26, "required field missing")                                                \
+    X(EWIRE_TAG, -27, "type tag names another message")                                            \
+    X(EWIRE_STATUS, -28, "status is not a known XferStatus")                                       \
+    X(EWIRE_INT, -29, "integer out of the accepted range")                                         \
+    X(EWIRE_INVALID, -30, "byte 0xc1 is not msgpack")                                              \
+    X(EWIRE_TOO_LARGE, -31, "frame or field too large")                                            \
+    /* Region and cache. */                                                                        \
+    X(EREGION_SIZE, -40, "region size is zero, too large, or not whole blocks")                    \
+    X(EREGION_EXISTS, -41, "region file already exists")                                           \
+    X(EREGION_NOTFOUND, -42, "region file not found")                                              \
+    X(EREGION_NOSPC, -43, "shared memory too small for the region")                                \
+    X(EREGION_BADFILE, -44, "region file is a symlink, not regular, or not ours")                  \
+    X(EREGION_BUSY, -45, "region file is being reclaimed")                                         \
+    X(ECACHE_FULL, -50, "cache full: not enough free or evictable blocks")                         \
+    X(ECACHE_EXISTS, -51, "cache entry already exists")                                            \
+    X(ECACHE_MISSING, -52, "no cache entry for that key")                                          \
+    X(ECACHE_NOT_READY, -53, "cache entry is not ready")                                           \
+    X(ECACHE_STATE, -54, "operation not allowed in the cache entry's state")                       \
+    /* Data plane. */                                                                              \
+    X(EDATA_META, -60, "agent_metadata malformed")                                                 \
+    X(EDATA_DESC, -61, "mem_descriptor malformed")                                                 \
+    X(EDATA_VERSION, -62, "data-plane format version not supported")                              \
+    X(EDATA_MISMATCH, -63, "descriptor does not match the producer or block sizes differ")        \
+    X(EDATA_INDEX, -64, "block index out of range")                                                \
+    X(EDATA_COUNT, -65, "block count is zero or differs between the sides")                        \
+    X(EDATA_NOPATH, -66, "no data path reaches the peer")                                          \
+    X(EDATA_UCX, -67, "UCX call failed")                                                           \
+    X(EDATA_PEER, -68, "data-plane peer unreachable or broken")                                    \
+    X(EDATA_FAULT, -69, "injected data-plane fault")                                               \
+    X(EDATA_ROLE, -70, "call not valid for this context's role")                                   \
+    X(EDATA_NOTIF, -71, "notification empty or too long")                                          \
+    X(EDATA_GRANT, -72, "no live grant with that key and token")
+
 enum ecx_error {
-    ECX_OK = 0,
-    ECX_EINVAL = -1,        /* invalid argument */
-    ECX_ENOMEM = -2,        /* out of memory */
-    ECX_ERANGE = -3,        /* value out of range */
-    ECX_EUTF8 = -4,         /* string is not valid UTF-8 */
-    ECX_ECRYPTO = -5,       /* crypto library failure */
-    ECX_ESYS = -6,          /* system call failed (see errno / log) */
-
-    /* Wire decoding: why a frame was refused. */
-    ECX_EWIRE_EMPTY = -20,     /* empty frame */
-    ECX_EWIRE_TRUNCATED = -21, /* frame ends inside a value */
-    ECX_EWIRE_TRAILING = -22,  /* bytes follow the top-level map */
-    ECX_EWIRE_NOT_MAP = -23,   /* top level is not a map */
-    ECX_EWIRE_TYPE = -24,      /* a field has the wrong msgpack type */
-    ECX_EWIRE_UTF8 = -25,      /* a str field is not valid UTF-8 */
-    ECX_EWIRE_MISSING = -26,   /* a required field is absent */
-    ECX_EWIRE_TAG = -27,       /* "type" tag names another message */
-    ECX_EWIRE_STATUS = -28,    /* status not one of 0..5 */
-    ECX_EWIRE_INT = -29,       /* int outside the range ecx accepts */
-    ECX_EWIRE_INVALID = -30,   /* byte that is not msgpack (0xc1) */
-    ECX_EWIRE_TOO_LARGE = -31, /* frame or field larger than allowed */
-
-    /* -40..-59: region and cache (src/region.c, src/cache.c). */
-    ECX_EREGION_SIZE = -40,     /* region size zero, overflowing, or not whole blocks */
-    ECX_EREGION_EXISTS = -41,   /* a region file of that name already exists */
-    ECX_EREGION_NOTFOUND = -42, /* no region file of that name */
-    ECX_EREGION_NOSPC = -43,    /* shared memory too small to back the region */
-    ECX_EREGION_BADFILE = -44,  /* symlink, not a regular file, or not ours */
-    ECX_EREGION_BUSY = -45,     /* region file is being reclaimed */
-    ECX_ECACHE_FULL = -50,      /* not enough free + evictable blocks */
-    ECX_ECACHE_EXISTS = -51,    /* key already has an entry */
-    ECX_ECACHE_MISSING = -52,   /* no entry for that key */
-    ECX_ECACHE_NOT_READY = -53, /* entry is not ready */
-    ECX_ECACHE_STATE = -54,     /* operation not allowed in the entry's state */
-
-    /* -60..-79: data plane (src/data*.c). */
-    ECX_EDATA_META = -60,     /* agent_metadata malformed */
-    ECX_EDATA_DESC = -61,     /* mem_descriptor malformed */
-    ECX_EDATA_VERSION = -62,  /* metadata / descriptor of an unknown format version */
-    ECX_EDATA_MISMATCH = -63, /* descriptor of another producer, or block sizes differ */
-    ECX_EDATA_INDEX = -64,    /* block index beyond the region */
-    ECX_EDATA_COUNT = -65,    /* no blocks, or remote and local counts differ */
-    ECX_EDATA_NOPATH = -66,   /* no enabled data path reaches the peer */
-    ECX_EDATA_UCX = -67,      /* UCX call failed */
-    ECX_EDATA_PEER = -68,     /* peer unreachable or its registration is broken */
-    ECX_EDATA_FAULT = -69,    /* failure injected by the fault backend (tests) */
-    ECX_EDATA_ROLE = -70,     /* call not valid for a producer / consumer context */
-    ECX_EDATA_NOTIF = -71,    /* notification empty or too long */
-    ECX_EDATA_GRANT = -72,    /* no live grant with that key and token */
+#define ECX_ERROR_ENUM_(name, code, msg) ECX_##name = code,
+    ECX_ERRORS(ECX_ERROR_ENUM_)
+#undef ECX_ERROR_ENUM_
 };
 
-/* Name of an error code ("ECX_EWIRE_TYPE: field has wrong type"). Never NULL. */
-const char *ecx_strerror(int err);
+/* "ECX_ECACHE_FULL"; "ECX_EUNKNOWN" for a code not in the list. Never NULL. */
+ECX_API const char *ecx_errname(int err);
+/* "cache full: not enough free or evictable blocks"; "unknown error" for a
+ * code not in the list. Never NULL. */
+ECX_API const char *ecx_strerror(int err);
 
-/* Status carried by an XferAck (SPEC §3). */
+/* Status carried by an XferAck: X(NAME, value). */
+#define ECX_STATUSES(X)                                                                            \
+    X(OK, 0)                                                                                       \
+    X(NACK_MISSING, 1)                                                                             \
+    X(NACK_INCOMPAT, 2)                                                                            \
+    X(NACK_VERSION, 3)                                                                             \
+    X(NACK_INTERNAL, 4)                                                                            \
+    X(NACK_NOT_READY, 5)
+
 enum ecx_status {
-    ECX_STATUS_OK = 0,
-    ECX_STATUS_NACK_MISSING = 1,
-    ECX_STATUS_NACK_INCOMPAT = 2,
-    ECX_STATUS_NACK_VERSION = 3,
-    ECX_STATUS_NACK_INTERNAL = 4,
-    ECX_STATUS_NACK_NOT_READY = 5,
+#define ECX_STATUS_ENUM_(name, v) ECX_STATUS_##name = v,
+    ECX_STATUSES(ECX_STATUS_ENUM_)
+#undef ECX_STATUS_ENUM_
 };
 #define ECX_STATUS_MAX ECX_STATUS_NACK_NOT_READY
 
 /* "OK", "NACK_MISSING", ...; "UNKNOWN" for anything else. */
-const char *ecx_status_name(int status);
+ECX_API const char *ecx_status_name(int status);
 
-/* What a consumer's fetch of one item comes to (SPEC §5). */
+/* What a consumer's fetch of one item comes to. */
 enum ecx_fetch_state {
     ECX_FETCH_READY = 0,   /* the bytes are in the local region: load them */
     ECX_FETCH_PENDING = 1, /* in flight: ask again on a later step */
     ECX_FETCH_LOCAL = 2,   /* encode locally; the reason says why */
 };
 
-/* Why an item is to be encoded locally. */
+/* Why an item is to be encoded locally: X(NAME, "meaning"), numbered from 0
+ * in this order. */
+#define ECX_REASONS(X)                                                                             \
+    X(NONE, "not a fallback")                                                                      \
+    X(NO_PEER, "no announcement, or no peer_host in it")                                           \
+    X(SIZE_MISMATCH, "announced size differs from the expected one")                               \
+    X(INVALID, "unusable mm_hash, size or announcement")                                           \
+    X(NO_ROOM, "no room in the local region")                                                      \
+    X(NACK_MISSING, "the producer does not hold it")                                               \
+    X(NACK_INCOMPAT, "compatibility hashes differ")                                                \
+    X(NACK_VERSION, "connector versions differ")                                                   \
+    X(NACK_INTERNAL, "producer error")                                                             \
+    X(NOT_READY_TIMEOUT, "still NOT_READY after the per-item wait")                                \
+    X(ACK_TIMEOUT, "no ack within the ack timeout")                                                \
+    X(BAD_ACK, "ack unusable: counts, indices or metadata wrong")                                  \
+    X(READ_FAILED, "the data-plane READ failed")                                                   \
+    X(QUARANTINED, "the READ overran its deadline")                                                \
+    X(SEND_FAILED, "the request could not be sent")                                                \
+    X(CORRUPT, "the bytes read do not match the producer's checksum")                              \
+    X(LEASE_EXPIRED, "the READ ended after the producer's pin lease could have")
+
 enum ecx_reason {
-    ECX_REASON_NONE = 0,
-    ECX_REASON_NO_PEER,           /* no announcement, or no peer_host in it */
-    ECX_REASON_SIZE_MISMATCH,     /* announced size differs from the expected one */
-    ECX_REASON_INVALID,           /* unusable mm_hash, size or announcement */
-    ECX_REASON_NO_ROOM,           /* no room in the local region */
-    ECX_REASON_NACK_MISSING,      /* the producer does not hold it */
-    ECX_REASON_NACK_INCOMPAT,     /* compatibility hashes differ */
-    ECX_REASON_NACK_VERSION,      /* connector versions differ */
-    ECX_REASON_NACK_INTERNAL,     /* producer error */
-    ECX_REASON_NOT_READY_TIMEOUT, /* still NOT_READY after the per-item wait */
-    ECX_REASON_ACK_TIMEOUT,       /* no ack within the ack timeout */
-    ECX_REASON_BAD_ACK,           /* ack unusable: counts, indices or metadata wrong */
-    ECX_REASON_READ_FAILED,       /* the data-plane READ failed */
-    ECX_REASON_QUARANTINED,       /* the READ overran its deadline */
-    ECX_REASON_SEND_FAILED,       /* the request could not be sent */
-    ECX_REASON_CORRUPT,           /* the bytes read do not match the producer's checksum */
-    ECX_REASON_LEASE_EXPIRED,     /* the READ ended after the producer's pin lease could have */
+#define ECX_REASON_ENUM_(name, meaning) ECX_REASON_##name,
+    ECX_REASONS(ECX_REASON_ENUM_)
+#undef ECX_REASON_ENUM_
     ECX_REASON_COUNT
 };
 
 /* "NACK_MISSING", "ACK_TIMEOUT", ...; "UNKNOWN" for anything else. */
-const char *ecx_reason_name(int reason);
+ECX_API const char *ecx_reason_name(int reason);
+
+/* ======================================================================
+ * Logging (process-wide)
+ * ====================================================================== */
+
+enum ecx_log_level { ECX_LOG_ERROR = 0, ECX_LOG_WARN = 1, ECX_LOG_INFO = 2, ECX_LOG_DEBUG = 3 };
+
+/* Receives one log line (no trailing newline; at most 1023 bytes) at a
+ * level. Calls are serialised by the library (fn need not be thread-safe)
+ * and may come from any thread that is inside an ecx call. fn must not
+ * call back into ecx on a context. */
+typedef void (*ecx_log_fn)(void *arg, int level, const char *line);
+
+/* Route every log line to fn (NULL: back to stderr, "ecx LEVEL: line"). */
+ECX_API void ecx_set_logger(ecx_log_fn fn, void *arg);
+/* Lines above level are dropped before they are formatted. The default is
+ * ECX_LOG_WARN, or what the ECX_LOG environment variable names (error,
+ * warn, info, debug) when the first line is logged. */
+ECX_API void ecx_set_log_level(int level);
+
+/* ======================================================================
+ * Compatibility hash
+ * ====================================================================== */
 
 /* Length of a compatibility hash in hex characters (SHA-256), without NUL. */
 #define ECX_COMPAT_HASH_HEX 64
@@ -136,52 +232,80 @@ const char *ecx_reason_name(int reason);
  * otherwise) and may contain NUL bytes, hence the explicit lengths.
  * out receives ECX_COMPAT_HASH_HEX characters and a terminating NUL.
  */
-int ecx_compat_hash(const char *vllm_version, size_t vllm_version_len, const char *model,
-                    size_t model_len, const char *dtype, size_t dtype_len,
-                    int64_t block_size_bytes, char out[ECX_COMPAT_HASH_HEX + 1]);
+ECX_API int ecx_compat_hash(const char *vllm_version, size_t vllm_version_len, const char *model,
+                            size_t model_len, const char *dtype, size_t dtype_len,
+                            int64_t block_size_bytes, char out[ECX_COMPAT_HASH_HEX + 1]);
 
 /* ======================================================================
- * The engine-facing context (src/connector.c)
- *
- * One context per engine, with a role: producer (serves its encodings),
- * consumer (fetches them), or both sharing one cache. Nothing runs in the
- * background: the engine calls ecx_poll() from its step loop, and every
- * timeout, ack and READ advances there.
+ * The engine-facing context
  * ====================================================================== */
 
 typedef struct ecx_ctx ecx_ctx;
 
 enum ecx_role { ECX_ROLE_PRODUCER = 1, ECX_ROLE_CONSUMER = 2, ECX_ROLE_BOTH = 3 };
 
-/* Defaults (SPEC §7), used by ecx_config_init(). */
+/* Longest mm_hash, in bytes, anywhere in ecx: saved, announced, requested,
+ * answered, fetched. 255 so that every mm_hash made of file-name-safe
+ * characters is also a file name (NAME_MAX). Longer ones are ECX_EINVAL
+ * from the API, NACK_MISSING from a producer, INVALID at a consumer. */
+#define ECX_MM_HASH_MAX 255
+
+/* Defaults: the one home of every default ecx_config_init() sets and the
+ * library's internals fall back on. */
 #define ECX_DEFAULT_LISTEN "127.0.0.1:5601"
 #define ECX_DEFAULT_REGION_BYTES (1ull << 30)
 #define ECX_DEFAULT_BLOCK_BYTES (1ull << 20)
 #define ECX_DEFAULT_VLLM_VERSION "0.11.0"
 #define ECX_DEFAULT_MODEL "llava-hf/llava-1.5-7b-hf"
 #define ECX_DEFAULT_DTYPE "bfloat16"
+#define ECX_DEFAULT_DATA "auto"
+#define ECX_DEFAULT_ACK_TIMEOUT_MS 2000
+#define ECX_DEFAULT_READ_TIMEOUT_MS 20000
+#define ECX_DEFAULT_QUARANTINE_MS 60000
+#define ECX_DEFAULT_ITEM_WAIT_MS 60000
+#define ECX_DEFAULT_TOMBSTONE_TTL_MS 600000
+#define ECX_DEFAULT_SESSION_IDLE_MS 30000
+#define ECX_DEFAULT_MAX_SESSIONS 256
+#define ECX_DEFAULT_LEASE_MS 30000
+#define ECX_DEFAULT_MAX_GRANTS 65536
+#define ECX_DEFAULT_MAX_CONN_GRANTS 1024
+#define ECX_DEFAULT_MAX_CONN_PIN_PCT 50
 
 typedef struct ecx_config {
-    int role;                  /* enum ecx_role */
-    const char *listen;        /* producer: "HOST:PORT" to bind (port 0: any free one) */
+    /* sizeof(ecx_config) as the caller was compiled: set by ecx_config_init.
+     * A library newer than the caller gives fields past it their defaults;
+     * an older one accepts a larger size only if every byte it does not
+     * know is zero. Always start from ecx_config_init(). */
+    size_t size;
+    int role;                   /* enum ecx_role; default consumer */
+    const char *listen;         /* producer: "HOST:PORT" to bind (port 0: any free one) */
     const char *advertise_host; /* producer: peer_host announced; NULL: the listen host,
                                    or 127.0.0.1 when that is a wildcard */
-    uint64_t region_bytes;     /* rounded down to whole blocks */
+    uint64_t region_bytes;      /* rounded down to whole blocks */
     uint64_t block_bytes;
-    const char *vllm_version;  /* compatibility factors: peers must agree */
+    const char *vllm_version;   /* compatibility factors: peers must agree */
     const char *model;
     const char *dtype;
-    const char *data;          /* data path: "auto" (shm + tcp), "shm", "tcp" or "ucx" */
-    const char *instance;      /* region instance name; NULL: unique per process start */
+    const char *data;           /* data path: "auto" (shm + tcp), "shm", "tcp" or "ucx" */
+    const char *instance;       /* region instance name; NULL: unique per process start */
     int rank;
-    int64_t ack_timeout_ms;    /* consumer: 2000 */
-    int64_t read_timeout_ms;   /* consumer: 20000 */
-    int64_t quarantine_ms;     /* consumer: 60000 */
-    int64_t item_wait_ms;      /* consumer: overall NOT_READY wait, 60000 */
-    int64_t lease_ms;          /* producer: pin lease, 30000 */
-    uint32_t max_conn_grants;  /* producer: active grants per consumer connection, 1024 */
-    uint32_t max_conn_pin_pct; /* producer: % of the region one connection's pins may
-                                  cover, 50 (1..100; see src/producer.h) */
+
+    /* Consumer timing (milliseconds; defaults ECX_DEFAULT_*). */
+    int64_t ack_timeout_ms;     /* request sent -> ack */
+    int64_t read_timeout_ms;    /* READ posted -> done */
+    int64_t quarantine_ms;      /* an overrun READ's blocks are held this long at most */
+    int64_t item_wait_ms;       /* overall NOT_READY wait per item */
+    int64_t tombstone_ttl_ms;   /* an unclaimed fallback answer is dropped after this */
+    int64_t session_idle_ms;    /* a producer session not busy this long is closed */
+    uint32_t max_sessions;      /* producer sessions (sockets) open at most */
+
+    /* Producer limits (defaults ECX_DEFAULT_*). */
+    int64_t lease_ms;           /* a granted item stays pinned this long at most */
+    uint32_t max_grants;        /* active grants in all */
+    uint32_t max_conn_grants;   /* active grants per consumer connection */
+    uint32_t max_conn_pin_pct;  /* % of the region one connection's pins may cover (1..100) */
+    uint32_t max_connections;   /* control-plane connections; 0: the soft fd limit less a
+                                   reserve */
 
     /* Authenticated, encrypted control plane (ZeroMQ CURVE), opt-in; all
      * NULL: plaintext, as the Python reference speaks. Keys are Z85 text
@@ -196,68 +320,177 @@ typedef struct ecx_config {
     size_t n_curve_allow;
 } ecx_config;
 
-void ecx_config_init(ecx_config *cfg);
+/* Every field to its default, and size to sizeof(ecx_config). */
+ECX_API void ecx_config_init(ecx_config *cfg);
 
-/* Create a context: region, cache, data plane, and the role's sessions.
- * A producer is listening when this returns. */
-int ecx_new(const ecx_config *cfg, ecx_ctx **out);
+/* Create a context: region, cache, data plane, and the role's sessions. A
+ * producer is listening when this returns. Every string is copied. Errors:
+ * ECX_EINVAL (a field out of range, or cfg not made by ecx_config_init;
+ * the log says which), region errors, ECX_ESYS. */
+ECX_API int ecx_new(const ecx_config *cfg, ecx_ctx **out);
 /* Release every grant and reservation, close every socket, remove the
- * region file. NULL is a no-op. */
-void ecx_free(ecx_ctx *ctx);
+ * region file. NULL is a no-op. See the threading rule above. */
+ECX_API void ecx_free(ecx_ctx *ctx);
 
-/* Advance everything; wait up to timeout_ms (0: don't wait, -1: until
- * something happens) if nothing was ready. Returns events handled, or a
- * negative error. */
-int ecx_poll(ecx_ctx *ctx, int timeout_ms);
+/* ---------- driving it: the engine's step, or a foreign event loop ---------- */
 
-/* The producer's bound port (useful with port 0). */
-int ecx_listen_port(const ecx_ctx *ctx);
+/* Advance everything: acks, READs, grants, timers. Waits up to timeout_ms
+ * (0: don't wait; -1: until something happens) if nothing was ready, and
+ * does not hold the context's lock while it waits. Returns the number of
+ * events handled, or a negative error. */
+ECX_API int ecx_poll(ecx_ctx *ctx, int timeout_ms);
 
-/* A place to write or read an encoding's bytes: one run of blocks. */
+/* For an engine with its own event loop: a file descriptor that becomes
+ * readable when ecx_poll() has work. Wait for it to be readable (level
+ * triggered; never read from it) for at most ecx_next_timeout() ms, then
+ * call ecx_poll(ctx, 0). Valid until ecx_free(). */
+ECX_API int ecx_fd(ecx_ctx *ctx);
+/* Milliseconds until ecx_poll() must run even if ecx_fd() stays quiet: 0
+ * if it has work now, -1 if no timer is pending. */
+ECX_API int ecx_next_timeout(ecx_ctx *ctx);
+
+/* The producer's bound port (useful with port 0); ECX_EDATA_ROLE for a
+ * consumer-only context. */
+ECX_API int ecx_listen_port(const ecx_ctx *ctx);
+
+/* Where the context's shared-memory region lives, so an engine can
+ * register it once (cudaHostRegister, ibv_reg_mr) and copy in batches.
+ * Every segment the API hands out lies inside [base, base + size_bytes). */
+typedef struct ecx_region_layout {
+    uint8_t *base;        /* valid until ecx_free() */
+    uint64_t size_bytes;  /* num_blocks * block_bytes */
+    uint64_t block_bytes;
+    uint64_t num_blocks;
+    const char *path;     /* the region file; valid until ecx_free() */
+} ecx_region_layout;
+
+ECX_API int ecx_region_info(const ecx_ctx *ctx, ecx_region_layout *out);
+
+/* Remove the region files of this user in dir (NULL: $ECX_SHM_DIR, else
+ * /dev/shm) whose owning process is gone. Returns how many were removed,
+ * or a negative error if dir cannot be read. ecx_new does this too. */
+ECX_API int ecx_reap_regions(const char *dir);
+
+/* ---------- items ---------- */
+
+/* A place to write or read an item's bytes: one run of blocks. An item's
+ * segments, in order, hold its bytes; only the last may be shorter than a
+ * whole number of blocks. */
 typedef struct ecx_segment {
     uint8_t *ptr;
     size_t len;
 } ecx_segment;
 
 /* Producer: reserve room for mm_hash's size_bytes (the entry starts not
- * ready) and get where to write it, as *n_segs segments in order (at most
- * cap; ECX_ERANGE if cap is too small, with *n_segs saying how many are
- * needed and nothing reserved). ECX_ECACHE_FULL if there is no room even
- * after evicting, ECX_ECACHE_EXISTS if it is already held. */
-int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes, ecx_segment *segs,
-                   size_t cap, size_t *n_segs);
+ * ready) and get where to write it: *segs points to *n_segs segments owned
+ * by the library, valid until ecx_save_commit() or ecx_save_abort().
+ * ECX_ECACHE_FULL if there is no room even after evicting,
+ * ECX_ECACHE_EXISTS if it is already held. */
+ECX_API int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes,
+                           const ecx_segment **segs, size_t *n_segs);
 /* The bytes are written: the entry becomes ready (and servable). */
-int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash);
+ECX_API int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash);
 /* Give up a save that was begun (not yet committed). */
-int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash);
+ECX_API int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash);
 /* begin + copy + commit in one call. */
-int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size_bytes);
+ECX_API int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size_bytes);
 
-/* Producer: the announcement of mm_hash for the orchestrator, as JSON:
- * {"peer_host":..,"peer_port":..,"size_bytes":..,"metadata":{}} if held
- * (ready or not), else {"metadata":{}}. Returns the length written (NUL
- * excluded), or ECX_ERANGE if cap is too small. */
-int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap);
+/* Where a held item can be fetched from: what the orchestrator passes from
+ * producer to consumer. peer_host is owned by the context (valid until
+ * ecx_free()). */
+typedef struct ecx_announcement {
+    const char *peer_host;
+    int peer_port;
+    uint64_t size_bytes;
+} ecx_announcement;
 
-/* Consumer: ask for mm_hash given its announcement (JSON text as above, or
- * NULL). expected_size is what the engine expects (0: accept the
- * announced size). Returns enum ecx_fetch_state; for ECX_FETCH_LOCAL,
- * *reason (enum ecx_reason) says why. Call again on a later step while it
- * is pending. */
-int ecx_fetch(ecx_ctx *ctx, const char *mm_hash, const char *announcement,
-              uint64_t expected_size, int *reason);
+/* Producer: the announcement of mm_hash (held, ready or not), or
+ * ECX_ECACHE_MISSING. */
+ECX_API int ecx_announce_info(ecx_ctx *ctx, const char *mm_hash, ecx_announcement *out);
+/* The same as the reference's JSON: {"peer_host":..,"peer_port":..,
+ * "size_bytes":..,"metadata":{}} if held, else {"metadata":{}}. *len gets
+ * its length (NUL excluded) always; if it does not fit cap bytes with the
+ * NUL, nothing is written and the call returns ECX_ERANGE. */
+ECX_API int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap, size_t *len);
 
-/* Consumer: pin a ready item and get its bytes as segments (as in
- * ecx_save_begin) and its size. The bytes stay put until ecx_release(). */
-int ecx_load(ecx_ctx *ctx, const char *mm_hash, ecx_segment *segs, size_t cap, size_t *n_segs,
-             uint64_t *size_bytes);
-int ecx_release(ecx_ctx *ctx, const char *mm_hash);
-/* load + copy into dst (cap bytes) + release; returns the size. */
-int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t cap);
+/* Consumer: ask for mm_hash given its announcement as JSON text (NULL or
+ * {"metadata":{}}: not announced). expected_size is what the engine
+ * expects (0: accept the announced size). Returns enum ecx_fetch_state;
+ * for ECX_FETCH_LOCAL, *reason (enum ecx_reason) says why. Call again on a
+ * later step while it is pending: an item already known is answered
+ * without looking at the announcement. */
+ECX_API int ecx_fetch(ecx_ctx *ctx, const char *mm_hash, const char *announcement,
+                      uint64_t expected_size, int *reason);
+/* The same without JSON: from (NULL: not announced). */
+ECX_API int ecx_fetch_from(ecx_ctx *ctx, const char *mm_hash, const ecx_announcement *from,
+                           uint64_t expected_size, int *reason);
 
-/* Metrics of this context in Prometheus text format. Returns the length
- * written (NUL excluded), or ECX_ERANGE if cap is too small. */
-int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap);
+/* Pin a ready item and get its bytes: *segs points to *n_segs segments
+ * owned by the library, valid until the matching ecx_release(); *size_bytes
+ * gets the item's size. Loads nest: each needs its own release. */
+ECX_API int ecx_load(ecx_ctx *ctx, const char *mm_hash, const ecx_segment **segs, size_t *n_segs,
+                     uint64_t *size_bytes);
+ECX_API int ecx_release(ecx_ctx *ctx, const char *mm_hash);
+/* load + copy into dst (cap bytes) + release; returns the size, or
+ * ECX_ERANGE (nothing copied) if cap is smaller. */
+ECX_API int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t cap);
+
+/* Metrics of this context in Prometheus text format. *len gets the text's
+ * length (NUL excluded) always; if it does not fit cap bytes with the NUL,
+ * nothing is written and the call returns ECX_ERANGE. */
+ECX_API int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len);
+
+/* ======================================================================
+ * The wire codec: XferReq / XferAck of protocol version 1, byte-identical
+ * to the Python reference's msgspec encoding (docs/PROTOCOL.md). For tools
+ * and tests that speak the control plane themselves.
+ * ====================================================================== */
+
+/* A view of bytes: into a decoded frame, or the caller's memory to encode. */
+typedef struct ecx_span {
+    const char *p;
+    size_t n;
+} ecx_span;
+
+typedef struct ecx_req {
+    ecx_span mm_hash;            /* required */
+    ecx_span compatibility_hash; /* required */
+    ecx_span session_id;         /* default "" */
+    int64_t connector_version;   /* default ECX_CONNECTOR_VERSION */
+} ecx_req;
+
+typedef struct ecx_ack {
+    ecx_span mm_hash;    /* required */
+    int status;          /* required, enum ecx_status */
+    ecx_span session_id; /* default "" */
+    size_t n_indices;    /* length of src_block_indices, default 0 */
+    /* Encoding: the n_indices values. Decoding: NULL; read them with
+     * ecx_wire_ack_indices(). */
+    const int64_t *indices;
+    ecx_span indices_raw;    /* decoding only: the validated array body */
+    ecx_span agent_metadata; /* default b"" */
+    ecx_span mem_descriptor; /* default b"" */
+} ecx_ack;
+
+/* Initialise with the defaults (empty strings, version 1, no indices). */
+ECX_API void ecx_req_init(ecx_req *r);
+ECX_API void ecx_ack_init(ecx_ack *a);
+
+/* Encode into buf (cap bytes); *len gets the frame's length always, and if
+ * it exceeds cap nothing is written and the call returns ECX_ERANGE.
+ * Refuses str fields that are not UTF-8 (ECX_EUTF8), a status outside
+ * 0..5 (ECX_EINVAL), and fields over 4 GiB (ECX_EWIRE_TOO_LARGE). */
+ECX_API int ecx_wire_encode_req(const ecx_req *r, void *buf, size_t cap, size_t *len);
+ECX_API int ecx_wire_encode_ack(const ecx_ack *a, void *buf, size_t cap, size_t *len);
+
+/* Decode one frame. On success the spans in *r / *a point into frame, which
+ * must outlive them. On failure returns an ECX_EWIRE_* code. */
+ECX_API int ecx_wire_decode_req(const void *frame, size_t len, ecx_req *r);
+ECX_API int ecx_wire_decode_ack(const void *frame, size_t len, ecx_ack *a);
+
+/* Copy a decoded ack's block indices into out (at most cap of them).
+ * Returns the number copied. */
+ECX_API size_t ecx_wire_ack_indices(const ecx_ack *a, int64_t *out, size_t cap);
 
 #ifdef __cplusplus
 }
