@@ -34,8 +34,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "ecx.h"
 #include "opts.h"
-#include "region.h"
 
 static const char HELP[] =
     "usage: ecx demo [options]\n"
@@ -92,7 +92,7 @@ typedef struct job {
 typedef struct child_stat {
     int started;
     int err;          /* ecx_new failed or similar */
-    uint64_t retries; /* ecxi_consumer_retries_total */
+    uint64_t retries; /* ecx_consumer_retries_total */
     double t0, t1;    /* first fetch, last outcome */
 } child_stat;
 
@@ -123,9 +123,7 @@ static void on_signal(int sig)
 
 static double now_s(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+    return mono_s();
 }
 
 static void sleep_ms(int ms)
@@ -255,17 +253,12 @@ static job *add_job(demo *d, const char *hash, uint64_t size, int scenario, int 
 /* Compare an item's bytes, in place, with its synthetic content. */
 static int verify_item(ecx_ctx *ctx, job *j, bool tamper, uint8_t *buf, size_t buf_len)
 {
-    ecx_segment one, *segs = &one;
+    const ecx_segment *segs; /* the library's, valid until ecx_release */
     size_t n;
     uint64_t size;
-    int rc = ecx_load(ctx, j->hash, segs, 1, &n, &size);
-    if (rc == ECX_ERANGE) {
-        if (!(segs = malloc(n * sizeof *segs))) return -1;
-        rc = ecx_load(ctx, j->hash, segs, n, &n, &size);
-    }
+    int rc = ecx_load(ctx, j->hash, &segs, &n, &size);
     if (rc) {
         fprintf(stderr, "demo consumer: %s: cannot load: %s\n", j->hash, ecx_strerror(rc));
-        if (segs != &one) free(segs);
         return -1;
     }
     if (tamper && n && segs[0].len) segs[0].ptr[segs[0].len / 2] ^= 0x5a;
@@ -285,29 +278,27 @@ static int verify_item(ecx_ctx *ctx, job *j, bool tamper, uint8_t *buf, size_t b
     }
     if (same && off != j->size) same = false;
     ecx_release(ctx, j->hash);
-    if (segs != &one) free(segs);
     return same ? 0 : -1;
 }
 
-/* ecxi_consumer_retries_total from the context's metrics. */
+/* ecx_consumer_retries_total from the context's metrics. */
 static uint64_t read_retries(ecx_ctx *ctx)
 {
     uint64_t v = 0;
-    size_t cap = 1 << 16;
-    for (int tries = 0; tries < 6; tries++, cap *= 2) {
-        char *buf = malloc(cap);
-        if (!buf) return 0;
-        int n = ecx_metrics(ctx, buf, cap);
-        if (n >= 0) {
-            const char *k = "\necx_consumer_retries_total ";
-            const char *p = strstr(buf, k);
-            if (p) v = strtoull(p + strlen(k), NULL, 10);
-            free(buf);
-            return v;
-        }
-        free(buf);
-        if (n != ECX_ERANGE) return 0;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) return 0;
+    int e = ecx_metrics(ctx, buf, cap, &len);
+    if (e == ECX_ERANGE) { /* len says how long the text is: grow once */
+        char *nb = realloc(buf, len + 1);
+        if (nb) buf = nb, e = ecx_metrics(ctx, buf, len + 1, &len);
     }
+    if (e == 0) {
+        const char *k = "\necx_consumer_retries_total ";
+        const char *p = strstr(buf, k);
+        if (p) v = strtoull(p + strlen(k), NULL, 10);
+    }
+    free(buf);
     return v;
 }
 
@@ -544,7 +535,8 @@ int cmd_demo(int argc, char **argv)
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     if (cpus < 1) cpus = 1;
     struct statvfs vfs;
-    const char *shm_root = ecxi_region_default_dir();
+    char shm_root[200]; /* copied: ECX_SHM_DIR is set to the demo's own directory below */
+    snprintf(shm_root, sizeof shm_root, "%s", shm_dir());
     double shm_free =
         statvfs(shm_root, &vfs) == 0 ? (double)vfs.f_bavail * (double)vfs.f_frsize : 0;
     bool items_given = d->items > 0;
@@ -669,7 +661,7 @@ cleanup:
     bool a_clean = d->prod_a && WIFEXITED(prod_a_status) && WEXITSTATUS(prod_a_status) == 0;
     /* The killed producer's region file is an orphan: reap it, then the
      * directory must be empty. */
-    ecxi_region_reap(d->shm);
+    ecx_reap_regions(d->shm);
     bool shm_clean = dir_empty(d->shm) && rmdir(d->shm) == 0;
     double secs = now_s() - t_start;
 

@@ -19,11 +19,10 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "ctrl.h"
+#include "ecx.h"
 #include "file.h"
 #include "keys.h"
 #include "opts.h"
-#include "util.h"
 
 static const char HELP[] =
     "usage: ecx serve [options]\n"
@@ -33,7 +32,7 @@ static const char HELP[] =
     "content (either or both):\n"
     "  --preload DIR          serve each regular file in DIR as one encoding: its\n"
     "                         mm_hash is the file name, its bytes the file's bytes.\n"
-    "                         Names outside [A-Za-z0-9._-] or over 128 bytes,\n"
+    "                         Names outside [A-Za-z0-9._-] or over 255 bytes,\n"
     "                         links and non-regular files are skipped, with a message;\n"
     "                         one that changes before it is read stops the start.\n"
     "  --synthetic COUNT:BYTES  serve COUNT encodings of BYTES each, item i with\n"
@@ -100,7 +99,7 @@ static void on_signal(int sig)
 
 /* One item to serve. */
 typedef struct item {
-    char hash[129];
+    char hash[ECX_MM_HASH_MAX + 1];
     char *path; /* preload: file path; NULL for synthetic */
     uint64_t size;
 } item;
@@ -137,7 +136,8 @@ static int scan_dir(const char *dir, items *it)
         const char *name = ents[i]->d_name;
         if (!strcmp(name, ".") || !strcmp(name, "..")) goto next;
         if (!item_name_ok(name)) {
-            fprintf(stderr, "ecx: skipping '%s': names must be 1..128 of [A-Za-z0-9._-]\n", name);
+            fprintf(stderr, "ecx: skipping '%s': names must be 1..%d of [A-Za-z0-9._-]\n", name,
+                    ECX_MM_HASH_MAX);
             goto next;
         }
         char path[4096];
@@ -164,7 +164,7 @@ static int scan_dir(const char *dir, items *it)
             rc = -1;
             goto next;
         }
-        memcpy(x->hash, name, strlen(name) + 1); /* name_ok: at most 128 bytes */
+        memcpy(x->hash, name, strlen(name) + 1); /* name_ok: at most ECX_MM_HASH_MAX bytes */
         x->size = (uint64_t)st.st_size;
     next:
         free(ents[i]);
@@ -174,7 +174,7 @@ static int scan_dir(const char *dir, items *it)
 }
 
 /* Read a preloaded file into its segments (no link followed, size checked). */
-static int load_file(const item *x, ecx_segment *segs, size_t n)
+static int load_file(const item *x, const ecx_segment *segs, size_t n)
 {
     uint64_t size;
     int fd = file_open("--preload", x->path, x->size, true, &size);
@@ -188,17 +188,12 @@ static int load_file(const item *x, ecx_segment *segs, size_t n)
 
 static int save_item(ecx_ctx *ctx, item *x, bool commit)
 {
-    ecx_segment *segs = NULL;
+    const ecx_segment *segs; /* the library's, valid until commit or abort */
     size_t n = 0;
-    int rc = ecx_save_begin(ctx, x->hash, x->size, NULL, 0, &n);
-    if (rc == ECX_ERANGE) { /* nothing was reserved; n says how many segments */
-        segs = malloc(n * sizeof *segs);
-        rc = segs ? ecx_save_begin(ctx, x->hash, x->size, segs, n, &n) : ECX_ENOMEM;
-    }
+    int rc = ecx_save_begin(ctx, x->hash, x->size, &segs, &n);
     if (rc) {
         fprintf(stderr, "ecx: cannot store %s (%llu bytes): %s\n", x->hash,
                 (unsigned long long)x->size, ecx_strerror(rc));
-        free(segs);
         return -1;
     }
     uint64_t off = 0;
@@ -208,26 +203,37 @@ static int save_item(ecx_ctx *ctx, item *x, bool commit)
     }
     if (x->path && load_file(x, segs, n)) {
         ecx_save_abort(ctx, x->hash);
-        free(segs);
         return -1;
     }
-    free(segs);
     return commit && ecx_save_commit(ctx, x->hash) ? -1 : 0;
 }
 
 static int write_announcements(ecx_ctx *ctx, const items *it, const char *path)
 {
     json_t *root = json_object();
-    char buf[1024];
-    for (size_t i = 0; i < it->n; i++) {
-        int n = ecx_announce(ctx, it->v[i].hash, buf, sizeof buf);
-        json_t *a = n > 0 ? json_loads(buf, 0, NULL) : NULL;
+    size_t cap = 1024, len = 0;
+    char *buf = malloc(cap);
+    for (size_t i = 0; buf && i < it->n; i++) {
+        int e = ecx_announce(ctx, it->v[i].hash, buf, cap, &len);
+        if (e == ECX_ERANGE) { /* len says how long it is: grow once */
+            char *nb = realloc(buf, len + 1);
+            if (nb) buf = nb, cap = len + 1, e = ecx_announce(ctx, it->v[i].hash, buf, cap, &len);
+        }
+        json_t *a = e == 0 ? json_loadb(buf, len, 0, NULL) : NULL;
         if (!a) {
+            fprintf(stderr, "ecx: cannot announce %s: %s\n", it->v[i].hash,
+                    e ? ecx_strerror(e) : "not JSON");
+            free(buf);
             json_decref(root);
             return -1;
         }
         json_object_set_new(root, it->v[i].hash, a);
     }
+    if (!buf) {
+        json_decref(root);
+        return -1;
+    }
+    free(buf);
     char tmp[4200];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
         fprintf(stderr, "ecx: --announce-out path too long\n");
@@ -259,20 +265,19 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         r = MHD_create_response_from_buffer(sizeof nf - 1, (void *)nf, MHD_RESPMEM_PERSISTENT);
         status = MHD_HTTP_NOT_FOUND;
     } else {
-        size_t cap = 16384;
-        char *buf = NULL;
-        int n = ECX_ERANGE;
-        while (n == ECX_ERANGE && cap <= (64u << 20)) {
-            free(buf);
-            if (!(buf = malloc(cap))) return MHD_NO;
-            n = ecx_metrics(ctx, buf, cap);
-            cap *= 2;
+        size_t cap = 16384, len = 0;
+        char *buf = malloc(cap);
+        if (!buf) return MHD_NO;
+        int e = ecx_metrics(ctx, buf, cap, &len);
+        if (e == ECX_ERANGE) { /* len says how long the text is: grow once */
+            char *nb = realloc(buf, len + 1);
+            if (nb) buf = nb, e = ecx_metrics(ctx, buf, len + 1, &len);
         }
-        if (n < 0) {
+        if (e) {
             free(buf);
             return MHD_NO;
         }
-        r = MHD_create_response_from_buffer((size_t)n, buf, MHD_RESPMEM_MUST_FREE);
+        r = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
         MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
     }
     enum MHD_Result ok = MHD_queue_response(conn, status, r);
@@ -290,7 +295,7 @@ static struct MHD_Daemon *start_metrics(const char *addr, ecx_ctx *ctx)
 {
     char host[256];
     int port;
-    if (ecxi_ctrl_parse_addr(addr, host, &port)) {
+    if (parse_host_port(addr, host, &port)) {
         fprintf(stderr, "ecx: --metrics takes HOST:PORT, not '%s'\n", addr);
         return NULL;
     }
@@ -368,7 +373,7 @@ int cmd_serve(int argc, char **argv)
     bool region_given = false;
     const char *announce = NULL, *metrics = NULL;
     const char *curve_secret_path = NULL, *curve_allow_path = NULL;
-    char curve_sec[ECX_CTRL_KEY_Z85 + 1] = "";
+    char curve_sec[KEY_Z85_LEN + 1] = "";
     key_list allow = {0};
     int64_t delay = 0, lease = 30000, conn_grants = 1024, conn_pin = 100;
     items it = {0};
@@ -445,12 +450,12 @@ int cmd_serve(int argc, char **argv)
     if (announce && write_announcements(ctx, &it, announce)) goto out;
     fprintf(stderr, "ecx: serving %zu item(s) on port %d\n", it.n, ecx_listen_port(ctx));
 
-    int64_t ready_at = ecxi_now_ms(NULL) + delay;
+    double ready_at = mono_s() + (double)delay / 1000;
     bool all_ready = delay == 0;
     while (!stop) {
         ecx_poll(ctx, 20);
         if (http) MHD_run(http);
-        if (!all_ready && ecxi_now_ms(NULL) >= ready_at) {
+        if (!all_ready && mono_s() >= ready_at) {
             for (size_t i = 0; i < it.n; i++) ecx_save_commit(ctx, it.v[i].hash);
             all_ready = true;
         }
