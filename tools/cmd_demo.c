@@ -284,22 +284,21 @@ static int verify_item(ecx_ctx *ctx, job *j, bool tamper, uint8_t *buf, size_t b
 /* ecx_consumer_retries_total from the context's metrics. */
 static uint64_t read_retries(ecx_ctx *ctx)
 {
-    uint64_t v = 0;
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    if (!buf) return 0;
-    int e = ecx_metrics(ctx, buf, cap, &len);
-    if (e == ECX_ERANGE) { /* len says how long the text is: grow once */
-        char *nb = realloc(buf, len + 1);
-        if (nb) buf = nb, e = ecx_metrics(ctx, buf, len + 1, &len);
+    size_t len = 1 << 16;
+    for (int tries = 0; tries < 3; tries++) { /* the text may grow between calls */
+        char *buf = malloc(len + 1);
+        if (!buf) return 0;
+        int n = ecx_metrics(ctx, buf, len + 1, &len);
+        uint64_t v = 0;
+        if (n >= 0) {
+            const char *k = "\necx_consumer_retries_total ";
+            const char *p = strstr(buf, k);
+            if (p) v = strtoull(p + strlen(k), NULL, 10);
+        }
+        free(buf);
+        if (n != ECX_ERANGE) return v;
     }
-    if (e == 0) {
-        const char *k = "\necx_consumer_retries_total ";
-        const char *p = strstr(buf, k);
-        if (p) v = strtoull(p + strlen(k), NULL, 10);
-    }
-    free(buf);
-    return v;
+    return 0;
 }
 
 /* Count this child in at gate[k] and wait (bounded) until all n are in,

@@ -265,15 +265,15 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         r = MHD_create_response_from_buffer(sizeof nf - 1, (void *)nf, MHD_RESPMEM_PERSISTENT);
         status = MHD_HTTP_NOT_FOUND;
     } else {
-        size_t cap = 16384, len = 0;
-        char *buf = malloc(cap);
-        if (!buf) return MHD_NO;
-        int e = ecx_metrics(ctx, buf, cap, &len);
-        if (e == ECX_ERANGE) { /* len says how long the text is: grow once */
-            char *nb = realloc(buf, len + 1);
-            if (nb) buf = nb, e = ecx_metrics(ctx, buf, len + 1, &len);
+        size_t len = 16383;
+        char *buf = NULL;
+        int rc = ECX_ERANGE;
+        for (int tries = 0; rc == ECX_ERANGE && tries < 3; tries++) { /* grows between calls */
+            free(buf);
+            if (!(buf = malloc(len + 1))) return MHD_NO;
+            rc = ecx_metrics(ctx, buf, len + 1, &len);
         }
-        if (e) {
+        if (rc) {
             free(buf);
             return MHD_NO;
         }
