@@ -81,8 +81,14 @@ static int store(ecx_ctx *ctx, want *w, const char *path, bool verify)
         w->bad = true;
         return -1;
     }
+    /* The temporary file sits beside the output under a short name of its
+     * own, so an output name of NAME_MAX bytes still has one. */
+    static unsigned long seq;
     char tmp[4300];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
+    const char *slash = strrchr(path, '/');
+    int dir_len = slash ? (int)(slash - path + 1) : 0;
+    if (snprintf(tmp, sizeof tmp, "%.*s.ecx-get.%d.%lu.tmp", dir_len, path, (int)getpid(),
+                 ++seq) >= (int)sizeof tmp) {
         fprintf(stderr, "ecx: output path too long\n");
         ecx_release(ctx, w->hash);
         w->bad = true;
