@@ -1,6 +1,6 @@
 /*
  * cache — which mm_hash owns which blocks of a region, and in what state
- * (SPEC §2, §4.1). It owns the bookkeeping only, never the bytes: the
+ * (docs/PROTOCOL.md §2, §4.1). It owns the bookkeeping only, never the bytes: the
  * region holds those, and whoever reserves an entry writes into its blocks.
  * Producer and consumer both keep one, over their own region; in ec_both
  * mode one cache is shared by both roles, so every call takes an internal

@@ -603,6 +603,7 @@ static int save_begin(ecx_ctx *ctx, const char *h, uint64_t size, const ecx_segm
 {
     uint64_t blocks = (size - 1) / ctx->block_bytes + 1;
     size_t hl = strlen(h);
+    if (!ecxi_utf8_valid(h, hl)) return ECX_EUTF8; /* a str on the wire: never servable */
     int rc = ecxi_cache_reserve(ctx->cache, h, hl, blocks);
     if (rc) return rc;
     open_item *it = NULL;

@@ -273,7 +273,7 @@ static bool evict_one(ecxi_consumer *c, int64_t now)
     return true;
 }
 
-/* Close a session whose producer connection was lost (SPEC §5: waiting
+/* Close a session whose producer connection was lost (docs/PROTOCOL.md §5: waiting
  * transfers become retryable, reading ones are quarantined). A later
  * contact opens a fresh socket and session id. */
 static bool retire_if_lost(ecxi_consumer *c, session *s, int64_t now)

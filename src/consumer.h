@@ -1,5 +1,5 @@
 /*
- * consumer — the consumer sessions (SPEC §5): one session per producer
+ * consumer — the consumer sessions (docs/PROTOCOL.md §5): one session per producer
  * address, and one state machine per transfer.
  *
  *   WAITING_ACK --OK ack, valid--> READING --read done, verified--> DONE (entry ready)

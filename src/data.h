@@ -1,6 +1,6 @@
 /*
  * data — the data plane: moving one granted item from a producer's blocks
- * into the consumer's blocks, and the completion back (SPEC §2, §6).
+ * into the consumer's blocks, and the completion back (docs/PROTOCOL.md §2, §6).
  *
  * This is the one small interface the sessions use, whatever moves the
  * bytes. A producer context publishes agent_metadata (how to reach it) and,

@@ -325,7 +325,7 @@ static void reply(ecxi_producer *p, const ecx_ack *a)
 static void nack(ecxi_producer *p, ecx_span hash, int status, const char *why)
 {
     p->st.nacks[status]++;
-    /* Expected outcomes are info, the rest warnings (SPEC §3). */
+    /* Expected outcomes are info, the rest warnings (docs/PROTOCOL.md §3). */
     int level = status == ECX_STATUS_NACK_MISSING || status == ECX_STATUS_NACK_NOT_READY
                     ? ECX_LOG_INFO
                     : ECX_LOG_WARN;

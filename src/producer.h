@@ -1,8 +1,8 @@
 /*
- * producer — the producer session (SPEC §4.3–§4.5): answers each XferReq,
+ * producer — the producer session (docs/PROTOCOL.md §4.3–§4.5): answers each XferReq,
  * holds the pins it grants, and lets them go.
  *
- * A request is checked in the SPEC's order: connector_version != 1 →
+ * A request is checked in the order of docs/PROTOCOL.md §4.3: connector_version != 1 →
  * NACK_VERSION; compatibility hash differs → NACK_INCOMPAT; empty
  * session_id → NACK_INTERNAL (grants are keyed by session_id:mm_hash, so
  * an empty id would alias two consumers); no entry → NACK_MISSING; not

@@ -1,5 +1,5 @@
 /* test_sessions — producer and consumer sessions driven through every
- * transition of SPEC §4–§5, in one process: real ZeroMQ sockets on
+ * transition of docs/PROTOCOL.md §4–§5, in one process: real ZeroMQ sockets on
  * loopback, real regions in a private /dev/shm directory, the real
  * same-host data path, and a fake clock for the timeouts. Faults the real
  * data path cannot produce on demand (a READ that fails or never ends) come
