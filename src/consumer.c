@@ -382,8 +382,18 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         s->dpeer = NULL;
         c->st.peer_restarts++;
     }
-    int rc;
-    if (!s->dpeer && (rc = ecxi_data_peer_add(c->data, meta, ml, desc, dl, &s->dpeer))) {
+    /* The descriptor is parsed here, once: the registration and the READ
+     * take the parsed form (its lease and checksum are kept below). */
+    ecxi_data_desc dd;
+    int rc = ecxi_data_desc_decode(desc, dl, &dd);
+    if (!rc && !dd.has_ticket) rc = ECX_EDATA_DESC;
+    if (rc) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: unusable mem_descriptor from %s:%d: %s",
+                            s->host, s->port, ecx_strerror(rc));
+        tombstone(c, x, ECX_REASON_BAD_ACK, now);
+        return;
+    }
+    if (!s->dpeer && (rc = ecxi_data_peer_add(c->data, meta, ml, &dd, &s->dpeer))) {
         /* Metadata we cannot use is a bad ack; a producer we cannot reach
          * with good metadata (it died after acking, say) is a failed READ. */
         bool bad = rc == ECX_EDATA_META || rc == ECX_EDATA_DESC || rc == ECX_EDATA_VERSION ||
@@ -417,13 +427,10 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
     }
     for (size_t i = 0; i < n; i++)
         c->local[i] = (uint64_t)c->idx[i];
-    ecxi_data_ticket t;
     char key[ECX_DATA_NOTIF_MAX];
     int kl = snprintf(key, sizeof key, "%s:%.*s", s->sid, (int)x->hash_len, x->hash);
-    rc = ecxi_data_desc_ticket(desc, dl, &t);
-    if (!rc)
-        rc = ecxi_data_read_post(s->dpeer, desc, dl, c->remote, c->local, n, x->size_bytes, key,
-                                (size_t)kl, &x->dx);
+    rc = ecxi_data_read_post(s->dpeer, &dd, c->remote, c->local, n, x->size_bytes, key,
+                             (size_t)kl, &x->dx);
     if (rc) {
         x->dx = NULL;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: READ of %.*s not posted: %s", (int)x->hash_len,
@@ -436,9 +443,10 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
     /* The producer may reuse the blocks once its lease runs out, which it
      * counts from before we saw the ack: the bytes must be in, and
      * verified, by our receipt + lease - a margin, or they are not used. */
-    int64_t margin = t.lease_ms / 10 < 1000 ? t.lease_ms / 10 : 1000;
-    x->lease_end_ms = now + (int64_t)t.lease_ms - margin;
-    x->checksum = t.checksum;
+    const ecxi_data_ticket *t = &dd.ticket;
+    int64_t margin = t->lease_ms / 10 < 1000 ? t->lease_ms / 10 : 1000;
+    x->lease_end_ms = now + (int64_t)t->lease_ms - margin;
+    x->checksum = t->checksum;
     x->state = READING;
     x->deadline_ms = now + c->o.read_timeout_ms;
     if (x->deadline_ms > x->lease_end_ms) x->deadline_ms = x->lease_end_ms;

@@ -61,9 +61,6 @@
 
 typedef struct ecxi_consumer ecxi_consumer;
 
-/* Longest mm_hash a consumer fetches: "{uuid}:{mm_hash}" must fit a
- * notification. */
-#define ECX_MM_HASH_MAX 256
 
 typedef struct ecxi_consumer_opts {
     void *zctx;               /* ZeroMQ context for the sessions' sockets */
