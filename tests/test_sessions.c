@@ -855,10 +855,12 @@ static void test_grant_belongs_to_connection(void **state)
     ecx_ack ack;
     assert_int_equal(ecx_wire_decode_ack(buf, n, &ack), 0);
     assert_int_equal(ack.status, ECX_STATUS_OK);
-    ecxi_data_ticket t;
-    assert_int_equal(ecxi_data_desc_ticket((const uint8_t *)ack.mem_descriptor.p,
-                                          ack.mem_descriptor.n, &t),
+    ecxi_data_desc dd;
+    assert_int_equal(ecxi_data_desc_decode((const uint8_t *)ack.mem_descriptor.p,
+                                           ack.mem_descriptor.n, &dd),
                      0);
+    assert_true(dd.has_ticket);
+    ecxi_data_ticket t = dd.ticket;
     assert_int_equal(t.nbytes, 100);
     assert_int_equal(t.lease_ms, 30000);
     /* Another connection asks with the same session id: refused. */
@@ -898,11 +900,11 @@ static void test_grant_belongs_to_connection(void **state)
     assert_int_equal(ecx_wire_decode_ack(buf, n, &ack), 0);
     assert_int_equal(ack.status, ECX_STATUS_OK);
     assert_int_equal(ecxi_producer_get_stats(w->prod).regrants, 1);
-    ecxi_data_ticket t2;
-    assert_int_equal(ecxi_data_desc_ticket((const uint8_t *)ack.mem_descriptor.p,
-                                          ack.mem_descriptor.n, &t2),
+    assert_int_equal(ecxi_data_desc_decode((const uint8_t *)ack.mem_descriptor.p,
+                                           ack.mem_descriptor.n, &dd),
                      0);
-    assert_memory_not_equal(t.token, t2.token, ECX_DATA_TOKEN_LEN); /* a fresh token */
+    assert_true(dd.has_ticket);
+    assert_memory_not_equal(t.token, dd.ticket.token, ECX_DATA_TOKEN_LEN); /* a fresh token */
     zmq_close(a.sock);
     zmq_close(b.sock);
     world_free(w);
