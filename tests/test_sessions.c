@@ -262,7 +262,7 @@ static void test_fetch_sizes(void **state)
     assert_int_equal(ecxi_cache_lookup(w->P.cache, "largest", 7, &info), 0);
     assert_int_equal(info.pins, 0); /* the notification unpinned it */
     ecxi_consumer_stats cs = ecxi_consumer_get_stats(w->cons);
-    assert_int_equal(cs.ready, 4);
+    assert_int_equal(cs.ready, 5);
     assert_int_equal(cs.in_flight, 0);
     world_free(w);
 }
