@@ -62,6 +62,8 @@
 typedef struct ecxi_ctrl_opts {
     int64_t max_frame_bytes;  /* inbound frame cap; default ECX_CTRL_MAX_REQUEST (server),
                                  ECX_CTRL_MAX_FRAME (peer) */
+    /* Heartbeats are the control plane's own (no ecx_config knob, so no
+     * ECX_DEFAULT_* in ecx.h); their defaults live in ctrl.c. */
     int heartbeat_ivl_ms;     /* DEALER only; default 2000 */
     int heartbeat_timeout_ms; /* default 4000 */
     int heartbeat_ttl_ms;     /* default 8000 */
