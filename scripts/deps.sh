@@ -8,6 +8,7 @@ PKGS=(
   libzmq3-dev libmsgpack-dev libsodium-dev libjansson-dev libcmocka-dev
   libucx-dev ucx-utils libxxhash-dev iproute2 libmicrohttpd-dev
   python3 python3-zmq python3-msgpack
+  valgrind
 )
 
 missing=()
