@@ -819,21 +819,76 @@ int ecxi_cache_pin_if_ready(ecxi_cache *c, const char *key, size_t key_len)
     return rc;
 }
 
+static void info_of(const ecxi_cache *c, const struct entry *e, ecxi_cache_info *info)
+{
+    info->state = e->state == ST_READY ? ECX_CACHE_READY : ECX_CACHE_NOT_READY;
+    info->pins = e->pins;
+    info->n_blocks = e->n_blocks;
+    info->size_bytes = e->size_bytes;
+    info->checksum = c->sums[e - c->ents];
+}
+
+/* out[0..e->n_blocks): the entry's block indices, ascending. */
+static void blocks_of(const ecxi_cache *c, const struct entry *e, int64_t *out)
+{
+    size_t i = 0;
+    for (uint32_t s = e->head; s != NIL; s = c->b[s].next)
+        for (uint32_t b = 0; b < c->b[s].len; b++)
+            out[i++] = (int64_t)s + b;
+}
+
+int ecxi_cache_pin_ready_blocks(ecxi_cache *c, const char *key, size_t key_len,
+                               ecxi_cache_info *info, int64_t *out, size_t cap, size_t *n_blocks,
+                               uint32_t *ref)
+{
+    if (!c || !key_ok(key, key_len) || !info || (cap && !out) || !n_blocks || !ref)
+        return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    uint32_t id;
+    struct entry *e = find_locked(c, key, key_len, &id, NULL);
+    int rc = !e                     ? ECX_ECACHE_MISSING
+             : e->state != ST_READY ? ECX_ECACHE_NOT_READY
+                                    : 0;
+    if (!rc) {
+        *n_blocks = e->n_blocks;
+        if (cap < e->n_blocks) rc = ECX_ERANGE;
+    }
+    if (!rc && !(rc = pin_locked(c, id))) {
+        info_of(c, e, info);
+        blocks_of(c, e, out);
+        *ref = id;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+static int unpin_locked(ecxi_cache *c, uint32_t id)
+{
+    struct entry *e = &c->ents[id];
+    if (e->pins == 0) return ECX_ECACHE_STATE;
+    if (--e->pins == 0) {
+        c->n_pinned--;
+        if (e->state == ST_READY) fifo_push(c, id);
+    }
+    return 0;
+}
+
+int ecxi_cache_unpin_ref(ecxi_cache *c, uint32_t ref)
+{
+    if (!c) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    int rc = ref < c->ents_used && c->ents[ref].state != SLOT_UNUSED ? unpin_locked(c, ref)
+                                                                     : ECX_ECACHE_STATE;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 int ecxi_cache_unpin(ecxi_cache *c, const char *key, size_t key_len)
 {
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
-    int rc = 0;
     uint32_t id;
-    struct entry *e = find_locked(c, key, key_len, &id, NULL);
-    if (!e) {
-        rc = ECX_ECACHE_MISSING;
-    } else if (e->pins == 0) {
-        rc = ECX_ECACHE_STATE;
-    } else if (--e->pins == 0) {
-        c->n_pinned--;
-        if (e->state == ST_READY) fifo_push(c, id);
-    }
+    int rc = find_locked(c, key, key_len, &id, NULL) ? unpin_locked(c, id) : ECX_ECACHE_MISSING;
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
@@ -882,13 +937,7 @@ int ecxi_cache_lookup(ecxi_cache *c, const char *key, size_t key_len, ecxi_cache
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
     struct entry *e = find_locked(c, key, key_len, NULL, NULL);
-    if (e && info) {
-        info->state = e->state == ST_READY ? ECX_CACHE_READY : ECX_CACHE_NOT_READY;
-        info->pins = e->pins;
-        info->n_blocks = e->n_blocks;
-        info->size_bytes = e->size_bytes;
-        info->checksum = c->sums[e - c->ents];
-    }
+    if (e && info) info_of(c, e, info);
     pthread_mutex_unlock(&c->mu);
     return e ? 0 : ECX_ECACHE_MISSING;
 }
@@ -924,14 +973,10 @@ int ecxi_cache_blocks(ecxi_cache *c, const char *key, size_t key_len, int64_t *o
         rc = ECX_ECACHE_MISSING;
     } else {
         if (n_blocks) *n_blocks = e->n_blocks;
-        if (cap < e->n_blocks) {
+        if (cap < e->n_blocks)
             rc = ECX_ERANGE;
-        } else {
-            size_t i = 0;
-            for (uint32_t s = e->head; s != NIL; s = c->b[s].next)
-                for (uint32_t b = 0; b < c->b[s].len; b++)
-                    out[i++] = (int64_t)s + b;
-        }
+        else
+            blocks_of(c, e, out);
     }
     pthread_mutex_unlock(&c->mu);
     return rc;

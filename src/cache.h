@@ -112,6 +112,21 @@ int ecxi_cache_pin(ecxi_cache *c, const char *key, size_t key_len);
  * ECX_ECACHE_NOT_READY, ready -> pinned, 0. */
 int ecxi_cache_pin_if_ready(ecxi_cache *c, const char *key, size_t key_len);
 
+/* The producer's grant in one lookup: pin_if_ready, and on success fill
+ * *info and out[0..n_blocks) as ecxi_cache_lookup() and ecxi_cache_blocks()
+ * would, and set *ref, which names the pinned entry for
+ * ecxi_cache_unpin_ref(). Errors as pin_if_ready, and ECX_ERANGE if cap <
+ * the entry's block count (*n_blocks says how many; nothing pinned). A ref
+ * stays the entry's while the pin is held (a pinned entry is neither
+ * evicted nor discarded). */
+int ecxi_cache_pin_ready_blocks(ecxi_cache *c, const char *key, size_t key_len,
+                               ecxi_cache_info *info, int64_t *out, size_t cap, size_t *n_blocks,
+                               uint32_t *ref);
+/* Drop the pin taken by ecxi_cache_pin_ready_blocks(), as
+ * ecxi_cache_unpin() does with the key, without hashing it.
+ * ECX_ECACHE_STATE if ref names no pinned entry. */
+int ecxi_cache_unpin_ref(ecxi_cache *c, uint32_t ref);
+
 /* Drop a pin; at zero a ready entry becomes evictable (at the FIFO tail).
  * ECX_ECACHE_MISSING, ECX_ECACHE_STATE if it has no pins. */
 int ecxi_cache_unpin(ecxi_cache *c, const char *key, size_t key_len);

@@ -26,6 +26,7 @@ typedef struct grant {
     uint64_t *blocks; /* item order; the buffer stays with the record when pooled */
     size_t n_blocks, blocks_cap;
     bool claimed; /* its bytes were handed to the data plane once */
+    uint32_t cache_ref; /* the pinned cache entry (ecxi_cache_unpin_ref) */
     uint8_t token[ECX_DATA_TOKEN_LEN];
     uint32_t hash_off; /* mm_hash starts at key + hash_off */
     uint32_t key_len;
@@ -74,6 +75,13 @@ struct ecxi_producer {
 static grant *grant_find(const ecxi_producer *p, const char *key, size_t len)
 {
     ecxi_table_node *n = ecxi_table_find(&p->grants, key, len);
+    return n ? ECX_CONTAINER_OF(n, grant, node) : NULL;
+}
+
+/* The same for a key already hashed (h = ecxi_table_hash(&p->grants, ...)). */
+static grant *grant_find_hashed(const ecxi_producer *p, uint64_t h, const char *key, size_t len)
+{
+    ecxi_table_node *n = ecxi_table_find_hashed(&p->grants, h, key, len);
     return n ? ECX_CONTAINER_OF(n, grant, node) : NULL;
 }
 
@@ -167,16 +175,17 @@ static void grant_unlink(ecxi_producer *p, grant *g)
 /* Drop a grant and the pin it holds. */
 static void grant_release(ecxi_producer *p, grant *g)
 {
-    int rc = ecxi_cache_unpin(p->cache, g->key + g->hash_off, g->key_len - g->hash_off);
+    int rc = ecxi_cache_unpin_ref(p->cache, g->cache_ref);
     if (rc)
         ecxi_log(ECX_LOG_ERROR, "producer: unpin of a granted entry failed: %s", ecx_strerror(rc));
     grant_unlink(p, g);
 }
 
-/* A grant record for blocks p->idx[0..n), from the pool; NULL if memory
- * runs out. */
-static grant *grant_add(ecxi_producer *p, conn *c, ecx_span sid, ecx_span hash, size_t n,
-                        uint64_t nbytes, int64_t now)
+/* A grant record for blocks p->idx[0..n) of the cache entry pinned as ref,
+ * keyed "sid:hash" whose hash in the grant table is kh, from the pool;
+ * NULL if memory runs out. */
+static grant *grant_add(ecxi_producer *p, conn *c, ecx_span sid, ecx_span hash, uint64_t kh,
+                        size_t n, uint64_t nbytes, uint32_t ref, int64_t now)
 {
     grant *g = p->free_list;
     if (g) {
@@ -196,6 +205,7 @@ static grant *grant_add(ecxi_producer *p, conn *c, ecx_span sid, ecx_span hash, 
         g->blocks[i] = (uint64_t)p->idx[i];
     g->n_blocks = n;
     g->nbytes = nbytes;
+    g->cache_ref = ref;
     g->claimed = false;
     randombytes_buf(g->token, sizeof g->token);
     memcpy(g->key, sid.p, sid.n);
@@ -207,7 +217,7 @@ static grant *grant_add(ecxi_producer *p, conn *c, ecx_span sid, ecx_span hash, 
     g->expires_ms = now + p->o.lease_ms;
     g->node.key = g->key;
     g->node.key_len = g->key_len;
-    ecxi_table_insert(&p->grants, &g->node);
+    ecxi_table_insert_hashed(&p->grants, &g->node, kh);
     g->prev = p->newest, g->next = NULL;
     if (p->newest)
         p->newest->next = g;
@@ -338,15 +348,17 @@ static void nack(ecxi_producer *p, ecx_span hash, int status, const char *why)
     reply(p, &a);
 }
 
-/* Copy the entry's block indices into p->idx, growing it if needed. */
-static int entry_blocks(ecxi_producer *p, ecx_span hash, size_t *n)
+/* Pin the entry if it is ready and copy its block indices into p->idx,
+ * growing it if needed (ecxi_cache_pin_ready_blocks). */
+static int pin_blocks(ecxi_producer *p, ecx_span hash, ecxi_cache_info *info, size_t *n,
+                      uint32_t *ref)
 {
-    int rc = ecxi_cache_blocks(p->cache, hash.p, hash.n, p->idx, p->idx_cap, n);
+    int rc = ecxi_cache_pin_ready_blocks(p->cache, hash.p, hash.n, info, p->idx, p->idx_cap, n, ref);
     if (rc != ECX_ERANGE) return rc;
     int64_t *bigger = realloc(p->idx, *n * sizeof *bigger);
     if (!bigger) return ECX_ENOMEM;
     p->idx = bigger, p->idx_cap = *n;
-    return ecxi_cache_blocks(p->cache, hash.p, hash.n, p->idx, p->idx_cap, n);
+    return ecxi_cache_pin_ready_blocks(p->cache, hash.p, hash.n, info, p->idx, p->idx_cap, n, ref);
 }
 
 static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
@@ -374,11 +386,14 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
         return;
     }
 
+    /* The grant's key, hashed once: for the lookup and for the insert. */
     char key[ECX_DATA_NOTIF_MAX];
+    size_t key_len = r->session_id.n + 1 + r->mm_hash.n;
     memcpy(key, r->session_id.p, r->session_id.n);
     key[r->session_id.n] = ':';
     memcpy(key + r->session_id.n + 1, r->mm_hash.p, r->mm_hash.n);
-    grant *old = grant_find(p, key, r->session_id.n + 1 + r->mm_hash.n);
+    uint64_t kh = ecxi_table_hash(&p->grants, key, key_len);
+    grant *old = grant_find_hashed(p, kh, key, key_len);
     conn *c = conn_find(p, p->msg.identity, p->msg.identity_len);
     if (old && old->owner != c) {
         /* Only the connection that holds a grant may replace it. */
@@ -389,7 +404,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     if (old) { /* the consumer asked again: its old pin goes first */
         grant_release(p, old);
         p->st.regrants++;
-        c = conn_find(p, p->msg.identity, p->msg.identity_len); /* pooled with its last grant */
+        if (c->count == 0) c = NULL; /* pooled with its last grant */
     }
     /* Per-connection cap, then the shared table (see producer.h). */
     uint32_t held = c ? c->count : 0;
@@ -410,7 +425,14 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
         evict = true; /* below its share: the heaviest connection makes room */
     }
 
-    int rc = ecxi_cache_pin_if_ready(p->cache, r->mm_hash.p, r->mm_hash.n);
+    /* One cache lookup pins the entry and reads its size, checksum and
+     * blocks; the grant then unpins it by reference. */
+    size_t n = 0;
+    grant *g = NULL;
+    ecxi_cache_info info;
+    uint32_t ref = 0;
+    long dl = 0;
+    int rc = pin_blocks(p, r->mm_hash, &info, &n, &ref);
     if (rc == ECX_ECACHE_MISSING || rc == ECX_EINVAL) {
         nack(p, r->mm_hash, ECX_STATUS_NACK_MISSING, "not held");
         return;
@@ -423,21 +445,11 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, ecx_strerror(rc));
         return;
     }
-
-    size_t n = 0;
-    grant *g = NULL;
-    ecxi_cache_info info;
-    long dl = 0;
-    if ((rc = ecxi_cache_lookup(p->cache, r->mm_hash.p, r->mm_hash.n, &info))) {
-        ecxi_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
-        nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, ecx_strerror(rc));
-        return;
-    }
     /* A connection's pins stay within its share of the region, except that
      * one holding none may always take one item (else a big item could
      * never be served). */
     if (c && c->blocks && c->blocks + info.n_blocks > p->pin_limit) {
-        ecxi_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
+        ecxi_cache_unpin_ref(p->cache, ref);
         p->st.refused_conn_pins++;
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "connection pins too many blocks");
         return;
@@ -452,8 +464,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
         grant_release(p, heavy->oldest);
     }
     if (!c) c = conn_get(p);
-    if (c && !(rc = entry_blocks(p, r->mm_hash, &n)))
-        g = grant_add(p, c, r->session_id, r->mm_hash, n, info.size_bytes, now);
+    if (c) g = grant_add(p, c, r->session_id, r->mm_hash, kh, n, info.size_bytes, ref, now);
     if (c && !g) conn_put(p, c); /* a record created for nothing goes back */
     if (g) {
         ecxi_data_ticket t = {.checksum = info.checksum,
@@ -466,8 +477,8 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
         if (g)
             grant_release(p, g);
         else
-            ecxi_cache_unpin(p->cache, r->mm_hash.p, r->mm_hash.n);
-        rc = dl < 0 ? (int)dl : rc ? rc : ECX_ENOMEM;
+            ecxi_cache_unpin_ref(p->cache, ref);
+        rc = dl < 0 ? (int)dl : ECX_ENOMEM;
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, ecx_strerror(rc));
         return;
     }
