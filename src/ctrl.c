@@ -39,6 +39,7 @@ struct ecxi_ctrl_server {
     uint8_t (*allow)[32]; /* allowed client public keys, binary */
     size_t n_allow;
     int port;
+    unsigned events_countdown; /* requests until events are taken again (0: next call) */
     ecxi_ctrl_stats stats;
 };
 
@@ -252,9 +253,25 @@ static bool guard_owns(const guard *g, int fd)
 }
 
 /* A whole message (of which part is a frame) was read from a connection. */
+/* The fd a message part came from (ZMQ_SRCFD). libzmq 4.3 answers
+ * ZMQ_SRCFD by looking up the "__fd" metadata property and running atoi on
+ * it; reading the property ourselves skips a strtol per request, and any
+ * libzmq without it gets the documented call. */
+static int msg_srcfd(zmq_msg_t *part)
+{
+    const char *s = zmq_msg_gets(part, "__fd");
+    if (!s) return zmq_msg_get(part, ZMQ_SRCFD);
+    int fd = 0;
+    for (int i = 0; s[i]; i++) {
+        if (s[i] < '0' || s[i] > '9' || i > 8) return zmq_msg_get(part, ZMQ_SRCFD);
+        fd = fd * 10 + (s[i] - '0');
+    }
+    return fd;
+}
+
 static void guard_settle(guard *g, zmq_msg_t *part)
 {
-    int fd = zmq_msg_get(part, ZMQ_SRCFD);
+    int fd = msg_srcfd(part);
     uint64_t rx;
     if (fd >= 0 && fd < g->nconns && g->conns[fd].open && tcp_received(fd, &rx))
         g->conns[fd].settled = rx;
@@ -500,7 +517,7 @@ static int recv_parts(void *sock, guard *g, zmq_msg_t *parts, int want)
         /* Only the first part can be absent: ZMQ delivers a message's parts
          * together. */
         if (zmq_msg_recv(&parts[i], sock, ZMQ_DONTWAIT) < 0) return i == 0 ? 0 : -1;
-        bool more = has_more(sock);
+        bool more = zmq_msg_more(&parts[i]); /* = ZMQ_RCVMORE, without a getsockopt */
         if (more && i < want - 1) continue;
         if (more) drain(sock, &parts[i]);
         guard_settle(g, &parts[i]);
@@ -532,11 +549,23 @@ static void server_events(ecxi_ctrl_server *s)
 
 int ecxi_ctrl_server_recv(ecxi_ctrl_server *s, ecxi_ctrl_msg *m)
 {
-    ecxi_ctrl_server_serve_zap(s);
-    server_events(s);
+    /* CURVE handshakes and the monitor's news are taken when a run of
+     * requests starts (the last call found none waiting) and then every
+     * ECX_CTRL_EVENTS_EVERY requests: a steady stream does not pay a
+     * monitor read per request, and a flood delays them by that many
+     * requests at most. */
+    if (s->events_countdown == 0) {
+        ecxi_ctrl_server_serve_zap(s);
+        server_events(s);
+        s->events_countdown = ECX_CTRL_EVENTS_EVERY;
+    }
+    s->events_countdown--;
     for (;;) {
         int rc = recv_parts(s->sock, &s->g, m->parts, 3);
-        if (rc == 0) return 0;
+        if (rc == 0) {
+            s->events_countdown = 0;
+            return 0;
+        }
         if (rc == 1 && zmq_msg_size(&m->parts[1]) == 0) {
             m->identity = zmq_msg_data(&m->parts[0]);
             m->identity_len = zmq_msg_size(&m->parts[0]);

@@ -98,6 +98,9 @@ int ecxi_ctrl_key_parse(const char *z85, uint8_t out[32]);
  * getsockopt per connection). */
 #define ECX_CTRL_MAX_PENDING_TOTAL (256 << 20)
 #define ECX_CTRL_GUARD_IVL_MS 20
+/* The server takes monitor events and CURVE handshakes at least once per
+ * this many requests received (and whenever the socket runs dry). */
+#define ECX_CTRL_EVENTS_EVERY 64
 /* File descriptors the default connection cap leaves for everything else. */
 #define ECX_CTRL_FD_RESERVE 64
 
@@ -141,7 +144,9 @@ void ecxi_ctrl_server_free(ecxi_ctrl_server *s);
 int ecxi_ctrl_server_port(const ecxi_ctrl_server *s);
 /* Receive one well-framed request without blocking: 1 got one, 0 none
  * waiting. Badly framed messages are drained, counted and skipped. Pending
- * ZAP requests are answered first. */
+ * ZAP requests are answered and monitor events taken (connection cap,
+ * guard) first when the last call found nothing waiting, else every
+ * ECX_CTRL_EVENTS_EVERY calls. */
 int ecxi_ctrl_server_recv(ecxi_ctrl_server *s, ecxi_ctrl_msg *m);
 void ecxi_ctrl_msg_init(ecxi_ctrl_msg *m);
 void ecxi_ctrl_msg_fini(ecxi_ctrl_msg *m);

@@ -1,9 +1,11 @@
 /*
- * wire — XferReq / XferAck encoding (msgpack-c packer) and a strict,
- * allocation-free decoder. See wire.h for why the decoder is our own.
+ * wire — XferReq / XferAck encoding (msgpack-c's packer for requests, the
+ * ack's fixed layout by hand) and a strict, allocation-free decoder. See
+ * wire.h for why the decoder is our own.
  */
 #include "wire.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "util.h"
@@ -42,11 +44,6 @@ static int pack_str(msgpack_packer *pk, const char *key, ecx_span s)
     return pack_key(pk, key) || msgpack_pack_str(pk, s.n) || msgpack_pack_str_body(pk, s.p, s.n);
 }
 
-static int pack_bin(msgpack_packer *pk, const char *key, ecx_span s)
-{
-    return pack_key(pk, key) || msgpack_pack_bin(pk, s.n) || msgpack_pack_bin_body(pk, s.p, s.n);
-}
-
 static int check_req(const ecx_req *r)
 {
     int rc;
@@ -82,24 +79,124 @@ static int check_ack(const ecx_ack *a)
     return 0;
 }
 
-static int pack_ack(const ecx_ack *a, msgpack_packer *pkp)
+/*
+ * The ack is encoded by hand: one pass to size it, one to write it, with
+ * no packer callbacks (a producer sends one per request). The forms are
+ * the ones msgpack-c's packer picks, so the bytes are the same as
+ * encode_req's would be for the same layout (tests/test_wire.c checks this
+ * against msgpack-c on random acks, and tests/vectors against msgspec).
+ */
+
+/* Header bytes of a str, bin, or array/map of n. */
+static size_t str_hdr(size_t n) { return n < 32 ? 1 : n < 256 ? 2 : n < 65536 ? 3 : 5; }
+static size_t bin_hdr(size_t n) { return n < 256 ? 2 : n < 65536 ? 3 : 5; }
+static size_t cnt_hdr(size_t n) { return n < 16 ? 1 : n < 65536 ? 3 : 5; }
+
+/* Bytes of the shortest int form (positive values in unsigned forms). */
+static size_t int_len(int64_t d)
 {
-    msgpack_packer pk = *pkp;
+    if (d >= -32 && d < 128) return 1;
+    if (d < 0) return d >= INT8_MIN ? 2 : d >= INT16_MIN ? 3 : d >= INT32_MIN ? 5 : 9;
+    return d < 256 ? 2 : d < 65536 ? 3 : d < 4294967296 ? 5 : 9;
+}
+
+static uint8_t *put_be(uint8_t *o, uint64_t v, int n)
+{
+    for (int i = n - 1; i >= 0; i--, v >>= 8)
+        o[i] = (uint8_t)v;
+    return o + n;
+}
+
+/* A length header: fix (with fix_max) or the 8/16/32-bit form t8/t16/t32
+ * (t8 0 where the type has no 8-bit form). */
+static uint8_t *put_hdr(uint8_t *o, size_t n, uint8_t fix, size_t fix_max, uint8_t t8,
+                        uint8_t t16, uint8_t t32)
+{
+    if (n <= fix_max) {
+        *o++ = (uint8_t)(fix | n);
+    } else if (t8 && n < 256) {
+        *o++ = t8;
+        *o++ = (uint8_t)n;
+    } else if (n < 65536) {
+        *o++ = t16;
+        o = put_be(o, n, 2);
+    } else {
+        *o++ = t32;
+        o = put_be(o, n, 4);
+    }
+    return o;
+}
+
+static uint8_t *put_int(uint8_t *o, int64_t d)
+{
+    size_t n = int_len(d);
+    if (n == 1) {
+        *o++ = (uint8_t)d;
+        return o;
+    }
+    static const uint8_t pos[] = {[2] = 0xcc, [3] = 0xcd, [5] = 0xce, [9] = 0xcf};
+    static const uint8_t neg[] = {[2] = 0xd0, [3] = 0xd1, [5] = 0xd2, [9] = 0xd3};
+    *o++ = d < 0 ? neg[n] : pos[n];
+    return put_be(o, (uint64_t)d, (int)n - 1);
+}
+
+static uint8_t *put_bytes(uint8_t *o, const void *p, size_t n)
+{
+    if (n) memcpy(o, p, n);
+    return o + n;
+}
+
+static uint8_t *put_str(uint8_t *o, ecx_span s)
+{
+    o = put_hdr(o, s.n, 0xa0, 31, 0xd9, 0xda, 0xdb);
+    return put_bytes(o, s.p, s.n);
+}
+
+static uint8_t *put_bin(uint8_t *o, ecx_span s)
+{
+    o = put_hdr(o, s.n, 0, 0, 0xc4, 0xc5, 0xc6);
+    return put_bytes(o, s.p, s.n);
+}
+
+/* A constant key, its fixstr header included: KEY("\xa4" "type"). */
+#define KEY(o, k) put_bytes(o, k, sizeof k - 1)
+
+static size_t ack_len(const ecx_ack *a)
+{
+    size_t n = cnt_hdr(3 + (a->session_id.n > 0) + (a->n_indices > 0) +
+                       (a->agent_metadata.n > 0) + (a->mem_descriptor.n > 0));
+    n += 5 + 4 + 8 + str_hdr(a->mm_hash.n) + a->mm_hash.n + 7 + int_len(a->status);
+    if (a->session_id.n) n += 11 + str_hdr(a->session_id.n) + a->session_id.n;
+    if (a->n_indices) {
+        n += 18 + cnt_hdr(a->n_indices);
+        for (size_t i = 0; i < a->n_indices; i++)
+            n += int_len(a->indices[i]);
+    }
+    if (a->agent_metadata.n) n += 15 + bin_hdr(a->agent_metadata.n) + a->agent_metadata.n;
+    if (a->mem_descriptor.n) n += 15 + bin_hdr(a->mem_descriptor.n) + a->mem_descriptor.n;
+    return n;
+}
+
+/* Write the ack (ack_len(a) bytes) at o; returns the end. */
+static uint8_t *put_ack(uint8_t *o, const ecx_ack *a)
+{
     bool has_sid = a->session_id.n > 0, has_idx = a->n_indices > 0;
     bool has_meta = a->agent_metadata.n > 0, has_desc = a->mem_descriptor.n > 0;
-    int fail = msgpack_pack_map(&pk, 3 + has_sid + has_idx + has_meta + has_desc) ||
-               pack_key(&pk, "type") || pack_key(&pk, "ack") ||
-               pack_str(&pk, "mm_hash", a->mm_hash) || pack_key(&pk, "status") ||
-               msgpack_pack_int(&pk, a->status) ||
-               (has_sid && pack_str(&pk, "session_id", a->session_id));
-    if (!fail && has_idx) {
-        fail = pack_key(&pk, "src_block_indices") || msgpack_pack_array(&pk, a->n_indices);
-        for (size_t i = 0; !fail && i < a->n_indices; i++)
-            fail = msgpack_pack_int64(&pk, a->indices[i]);
+    o = put_hdr(o, 3 + has_sid + has_idx + has_meta + has_desc, 0x80, 15, 0, 0xde, 0xdf);
+    o = KEY(o, "\xa4" "type" "\xa3" "ack" "\xa7" "mm_hash");
+    o = put_str(o, a->mm_hash);
+    o = KEY(o, "\xa6" "status");
+    o = put_int(o, a->status);
+    if (has_sid) o = put_str(KEY(o, "\xaa" "session_id"), a->session_id);
+    if (has_idx) {
+        o = KEY(o, "\xb1" "src_block_indices");
+        o = put_hdr(o, a->n_indices, 0x90, 15, 0, 0xdc, 0xdd);
+        for (size_t i = 0; i < a->n_indices; i++)
+            o = put_int(o, a->indices[i]);
     }
-    fail = fail || (has_meta && pack_bin(&pk, "agent_metadata", a->agent_metadata)) ||
-           (has_desc && pack_bin(&pk, "mem_descriptor", a->mem_descriptor));
-    return fail ? ECX_ENOMEM : 0;
+    if (has_meta) o = put_bin(KEY(o, "\xae" "agent_metadata"), a->agent_metadata);
+    if (has_desc) o = put_bin(KEY(o, "\xae" "mem_descriptor"), a->mem_descriptor);
+    return o;
 }
 
 int ecxi_wire_encode_req(const ecx_req *r, msgpack_sbuffer *buf)
@@ -116,10 +213,14 @@ int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf)
 {
     int rc = check_ack(a);
     if (rc) return rc;
-    msgpack_sbuffer_clear(buf);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, buf, msgpack_sbuffer_write);
-    return pack_ack(a, &pk);
+    size_t n = ack_len(a);
+    if (n > buf->alloc) {
+        char *p = realloc(buf->data, n);
+        if (!p) return ECX_ENOMEM;
+        buf->data = p, buf->alloc = n;
+    }
+    buf->size = (size_t)((char *)put_ack((uint8_t *)buf->data, a) - buf->data);
+    return 0;
 }
 
 /* The public encoders write into the caller's buffer: the packer's writes
@@ -137,27 +238,33 @@ static int fixed_write(void *data, const char *buf, size_t len)
     return 0;
 }
 
-static int encode_fixed(const void *msg, bool is_req, void *buf, size_t cap, size_t *len)
+static int encode_fixed(const ecx_req *r, void *buf, size_t cap, size_t *len)
 {
-    if (!msg || !len || (!buf && cap)) return ECX_EINVAL;
-    int rc = is_req ? check_req(msg) : check_ack(msg);
+    if (!r || !len || (!buf && cap)) return ECX_EINVAL;
+    int rc = check_req(r);
     if (rc) return rc;
     fixed_out o = {buf, cap, 0};
     msgpack_packer pk;
     msgpack_packer_init(&pk, &o, fixed_write);
-    rc = is_req ? pack_req(msg, &pk) : pack_ack(msg, &pk);
+    rc = pack_req(r, &pk);
     *len = o.len;
     return rc ? rc : o.len > cap ? ECX_ERANGE : 0;
 }
 
 int ecx_wire_encode_req(const ecx_req *r, void *buf, size_t cap, size_t *len)
 {
-    return encode_fixed(r, true, buf, cap, len);
+    return encode_fixed(r, buf, cap, len);
 }
 
 int ecx_wire_encode_ack(const ecx_ack *a, void *buf, size_t cap, size_t *len)
 {
-    return encode_fixed(a, false, buf, cap, len);
+    if (!a || !len || (!buf && cap)) return ECX_EINVAL;
+    int rc = check_ack(a);
+    if (rc) return rc;
+    *len = ack_len(a);
+    if (*len > cap) return ECX_ERANGE;
+    put_ack(buf, a);
+    return 0;
 }
 
 /* ---------- decoding ---------- */

@@ -3,8 +3,10 @@
  *
  * Encoding must be byte-identical to msgspec's for a tagged struct with
  * omit_defaults=True: a map whose first entry is "type", then the fields in
- * declaration order, defaults left out, shortest msgpack forms. We encode
- * with msgpack-c's packer, which picks exactly those forms.
+ * declaration order, defaults left out, shortest msgpack forms. Requests
+ * are encoded with msgpack-c's packer, which picks exactly those forms;
+ * acks (one per request a producer serves) by hand in the same forms,
+ * sized first and written in one pass.
  *
  * Decoding follows msgspec.msgpack.Decoder(XferReq / XferAck), strictly, and
  * is written here rather than on msgpack-c's unpacker: that unpacker

@@ -1,11 +1,14 @@
 /* fuzz_wire — libFuzzer target for the wire decoder. Every input is decoded
  * as both XferReq and XferAck; a frame that decodes is re-encoded and must
  * decode again to the same fields (and, if it was already canonical, to the
- * same bytes). ASan/UBSan catch any read outside the frame. */
+ * same bytes); a re-encoded ack must also be byte for byte what msgpack-c's
+ * packer makes of it (wire_ref.h). ASan/UBSan catch any read outside the
+ * frame. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "wire.h"
+#include "wire_ref.h"
 
 static void check_span(ecx_span a, ecx_span b)
 {
@@ -14,9 +17,9 @@ static void check_span(ecx_span a, ecx_span b)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static msgpack_sbuffer buf;
+    static msgpack_sbuffer buf, ref;
     static int64_t idx[1 << 16], idx2[1 << 16];
-    if (!buf.data) msgpack_sbuffer_init(&buf);
+    if (!buf.data) msgpack_sbuffer_init(&buf), msgpack_sbuffer_init(&ref);
 
     ecx_req r, r2;
     if (ecx_wire_decode_req(data, size, &r) == 0) {
@@ -36,6 +39,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (n == a.n_indices) {
             a.indices = idx;
             if (ecxi_wire_encode_ack(&a, &buf)) abort();
+            if (ref_encode_ack(&a, &ref) || ref.size != buf.size ||
+                memcmp(ref.data, buf.data, buf.size))
+                abort();
             if (ecx_wire_decode_ack(buf.data, buf.size, &a2)) abort();
             check_span(a.mm_hash, a2.mm_hash);
             check_span(a.session_id, a2.session_id);
