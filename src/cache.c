@@ -1,6 +1,6 @@
 /*
  * cache — the mm_hash -> blocks bookkeeping: a block allocator (treap of
- * free runs + boundary tags), a key table (open addressing, SipHash), an
+ * free runs + boundary tags), a key table (open addressing, keyed XXH3), an
  * entry pool and the eviction FIFO, all behind one mutex. cache.h states
  * the contract and the allocation policy; this comment describes the data.
  *
@@ -35,6 +35,10 @@
 #include <string.h>
 #include <sys/mman.h>
 
+/* Inlined (all static): a key's hash is a few dozen instructions. */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "util.h"
 
 #define NIL UINT32_MAX
@@ -42,6 +46,10 @@
 #define KEY_HEX_MAX 64 /* lowercase-hex keys up to this long are packed there */
 #define KEY_CLASS_MIN 128
 #define KEY_CLASSES 2 /* buffers of 128 and 256 bytes: keys up to ECX_MM_HASH_MAX */
+#define CACHE_SECRET_BYTES 192 /* random XXH3 secret (>= XXH3_SECRET_SIZE_MIN) */
+/* An insert that probes further than this at load <= 1/2 is no accident:
+ * the table draws a new secret (see key_hash). */
+#define CACHE_PROBE_MAX 32
 _Static_assert((KEY_CLASS_MIN << (KEY_CLASSES - 1)) >= ECX_MM_HASH_MAX,
                "the largest key class holds the longest key");
 
@@ -114,7 +122,8 @@ struct ecxi_cache {
     uint32_t fifo_head, fifo_tail;
 
     void *key_free[KEY_CLASSES];
-    unsigned char sipkey[crypto_shorthash_KEYBYTES];
+    unsigned char secret[CACHE_SECRET_BYTES]; /* the keyed hash's (key_hash) */
+    uint64_t since_rekey;                     /* reserves since it was drawn */
     ecxi_cache_evict_fn on_evict;
     void *evict_arg;
     uint64_t reserves, reserve_full, evictions;
@@ -341,7 +350,13 @@ static void alloc_blocks(ecxi_cache *c, uint32_t n, uint32_t *head)
 
 /* ---- keys and the table ---------------------------------------------- */
 
-static const char HEX[] = "0123456789abcdef";
+/* HEX_PAIRS + 2 * b: byte b as two lowercase hex digits. */
+#define HEX_ROW(h)                                                                                 \
+    h "0" h "1" h "2" h "3" h "4" h "5" h "6" h "7" h "8" h "9" h "a" h "b" h "c" h "d" h "e" h "f"
+static const char HEX_PAIRS[] = HEX_ROW("0") HEX_ROW("1") HEX_ROW("2") HEX_ROW("3") HEX_ROW("4")
+    HEX_ROW("5") HEX_ROW("6") HEX_ROW("7") HEX_ROW("8") HEX_ROW("9") HEX_ROW("a") HEX_ROW("b")
+        HEX_ROW("c") HEX_ROW("d") HEX_ROW("e") HEX_ROW("f");
+_Static_assert(sizeof HEX_PAIRS == 513, "256 pairs");
 /* 1 + the value of a lowercase hex digit, 0 for any other byte: tested
  * without branches (random hex defeats branch prediction). */
 static const uint8_t HEXV[256] = {
@@ -385,10 +400,26 @@ static bool key_equal(const struct entry *e, const char *key, size_t len)
     if (e->key_len != len) return false;
     if (e->key_kind == KEY_RAW) return memcmp(e->k.in, key, len) == 0;
     if (e->key_kind == KEY_EXT) return memcmp(e->k.ext, key, len) == 0;
-    unsigned diff = 0;
-    for (size_t i = 0; i < len / 2; i++)
-        diff |= (unsigned)(key[2 * i] ^ HEX[e->k.in[i] >> 4]) |
-                (unsigned)(key[2 * i + 1] ^ HEX[e->k.in[i] & 15]);
+    /* Eight digits per step (then two), without branches on the data. */
+    uint64_t diff = 0;
+    size_t i = 0, n = len / 2;
+    for (; i + 4 <= n; i += 4) {
+        char want[8]; /* endian-neutral: compared as the bytes they are */
+        uint64_t got, w;
+        memcpy(want, HEX_PAIRS + 2 * e->k.in[i], 2);
+        memcpy(want + 2, HEX_PAIRS + 2 * e->k.in[i + 1], 2);
+        memcpy(want + 4, HEX_PAIRS + 2 * e->k.in[i + 2], 2);
+        memcpy(want + 6, HEX_PAIRS + 2 * e->k.in[i + 3], 2);
+        memcpy(&w, want, 8);
+        memcpy(&got, key + 2 * i, 8);
+        diff |= got ^ w;
+    }
+    for (; i < n; i++) {
+        uint16_t got, want;
+        memcpy(&got, key + 2 * i, 2);
+        memcpy(&want, HEX_PAIRS + 2 * e->k.in[i], 2);
+        diff |= (uint64_t)(got ^ want);
+    }
     return diff == 0;
 }
 
@@ -397,10 +428,8 @@ static const char *key_view(const struct entry *e, char buf[KEY_HEX_MAX])
 {
     if (e->key_kind == KEY_RAW) return (const char *)e->k.in;
     if (e->key_kind == KEY_EXT) return e->k.ext;
-    for (size_t i = 0; i < e->key_len / 2u; i++) {
-        buf[2 * i] = HEX[e->k.in[i] >> 4];
-        buf[2 * i + 1] = HEX[e->k.in[i] & 15];
-    }
+    for (size_t i = 0; i < e->key_len / 2u; i++)
+        memcpy(buf + 2 * i, HEX_PAIRS + 2 * e->k.in[i], 2);
     return buf;
 }
 
@@ -409,12 +438,17 @@ static inline bool evictable(const struct entry *e)
     return e->state == ST_READY && e->pins == 0;
 }
 
+/*
+ * Keys can come from the network (a consumer caches what its engine asks
+ * for; a producer looks up what consumers ask for), so the hash is keyed:
+ * XXH3-64 under a random secret drawn per cache, as table.h explains (a
+ * tenth of SipHash's cost for a 64-digit mm_hash). A peer cannot predict
+ * where a key lands; and should an insert ever probe past CACHE_PROBE_MAX
+ * slots, the cache draws a new secret and rehashes (tab_rekey).
+ */
 static uint32_t key_hash(const ecxi_cache *c, const char *key, size_t len)
 {
-    unsigned char h[crypto_shorthash_BYTES];
-    crypto_shorthash(h, (const unsigned char *)key, len, c->sipkey);
-    uint64_t v;
-    memcpy(&v, h, sizeof v);
+    uint64_t v = XXH3_64bits_withSecret(key, len, c->secret, sizeof c->secret);
     return (uint32_t)(v ^ (v >> 32));
 }
 
@@ -474,8 +508,8 @@ static uint32_t tab_hole(const struct slot *tab, uint32_t mask, uint32_t h)
 }
 
 /* Insert a new key: take an id (ents_reserve_one() made sure there is
- * one) and place its slot. */
-static uint32_t tab_insert(ecxi_cache *c, uint32_t h)
+ * one) and place its slot; *probe gets how far that slot is from home. */
+static uint32_t tab_insert(ecxi_cache *c, uint32_t h, uint32_t *probe)
 {
     uint32_t id;
     if (c->free_ent != NIL) {
@@ -487,6 +521,7 @@ static uint32_t tab_insert(ecxi_cache *c, uint32_t h)
     uint32_t p = tab_hole(c->tab, c->tab_mask, h);
     c->tab[p].id = id;
     c->tab[p].h = h;
+    *probe = (p - h) & c->tab_mask;
     return id;
 }
 
@@ -532,6 +567,23 @@ static int tab_grow(ecxi_cache *c, uint64_t want_entries)
     c->tab = t;
     c->tab_mask = mask;
     return 0;
+}
+
+/* Draw a new secret and rehash every entry in place (same size). */
+static void tab_rekey(ecxi_cache *c)
+{
+    randombytes_buf(c->secret, sizeof c->secret);
+    c->since_rekey = 0;
+    for (uint64_t i = 0; i <= c->tab_mask; i++)
+        c->tab[i].id = NIL;
+    char buf[KEY_HEX_MAX];
+    for (uint32_t id = 0; id < c->ents_used; id++) {
+        const struct entry *e = &c->ents[id];
+        if (e->state == SLOT_UNUSED) continue;
+        uint32_t h = key_hash(c, key_view(e, buf), e->key_len);
+        uint32_t p = tab_hole(c->tab, c->tab_mask, h);
+        c->tab[p] = (struct slot){id, h};
+    }
 }
 
 /* Make sure one more id exists (may move c->ents). */
@@ -668,7 +720,7 @@ int ecxi_cache_new(const ecxi_cache_opts *opts, ecxi_cache **out)
     }
     for (uint32_t i = 0; i < n; i++)
         c->b[i] = (struct blk){.len = 0, .fend = NIL, .left = NIL, .right = NIL};
-    randombytes_buf(c->sipkey, sizeof c->sipkey);
+    randombytes_buf(c->secret, sizeof c->secret);
     randombytes_buf(&c->prio_seed, sizeof c->prio_seed);
     c->fifo_head = c->fifo_tail = c->free_ent = NIL;
     c->on_evict = opts->on_evict;
@@ -733,7 +785,7 @@ int ecxi_cache_reserve(ecxi_cache *c, const char *key, size_t key_len, uint64_t 
     while (c->free_blocks < n_blocks)
         evict_one(c);
 
-    uint32_t id = tab_insert(c, h);
+    uint32_t probe, id = tab_insert(c, h, &probe);
     struct entry *e = &c->ents[id];
     e->size_bytes = 0;
     c->sums[id] = 0;
@@ -747,6 +799,8 @@ int ecxi_cache_reserve(ecxi_cache *c, const char *key, size_t key_len, uint64_t 
     c->n_not_ready++;
     c->not_ready_blocks += n_blocks;
     c->reserves++;
+    /* At most one rehash per n_entries reserves: O(1) amortised. */
+    if (++c->since_rekey >= c->n_entries && probe > CACHE_PROBE_MAX) tab_rekey(c);
 out:
     pthread_mutex_unlock(&c->mu);
     return rc;

@@ -26,8 +26,9 @@
  *
  * Cost: free runs sit in a treap keyed by (length, start) plus boundary
  * tags per block, so finding, splitting and merging a run are O(log
- * blocks); keys sit in an open-addressing table (SipHash with a random
- * key, since mm_hash strings come from the network); the FIFO is an
+ * blocks); keys sit in an open-addressing table (XXH3 under a random
+ * secret, since mm_hash strings come from the network, with a new secret
+ * should an insert ever probe far; cache.c key_hash); the FIFO is an
  * intrusive list. Every operation is O(1) or O(log n) per run it touches,
  * and a run is created once and freed once, so reserve is O(log n)
  * amortised per run. Memory is 16 bytes per block, allocated once, plus
