@@ -60,6 +60,7 @@ struct ecxi_producer {
     ecxi_table conns;     /* routing id -> conn, for connections holding grants */
     conn *conn_free;     /* pooled conn records */
     conn **by_count;     /* [1..max_conn_grants]: conns holding that many grants */
+    conn *last_conn;     /* the record conn_find found last (in conns), or NULL */
     uint32_t max_count;  /* highest non-empty by_count slot (0: none) */
     uint64_t pin_limit;  /* blocks one connection's pins may cover */
 
@@ -109,10 +110,15 @@ static void bucket_in(ecxi_producer *p, conn *c)
         p->max_count--;
 }
 
-static conn *conn_find(const ecxi_producer *p, const uint8_t *id, size_t len)
+/* A connection's requests tend to come in runs, so the last record found
+ * is tried first (an exact compare of the routing id, then the table). */
+static conn *conn_find(ecxi_producer *p, const uint8_t *id, size_t len)
 {
+    conn *c = p->last_conn;
+    if (c && c->identity_len == len && memcmp(c->identity, id, len) == 0) return c;
     ecxi_table_node *n = ecxi_table_find(&p->conns, (const char *)id, len);
-    return n ? ECX_CONTAINER_OF(n, conn, node) : NULL;
+    if (!n) return NULL;
+    return p->last_conn = ECX_CONTAINER_OF(n, conn, node);
 }
 
 /* The record of the connection that sent p->msg, created (from the pool) if
@@ -139,6 +145,7 @@ static conn *conn_get(ecxi_producer *p)
 static void conn_put(ecxi_producer *p, conn *c)
 {
     if (c->count) return;
+    if (p->last_conn == c) p->last_conn = NULL;
     ecxi_table_remove(&p->conns, &c->node);
     c->bnext = p->conn_free, p->conn_free = c;
 }

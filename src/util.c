@@ -121,12 +121,38 @@ size_t ecxi_utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
     return len;
 }
 
+/* True if p[0..n) is all ASCII: 16 bytes a step, the tail as one load
+ * that overlaps what was already seen. */
+static bool all_ascii(const uint8_t *p, size_t n)
+{
+    const uint64_t high = 0x8080808080808080ull;
+    uint64_t acc = 0, a, b;
+    if (n < 8) {
+        for (size_t i = 0; i < n; i++)
+            acc |= p[i];
+        return !(acc & 0x80);
+    }
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        memcpy(&a, p + i, 8);
+        memcpy(&b, p + i + 8, 8);
+        acc |= a | b;
+    }
+    if (i + 8 <= n) {
+        memcpy(&a, p + i, 8);
+        acc |= a;
+    }
+    memcpy(&a, p + n - 8, 8);
+    return !((acc | a) & high);
+}
+
 bool ecxi_utf8_valid(const void *s, size_t n)
 {
     const uint8_t *p = s;
+    /* mm_hash and session ids are all ASCII: settle those in one pass. */
+    if (all_ascii(p, n)) return true;
     while (n) {
-        /* Fast path for ASCII runs, 8 bytes at a time: mm_hash and session
-         * ids are all ASCII. */
+        /* ASCII runs 8 bytes at a time. */
         uint64_t w;
         if (n >= 8 && (memcpy(&w, p, 8), !(w & 0x8080808080808080ull))) {
             p += 8, n -= 8;

@@ -93,14 +93,14 @@ static size_t bin_hdr(size_t n) { return n < 256 ? 2 : n < 65536 ? 3 : 5; }
 static size_t cnt_hdr(size_t n) { return n < 16 ? 1 : n < 65536 ? 3 : 5; }
 
 /* Bytes of the shortest int form (positive values in unsigned forms). */
-static size_t int_len(int64_t d)
+static inline size_t int_len(int64_t d)
 {
     if (d >= -32 && d < 128) return 1;
     if (d < 0) return d >= INT8_MIN ? 2 : d >= INT16_MIN ? 3 : d >= INT32_MIN ? 5 : 9;
     return d < 256 ? 2 : d < 65536 ? 3 : d < 4294967296 ? 5 : 9;
 }
 
-static uint8_t *put_be(uint8_t *o, uint64_t v, int n)
+static inline uint8_t *put_be(uint8_t *o, uint64_t v, int n)
 {
     for (int i = n - 1; i >= 0; i--, v >>= 8)
         o[i] = (uint8_t)v;
@@ -109,7 +109,7 @@ static uint8_t *put_be(uint8_t *o, uint64_t v, int n)
 
 /* A length header: fix (with fix_max) or the 8/16/32-bit form t8/t16/t32
  * (t8 0 where the type has no 8-bit form). */
-static uint8_t *put_hdr(uint8_t *o, size_t n, uint8_t fix, size_t fix_max, uint8_t t8,
+static inline uint8_t *put_hdr(uint8_t *o, size_t n, uint8_t fix, size_t fix_max, uint8_t t8,
                         uint8_t t16, uint8_t t32)
 {
     if (n <= fix_max) {
@@ -127,7 +127,7 @@ static uint8_t *put_hdr(uint8_t *o, size_t n, uint8_t fix, size_t fix_max, uint8
     return o;
 }
 
-static uint8_t *put_int(uint8_t *o, int64_t d)
+static inline uint8_t *put_int(uint8_t *o, int64_t d)
 {
     size_t n = int_len(d);
     if (n == 1) {
@@ -140,19 +140,19 @@ static uint8_t *put_int(uint8_t *o, int64_t d)
     return put_be(o, (uint64_t)d, (int)n - 1);
 }
 
-static uint8_t *put_bytes(uint8_t *o, const void *p, size_t n)
+static inline uint8_t *put_bytes(uint8_t *o, const void *p, size_t n)
 {
     if (n) memcpy(o, p, n);
     return o + n;
 }
 
-static uint8_t *put_str(uint8_t *o, ecx_span s)
+static inline uint8_t *put_str(uint8_t *o, ecx_span s)
 {
     o = put_hdr(o, s.n, 0xa0, 31, 0xd9, 0xda, 0xdb);
     return put_bytes(o, s.p, s.n);
 }
 
-static uint8_t *put_bin(uint8_t *o, ecx_span s)
+static inline uint8_t *put_bin(uint8_t *o, ecx_span s)
 {
     o = put_hdr(o, s.n, 0, 0, 0xc4, 0xc5, 0xc6);
     return put_bytes(o, s.p, s.n);
@@ -458,24 +458,50 @@ static int open_map(cursor *c, uint64_t *n)
     return rc;
 }
 
-static bool key_is(ecx_span k, const char *name)
-{
-    size_t n = strlen(name);
-    return k.n == n && memcmp(k.p, name, n) == 0;
-}
+/* k equals the string literal name (length known at compile time). */
+#define key_is(k, name) ((k).n == sizeof name - 1 && memcmp((k).p, name, sizeof name - 1) == 0)
 
-/* The "type" tag is optional, but when present must be a str naming us. */
-static int read_tag(cursor *c, const char *want)
+/* The "type" tag is optional, but when present must be a str naming us
+ * ("req" or "ack"). */
+static int read_tag(cursor *c, const char want[4])
 {
     ecx_span v;
     int rc = read_str(c, &v);
     if (rc) return rc;
-    return key_is(v, want) ? 0 : ECX_EWIRE_TAG;
+    return v.n == 3 && memcmp(v.p, want, 3) == 0 ? 0 : ECX_EWIRE_TAG;
+}
+
+/* A literal's bytes at the cursor (then skipped): true, else false with
+ * the cursor where it was. */
+#define take_lit(c, lit)                                                                           \
+    (left(c) >= sizeof lit - 1 && memcmp((c)->p, lit, sizeof lit - 1) == 0                         \
+         ? ((c)->p += sizeof lit - 1, true)                                                        \
+         : false)
+
+/*
+ * The request as ecx and msgspec encode it, {"type": "req", "mm_hash": s,
+ * "compatibility_hash": s[, "session_id": s]} in that order, read with
+ * three compares for the keys instead of the general loop. true: *r is
+ * decoded (with the same checks); false: not that shape or not valid, and
+ * the general decoder decides (so errors are reported the same way).
+ */
+static bool decode_req_canonical(cursor c, ecx_req *r)
+{
+    if (!left(&c) || (*c.p != 0x83 && *c.p != 0x84)) return false;
+    bool has_sid = *c.p++ == 0x84;
+    ecx_req_init(r);
+    if (!take_lit(&c, "\xa4" "type" "\xa3" "req" "\xa7" "mm_hash") || read_str(&c, &r->mm_hash) ||
+        !take_lit(&c, "\xb2" "compatibility_hash") || read_str(&c, &r->compatibility_hash))
+        return false;
+    if (has_sid && (!take_lit(&c, "\xaa" "session_id") || read_str(&c, &r->session_id)))
+        return false;
+    return left(&c) == 0;
 }
 
 int ecx_wire_decode_req(const void *frame, size_t len, ecx_req *r)
 {
     cursor c = {frame, (const uint8_t *)frame + len};
+    if (decode_req_canonical(c, r)) return 0;
     uint64_t n;
     int rc = open_map(&c, &n);
     if (rc) return rc;
