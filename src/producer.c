@@ -11,6 +11,9 @@
 #include "table.h"
 #include "wire.h"
 
+/* Grant tokens drawn from the system's CSPRNG in one call. */
+#define TOKEN_BATCH 64
+
 /* Longest ZeroMQ routing id (libzmq allows 255 bytes). */
 #define IDENTITY_MAX 255
 
@@ -69,9 +72,25 @@ struct ecxi_producer {
     int64_t *idx;        /* reused block-index buffer */
     size_t idx_cap;
     uint8_t desc[ECX_DATA_DESC_MAX]; /* reused mem_descriptor of an ack */
+    /* Grant tokens are drawn from libsodium TOKEN_BATCH at a time (one
+     * getrandom per batch, not per grant); each is wiped once handed out. */
+    uint8_t tokens[TOKEN_BATCH * ECX_DATA_TOKEN_LEN];
+    size_t tokens_left;
 };
 
 /* ---------- grant table ---------- */
+
+/* A fresh random token (see ecxi_producer.tokens). */
+static void new_token(ecxi_producer *p, uint8_t out[ECX_DATA_TOKEN_LEN])
+{
+    if (p->tokens_left == 0) {
+        randombytes_buf(p->tokens, sizeof p->tokens);
+        p->tokens_left = TOKEN_BATCH;
+    }
+    uint8_t *t = p->tokens + --p->tokens_left * ECX_DATA_TOKEN_LEN;
+    memcpy(out, t, ECX_DATA_TOKEN_LEN);
+    sodium_memzero(t, ECX_DATA_TOKEN_LEN);
+}
 
 static grant *grant_find(const ecxi_producer *p, const char *key, size_t len)
 {
@@ -214,7 +233,7 @@ static grant *grant_add(ecxi_producer *p, conn *c, ecx_span sid, ecx_span hash, 
     g->nbytes = nbytes;
     g->cache_ref = ref;
     g->claimed = false;
-    randombytes_buf(g->token, sizeof g->token);
+    new_token(p, g->token);
     memcpy(g->key, sid.p, sid.n);
     g->key[sid.n] = ':';
     memcpy(g->key + sid.n + 1, hash.p, hash.n);
@@ -310,6 +329,7 @@ void ecxi_producer_free(ecxi_producer *p)
     ecxi_table_fini(&p->conns);
     free(p->by_count);
     free(p->idx);
+    sodium_memzero(p->tokens, sizeof p->tokens);
     free(p);
 }
 
