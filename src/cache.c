@@ -1036,6 +1036,14 @@ int ecxi_cache_blocks(ecxi_cache *c, const char *key, size_t key_len, int64_t *o
     return rc;
 }
 
+void ecxi_cache_rekey(ecxi_cache *c)
+{
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    tab_rekey(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
 void ecxi_cache_get_stats(ecxi_cache *c, ecxi_cache_stats *st)
 {
     if (!c || !st) return;

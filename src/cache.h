@@ -165,6 +165,10 @@ int ecxi_cache_blocks(ecxi_cache *c, const char *key, size_t key_len, int64_t *o
 
 void ecxi_cache_get_stats(ecxi_cache *c, ecxi_cache_stats *st);
 
+/* Draw a new key-hash secret and rehash the table: what an insert that
+ * probes too far does by itself (cache.c key_hash). For tests. */
+void ecxi_cache_rekey(ecxi_cache *c);
+
 /* Walk every structure and check every invariant (free + owned == total,
  * boundary tags, treap order and heap property, table, FIFO). O(blocks +
  * entries); for tests. 0, or ECX_ERANGE on the first inconsistency (and a

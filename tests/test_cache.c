@@ -622,6 +622,7 @@ static void test_random_vs_reference(void **state)
         assert_int_equal(st.free_blocks + owned, RN);
         assert_int_equal(st.owned_blocks, owned);
         assert_int_equal(st.entries, entries);
+        if (step % 4096 == 0) ecxi_cache_rekey(c); /* a new secret keeps every entry */
         if (step % 256 == 0) {
             assert_int_equal(ecxi_cache_check(c), 0);
             for (int i = 0; i < RKEYS; i++)
@@ -643,6 +644,53 @@ static void test_random_vs_reference(void **state)
     ecxi_cache_free(c);
     for (int i = 0; i < RKEYS; i++)
         free(rkeys[i]);
+}
+
+/* The producer's one-lookup grant: pin + info + blocks, unpin by ref. */
+static void test_pin_ready_blocks(void **state)
+{
+    (void)state;
+    ecxi_cache *c = mk(64, NULL);
+    ecxi_cache_info info;
+    int64_t idx[8];
+    size_t n = 0;
+    uint32_t ref = 99;
+    assert_int_equal(ecxi_cache_pin_ready_blocks(c, K("none"), &info, idx, 8, &n, &ref),
+                     ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_reserve(c, K("aa"), 3), 0);
+    assert_int_equal(ecxi_cache_set_size(c, K("aa"), 12345), 0);
+    assert_int_equal(ecxi_cache_set_checksum(c, K("aa"), 777), 0);
+    assert_int_equal(ecxi_cache_pin_ready_blocks(c, K("aa"), &info, idx, 8, &n, &ref),
+                     ECX_ECACHE_NOT_READY);
+    assert_int_equal(ecxi_cache_mark_ready(c, K("aa")), 0);
+    /* Too small a buffer: the count, and nothing pinned. */
+    assert_int_equal(ecxi_cache_pin_ready_blocks(c, K("aa"), &info, idx, 2, &n, &ref), ECX_ERANGE);
+    assert_int_equal(n, 3);
+    assert_int_equal(ecxi_cache_lookup(c, K("aa"), &info), 0);
+    assert_int_equal(info.pins, 0);
+    assert_int_equal(ecxi_cache_pin_ready_blocks(c, K("aa"), &info, idx, 8, &n, &ref), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(info.state, ECX_CACHE_READY);
+    assert_int_equal(info.pins, 1);
+    assert_int_equal(info.n_blocks, 3);
+    assert_int_equal(info.size_bytes, 12345);
+    assert_int_equal(info.checksum, 777);
+    int64_t want[8];
+    size_t wn = 0;
+    assert_int_equal(ecxi_cache_blocks(c, K("aa"), want, 8, &wn), 0);
+    assert_int_equal(wn, 3);
+    assert_memory_equal(idx, want, 3 * sizeof *idx);
+    /* Pinned: not evicted by a reserve that needs every other block. */
+    assert_int_equal(ecxi_cache_reserve(c, K("bb"), 62), ECX_ECACHE_FULL);
+    assert_int_equal(ecxi_cache_reserve(c, K("bb"), 61), 0);
+    assert_int_equal(ecxi_cache_unpin_ref(c, ref), 0);
+    assert_int_equal(ecxi_cache_lookup(c, K("aa"), &info), 0);
+    assert_int_equal(info.pins, 0);
+    /* No pin left, or no such entry: refused, nothing changes. */
+    assert_int_equal(ecxi_cache_unpin_ref(c, ref), ECX_ECACHE_STATE);
+    assert_int_equal(ecxi_cache_unpin_ref(c, 1000000), ECX_ECACHE_STATE);
+    assert_int_equal(ecxi_cache_check(c), 0);
+    ecxi_cache_free(c);
 }
 
 /* ---- threads --------------------------------------------------------- */
@@ -715,6 +763,7 @@ int main(void)
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_growth),
         cmocka_unit_test(test_random_vs_reference),
+        cmocka_unit_test(test_pin_ready_blocks),
         cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
