@@ -22,6 +22,7 @@
 # usage: bench/ctrl_instr.sh [BUILD_DIR]           (default: build)
 # env:   CTRL_N1 (2000), CTRL_N2 (12000), CTRL_WINDOW (64), CTRL_REPEAT (3),
 #        CTRL_ITEMS (32), CTRL_ITEM_BYTES (327680), CTRL_BLOCK_BYTES (65536),
+#        CTRL_VALGRIND_OPTS (extra valgrind options),
 #        CTRL_PROFILE=DIR  keep the callgrind files in DIR and write
 #                          callgrind_annotate's per-function profiles of
 #                          the last N2 runs to DIR/ecx.annotate, echo.annotate
@@ -56,7 +57,7 @@ run() {
   local cmd=("$BUILD/zmq_echo" "$ann")
   [ "$name" = ecx ] && cmd=("$BUILD/ctrl_serve" "$ann" "$ITEMS" "$ITEM_BYTES" "$BLOCK")
   rm -f "$ann" "$out" # from an earlier repeat
-  valgrind --tool=callgrind --callgrind-out-file="$out" "${cmd[@]}" 2>"$tmp/$name.$n.log" &
+  valgrind --tool=callgrind ${CTRL_VALGRIND_OPTS:-} --callgrind-out-file="$out" "${cmd[@]}" 2>"$tmp/$name.$n.log" &
   server=$!
   for _ in $(seq 600); do
     [ -s "$ann" ] && break
