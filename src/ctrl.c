@@ -604,6 +604,20 @@ int ecxi_ctrl_server_send(ecxi_ctrl_server *s, const void *identity, size_t iden
     return 0;
 }
 
+int ecxi_ctrl_server_reply(ecxi_ctrl_server *s, ecxi_ctrl_msg *m, const void *payload, size_t len)
+{
+    int rc = 0;
+    if (zmq_msg_send(&m->parts[0], s->sock, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_msg_send(&m->parts[1], s->sock, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(s->sock, payload, len, ZMQ_DONTWAIT) < 0) {
+        s->stats.send_failed++;
+        ecxi_log(ECX_LOG_DEBUG, "ctrl: reply not sent: %s", zmq_strerror(zmq_errno()));
+        rc = ECX_ESYS;
+    }
+    m->identity = NULL, m->identity_len = 0;
+    return rc;
+}
+
 /* ---------- peer ---------- */
 
 int ecxi_ctrl_peer_new(void *zctx, const char *host, int port, const ecxi_ctrl_opts *opts,

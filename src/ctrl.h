@@ -150,6 +150,11 @@ int ecxi_ctrl_server_port(const ecxi_ctrl_server *s);
 int ecxi_ctrl_server_recv(ecxi_ctrl_server *s, ecxi_ctrl_msg *m);
 void ecxi_ctrl_msg_init(ecxi_ctrl_msg *m);
 void ecxi_ctrl_msg_fini(ecxi_ctrl_msg *m);
+/* Reply to the sender of m, which ecxi_ctrl_server_recv() filled: its own
+ * identity and delimiter frames go back as they are (moved, not copied:
+ * m->identity is not valid afterwards; m->payload still is), then payload.
+ * Never blocks; 0 or ECX_ESYS (counted). */
+int ecxi_ctrl_server_reply(ecxi_ctrl_server *s, ecxi_ctrl_msg *m, const void *payload, size_t len);
 /* Reply [identity, "", payload]. Never blocks; 0 or ECX_ESYS (counted). */
 int ecxi_ctrl_server_send(ecxi_ctrl_server *s, const void *identity, size_t identity_len,
                          const void *payload, size_t len);

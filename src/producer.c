@@ -351,8 +351,7 @@ static void reply(ecxi_producer *p, const ecx_ack *a)
 {
     int rc = ecxi_wire_encode_ack(a, &p->out);
     if (!rc)
-        rc = ecxi_ctrl_server_send(p->srv, p->msg.identity, p->msg.identity_len, p->out.data,
-                                  p->out.size);
+        rc = ecxi_ctrl_server_reply(p->srv, &p->msg, p->out.data, p->out.size);
     if (rc) {
         p->st.reply_failed++;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: ack not sent: %s", ecx_strerror(rc));
