@@ -684,8 +684,13 @@ int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, 
 size_t ecxi_consumer_pollitems(ecxi_consumer *c, zmq_pollitem_t *items, size_t cap)
 {
     size_t n = 0;
-    for (session *s = c->sessions_list; s; s = s->next, n++)
+    for (session *s = c->sessions_list; s; s = s->next) {
         if (n < cap) items[n] = (zmq_pollitem_t){ecxi_ctrl_peer_socket(s->peer), 0, ZMQ_POLLIN, 0};
+        n++;
+        if (n < cap)
+            items[n] = (zmq_pollitem_t){ecxi_ctrl_peer_monitor_socket(s->peer), 0, ZMQ_POLLIN, 0};
+        n++;
+    }
     return n;
 }
 
@@ -704,6 +709,9 @@ int64_t ecxi_consumer_next_timeout(ecxi_consumer *c)
         int64_t due = s->last_used_ms + c->o.session_idle_ms - now;
         if (due < 0) due = 0;
         if (best < 0 || due < best) best = due;
+        /* The inflow guard looks only when called (ctrl.h). */
+        due = ecxi_ctrl_peer_next_timeout(s->peer);
+        if (due >= 0 && (best < 0 || due < best)) best = due;
     }
     return best;
 }

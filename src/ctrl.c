@@ -293,6 +293,16 @@ static void guard_check(guard *g, ecxi_ctrl_stats *st)
     if (total > (uint64_t)g->max_pending_total) guard_drop(g, heaviest_fd, heaviest, st);
 }
 
+/* Milliseconds until the guard must look again (it only looks when it is
+ * called, and a half-sent message wakes nobody): while it watches an open
+ * connection, its next check; else -1. */
+static int64_t guard_due(const guard *g)
+{
+    if (g->open_conns <= 0) return -1;
+    int64_t d = g->next_check_ms - ecxi_now_ms(NULL);
+    return d < 0 ? 0 : d;
+}
+
 /* ---------- server ---------- */
 
 /* The soft fd limit less ECX_CTRL_FD_RESERVE for everything else. */
@@ -361,6 +371,7 @@ int ecxi_ctrl_server_new(void *zctx, const char *host, int port, const ecxi_ctrl
     int64_t frame = ECX_CTRL_MAX_REQUEST;
     if (!s->sock || apply_common(s->sock, opts, &frame) ||
         set_int(s->sock, ZMQ_ROUTER_MANDATORY, 1) ||
+        set_int(s->sock, ZMQ_HANDSHAKE_IVL, ECX_CTRL_HANDSHAKE_MS) ||
         guard_init(&s->g, zctx, s->sock,
                    ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED, 0, true,
                    frame, opts))
@@ -699,3 +710,8 @@ bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p)
     peer_events(p);
     return p->lost;
 }
+
+int64_t ecxi_ctrl_server_next_timeout(const ecxi_ctrl_server *s) { return guard_due(&s->g); }
+int64_t ecxi_ctrl_peer_next_timeout(const ecxi_ctrl_peer *p) { return guard_due(&p->g); }
+void *ecxi_ctrl_server_monitor_socket(const ecxi_ctrl_server *s) { return s->g.monitor; }
+void *ecxi_ctrl_peer_monitor_socket(const ecxi_ctrl_peer *p) { return p->g.monitor; }
