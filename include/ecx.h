@@ -437,7 +437,7 @@ ECX_API int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t 
 
 /* Metrics of this context in Prometheus text format. *len gets the text's
  * length (NUL excluded) always; if it does not fit cap bytes with the NUL,
- * nothing is written and the call returns ECX_ERANGE. */
+ * the call returns ECX_ERANGE and buf holds an empty string. */
 ECX_API int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len);
 
 /* ======================================================================

@@ -6,16 +6,35 @@
  * Save path (producer): ecx_save_begin reserves blocks (not ready) and
  * hands out where to write; ecx_save_commit marks the entry ready, and from
  * then on the producer session can grant it. Fetch path (consumer):
- * ecx_fetch parses the announcement and hands the item to the consumer
- * session, which reserves, asks, READs and marks ready; ecx_load pins the
- * ready entry while the engine copies it out, ecx_release unpins. In
- * ECX_ROLE_BOTH the two share one region and one cache.
+ * ecx_fetch hands the item to the consumer session, which reserves, asks,
+ * READs and marks ready; ecx_load pins the ready entry while the engine
+ * copies it out, ecx_release unpins. In ECX_ROLE_BOTH the two share one
+ * region and one cache.
+ *
+ * Threads (ecx.h's rule): every public call takes ctx->mu, so calls from
+ * several threads are serialised. ecx_poll waits without it, on ctx->epfd:
+ * an epoll set of every socket's ZMQ_FD, the data plane's descriptors and
+ * ctx->kick, an eventfd another thread writes when its call may have
+ * changed what the waiter should wait for (a new session socket, or a send
+ * that consumed a socket's edge). ZMQ_FD is edge-like: it says "look", not
+ * "a message is here", so before any wait every socket's ZMQ_EVENTS is
+ * checked (wait_ms), and a wake only leads to a step.
+ *
+ * Segment lists handed out by ecx_save_begin / ecx_load are owned here, in
+ * a table of open items keyed by mm_hash with a count of the calls that
+ * hold the list (one save, or nested loads), freed when the last ends.
  */
+#include <errno.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <sodium.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "cache.h"
 #include "checksum.h"
@@ -26,9 +45,20 @@
 #include "metrics.h"
 #include "producer.h"
 #include "region.h"
+#include "table.h"
 #include "util.h"
 
+/* An item whose segment list the caller holds (ecx_save_begin / ecx_load). */
+typedef struct open_item {
+    ecxi_table_node node;
+    char key[ECX_MM_HASH_MAX];
+    uint32_t holds; /* 1 for a save; one per unreleased load */
+    size_t n;
+    ecx_segment segs[];
+} open_item;
+
 struct ecx_ctx {
+    pthread_mutex_t mu;
     int role;
     uint64_t block_bytes;
     char compat[ECX_COMPAT_HASH_HEX + 1];
@@ -41,17 +71,30 @@ struct ecx_ctx {
     ecxi_ctrl_server *srv;
     ecxi_producer *prod;
     ecxi_consumer *cons;
+    ecxi_table open; /* open_item by mm_hash */
     ecxi_cache_run *runs; /* scratch for segments */
     size_t runs_cap;
-    zmq_pollitem_t *items; /* scratch for ecx_poll */
+    /* Waiting (see the top of the file). */
+    int epfd, kick;
+    atomic_int waiters;      /* threads inside ecx_poll's wait */
+    int *watched;            /* fds in epfd besides kick */
+    size_t n_watched, watched_cap;
+    int *fds;                /* scratch: the fds to watch now */
+    size_t fds_cap;
+    zmq_pollitem_t *items;   /* scratch: the consumer's sockets */
     size_t items_cap;
     /* consumer CURVE keys, Z85, copied from the config ("": none) */
     char curve_server[ECX_CTRL_KEY_Z85 + 1], curve_secret[ECX_CTRL_KEY_Z85 + 1];
 };
 
+/* The size of ecx_config in ABI 1: the least a caller may pass. */
+#define CONFIG_SIZE_V1 sizeof(ecx_config)
+
 void ecx_config_init(ecx_config *c)
 {
+    if (!c) return;
     memset(c, 0, sizeof *c);
+    c->size = sizeof *c;
     c->role = ECX_ROLE_CONSUMER;
     c->listen = ECX_DEFAULT_LISTEN;
     c->region_bytes = ECX_DEFAULT_REGION_BYTES;
@@ -59,14 +102,69 @@ void ecx_config_init(ecx_config *c)
     c->vllm_version = ECX_DEFAULT_VLLM_VERSION;
     c->model = ECX_DEFAULT_MODEL;
     c->dtype = ECX_DEFAULT_DTYPE;
-    c->data = "auto";
-    c->ack_timeout_ms = 2000;
-    c->read_timeout_ms = 20000;
-    c->quarantine_ms = 60000;
-    c->item_wait_ms = 60000;
-    c->lease_ms = 30000;
-    c->max_conn_grants = 1024;
-    c->max_conn_pin_pct = 50;
+    c->data = ECX_DEFAULT_DATA;
+    c->ack_timeout_ms = ECX_DEFAULT_ACK_TIMEOUT_MS;
+    c->read_timeout_ms = ECX_DEFAULT_READ_TIMEOUT_MS;
+    c->quarantine_ms = ECX_DEFAULT_QUARANTINE_MS;
+    c->item_wait_ms = ECX_DEFAULT_ITEM_WAIT_MS;
+    c->tombstone_ttl_ms = ECX_DEFAULT_TOMBSTONE_TTL_MS;
+    c->session_idle_ms = ECX_DEFAULT_SESSION_IDLE_MS;
+    c->max_sessions = ECX_DEFAULT_MAX_SESSIONS;
+    c->lease_ms = ECX_DEFAULT_LEASE_MS;
+    c->max_grants = ECX_DEFAULT_MAX_GRANTS;
+    c->max_conn_grants = ECX_DEFAULT_MAX_CONN_GRANTS;
+    c->max_conn_pin_pct = ECX_DEFAULT_MAX_CONN_PIN_PCT;
+}
+
+/* The caller's config as this library's ecx_config: fields past its size
+ * keep their defaults; a larger one (a newer caller) is accepted only if
+ * every byte this library does not know is zero. */
+static int config_adopt(const ecx_config *in, ecx_config *out)
+{
+    ecx_config_init(out);
+    if (in->size < CONFIG_SIZE_V1) {
+        ecxi_log(ECX_LOG_ERROR, "ecx_new: config size %zu: start from ecx_config_init()",
+                 in->size);
+        return ECX_EINVAL;
+    }
+    if (in->size > sizeof *out) {
+        const unsigned char *tail = (const unsigned char *)in + sizeof *out;
+        for (size_t i = 0; i < in->size - sizeof *out; i++)
+            if (tail[i]) {
+                ecxi_log(ECX_LOG_ERROR, "ecx_new: the config sets fields this library (%s) "
+                         "does not know", ECX_VERSION_STRING);
+                return ECX_EINVAL;
+            }
+    }
+    memcpy(out, in, sizeof *out < in->size ? sizeof *out : in->size);
+    out->size = sizeof *out;
+    return 0;
+}
+
+/* Every field in range, or the first that is not, logged. */
+static int config_check(const ecx_config *c)
+{
+    const char *bad = NULL;
+    if (c->role < ECX_ROLE_PRODUCER || c->role > ECX_ROLE_BOTH) bad = "role";
+    else if (!c->vllm_version || !c->model || !c->dtype) bad = "vllm_version/model/dtype (NULL)";
+    else if (c->block_bytes == 0 || c->block_bytes > INT64_MAX) bad = "block_bytes";
+    else if (c->region_bytes < c->block_bytes) bad = "region_bytes (less than one block)";
+    else if (c->ack_timeout_ms <= 0) bad = "ack_timeout_ms";
+    else if (c->read_timeout_ms <= 0) bad = "read_timeout_ms";
+    else if (c->quarantine_ms <= 0) bad = "quarantine_ms";
+    else if (c->item_wait_ms <= 0) bad = "item_wait_ms";
+    else if (c->tombstone_ttl_ms <= 0) bad = "tombstone_ttl_ms";
+    else if (c->session_idle_ms <= 0) bad = "session_idle_ms";
+    else if (c->max_sessions == 0 || c->max_sessions > 65536) bad = "max_sessions (1..65536)";
+    else if (c->lease_ms <= 0 || c->lease_ms > UINT32_MAX) bad = "lease_ms";
+    else if (c->max_grants == 0) bad = "max_grants";
+    else if (c->max_conn_grants == 0 || c->max_conn_grants > c->max_grants)
+        bad = "max_conn_grants (1..max_grants)";
+    else if (c->max_conn_pin_pct == 0 || c->max_conn_pin_pct > 100) bad = "max_conn_pin_pct (1..100)";
+    else if (c->max_connections > 1000000) bad = "max_connections";
+    if (!bad) return 0;
+    ecxi_log(ECX_LOG_ERROR, "ecx_new: config field %s is out of range", bad);
+    return ECX_EINVAL;
 }
 
 /* A host we announce must be safe to put in JSON as is. */
@@ -86,8 +184,9 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
 {
     char host[256];
     int port, rc;
-    if (ecxi_ctrl_parse_addr(cfg->listen, host, &port)) {
-        ecxi_log(ECX_LOG_ERROR, "listen address '%s' is not HOST:PORT", cfg->listen);
+    if (!cfg->listen || ecxi_ctrl_parse_addr(cfg->listen, host, &port)) {
+        ecxi_log(ECX_LOG_ERROR, "listen address '%s' is not HOST:PORT",
+                 cfg->listen ? cfg->listen : "(null)");
         return ECX_EINVAL;
     }
     const char *adv = cfg->advertise_host;
@@ -101,8 +200,9 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
     }
     snprintf(ctx->advertise, sizeof ctx->advertise, "%s", adv);
     ecxi_ctrl_opts copts = {.curve_secret_key = cfg->curve_secret_key,
-                           .curve_allow = cfg->curve_allow,
-                           .n_curve_allow = cfg->n_curve_allow};
+                            .curve_allow = cfg->curve_allow,
+                            .n_curve_allow = cfg->n_curve_allow,
+                            .max_connections = (int)cfg->max_connections};
     if (cfg->n_curve_allow && !cfg->curve_secret_key) {
         ecxi_log(ECX_LOG_ERROR, "a CURVE allow-list needs the producer's CURVE secret key");
         return ECX_EINVAL;
@@ -110,15 +210,16 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
     if ((rc = ecxi_ctrl_server_new(ctx->zctx, host, port, &copts, &ctx->srv))) return rc;
     if (cfg->curve_secret_key)
         ecxi_log(ECX_LOG_INFO, "producer: CURVE on, %s",
-                cfg->n_curve_allow ? "allow-list enforced" : "any client with the server key");
+                 cfg->n_curve_allow ? "allow-list enforced" : "any client with the server key");
     ctx->port = ecxi_ctrl_server_port(ctx->srv);
     ecxi_data_opts dopts = {.backend = backend, .bind_host = ctx->advertise};
     if ((rc = ecxi_data_new_producer(ctx->region, &dopts, &ctx->pdata))) return rc;
     ecxi_producer_opts po = {.compat_hash = ctx->compat,
-                            .lease_ms = cfg->lease_ms,
-                            .max_conn_grants = cfg->max_conn_grants,
-                            .max_conn_pin_pct = cfg->max_conn_pin_pct,
-                            .block_bytes = ctx->block_bytes};
+                             .lease_ms = cfg->lease_ms,
+                             .max_grants = cfg->max_grants,
+                             .max_conn_grants = cfg->max_conn_grants,
+                             .max_conn_pin_pct = cfg->max_conn_pin_pct,
+                             .block_bytes = ctx->block_bytes};
     return ecxi_producer_new(ctx->cache, ctx->pdata, ctx->srv, &po, &ctx->prod);
 }
 
@@ -128,12 +229,15 @@ static int start_consumer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
     int rc = ecxi_data_new_consumer(ctx->region, &dopts, &ctx->cdata);
     if (rc) return rc;
     ecxi_consumer_opts co = {.zctx = ctx->zctx,
-                            .compat_hash = ctx->compat,
-                            .block_bytes = ctx->block_bytes,
-                            .ack_timeout_ms = cfg->ack_timeout_ms,
-                            .read_timeout_ms = cfg->read_timeout_ms,
-                            .quarantine_ms = cfg->quarantine_ms,
-                            .item_wait_ms = cfg->item_wait_ms};
+                             .compat_hash = ctx->compat,
+                             .block_bytes = ctx->block_bytes,
+                             .ack_timeout_ms = cfg->ack_timeout_ms,
+                             .read_timeout_ms = cfg->read_timeout_ms,
+                             .quarantine_ms = cfg->quarantine_ms,
+                             .item_wait_ms = cfg->item_wait_ms,
+                             .tombstone_ttl_ms = cfg->tombstone_ttl_ms,
+                             .session_idle_ms = cfg->session_idle_ms,
+                             .max_sessions = (int)cfg->max_sessions};
     if (cfg->curve_server_key) {
         /* Keys are checked here so a bad one fails ecx_new, not every fetch. */
         if (ecxi_ctrl_key_parse(cfg->curve_server_key, NULL) ||
@@ -151,21 +255,38 @@ static int start_consumer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
     return ecxi_consumer_new(ctx->cache, ctx->cdata, &co, &ctx->cons);
 }
 
-int ecx_new(const ecx_config *cfg, ecx_ctx **out)
+static int start_waiting(ecx_ctx *ctx)
 {
-    if (!cfg || !out || cfg->role < ECX_ROLE_PRODUCER || cfg->role > ECX_ROLE_BOTH ||
-        !cfg->vllm_version || !cfg->model || !cfg->dtype || cfg->block_bytes == 0 ||
-        cfg->block_bytes > INT64_MAX || cfg->region_bytes < cfg->block_bytes)
-        return ECX_EINVAL;
+    ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
+    ctx->kick = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ctx->epfd < 0 || ctx->kick < 0) return ECX_ESYS;
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = ctx->kick};
+    return epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->kick, &ev) ? ECX_ESYS : 0;
+}
+
+int ecx_new(const ecx_config *in, ecx_ctx **out)
+{
+    if (!in || !out) return ECX_EINVAL;
+    ecx_config c;
     int backend, rc;
-    if ((rc = ecxi_data_backend_parse(cfg->data ? cfg->data : "auto", &backend))) return rc;
+    if ((rc = config_adopt(in, &c)) || (rc = config_check(&c))) return rc;
+    const ecx_config *cfg = &c;
+    if ((rc = ecxi_data_backend_parse(cfg->data ? cfg->data : ECX_DEFAULT_DATA, &backend))) {
+        ecxi_log(ECX_LOG_ERROR, "ecx_new: data path '%s' is not auto, shm, tcp or ucx", cfg->data);
+        return rc;
+    }
     ecx_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return ECX_ENOMEM;
+    pthread_mutex_init(&ctx->mu, NULL);
+    ctx->epfd = ctx->kick = -1;
     ctx->role = cfg->role;
     ctx->block_bytes = cfg->block_bytes;
-    rc = ecx_compat_hash(cfg->vllm_version, strlen(cfg->vllm_version), cfg->model,
-                         strlen(cfg->model), cfg->dtype, strlen(cfg->dtype),
-                         (int64_t)cfg->block_bytes, ctx->compat);
+    rc = ecxi_table_init(&ctx->open);
+    if (!rc) rc = start_waiting(ctx);
+    if (!rc)
+        rc = ecx_compat_hash(cfg->vllm_version, strlen(cfg->vllm_version), cfg->model,
+                             strlen(cfg->model), cfg->dtype, strlen(cfg->dtype),
+                             (int64_t)cfg->block_bytes, ctx->compat);
     char instance[ECX_REGION_INSTANCE_ID_LEN + 1];
     const char *inst = cfg->instance;
     if (!rc && !inst && !(rc = ecxi_region_instance_id(instance))) inst = instance;
@@ -186,6 +307,17 @@ int ecx_new(const ecx_config *cfg, ecx_ctx **out)
     return 0;
 }
 
+static void open_free_all(ecx_ctx *ctx)
+{
+    if (!ctx->open.buckets) return;
+    for (size_t b = 0; b < ctx->open.n_buckets; b++)
+        for (ecxi_table_node *n = ctx->open.buckets[b], *next; n; n = next) {
+            next = n->next;
+            free(ECX_CONTAINER_OF(n, open_item, node));
+        }
+    ecxi_table_fini(&ctx->open);
+}
+
 void ecx_free(ecx_ctx *ctx)
 {
     if (!ctx) return;
@@ -195,17 +327,39 @@ void ecx_free(ecx_ctx *ctx)
     ecxi_data_free(ctx->pdata);
     ecxi_ctrl_server_free(ctx->srv);
     if (ctx->zctx) zmq_ctx_term(ctx->zctx);
+    open_free_all(ctx);
     ecxi_cache_free(ctx->cache);
     ecxi_region_free(ctx->region);
+    if (ctx->epfd >= 0) close(ctx->epfd);
+    if (ctx->kick >= 0) close(ctx->kick);
     free(ctx->runs);
+    free(ctx->watched);
+    free(ctx->fds);
     free(ctx->items);
     sodium_memzero(ctx->curve_secret, sizeof ctx->curve_secret);
+    pthread_mutex_destroy(&ctx->mu);
     free(ctx);
 }
 
-int ecx_listen_port(const ecx_ctx *ctx) { return ctx->srv ? ctx->port : ECX_EINVAL; }
+int ecx_listen_port(const ecx_ctx *ctx)
+{
+    if (!ctx) return ECX_EINVAL;
+    return ctx->srv ? ctx->port : ECX_EDATA_ROLE;
+}
 
-/* ---------- poll ---------- */
+int ecx_region_info(const ecx_ctx *ctx, ecx_region_layout *out)
+{
+    if (!ctx || !out) return ECX_EINVAL;
+    /* Fixed from ecx_new to ecx_free: no lock needed. */
+    *out = (ecx_region_layout){.base = ecxi_region_base(ctx->region),
+                               .size_bytes = ecxi_region_size(ctx->region),
+                               .block_bytes = ecxi_region_block_bytes(ctx->region),
+                               .num_blocks = ecxi_region_num_blocks(ctx->region),
+                               .path = ecxi_region_path(ctx->region)};
+    return 0;
+}
+
+/* ---------- poll and wait ---------- */
 
 static int step(ecx_ctx *ctx)
 {
@@ -215,35 +369,95 @@ static int step(ecx_ctx *ctx)
     return ev;
 }
 
-/* Room for `need` poll items. */
-static int items_reserve(ecx_ctx *ctx, size_t need)
+static void kick(ecx_ctx *ctx)
 {
-    if (need <= ctx->items_cap) return 0;
-    size_t cap = ctx->items_cap ? ctx->items_cap : 8;
-    while (cap < need) cap *= 2;
-    zmq_pollitem_t *m = realloc(ctx->items, cap * sizeof *m);
+    uint64_t one = 1;
+    if (write(ctx->kick, &one, sizeof one) < 0) { /* full (2^64-2 kicks): it is readable anyway */
+    }
+}
+
+static void unkick(ecx_ctx *ctx)
+{
+    uint64_t v;
+    if (read(ctx->kick, &v, sizeof v) < 0) { /* EAGAIN: nobody kicked */
+    }
+}
+
+static int grow(void *pp, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *m = realloc(*(void **)pp, c * elem);
     if (!m) return ECX_ENOMEM;
-    ctx->items = m, ctx->items_cap = cap;
+    *(void **)pp = m, *cap = c;
     return 0;
 }
 
-static int add_item(ecx_ctx *ctx, size_t *n, zmq_pollitem_t it)
+/* Note socket s's descriptor for the wait; true if it has input now. */
+static bool watch_socket(ecx_ctx *ctx, void *s, size_t *n)
 {
-    if (items_reserve(ctx, *n + 1)) return ECX_ENOMEM;
-    ctx->items[(*n)++] = it;
-    return 0;
+    int events = 0, fd = -1;
+    size_t len = sizeof events;
+    if (zmq_getsockopt(s, ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN)) return true;
+    len = sizeof fd;
+    if (zmq_getsockopt(s, ZMQ_FD, &fd, &len) == 0 && fd >= 0 &&
+        !grow(&ctx->fds, &ctx->fds_cap, *n + 1, sizeof *ctx->fds))
+        ctx->fds[(*n)++] = fd;
+    return false;
 }
 
-/* Add a data context's descriptor; returns false if it has none to sleep
- * on (then ecx_poll must wake on a short timer). */
-static bool add_data_fd(ecx_ctx *ctx, size_t *n, ecxi_data *d, bool *work)
+/* Note a data context's descriptor; *sleepable false if it has none (then
+ * the wait is short). True if it has work now. */
+static bool watch_data(ecx_ctx *ctx, ecxi_data *d, size_t *n, bool *sleepable)
 {
-    if (!d) return true;
+    if (!d) return false;
     int fd = ecxi_data_fd(d);
-    if (fd < 0) return false;
-    int armed = ecxi_data_arm(d);
-    if (armed != 0) *work = true;
-    return add_item(ctx, n, (zmq_pollitem_t){NULL, fd, ZMQ_POLLIN, 0}) == 0;
+    if (fd < 0) {
+        *sleepable = false;
+        return false;
+    }
+    if (ecxi_data_arm(d) != 0) return true;
+    if (!grow(&ctx->fds, &ctx->fds_cap, *n + 1, sizeof *ctx->fds)) ctx->fds[(*n)++] = fd;
+    return false;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Make epfd watch exactly fds[0..n) (and the kick). Sessions come and go,
+ * so this diffs two sorted lists: O(n log n), no syscall when nothing
+ * changed. A closed fd has left epoll by itself, so a failed DEL is fine. */
+static void sync_epoll(ecx_ctx *ctx, size_t n)
+{
+    qsort(ctx->fds, n, sizeof *ctx->fds, cmp_int);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) /* dedupe */
+        if (m == 0 || ctx->fds[m - 1] != ctx->fds[i]) ctx->fds[m++] = ctx->fds[i];
+    n = m;
+    size_t i = 0, j = 0;
+    while (i < n || j < ctx->n_watched) {
+        if (j == ctx->n_watched || (i < n && ctx->fds[i] < ctx->watched[j])) {
+            struct epoll_event ev = {.events = EPOLLIN, .data.fd = ctx->fds[i]};
+            if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->fds[i], &ev) && errno == EEXIST)
+                epoll_ctl(ctx->epfd, EPOLL_CTL_MOD, ctx->fds[i], &ev);
+            i++;
+        } else if (i == n || ctx->watched[j] < ctx->fds[i]) {
+            epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, ctx->watched[j], NULL);
+            j++;
+        } else {
+            i++, j++;
+        }
+    }
+    if (grow(&ctx->watched, &ctx->watched_cap, n, sizeof *ctx->watched)) {
+        ctx->n_watched = 0; /* forget: the next sync re-adds (EEXIST -> MOD) */
+        return;
+    }
+    memcpy(ctx->watched, ctx->fds, n * sizeof *ctx->fds);
+    ctx->n_watched = n;
 }
 
 static int64_t min_timeout(int64_t a, int64_t b)
@@ -253,229 +467,407 @@ static int64_t min_timeout(int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
-int ecx_poll(ecx_ctx *ctx, int timeout_ms)
+/* Get ready to wait up to limit ms (-1: no limit): 0 if there is work now,
+ * else how long to wait on epfd (-1: until woken). *nothing is set when
+ * there is nothing at all to wait for. Called with the lock held. */
+static int64_t wait_ms(ecx_ctx *ctx, int64_t limit, bool *nothing)
 {
-    if (!ctx) return ECX_EINVAL;
-    int ev = step(ctx);
-    if (ev || timeout_ms == 0) return ev;
-
     size_t n = 0;
-    bool work = false, sleepable = true;
-    if (ctx->srv) add_item(ctx, &n, (zmq_pollitem_t){ecxi_ctrl_server_socket(ctx->srv), 0, ZMQ_POLLIN, 0});
-    if (ctx->srv && ecxi_ctrl_server_zap_socket(ctx->srv)) /* CURVE handshakes wait on it */
-        add_item(ctx, &n,
-                 (zmq_pollitem_t){ecxi_ctrl_server_zap_socket(ctx->srv), 0, ZMQ_POLLIN, 0});
+    bool sleepable = true;
+    *nothing = false;
+    if (ctx->srv) {
+        if (watch_socket(ctx, ecxi_ctrl_server_socket(ctx->srv), &n)) return 0;
+        void *zap = ecxi_ctrl_server_zap_socket(ctx->srv); /* CURVE handshakes wait on it */
+        if (zap && watch_socket(ctx, zap, &n)) return 0;
+    }
     if (ctx->cons) {
         size_t want = ecxi_consumer_pollitems(ctx->cons, NULL, 0);
-        if (items_reserve(ctx, n + want)) return ECX_ENOMEM;
-        n += ecxi_consumer_pollitems(ctx->cons, ctx->items + n, ctx->items_cap - n);
+        if (grow(&ctx->items, &ctx->items_cap, want, sizeof *ctx->items)) return 1;
+        ecxi_consumer_pollitems(ctx->cons, ctx->items, want);
+        for (size_t i = 0; i < want; i++)
+            if (watch_socket(ctx, ctx->items[i].socket, &n)) return 0;
     }
-    sleepable &= add_data_fd(ctx, &n, ctx->pdata, &work);
-    sleepable &= add_data_fd(ctx, &n, ctx->cdata, &work);
-    if (work) return step(ctx);
-
-    int64_t wait = timeout_ms;
+    if (watch_data(ctx, ctx->pdata, &n, &sleepable) || watch_data(ctx, ctx->cdata, &n, &sleepable))
+        return 0;
+    sync_epoll(ctx, n);
+    int64_t wait = limit;
     if (ctx->prod) wait = min_timeout(wait, ecxi_producer_next_timeout(ctx->prod));
     if (ctx->cons) wait = min_timeout(wait, ecxi_consumer_next_timeout(ctx->cons));
     if (!sleepable) wait = min_timeout(wait, 1);
-    /* With nothing to wait on (a consumer before its first fetch), sleep
-     * out the timeout rather than spin; never block forever on nothing. */
-    if (wait > 0 || (wait < 0 && n > 0)) zmq_poll(n ? ctx->items : NULL, (int)n, (long)wait);
-    return step(ctx);
+    *nothing = n == 0 && wait < 0;
+    return wait;
 }
 
-/* ---------- producer ---------- */
+int ecx_poll(ecx_ctx *ctx, int timeout_ms)
+{
+    if (!ctx) return ECX_EINVAL;
+    pthread_mutex_lock(&ctx->mu);
+    unkick(ctx);
+    int ev = step(ctx);
+    if (ev || timeout_ms == 0) goto out;
+    bool nothing;
+    int64_t wait = wait_ms(ctx, timeout_ms < 0 ? -1 : timeout_ms, &nothing);
+    /* With nothing to wait on (a consumer before its first fetch) and no
+     * limit, return rather than block forever on nothing. */
+    if (wait == 0 || nothing) goto again;
+    atomic_fetch_add(&ctx->waiters, 1);
+    pthread_mutex_unlock(&ctx->mu);
+    struct epoll_event evs[8];
+    epoll_wait(ctx->epfd, evs, 8, wait > INT32_MAX ? INT32_MAX : (int)wait);
+    pthread_mutex_lock(&ctx->mu);
+    atomic_fetch_sub(&ctx->waiters, 1);
+    unkick(ctx);
+again:
+    ev = step(ctx);
+out:
+    pthread_mutex_unlock(&ctx->mu);
+    return ev;
+}
 
-static bool hash_ok(const char *h) { return h && *h && strlen(h) <= ECX_CACHE_KEY_MAX; }
+int ecx_fd(ecx_ctx *ctx) { return ctx ? ctx->epfd : ECX_EINVAL; }
+
+int ecx_next_timeout(ecx_ctx *ctx)
+{
+    if (!ctx) return ECX_EINVAL;
+    pthread_mutex_lock(&ctx->mu);
+    bool nothing;
+    int64_t w = wait_ms(ctx, -1, &nothing);
+    pthread_mutex_unlock(&ctx->mu);
+    return w > INT32_MAX ? INT32_MAX : (int)w;
+}
+
+/* ---------- items ---------- */
+
+static bool hash_ok(const char *h)
+{
+    if (!h) return false;
+    size_t n = strnlen(h, ECX_MM_HASH_MAX + 1);
+    return n >= 1 && n <= ECX_MM_HASH_MAX;
+}
 
 /* The entry's runs into ctx->runs (grown as needed); *n gets their count. */
 static int entry_runs(ecx_ctx *ctx, const char *h, size_t *n)
 {
     int rc;
     while ((rc = ecxi_cache_runs(ctx->cache, h, strlen(h), ctx->runs, ctx->runs_cap, n)) ==
-           ECX_ERANGE) {
-        ecxi_cache_run *r = realloc(ctx->runs, *n * sizeof *r);
-        if (!r) return ECX_ENOMEM;
-        ctx->runs = r, ctx->runs_cap = *n;
-    }
+           ECX_ERANGE)
+        if (grow(&ctx->runs, &ctx->runs_cap, *n, sizeof *ctx->runs)) return ECX_ENOMEM;
     return rc;
 }
 
-/* The entry's runs as segments, the last trimmed to size. */
-static int segments(ecx_ctx *ctx, const char *h, uint64_t size, ecx_segment *segs, size_t cap,
-                    size_t *n_segs)
+/* Hold mm_hash's segment list (size bytes), making it on first hold. */
+static int open_hold(ecx_ctx *ctx, const char *h, uint64_t size, open_item **out)
 {
+    size_t hl = strlen(h);
+    ecxi_table_node *node = ecxi_table_find(&ctx->open, h, hl);
+    if (node) {
+        open_item *it = ECX_CONTAINER_OF(node, open_item, node);
+        it->holds++;
+        *out = it;
+        return 0;
+    }
     size_t n = 0;
     int rc = entry_runs(ctx, h, &n);
     if (rc) return rc;
-    *n_segs = n;
-    if (n > cap) return ECX_ERANGE;
+    open_item *it = malloc(sizeof *it + n * sizeof it->segs[0]);
+    if (!it) return ECX_ENOMEM;
+    memcpy(it->key, h, hl);
+    it->node.key = it->key, it->node.key_len = hl;
+    it->holds = 1, it->n = n;
     uint8_t *base = ecxi_region_base(ctx->region);
     uint64_t left = size;
     for (size_t i = 0; i < n; i++) {
         uint64_t len = (uint64_t)ctx->runs[i].len * ctx->block_bytes;
         if (len > left) len = left;
-        segs[i].ptr = base + (uint64_t)ctx->runs[i].start * ctx->block_bytes;
-        segs[i].len = (size_t)len;
+        it->segs[i] = (ecx_segment){base + (uint64_t)ctx->runs[i].start * ctx->block_bytes,
+                                    (size_t)len};
         left -= len;
     }
+    ecxi_table_insert(&ctx->open, &it->node);
+    *out = it;
     return 0;
 }
 
-int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes, ecx_segment *segs,
-                   size_t cap, size_t *n_segs)
+static void open_drop(ecx_ctx *ctx, const char *h)
 {
-    if (!ctx || !ctx->prod || !hash_ok(mm_hash) || size_bytes == 0 || !n_segs) return ECX_EINVAL;
-    uint64_t blocks = (size_bytes - 1) / ctx->block_bytes + 1;
-    size_t hl = strlen(mm_hash);
-    int rc = ecxi_cache_reserve(ctx->cache, mm_hash, hl, blocks);
-    if (!rc) rc = ecxi_cache_set_size(ctx->cache, mm_hash, hl, size_bytes);
-    if (!rc) rc = segments(ctx, mm_hash, size_bytes, segs, cap, n_segs);
-    if (rc && rc != ECX_ECACHE_EXISTS && rc != ECX_ECACHE_FULL && rc != ECX_EINVAL)
-        ecxi_cache_discard(ctx->cache, mm_hash, hl);
+    ecxi_table_node *node = ecxi_table_find(&ctx->open, h, strlen(h));
+    if (!node) return;
+    open_item *it = ECX_CONTAINER_OF(node, open_item, node);
+    if (--it->holds) return;
+    ecxi_table_remove(&ctx->open, node);
+    free(it);
+}
+
+static int save_begin(ecx_ctx *ctx, const char *h, uint64_t size, const ecx_segment **segs,
+                      size_t *n_segs)
+{
+    uint64_t blocks = (size - 1) / ctx->block_bytes + 1;
+    size_t hl = strlen(h);
+    int rc = ecxi_cache_reserve(ctx->cache, h, hl, blocks);
+    if (rc) return rc;
+    open_item *it = NULL;
+    if (!(rc = ecxi_cache_set_size(ctx->cache, h, hl, size)) &&
+        !(rc = open_hold(ctx, h, size, &it))) {
+        *segs = it->segs, *n_segs = it->n;
+        return 0;
+    }
+    ecxi_cache_discard(ctx->cache, h, hl);
     return rc;
+}
+
+int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes,
+                   const ecx_segment **segs, size_t *n_segs)
+{
+    if (!ctx || !hash_ok(mm_hash) || size_bytes == 0 || !segs || !n_segs) return ECX_EINVAL;
+    if (!ctx->prod) return ECX_EDATA_ROLE;
+    pthread_mutex_lock(&ctx->mu);
+    int rc = save_begin(ctx, mm_hash, size_bytes, segs, n_segs);
+    pthread_mutex_unlock(&ctx->mu);
+    return rc;
+}
+
+static int save_commit(ecx_ctx *ctx, const char *h)
+{
+    size_t hl = strlen(h);
+    ecxi_cache_info info;
+    int rc = ecxi_cache_lookup(ctx->cache, h, hl, &info);
+    if (rc) return rc;
+    if (info.state == ECX_CACHE_READY) return ECX_ECACHE_STATE;
+    ecxi_table_node *node = ecxi_table_find(&ctx->open, h, hl);
+    if (!node) return ECX_ECACHE_STATE; /* reserved, but not by ecx_save_begin */
+    /* The item's checksum travels in every grant of it (checksum.h). */
+    const open_item *it = ECX_CONTAINER_OF(node, open_item, node);
+    ecxi_sum sum;
+    ecxi_sum_reset(&sum);
+    for (size_t i = 0; i < it->n; i++) ecxi_sum_update(&sum, it->segs[i].ptr, it->segs[i].len);
+    if ((rc = ecxi_cache_set_checksum(ctx->cache, h, hl, ecxi_sum_digest(&sum)))) return rc;
+    if ((rc = ecxi_cache_mark_ready(ctx->cache, h, hl))) return rc;
+    open_drop(ctx, h);
+    return 0;
 }
 
 int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
 {
-    if (!ctx || !ctx->prod || !hash_ok(mm_hash)) return ECX_EINVAL;
-    size_t hl = strlen(mm_hash);
-    ecxi_cache_info info;
-    int rc = ecxi_cache_lookup(ctx->cache, mm_hash, hl, &info);
-    if (rc) return rc;
-    if (info.state == ECX_CACHE_READY) return ECX_ECACHE_STATE;
-    /* The item's checksum travels in every grant of it (checksum.h). */
-    uint64_t left = info.size_bytes;
-    size_t n = 0;
-    if ((rc = entry_runs(ctx, mm_hash, &n))) return rc;
-    ecxi_sum sum;
-    ecxi_sum_reset(&sum);
-    const uint8_t *base = ecxi_region_base(ctx->region);
-    for (size_t i = 0; i < n && left; i++) {
-        uint64_t len = (uint64_t)ctx->runs[i].len * ctx->block_bytes;
-        if (len > left) len = left;
-        ecxi_sum_update(&sum, base + (uint64_t)ctx->runs[i].start * ctx->block_bytes, (size_t)len);
-        left -= len;
-    }
-    if ((rc = ecxi_cache_set_checksum(ctx->cache, mm_hash, hl, ecxi_sum_digest(&sum)))) return rc;
-    return ecxi_cache_mark_ready(ctx->cache, mm_hash, hl);
+    if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
+    if (!ctx->prod) return ECX_EDATA_ROLE;
+    pthread_mutex_lock(&ctx->mu);
+    int rc = save_commit(ctx, mm_hash);
+    pthread_mutex_unlock(&ctx->mu);
+    return rc;
 }
 
 int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash)
 {
-    if (!ctx || !ctx->prod || !hash_ok(mm_hash)) return ECX_EINVAL;
-    return ecxi_cache_discard(ctx->cache, mm_hash, strlen(mm_hash));
+    if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
+    if (!ctx->prod) return ECX_EDATA_ROLE;
+    pthread_mutex_lock(&ctx->mu);
+    size_t hl = strlen(mm_hash);
+    ecxi_cache_info info;
+    int rc = ecxi_cache_lookup(ctx->cache, mm_hash, hl, &info);
+    if (!rc && (info.state == ECX_CACHE_READY || !ecxi_table_find(&ctx->open, mm_hash, hl)))
+        rc = ECX_ECACHE_STATE; /* committed, or not begun by ecx_save_begin */
+    if (!rc && !(rc = ecxi_cache_discard(ctx->cache, mm_hash, hl))) open_drop(ctx, mm_hash);
+    pthread_mutex_unlock(&ctx->mu);
+    return rc;
 }
 
 int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size_bytes)
 {
-    ecx_segment one, *segs = &one;
-    size_t n = 0;
-    int rc = ecx_save_begin(ctx, mm_hash, size_bytes, segs, 1, &n);
-    if (rc == ECX_ERANGE) { /* fragmented: nothing reserved; ask with room for every run */
-        if (!(segs = malloc(n * sizeof *segs))) return ECX_ENOMEM;
-        rc = ecx_save_begin(ctx, mm_hash, size_bytes, segs, n, &n);
-    }
+    if (!ctx || !hash_ok(mm_hash) || size_bytes == 0 || !bytes) return ECX_EINVAL;
+    if (!ctx->prod) return ECX_EDATA_ROLE;
+    pthread_mutex_lock(&ctx->mu);
+    const ecx_segment *segs;
+    size_t n;
+    int rc = save_begin(ctx, mm_hash, size_bytes, &segs, &n);
     if (!rc) {
         const uint8_t *src = bytes;
         for (size_t i = 0; i < n; i++) {
             memcpy(segs[i].ptr, src, segs[i].len);
             src += segs[i].len;
         }
-        rc = ecx_save_commit(ctx, mm_hash);
+        rc = save_commit(ctx, mm_hash);
     }
-    if (segs != &one) free(segs);
+    pthread_mutex_unlock(&ctx->mu);
     return rc;
 }
 
-int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap)
+static int announce_info(ecx_ctx *ctx, const char *h, ecx_announcement *out)
 {
-    if (!ctx || !ctx->prod || !hash_ok(mm_hash) || !buf) return ECX_EINVAL;
     ecxi_cache_info info;
-    int n;
-    if (ecxi_cache_lookup(ctx->cache, mm_hash, strlen(mm_hash), &info) == 0)
-        n = snprintf(buf, cap,
-                     "{\"peer_host\":\"%s\",\"peer_port\":%d,\"size_bytes\":%llu,\"metadata\":{}}",
-                     ctx->advertise, ctx->port, (unsigned long long)info.size_bytes);
-    else
-        n = snprintf(buf, cap, "{\"metadata\":{}}");
-    return n < 0 || (size_t)n >= cap ? ECX_ERANGE : n;
+    int rc = ecxi_cache_lookup(ctx->cache, h, strlen(h), &info);
+    if (rc) return rc;
+    *out = (ecx_announcement){ctx->advertise, ctx->port, info.size_bytes};
+    return 0;
 }
 
-/* ---------- consumer ---------- */
+int ecx_announce_info(ecx_ctx *ctx, const char *mm_hash, ecx_announcement *out)
+{
+    if (!ctx || !hash_ok(mm_hash) || !out) return ECX_EINVAL;
+    if (!ctx->prod) return ECX_EDATA_ROLE;
+    pthread_mutex_lock(&ctx->mu);
+    int rc = announce_info(ctx, mm_hash, out);
+    pthread_mutex_unlock(&ctx->mu);
+    return rc;
+}
+
+int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap, size_t *len)
+{
+    if (!ctx || !hash_ok(mm_hash) || (!buf && cap) || !len) return ECX_EINVAL;
+    if (!ctx->prod) return ECX_EDATA_ROLE;
+    ecx_announcement a;
+    pthread_mutex_lock(&ctx->mu);
+    int rc = announce_info(ctx, mm_hash, &a);
+    pthread_mutex_unlock(&ctx->mu);
+    if (rc && rc != ECX_ECACHE_MISSING) return rc;
+    int n = rc ? snprintf(NULL, 0, "{\"metadata\":{}}")
+               : snprintf(NULL, 0,
+                          "{\"peer_host\":\"%s\",\"peer_port\":%d,\"size_bytes\":%llu,"
+                          "\"metadata\":{}}",
+                          a.peer_host, a.peer_port, (unsigned long long)a.size_bytes);
+    if (n < 0) return ECX_ESYS;
+    *len = (size_t)n;
+    if ((size_t)n >= cap) return ECX_ERANGE;
+    if (rc)
+        snprintf(buf, cap, "{\"metadata\":{}}");
+    else
+        snprintf(buf, cap,
+                 "{\"peer_host\":\"%s\",\"peer_port\":%d,\"size_bytes\":%llu,\"metadata\":{}}",
+                 a.peer_host, a.peer_port, (unsigned long long)a.size_bytes);
+    return 0;
+}
+
+/* After a fetch that sent a request: a thread waiting in ecx_poll must look
+ * again (the send may have created a socket or eaten its edge). */
+static void after_send(ecx_ctx *ctx, uint64_t requests_before)
+{
+    if (ecxi_consumer_requests(ctx->cons) != requests_before && atomic_load(&ctx->waiters))
+        kick(ctx);
+}
+
+static int fetch_from(ecx_ctx *ctx, const char *h, const ecx_announcement *from,
+                      uint64_t expected_size, int *reason)
+{
+    size_t hl = h ? strnlen(h, ECX_MM_HASH_MAX + 1) : 0;
+    int st = ecxi_consumer_answer(ctx->cons, h, hl, reason);
+    if (st >= 0) return st;
+    if (from && from->peer_host && (from->peer_port <= 0 || from->peer_port > 65535)) {
+        *reason = ECX_REASON_INVALID;
+        return ECX_FETCH_LOCAL;
+    }
+    return ecxi_consumer_fetch(ctx->cons, h, hl, from ? from->peer_host : NULL,
+                               from ? from->peer_port : 0, from ? from->size_bytes : 0,
+                               expected_size, reason);
+}
+
+int ecx_fetch_from(ecx_ctx *ctx, const char *mm_hash, const ecx_announcement *from,
+                   uint64_t expected_size, int *reason)
+{
+    if (!ctx || !reason) return ECX_EINVAL;
+    if (!ctx->cons) return ECX_EDATA_ROLE;
+    pthread_mutex_lock(&ctx->mu);
+    uint64_t before = ecxi_consumer_requests(ctx->cons);
+    int st = fetch_from(ctx, mm_hash, from, expected_size, reason);
+    after_send(ctx, before);
+    pthread_mutex_unlock(&ctx->mu);
+    return st;
+}
+
+/* The announcement JSON's fields (borrowed from j). A host without a usable
+ * port is INVALID (port -1 here). */
+static void parse_announcement(const char *text, json_t **j, ecx_announcement *a, bool *has)
+{
+    json_error_t err;
+    *has = false;
+    *j = json_loads(text, JSON_REJECT_DUPLICATES, &err);
+    json_t *h = json_object_get(*j, "peer_host"), *p = json_object_get(*j, "peer_port"),
+           *s = json_object_get(*j, "size_bytes");
+    if (!json_is_object(*j)) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "fetch: announcement is not a JSON object");
+        return;
+    }
+    if (!json_is_string(h) || json_string_length(h) == 0) return;
+    json_int_t pv = json_is_integer(p) ? json_integer_value(p) : 0;
+    json_int_t sv = json_is_integer(s) ? json_integer_value(s) : 0;
+    *a = (ecx_announcement){json_string_value(h), pv > 0 && pv <= 65535 ? (int)pv : -1,
+                            sv > 0 ? (uint64_t)sv : 0};
+    *has = true;
+}
 
 int ecx_fetch(ecx_ctx *ctx, const char *mm_hash, const char *announcement, uint64_t expected_size,
               int *reason)
 {
-    if (!ctx || !ctx->cons || !reason) return ECX_EINVAL;
-    size_t hl = mm_hash ? strlen(mm_hash) : 0;
+    if (!ctx || !reason) return ECX_EINVAL;
+    if (!ctx->cons) return ECX_EDATA_ROLE;
+    pthread_mutex_lock(&ctx->mu);
+    uint64_t before = ecxi_consumer_requests(ctx->cons);
+    size_t hl = mm_hash ? strnlen(mm_hash, ECX_MM_HASH_MAX + 1) : 0;
     /* An item in flight, tombstoned or local is answered without its
      * announcement: the engine asks every step, so parse only for new ones. */
     int st = ecxi_consumer_answer(ctx->cons, mm_hash, hl, reason);
-    if (st >= 0) return st;
-    const char *host = NULL;
-    int port = 0;
-    uint64_t size = 0;
-    json_t *j = NULL;
-    if (announcement) {
-        json_error_t err;
-        j = json_loads(announcement, JSON_REJECT_DUPLICATES, &err);
-        json_t *h = json_object_get(j, "peer_host"), *p = json_object_get(j, "peer_port"),
-               *s = json_object_get(j, "size_bytes");
-        if (!json_is_object(j)) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "fetch: announcement is not a JSON object");
-        } else if (json_is_string(h) && json_string_length(h) > 0) {
-            host = json_string_value(h);
-            /* A host without a usable port or size is an invalid
-             * announcement: the consumer session answers INVALID. */
-            json_int_t pv = json_is_integer(p) ? json_integer_value(p) : 0;
-            json_int_t sv = json_is_integer(s) ? json_integer_value(s) : 0;
-            port = pv > 0 && pv <= 65535 ? (int)pv : -1;
-            size = sv > 0 ? (uint64_t)sv : 0;
-        }
+    if (st < 0) {
+        json_t *j = NULL;
+        ecx_announcement a;
+        bool has = false;
+        if (announcement) parse_announcement(announcement, &j, &a, &has);
+        st = fetch_from(ctx, mm_hash, has ? &a : NULL, expected_size, reason);
+        json_decref(j);
     }
-    if (host && port < 0) {
-        *reason = ECX_REASON_INVALID;
-        st = ECX_FETCH_LOCAL;
-    } else {
-        st = ecxi_consumer_fetch(ctx->cons, mm_hash, hl, host, port, size, expected_size, reason);
-    }
-    json_decref(j);
+    after_send(ctx, before);
+    pthread_mutex_unlock(&ctx->mu);
     return st;
 }
 
-int ecx_load(ecx_ctx *ctx, const char *mm_hash, ecx_segment *segs, size_t cap, size_t *n_segs,
-             uint64_t *size_bytes)
+static int load(ecx_ctx *ctx, const char *h, const ecx_segment **segs, size_t *n_segs,
+                uint64_t *size_bytes)
 {
-    if (!ctx || !hash_ok(mm_hash) || !n_segs || !size_bytes) return ECX_EINVAL;
-    size_t hl = strlen(mm_hash);
-    int rc = ecxi_cache_pin_if_ready(ctx->cache, mm_hash, hl);
+    size_t hl = strlen(h);
+    int rc = ecxi_cache_pin_if_ready(ctx->cache, h, hl);
     if (rc) return rc;
     ecxi_cache_info info;
-    if (!(rc = ecxi_cache_lookup(ctx->cache, mm_hash, hl, &info))) {
-        *size_bytes = info.size_bytes;
-        rc = segments(ctx, mm_hash, info.size_bytes, segs, cap, n_segs);
+    open_item *it = NULL;
+    if (!(rc = ecxi_cache_lookup(ctx->cache, h, hl, &info)) &&
+        !(rc = open_hold(ctx, h, info.size_bytes, &it))) {
+        *segs = it->segs, *n_segs = it->n, *size_bytes = info.size_bytes;
+        return 0;
     }
-    if (rc) ecxi_cache_unpin(ctx->cache, mm_hash, hl);
+    ecxi_cache_unpin(ctx->cache, h, hl);
+    return rc;
+}
+
+int ecx_load(ecx_ctx *ctx, const char *mm_hash, const ecx_segment **segs, size_t *n_segs,
+             uint64_t *size_bytes)
+{
+    if (!ctx || !hash_ok(mm_hash) || !segs || !n_segs || !size_bytes) return ECX_EINVAL;
+    pthread_mutex_lock(&ctx->mu);
+    int rc = load(ctx, mm_hash, segs, n_segs, size_bytes);
+    pthread_mutex_unlock(&ctx->mu);
+    return rc;
+}
+
+static int release(ecx_ctx *ctx, const char *h)
+{
+    int rc = ecxi_cache_unpin(ctx->cache, h, strlen(h));
+    if (!rc) open_drop(ctx, h);
     return rc;
 }
 
 int ecx_release(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
-    return ecxi_cache_unpin(ctx->cache, mm_hash, strlen(mm_hash));
+    pthread_mutex_lock(&ctx->mu);
+    int rc = release(ctx, mm_hash);
+    pthread_mutex_unlock(&ctx->mu);
+    return rc;
 }
 
 int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t cap)
 {
-    ecx_segment one, *segs = &one;
-    size_t n = 0;
-    uint64_t size = 0;
-    int rc = ecx_load(ctx, mm_hash, segs, 1, &n, &size);
-    if (rc == ECX_ERANGE) {
-        if (!(segs = malloc(n * sizeof *segs))) return ECX_ENOMEM;
-        rc = ecx_load(ctx, mm_hash, segs, n, &n, &size);
-    }
+    if (!ctx || !hash_ok(mm_hash) || (!dst && cap)) return ECX_EINVAL;
+    pthread_mutex_lock(&ctx->mu);
+    const ecx_segment *segs;
+    size_t n;
+    uint64_t size;
+    int rc = load(ctx, mm_hash, &segs, &n, &size);
     if (!rc) {
         if (size > cap) {
             rc = ECX_ERANGE;
@@ -486,15 +878,16 @@ int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t cap)
                 d += segs[i].len;
             }
         }
-        ecx_release(ctx, mm_hash);
+        release(ctx, mm_hash);
     }
-    if (segs != &one) free(segs);
+    pthread_mutex_unlock(&ctx->mu);
     return rc ? rc : (int64_t)size;
 }
 
-int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap)
+int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len)
 {
-    if (!ctx || !buf) return ECX_EINVAL;
+    if (!ctx || (!buf && cap) || !len) return ECX_EINVAL;
+    pthread_mutex_lock(&ctx->mu);
     ecxi_producer_stats ps;
     ecxi_ctrl_stats cs;
     ecxi_consumer_stats us;
@@ -512,5 +905,6 @@ int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap)
         us = ecxi_consumer_get_stats(ctx->cons);
         m.consumer = &us;
     }
-    return ecxi_metrics_render(&m, buf, cap);
+    pthread_mutex_unlock(&ctx->mu);
+    return ecxi_metrics_render(&m, buf, cap, len);
 }

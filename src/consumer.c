@@ -786,3 +786,5 @@ void ecxi_consumer_free(ecxi_consumer *c)
     free(c->idx), free(c->remote), free(c->local);
     free(c);
 }
+
+uint64_t ecxi_consumer_requests(const ecxi_consumer *c) { return c->st.requests; }

@@ -61,10 +61,6 @@
 
 typedef struct ecxi_consumer ecxi_consumer;
 
-/* Longest mm_hash a consumer fetches: "{uuid}:{mm_hash}" must fit a
- * notification. */
-#define ECX_MM_HASH_MAX 256
-
 typedef struct ecxi_consumer_opts {
     void *zctx;               /* ZeroMQ context for the sessions' sockets */
     const char *compat_hash;  /* sent in every XferReq */
@@ -139,5 +135,9 @@ size_t ecxi_consumer_pollitems(ecxi_consumer *c, zmq_pollitem_t *items, size_t c
 int64_t ecxi_consumer_next_timeout(ecxi_consumer *c);
 
 ecxi_consumer_stats ecxi_consumer_get_stats(const ecxi_consumer *c);
+
+/* XferReqs sent so far (cheap: the connector compares it around a fetch to
+ * learn whether a socket was written). */
+uint64_t ecxi_consumer_requests(const ecxi_consumer *c);
 
 #endif

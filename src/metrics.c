@@ -14,17 +14,18 @@ typedef struct out {
 } out;
 
 static void put(out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Once the text outgrows the buffer, lines are only counted, so the caller
+ * learns the length it needs. */
 static void put(out *o, const char *fmt, ...)
 {
-    if (o->full) return;
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
+    int n = o->full ? vsnprintf(NULL, 0, fmt, ap)
+                    : vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
     va_end(ap);
-    if (n < 0 || (size_t)n >= o->cap - o->len)
-        o->full = true;
-    else
-        o->len += (size_t)n;
+    if (n < 0) n = 0;
+    if (!o->full && (size_t)n >= o->cap - o->len) o->full = true;
+    o->len += (size_t)n;
 }
 
 static void counter(out *o, const char *name, const char *help, unsigned long long v)
@@ -200,12 +201,14 @@ static void cache(out *o, const ecxi_cache_stats *c, unsigned long long block_by
             c->reserve_full);
 }
 
-int ecxi_metrics_render(const ecxi_metrics_src *m, char *buf, size_t cap)
+int ecxi_metrics_render(const ecxi_metrics_src *m, char *buf, size_t cap, size_t *len)
 {
     out o = {buf, cap, 0, cap == 0};
     if (m->producer) producer(&o, m->producer, m->ctrl, m->data);
     if (m->consumer) consumer(&o, m->consumer);
     if (m->cache) cache(&o, m->cache, m->block_bytes);
-    if (o.full) return ECX_ERANGE;
-    return (int)o.len;
+    *len = o.len;
+    if (!o.full) return 0;
+    if (cap) buf[0] = '\0'; /* never a truncated text */
+    return ECX_ERANGE;
 }

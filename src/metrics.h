@@ -25,8 +25,9 @@ typedef struct ecxi_metrics_src {
     unsigned long long block_bytes;
 } ecxi_metrics_src;
 
-/* Returns the length written (NUL excluded) or ECX_ERANGE if cap is too
- * small. */
-int ecxi_metrics_render(const ecxi_metrics_src *m, char *buf, size_t cap);
+/* Render into buf; *len gets the text's full length (NUL excluded) always.
+ * Returns 0, or ECX_ERANGE if it does not fit cap with its NUL (then buf
+ * holds an empty string). */
+int ecxi_metrics_render(const ecxi_metrics_src *m, char *buf, size_t cap, size_t *len);
 
 #endif

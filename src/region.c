@@ -459,3 +459,5 @@ int ecxi_region_reap(const char *dir)
     close(dirfd);
     return count;
 }
+
+int ecx_reap_regions(const char *dir) { return ecxi_region_reap(dir); }

@@ -1,7 +1,9 @@
 /* util — logging, UTF-8 validation and hex helpers shared by every layer. */
 #include "util.h"
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,30 +12,59 @@
 
 #include "ecx.h"
 
-static int log_level = -1;
+/* The log level and the logger are process-wide (ecx.h): the level is read
+ * on every would-be line, so it is an atomic; the sink is swapped and called
+ * under one mutex, so a logger never runs twice at once. */
+static _Atomic int log_level = -1;
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static ecx_log_fn log_fn;
+static void *log_arg;
 
 int ecxi_log_level(void)
 {
-    if (log_level < 0) {
-        const char *e = getenv("ECX_LOG");
-        static const char *names[] = {"error", "warn", "info", "debug"};
-        log_level = ECX_LOG_WARN;
-        for (int i = 0; e && i < 4; i++)
-            if (strcasecmp(e, names[i]) == 0) log_level = i;
-    }
-    return log_level;
+    int l = atomic_load_explicit(&log_level, memory_order_relaxed);
+    if (l >= 0) return l;
+    const char *e = getenv("ECX_LOG");
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    int want = ECX_LOG_WARN;
+    for (int i = 0; e && i < 4; i++)
+        if (strcasecmp(e, names[i]) == 0) want = i;
+    /* A level set by ecx_set_log_level meanwhile wins over the environment. */
+    atomic_compare_exchange_strong(&log_level, &l, want);
+    return atomic_load(&log_level);
+}
+
+void ecx_set_log_level(int level)
+{
+    atomic_store(&log_level, level < ECX_LOG_ERROR ? ECX_LOG_ERROR
+                             : level > ECX_LOG_DEBUG ? ECX_LOG_DEBUG
+                                                     : level);
+}
+
+void ecx_set_logger(ecx_log_fn fn, void *arg)
+{
+    pthread_mutex_lock(&log_mu);
+    log_fn = fn, log_arg = arg;
+    pthread_mutex_unlock(&log_mu);
 }
 
 void ecxi_log(int level, const char *fmt, ...)
 {
     static const char *tags[] = {"error", "warn", "info", "debug"};
     if (level > ecxi_log_level()) return;
+    if (level < ECX_LOG_ERROR) level = ECX_LOG_ERROR;
+    if (level > ECX_LOG_DEBUG) level = ECX_LOG_DEBUG;
     char line[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "ecx %s: %s\n", tags[level < 0 ? 0 : level > 3 ? 3 : level], line);
+    pthread_mutex_lock(&log_mu);
+    if (log_fn)
+        log_fn(log_arg, level, line);
+    else
+        fprintf(stderr, "ecx %s: %s\n", tags[level], line);
+    pthread_mutex_unlock(&log_mu);
 }
 
 int64_t ecxi_now_ms(const ecxi_clock *c)

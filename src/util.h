@@ -1,10 +1,11 @@
 /*
  * util — small helpers every layer uses: logging, UTF-8 validation, hex.
  *
- * Logging writes one line per event to stderr with a level prefix. The level
- * comes from ECX_LOG (error, warn, info, debug; default warn). Anything a
- * peer can trigger must go through
- * ECX_LOG_RATELIMITED so a hostile peer cannot flood the log.
+ * Logging writes one line per event to the logger set with ecx_set_logger()
+ * (default: stderr with a level prefix). The level is ecx_set_log_level()'s,
+ * else ECX_LOG's (error, warn, info, debug; default warn). Anything a peer
+ * can trigger must go through ECX_LOG_RATELIMITED so a hostile peer cannot
+ * flood the log.
  */
 #ifndef ECX_UTIL_H
 #define ECX_UTIL_H
@@ -13,7 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum ecxi_log_level { ECX_LOG_ERROR = 0, ECX_LOG_WARN = 1, ECX_LOG_INFO = 2, ECX_LOG_DEBUG = 3 };
+#include "ecx.h" /* the log levels and the logger hook are public */
+
 
 int ecxi_log_level(void);
 void ecxi_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

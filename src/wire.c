@@ -47,15 +47,18 @@ static int pack_bin(msgpack_packer *pk, const char *key, ecx_span s)
     return pack_key(pk, key) || msgpack_pack_bin(pk, s.n) || msgpack_pack_bin_body(pk, s.p, s.n);
 }
 
-int ecxi_wire_encode_req(const ecx_req *r, msgpack_sbuffer *buf)
+static int check_req(const ecx_req *r)
 {
     int rc;
     if ((rc = check_str(r->mm_hash)) || (rc = check_str(r->compatibility_hash)) ||
         (rc = check_str(r->session_id)))
         return rc;
-    msgpack_sbuffer_clear(buf);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, buf, msgpack_sbuffer_write);
+    return 0;
+}
+
+static int pack_req(const ecx_req *r, msgpack_packer *pkp)
+{
+    msgpack_packer pk = *pkp;
     bool has_sid = r->session_id.n > 0;
     bool has_ver = r->connector_version != ECX_CONNECTOR_VERSION;
     int fail = msgpack_pack_map(&pk, 3 + has_sid + has_ver) || pack_key(&pk, "type") ||
@@ -67,7 +70,7 @@ int ecxi_wire_encode_req(const ecx_req *r, msgpack_sbuffer *buf)
     return fail ? ECX_ENOMEM : 0;
 }
 
-int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf)
+static int check_ack(const ecx_ack *a)
 {
     int rc;
     if ((rc = check_str(a->mm_hash)) || (rc = check_str(a->session_id)) ||
@@ -76,9 +79,12 @@ int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf)
     if (a->status < 0 || a->status > ECX_STATUS_MAX) return ECX_EINVAL;
     if (a->n_indices > UINT32_MAX) return ECX_EWIRE_TOO_LARGE;
     if (a->n_indices && !a->indices) return ECX_EINVAL;
-    msgpack_sbuffer_clear(buf);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, buf, msgpack_sbuffer_write);
+    return 0;
+}
+
+static int pack_ack(const ecx_ack *a, msgpack_packer *pkp)
+{
+    msgpack_packer pk = *pkp;
     bool has_sid = a->session_id.n > 0, has_idx = a->n_indices > 0;
     bool has_meta = a->agent_metadata.n > 0, has_desc = a->mem_descriptor.n > 0;
     int fail = msgpack_pack_map(&pk, 3 + has_sid + has_idx + has_meta + has_desc) ||
@@ -94,6 +100,64 @@ int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf)
     fail = fail || (has_meta && pack_bin(&pk, "agent_metadata", a->agent_metadata)) ||
            (has_desc && pack_bin(&pk, "mem_descriptor", a->mem_descriptor));
     return fail ? ECX_ENOMEM : 0;
+}
+
+int ecxi_wire_encode_req(const ecx_req *r, msgpack_sbuffer *buf)
+{
+    int rc = check_req(r);
+    if (rc) return rc;
+    msgpack_sbuffer_clear(buf);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, buf, msgpack_sbuffer_write);
+    return pack_req(r, &pk);
+}
+
+int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf)
+{
+    int rc = check_ack(a);
+    if (rc) return rc;
+    msgpack_sbuffer_clear(buf);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, buf, msgpack_sbuffer_write);
+    return pack_ack(a, &pk);
+}
+
+/* The public encoders write into the caller's buffer: the packer's writes
+ * are counted always and copied only while they fit. */
+typedef struct fixed_out {
+    char *p;
+    size_t cap, len;
+} fixed_out;
+
+static int fixed_write(void *data, const char *buf, size_t len)
+{
+    fixed_out *o = data;
+    if (len <= o->cap && o->len <= o->cap - len) memcpy(o->p + o->len, buf, len);
+    o->len += len;
+    return 0;
+}
+
+static int encode_fixed(const void *msg, bool is_req, void *buf, size_t cap, size_t *len)
+{
+    if (!msg || !len || (!buf && cap)) return ECX_EINVAL;
+    int rc = is_req ? check_req(msg) : check_ack(msg);
+    if (rc) return rc;
+    fixed_out o = {buf, cap, 0};
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &o, fixed_write);
+    rc = is_req ? pack_req(msg, &pk) : pack_ack(msg, &pk);
+    *len = o.len;
+    return rc ? rc : o.len > cap ? ECX_ERANGE : 0;
+}
+
+int ecx_wire_encode_req(const ecx_req *r, void *buf, size_t cap, size_t *len)
+{
+    return encode_fixed(r, true, buf, cap, len);
+}
+
+int ecx_wire_encode_ack(const ecx_ack *a, void *buf, size_t cap, size_t *len)
+{
+    return encode_fixed(a, false, buf, cap, len);
 }
 
 /* ---------- decoding ---------- */

@@ -28,35 +28,9 @@
 
 #include "ecx.h"
 
-/* A view of bytes: into a decoded frame, or the caller's memory to encode. */
-typedef struct ecx_span {
-    const char *p;
-    size_t n;
-} ecx_span;
-
-typedef struct ecx_req {
-    ecx_span mm_hash;            /* required */
-    ecx_span compatibility_hash; /* required */
-    ecx_span session_id;         /* default "" */
-    int64_t connector_version;   /* default ECX_CONNECTOR_VERSION */
-} ecx_req;
-
-typedef struct ecx_ack {
-    ecx_span mm_hash;   /* required */
-    int status;         /* required, enum ecx_status */
-    ecx_span session_id; /* default "" */
-    size_t n_indices;   /* length of src_block_indices, default 0 */
-    /* Encoding: the n_indices values. Decoding: NULL; read them with
-     * ecx_wire_ack_indices(). */
-    const int64_t *indices;
-    ecx_span indices_raw;       /* decoding only: the validated array body */
-    ecx_span agent_metadata;    /* default b"" */
-    ecx_span mem_descriptor;    /* default b"" */
-} ecx_ack;
-
-/* Initialise with the defaults (empty strings, version 1, no indices). */
-void ecx_req_init(ecx_req *r);
-void ecx_ack_init(ecx_ack *a);
+/* ecx_span, ecx_req, ecx_ack, their init, decode and the caller-buffer
+ * encoders are public (ecx.h); the msgpack_sbuffer encoders the sessions
+ * use to reuse one growing buffer are internal. */
 
 /*
  * Encode into buf (cleared first; reuse one buffer to avoid allocation in
@@ -65,14 +39,5 @@ void ecx_ack_init(ecx_ack *a);
  */
 int ecxi_wire_encode_req(const ecx_req *r, msgpack_sbuffer *buf);
 int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf);
-
-/* Decode one frame. On success the spans in *r / *a point into frame, which
- * must outlive them. On failure returns an ECX_EWIRE_* code. */
-int ecx_wire_decode_req(const void *frame, size_t len, ecx_req *r);
-int ecx_wire_decode_ack(const void *frame, size_t len, ecx_ack *a);
-
-/* Copy a decoded ack's block indices into out (at most cap of them).
- * Returns the number copied. */
-size_t ecx_wire_ack_indices(const ecx_ack *a, int64_t *out, size_t cap);
 
 #endif

@@ -88,7 +88,8 @@ static ecx_ctx *consumer(const char *data, const char *model, uint64_t region)
 static long long metric(ecx_ctx *ctx, const char *name)
 {
     static char buf[1 << 16];
-    assert_true(ecx_metrics(ctx, buf, sizeof buf) > 0);
+    size_t len;
+    assert_int_equal(ecx_metrics(ctx, buf, sizeof buf, &len), 0);
     size_t nl = strlen(name);
     for (char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
         if (!strncmp(l, name, nl) && l[nl] == ' ') return atoll(l + nl + 1);

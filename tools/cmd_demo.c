@@ -92,7 +92,7 @@ typedef struct job {
 typedef struct child_stat {
     int started;
     int err;          /* ecx_new failed or similar */
-    uint64_t retries; /* ecxi_consumer_retries_total */
+    uint64_t retries; /* ecx_consumer_retries_total */
     double t0, t1;    /* first fetch, last outcome */
 } child_stat;
 
@@ -255,17 +255,12 @@ static job *add_job(demo *d, const char *hash, uint64_t size, int scenario, int 
 /* Compare an item's bytes, in place, with its synthetic content. */
 static int verify_item(ecx_ctx *ctx, job *j, bool tamper, uint8_t *buf, size_t buf_len)
 {
-    ecx_segment one, *segs = &one;
+    const ecx_segment *segs;
     size_t n;
     uint64_t size;
-    int rc = ecx_load(ctx, j->hash, segs, 1, &n, &size);
-    if (rc == ECX_ERANGE) {
-        if (!(segs = malloc(n * sizeof *segs))) return -1;
-        rc = ecx_load(ctx, j->hash, segs, n, &n, &size);
-    }
+    int rc = ecx_load(ctx, j->hash, &segs, &n, &size);
     if (rc) {
         fprintf(stderr, "demo consumer: %s: cannot load: %s\n", j->hash, ecx_strerror(rc));
-        if (segs != &one) free(segs);
         return -1;
     }
     if (tamper && n && segs[0].len) segs[0].ptr[segs[0].len / 2] ^= 0x5a;
@@ -285,19 +280,18 @@ static int verify_item(ecx_ctx *ctx, job *j, bool tamper, uint8_t *buf, size_t b
     }
     if (same && off != j->size) same = false;
     ecx_release(ctx, j->hash);
-    if (segs != &one) free(segs);
     return same ? 0 : -1;
 }
 
-/* ecxi_consumer_retries_total from the context's metrics. */
+/* ecx_consumer_retries_total from the context's metrics. */
 static uint64_t read_retries(ecx_ctx *ctx)
 {
     uint64_t v = 0;
-    size_t cap = 1 << 16;
-    for (int tries = 0; tries < 6; tries++, cap *= 2) {
-        char *buf = malloc(cap);
+    size_t len = 1 << 16;
+    for (int tries = 0; tries < 3; tries++) { /* the text may grow between calls */
+        char *buf = malloc(len + 1);
         if (!buf) return 0;
-        int n = ecx_metrics(ctx, buf, cap);
+        int n = ecx_metrics(ctx, buf, len + 1, &len);
         if (n >= 0) {
             const char *k = "\necx_consumer_retries_total ";
             const char *p = strstr(buf, k);

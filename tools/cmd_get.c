@@ -79,24 +79,18 @@ static double now_s(void)
  * if asked, compare them with the synthetic content. */
 static int store(ecx_ctx *ctx, want *w, const char *path, bool verify)
 {
-    ecx_segment one, *segs = &one;
+    const ecx_segment *segs;
     size_t n;
     uint64_t size;
-    int rc = ecx_load(ctx, w->hash, segs, 1, &n, &size);
-    if (rc == ECX_ERANGE) {
-        if (!(segs = malloc(n * sizeof *segs))) return -1;
-        rc = ecx_load(ctx, w->hash, segs, n, &n, &size);
-    }
+    int rc = ecx_load(ctx, w->hash, &segs, &n, &size);
     if (rc) {
         fprintf(stderr, "ecx: %s: cannot load: %s\n", w->hash, ecx_strerror(rc));
-        if (segs != &one) free(segs);
         return -1;
     }
     char tmp[4300];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
         fprintf(stderr, "ecx: output path too long\n");
         ecx_release(ctx, w->hash);
-        if (segs != &one) free(segs);
         w->bad = true;
         return -1;
     }
@@ -124,7 +118,6 @@ static int store(ecx_ctx *ctx, want *w, const char *path, bool verify)
     }
     free(check);
     ecx_release(ctx, w->hash);
-    if (segs != &one) free(segs);
     if (fd >= 0 && close(fd)) rc = -1;
     if (!rc && rename(tmp, path)) rc = -1;
     if (rc) {

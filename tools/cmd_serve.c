@@ -174,7 +174,7 @@ static int scan_dir(const char *dir, items *it)
 }
 
 /* Read a preloaded file into its segments (no link followed, size checked). */
-static int load_file(const item *x, ecx_segment *segs, size_t n)
+static int load_file(const item *x, const ecx_segment *segs, size_t n)
 {
     uint64_t size;
     int fd = file_open("--preload", x->path, x->size, true, &size);
@@ -188,17 +188,12 @@ static int load_file(const item *x, ecx_segment *segs, size_t n)
 
 static int save_item(ecx_ctx *ctx, item *x, bool commit)
 {
-    ecx_segment *segs = NULL;
+    const ecx_segment *segs = NULL;
     size_t n = 0;
-    int rc = ecx_save_begin(ctx, x->hash, x->size, NULL, 0, &n);
-    if (rc == ECX_ERANGE) { /* nothing was reserved; n says how many segments */
-        segs = malloc(n * sizeof *segs);
-        rc = segs ? ecx_save_begin(ctx, x->hash, x->size, segs, n, &n) : ECX_ENOMEM;
-    }
+    int rc = ecx_save_begin(ctx, x->hash, x->size, &segs, &n);
     if (rc) {
         fprintf(stderr, "ecx: cannot store %s (%llu bytes): %s\n", x->hash,
                 (unsigned long long)x->size, ecx_strerror(rc));
-        free(segs);
         return -1;
     }
     uint64_t off = 0;
@@ -208,10 +203,8 @@ static int save_item(ecx_ctx *ctx, item *x, bool commit)
     }
     if (x->path && load_file(x, segs, n)) {
         ecx_save_abort(ctx, x->hash);
-        free(segs);
         return -1;
     }
-    free(segs);
     return commit && ecx_save_commit(ctx, x->hash) ? -1 : 0;
 }
 
@@ -220,8 +213,9 @@ static int write_announcements(ecx_ctx *ctx, const items *it, const char *path)
     json_t *root = json_object();
     char buf[1024];
     for (size_t i = 0; i < it->n; i++) {
-        int n = ecx_announce(ctx, it->v[i].hash, buf, sizeof buf);
-        json_t *a = n > 0 ? json_loads(buf, 0, NULL) : NULL;
+        size_t len;
+        int rc = ecx_announce(ctx, it->v[i].hash, buf, sizeof buf, &len);
+        json_t *a = rc == 0 ? json_loads(buf, 0, NULL) : NULL;
         if (!a) {
             json_decref(root);
             return -1;
@@ -259,20 +253,19 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         r = MHD_create_response_from_buffer(sizeof nf - 1, (void *)nf, MHD_RESPMEM_PERSISTENT);
         status = MHD_HTTP_NOT_FOUND;
     } else {
-        size_t cap = 16384;
+        size_t len = 16383;
         char *buf = NULL;
-        int n = ECX_ERANGE;
-        while (n == ECX_ERANGE && cap <= (64u << 20)) {
+        int rc = ECX_ERANGE;
+        for (int tries = 0; rc == ECX_ERANGE && tries < 3; tries++) { /* grows between calls */
             free(buf);
-            if (!(buf = malloc(cap))) return MHD_NO;
-            n = ecx_metrics(ctx, buf, cap);
-            cap *= 2;
+            if (!(buf = malloc(len + 1))) return MHD_NO;
+            rc = ecx_metrics(ctx, buf, len + 1, &len);
         }
-        if (n < 0) {
+        if (rc) {
             free(buf);
             return MHD_NO;
         }
-        r = MHD_create_response_from_buffer((size_t)n, buf, MHD_RESPMEM_MUST_FREE);
+        r = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
         MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
     }
     enum MHD_Result ok = MHD_queue_response(conn, status, r);
