@@ -1,0 +1,485 @@
+/*
+ * test_api — the public API as an engine sees it: only <ecx.h>, real
+ * contexts, real sockets on loopback. Covers what issue 11 sealed: config
+ * growth, names from one list, the logger, region layout, library-owned
+ * segment lists, lengths on ERANGE, the JSON-free fetch, ecx_fd /
+ * ecx_next_timeout in a foreign loop, and the threading rule (one thread
+ * waits in ecx_poll while others fetch and save).
+ */
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "ecx.h"
+
+#define BLOCK (64u << 10)
+#define REGION (16u << 20)
+
+static void base_config(ecx_config *c, int role)
+{
+    ecx_config_init(c);
+    c->role = role;
+    c->listen = "127.0.0.1:0";
+    c->region_bytes = REGION;
+    c->block_bytes = BLOCK;
+    c->ack_timeout_ms = 3000;
+}
+
+static ecx_ctx *make(int role)
+{
+    ecx_config c;
+    base_config(&c, role);
+    ecx_ctx *ctx = NULL;
+    assert_int_equal(ecx_new(&c, &ctx), 0);
+    return ctx;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void fill(uint8_t *p, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(seed * 131u + i * 7u + (i >> 9));
+}
+
+/* ---------- names and versions ---------- */
+
+static void test_version_and_names(void **state)
+{
+    (void)state;
+    assert_string_equal(ecx_version(), ECX_VERSION_STRING);
+    /* Every code in the list has its own name and a message. */
+    static const int codes[] = {
+#define CODE_(name, code, msg) code,
+        ECX_ERRORS(CODE_)
+#undef CODE_
+    };
+    size_t n = sizeof codes / sizeof codes[0];
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(strncmp(ecx_errname(codes[i]), "ECX_", 4), 0);
+        assert_string_not_equal(ecx_errname(codes[i]), "ECX_EUNKNOWN");
+        assert_string_not_equal(ecx_strerror(codes[i]), "unknown error");
+        for (size_t k = 0; k < i; k++)
+            assert_string_not_equal(ecx_errname(codes[i]), ecx_errname(codes[k]));
+    }
+    assert_string_equal(ecx_errname(ECX_ECACHE_FULL), "ECX_ECACHE_FULL");
+    assert_string_equal(ecx_errname(-9999), "ECX_EUNKNOWN");
+    assert_string_equal(ecx_strerror(-9999), "unknown error");
+    assert_string_equal(ecx_status_name(ECX_STATUS_NACK_NOT_READY), "NACK_NOT_READY");
+    assert_string_equal(ecx_status_name(6), "UNKNOWN");
+    assert_string_equal(ecx_reason_name(ECX_REASON_LEASE_EXPIRED), "LEASE_EXPIRED");
+    assert_string_equal(ecx_reason_name(ECX_REASON_COUNT), "UNKNOWN");
+    for (int r = 0; r < ECX_REASON_COUNT; r++)
+        assert_string_not_equal(ecx_reason_name(r), "UNKNOWN");
+}
+
+/* ---------- config ---------- */
+
+static int try_new(const ecx_config *c)
+{
+    ecx_ctx *ctx = NULL;
+    int rc = ecx_new(c, &ctx);
+    ecx_free(ctx);
+    return rc;
+}
+
+static void test_config_growth(void **state)
+{
+    (void)state;
+    ecx_config c;
+    base_config(&c, ECX_ROLE_CONSUMER);
+    assert_int_equal(c.size, sizeof c);
+    assert_int_equal(try_new(&c), 0);
+
+    /* Not made by ecx_config_init: size 0. */
+    ecx_config z;
+    memset(&z, 0, sizeof z);
+    assert_int_equal(try_new(&z), ECX_EINVAL);
+
+    /* A newer caller's larger config: fine while the unknown tail is zero. */
+    struct {
+        ecx_config c;
+        uint64_t future[4];
+    } big;
+    memset(&big, 0, sizeof big);
+    base_config(&big.c, ECX_ROLE_CONSUMER);
+    big.c.size = sizeof big;
+    assert_int_equal(try_new(&big.c), 0);
+    big.future[2] = 7; /* a field this library does not know, set */
+    assert_int_equal(try_new(&big.c), ECX_EINVAL);
+
+    /* Each limit is checked. */
+    struct {
+        size_t off, len;
+        int64_t v;
+    } bad[] = {
+        {offsetof(ecx_config, role), sizeof c.role, 0},
+        {offsetof(ecx_config, ack_timeout_ms), sizeof c.ack_timeout_ms, 0},
+        {offsetof(ecx_config, read_timeout_ms), sizeof c.read_timeout_ms, -5},
+        {offsetof(ecx_config, session_idle_ms), sizeof c.session_idle_ms, 0},
+        {offsetof(ecx_config, max_sessions), sizeof c.max_sessions, 0},
+        {offsetof(ecx_config, max_conn_pin_pct), sizeof c.max_conn_pin_pct, 101},
+        {offsetof(ecx_config, max_conn_grants), sizeof c.max_conn_grants, 70000},
+        {offsetof(ecx_config, block_bytes), sizeof c.block_bytes, 0},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        base_config(&c, ECX_ROLE_CONSUMER);
+        if (bad[i].len == 4) {
+            uint32_t v = (uint32_t)bad[i].v;
+            memcpy((char *)&c + bad[i].off, &v, 4);
+        } else {
+            memcpy((char *)&c + bad[i].off, &bad[i].v, 8);
+        }
+        assert_int_equal(try_new(&c), ECX_EINVAL);
+    }
+    base_config(&c, ECX_ROLE_CONSUMER);
+    c.data = "carrier-pigeon";
+    assert_int_equal(try_new(&c), ECX_EINVAL);
+}
+
+/* ---------- logger ---------- */
+
+typedef struct captured {
+    int lines, level;
+    char last[1024];
+} captured;
+
+static void capture(void *arg, int level, const char *line)
+{
+    captured *c = arg;
+    c->lines++;
+    c->level = level;
+    snprintf(c->last, sizeof c->last, "%s", line);
+}
+
+static void test_logger(void **state)
+{
+    (void)state;
+    captured got = {0};
+    ecx_set_logger(capture, &got);
+    ecx_config c;
+    base_config(&c, ECX_ROLE_CONSUMER);
+    c.max_conn_pin_pct = 0;
+    assert_int_equal(try_new(&c), ECX_EINVAL);
+    assert_true(got.lines >= 1);
+    assert_int_equal(got.level, ECX_LOG_ERROR);
+    assert_non_null(strstr(got.last, "max_conn_pin_pct"));
+
+    /* Above the level: not delivered. */
+    int before = got.lines;
+    ecx_set_log_level(ECX_LOG_ERROR - 1); /* clamps to ERROR */
+    base_config(&c, ECX_ROLE_PRODUCER);
+    c.advertise_host = "bad host!"; /* an ERROR line */
+    assert_int_equal(try_new(&c), ECX_EINVAL);
+    assert_true(got.lines > before);
+    ecx_set_log_level(ECX_LOG_WARN);
+    ecx_set_logger(NULL, NULL);
+}
+
+/* ---------- region layout, segments, lengths ---------- */
+
+static void test_region_and_segments(void **state)
+{
+    (void)state;
+    ecx_ctx *p = make(ECX_ROLE_PRODUCER);
+    ecx_region_layout r;
+    assert_int_equal(ecx_region_info(p, &r), 0);
+    assert_non_null(r.base);
+    assert_int_equal(r.block_bytes, BLOCK);
+    assert_int_equal(r.num_blocks, REGION / BLOCK);
+    assert_int_equal(r.size_bytes, r.num_blocks * r.block_bytes);
+    struct stat st;
+    assert_int_equal(stat(r.path, &st), 0);
+    assert_int_equal((uint64_t)st.st_size, r.size_bytes);
+
+    /* Fragment the free space: holes of one block between held items. */
+    char h[32];
+    for (int i = 0; i < 8; i++) {
+        snprintf(h, sizeof h, "frag-%d", i);
+        uint8_t b[100];
+        fill(b, sizeof b, (unsigned)i);
+        assert_int_equal(ecx_save(p, h, b, sizeof b), 0);
+    }
+    const ecx_segment *segs;
+    size_t n;
+    for (int i = 0; i < 8; i += 2) { /* begun and aborted: their blocks are free again */
+        snprintf(h, sizeof h, "hole-%d", i);
+        assert_int_equal(ecx_save_begin(p, h, 3 * BLOCK + 5, &segs, &n), 0);
+        assert_int_equal(ecx_save_abort(p, h), 0);
+        assert_int_equal(ecx_save_abort(p, h), ECX_ECACHE_MISSING);
+    }
+    /* A save's list: in order, inside the region, summing to the size. */
+    uint64_t size = 5 * BLOCK + 1234;
+    assert_int_equal(ecx_save_begin(p, "item", size, &segs, &n), 0);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_true(segs[i].ptr >= r.base);
+        assert_true(segs[i].ptr + segs[i].len <= r.base + r.size_bytes);
+        fill(segs[i].ptr, segs[i].len, (unsigned)(1000 + sum));
+        sum += segs[i].len;
+    }
+    assert_int_equal(sum, size);
+    assert_int_equal(ecx_save_begin(p, "item", size, &segs, &n), ECX_ECACHE_EXISTS);
+    assert_int_equal(ecx_save_commit(p, "item"), 0);
+    assert_int_equal(ecx_save_commit(p, "item"), ECX_ECACHE_STATE);
+    assert_int_equal(ecx_save_abort(p, "item"), ECX_ECACHE_STATE);
+
+    /* Nested loads share one list, valid until the last release. */
+    const ecx_segment *a, *b;
+    size_t na, nb;
+    uint64_t sa, sb;
+    assert_int_equal(ecx_load(p, "item", &a, &na, &sa), 0);
+    assert_int_equal(ecx_load(p, "item", &b, &nb, &sb), 0);
+    assert_int_equal(sa, size);
+    assert_int_equal(na, nb);
+    assert_int_equal(ecx_release(p, "item"), 0);
+    uint64_t off = 0; /* still readable after the first release */
+    for (size_t i = 0; i < nb; i++) {
+        uint8_t *want = malloc(b[i].len);
+        fill(want, b[i].len, (unsigned)(1000 + off));
+        assert_memory_equal(b[i].ptr, want, b[i].len);
+        free(want);
+        off += b[i].len;
+    }
+    assert_int_equal(ecx_release(p, "item"), 0);
+    assert_int_not_equal(ecx_release(p, "item"), 0); /* not pinned any more */
+
+    /* ecx_read: ERANGE leaves nothing held. */
+    uint8_t small[10];
+    assert_int_equal(ecx_read(p, "item", small, sizeof small), ECX_ERANGE);
+    assert_int_equal(ecx_release(p, "item"), ECX_ECACHE_STATE);
+
+    /* Lengths on ERANGE. */
+    char buf[8];
+    size_t len = 0;
+    assert_int_equal(ecx_announce(p, "item", buf, sizeof buf, &len), ECX_ERANGE);
+    assert_true(len > sizeof buf);
+    char *big = malloc(len + 1);
+    size_t len2 = 0;
+    assert_int_equal(ecx_announce(p, "item", big, len + 1, &len2), 0);
+    assert_int_equal(len2, len);
+    assert_int_equal(strlen(big), len);
+    assert_non_null(strstr(big, "\"size_bytes\":"));
+    free(big);
+    assert_int_equal(ecx_announce(p, "absent", buf, sizeof buf, &len), ECX_ERANGE);
+    assert_int_equal(len, strlen("{\"metadata\":{}}"));
+
+    len = 0;
+    assert_int_equal(ecx_metrics(p, buf, sizeof buf, &len), ECX_ERANGE);
+    assert_string_equal(buf, "");
+    assert_true(len > 1000);
+    char *m = malloc(len + 1);
+    assert_int_equal(ecx_metrics(p, m, len + 1, &len2), 0);
+    assert_int_equal(len2, len);
+    assert_non_null(strstr(m, "ecx_producer_requests_total"));
+    free(m);
+
+    /* One mm_hash limit. */
+    char longest[ECX_MM_HASH_MAX + 2];
+    memset(longest, 'h', sizeof longest);
+    longest[ECX_MM_HASH_MAX] = '\0';
+    assert_int_equal(ecx_save(p, longest, "x", 1), 0);
+    longest[ECX_MM_HASH_MAX] = 'h', longest[ECX_MM_HASH_MAX + 1] = '\0';
+    assert_int_equal(ecx_save(p, longest, "x", 1), ECX_EINVAL);
+
+    /* Role errors. */
+    int reason;
+    assert_int_equal(ecx_fetch(p, "item", NULL, 0, &reason), ECX_EDATA_ROLE);
+    ecx_ctx *c = make(ECX_ROLE_CONSUMER);
+    assert_int_equal(ecx_listen_port(c), ECX_EDATA_ROLE);
+    assert_int_equal(ecx_save(c, "x", "x", 1), ECX_EDATA_ROLE);
+    ecx_announcement an;
+    assert_int_equal(ecx_announce_info(c, "x", &an), ECX_EDATA_ROLE);
+    ecx_free(c);
+    ecx_free(p);
+}
+
+/* ---------- the JSON-free fetch, driven from a foreign event loop ---------- */
+
+static void test_foreign_loop(void **state)
+{
+    (void)state;
+    ecx_ctx *p = make(ECX_ROLE_PRODUCER), *c = make(ECX_ROLE_CONSUMER);
+    assert_int_equal(ecx_next_timeout(c), -1); /* nothing pending, nothing to wait for */
+    size_t size = 700000;
+    uint8_t *bytes = malloc(size), *back = malloc(size);
+    fill(bytes, size, 42);
+    assert_int_equal(ecx_save(p, "foreign", bytes, size), 0);
+    ecx_announcement an;
+    assert_int_equal(ecx_announce_info(p, "foreign", &an), 0);
+    assert_int_equal(an.peer_port, ecx_listen_port(p));
+    assert_int_equal(an.size_bytes, size);
+    assert_int_equal(ecx_announce_info(p, "absent", &an), ECX_ECACHE_MISSING);
+    assert_int_equal(ecx_announce_info(p, "foreign", &an), 0);
+
+    int reason = -1;
+    assert_int_equal(ecx_fetch_from(c, "foreign", &an, size, &reason), ECX_FETCH_PENDING);
+    /* The engine's own loop: poll() on both fds for the shorter timeout,
+     * then ecx_poll(ctx, 0) on each. Bounded: 10 s. */
+    int st = ECX_FETCH_PENDING, wakes = 0;
+    double end = now_s() + 10;
+    while (st == ECX_FETCH_PENDING && now_s() < end) {
+        int tp = ecx_next_timeout(p), tc = ecx_next_timeout(c);
+        int t = tp < 0 ? tc : tc < 0 ? tp : tp < tc ? tp : tc;
+        if (t < 0 || t > 100) t = 100;
+        struct pollfd fds[2] = {{ecx_fd(p), POLLIN, 0}, {ecx_fd(c), POLLIN, 0}};
+        if (poll(fds, 2, t) > 0) wakes++;
+        ecx_poll(p, 0);
+        ecx_poll(c, 0);
+        st = ecx_fetch_from(c, "foreign", &an, size, &reason);
+    }
+    assert_int_equal(st, ECX_FETCH_READY);
+    assert_true(wakes > 0); /* the fds did signal */
+    assert_int_equal(ecx_read(c, "foreign", back, size), (int64_t)size);
+    assert_memory_equal(back, bytes, size);
+
+    /* Not announced, and an unusable port: local, with reasons. */
+    assert_int_equal(ecx_fetch_from(c, "nobody", NULL, 0, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NO_PEER);
+    ecx_announcement bad = {"127.0.0.1", 70000, 10};
+    assert_int_equal(ecx_fetch_from(c, "badport", &bad, 0, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_INVALID);
+    free(bytes);
+    free(back);
+    ecx_free(c);
+    ecx_free(p);
+}
+
+/* ---------- threads: one waits in ecx_poll, others fetch and save ---------- */
+
+typedef struct poller {
+    ecx_ctx *ctx;
+    volatile int stop;
+    long polls;
+} poller;
+
+static void *poll_loop(void *arg)
+{
+    poller *pl = arg;
+    while (!pl->stop) {
+        ecx_poll(pl->ctx, 50);
+        pl->polls++;
+    }
+    return NULL;
+}
+
+#define N_THREADED 24
+
+static void test_threads(void **state)
+{
+    (void)state;
+    ecx_ctx *p = make(ECX_ROLE_PRODUCER), *c = make(ECX_ROLE_CONSUMER);
+    poller pp = {p, 0, 0}, pc = {c, 0, 0};
+    pthread_t tp, tc;
+    assert_int_equal(pthread_create(&tp, NULL, poll_loop, &pp), 0);
+    assert_int_equal(pthread_create(&tc, NULL, poll_loop, &pc), 0);
+    /* Saves race the producer's poller; fetches race the consumer's. */
+    size_t size = 200000;
+    uint8_t *bytes = malloc(size), *back = malloc(size);
+    char h[32];
+    for (int i = 0; i < N_THREADED; i++) {
+        snprintf(h, sizeof h, "thr-%d", i);
+        fill(bytes, size, (unsigned)i);
+        assert_int_equal(ecx_save(p, h, bytes, size), 0);
+    }
+    ecx_announcement an;
+    assert_int_equal(ecx_announce_info(p, "thr-0", &an), 0);
+    int ready = 0, reason;
+    double end = now_s() + 20;
+    int state_of[N_THREADED];
+    for (int i = 0; i < N_THREADED; i++) state_of[i] = ECX_FETCH_PENDING;
+    while (ready < N_THREADED && now_s() < end) {
+        for (int i = 0; i < N_THREADED; i++) {
+            if (state_of[i] != ECX_FETCH_PENDING) continue;
+            snprintf(h, sizeof h, "thr-%d", i);
+            state_of[i] = ecx_fetch_from(c, h, &an, size, &reason);
+            if (state_of[i] == ECX_FETCH_LOCAL) fail_msg("%s: %s", h, ecx_reason_name(reason));
+            if (state_of[i] == ECX_FETCH_READY) ready++;
+        }
+        usleep(1000); /* the engine's step; no ecx_poll on this thread */
+    }
+    assert_int_equal(ready, N_THREADED);
+    for (int i = 0; i < N_THREADED; i++) {
+        snprintf(h, sizeof h, "thr-%d", i);
+        fill(bytes, size, (unsigned)i);
+        assert_int_equal(ecx_read(c, h, back, size), (int64_t)size);
+        assert_memory_equal(back, bytes, size);
+    }
+    pp.stop = pc.stop = 1;
+    pthread_join(tp, NULL);
+    pthread_join(tc, NULL);
+    assert_true(pc.polls > 0);
+    free(bytes);
+    free(back);
+    ecx_free(c);
+    ecx_free(p);
+}
+
+/* ---------- the public wire codec ---------- */
+
+static void test_wire_codec(void **state)
+{
+    (void)state;
+    ecx_req r;
+    ecx_req_init(&r);
+    r.mm_hash = (ecx_span){"abc", 3};
+    r.compatibility_hash = (ecx_span){"0123", 4};
+    r.session_id = (ecx_span){"s-1", 3};
+    uint8_t buf[256];
+    size_t len = 0;
+    assert_int_equal(ecx_wire_encode_req(&r, buf, 4, &len), ECX_ERANGE);
+    assert_true(len > 4);
+    size_t need = len;
+    assert_int_equal(ecx_wire_encode_req(&r, buf, sizeof buf, &len), 0);
+    assert_int_equal(len, need);
+    ecx_req d;
+    assert_int_equal(ecx_wire_decode_req(buf, len, &d), 0);
+    assert_int_equal(d.mm_hash.n, 3);
+    assert_memory_equal(d.mm_hash.p, "abc", 3);
+    assert_int_equal(d.connector_version, ECX_CONNECTOR_VERSION);
+
+    ecx_ack a;
+    ecx_ack_init(&a);
+    int64_t idx[] = {3, 1, 200};
+    a.mm_hash = (ecx_span){"abc", 3};
+    a.status = ECX_STATUS_OK;
+    a.n_indices = 3, a.indices = idx;
+    assert_int_equal(ecx_wire_encode_ack(&a, buf, sizeof buf, &len), 0);
+    ecx_ack da;
+    assert_int_equal(ecx_wire_decode_ack(buf, len, &da), 0);
+    int64_t got[3];
+    assert_int_equal(ecx_wire_ack_indices(&da, got, 3), 3);
+    assert_memory_equal(got, idx, sizeof idx);
+    a.status = 9;
+    assert_int_equal(ecx_wire_encode_ack(&a, buf, sizeof buf, &len), ECX_EINVAL);
+    assert_int_equal(ecx_wire_decode_ack(buf, 0, &da), ECX_EWIRE_EMPTY);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_version_and_names),
+        cmocka_unit_test(test_config_growth),
+        cmocka_unit_test(test_logger),
+        cmocka_unit_test(test_region_and_segments),
+        cmocka_unit_test(test_foreign_loop),
+        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_wire_codec),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
