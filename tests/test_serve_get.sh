@@ -60,6 +60,27 @@ rc=$?
 check "serve exits 0 on SIGINT (got $rc)" '[ $rc = 0 ]'
 check "region file removed" '[ -z "$(ls "$SHM" | grep "\.mmap$")" ]'
 
+# An mm_hash of ECX_MM_HASH_MAX (255) bytes is a file name: served by
+# --preload and written by get --out DIR; one byte more cannot be.
+LONG=$(printf 'n%.0s' $(seq 255))
+mkdir -p "$T/long" "$T/long-out"
+head -c 70000 /dev/urandom >"$T/long/$LONG"
+"$ECX" serve --listen 127.0.0.1:0 --preload "$T/long" --block-bytes 64Ki \
+  --announce-out "$T/long.json" 2>"$T/long.log" &
+lpid=$!
+pids+=($lpid)
+if wait_file "$T/long.json"; then
+  expect 0 "1 fetched" "get of a 255-byte mm_hash" -- "$ECX" get --params "$T/long.json" \
+    --out "$T/long-out" --block-bytes 64Ki
+  check "255-byte name byte-exact" 'cmp -s "$T/long/$LONG" "$T/long-out/$LONG"'
+else
+  bad "serve --preload of a 255-byte name did not start: $(cat "$T/long.log")"
+fi
+kill -INT "$lpid"
+wait "$lpid"
+echo "{\"${LONG}x\":{\"peer_host\":\"127.0.0.1\",\"peer_port\":1,\"size_bytes\":5}}" >"$T/toolong.json"
+expect 1 "cannot be a file name" "256-byte mm_hash as file name" -- "$ECX" get --params "$T/toolong.json" --out "$T/long-out"
+
 # Bad options and inputs.
 expect 2 "not a size" "bad --block-bytes" -- "$ECX" serve --block-bytes 12x
 expect 2 "at least 1" "zero --block-bytes" -- "$ECX" serve --block-bytes 0

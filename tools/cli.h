@@ -15,6 +15,8 @@ int cmd_serve(int argc, char **argv);
 int cmd_get(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+/* `ecx bench data` (tools/cmd_bench_data.c); help is `ecx bench --help`. */
+int cmd_bench_data(int argc, char **argv, const char *help);
 
 /* Print "ecx: <msg>" to stderr and return EXIT_USAGE. */
 int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

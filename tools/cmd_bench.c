@@ -17,8 +17,11 @@
  * regrant or lease, which is the same work for any producer that follows
  * SPEC §4.
  *
- * `bench data` is the data-plane benchmark (bench/data_bench.c, shared with
- * build/bench_data).
+ * It uses only the public wire codec (ecx.h) and a plain libzmq DEALER with
+ * the options a consumer's socket has.
+ *
+ * `bench data` (tools/cmd_bench_data.c) times whole fetches through the
+ * public API; build/bench_data is the raw data-plane benchmark.
  */
 #include <jansson.h>
 #include <sodium.h>
@@ -29,10 +32,8 @@
 #include <zmq.h>
 
 #include "cli.h"
-#include "ctrl.h"
-#include "data_bench.h"
+#include "ecx.h"
 #include "opts.h"
-#include "wire.h"
 
 static const char HELP[] =
     "usage: ecx bench ctrl --params FILE [--requests N] [--window W] [options]\n"
@@ -58,9 +59,14 @@ static const char HELP[] =
     "  (ok / nack over the measured requests; ack_bytes is the mean ack size).\n"
     "  Exit 0 when every request got a well-formed ack for its item in time.\n"
     "\n"
-    "ecx bench data: the data-plane benchmark (also build/bench_data). A forked\n"
-    "producer serves a region; this process fetches SIZE bytes through each path,\n"
-    "interleaved with a plain memcpy of the same size, verifying every byte.\n"
+    "ecx bench data: what a fetch costs an engine, through the public API. For each\n"
+    "path, a producer and a consumer context in this process (the producer polled\n"
+    "on a thread of its own); each iteration saves a fresh item of SIZE bytes at\n"
+    "the producer and times the consumer's fetch of it until it is ready, so the\n"
+    "figure is fetch-to-ready including one control round trip (XferReq/XferAck)\n"
+    "and the checksum check; every byte is then verified. A plain memcpy of the\n"
+    "same size is timed in the same run, interleaved. (build/bench_data measures\n"
+    "the raw data plane alone.)\n"
     "  --size SIZE            bytes per fetch (repeatable, up to 8; default 4.7M and 28.8M)\n"
     "  --count N              timed fetches per size and path (default 30)\n"
     "  --warmup N             untimed fetches first (default 3)\n"
@@ -101,7 +107,8 @@ static uint64_t pct(const uint64_t *v, size_t n, double p)
 
 typedef struct target {
     char *hash;
-    msgpack_sbuffer frame; /* the XferReq, encoded once */
+    uint8_t *frame; /* the XferReq, encoded once */
+    size_t frame_len;
 } target;
 
 typedef struct slot {
@@ -170,7 +177,7 @@ static void free_targets(target *t, int n)
 {
     for (int i = 0; i < n; i++) {
         free(t[i].hash);
-        msgpack_sbuffer_destroy(&t[i].frame);
+        free(t[i].frame);
     }
     free(t);
 }
@@ -189,6 +196,135 @@ static void uuid4(char out[37])
         *o++ = hex[b[i] & 15];
     }
     *o = 0;
+}
+
+/* Encode r into a malloc'd frame (grown once to the size the codec names). */
+static int encode_req(const ecx_req *r, uint8_t **out, size_t *len)
+{
+    size_t cap = 512;
+    for (int tries = 0; tries < 2; tries++) {
+        uint8_t *b = malloc(cap);
+        if (!b) return ECX_ENOMEM;
+        int e = ecx_wire_encode_req(r, b, cap, len);
+        if (e == 0) {
+            *out = b;
+            return 0;
+        }
+        free(b);
+        if (e != ECX_ERANGE) return e;
+        cap = *len;
+    }
+    return ECX_ERANGE;
+}
+
+/* ---------- the DEALER: a consumer's control socket, in libzmq alone ---------- */
+
+/* An ack frame of at most 16 MiB, as the library's consumer takes. */
+#define MAX_ACK_FRAME (16 << 20)
+
+typedef struct dealer {
+    void *sock, *mon;
+    zmq_msg_t parts[2];
+    bool handshaken, lost;
+} dealer;
+
+static int set_int(void *sock, int opt, int v)
+{
+    return zmq_setsockopt(sock, opt, &v, sizeof v);
+}
+
+static void dealer_close(dealer *d)
+{
+    if (d->sock && d->mon) zmq_socket_monitor(d->sock, NULL, 0);
+    if (d->mon) zmq_close(d->mon);
+    if (d->sock) zmq_close(d->sock);
+    zmq_msg_close(&d->parts[0]);
+    zmq_msg_close(&d->parts[1]);
+    d->sock = d->mon = NULL;
+}
+
+/* Connect a DEALER to host:port: heartbeats (2 s, 4 s timeout) so a dead
+ * producer is noticed, reconnects backing off to 5 s, no linger, and a
+ * monitor that says when an established connection was lost. */
+static int dealer_open(dealer *d, void *zctx, const char *host, int port)
+{
+    char ep[300];
+    int64_t max = MAX_ACK_FRAME;
+    memset(d, 0, sizeof *d);
+    zmq_msg_init(&d->parts[0]);
+    zmq_msg_init(&d->parts[1]);
+    snprintf(ep, sizeof ep, strchr(host, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", host, port);
+    if (!(d->sock = zmq_socket(zctx, ZMQ_DEALER)) || set_int(d->sock, ZMQ_LINGER, 0) ||
+        set_int(d->sock, ZMQ_IPV6, 1) ||
+        zmq_setsockopt(d->sock, ZMQ_MAXMSGSIZE, &max, sizeof max) ||
+        set_int(d->sock, ZMQ_HEARTBEAT_IVL, 2000) || set_int(d->sock, ZMQ_HEARTBEAT_TIMEOUT, 4000) ||
+        set_int(d->sock, ZMQ_HEARTBEAT_TTL, 8000) || set_int(d->sock, ZMQ_RECONNECT_IVL_MAX, 5000) ||
+        zmq_socket_monitor(d->sock, "inproc://ecx-bench-ctrl-monitor",
+                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) ||
+        !(d->mon = zmq_socket(zctx, ZMQ_PAIR)) || set_int(d->mon, ZMQ_LINGER, 0) ||
+        zmq_connect(d->mon, "inproc://ecx-bench-ctrl-monitor") || zmq_connect(d->sock, ep)) {
+        fprintf(stderr, "ecx: cannot open a socket to %s: %s\n", ep, zmq_strerror(zmq_errno()));
+        dealer_close(d);
+        return -1;
+    }
+    return 0;
+}
+
+/* Send ["", frame] without blocking: 0, or -1 if it cannot be queued. */
+static int dealer_send(dealer *d, const void *frame, size_t len)
+{
+    if (zmq_send(d->sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(d->sock, frame, len, ZMQ_DONTWAIT) < 0)
+        return -1;
+    return 0;
+}
+
+static bool more(void *sock)
+{
+    int m = 0;
+    size_t sz = sizeof m;
+    return zmq_getsockopt(sock, ZMQ_RCVMORE, &m, &sz) == 0 && m;
+}
+
+/* Receive one ["", payload] reply without blocking: 1 (view valid until the
+ * next call), 0 none waiting. Replies of another shape are dropped. */
+static int dealer_recv(dealer *d, const void **payload, size_t *len)
+{
+    for (;;) {
+        if (zmq_msg_recv(&d->parts[0], d->sock, ZMQ_DONTWAIT) < 0) return 0;
+        int n = 1;
+        bool m = more(d->sock);
+        if (m && zmq_msg_recv(&d->parts[1], d->sock, ZMQ_DONTWAIT) >= 0) n = 2, m = more(d->sock);
+        if (!m && n == 2 && zmq_msg_size(&d->parts[0]) == 0) {
+            *payload = zmq_msg_data(&d->parts[1]);
+            *len = zmq_msg_size(&d->parts[1]);
+            return 1;
+        }
+        zmq_msg_t x; /* drop the rest of a message of another shape */
+        zmq_msg_init(&x);
+        while (m && zmq_msg_recv(&x, d->sock, ZMQ_DONTWAIT) >= 0) m = more(d->sock);
+        zmq_msg_close(&x);
+    }
+}
+
+/* True once a connection that completed its handshake was lost (a
+ * heartbeat timeout included). A connection refused in its handshake is
+ * not lost: the requests just go unanswered. Sticky. */
+static bool dealer_lost(dealer *d)
+{
+    zmq_msg_t ev;
+    zmq_msg_init(&ev);
+    while (!d->lost && zmq_msg_recv(&ev, d->mon, ZMQ_DONTWAIT) >= 0) {
+        /* Frame 1: uint16 event + uint32 value; frame 2: the endpoint. */
+        uint16_t e = 0;
+        if (zmq_msg_size(&ev) >= 6) memcpy(&e, zmq_msg_data(&ev), sizeof e);
+        while (more(d->mon) && zmq_msg_recv(&ev, d->mon, ZMQ_DONTWAIT) >= 0) {
+        }
+        if (e == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) d->handshaken = true;
+        else if (e == ZMQ_EVENT_DISCONNECTED && d->handshaken) d->lost = true;
+    }
+    zmq_msg_close(&ev);
+    return d->lost;
 }
 
 typedef struct ctrl_run {
@@ -220,8 +356,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
         r.mm_hash = (ecx_span){t[i].hash, strlen(t[i].hash)};
         r.compatibility_hash = (ecx_span){compat, strlen(compat)};
         r.session_id = (ecx_span){session, strlen(session)};
-        msgpack_sbuffer_init(&t[i].frame);
-        if ((e = ecxi_wire_encode_req(&r, &t[i].frame))) {
+        if ((e = encode_req(&r, &t[i].frame, &t[i].frame_len))) {
             fprintf(stderr, "ecx: cannot encode a request for '%s': %s\n", t[i].hash,
                     ecx_strerror(e));
             free_targets(t, nt);
@@ -230,7 +365,8 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
     }
 
     void *zctx = zmq_ctx_new();
-    ecxi_ctrl_peer *peer = NULL;
+    dealer peer = {0};
+    bool open = false;
     size_t total = (size_t)(o->warmup + o->requests), window = (size_t)o->window;
     slot *ring = calloc(window, sizeof *ring);
     uint64_t *lat = malloc((size_t)o->requests * sizeof *lat);
@@ -238,10 +374,8 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
         fprintf(stderr, "ecx: out of memory\n");
         goto out;
     }
-    if ((e = ecxi_ctrl_peer_new(zctx, host, port, NULL, &peer))) {
-        fprintf(stderr, "ecx: cannot open a socket to %s:%d: %s\n", host, port, ecx_strerror(e));
-        goto out;
-    }
+    if (dealer_open(&peer, zctx, host, port)) goto out;
+    open = true;
     fprintf(stderr,
             "ecx: bench ctrl: %s:%d, %d item(s), window %lld, %lld requests (+%lld warm-up)\n",
             host, port, nt, (long long)o->window, (long long)o->requests, (long long)o->warmup);
@@ -250,7 +384,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
     uint64_t status[6] = {0}, ack_bytes = 0;
     uint64_t start = now_ns(), deadline = start + (uint64_t)o->timeout_ms * 1000000ull;
     uint64_t t_first = 0, t_last = 0;
-    zmq_pollitem_t pi = {.socket = ecxi_ctrl_peer_socket(peer), .events = ZMQ_POLLIN};
+    zmq_pollitem_t pi = {.socket = peer.sock, .events = ZMQ_POLLIN};
     bool lost = false;
     /* Send while the window allows, drain acks without blocking, and only
      * block in zmq_poll (or look at the connection) when neither moved. */
@@ -261,7 +395,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
         while (sent < total && sent - answered < window) {
             const target *x = &t[sent % (size_t)nt];
             uint64_t ts = now_ns();
-            if (ecxi_ctrl_peer_send(peer, x->frame.data, x->frame.size)) break; /* queue full */
+            if (dealer_send(&peer, x->frame, x->frame_len)) break; /* queue full */
             if (sent == (size_t)o->warmup) t_first = ts;
             ring[sent % window] = (slot){ts, sent % (size_t)nt};
             sent++;
@@ -269,7 +403,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
         }
         const void *payload;
         size_t len;
-        while (answered < sent && ecxi_ctrl_peer_recv(peer, &payload, &len) == 1) {
+        while (answered < sent && dealer_recv(&peer, &payload, &len) == 1) {
             uint64_t ts = now_ns();
             slot *s = &ring[answered % window];
             ecx_ack a;
@@ -290,7 +424,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
             moved = true;
         }
         if (moved) continue;
-        if (ecxi_ctrl_peer_lost(peer)) {
+        if (dealer_lost(&peer)) {
             lost = true;
             break;
         }
@@ -335,7 +469,7 @@ static int run_ctrl(const ctrl_run *o, const ecx_config *cfg, const char *params
         rc = EXIT_FAIL;
     }
 out:
-    ecxi_ctrl_peer_free(peer);
+    if (open) dealer_close(&peer);
     if (zctx) zmq_ctx_term(zctx);
     free(ring);
     free(lat);
@@ -393,65 +527,6 @@ static int cmd_bench_ctrl(int argc, char **argv)
     return run_ctrl(&o, &cfg, params);
 }
 
-/* ---------- bench data ---------- */
-
-static int cmd_bench_data(int argc, char **argv)
-{
-    enum { O_SIZE = 2000, O_COUNT, O_WARMUP };
-    static const struct option opts[] = {{"size", required_argument, 0, O_SIZE},
-                                         {"count", required_argument, 0, O_COUNT},
-                                         {"warmup", required_argument, 0, O_WARMUP},
-                                         {"help", no_argument, 0, 'h'},
-                                         COMMON_LONG_OPTS,
-                                         {0, 0, 0, 0}};
-    ecx_config cfg;
-    ecx_config_init(&cfg);
-    ecxi_data_bench_opts o;
-    ecxi_data_bench_opts_init(&o);
-    int c;
-    int64_t v;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c == OPT_DATA) { /* this one also takes "all" */
-            bool all = !strcmp(optarg, "all") || !strcmp(optarg, "auto");
-            o.shm = all || !strcmp(optarg, "shm");
-            o.tcp = all || !strcmp(optarg, "tcp");
-            o.ucx = all || !strcmp(optarg, "ucx");
-            if (!o.shm && !o.tcp && !o.ucx)
-                return usage_error("--data takes all, shm, tcp or ucx, not '%s'", optarg);
-            continue;
-        }
-        int r = common_opt(c, optarg, &cfg, NULL);
-        if (r < 0) return EXIT_USAGE;
-        if (r > 0) continue;
-        switch (c) {
-        case 'h': fputs(HELP, stdout); return EXIT_OK;
-        case O_SIZE:
-            if (o.nsizes == ECX_DATA_BENCH_MAX_SIZES)
-                return usage_error("--size: at most %d sizes", ECX_DATA_BENCH_MAX_SIZES);
-            if (parse_size("--size", optarg, &o.sizes[o.nsizes])) return EXIT_USAGE;
-            if (o.sizes[o.nsizes] == 0 || o.sizes[o.nsizes] > (16ull << 30))
-                return usage_error("--size must be 1 byte to 16Gi");
-            o.nsizes++;
-            break;
-        case O_COUNT:
-            if (parse_int("--count", optarg, 1, 100000, &v)) return EXIT_USAGE;
-            o.iters = (int)v;
-            break;
-        case O_WARMUP:
-            if (parse_int("--warmup", optarg, 0, 100000, &v)) return EXIT_USAGE;
-            o.warmup = (int)v;
-            break;
-        default: return EXIT_USAGE;
-        }
-    }
-    if (optind < argc)
-        return usage_error("bench data takes no arguments ('%s'); try 'ecx bench --help'",
-                           argv[optind]);
-    o.block_bytes = cfg.block_bytes;
-    return ecxi_data_bench_run(&o) ? EXIT_FAIL : EXIT_OK;
-}
-
 int cmd_bench(int argc, char **argv)
 {
     if (argc < 2) {
@@ -464,6 +539,6 @@ int cmd_bench(int argc, char **argv)
         return EXIT_OK;
     }
     if (!strcmp(sub, "ctrl")) return cmd_bench_ctrl(argc - 1, argv + 1);
-    if (!strcmp(sub, "data")) return cmd_bench_data(argc - 1, argv + 1);
+    if (!strcmp(sub, "data")) return cmd_bench_data(argc - 1, argv + 1, HELP);
     return usage_error("bench: unknown benchmark '%s' (ctrl or data; try 'ecx bench --help')", sub);
 }

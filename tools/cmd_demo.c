@@ -34,8 +34,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "ecx.h"
 #include "opts.h"
-#include "region.h"
 
 static const char HELP[] =
     "usage: ecx demo [options]\n"
@@ -123,9 +123,7 @@ static void on_signal(int sig)
 
 static double now_s(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+    return mono_s();
 }
 
 static void sleep_ms(int ms)
@@ -255,7 +253,7 @@ static job *add_job(demo *d, const char *hash, uint64_t size, int scenario, int 
 /* Compare an item's bytes, in place, with its synthetic content. */
 static int verify_item(ecx_ctx *ctx, job *j, bool tamper, uint8_t *buf, size_t buf_len)
 {
-    const ecx_segment *segs;
+    const ecx_segment *segs; /* the library's, valid until ecx_release */
     size_t n;
     uint64_t size;
     int rc = ecx_load(ctx, j->hash, &segs, &n, &size);
@@ -286,23 +284,21 @@ static int verify_item(ecx_ctx *ctx, job *j, bool tamper, uint8_t *buf, size_t b
 /* ecx_consumer_retries_total from the context's metrics. */
 static uint64_t read_retries(ecx_ctx *ctx)
 {
-    uint64_t v = 0;
     size_t len = 1 << 16;
     for (int tries = 0; tries < 3; tries++) { /* the text may grow between calls */
         char *buf = malloc(len + 1);
         if (!buf) return 0;
         int n = ecx_metrics(ctx, buf, len + 1, &len);
+        uint64_t v = 0;
         if (n >= 0) {
             const char *k = "\necx_consumer_retries_total ";
             const char *p = strstr(buf, k);
             if (p) v = strtoull(p + strlen(k), NULL, 10);
-            free(buf);
-            return v;
         }
         free(buf);
-        if (n != ECX_ERANGE) return 0;
+        if (n != ECX_ERANGE) return v;
     }
-    return v;
+    return 0;
 }
 
 /* Count this child in at gate[k] and wait (bounded) until all n are in,
@@ -538,7 +534,8 @@ int cmd_demo(int argc, char **argv)
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     if (cpus < 1) cpus = 1;
     struct statvfs vfs;
-    const char *shm_root = ecxi_region_default_dir();
+    char shm_root[200]; /* copied: ECX_SHM_DIR is set to the demo's own directory below */
+    snprintf(shm_root, sizeof shm_root, "%s", shm_dir());
     double shm_free =
         statvfs(shm_root, &vfs) == 0 ? (double)vfs.f_bavail * (double)vfs.f_frsize : 0;
     bool items_given = d->items > 0;
@@ -663,7 +660,7 @@ cleanup:
     bool a_clean = d->prod_a && WIFEXITED(prod_a_status) && WEXITSTATUS(prod_a_status) == 0;
     /* The killed producer's region file is an orphan: reap it, then the
      * directory must be empty. */
-    ecxi_region_reap(d->shm);
+    ecx_reap_regions(d->shm);
     bool shm_clean = dir_empty(d->shm) && rmdir(d->shm) == 0;
     double secs = now_s() - t_start;
 

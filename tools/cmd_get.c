@@ -14,11 +14,10 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "ctrl.h"
+#include "ecx.h"
 #include "file.h"
 #include "keys.h"
 #include "opts.h"
-#include "util.h"
 
 static const char HELP[] =
     "usage: ecx get --params FILE [--mm-hash H ...] --out DIR [options]\n"
@@ -61,34 +60,35 @@ static const char HELP[] =
 
 typedef struct want {
     const char *hash;
-    char *announcement; /* JSON text, NULL if the file has none */
+    char *announcement; /* --params: JSON text, NULL if the file has none */
+    const ecx_announcement *from; /* --peer: where it is, no JSON */
     uint64_t size;
     int state, reason;
     double t0, ms;
     bool bad; /* verify failed or output not written */
 } want;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* Write the item's segments to path atomically (temp file + rename) and,
  * if asked, compare them with the synthetic content. */
 static int store(ecx_ctx *ctx, want *w, const char *path, bool verify)
 {
-    const ecx_segment *segs;
+    const ecx_segment *segs; /* the library's, valid until ecx_release */
     size_t n;
     uint64_t size;
     int rc = ecx_load(ctx, w->hash, &segs, &n, &size);
     if (rc) {
         fprintf(stderr, "ecx: %s: cannot load: %s\n", w->hash, ecx_strerror(rc));
+        w->bad = true;
         return -1;
     }
+    /* The temporary file sits beside the output under a short name of its
+     * own, so an output name of NAME_MAX bytes still has one. */
+    static unsigned long seq;
     char tmp[4300];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
+    const char *slash = strrchr(path, '/');
+    int dir_len = slash ? (int)(slash - path + 1) : 0;
+    if (snprintf(tmp, sizeof tmp, "%.*s.ecx-get.%d.%lu.tmp", dir_len, path, (int)getpid(),
+                 ++seq) >= (int)sizeof tmp) {
         fprintf(stderr, "ecx: output path too long\n");
         ecx_release(ctx, w->hash);
         w->bad = true;
@@ -185,7 +185,7 @@ int cmd_get(int argc, char **argv)
     bool json = false, verify = false, region_given = false, have_size = false;
     int64_t ack = 2000;
     const char *curve_server_path = NULL, *curve_secret_path = NULL;
-    char curve_pub[ECX_CTRL_KEY_Z85 + 1], curve_sec[ECX_CTRL_KEY_Z85 + 1];
+    char curve_pub[KEY_Z85_LEN + 1], curve_sec[KEY_Z85_LEN + 1];
     int c;
     if (!hashes) return EXIT_FAIL;
     optind = 1;
@@ -246,15 +246,13 @@ int cmd_get(int argc, char **argv)
     json_t *ann = NULL;
     char host[256];
     int port;
+    ecx_announcement from = {0};
     if (peer) {
-        if (ecxi_ctrl_parse_addr(peer, host, &port) || port == 0) {
+        if (parse_host_port(peer, host, &port) || port == 0) {
             fprintf(stderr, "ecx: --peer takes HOST:PORT, not '%s'\n", peer);
             goto usage;
         }
-        ann = json_object();
-        json_object_set_new(ann, hashes[0], json_pack("{s:s,s:i,s:I,s:{}}", "peer_host", host,
-                                                      "peer_port", port, "size_bytes",
-                                                      (json_int_t)peer_size, "metadata"));
+        from = (ecx_announcement){.peer_host = host, .peer_port = port, .size_bytes = peer_size};
     } else if (!(ann = load_params(params))) {
         free(hashes);
         return EXIT_FAIL;
@@ -271,9 +269,15 @@ int cmd_get(int argc, char **argv)
     for (size_t i = 0; i < n_hashes; i++) {
         ws[i].hash = hashes[i];
         if (!peer && !item_name_ok(hashes[i])) {
-            fprintf(stderr, "ecx: mm_hash '%s' cannot be a file name ([A-Za-z0-9._-], <= 128)\n",
-                    hashes[i]);
+            fprintf(stderr, "ecx: mm_hash '%s' cannot be a file name ([A-Za-z0-9._-], <= %d)\n",
+                    hashes[i], ECX_MM_HASH_MAX);
             goto done;
+        }
+        if (peer) {
+            ws[i].from = &from;
+            ws[i].size = peer_size;
+            need += (peer_size + cfg.block_bytes - 1) / cfg.block_bytes * cfg.block_bytes;
+            continue;
         }
         json_t *a = json_object_get(ann, hashes[i]);
         json_t *s = json_object_get(a, "size_bytes");
@@ -295,16 +299,17 @@ int cmd_get(int argc, char **argv)
     bool tty = isatty(2) && !json;
     size_t finished = 0, fetched = 0, fell_back = 0;
     uint64_t bytes = 0;
-    double start = now_s();
+    double start = mono_s();
     for (size_t i = 0; i < n_hashes; i++) ws[i].state = -1, ws[i].t0 = start;
     while (finished < n_hashes) {
         for (size_t i = 0; i < n_hashes; i++) {
             want *w = &ws[i];
             if (w->state == ECX_FETCH_READY || w->state == ECX_FETCH_LOCAL) continue;
-            w->state = ecx_fetch(ctx, w->hash, w->announcement, 0, &w->reason);
+            w->state = w->from ? ecx_fetch_from(ctx, w->hash, w->from, 0, &w->reason)
+                               : ecx_fetch(ctx, w->hash, w->announcement, 0, &w->reason);
             if (w->state == ECX_FETCH_PENDING) continue;
             if (w->state < 0) w->state = ECX_FETCH_LOCAL, w->reason = ECX_REASON_INVALID;
-            w->ms = (now_s() - w->t0) * 1000;
+            w->ms = (mono_s() - w->t0) * 1000;
             finished++;
             if (w->state == ECX_FETCH_READY) {
                 char path[4200];
@@ -339,7 +344,7 @@ int cmd_get(int argc, char **argv)
     }
     bool any_bad = false;
     for (size_t i = 0; i < n_hashes; i++) any_bad |= ws[i].bad;
-    double secs = now_s() - start;
+    double secs = mono_s() - start;
     if (!json)
         fprintf(stderr, "ecx: %zu fetched, %zu fell back, %.1f MB in %.3f s\n", fetched, fell_back,
                 bytes / 1e6, secs);

@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "cli.h"
-#include "util.h"
-#include "wire.h"
+#include "ecx.h"
+#include "opts.h"
 
 /* Largest frame read from stdin or an argument. */
 #define MAX_FRAME (64u << 20)
@@ -49,7 +49,7 @@ static json_t *jhex(ecx_span s)
 {
     char *h = malloc(2 * s.n + 1);
     if (!h) return NULL;
-    ecxi_hex_encode(s.p, s.n, h);
+    hex_encode(s.p, s.n, h);
     json_t *j = json_string(h);
     free(h);
     return j;
@@ -148,7 +148,7 @@ static int proto_decode(int argc, char **argv)
         if (hl / 2 > MAX_FRAME) return fail("%s", "frame larger than 64 MiB");
         frame = malloc(hl / 2 + 1);
         if (!frame) return fail("%s", "out of memory");
-        long k = ecxi_hex_decode(hex, hl, frame);
+        long k = hex_decode(hex, hl, frame);
         if (k < 0) {
             free(frame);
             return fail("%s", "HEX is not an even number of hex digits");
@@ -226,7 +226,7 @@ static int get_hex(json_t *o, const char *key, ecx_span *out, uint8_t **mem)
     if (!h.n) return 0;
     *mem = malloc(h.n / 2 + 1);
     if (!*mem) return fail("%s", "out of memory");
-    long k = ecxi_hex_decode(h.p, h.n, *mem);
+    long k = hex_decode(h.p, h.n, *mem);
     if (k < 0) return fail("\"%s\" must be an even number of hex digits", key);
     out->p = (const char *)*mem;
     out->n = (size_t)k;
@@ -242,7 +242,43 @@ static int get_int(json_t *o, const char *key, bool required, int64_t *out)
     return 0;
 }
 
-static int encode_ack(json_t *o, msgpack_sbuffer *buf)
+/* A frame encoded by the public codec: first into a small buffer, then, if
+ * the codec says it needs more, once more into one of the size it names. */
+typedef struct frame_buf {
+    uint8_t *data;
+    size_t size;
+} frame_buf;
+
+static int encode_frame(int (*enc)(const void *, void *, size_t, size_t *), const void *msg,
+                        frame_buf *out)
+{
+    size_t cap = 256, len = 0;
+    for (int tries = 0; tries < 2; tries++) {
+        uint8_t *b = malloc(cap ? cap : 1);
+        if (!b) return ECX_ENOMEM;
+        int e = enc(msg, b, cap, &len);
+        if (e == 0) {
+            out->data = b, out->size = len;
+            return 0;
+        }
+        free(b);
+        if (e != ECX_ERANGE) return e;
+        cap = len;
+    }
+    return ECX_ERANGE;
+}
+
+static int enc_req(const void *m, void *b, size_t cap, size_t *len)
+{
+    return ecx_wire_encode_req(m, b, cap, len);
+}
+
+static int enc_ack(const void *m, void *b, size_t cap, size_t *len)
+{
+    return ecx_wire_encode_ack(m, b, cap, len);
+}
+
+static int encode_ack(json_t *o, frame_buf *buf)
 {
     ecx_ack a;
     ecx_ack_init(&a);
@@ -281,7 +317,7 @@ static int encode_ack(json_t *o, msgpack_sbuffer *buf)
         }
         a.indices = idx;
     }
-    int e = ecxi_wire_encode_ack(&a, buf);
+    int e = encode_frame(enc_ack, &a, buf);
     rc = e ? fail("%s", ecx_strerror(e)) : EXIT_OK;
 out:
     free(idx);
@@ -290,7 +326,7 @@ out:
     return rc;
 }
 
-static int encode_req(json_t *o, msgpack_sbuffer *buf)
+static int encode_req(json_t *o, frame_buf *buf)
 {
     ecx_req r;
     ecx_req_init(&r);
@@ -299,7 +335,7 @@ static int encode_req(json_t *o, msgpack_sbuffer *buf)
         get_str(o, "session_id", false, &r.session_id) ||
         get_int(o, "connector_version", false, &r.connector_version))
         return EXIT_FAIL;
-    int e = ecxi_wire_encode_req(&r, buf);
+    int e = encode_frame(enc_req, &r, buf);
     return e ? fail("%s", ecx_strerror(e)) : EXIT_OK;
 }
 
@@ -316,8 +352,7 @@ static int proto_encode(int argc, char **argv)
     json_t *o = json_loadb((const char *)text, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
     free(text);
     if (!o) return fail("invalid JSON: %s", err.text);
-    msgpack_sbuffer buf;
-    msgpack_sbuffer_init(&buf);
+    frame_buf buf = {0};
     json_t *type = json_object_get(o, "type");
     const char *t = json_is_string(type) ? json_string_value(type) : "";
     if (!json_is_object(o))
@@ -333,12 +368,12 @@ static int proto_encode(int argc, char **argv)
         if (!hex) {
             rc = fail("%s", "out of memory");
         } else {
-            ecxi_hex_encode(buf.data, buf.size, hex);
+            hex_encode(buf.data, buf.size, hex);
             puts(hex);
             free(hex);
         }
     }
-    msgpack_sbuffer_destroy(&buf);
+    free(buf.data);
     json_decref(o);
     return rc;
 }

@@ -19,11 +19,10 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "ctrl.h"
+#include "ecx.h"
 #include "file.h"
 #include "keys.h"
 #include "opts.h"
-#include "util.h"
 
 static const char HELP[] =
     "usage: ecx serve [options]\n"
@@ -33,7 +32,7 @@ static const char HELP[] =
     "content (either or both):\n"
     "  --preload DIR          serve each regular file in DIR as one encoding: its\n"
     "                         mm_hash is the file name, its bytes the file's bytes.\n"
-    "                         Names outside [A-Za-z0-9._-] or over 128 bytes,\n"
+    "                         Names outside [A-Za-z0-9._-] or over 255 bytes,\n"
     "                         links and non-regular files are skipped, with a message;\n"
     "                         one that changes before it is read stops the start.\n"
     "  --synthetic COUNT:BYTES  serve COUNT encodings of BYTES each, item i with\n"
@@ -100,7 +99,7 @@ static void on_signal(int sig)
 
 /* One item to serve. */
 typedef struct item {
-    char hash[129];
+    char hash[ECX_MM_HASH_MAX + 1];
     char *path; /* preload: file path; NULL for synthetic */
     uint64_t size;
 } item;
@@ -137,7 +136,8 @@ static int scan_dir(const char *dir, items *it)
         const char *name = ents[i]->d_name;
         if (!strcmp(name, ".") || !strcmp(name, "..")) goto next;
         if (!item_name_ok(name)) {
-            fprintf(stderr, "ecx: skipping '%s': names must be 1..128 of [A-Za-z0-9._-]\n", name);
+            fprintf(stderr, "ecx: skipping '%s': names must be 1..%d of [A-Za-z0-9._-]\n", name,
+                    ECX_MM_HASH_MAX);
             goto next;
         }
         char path[4096];
@@ -164,7 +164,7 @@ static int scan_dir(const char *dir, items *it)
             rc = -1;
             goto next;
         }
-        memcpy(x->hash, name, strlen(name) + 1); /* name_ok: at most 128 bytes */
+        memcpy(x->hash, name, strlen(name) + 1); /* name_ok: at most ECX_MM_HASH_MAX bytes */
         x->size = (uint64_t)st.st_size;
     next:
         free(ents[i]);
@@ -188,7 +188,7 @@ static int load_file(const item *x, const ecx_segment *segs, size_t n)
 
 static int save_item(ecx_ctx *ctx, item *x, bool commit)
 {
-    const ecx_segment *segs = NULL;
+    const ecx_segment *segs; /* the library's, valid until commit or abort */
     size_t n = 0;
     int rc = ecx_save_begin(ctx, x->hash, x->size, &segs, &n);
     if (rc) {
@@ -211,17 +211,29 @@ static int save_item(ecx_ctx *ctx, item *x, bool commit)
 static int write_announcements(ecx_ctx *ctx, const items *it, const char *path)
 {
     json_t *root = json_object();
-    char buf[1024];
-    for (size_t i = 0; i < it->n; i++) {
-        size_t len;
-        int rc = ecx_announce(ctx, it->v[i].hash, buf, sizeof buf, &len);
-        json_t *a = rc == 0 ? json_loads(buf, 0, NULL) : NULL;
+    size_t cap = 1024, len = 0;
+    char *buf = malloc(cap);
+    for (size_t i = 0; buf && i < it->n; i++) {
+        int e = ecx_announce(ctx, it->v[i].hash, buf, cap, &len);
+        if (e == ECX_ERANGE) { /* len says how long it is: grow once */
+            char *nb = realloc(buf, len + 1);
+            if (nb) buf = nb, cap = len + 1, e = ecx_announce(ctx, it->v[i].hash, buf, cap, &len);
+        }
+        json_t *a = e == 0 ? json_loadb(buf, len, 0, NULL) : NULL;
         if (!a) {
+            fprintf(stderr, "ecx: cannot announce %s: %s\n", it->v[i].hash,
+                    e ? ecx_strerror(e) : "not JSON");
+            free(buf);
             json_decref(root);
             return -1;
         }
         json_object_set_new(root, it->v[i].hash, a);
     }
+    if (!buf) {
+        json_decref(root);
+        return -1;
+    }
+    free(buf);
     char tmp[4200];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp) {
         fprintf(stderr, "ecx: --announce-out path too long\n");
@@ -283,7 +295,7 @@ static struct MHD_Daemon *start_metrics(const char *addr, ecx_ctx *ctx)
 {
     char host[256];
     int port;
-    if (ecxi_ctrl_parse_addr(addr, host, &port)) {
+    if (parse_host_port(addr, host, &port)) {
         fprintf(stderr, "ecx: --metrics takes HOST:PORT, not '%s'\n", addr);
         return NULL;
     }
@@ -361,7 +373,7 @@ int cmd_serve(int argc, char **argv)
     bool region_given = false;
     const char *announce = NULL, *metrics = NULL;
     const char *curve_secret_path = NULL, *curve_allow_path = NULL;
-    char curve_sec[ECX_CTRL_KEY_Z85 + 1] = "";
+    char curve_sec[KEY_Z85_LEN + 1] = "";
     key_list allow = {0};
     int64_t delay = 0, lease = 30000, conn_grants = 1024, conn_pin = 100;
     items it = {0};
@@ -438,12 +450,12 @@ int cmd_serve(int argc, char **argv)
     if (announce && write_announcements(ctx, &it, announce)) goto out;
     fprintf(stderr, "ecx: serving %zu item(s) on port %d\n", it.n, ecx_listen_port(ctx));
 
-    int64_t ready_at = ecxi_now_ms(NULL) + delay;
+    double ready_at = mono_s() + (double)delay / 1000;
     bool all_ready = delay == 0;
     while (!stop) {
         ecx_poll(ctx, 20);
         if (http) MHD_run(http);
-        if (!all_ready && ecxi_now_ms(NULL) >= ready_at) {
+        if (!all_ready && mono_s() >= ready_at) {
             for (size_t i = 0; i < it.n; i++) ecx_save_commit(ctx, it.v[i].hash);
             all_ready = true;
         }

@@ -5,9 +5,14 @@
 #ifndef ECX_KEYS_H
 #define ECX_KEYS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
-#include "ctrl.h"
+/* Length of a Z85 CURVE key (32 bytes), without the NUL. */
+#define KEY_Z85_LEN 40
+
+/* True if z85 is exactly KEY_Z85_LEN Z85 characters that decode to a key. */
+bool key_z85_ok(const char *z85);
 
 /* Keys of an allow file, each a NUL-terminated Z85 string. */
 typedef struct key_list {
@@ -17,7 +22,7 @@ typedef struct key_list {
 
 /* Read the one Z85 key in path into out. 0, or -1 with a message on stderr
  * naming opt and path (never the key). */
-int key_file_read(const char *opt, const char *path, char out[ECX_CTRL_KEY_Z85 + 1]);
+int key_file_read(const char *opt, const char *path, char out[KEY_Z85_LEN + 1]);
 /* Read one or more keys, one per line; 0 or -1 (message printed). */
 int allow_file_read(const char *opt, const char *path, key_list *out);
 void key_list_free(key_list *l);

@@ -6,8 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "util.h"
+#include <time.h>
 
 int parse_size(const char *opt, const char *s, uint64_t *out)
 {
@@ -100,7 +99,7 @@ int common_opt(int c, const char *arg, ecx_config *cfg, bool *region_given)
 bool item_name_ok(const char *s)
 {
     size_t n = strlen(s);
-    if (n == 0 || n > 128 || !strcmp(s, ".") || !strcmp(s, "..")) return false;
+    if (n == 0 || n > ECX_MM_HASH_MAX || !strcmp(s, ".") || !strcmp(s, "..")) return false;
     for (size_t i = 0; i < n; i++)
         if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
               (s[i] >= '0' && s[i] <= '9') || s[i] == '.' || s[i] == '_' || s[i] == '-'))
@@ -115,13 +114,13 @@ void synthetic_hash(uint64_t i, uint64_t bytes, char out[65])
                      (unsigned long long)bytes);
     unsigned char h[crypto_hash_sha256_BYTES];
     crypto_hash_sha256(h, (const unsigned char *)text, (unsigned long long)n);
-    ecxi_hex_encode(h, sizeof h, out);
+    hex_encode(h, sizeof h, out);
 }
 
 uint64_t synthetic_seed(const char *mm_hash)
 {
     uint8_t b[8];
-    if (strlen(mm_hash) != 64 || ecxi_hex_decode(mm_hash, 16, b) != 8) return 0;
+    if (strlen(mm_hash) != 64 || hex_decode(mm_hash, 16, b) != 8) return 0;
     uint64_t s = 0;
     for (int i = 7; i >= 0; i--) s = s << 8 | b[i];
     return s;
@@ -153,4 +152,71 @@ void synthetic_fill(const char *mm_hash, uint8_t *dst, uint64_t offset, size_t l
         uint64_t w = splitmix64_at(seed, (offset + i) / 8);
         dst[i] = (uint8_t)(w >> (8 * ((offset + i) % 8)));
     }
+}
+
+void hex_encode(const void *in, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    const uint8_t *p = in;
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[p[i] >> 4];
+        out[2 * i + 1] = digits[p[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+long hex_decode(const char *hex, size_t len, uint8_t *out)
+{
+    if (len % 2) return -1;
+    for (size_t i = 0; i < len; i += 2) {
+        int hi = hex_digit(hex[i]), lo = hex_digit(hex[i + 1]);
+        if (hi < 0 || lo < 0) return -1;
+        out[i / 2] = (uint8_t)(hi << 4 | lo);
+    }
+    return (long)(len / 2);
+}
+
+int parse_host_port(const char *addr, char host[256], int *port)
+{
+    if (!addr) return -1;
+    const char *colon = strrchr(addr, ':');
+    if (!colon || colon == addr) return -1;
+    const char *h = addr, *hend = colon;
+    if (addr[0] == '[') { /* [v6]:port */
+        if (hend[-1] != ']') return -1;
+        h++, hend--;
+    } else if (memchr(addr, ':', (size_t)(colon - addr))) {
+        return -1; /* a bare v6 address needs brackets when a port follows */
+    }
+    size_t hl = hend > h ? (size_t)(hend - h) : 0;
+    if (hl == 0 || hl > 255) return -1;
+    char *end;
+    errno = 0;
+    long p = strtol(colon + 1, &end, 10);
+    if (colon[1] < '0' || colon[1] > '9' || *end || errno || p < 0 || p > 65535) return -1;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    *port = (int)p;
+    return 0;
+}
+
+double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+const char *shm_dir(void)
+{
+    const char *d = getenv("ECX_SHM_DIR");
+    return d && *d ? d : "/dev/shm";
 }

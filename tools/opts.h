@@ -52,8 +52,8 @@ enum {
  * not, -1 on a bad value (message printed). */
 int common_opt(int c, const char *arg, ecx_config *cfg, bool *region_given);
 
-/* An mm_hash that can be a file name as is: 1..128 of [A-Za-z0-9._-], not
- * "." or "..". serve --preload and get --out DIR use it. */
+/* An mm_hash that can be a file name as is: 1..ECX_MM_HASH_MAX (255) of
+ * [A-Za-z0-9._-], not "." or "..". serve --preload and get --out DIR use it. */
 bool item_name_ok(const char *s);
 
 /* Synthetic encodings, so a consumer can verify what `serve --synthetic`
@@ -65,5 +65,22 @@ void synthetic_hash(uint64_t i, uint64_t bytes, char out[65]);
 void synthetic_fill(const char *mm_hash, uint8_t *dst, uint64_t offset, size_t len);
 /* The seed of an mm_hash made by synthetic_hash (0 if it is not 64 hex). */
 uint64_t synthetic_seed(const char *mm_hash);
+
+/* Small helpers the subcommands share (tools-local; the library keeps its
+ * own). */
+
+/* Lowercase hex of n bytes into out (2n characters + NUL). */
+void hex_encode(const void *in, size_t n, char *out);
+/* Parse len hex digits (either case) into len/2 bytes; the byte count, or
+ * -1 on an odd length or a non-hex digit. */
+long hex_decode(const char *hex, size_t len, uint8_t *out);
+/* Split "HOST:PORT" / "[V6]:PORT" into host (no brackets, at most 255
+ * bytes) and port (0..65535). 0, or -1 if addr is not of that form. */
+int parse_host_port(const char *addr, char host[256], int *port);
+/* CLOCK_MONOTONIC in seconds. */
+double mono_s(void);
+/* The directory region files live in: $ECX_SHM_DIR if set and non-empty,
+ * else /dev/shm (as ecx.h documents). */
+const char *shm_dir(void);
 
 #endif

@@ -1,0 +1,399 @@
+/*
+ * ecx bench data — what a fetch costs an engine, through the public API
+ * alone: for each data path asked for (shm, tcp, ucx), a producer context
+ * and a consumer context in this process (distinct regions; both use that
+ * path), and for each size and iteration:
+ *
+ *   1. the producer saves a fresh item of SIZE bytes under a new mm_hash
+ *      (untimed; its region holds three items, so the oldest is evicted);
+ *   2. the consumer fetches it: the clock runs from the first ecx_fetch_from()
+ *      until it answers ECX_FETCH_READY, with ecx_poll() on the consumer in
+ *      between, while a second thread polls the producer (ecx_poll(p, 0) in
+ *      a loop, as a busy producer would). So the figure is fetch-to-ready:
+ *      one control round trip (XferReq -> XferAck) plus the data-plane READ
+ *      and its checksum check, as an engine sees it;
+ *   3. the bytes are loaded, compared with what was saved, and released
+ *      (untimed; a mismatch fails the run).
+ *
+ * Each iteration first times a plain memcpy of the same size (its
+ * destination overwritten first), then each path in turn, so all see the
+ * same machine. Figures are medians. build/bench_data is the raw data-plane
+ * benchmark (no control plane, no cache), on the library's internals.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "ecx.h"
+#include "opts.h"
+
+#define MAX_SIZES 8
+#define FETCH_LIMIT_S 30.0 /* one fetch may take this long at most */
+#define SAVE_LIMIT_S 10.0  /* waiting for the producer's pins to lapse */
+
+/* Polls one producer context (or none) on its own thread. */
+typedef struct pump {
+    pthread_t th;
+    _Atomic(ecx_ctx *) ctx; /* the producer to poll; NULL: idle */
+    atomic_int busy;        /* inside ecx_poll */
+    atomic_int quit;
+} pump;
+
+static void *pump_main(void *arg)
+{
+    pump *p = arg;
+    while (!atomic_load(&p->quit)) {
+        ecx_ctx *c = atomic_load(&p->ctx);
+        if (!c) {
+            struct timespec ts = {0, 200000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        atomic_store(&p->busy, 1);
+        if (atomic_load(&p->ctx) == c) ecx_poll(c, 0);
+        atomic_store(&p->busy, 0);
+    }
+    return NULL;
+}
+
+/* Poll c from now on (NULL: stop polling); returns once the thread is out
+ * of any ecx_poll on the previous one. */
+static void pump_set(pump *p, ecx_ctx *c)
+{
+    atomic_store(&p->ctx, c);
+    while (atomic_load(&p->busy))
+        sched_yield();
+}
+
+typedef struct path {
+    const char *name; /* "shm", "tcp", "ucx": the data path of both contexts */
+    ecx_ctx *prod, *cons;
+    char host[256]; /* the producer's announcement, minus the size */
+    int port;
+    double *t; /* timed fetches, seconds */
+} path;
+
+typedef struct bench {
+    uint64_t bs;
+    int iters, warmup;
+    const ecx_config *base; /* compatibility factors, block size */
+    uint8_t *expect, *dst;  /* the content; the memcpy baseline's destination */
+    double *tm;             /* timed memcpys */
+    pump pump;
+    uint64_t seq; /* makes every mm_hash new */
+} bench;
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void fill_pattern(uint8_t *b, uint64_t n)
+{
+    for (uint64_t i = 0; i < n / 8; i++) {
+        uint64_t w = (i + 1) * 0x9e3779b97f4a7c15ull;
+        memcpy(b + 8 * i, &w, 8);
+    }
+    for (uint64_t i = n / 8 * 8; i < n; i++)
+        b[i] = (uint8_t)i;
+}
+
+/* Round up to whole blocks. */
+static uint64_t blocks_of(uint64_t bytes, uint64_t bs)
+{
+    return (bytes + bs - 1) / bs * bs;
+}
+
+static int path_open(path *ph, const char *name, bench *b, uint64_t max_size)
+{
+    memset(ph, 0, sizeof *ph);
+    ph->name = name;
+    if (!(ph->t = malloc((size_t)b->iters * sizeof *ph->t))) return -1;
+    uint64_t item = blocks_of(max_size, b->bs);
+    ecx_config pc = *b->base, cc = *b->base;
+    pc.role = ECX_ROLE_PRODUCER;
+    pc.listen = "127.0.0.1:0";
+    pc.advertise_host = NULL;
+    pc.data = name;
+    pc.region_bytes = 3 * item;
+    pc.instance = NULL; /* a fresh region per context */
+    cc.role = ECX_ROLE_CONSUMER;
+    cc.data = name;
+    cc.region_bytes = 2 * item;
+    cc.instance = NULL;
+    int e = ecx_new(&pc, &ph->prod);
+    if (e) {
+        fprintf(stderr, "bench: %s path: cannot start the producer: %s\n", name, ecx_strerror(e));
+        return -1;
+    }
+    if ((e = ecx_new(&cc, &ph->cons))) {
+        fprintf(stderr, "bench: %s path: cannot start the consumer: %s\n", name, ecx_strerror(e));
+        return -1;
+    }
+    int port = ecx_listen_port(ph->prod);
+    if (port <= 0) {
+        fprintf(stderr, "bench: %s path: no producer port: %s\n", name, ecx_strerror(port));
+        return -1;
+    }
+    snprintf(ph->host, sizeof ph->host, "127.0.0.1");
+    ph->port = port;
+    return 0;
+}
+
+static void path_close(path *ph)
+{
+    ecx_free(ph->cons);
+    ecx_free(ph->prod);
+    free(ph->t);
+    memset(ph, 0, sizeof *ph);
+}
+
+/* Save a fresh item of `size` bytes at the producer (untimed; the pump is
+ * paused meanwhile). Retries while the producer's region is still pinned
+ * by grants it has not yet seen finish. */
+static int save_fresh(path *ph, bench *b, uint64_t size, char *name, size_t cap)
+{
+    snprintf(name, cap, "ecx-bench-%s-%llu-%llu", ph->name, (unsigned long long)size,
+             (unsigned long long)++b->seq);
+    double limit = mono_s() + SAVE_LIMIT_S;
+    for (;;) {
+        const ecx_segment *segs;
+        size_t n;
+        pump_set(&b->pump, NULL);
+        int e = ecx_save_begin(ph->prod, name, size, &segs, &n);
+        if (e == 0) {
+            uint64_t off = 0;
+            for (size_t i = 0; i < n; i++) {
+                memcpy(segs[i].ptr, b->expect + off, segs[i].len);
+                off += segs[i].len;
+            }
+            e = off == size ? ecx_save_commit(ph->prod, name) : ECX_ERANGE;
+            if (e) ecx_save_abort(ph->prod, name);
+        }
+        pump_set(&b->pump, ph->prod);
+        if (e == 0) return 0;
+        if (e != ECX_ECACHE_FULL || mono_s() > limit) {
+            fprintf(stderr, "bench: %s path: cannot save %llu bytes: %s\n", ph->name,
+                    (unsigned long long)size, ecx_strerror(e));
+            return -1;
+        }
+        struct timespec ts = {0, 1000000}; /* let the producer see its pins end */
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* One timed fetch of a fresh item, verified afterwards; seconds, or < 0. */
+static double path_fetch(path *ph, bench *b, uint64_t size)
+{
+    char name[ECX_MM_HASH_MAX + 1];
+    if (save_fresh(ph, b, size, name, sizeof name)) return -1;
+    ecx_announcement from = {.peer_host = ph->host, .peer_port = ph->port, .size_bytes = size};
+    int st, reason = 0;
+    double t0 = mono_s(), limit = t0 + FETCH_LIMIT_S, t1;
+    while ((st = ecx_fetch_from(ph->cons, name, &from, size, &reason)) == ECX_FETCH_PENDING &&
+           mono_s() < limit)
+        ecx_poll(ph->cons, 0);
+    t1 = mono_s();
+    if (st != ECX_FETCH_READY) {
+        fprintf(stderr, "bench: %s fetch of %llu bytes: %s\n", ph->name, (unsigned long long)size,
+                st == ECX_FETCH_PENDING ? "did not finish in 30 s"
+                : st == ECX_FETCH_LOCAL ? ecx_reason_name(reason)
+                                        : ecx_strerror(st));
+        return -1;
+    }
+    const ecx_segment *segs;
+    size_t n;
+    uint64_t got;
+    int e = ecx_load(ph->cons, name, &segs, &n, &got);
+    if (e) {
+        fprintf(stderr, "bench: %s fetch: cannot load: %s\n", ph->name, ecx_strerror(e));
+        return -1;
+    }
+    bool same = got == size;
+    uint64_t off = 0;
+    for (size_t i = 0; same && i < n; i++) {
+        same = off + segs[i].len <= size && !memcmp(segs[i].ptr, b->expect + off, segs[i].len);
+        off += segs[i].len;
+    }
+    ecx_release(ph->cons, name);
+    if (!same || off != size) {
+        fprintf(stderr, "bench: %s fetch delivered wrong bytes\n", ph->name);
+        return -1;
+    }
+    return t1 - t0;
+}
+
+/* One timed memcpy of `size` bytes; seconds, or < 0 if it delivered wrong
+ * bytes. */
+static double memcpy_once(bench *b, uint64_t size, const uint8_t *src)
+{
+    memset(b->dst, 0x5a, size);
+    double t0 = mono_s();
+    memcpy(b->dst, src, size);
+    __asm__ __volatile__("" ::"r"(b->dst) : "memory");
+    double t1 = mono_s();
+    if (memcmp(b->dst, b->expect, size) != 0) {
+        fprintf(stderr, "bench: memcpy baseline delivered wrong bytes\n");
+        return -1;
+    }
+    return t1 - t0;
+}
+
+static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
+{
+    static const char *const names[3] = {"shm", "ucx", "tcp"}; /* the output's order */
+    uint64_t max = 0;
+    for (int i = 0; i < nsizes; i++)
+        if (sizes[i] > max) max = sizes[i];
+    path paths[3];
+    memset(paths, 0, sizeof paths);
+    int np = 0, ret = -1;
+    bool pumping = false;
+    uint8_t *src = NULL;
+    b->expect = malloc(max);
+    b->dst = malloc(max);
+    src = malloc(max);
+    b->tm = malloc((size_t)b->iters * sizeof *b->tm);
+    if (!b->expect || !b->dst || !src || !b->tm) {
+        fprintf(stderr, "bench: out of memory\n");
+        goto done;
+    }
+    fill_pattern(b->expect, max);
+    memcpy(src, b->expect, max);
+    /* shm first, then tcp, then ucx, as before. */
+    static const int order[3] = {0, 2, 1};
+    for (int k = 0; k < 3; k++) {
+        int j = order[k];
+        if (!want[j]) continue;
+        if (path_open(&paths[np], names[j], b, max)) {
+            np++;
+            goto done;
+        }
+        np++;
+    }
+    atomic_init(&b->pump.ctx, NULL);
+    atomic_init(&b->pump.busy, 0);
+    atomic_init(&b->pump.quit, 0);
+    if (pthread_create(&b->pump.th, NULL, pump_main, &b->pump)) {
+        fprintf(stderr, "bench: cannot start the producer's thread\n");
+        goto done;
+    }
+    pumping = true;
+    for (int s = 0; s < nsizes; s++) {
+        uint64_t size = sizes[s];
+        for (int it = 0; it < b->warmup + b->iters; it++) {
+            double t = memcpy_once(b, size, src);
+            if (t < 0) goto done;
+            if (it >= b->warmup) b->tm[it - b->warmup] = t;
+            for (int k = 0; k < np; k++) {
+                pump_set(&b->pump, paths[k].prod);
+                if ((t = path_fetch(&paths[k], b, size)) < 0) goto done;
+                if (it >= b->warmup) paths[k].t[it - b->warmup] = t;
+            }
+            pump_set(&b->pump, NULL);
+        }
+        double g[4] = {0, 0, 0, 0}, lat[4] = {0, 0, 0, 0}; /* memcpy, shm, ucx, tcp */
+        lat[0] = median(b->tm, b->iters);
+        g[0] = (double)size / lat[0] / 1e9;
+        for (int k = 0; k < np; k++) {
+            int j = !strcmp(paths[k].name, "shm") ? 1 : !strcmp(paths[k].name, "ucx") ? 2 : 3;
+            lat[j] = median(paths[k].t, b->iters);
+            g[j] = (double)size / lat[j] / 1e9;
+        }
+        fprintf(stderr,
+                "bench: size %llu: median memcpy %.3f ms; fetch-to-ready (one control round trip "
+                "included) shm %.3f ms, tcp %.3f ms, ucx %.3f ms (UCX_TLS=%s, %d iterations)\n",
+                (unsigned long long)size, lat[0] * 1e3, lat[1] * 1e3, lat[3] * 1e3, lat[2] * 1e3,
+                getenv("UCX_TLS") ? getenv("UCX_TLS") : "UCX's choice", b->iters);
+        printf("size=%llu shm_gbps=%.3f ucx_gbps=%.3f memcpy_gbps=%.3f shm_ratio=%.3f "
+               "ucx_ratio=%.3f tcp_gbps=%.3f tcp_ratio=%.3f\n",
+               (unsigned long long)size, g[1], g[2], g[0], g[1] / g[0], g[2] / g[0], g[3],
+               g[3] / g[0]);
+        fflush(stdout);
+    }
+    ret = 0;
+done:
+    if (pumping) {
+        pump_set(&b->pump, NULL);
+        atomic_store(&b->pump.quit, 1);
+        pthread_join(b->pump.th, NULL);
+    }
+    for (int k = 0; k < np; k++)
+        path_close(&paths[k]);
+    free(b->expect), free(b->dst), free(src), free(b->tm);
+    return ret;
+}
+
+int cmd_bench_data(int argc, char **argv, const char *help)
+{
+    enum { O_SIZE = 2000, O_COUNT, O_WARMUP };
+    static const struct option opts[] = {{"size", required_argument, 0, O_SIZE},
+                                         {"count", required_argument, 0, O_COUNT},
+                                         {"warmup", required_argument, 0, O_WARMUP},
+                                         {"help", no_argument, 0, 'h'},
+                                         COMMON_LONG_OPTS,
+                                         {0, 0, 0, 0}};
+    ecx_config cfg;
+    ecx_config_init(&cfg);
+    uint64_t sizes[MAX_SIZES];
+    int nsizes = 0;
+    bool want[3] = {true, true, true}; /* shm, ucx, tcp */
+    bench b = {.iters = 30, .warmup = 3};
+    int c;
+    int64_t v;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c == OPT_DATA) { /* this one also takes "all" */
+            bool all = !strcmp(optarg, "all") || !strcmp(optarg, "auto");
+            want[0] = all || !strcmp(optarg, "shm");
+            want[1] = all || !strcmp(optarg, "ucx");
+            want[2] = all || !strcmp(optarg, "tcp");
+            if (!want[0] && !want[1] && !want[2])
+                return usage_error("--data takes all, shm, tcp or ucx, not '%s'", optarg);
+            continue;
+        }
+        int r = common_opt(c, optarg, &cfg, NULL);
+        if (r < 0) return EXIT_USAGE;
+        if (r > 0) continue;
+        switch (c) {
+        case 'h': fputs(help, stdout); return EXIT_OK;
+        case O_SIZE:
+            if (nsizes == MAX_SIZES) return usage_error("--size: at most %d sizes", MAX_SIZES);
+            if (parse_size("--size", optarg, &sizes[nsizes])) return EXIT_USAGE;
+            if (sizes[nsizes] == 0 || sizes[nsizes] > (16ull << 30))
+                return usage_error("--size must be 1 byte to 16Gi");
+            nsizes++;
+            break;
+        case O_COUNT:
+            if (parse_int("--count", optarg, 1, 100000, &v)) return EXIT_USAGE;
+            b.iters = (int)v;
+            break;
+        case O_WARMUP:
+            if (parse_int("--warmup", optarg, 0, 100000, &v)) return EXIT_USAGE;
+            b.warmup = (int)v;
+            break;
+        default: return EXIT_USAGE;
+        }
+    }
+    if (optind < argc)
+        return usage_error("bench data takes no arguments ('%s'); try 'ecx bench --help'",
+                           argv[optind]);
+    if (nsizes == 0) sizes[nsizes++] = 4700000, sizes[nsizes++] = 28800000;
+    b.bs = cfg.block_bytes;
+    b.base = &cfg;
+    return run(&b, sizes, nsizes, want) ? EXIT_FAIL : EXIT_OK;
+}
