@@ -31,14 +31,15 @@ sanitize: deps
 	@cmake --build $(BUILD)-asan -j $(JOBS)
 	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure
 
-# The cache is the one part of ecx used from several threads (producer and
-# consumer roles share it); test_cache hammers it from 4 threads. UCX's
+# The code that runs on several threads: the cache (test_cache hammers it
+# from 4 threads) and the context's lock and unlocked wait (test_api polls
+# on one thread while others save and fetch). UCX's
 # memory hooks (linked in via libecx) crash under TSan, so they are off here.
 tsan: deps
 	@cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DECX_TSAN=ON >/dev/null
-	@cmake --build $(BUILD)-tsan -j $(JOBS) --target test_cache
+	@cmake --build $(BUILD)-tsan -j $(JOBS) --target test_cache test_api
 	cd $(BUILD)-tsan && UCX_MEM_EVENTS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
-	  TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R '^test_cache$$'
+	  TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure -R '^test_(cache|api)$$'
 
 fuzz: deps
 	@CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECX_FUZZ=ON >/dev/null

@@ -175,8 +175,10 @@ static int path_open(path *ph, int backend, bench *b, const uint8_t *m, size_t m
     ph->layout = ds, ph->layout_len = dl;
     ph->t = malloc((size_t)b->iters * sizeof *ph->t);
     if (!ph->t) return -1;
+    ecxi_data_desc layout;
     int rc = ecxi_data_new_consumer(b->cr, &o, &ph->d);
-    if (rc || (rc = ecxi_data_peer_add(ph->d, m, ml, ds, dl, &ph->p))) {
+    if (rc || (rc = ecxi_data_desc_decode(ds, dl, &layout)) ||
+        (rc = ecxi_data_peer_add(ph->d, m, ml, &layout, &ph->p))) {
         fprintf(stderr, "bench: %s path: %s\n", ecxi_data_backend_name(backend), ecx_strerror(rc));
         return -1;
     }
@@ -204,12 +206,13 @@ static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
     int kl = stub_key(key, sizeof key, size, idx, n);
     long dl = stub_desc(ph->layout, ph->layout_len, size, ecxi_checksum(b->expect, size), desc,
                         sizeof desc);
-    if (kl < 0 || dl < 0) {
+    ecxi_data_desc dd;
+    if (kl < 0 || dl < 0 || ecxi_data_desc_decode(desc, (size_t)dl, &dd)) {
         fprintf(stderr, "bench: %llu blocks do not fit one grant key\n", (unsigned long long)n);
         return -1;
     }
     double t0 = now_s();
-    int rc = ecxi_data_read_post(ph->p, desc, (size_t)dl, idx, idx, n, size, key, (size_t)kl, &x);
+    int rc = ecxi_data_read_post(ph->p, &dd, idx, idx, n, size, key, (size_t)kl, &x);
     if (rc) {
         fprintf(stderr, "bench: post: %s\n", ecx_strerror(rc));
         return -1;

@@ -3,7 +3,7 @@ behaviour, to measure `ecx serve` against under the same `ecx bench ctrl`
 load (bench/compare.sh). Run with /usr/bin/python3 (python3-zmq,
 python3-msgpack).
 
-It does what the reference's producer does per request (SPEC §4.3-4.4), in
+It does what the reference's producer does per request (docs/PROTOCOL.md §4.3-4.4), in
 the reference's style: one ROUTER, recv_multipart, decode the XferReq with
 msgpack (tests/pyref/ref_wire.py, which reproduces msgspec's bytes), check
 version, compatibility hash, session id, entry and readiness in that order,

@@ -206,8 +206,8 @@ enum ecx_log_level { ECX_LOG_ERROR = 0, ECX_LOG_WARN = 1, ECX_LOG_INFO = 2, ECX_
 
 /* Receives one log line (no trailing newline; at most 1023 bytes) at a
  * level. Calls are serialised by the library (fn need not be thread-safe)
- * and may come from any thread that is inside an ecx call. fn must not
- * call back into ecx on a context. */
+ * and may come from any thread inside an ecx call or from UCX's internal
+ * threads. fn must not call into ecx (a context, or ecx_set_logger). */
 typedef void (*ecx_log_fn)(void *arg, int level, const char *line);
 
 /* Route every log line to fn (NULL: back to stderr, "ecx LEVEL: line"). */
@@ -247,7 +247,8 @@ enum ecx_role { ECX_ROLE_PRODUCER = 1, ECX_ROLE_CONSUMER = 2, ECX_ROLE_BOTH = 3 
 /* Longest mm_hash, in bytes, anywhere in ecx: saved, announced, requested,
  * answered, fetched. 255 so that every mm_hash made of file-name-safe
  * characters is also a file name (NAME_MAX). Longer ones are ECX_EINVAL
- * from the API, NACK_MISSING from a producer, INVALID at a consumer. */
+ * from the API, NACK_MISSING from a producer, INVALID at a consumer. An
+ * mm_hash is a str on the wire: one that is not UTF-8 is ECX_EUTF8. */
 #define ECX_MM_HASH_MAX 255
 
 /* Defaults: the one home of every default ecx_config_init() sets and the
@@ -341,12 +342,14 @@ ECX_API void ecx_free(ecx_ctx *ctx);
 ECX_API int ecx_poll(ecx_ctx *ctx, int timeout_ms);
 
 /* For an engine with its own event loop: a file descriptor that becomes
- * readable when ecx_poll() has work. Wait for it to be readable (level
- * triggered; never read from it) for at most ecx_next_timeout() ms, then
- * call ecx_poll(ctx, 0). Valid until ecx_free(). */
+ * readable when ecx_poll() may have work (level triggered; never read from
+ * it or close it). Right before each wait, call ecx_next_timeout(): it
+ * also finds work already queued, which the descriptor does not signal.
+ * Then wait for the descriptor for at most that long, and call
+ * ecx_poll(ctx, 0). Valid until ecx_free(). */
 ECX_API int ecx_fd(ecx_ctx *ctx);
 /* Milliseconds until ecx_poll() must run even if ecx_fd() stays quiet: 0
- * if it has work now, -1 if no timer is pending. */
+ * if it has work now, -1 if nothing is pending. */
 ECX_API int ecx_next_timeout(ecx_ctx *ctx);
 
 /* The producer's bound port (useful with port 0); ECX_EDATA_ROLE for a
@@ -396,8 +399,9 @@ ECX_API int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash);
 ECX_API int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size_bytes);
 
 /* Where a held item can be fetched from: what the orchestrator passes from
- * producer to consumer. peer_host is owned by the context (valid until
- * ecx_free()). */
+ * producer to consumer. From ecx_announce_info(), peer_host is owned by the
+ * producer's context (valid until ecx_free()); given to ecx_fetch_from(),
+ * it is the caller's and is read during the call only. */
 typedef struct ecx_announcement {
     const char *peer_host;
     int peer_port;
@@ -408,9 +412,9 @@ typedef struct ecx_announcement {
  * ECX_ECACHE_MISSING. */
 ECX_API int ecx_announce_info(ecx_ctx *ctx, const char *mm_hash, ecx_announcement *out);
 /* The same as the reference's JSON: {"peer_host":..,"peer_port":..,
- * "size_bytes":..,"metadata":{}} if held, else {"metadata":{}}. *len gets
- * its length (NUL excluded) always; if it does not fit cap bytes with the
- * NUL, nothing is written and the call returns ECX_ERANGE. */
+ * "size_bytes":..,"metadata":{}} if held, else {"metadata":{}}. Returns 0
+ * with the text in buf, or ECX_ERANGE if it does not fit cap bytes with its
+ * NUL (nothing written); either way *len gets its length, NUL excluded. */
 ECX_API int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap, size_t *len);
 
 /* Consumer: ask for mm_hash given its announcement as JSON text (NULL or
@@ -426,8 +430,9 @@ ECX_API int ecx_fetch_from(ecx_ctx *ctx, const char *mm_hash, const ecx_announce
                            uint64_t expected_size, int *reason);
 
 /* Pin a ready item and get its bytes: *segs points to *n_segs segments
- * owned by the library, valid until the matching ecx_release(); *size_bytes
- * gets the item's size. Loads nest: each needs its own release. */
+ * owned by the library; *size_bytes gets the item's size. Loads nest: each
+ * needs its own ecx_release(), every load of an item returns the same list,
+ * and it stays valid until the item's last outstanding release. */
 ECX_API int ecx_load(ecx_ctx *ctx, const char *mm_hash, const ecx_segment **segs, size_t *n_segs,
                      uint64_t *size_bytes);
 ECX_API int ecx_release(ecx_ctx *ctx, const char *mm_hash);
@@ -435,9 +440,10 @@ ECX_API int ecx_release(ecx_ctx *ctx, const char *mm_hash);
  * ECX_ERANGE (nothing copied) if cap is smaller. */
 ECX_API int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t cap);
 
-/* Metrics of this context in Prometheus text format. *len gets the text's
- * length (NUL excluded) always; if it does not fit cap bytes with the NUL,
- * the call returns ECX_ERANGE and buf holds an empty string. */
+/* Metrics of this context in Prometheus text format. Returns 0 with the
+ * text in buf, or ECX_ERANGE if it does not fit cap bytes with its NUL (buf
+ * then holds an empty string); either way *len gets its length, NUL
+ * excluded. The text can grow between two calls: allow some slack. */
 ECX_API int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len);
 
 /* ======================================================================
@@ -476,8 +482,9 @@ typedef struct ecx_ack {
 ECX_API void ecx_req_init(ecx_req *r);
 ECX_API void ecx_ack_init(ecx_ack *a);
 
-/* Encode into buf (cap bytes); *len gets the frame's length always, and if
- * it exceeds cap nothing is written and the call returns ECX_ERANGE.
+/* Encode into buf (cap bytes). For a valid message *len gets the frame's
+ * length, and if that exceeds cap the call returns ECX_ERANGE (buf's
+ * contents then unspecified).
  * Refuses str fields that are not UTF-8 (ECX_EUTF8), a status outside
  * 0..5 (ECX_EINVAL), and fields over 4 GiB (ECX_EWIRE_TOO_LARGE). */
 ECX_API int ecx_wire_encode_req(const ecx_req *r, void *buf, size_t cap, size_t *len);

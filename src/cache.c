@@ -41,7 +41,9 @@
 #define KEY_INLINE 32  /* raw keys up to this long live in the entry */
 #define KEY_HEX_MAX 64 /* lowercase-hex keys up to this long are packed there */
 #define KEY_CLASS_MIN 128
-#define KEY_CLASSES 6 /* 128, 256, ..., 4096 == ECX_CACHE_KEY_MAX */
+#define KEY_CLASSES 2 /* buffers of 128 and 256 bytes: keys up to ECX_MM_HASH_MAX */
+_Static_assert((KEY_CLASS_MIN << (KEY_CLASSES - 1)) >= ECX_MM_HASH_MAX,
+               "the largest key class holds the longest key");
 
 enum { SLOT_UNUSED = 0, ST_NOT_READY = 1, ST_READY = 2 };
 enum { KEY_RAW = 0, KEY_HEX = 1, KEY_EXT = 2 };
@@ -637,7 +639,7 @@ static void evict_one(ecxi_cache *c)
 
 static bool key_ok(const char *key, size_t len)
 {
-    return key && len >= 1 && len <= ECX_CACHE_KEY_MAX;
+    return key && len >= 1 && len <= ECX_MM_HASH_MAX;
 }
 
 /* ---- public API ------------------------------------------------------ */

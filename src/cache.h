@@ -1,12 +1,12 @@
 /*
  * cache — which mm_hash owns which blocks of a region, and in what state
- * (SPEC §2, §4.1). It owns the bookkeeping only, never the bytes: the
+ * (docs/PROTOCOL.md §2, §4.1). It owns the bookkeeping only, never the bytes: the
  * region holds those, and whoever reserves an entry writes into its blocks.
  * Producer and consumer both keep one, over their own region; in ec_both
  * mode one cache is shared by both roles, so every call takes an internal
  * mutex.
  *
- * An entry is keyed by its mm_hash (any bytes, 1..ECX_CACHE_KEY_MAX long)
+ * An entry is keyed by its mm_hash (any bytes, 1..ECX_MM_HASH_MAX long)
  * and is *not ready* (reserved, being written; never evicted), *ready*, and
  * carries a pin count. A ready entry with no pins is evictable; evictable
  * entries leave oldest-first, in the order they became evictable (an unpin
@@ -51,8 +51,6 @@ typedef struct ecxi_cache ecxi_cache;
 /* Largest number of blocks a cache can manage (block indices are uint32;
  * equal to ECX_REGION_MAX_BLOCKS). */
 #define ECX_CACHE_MAX_BLOCKS 0xfffffffeu
-/* Longest key in bytes. */
-#define ECX_CACHE_KEY_MAX 4096
 
 enum ecxi_cache_state { ECX_CACHE_NOT_READY = 0, ECX_CACHE_READY = 1 };
 

@@ -1,5 +1,5 @@
 /*
- * compat — the peer-compatibility hash (SPEC §3): SHA-256 over Python's
+ * compat — the peer-compatibility hash (docs/PROTOCOL.md §3): SHA-256 over Python's
  * json.dumps([vllm_version, model, dtype, block_size_bytes],
  * separators=(",", ":")) with ensure_ascii=True.
  *

@@ -25,7 +25,6 @@
  * hold the list (one save, or nested loads), freed when the last ends.
  */
 #include <errno.h>
-#include <jansson.h>
 #include <pthread.h>
 #include <sodium.h>
 #include <stdatomic.h>
@@ -36,6 +35,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "announce.h"
 #include "cache.h"
 #include "checksum.h"
 #include "consumer.h"
@@ -603,6 +603,7 @@ static int save_begin(ecx_ctx *ctx, const char *h, uint64_t size, const ecx_segm
 {
     uint64_t blocks = (size - 1) / ctx->block_bytes + 1;
     size_t hl = strlen(h);
+    if (!ecxi_utf8_valid(h, hl)) return ECX_EUTF8; /* a str on the wire: never servable */
     int rc = ecxi_cache_reserve(ctx->cache, h, hl, blocks);
     if (rc) return rc;
     open_item *it = NULL;
@@ -719,21 +720,7 @@ int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap, size_
     int rc = announce_info(ctx, mm_hash, &a);
     pthread_mutex_unlock(&ctx->mu);
     if (rc && rc != ECX_ECACHE_MISSING) return rc;
-    int n = rc ? snprintf(NULL, 0, "{\"metadata\":{}}")
-               : snprintf(NULL, 0,
-                          "{\"peer_host\":\"%s\",\"peer_port\":%d,\"size_bytes\":%llu,"
-                          "\"metadata\":{}}",
-                          a.peer_host, a.peer_port, (unsigned long long)a.size_bytes);
-    if (n < 0) return ECX_ESYS;
-    *len = (size_t)n;
-    if ((size_t)n >= cap) return ECX_ERANGE;
-    if (rc)
-        snprintf(buf, cap, "{\"metadata\":{}}");
-    else
-        snprintf(buf, cap,
-                 "{\"peer_host\":\"%s\",\"peer_port\":%d,\"size_bytes\":%llu,\"metadata\":{}}",
-                 a.peer_host, a.peer_port, (unsigned long long)a.size_bytes);
-    return 0;
+    return ecxi_announce_json(buf, cap, len, rc ? NULL : &a);
 }
 
 /* After a fetch that sent a request: a thread waiting in ecx_poll must look
@@ -744,77 +731,32 @@ static void after_send(ecx_ctx *ctx, uint64_t requests_before)
         kick(ctx);
 }
 
-static int fetch_from(ecx_ctx *ctx, const char *h, const ecx_announcement *from,
-                      uint64_t expected_size, int *reason)
+/* Both fetches: one call into the consumer session, which looks the item
+ * up once and reads the announcement (text or struct) only for a new one. */
+static int fetch(ecx_ctx *ctx, const char *h, const char *json, const ecx_announcement *from,
+                 uint64_t expected_size, int *reason)
 {
-    size_t hl = h ? strnlen(h, ECX_MM_HASH_MAX + 1) : 0;
-    int st = ecxi_consumer_answer(ctx->cons, h, hl, reason);
-    if (st >= 0) return st;
-    if (from && from->peer_host && (from->peer_port <= 0 || from->peer_port > 65535)) {
-        *reason = ECX_REASON_INVALID;
-        return ECX_FETCH_LOCAL;
-    }
-    return ecxi_consumer_fetch(ctx->cons, h, hl, from ? from->peer_host : NULL,
-                               from ? from->peer_port : 0, from ? from->size_bytes : 0,
-                               expected_size, reason);
+    if (!ctx || !reason) return ECX_EINVAL;
+    if (!ctx->cons) return ECX_EDATA_ROLE;
+    pthread_mutex_lock(&ctx->mu);
+    uint64_t before = ecxi_consumer_requests(ctx->cons);
+    int st = ecxi_consumer_fetch(ctx->cons, h, h ? strnlen(h, ECX_MM_HASH_MAX + 1) : 0, json,
+                                 from, expected_size, reason);
+    after_send(ctx, before);
+    pthread_mutex_unlock(&ctx->mu);
+    return st;
 }
 
 int ecx_fetch_from(ecx_ctx *ctx, const char *mm_hash, const ecx_announcement *from,
                    uint64_t expected_size, int *reason)
 {
-    if (!ctx || !reason) return ECX_EINVAL;
-    if (!ctx->cons) return ECX_EDATA_ROLE;
-    pthread_mutex_lock(&ctx->mu);
-    uint64_t before = ecxi_consumer_requests(ctx->cons);
-    int st = fetch_from(ctx, mm_hash, from, expected_size, reason);
-    after_send(ctx, before);
-    pthread_mutex_unlock(&ctx->mu);
-    return st;
-}
-
-/* The announcement JSON's fields (borrowed from j). A host without a usable
- * port is INVALID (port -1 here). */
-static void parse_announcement(const char *text, json_t **j, ecx_announcement *a, bool *has)
-{
-    json_error_t err;
-    *has = false;
-    *j = json_loads(text, JSON_REJECT_DUPLICATES, &err);
-    json_t *h = json_object_get(*j, "peer_host"), *p = json_object_get(*j, "peer_port"),
-           *s = json_object_get(*j, "size_bytes");
-    if (!json_is_object(*j)) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "fetch: announcement is not a JSON object");
-        return;
-    }
-    if (!json_is_string(h) || json_string_length(h) == 0) return;
-    json_int_t pv = json_is_integer(p) ? json_integer_value(p) : 0;
-    json_int_t sv = json_is_integer(s) ? json_integer_value(s) : 0;
-    *a = (ecx_announcement){json_string_value(h), pv > 0 && pv <= 65535 ? (int)pv : -1,
-                            sv > 0 ? (uint64_t)sv : 0};
-    *has = true;
+    return fetch(ctx, mm_hash, NULL, from, expected_size, reason);
 }
 
 int ecx_fetch(ecx_ctx *ctx, const char *mm_hash, const char *announcement, uint64_t expected_size,
               int *reason)
 {
-    if (!ctx || !reason) return ECX_EINVAL;
-    if (!ctx->cons) return ECX_EDATA_ROLE;
-    pthread_mutex_lock(&ctx->mu);
-    uint64_t before = ecxi_consumer_requests(ctx->cons);
-    size_t hl = mm_hash ? strnlen(mm_hash, ECX_MM_HASH_MAX + 1) : 0;
-    /* An item in flight, tombstoned or local is answered without its
-     * announcement: the engine asks every step, so parse only for new ones. */
-    int st = ecxi_consumer_answer(ctx->cons, mm_hash, hl, reason);
-    if (st < 0) {
-        json_t *j = NULL;
-        ecx_announcement a;
-        bool has = false;
-        if (announcement) parse_announcement(announcement, &j, &a, &has);
-        st = fetch_from(ctx, mm_hash, has ? &a : NULL, expected_size, reason);
-        json_decref(j);
-    }
-    after_send(ctx, before);
-    pthread_mutex_unlock(&ctx->mu);
-    return st;
+    return fetch(ctx, mm_hash, announcement, NULL, expected_size, reason);
 }
 
 static int load(ecx_ctx *ctx, const char *h, const ecx_segment **segs, size_t *n_segs,

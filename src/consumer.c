@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "announce.h"
 #include "table.h"
 #include "wire.h"
 
@@ -35,7 +36,7 @@ typedef struct xfer {
     uint64_t size_bytes, n_blocks;
     ecxi_data_xfer *dx; /* READING, QUARANTINED */
     int port;
-    char host[256];
+    char host[ECXI_HOST_MAX + 1];
     uint32_t hash_len;
     char hash[ECX_MM_HASH_MAX];
 } xfer;
@@ -46,8 +47,8 @@ struct session {
     ecxi_ctrl_peer *peer;
     ecxi_data_peer *dpeer; /* registered from the first OK ack */
     char sid[37];         /* UUID4 text */
-    char key[270];
-    char host[256];
+    char key[ECXI_HOST_MAX + 8]; /* "host|port" */
+    char host[ECXI_HOST_MAX + 1];
     int port;
     int64_t last_used_ms; /* opened, sent on, got an ack, or seen busy */
     bool busy;            /* scratch of mark_busy() */
@@ -59,6 +60,7 @@ struct ecxi_consumer {
     ecxi_consumer_opts o;
     char compat[ECX_COMPAT_HASH_HEX + 1];
     ecxi_consumer_stats st;
+    uint64_t max_item_bytes; /* the most an announcement may say: the cache's block limit */
     ecxi_table xfers, sessions;
     xfer *head, *free_xfers;
     session *sessions_list;
@@ -273,7 +275,7 @@ static bool evict_one(ecxi_consumer *c, int64_t now)
     return true;
 }
 
-/* Close a session whose producer connection was lost (SPEC §5: waiting
+/* Close a session whose producer connection was lost (docs/PROTOCOL.md §5: waiting
  * transfers become retryable, reading ones are quarantined). A later
  * contact opens a fresh socket and session id. */
 static bool retire_if_lost(ecxi_consumer *c, session *s, int64_t now)
@@ -287,7 +289,7 @@ static bool retire_if_lost(ecxi_consumer *c, session *s, int64_t now)
 
 static session *session_get(ecxi_consumer *c, const char *host, int port, int64_t now)
 {
-    char key[270];
+    char key[ECXI_HOST_MAX + 8];
     int kl = snprintf(key, sizeof key, "%s|%d", host, port);
     ecxi_table_node *n = ecxi_table_find(&c->sessions, key, (size_t)kl);
     /* Never send over a connection already known to be lost. */
@@ -382,8 +384,18 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         s->dpeer = NULL;
         c->st.peer_restarts++;
     }
-    int rc;
-    if (!s->dpeer && (rc = ecxi_data_peer_add(c->data, meta, ml, desc, dl, &s->dpeer))) {
+    /* The descriptor is parsed here, once: the registration and the READ
+     * take the parsed form (its lease and checksum are kept below). */
+    ecxi_data_desc dd;
+    int rc = ecxi_data_desc_decode(desc, dl, &dd);
+    if (!rc && !dd.has_ticket) rc = ECX_EDATA_DESC;
+    if (rc) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: unusable mem_descriptor from %s:%d: %s",
+                            s->host, s->port, ecx_strerror(rc));
+        tombstone(c, x, ECX_REASON_BAD_ACK, now);
+        return;
+    }
+    if (!s->dpeer && (rc = ecxi_data_peer_add(c->data, meta, ml, &dd, &s->dpeer))) {
         /* Metadata we cannot use is a bad ack; a producer we cannot reach
          * with good metadata (it died after acking, say) is a failed READ. */
         bool bad = rc == ECX_EDATA_META || rc == ECX_EDATA_DESC || rc == ECX_EDATA_VERSION ||
@@ -417,13 +429,10 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
     }
     for (size_t i = 0; i < n; i++)
         c->local[i] = (uint64_t)c->idx[i];
-    ecxi_data_ticket t;
     char key[ECX_DATA_NOTIF_MAX];
     int kl = snprintf(key, sizeof key, "%s:%.*s", s->sid, (int)x->hash_len, x->hash);
-    rc = ecxi_data_desc_ticket(desc, dl, &t);
-    if (!rc)
-        rc = ecxi_data_read_post(s->dpeer, desc, dl, c->remote, c->local, n, x->size_bytes, key,
-                                (size_t)kl, &x->dx);
+    rc = ecxi_data_read_post(s->dpeer, &dd, c->remote, c->local, n, x->size_bytes, key,
+                             (size_t)kl, &x->dx);
     if (rc) {
         x->dx = NULL;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: READ of %.*s not posted: %s", (int)x->hash_len,
@@ -436,9 +445,10 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
     /* The producer may reuse the blocks once its lease runs out, which it
      * counts from before we saw the ack: the bytes must be in, and
      * verified, by our receipt + lease - a margin, or they are not used. */
-    int64_t margin = t.lease_ms / 10 < 1000 ? t.lease_ms / 10 : 1000;
-    x->lease_end_ms = now + (int64_t)t.lease_ms - margin;
-    x->checksum = t.checksum;
+    const ecxi_data_ticket *t = &dd.ticket;
+    int64_t margin = t->lease_ms / 10 < 1000 ? t->lease_ms / 10 : 1000;
+    x->lease_end_ms = now + (int64_t)t->lease_ms - margin;
+    x->checksum = t->checksum;
     x->state = READING;
     x->deadline_ms = now + c->o.read_timeout_ms;
     if (x->deadline_ms > x->lease_end_ms) x->deadline_ms = x->lease_end_ms;
@@ -611,22 +621,32 @@ int ecxi_consumer_poll(ecxi_consumer *c)
 
 /* ---------- engine-facing ---------- */
 
-int ecxi_consumer_answer(ecxi_consumer *c, const char *mm_hash, size_t hash_len, int *reason)
+/* An "encode locally" answer, counted. */
+static int local(ecxi_consumer *c, int why, int *reason)
 {
+    *reason = why;
+    c->st.fallbacks[why]++;
+    return ECX_FETCH_LOCAL;
+}
+
+int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, const char *json,
+                        const ecx_announcement *from, uint64_t expected_size, int *reason)
+{
+    if (!c || !reason || (json && from)) return ECX_EINVAL;
     *reason = ECX_REASON_NONE;
-    if (!mm_hash || hash_len == 0 || hash_len > ECX_MM_HASH_MAX) {
-        *reason = ECX_REASON_INVALID;
-        c->st.fallbacks[*reason]++;
-        return ECX_FETCH_LOCAL;
-    }
+    if (!mm_hash || hash_len == 0 || hash_len > ECX_MM_HASH_MAX)
+        return local(c, ECX_REASON_INVALID, reason);
+    /* One lookup: an item in flight, tombstoned or held locally is
+     * answered without looking at its announcement (the engine asks every
+     * step; only a new item's announcement is parsed). */
     xfer *x = xfer_find(c, mm_hash, hash_len);
     if (x) {
         switch (x->state) {
-        case TOMBSTONE:
-            *reason = x->reason;
+        case TOMBSTONE: {
+            int why = x->reason;
             xfer_delete(c, x);
-            c->st.fallbacks[*reason]++;
-            return ECX_FETCH_LOCAL;
+            return local(c, why, reason);
+        }
         case QUARANTINED: /* told once; its blocks are still held */
             *reason = ECX_REASON_QUARANTINED;
             if (!x->reported) c->st.fallbacks[*reason]++;
@@ -638,50 +658,25 @@ int ecxi_consumer_answer(ecxi_consumer *c, const char *mm_hash, size_t hash_len,
     ecxi_cache_info info;
     if (ecxi_cache_lookup(c->cache, mm_hash, hash_len, &info) == 0)
         return info.state == ECX_CACHE_READY ? ECX_FETCH_READY : ECX_FETCH_PENDING;
-    return -1;
-}
-
-int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, const char *host,
-                       int port, uint64_t size_bytes, uint64_t expected_size, int *reason)
-{
-    int st = ecxi_consumer_answer(c, mm_hash, hash_len, reason);
-    if (st >= 0) return st;
-    if (!host || !*host || strlen(host) >= 256 || port <= 0 || port > 65535) {
-        *reason = ECX_REASON_NO_PEER;
-        c->st.fallbacks[*reason]++;
-        return ECX_FETCH_LOCAL;
-    }
-    if (expected_size && expected_size != size_bytes) {
+    ecxi_announce_peer ap;
+    int why = ecxi_announce_parse(json, from, expected_size, c->max_item_bytes, &ap);
+    if (why == ECX_REASON_SIZE_MISMATCH)
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s announced as %llu bytes, expected %llu",
-                            (int)hash_len, mm_hash, (unsigned long long)size_bytes,
+                            (int)hash_len, mm_hash, (unsigned long long)ap.size_bytes,
                             (unsigned long long)expected_size);
-        *reason = ECX_REASON_SIZE_MISMATCH;
-        c->st.fallbacks[*reason]++;
-        return ECX_FETCH_LOCAL;
-    }
-    if (size_bytes == 0 || size_bytes / c->o.block_bytes >= ECX_CACHE_MAX_BLOCKS) {
-        *reason = ECX_REASON_INVALID;
-        c->st.fallbacks[*reason]++;
-        return ECX_FETCH_LOCAL;
-    }
+    if (why) return local(c, why, reason);
     int64_t now = now_ms(c);
-    xfer *x = xfer_new(c, mm_hash, hash_len);
-    if (!x) {
-        *reason = ECX_REASON_NO_ROOM;
-        c->st.fallbacks[*reason]++;
-        return ECX_FETCH_LOCAL;
-    }
-    snprintf(x->host, sizeof x->host, "%s", host);
-    x->port = port;
-    x->size_bytes = size_bytes;
-    x->n_blocks = (size_bytes + c->o.block_bytes - 1) / c->o.block_bytes;
+    if (!(x = xfer_new(c, mm_hash, hash_len))) return local(c, ECX_REASON_NO_ROOM, reason);
+    memcpy(x->host, ap.host, sizeof x->host);
+    x->port = ap.port;
+    x->size_bytes = ap.size_bytes;
+    x->n_blocks = (ap.size_bytes + c->o.block_bytes - 1) / c->o.block_bytes;
     x->first_ask_ms = now;
     ask(c, x, now);
     if (x->state == TOMBSTONE) { /* failed at once: answer now */
-        *reason = x->reason;
+        why = x->reason;
         xfer_delete(c, x);
-        c->st.fallbacks[*reason]++;
-        return ECX_FETCH_LOCAL;
+        return local(c, why, reason);
     }
     return ECX_FETCH_PENDING;
 }
@@ -742,13 +737,17 @@ int ecxi_consumer_new(ecxi_cache *cache, ecxi_data *data, const ecxi_consumer_op
     c->cache = cache, c->data = data, c->o = *opts;
     snprintf(c->compat, sizeof c->compat, "%s", opts->compat_hash);
     c->o.compat_hash = c->compat;
-    if (c->o.ack_timeout_ms <= 0) c->o.ack_timeout_ms = 2000;
-    if (c->o.read_timeout_ms <= 0) c->o.read_timeout_ms = 20000;
-    if (c->o.quarantine_ms <= 0) c->o.quarantine_ms = 60000;
-    if (c->o.item_wait_ms <= 0) c->o.item_wait_ms = 60000;
-    if (c->o.tombstone_ttl_ms <= 0) c->o.tombstone_ttl_ms = 600000;
-    if (c->o.session_idle_ms <= 0) c->o.session_idle_ms = 30000;
-    if (c->o.max_sessions <= 0) c->o.max_sessions = 256;
+    if (c->o.ack_timeout_ms <= 0) c->o.ack_timeout_ms = ECX_DEFAULT_ACK_TIMEOUT_MS;
+    if (c->o.read_timeout_ms <= 0) c->o.read_timeout_ms = ECX_DEFAULT_READ_TIMEOUT_MS;
+    if (c->o.quarantine_ms <= 0) c->o.quarantine_ms = ECX_DEFAULT_QUARANTINE_MS;
+    if (c->o.item_wait_ms <= 0) c->o.item_wait_ms = ECX_DEFAULT_ITEM_WAIT_MS;
+    if (c->o.tombstone_ttl_ms <= 0) c->o.tombstone_ttl_ms = ECX_DEFAULT_TOMBSTONE_TTL_MS;
+    if (c->o.session_idle_ms <= 0) c->o.session_idle_ms = ECX_DEFAULT_SESSION_IDLE_MS;
+    if (c->o.max_sessions <= 0) c->o.max_sessions = ECX_DEFAULT_MAX_SESSIONS;
+    /* An item needs fewer than ECX_CACHE_MAX_BLOCKS blocks. */
+    c->max_item_bytes = c->o.block_bytes > UINT64_MAX / ECX_CACHE_MAX_BLOCKS
+                            ? UINT64_MAX
+                            : (uint64_t)ECX_CACHE_MAX_BLOCKS * c->o.block_bytes - 1;
     int rc = ecxi_table_init(&c->xfers);
     if (!rc && (rc = ecxi_table_init(&c->sessions))) ecxi_table_fini(&c->xfers);
     if (!rc && (rc = grow_scratch(c, 256))) {

@@ -1,5 +1,5 @@
 /*
- * consumer — the consumer sessions (SPEC §5): one session per producer
+ * consumer — the consumer sessions (docs/PROTOCOL.md §5): one session per producer
  * address, and one state machine per transfer.
  *
  *   WAITING_ACK --OK ack, valid--> READING --read done, verified--> DONE (entry ready)
@@ -65,13 +65,15 @@ typedef struct ecxi_consumer_opts {
     void *zctx;               /* ZeroMQ context for the sessions' sockets */
     const char *compat_hash;  /* sent in every XferReq */
     uint64_t block_bytes;     /* of the local region */
-    int64_t ack_timeout_ms;   /* default 2000 */
-    int64_t read_timeout_ms;  /* default 20000 */
-    int64_t quarantine_ms;    /* default 60000 */
-    int64_t item_wait_ms;     /* overall NOT_READY wait per item; default 60000 */
-    int64_t tombstone_ttl_ms; /* unclaimed tombstones are dropped; default 600000 */
-    int64_t session_idle_ms;  /* a session not busy this long is closed; default 30000 */
-    int max_sessions;         /* open sessions at most; default 256 */
+    /* <= 0: the ECX_DEFAULT_* of ecx.h */
+    int64_t ack_timeout_ms;   /* ECX_DEFAULT_ACK_TIMEOUT_MS */
+    int64_t read_timeout_ms;  /* ECX_DEFAULT_READ_TIMEOUT_MS */
+    int64_t quarantine_ms;    /* ECX_DEFAULT_QUARANTINE_MS */
+    int64_t item_wait_ms;     /* overall NOT_READY wait per item; ECX_DEFAULT_ITEM_WAIT_MS */
+    int64_t tombstone_ttl_ms; /* unclaimed tombstones are dropped; ECX_DEFAULT_TOMBSTONE_TTL_MS */
+    int64_t session_idle_ms;  /* a session not busy this long is closed;
+                                 ECX_DEFAULT_SESSION_IDLE_MS */
+    int max_sessions;         /* open sessions at most; ECX_DEFAULT_MAX_SESSIONS */
     ecxi_ctrl_opts ctrl;
     const ecxi_clock *clock; /* NULL: monotonic */
 } ecxi_consumer_opts;
@@ -108,19 +110,19 @@ int ecxi_consumer_new(ecxi_cache *cache, ecxi_data *data, const ecxi_consumer_op
 void ecxi_consumer_free(ecxi_consumer *c);
 
 /*
- * Ask for mm_hash from the producer at host:port (host NULL: not
- * announced), announced as size_bytes long, where the engine expects
- * expected_size (0: any). Returns enum ecx_fetch_state; for
- * ECX_FETCH_LOCAL, *reason says why. Asking again about a pending item is
- * cheap and is how the engine learns it finished.
+ * The engine's question about mm_hash (1..ECX_MM_HASH_MAX bytes, else
+ * INVALID): one lookup answers an item already known (in flight, a
+ * tombstone, or in the local cache); only a new item's announcement is
+ * looked at, checked by ecxi_announce_parse() (announce.h: NO_PEER,
+ * INVALID, SIZE_MISMATCH), and then asked for. The announcement is the
+ * reference's JSON text (json) or the struct (from), never both (both
+ * given: ECX_EINVAL); both NULL: not announced. expected_size is what the
+ * engine expects (0: any). Returns enum ecx_fetch_state; for
+ * ECX_FETCH_LOCAL, *reason says why (and is counted). Asking again about a
+ * pending item is cheap and is how the engine learns it finished.
  */
-int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, const char *host,
-                       int port, uint64_t size_bytes, uint64_t expected_size, int *reason);
-
-/* The answer for an item the consumer already knows (in flight, a
- * tombstone, or in the local cache), as ecxi_consumer_fetch() would give it;
- * -1 for an item it has never heard of, which needs its announcement. */
-int ecxi_consumer_answer(ecxi_consumer *c, const char *mm_hash, size_t hash_len, int *reason);
+int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, const char *json,
+                        const ecx_announcement *from, uint64_t expected_size, int *reason);
 
 /* Receive acks, advance READs and timers. Never blocks; returns the number
  * of events handled. */

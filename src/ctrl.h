@@ -1,5 +1,5 @@
 /*
- * ctrl — the control plane's sockets (SPEC §3, §5): one ROUTER per producer,
+ * ctrl — the control plane's sockets (docs/PROTOCOL.md §3, §5): one ROUTER per producer,
  * one DEALER per (consumer, producer) pair, and nothing else.
  *
  * It owns framing and liveness, not meaning: the producer's ROUTER accepts
@@ -34,7 +34,7 @@
  * numeric addresses and interfaces); connecting leaves the name to libzmq,
  * which resolves it on its own I/O thread, so the caller never blocks on DNS.
  *
- * Authentication (opt-in, SPEC §8): with CURVE keys in the options the
+ * Authentication (opt-in, docs/PROTOCOL.md §8): with CURVE keys in the options the
  * ROUTER is a ZeroMQ CURVE server and every DEALER a CURVE client, so the
  * control plane is encrypted and the consumer knows it talks to the key it
  * was given; the frames inside are the same bytes as in plaintext. Clients
@@ -58,10 +58,12 @@
 #include <stdint.h>
 #include <zmq.h>
 
-/* Socket options both ends share; zero fields take the SPEC defaults. */
+/* Socket options both ends share; zero fields take the defaults of docs/PROTOCOL.md §7. */
 typedef struct ecxi_ctrl_opts {
     int64_t max_frame_bytes;  /* inbound frame cap; default ECX_CTRL_MAX_REQUEST (server),
                                  ECX_CTRL_MAX_FRAME (peer) */
+    /* Heartbeats are the control plane's own (no ecx_config knob, so no
+     * ECX_DEFAULT_* in ecx.h); their defaults live in ctrl.c. */
     int heartbeat_ivl_ms;     /* DEALER only; default 2000 */
     int heartbeat_timeout_ms; /* default 4000 */
     int heartbeat_ttl_ms;     /* default 8000 */

@@ -1,6 +1,6 @@
 /*
  * data — the data plane: moving one granted item from a producer's blocks
- * into the consumer's blocks, and the completion back (SPEC §2, §6).
+ * into the consumer's blocks, and the completion back (docs/PROTOCOL.md §2, §6).
  *
  * This is the one small interface the sessions use, whatever moves the
  * bytes. A producer context publishes agent_metadata (how to reach it) and,
@@ -34,7 +34,7 @@
  *   auto  (default) a producer publishes shm and tcp; a consumer uses shm
  *         when the producer has our boot id, its socket answers (same
  *         network namespace) and its process has our uid, else tcp if
- *         published, else ucx if published (data.c).
+ *         published, else ucx if published (data_auto.c).
  *   fault tests only: wraps another context and injects failures
  *         (data_fault.h).
  *
@@ -43,10 +43,13 @@
  * becomes readable when there may be something to progress; call
  * ecxi_data_arm() first and sleep on it only if that returns 0.
  *
- * Formats (data.c, versioned, length-checked, a few hundred bytes at most
- * whatever the region size): see the comment above ecxi_data_meta_encode().
- * Everything that comes from a peer is validated; malformed input is an
- * ECX_EDATA_* code, never a crash.
+ * Formats: agent_metadata and mem_descriptor, their parsed forms and codec
+ * are data_format.h / data_format.c (versioned, length-checked, a few
+ * hundred bytes at most whatever the region size). A consumer parses an
+ * ack's mem_descriptor once (ecxi_data_desc_decode) and hands the parsed
+ * form to ecxi_data_peer_add() and ecxi_data_read_post(). Everything that
+ * comes from a peer is validated; malformed input is an ECX_EDATA_* code,
+ * never a crash.
  */
 #ifndef ECX_DATA_H
 #define ECX_DATA_H
@@ -55,6 +58,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "data_format.h"
 #include "ecx.h"
 #include "region.h"
 
@@ -76,25 +80,12 @@ enum ecxi_xfer_state {
 
 /* Longest grant key, in bytes ("{session_id}:{mm_hash}"). */
 #define ECX_DATA_NOTIF_MAX 512
-/* Length of a grant's token. */
-#define ECX_DATA_TOKEN_LEN 16
-/* Largest agent_metadata / mem_descriptor we produce or accept. */
-#define ECX_DATA_META_MAX 4096
-#define ECX_DATA_DESC_MAX 4096
 
 typedef struct ecxi_data_opts {
     int backend;           /* enum ecxi_data_backend; 0 = auto */
     const char *bind_host; /* producer: the advertised host; listeners bind
                               to its interface only (NULL: any) */
 } ecxi_data_opts;
-
-/* One grant as the data plane carries it (inside the mem_descriptor). */
-typedef struct ecxi_data_ticket {
-    uint8_t token[ECX_DATA_TOKEN_LEN]; /* random per grant: its credential */
-    uint64_t checksum;                 /* XXH3-64 of the item's bytes */
-    uint64_t nbytes;                   /* the item's size */
-    uint32_t lease_ms;                 /* the producer's pin lease */
-} ecxi_data_ticket;
 
 /* Parse "auto" / "shm" / "tcp" / "ucx" into enum ecxi_data_backend; ECX_EINVAL else. */
 int ecxi_data_backend_parse(const char *s, int *out);
@@ -154,13 +145,14 @@ int ecxi_data_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg);
 /* A consumer context reading into `region` (which must outlive it). */
 int ecxi_data_new_consumer(ecxi_region *region, const ecxi_data_opts *opts, ecxi_data **out);
 
-/* Register the producer that sent these bytes (an ack's agent_metadata and
- * mem_descriptor). Errors: ECX_EDATA_META / ECX_EDATA_DESC (malformed),
+/* Register the producer that sent an ack: its agent_metadata bytes and its
+ * mem_descriptor, already parsed (ecxi_data_desc_decode). Errors:
+ * ECX_EDATA_META (metadata malformed), ECX_EDATA_DESC (desc NULL),
  * ECX_EDATA_VERSION, ECX_EDATA_MISMATCH (descriptor of another producer,
  * or block sizes differ), ECX_EDATA_NOPATH (no enabled backend reaches
  * it), ECX_EDATA_UCX. */
-int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len, const uint8_t *desc,
-                      size_t desc_len, ecxi_data_peer **out);
+int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
+                       const ecxi_data_desc *desc, ecxi_data_peer **out);
 
 /* True if the peer was registered from exactly this agent_metadata (an
  * ack whose metadata differs means the producer restarted: drop and add
@@ -174,24 +166,21 @@ const char *ecxi_data_peer_backend(const ecxi_data_peer *p);
  * stay valid until released). NULL is a no-op. */
 void ecxi_data_peer_drop(ecxi_data_peer *p);
 
-/* Post a READ of the grant in desc (this ack's mem_descriptor): the
- * peer's blocks remote[i] into our blocks local[i], i < n. key is the
- * grant's key "{session_id}:{mm_hash}" (1..ECX_DATA_NOTIF_MAX bytes).
- * nbytes is the encoding's size, as announced: the bytes run through the
- * blocks in list order, so only the first nbytes - (n-1) * block_bytes
- * bytes of the last block move. Errors: ECX_EDATA_DESC / ECX_EDATA_VERSION
- * (descriptor malformed or without a ticket), ECX_EDATA_MISMATCH
- * (descriptor of another producer, or its size differs from nbytes),
- * ECX_EDATA_COUNT (n == 0, or nbytes not in ((n-1) * block_bytes,
- * n * block_bytes]), ECX_EDATA_INDEX (an index beyond either side's block
- * count), ECX_EDATA_NOTIF (key empty or too long), ECX_EDATA_PEER (peer
- * broken), ECX_ENOMEM, ECX_EDATA_UCX. */
-int ecxi_data_read_post(ecxi_data_peer *p, const uint8_t *desc, size_t desc_len,
-                       const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
-                       const char *key, size_t key_len, ecxi_data_xfer **out);
-
-/* The ticket of a mem_descriptor (for the consumer session: the lease). */
-int ecxi_data_desc_ticket(const uint8_t *desc, size_t desc_len, ecxi_data_ticket *t);
+/* Post a READ of the grant in desc (this ack's mem_descriptor, parsed by
+ * ecxi_data_desc_decode, which checked its own bounds): the peer's blocks
+ * remote[i] into our blocks local[i], i < n. key is the grant's key
+ * "{session_id}:{mm_hash}" (1..ECX_DATA_NOTIF_MAX bytes). nbytes is the
+ * encoding's size, as announced (0: the ticket's): the bytes run through
+ * the blocks in list order, so only the first nbytes - (n-1) * block_bytes
+ * bytes of the last block move. Errors: ECX_EDATA_DESC (desc NULL or
+ * without a ticket), ECX_EDATA_MISMATCH (descriptor of another producer,
+ * or its size differs from nbytes), ECX_EDATA_COUNT (n == 0, or nbytes
+ * not in ((n-1) * block_bytes, n * block_bytes]), ECX_EDATA_INDEX (an
+ * index beyond either side's block count), ECX_EDATA_NOTIF (key empty or
+ * too long), ECX_EDATA_PEER (peer broken), ECX_ENOMEM, ECX_EDATA_UCX. */
+int ecxi_data_read_post(ecxi_data_peer *p, const ecxi_data_desc *desc, const uint64_t *remote,
+                        const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
+                        size_t key_len, ecxi_data_xfer **out);
 
 /* enum ecxi_xfer_state. Cheap; call ecxi_data_progress() to move things on. */
 int ecxi_data_read_poll(ecxi_data_xfer *x);

@@ -1,7 +1,7 @@
 /*
  * data_fault — a data-plane backend for tests only: it wraps a real
  * context and makes chosen READs misbehave, so the session tests can drive
- * every failure path of SPEC §5 (read error, quarantine, corrupt bytes)
+ * every failure path of docs/PROTOCOL.md §5 (read error, quarantine, corrupt bytes)
  * without a broken network.
  *
  * Faults apply to posts counted on the wrapper: after `skip` posts, the

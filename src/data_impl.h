@@ -1,9 +1,9 @@
 /*
  * data_impl — what the data-plane backends share and nobody else needs:
  * the vtable every backend fills, the common head of contexts / peers /
- * xfers that lets data.c dispatch on any of them, the parsed form of
- * agent_metadata and mem_descriptor with their codec, and the run
- * coalescing both real backends use.
+ * xfers that lets data.c dispatch on any of them, the constructors, and
+ * the run coalescing the real backends use. (The parsed forms of
+ * agent_metadata and mem_descriptor are data_format.h's.)
  *
  * Dispatch: every ecxi_data, ecxi_data_peer and ecxi_data_xfer starts with
  * the head below; the public calls in data.c follow x->owner->ops. A
@@ -16,46 +16,6 @@
 #include "data.h"
 
 enum ecxi_data_role { ECX_DATA_PRODUCER = 1, ECX_DATA_CONSUMER = 2 };
-
-/* agent_metadata, parsed. Pointers are views into the bytes parsed. */
-typedef struct ecxi_data_meta {
-    uint64_t nonce; /* random per producer context; ties meta and desc */
-    bool has_shm;
-    uint8_t boot_id[16];
-    uint64_t dev, ino; /* of the region file, as the producer sees it */
-    const char *path;  /* region file path (not NUL-terminated) */
-    size_t path_len;   /* 1..ECX_DATA_PATH_MAX */
-    const char *sock;  /* abstract unix socket name for notifications */
-    size_t sock_len;   /* 1..ECX_DATA_SOCK_MAX */
-    bool has_ucx;
-    const uint8_t *ucx_addr; /* packed ucp worker address */
-    size_t ucx_addr_len;
-    bool has_tcp;
-    uint8_t tcp_family;   /* 4 or 6 */
-    uint16_t tcp_port;    /* host order, never 0 */
-    uint8_t tcp_addr[16]; /* network order: 4 or 16 bytes, a unicast address */
-} ecxi_data_meta;
-
-/* mem_descriptor, parsed. */
-typedef struct ecxi_data_desc {
-    uint64_t nonce;
-    uint64_t block_bytes;
-    uint64_t num_blocks;
-    bool has_ticket; /* the grant this descriptor came with */
-    ecxi_data_ticket ticket;
-} ecxi_data_desc;
-
-#define ECX_DATA_PATH_MAX 1024
-#define ECX_DATA_SOCK_MAX 100
-#define ECX_DATA_FORMAT_VERSION 2
-
-/* Encode into buf (cap bytes); returns the length or a negative error
- * (ECX_ERANGE if it does not fit). */
-long ecxi_data_meta_encode(const ecxi_data_meta *m, uint8_t *buf, size_t cap);
-long ecxi_data_desc_encode(const ecxi_data_desc *d, uint8_t *buf, size_t cap);
-/* Strict parse; ECX_EDATA_META / ECX_EDATA_DESC / ECX_EDATA_VERSION. */
-int ecxi_data_meta_decode(const uint8_t *buf, size_t len, ecxi_data_meta *m);
-int ecxi_data_desc_decode(const uint8_t *buf, size_t len, ecxi_data_desc *d);
 
 struct ecxi_data_ops {
     const char *name;
@@ -143,6 +103,17 @@ static inline size_t ecxi_data_run_len(const uint64_t *remote, const uint64_t *l
 
 /* The bytes of /proc/sys/kernel/random/boot_id as 16 raw bytes. */
 int ecxi_data_boot_id(uint8_t out[16]);
+
+/* Start one real backend (ECX_DATA_SHM / _TCP / _UCX) for role, with the
+ * head's role and region filled (data.c); ECX_EINVAL for another value.
+ * A producer fills its part of *m and *dd (a consumer may pass NULL). */
+int ecxi_data_start(int backend, ecxi_region *region, const ecxi_data_opts *opts, int role,
+                    ecxi_data_meta *m, ecxi_data_desc *dd, ecxi_data **out);
+/* The "auto" backend over them (data_auto.c): a producer starts shm and
+ * tcp (an error only if neither starts), a consumer shm (tcp and UCX on
+ * first need). */
+int ecxi_data_auto_new(ecxi_region *region, const ecxi_data_opts *opts, int role,
+                       ecxi_data_meta *m, ecxi_data_desc *dd, ecxi_data **out);
 
 /* Backend constructors (data_shm.c, data_tcp.c, data_ucx.c). The producer ones fill
  * their part of *m and *dd; pointers they set stay valid until free. */

@@ -97,6 +97,9 @@
 #define SHM_MSG_HEAD (2 + ECX_DATA_TOKEN_LEN)
 #define SHM_MSG_MAX (SHM_MSG_HEAD + ECX_DATA_NOTIF_MAX)
 
+/* The data plane's own protocol bounds and timeouts: internal to this path
+ * (no ecx_config knob, so no ECX_DEFAULT_* in ecx.h), and kept here, beside
+ * the protocol they bound. */
 #define SHM_MAX_CONNS 256       /* producer: connections held at once */
 #define SHM_BACKLOG 64
 #define SHM_HELLO_MS 2000       /* producer: time to present a grant */

@@ -83,7 +83,9 @@
 #define TCP_REP_HEAD 9  /* id, status */
 #define TCP_REP_OK 17   /* id, status, nbytes */
 
-/* Producer bounds. */
+/* The data plane's own protocol bounds and timeouts: internal to this path
+ * (no ecx_config knob, so no ECX_DEFAULT_* in ecx.h), and kept here, beside
+ * the protocol they bound. Producer bounds. */
 #define TCP_MAX_CONNS 256
 #define TCP_MAX_PER_HOST 32
 #define TCP_BACKLOG 128

@@ -108,6 +108,9 @@
 #define REQ_HDR 32
 #define REQ_MAX (REQ_HDR + ECX_DATA_NOTIF_MAX)
 #define ADDR_VERSION 1
+/* This file's timeouts and bounds (CLOSE_WAIT_MS, SEND_STALL_MS, the MAX_*
+ * below) are the data plane's own, internal to this path: no ecx_config
+ * knob, so no ECX_DEFAULT_* in ecx.h. */
 #define CLOSE_WAIT_MS 2000
 
 /* Producer bounds. */

@@ -243,11 +243,11 @@ int ecxi_producer_new(ecxi_cache *cache, ecxi_data *data, ecxi_ctrl_server *srv,
     ecxi_producer *p = calloc(1, sizeof *p);
     if (!p) return ECX_ENOMEM;
     p->cache = cache, p->data = data, p->srv = srv, p->o = *opts;
-    if (p->o.lease_ms <= 0) p->o.lease_ms = 30000;
-    if (p->o.max_grants == 0) p->o.max_grants = 65536;
-    if (p->o.max_conn_grants == 0) p->o.max_conn_grants = 1024;
+    if (p->o.lease_ms <= 0) p->o.lease_ms = ECX_DEFAULT_LEASE_MS;
+    if (p->o.max_grants == 0) p->o.max_grants = ECX_DEFAULT_MAX_GRANTS;
+    if (p->o.max_conn_grants == 0) p->o.max_conn_grants = ECX_DEFAULT_MAX_CONN_GRANTS;
     if (p->o.max_conn_grants > p->o.max_grants) p->o.max_conn_grants = p->o.max_grants;
-    if (p->o.max_conn_pin_pct == 0) p->o.max_conn_pin_pct = 50;
+    if (p->o.max_conn_pin_pct == 0) p->o.max_conn_pin_pct = ECX_DEFAULT_MAX_CONN_PIN_PCT;
     if (p->o.max_conn_pin_pct > 100) p->o.max_conn_pin_pct = 100;
     ecxi_cache_stats cst;
     ecxi_cache_get_stats(cache, &cst);
@@ -325,7 +325,7 @@ static void reply(ecxi_producer *p, const ecx_ack *a)
 static void nack(ecxi_producer *p, ecx_span hash, int status, const char *why)
 {
     p->st.nacks[status]++;
-    /* Expected outcomes are info, the rest warnings (SPEC §3). */
+    /* Expected outcomes are info, the rest warnings (docs/PROTOCOL.md §3). */
     int level = status == ECX_STATUS_NACK_MISSING || status == ECX_STATUS_NACK_NOT_READY
                     ? ECX_LOG_INFO
                     : ECX_LOG_WARN;
@@ -362,6 +362,11 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     }
     if (r->session_id.n == 0) {
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "request has no session_id");
+        return;
+    }
+    if (r->mm_hash.n == 0 || r->mm_hash.n > ECX_MM_HASH_MAX) {
+        /* No entry has such a key (the cache holds 1..ECX_MM_HASH_MAX). */
+        nack(p, r->mm_hash, ECX_STATUS_NACK_MISSING, "mm_hash empty or too long");
         return;
     }
     if (r->session_id.n + 1 + r->mm_hash.n > ECX_DATA_NOTIF_MAX) {

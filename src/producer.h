@@ -1,11 +1,12 @@
 /*
- * producer — the producer session (SPEC §4.3–§4.5): answers each XferReq,
+ * producer — the producer session (docs/PROTOCOL.md §4.3–§4.5): answers each XferReq,
  * holds the pins it grants, and lets them go.
  *
- * A request is checked in the SPEC's order: connector_version != 1 →
+ * A request is checked in the order of docs/PROTOCOL.md §4.3: connector_version != 1 →
  * NACK_VERSION; compatibility hash differs → NACK_INCOMPAT; empty
  * session_id → NACK_INTERNAL (grants are keyed by session_id:mm_hash, so
- * an empty id would alias two consumers); no entry → NACK_MISSING; not
+ * an empty id would alias two consumers); no entry (an mm_hash longer than
+ * ECX_MM_HASH_MAX never has one) → NACK_MISSING; not
  * ready → NACK_NOT_READY; otherwise the entry is pinned and the ack carries
  * all its block indices, the data plane's agent_metadata and
  * mem_descriptor, and the echoed session_id. A NACK carries only mm_hash
@@ -13,7 +14,7 @@
  *
  * Grants are keyed "{session_id}:{mm_hash}", the same string the consumer
  * sends as its completion notification, so a notification releases its
- * grant by exact lookup. Each grant holds one pin under a lease (30 s); a
+ * grant by exact lookup. Each grant holds one pin under a lease (lease_ms); a
  * lease that expires unpins with a warning. A repeated request for a key
  * already granted (the consumer timed out and asked again) releases the old
  * pin before taking the new one.
@@ -36,7 +37,7 @@
  *
  * Per connection (routing id), so that hitting a bound costs that peer and
  * not everyone (issue 10):
- *  - a connection holding max_conn_grants (1024) grants is refused
+ *  - a connection holding max_conn_grants grants is refused
  *    (NACK_INTERNAL, refused_conn_grants);
  *  - when the shared table (max_grants) is full, a connection holding at
  *    least its fair share, max_grants / (connections holding grants, the
@@ -46,7 +47,7 @@
  *    finds no grant). A full table with an asker below the average
  *    always has a connection above it, so a well-behaved consumer is
  *    served during any flood, however many connections the flood uses;
- *  - a connection's pins may cover at most max_conn_pin_pct (50%) of the
+ *  - a connection's pins may cover at most max_conn_pin_pct of the
  *    region's blocks: a grant that would pass that is refused
  *    (NACK_INTERNAL, refused_conn_pins), unless the connection holds no
  *    pin (one item, however big, can always be served).
@@ -68,12 +69,15 @@ typedef struct ecxi_producer ecxi_producer;
 
 typedef struct ecxi_producer_opts {
     const char *compat_hash; /* ours: requests with another one get NACK_INCOMPAT */
-    int64_t lease_ms;        /* default 30000 */
-    uint32_t max_grants;     /* default 65536 */
-    uint32_t max_conn_grants; /* per connection; default 1024 (at most max_grants) */
-    uint32_t max_conn_pin_pct; /* % of the region one connection's pins may cover; default 50 */
-    uint64_t block_bytes;    /* for bytes_served */
-    const ecxi_clock *clock;  /* NULL: monotonic */
+    /* 0: the ECX_DEFAULT_* of ecx.h */
+    int64_t lease_ms;          /* ECX_DEFAULT_LEASE_MS */
+    uint32_t max_grants;       /* ECX_DEFAULT_MAX_GRANTS */
+    uint32_t max_conn_grants;  /* per connection (at most max_grants);
+                                  ECX_DEFAULT_MAX_CONN_GRANTS */
+    uint32_t max_conn_pin_pct; /* % of the region one connection's pins may cover (1..100);
+                                  ECX_DEFAULT_MAX_CONN_PIN_PCT */
+    uint64_t block_bytes;      /* for bytes_served */
+    const ecxi_clock *clock;   /* NULL: monotonic */
 } ecxi_producer_opts;
 
 typedef struct ecxi_producer_stats {

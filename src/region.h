@@ -1,5 +1,5 @@
 /*
- * region — the shared-memory block file that holds encodings (SPEC §2).
+ * region — the shared-memory block file that holds encodings (docs/PROTOCOL.md §2).
  *
  * A region is one file `ecx_<instance>_<rank>.mmap` in a shared-memory
  * directory (default /dev/shm; the environment variable ECX_SHM_DIR

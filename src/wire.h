@@ -1,5 +1,5 @@
 /*
- * wire — the XferReq / XferAck codec of protocol version 1 (SPEC §3).
+ * wire — the XferReq / XferAck codec of protocol version 1 (docs/PROTOCOL.md §3).
  *
  * Encoding must be byte-identical to msgspec's for a tagged struct with
  * omit_defaults=True: a map whose first entry is "type", then the fields in

@@ -123,7 +123,9 @@ static int consume(ecxi_region *r, ecxi_data_opts *o, const char *file, const ch
         return 1;
     }
     ecxi_data_peer *p;
-    if ((rc = ecxi_data_peer_add(d, m, (size_t)ml, ds, (size_t)dsl, &p))) {
+    ecxi_data_desc layout;
+    if ((rc = ecxi_data_desc_decode(ds, (size_t)dsl, &layout)) ||
+        (rc = ecxi_data_peer_add(d, m, (size_t)ml, &layout, &p))) {
         fprintf(stderr, "consumer: peer_add: %s\n", ecx_strerror(rc));
         return 1;
     }
@@ -175,8 +177,9 @@ static int consume(ecxi_region *r, ecxi_data_opts *o, const char *file, const ch
         long dl = stub_desc(ds, (size_t)dsl, nbytes, ecxi_sum_digest(&sum), desc, sizeof desc);
         ecxi_data_xfer *x;
         if (kl < 0 || dl < 0) return 2;
-        if ((rc = ecxi_data_read_post(p, desc, (size_t)dl, rem, loc, n, nbytes, key, (size_t)kl,
-                                     &x))) {
+        ecxi_data_desc dd;
+        if ((rc = ecxi_data_desc_decode(desc, (size_t)dl, &dd)) ||
+            (rc = ecxi_data_read_post(p, &dd, rem, loc, n, nbytes, key, (size_t)kl, &x))) {
             fprintf(stderr, "consumer: post %s: %s\n", name, ecx_strerror(rc));
             return 1;
         }

@@ -1,13 +1,13 @@
-/* fuzz_data — libFuzzer target for the data plane's formats: the
- * agent_metadata and mem_descriptor a producer puts in every ack, which a
- * consumer parses from whatever a peer sent. The first input byte picks
+/* fuzz_data — libFuzzer target for the data plane's formats (data_format.c):
+ * the agent_metadata and mem_descriptor a producer puts in every ack, which
+ * a consumer parses from whatever a peer sent. The first input byte picks
  * which (even: metadata, odd: descriptor); the rest is the blob. A blob
  * that decodes is encoded again and must decode to the same fields.
  * ASan/UBSan catch any read outside the blob. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "data_impl.h"
+#include "data_format.h"
 
 static void same(const void *a, const void *b, size_t n)
 {

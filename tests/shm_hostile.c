@@ -301,7 +301,9 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
     for (unsigned i = 0; i < ITEM_BLOCKS; i++)
         remote[i] = i, local[i] = NB - 1 - i; /* scattered, reversed */
     ecxi_data_peer *p = NULL;
-    int prc = ecxi_data_peer_add(d, a.m, (size_t)a.ml, a.d, (size_t)a.dl, &p);
+    ecxi_data_desc dd;
+    int prc = ecxi_data_desc_decode(a.d, (size_t)a.dl, &dd);
+    if (!prc) prc = ecxi_data_peer_add(d, a.m, (size_t)a.ml, &dd, &p);
     int bad = 0;
     for (int e = 0; e < nexpect; e++) {
         if (strcmp(expect[e], "pause") == 0) {
@@ -315,8 +317,8 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
         } else {
             memset(dst, 0x5a, ecxi_region_size(r));
             ecxi_data_xfer *x;
-            int rc = ecxi_data_read_post(p, a.d, (size_t)a.dl, remote, local, ITEM_BLOCKS,
-                                        ITEM_BYTES, KEY, strlen(KEY), &x);
+            int rc = ecxi_data_read_post(p, &dd, remote, local, ITEM_BLOCKS, ITEM_BYTES, KEY,
+                                         strlen(KEY), &x);
             int st = rc ? ECX_XFER_FAILED : ECX_XFER_RUNNING;
             for (int64_t end = ecxi_now_ms(NULL) + 10000;
                  !rc && (st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING &&
@@ -352,10 +354,11 @@ static int raw(const char *file)
 {
     ack a;
     ecxi_data_meta m;
-    ecxi_data_ticket t;
+    ecxi_data_desc dd;
     if (read_ack(file, &a) || ecxi_data_meta_decode(a.m, (size_t)a.ml, &m) || !m.has_shm ||
-        ecxi_data_desc_ticket(a.d, (size_t)a.dl, &t))
+        ecxi_data_desc_decode(a.d, (size_t)a.dl, &dd) || !dd.has_ticket)
         return 2;
+    const ecxi_data_ticket t = dd.ticket;
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     memcpy(sa.sun_path + 1, m.sock, m.sock_len);

@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -296,6 +297,7 @@ static void test_region_and_segments(void **state)
     assert_int_equal(ecx_save(p, longest, "x", 1), 0);
     longest[ECX_MM_HASH_MAX] = 'h', longest[ECX_MM_HASH_MAX + 1] = '\0';
     assert_int_equal(ecx_save(p, longest, "x", 1), ECX_EINVAL);
+    assert_int_equal(ecx_save(p, "caf\xc3", "x", 1), ECX_EUTF8); /* cut inside a code point */
 
     /* Role errors. */
     int reason;
@@ -364,16 +366,16 @@ static void test_foreign_loop(void **state)
 
 typedef struct poller {
     ecx_ctx *ctx;
-    volatile int stop;
-    long polls;
+    atomic_int stop;
+    atomic_long polls;
 } poller;
 
 static void *poll_loop(void *arg)
 {
     poller *pl = arg;
-    while (!pl->stop) {
+    while (!atomic_load(&pl->stop)) {
         ecx_poll(pl->ctx, 50);
-        pl->polls++;
+        atomic_fetch_add(&pl->polls, 1);
     }
     return NULL;
 }
@@ -420,10 +422,11 @@ static void test_threads(void **state)
         assert_int_equal(ecx_read(c, h, back, size), (int64_t)size);
         assert_memory_equal(back, bytes, size);
     }
-    pp.stop = pc.stop = 1;
+    atomic_store(&pp.stop, 1);
+    atomic_store(&pc.stop, 1);
     pthread_join(tp, NULL);
     pthread_join(tc, NULL);
-    assert_true(pc.polls > 0);
+    assert_true(atomic_load(&pc.polls) > 0);
     free(bytes);
     free(back);
     ecx_free(c);

@@ -50,7 +50,7 @@ err_has NACK_INCOMPAT "other model"
 expect 1 "--require-ok with NACKs" -- "$ECX" bench ctrl --params "$tmp/ann.json" --requests 20 \
   --warmup 0 --block-bytes 64Ki --model other --require-ok --timeout-ms 20000
 err_has "require-ok" "--require-ok with NACKs"
-# An empty session id is NACK_INTERNAL (SPEC §4.3), not a grant.
+# An empty session id is NACK_INTERNAL (docs/PROTOCOL.md §4.3), not a grant.
 expect 0 "empty session id" -- "$ECX" bench ctrl --params "$tmp/ann.json" --requests 20 \
   --warmup 0 --block-bytes 64Ki --session-id "" --timeout-ms 20000
 err_has NACK_INTERNAL "empty session id"

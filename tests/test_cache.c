@@ -238,11 +238,11 @@ static void test_misuse(void **state)
     assert_int_equal(ecxi_cache_reserve(c, K("b"), UINT64_MAX), ECX_ECACHE_FULL);
     assert_int_equal(ecxi_cache_reserve(c, NULL, 3, 1), ECX_EINVAL);
     assert_int_equal(ecxi_cache_reserve(c, "x", 0, 1), ECX_EINVAL);
-    static char huge[ECX_CACHE_KEY_MAX + 1];
+    static char huge[ECX_MM_HASH_MAX + 1];
     memset(huge, 'h', sizeof huge);
     assert_int_equal(ecxi_cache_reserve(c, huge, sizeof huge, 1), ECX_EINVAL);
-    assert_int_equal(ecxi_cache_reserve(c, huge, ECX_CACHE_KEY_MAX, 1), 0);
-    assert_int_equal(ecxi_cache_discard(c, huge, ECX_CACHE_KEY_MAX), 0);
+    assert_int_equal(ecxi_cache_reserve(c, huge, ECX_MM_HASH_MAX, 1), 0);
+    assert_int_equal(ecxi_cache_discard(c, huge, ECX_MM_HASH_MAX), 0);
     assert_int_equal(ecxi_cache_reserve(NULL, K("z"), 1), ECX_EINVAL);
 
     assert_int_equal(ecxi_cache_unpin(c, K("a")), ECX_ECACHE_STATE);
@@ -281,8 +281,8 @@ static void test_keys(void **state)
     assert_int_equal(ecxi_cache_reserve(c, "a", 1, 1), 0);
     assert_int_equal(ecxi_cache_lookup(c, "a\0b", 3, NULL), 0);
     assert_int_equal(ecxi_cache_lookup(c, "a\0", 2, NULL), ECX_ECACHE_MISSING);
-    char key[ECX_CACHE_KEY_MAX];
-    size_t lens[] = {63, 64, 65, 128, 129, 1000, 2049, ECX_CACHE_KEY_MAX};
+    char key[ECX_MM_HASH_MAX];
+    size_t lens[] = {63, 64, 65, 128, 129, 200, 254, ECX_MM_HASH_MAX};
     for (int round = 0; round < 3; round++) {
         for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
             memset(key, 'a' + (int)i, lens[i]);
@@ -527,9 +527,11 @@ static void test_random_vs_reference(void **state)
     (void)state;
     rng_state = 0x5eed1234abcdull;
     /* Keys: mostly 64 hex characters like a real mm_hash, some short, some
-     * long enough for every pooled size class. */
+     * long enough for every pooled size class, none over ECX_MM_HASH_MAX. */
     for (int i = 0; i < RKEYS; i++) {
-        size_t len = i % 7 == 0 ? 1 + rnd() % 8 : i % 11 == 0 ? 65 + rnd() % 3000 : 64;
+        size_t len = i % 7 == 0    ? 1 + rnd() % 8
+                     : i % 11 == 0 ? 65 + rnd() % (ECX_MM_HASH_MAX - 8 - 64) /* + prefix */
+                                   : 64;
         rkeys[i] = malloc(len + 16);
         assert_non_null(rkeys[i]);
         int p = snprintf(rkeys[i], 16, "%x:", i);

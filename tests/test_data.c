@@ -139,7 +139,9 @@ static int pair_peer(pair *p)
     size_t ml;
     uint8_t d[ECX_DATA_DESC_MAX];
     const uint8_t *m = ecxi_data_agent_metadata(p->prod, &ml);
-    return ecxi_data_peer_add(p->cons, m, ml, d, layout(p->prod, d), &p->peer);
+    ecxi_data_desc dd;
+    assert_int_equal(ecxi_data_desc_decode(d, layout(p->prod, d), &dd), 0);
+    return ecxi_data_peer_add(p->cons, m, ml, &dd, &p->peer);
 }
 
 /* Post a READ of the producer's blocks remote[] into local[] under a stub
@@ -164,8 +166,9 @@ static int post_sum(pair *p, const uint64_t *remote, const uint64_t *local, size
         kl = (int)pad;
         p->key[kl] = 0;
     }
-    return ecxi_data_read_post(p->peer, d, (size_t)dl, remote, local, n, nbytes, p->key,
-                              (size_t)kl, x);
+    ecxi_data_desc dd;
+    assert_int_equal(ecxi_data_desc_decode(d, (size_t)dl, &dd), 0);
+    return ecxi_data_read_post(p->peer, &dd, remote, local, n, nbytes, p->key, (size_t)kl, x);
 }
 
 static int post(pair *p, const uint64_t *remote, const uint64_t *local, size_t n,
@@ -574,29 +577,34 @@ static void test_validation(void **state)
     size_t gl = layout(p.prod, g);
     long dl2 = stub_desc(g, gl, 2 * BS, 0, d, sizeof d); /* a ticket for 2 blocks */
     assert_true(dl2 > 0);
-    size_t dl = (size_t)dl2;
+    ecxi_data_desc dd, gd, junk;
+    assert_int_equal(ecxi_data_desc_decode(d, (size_t)dl2, &dd), 0);
+    assert_int_equal(ecxi_data_desc_decode(g, gl, &gd), 0);
     uint64_t r1[1] = {NB}, l1[1] = {0}, r2[2] = {0, 1}, l2[2] = {0, NB};
-    assert_int_equal(ecxi_data_read_post(p.peer, d, dl, r1, l1, 1, BS, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, r1, l1, 1, BS, "a:b", 3, &x),
                      ECX_EDATA_MISMATCH); /* the ticket says 2 blocks' worth */
     assert_null(x);
-    assert_int_equal(ecxi_data_read_post(p.peer, d, dl, r2, l2, 2, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, r2, l2, 2, 0, "a:b", 3, &x),
                      ECX_EDATA_INDEX);
-    assert_int_equal(ecxi_data_read_post(p.peer, d, dl, r2, l1, 0, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, r2, l1, 0, 0, "a:b", 3, &x),
                      ECX_EDATA_COUNT);
     uint64_t ok[2] = {0, 1};
-    assert_int_equal(ecxi_data_read_post(p.peer, d, dl, ok, ok, 1, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, ok, ok, 1, 0, "a:b", 3, &x),
                      ECX_EDATA_COUNT);
-    assert_int_equal(ecxi_data_read_post(p.peer, d, dl, ok, ok, 2, 0, "", 0, &x), ECX_EDATA_NOTIF);
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, ok, ok, 2, 0, "", 0, &x), ECX_EDATA_NOTIF);
     static char big[ECX_DATA_NOTIF_MAX + 1];
     memset(big, 'x', sizeof big);
-    assert_int_equal(ecxi_data_read_post(p.peer, d, dl, ok, ok, 2, 0, big, sizeof big, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, ok, ok, 2, 0, big, sizeof big, &x),
                      ECX_EDATA_NOTIF);
-    /* A descriptor without a ticket, or garbage, is no grant. */
-    assert_int_equal(ecxi_data_read_post(p.peer, g, 40, ok, ok, 2, 0, "a:b", 3, &x),
+    /* A descriptor without a ticket, none, or garbage, is no grant. */
+    ecxi_data_desc nt = gd;
+    nt.has_ticket = false;
+    assert_int_equal(ecxi_data_read_post(p.peer, &nt, ok, ok, 2, 0, "a:b", 3, &x),
                      ECX_EDATA_DESC);
-    assert_int_equal(ecxi_data_read_post(p.peer, (const uint8_t *)"junk", 4, ok, ok, 2, 0, "a:b",
-                                        3, &x),
+    assert_int_equal(ecxi_data_desc_decode(g, 40, &junk), ECX_EDATA_DESC); /* cut short */
+    assert_int_equal(ecxi_data_read_post(p.peer, NULL, ok, ok, 2, 0, "a:b", 3, &x),
                      ECX_EDATA_DESC);
+    assert_int_equal(ecxi_data_desc_decode((const uint8_t *)"junk", 4, &junk), ECX_EDATA_DESC);
     /* The longest key is fine. */
     notes ns = {0};
     assert_int_equal(post_sum(&p, ok, ok, 2, 0, ECX_DATA_NOTIF_MAX, NULL, &x), 0);
@@ -609,7 +617,8 @@ static void test_validation(void **state)
     size_t ml;
     const uint8_t *m = ecxi_data_agent_metadata(p.prod, &ml);
     ecxi_data_peer *q = NULL;
-    assert_int_equal(ecxi_data_peer_add(p.prod, m, ml, g, gl, &q), ECX_EDATA_ROLE);
+    assert_int_equal(ecxi_data_peer_add(p.prod, m, ml, &gd, &q), ECX_EDATA_ROLE);
+    assert_int_equal(ecxi_data_peer_add(p.cons, m, ml, NULL, &q), ECX_EDATA_DESC);
     assert_true(ml < 512 && gl < 256); /* a few hundred bytes, whatever the region */
 
     /* Same bytes: same producer; another producer's metadata is not. */
@@ -623,11 +632,14 @@ static void test_validation(void **state)
     assert_false(ecxi_data_peer_same(p.peer, om, oml));
     /* A descriptor from another producer does not go with this metadata,
      * neither to register nor to read. */
-    assert_int_equal(ecxi_data_peer_add(p.cons, m, ml, od, odl, &q), ECX_EDATA_MISMATCH);
+    ecxi_data_desc odd;
+    assert_int_equal(ecxi_data_desc_decode(od, odl, &odd), 0);
+    assert_int_equal(ecxi_data_peer_add(p.cons, m, ml, &odd, &q), ECX_EDATA_MISMATCH);
     assert_null(q);
     long odl2 = stub_desc(od, odl, 2 * BS, 0, d, sizeof d);
     assert_true(odl2 > 0);
-    assert_int_equal(ecxi_data_read_post(p.peer, d, (size_t)odl2, ok, ok, 2, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_desc_decode(d, (size_t)odl2, &odd), 0);
+    assert_int_equal(ecxi_data_read_post(p.peer, &odd, ok, ok, 2, 0, "a:b", 3, &x),
                      ECX_EDATA_MISMATCH);
     pair_close(&o);
     pair_close(&p);
@@ -647,9 +659,9 @@ static void test_validation(void **state)
     assert_string_equal(ecxi_data_backend_name(ECX_DATA_TCP), "tcp");
     assert_int_equal(ecxi_data_backend_parse("rdma", &b), ECX_EINVAL);
     ecxi_data_opts bad = {.backend = 9};
-    ecxi_data *dd = NULL;
+    ecxi_data *bd = NULL;
     ecxi_region *r = mkregion(2, BS);
-    assert_int_equal(ecxi_data_new_producer(r, &bad, &dd), ECX_EINVAL);
+    assert_int_equal(ecxi_data_new_producer(r, &bad, &bd), ECX_EINVAL);
     ecxi_region_free(r);
 }
 
@@ -679,7 +691,9 @@ static void test_peer_add_mutations(void **state)
         }
         size_t cut_m = rand() % 8 == 0 ? (size_t)rand() % ml : ml;
         ecxi_data_peer *q = NULL;
-        int rc = ecxi_data_peer_add(p.cons, tm, cut_m, td, dl, &q);
+        ecxi_data_desc tdd;
+        int rc = ecxi_data_desc_decode(td, dl, &tdd);
+        if (rc == 0) rc = ecxi_data_peer_add(p.cons, tm, cut_m, &tdd, &q);
         assert_true(rc <= 0);
         if (rc == 0)
             ecxi_data_peer_drop(q);

@@ -2,7 +2,8 @@
  * `ecx serve` processes on loopback: many items byte-exact through each data
  * path, NOT_READY then ready, a miss, a wrong compatibility hash, a producer
  * killed with SIGKILL while a READ is in flight (every consumer block must
- * come back), and a producer that restarts on the same port. */
+ * come back), a producer that restarts on the same port, and the longest
+ * mm_hash end to end (in one process). */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -324,6 +325,74 @@ static void test_producer_restart(void **state)
     stop(pid, SIGTERM);
 }
 
+/* The longest mm_hash (ECX_MM_HASH_MAX bytes) is saved, announced (as
+ * JSON and as the struct), served and fetched end to end, by a producer
+ * and a consumer in this process; one byte more is refused everywhere: by
+ * ecx_save and ecx_announce (ECX_EINVAL), and by ecx_fetch / ecx_fetch_from
+ * (LOCAL, INVALID) whatever the announcement says. */
+static void test_mm_hash_limit(void **state)
+{
+    (void)state;
+    ecx_config pc;
+    ecx_config_init(&pc);
+    pc.role = ECX_ROLE_PRODUCER;
+    pc.listen = "127.0.0.1:0";
+    pc.region_bytes = 8 << 20;
+    ecx_ctx *prod, *cons = consumer("auto", NULL, 8 << 20);
+    assert_int_equal(ecx_new(&pc, &prod), 0);
+    static char h[ECX_MM_HASH_MAX + 2], h2[ECX_MM_HASH_MAX + 1];
+    memset(h, 'a', ECX_MM_HASH_MAX);
+    memset(h2, 'b', ECX_MM_HASH_MAX);
+    static uint8_t bytes[300000], got[300000];
+    for (size_t i = 0; i < sizeof bytes; i++)
+        bytes[i] = (uint8_t)(i * 7 + i / 1000);
+    assert_int_equal(ecx_save(prod, h, bytes, sizeof bytes), 0);
+    assert_int_equal(ecx_save(prod, h2, bytes, 1000), 0);
+    char ann[512];
+    size_t len = 0;
+    assert_int_equal(ecx_announce(prod, h, ann, sizeof ann, &len), 0);
+    assert_int_equal(len, strlen(ann));
+    ecx_announcement info;
+    assert_int_equal(ecx_announce_info(prod, h2, &info), 0);
+    assert_string_equal(info.peer_host, "127.0.0.1");
+    assert_int_equal(info.peer_port, ecx_listen_port(prod));
+    assert_int_equal(info.size_bytes, 1000);
+    int reason = -1, st = ECX_FETCH_PENDING, st2 = ECX_FETCH_PENDING;
+    for (double end = now_s() + 10;
+         (st == ECX_FETCH_PENDING || st2 == ECX_FETCH_PENDING) && now_s() < end;) {
+        st = ecx_fetch(cons, h, ann, sizeof bytes, &reason);
+        st2 = ecx_fetch_from(cons, h2, &info, 1000, &reason);
+        ecx_poll(prod, 0);
+        ecx_poll(cons, 1);
+    }
+    assert_int_equal(st, ECX_FETCH_READY);
+    assert_int_equal(st2, ECX_FETCH_READY);
+    assert_int_equal(ecx_read(cons, h, got, sizeof got), sizeof bytes);
+    assert_memory_equal(got, bytes, sizeof bytes);
+    assert_int_equal(ecx_read(cons, h2, got, sizeof got), 1000);
+    assert_memory_equal(got, bytes, 1000);
+
+    /* One byte more. */
+    h[ECX_MM_HASH_MAX] = 'a';
+    assert_int_equal(ecx_save(prod, h, bytes, 10), ECX_EINVAL);
+    assert_int_equal(ecx_announce(prod, h, ann, sizeof ann, &len), ECX_EINVAL);
+    assert_int_equal(ecx_announce_info(prod, h, &info), ECX_EINVAL);
+    reason = -1;
+    assert_int_equal(ecx_fetch(cons, h, ann, 0, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_INVALID);
+    reason = -1;
+    assert_int_equal(ecx_fetch_from(cons, h, &info, 0, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_INVALID);
+    /* Not held: the reference's empty announcement, no struct. */
+    assert_int_equal(ecx_announce(prod, "nothing", ann, sizeof ann, &len), 0);
+    assert_string_equal(ann, "{\"metadata\":{}}");
+    assert_int_equal(ecx_announce_info(prod, "nothing", &info), ECX_ECACHE_MISSING);
+    assert_int_equal(ecx_fetch(cons, "nothing", ann, 0, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NO_PEER);
+    ecx_free(cons);
+    ecx_free(prod);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -340,6 +409,7 @@ int main(void)
         cmocka_unit_test(test_many_items_shm),           cmocka_unit_test(test_many_items_ucx),
         cmocka_unit_test(test_not_ready_then_ready),     cmocka_unit_test(test_miss_and_incompat),
         cmocka_unit_test(test_producer_killed_mid_read), cmocka_unit_test(test_producer_restart),
+        cmocka_unit_test(test_mm_hash_limit),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int i = 0; i < n_children; i++)

@@ -1,5 +1,5 @@
 /* test_sessions — producer and consumer sessions driven through every
- * transition of SPEC §4–§5, in one process: real ZeroMQ sockets on
+ * transition of docs/PROTOCOL.md §4–§5, in one process: real ZeroMQ sockets on
  * loopback, real regions in a private /dev/shm directory, the real
  * same-host data path, and a fake clock for the timeouts. Faults the real
  * data path cannot produce on demand (a READ that fails or never ends) come
@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include "announce.h"
 #include "checksum.h"
 #include "consumer.h"
 #include "data_fault.h"
@@ -57,6 +58,16 @@ typedef struct world {
     char compat[ECX_COMPAT_HASH_HEX + 1];
     int port;
 } world;
+
+/* ecxi_consumer_fetch() with the announcement as ecx.h's struct; host NULL
+ * and size 0: not announced at all. */
+static int fetch_from(world *w, const char *hash, size_t hash_len, const char *host, int port,
+                      uint64_t size, uint64_t expected, int *reason)
+{
+    ecx_announcement a = {host, port, size};
+    return ecxi_consumer_fetch(w->cons, hash, hash_len, NULL, host || size ? &a : NULL, expected,
+                               reason);
+}
 
 static double real_s(void)
 {
@@ -207,8 +218,8 @@ static int fetch_wait(world *w, const char *hash, size_t size, int port, int *re
 {
     double end = real_s() + 10;
     int st;
-    while ((st = ecxi_consumer_fetch(w->cons, hash, strlen(hash), "127.0.0.1", port, size, 0,
-                                    reason)) == ECX_FETCH_PENDING &&
+    while ((st = fetch_from(w, hash, strlen(hash), "127.0.0.1", port, size, 0, reason)) ==
+               ECX_FETCH_PENDING &&
            real_s() < end) {
         pump(w);
         fake_now += 1;
@@ -229,28 +240,29 @@ static void test_fetch_sizes(void **state)
 {
     (void)state;
     world *w = world_new(NULL);
-    const char *names[] = {"one-byte", "one-block", "many-blocks", "largest"};
-    size_t sizes[] = {1, BLOCK, 10 * BLOCK + 17, (BLOCKS - 16) * BLOCK};
-    for (int i = 0; i < 4; i++) {
+    static char longest[ECX_MM_HASH_MAX + 1]; /* the longest mm_hash */
+    memset(longest, 'z', ECX_MM_HASH_MAX);
+    const char *names[] = {"one-byte", "one-block", "many-blocks", "largest", longest};
+    size_t sizes[] = {1, BLOCK, 10 * BLOCK + 17, (BLOCKS - 16) * BLOCK, 3 * BLOCK + 1};
+    for (int i = 0; i < 5; i++) {
         save(w, names[i], sizes[i], true);
         int reason;
         assert_int_equal(fetch_wait(w, names[i], sizes[i], w->port, &reason), ECX_FETCH_READY);
         assert_true(consumer_has(w, names[i], sizes[i]));
         /* A second ask is answered from the local cache. */
-        assert_int_equal(ecxi_consumer_fetch(w->cons, names[i], strlen(names[i]), NULL, 0, 0, 0,
-                                            &reason),
+        assert_int_equal(fetch_from(w, names[i], strlen(names[i]), NULL, 0, 0, 0, &reason),
                          ECX_FETCH_READY);
     }
     for (int i = 0; i < 50 && ecxi_producer_get_stats(w->prod).active_grants; i++) pump(w);
     ecxi_producer_stats ps = ecxi_producer_get_stats(w->prod);
-    assert_int_equal(ps.grants, 4);
-    assert_int_equal(ps.completions, 4);
+    assert_int_equal(ps.grants, 5);
+    assert_int_equal(ps.completions, 5);
     assert_int_equal(ps.active_grants, 0);
     ecxi_cache_info info;
     assert_int_equal(ecxi_cache_lookup(w->P.cache, "largest", 7, &info), 0);
     assert_int_equal(info.pins, 0); /* the notification unpinned it */
     ecxi_consumer_stats cs = ecxi_consumer_get_stats(w->cons);
-    assert_int_equal(cs.ready, 4);
+    assert_int_equal(cs.ready, 5);
     assert_int_equal(cs.in_flight, 0);
     world_free(w);
 }
@@ -316,8 +328,8 @@ static void test_not_ready_then_ready(void **state)
     save(w, "slow", 3 * BLOCK, false);
     int reason;
     for (int i = 0; i < 200; i++) {
-        assert_int_equal(ecxi_consumer_fetch(w->cons, "slow", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
-                                            &reason),
+        assert_int_equal(fetch_from(w, "slow", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
+                                    &reason),
                          ECX_FETCH_PENDING);
         pump(w);
         fake_now += 5;
@@ -337,7 +349,7 @@ static void test_not_ready_timeout(void **state)
     save(w, "never", 100, false);
     int reason, st = ECX_FETCH_PENDING;
     for (int i = 0; i < 2000 && st == ECX_FETCH_PENDING; i++) {
-        st = ecxi_consumer_fetch(w->cons, "never", 5, "127.0.0.1", w->port, 100, 0, &reason);
+        st = fetch_from(w, "never", 5, "127.0.0.1", w->port, 100, 0, &reason);
         pump(w);
         fake_now += 100; /* 60 s pass in 600 steps */
     }
@@ -403,6 +415,12 @@ static void test_producer_checks_in_order(void **state)
     world *w = world_new(NULL);
     save(w, "item", 100, true);
     save(w, "pending", 100, false);
+    /* The longest mm_hash is held and served; one byte more is not held
+     * (NACK_MISSING), even where its first ECX_MM_HASH_MAX bytes are. */
+    static char longest[ECX_MM_HASH_MAX + 1], too_long[ECX_MM_HASH_MAX + 2];
+    memset(longest, 'l', ECX_MM_HASH_MAX);
+    memset(too_long, 'l', ECX_MM_HASH_MAX + 1);
+    save(w, longest, 100, true);
     ecxi_cache_stats cst;
     ecxi_cache_get_stats(w->P.cache, &cst);
     assert_int_equal(cst.not_ready_blocks, 1);
@@ -421,6 +439,8 @@ static void test_producer_checks_in_order(void **state)
         {"nothing", w->compat, "s1", 1, ECX_STATUS_NACK_MISSING},
         {"pending", w->compat, "s1", 1, ECX_STATUS_NACK_NOT_READY},
         {"item", w->compat, "s1", 1, ECX_STATUS_OK},
+        {too_long, w->compat, "s1", 1, ECX_STATUS_NACK_MISSING},
+        {longest, w->compat, "s1", 1, ECX_STATUS_OK},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         raw_send_req(&r, cases[i].hash, cases[i].compat, cases[i].sid, cases[i].version);
@@ -432,6 +452,7 @@ static void test_producer_checks_in_order(void **state)
         if (a.status == ECX_STATUS_OK) {
             assert_int_equal(a.session_id.n, 2); /* echoed */
             assert_int_equal(a.n_indices, 1);
+            assert_memory_equal(a.mm_hash.p, cases[i].hash, a.mm_hash.n);
             assert_true(a.agent_metadata.n > 0 && a.agent_metadata.n <= 512);
             assert_true(a.mem_descriptor.n > 0 && a.mem_descriptor.n <= 512);
         } else {
@@ -567,8 +588,8 @@ static void fake_reply(fakep *f, const uint8_t *id, size_t idl, const ecx_ack *a
 static int scripted(world *w, fakep *f, const char *hash, size_t size, ecx_ack *a, bool echo,
                     int *reason)
 {
-    assert_int_equal(ecxi_consumer_fetch(w->cons, hash, strlen(hash), "127.0.0.1", f->port, size,
-                                        0, reason),
+    assert_int_equal(fetch_from(w, hash, strlen(hash), "127.0.0.1", f->port, size,
+                                0, reason),
                      ECX_FETCH_PENDING);
     uint8_t id[256], buf[1024];
     size_t idl;
@@ -631,8 +652,8 @@ static void test_consumer_validates_acks(void **state)
     a.agent_metadata = (ecx_span){(const char *)meta, ml};
     a.mem_descriptor = (ecx_span){(const char *)desc, dl};
     a.session_id = (ecx_span){"someone-else", 12};
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "noecho", 6, "127.0.0.1", f.port, 100, 0,
-                                        &(int){0}),
+    assert_int_equal(fetch_from(w, "noecho", 6, "127.0.0.1", f.port, 100, 0,
+                                &(int){0}),
                      ECX_FETCH_PENDING);
     uint8_t id[256], buf[1024];
     size_t idl;
@@ -687,15 +708,15 @@ static void test_ack_timeout(void **state)
     world *w = world_new(NULL);
     fakep f = fake_producer(w); /* receives, never answers */
     int reason;
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
+    assert_int_equal(fetch_from(w, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
                      ECX_FETCH_PENDING);
     fake_now += 1999;
     pump(w);
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
+    assert_int_equal(fetch_from(w, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
                      ECX_FETCH_PENDING);
     fake_now += 1;
     pump(w);
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
+    assert_int_equal(fetch_from(w, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
                      ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_ACK_TIMEOUT);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
@@ -733,15 +754,15 @@ static void test_quarantine(void **state)
     save(w, "stuck", 7 * BLOCK, true);
     assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_HANG, 0, 1), 0);
     int reason;
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "stuck", 5, "127.0.0.1", w->port, 7 * BLOCK, 0,
-                                        &reason),
+    assert_int_equal(fetch_from(w, "stuck", 5, "127.0.0.1", w->port, 7 * BLOCK, 0,
+                                &reason),
                      ECX_FETCH_PENDING);
     for (int i = 0; i < 200 && ecxi_data_fault_hits(w->C.data) == 0; i++) pump(w);
     assert_int_equal(ecxi_data_fault_hits(w->C.data), 1);
     fake_now += 20000; /* read deadline */
     pump(w);
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "stuck", 5, "127.0.0.1", w->port, 7 * BLOCK, 0,
-                                        &reason),
+    assert_int_equal(fetch_from(w, "stuck", 5, "127.0.0.1", w->port, 7 * BLOCK, 0,
+                                &reason),
                      ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_QUARANTINED);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS - 7); /* held: the DMA may still write */
@@ -786,8 +807,8 @@ static void test_stale_ack_dropped(void **state)
     world *w = world_new(NULL);
     save(w, "item", 3 * BLOCK, true);
     int reason;
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "item", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
-                                        &reason),
+    assert_int_equal(fetch_from(w, "item", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
+                                &reason),
                      ECX_FETCH_PENDING);
     /* Only the producer runs: it answers OK. */
     double end = real_s() + 5;
@@ -799,8 +820,8 @@ static void test_stale_ack_dropped(void **state)
     usleep(20000); /* the ack is in the consumer's socket now */
     fake_now += 2001;
     for (int i = 0; i < 20; i++) pump(w);
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "item", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
-                                        &reason),
+    assert_int_equal(fetch_from(w, "item", 4, "127.0.0.1", w->port, 3 * BLOCK, 0,
+                                &reason),
                      ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_ACK_TIMEOUT);
     ecxi_consumer_stats cs = ecxi_consumer_get_stats(w->cons);
@@ -823,8 +844,8 @@ static void test_read_after_lease(void **state)
     save(w, "item", 2 * BLOCK, true);
     assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_DELAY, 0, 1), 0);
     int reason;
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "item", 4, "127.0.0.1", w->port, 2 * BLOCK, 0,
-                                        &reason),
+    assert_int_equal(fetch_from(w, "item", 4, "127.0.0.1", w->port, 2 * BLOCK, 0,
+                                &reason),
                      ECX_FETCH_PENDING);
     for (int i = 0; i < 2000 && ecxi_data_fault_hits(w->C.data) == 0; i++) pump(w);
     assert_int_equal(ecxi_data_fault_hits(w->C.data), 1);
@@ -855,10 +876,12 @@ static void test_grant_belongs_to_connection(void **state)
     ecx_ack ack;
     assert_int_equal(ecx_wire_decode_ack(buf, n, &ack), 0);
     assert_int_equal(ack.status, ECX_STATUS_OK);
-    ecxi_data_ticket t;
-    assert_int_equal(ecxi_data_desc_ticket((const uint8_t *)ack.mem_descriptor.p,
-                                          ack.mem_descriptor.n, &t),
+    ecxi_data_desc dd;
+    assert_int_equal(ecxi_data_desc_decode((const uint8_t *)ack.mem_descriptor.p,
+                                           ack.mem_descriptor.n, &dd),
                      0);
+    assert_true(dd.has_ticket);
+    ecxi_data_ticket t = dd.ticket;
     assert_int_equal(t.nbytes, 100);
     assert_int_equal(t.lease_ms, 30000);
     /* Another connection asks with the same session id: refused. */
@@ -898,11 +921,11 @@ static void test_grant_belongs_to_connection(void **state)
     assert_int_equal(ecx_wire_decode_ack(buf, n, &ack), 0);
     assert_int_equal(ack.status, ECX_STATUS_OK);
     assert_int_equal(ecxi_producer_get_stats(w->prod).regrants, 1);
-    ecxi_data_ticket t2;
-    assert_int_equal(ecxi_data_desc_ticket((const uint8_t *)ack.mem_descriptor.p,
-                                          ack.mem_descriptor.n, &t2),
+    assert_int_equal(ecxi_data_desc_decode((const uint8_t *)ack.mem_descriptor.p,
+                                           ack.mem_descriptor.n, &dd),
                      0);
-    assert_memory_not_equal(t.token, t2.token, ECX_DATA_TOKEN_LEN); /* a fresh token */
+    assert_true(dd.has_ticket);
+    assert_memory_not_equal(t.token, dd.ticket.token, ECX_DATA_TOKEN_LEN); /* a fresh token */
     zmq_close(a.sock);
     zmq_close(b.sock);
     world_free(w);
@@ -919,7 +942,7 @@ static void test_producer_lost(void **state)
     world *w = world_new(NULL);
     fakep f = fake_producer(w);
     int reason;
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
+    assert_int_equal(fetch_from(w, "x", 1, "127.0.0.1", f.port, 100, 0, &reason),
                      ECX_FETCH_PENDING);
     uint8_t id[256], buf[1024];
     size_t idl;
@@ -970,21 +993,41 @@ static void test_fetch_refusals(void **state)
     (void)state;
     world *w = world_new(NULL);
     int reason;
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "h", 1, NULL, 0, 100, 0, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(fetch_from(w, "h", 1, NULL, 0, 100, 0, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_NO_PEER);
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "h", 1, "127.0.0.1", w->port, 100, 99, &reason),
+    assert_int_equal(fetch_from(w, "h", 1, "127.0.0.1", w->port, 100, 99, &reason),
                      ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_SIZE_MISMATCH);
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "h", 1, "127.0.0.1", w->port, 0, 0, &reason),
-                     ECX_FETCH_LOCAL);
+    assert_int_equal(fetch_from(w, "h", 1, "127.0.0.1", w->port, 0, 0, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_INVALID);
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "", 0, "127.0.0.1", w->port, 10, 0, &reason),
-                     ECX_FETCH_LOCAL);
+    assert_int_equal(fetch_from(w, "", 0, "127.0.0.1", w->port, 10, 0, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_INVALID);
-    assert_int_equal(ecxi_consumer_fetch(w->cons, "big", 3, "127.0.0.1", w->port,
-                                        (BLOCKS + 1) * BLOCK, 0, &reason),
+    assert_int_equal(fetch_from(w, "big", 3, "127.0.0.1", w->port, (BLOCKS + 1) * BLOCK, 0,
+                                &reason),
                      ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_NO_ROOM);
+    /* The announcement as JSON text goes through the same checks. */
+    reason = -1;
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "h", 1, "{\"metadata\":{}}", NULL, 0, &reason),
+                     ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NO_PEER);
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "h", 1, "{\"peer_host\":\"127.0.0.1\"}", NULL,
+                                         0, &reason),
+                     ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_INVALID);
+    /* Text and struct together is a caller's error, not a fallback. */
+    ecx_announcement a = {"127.0.0.1", w->port, 100};
+    assert_int_equal(ecxi_consumer_fetch(w->cons, "h", 1, "{}", &a, 0, &reason), ECX_EINVAL);
+    /* mm_hash longer than ECX_MM_HASH_MAX: INVALID, before anything else. */
+    static char too_long[ECX_MM_HASH_MAX + 2];
+    memset(too_long, 'h', ECX_MM_HASH_MAX + 1);
+    assert_int_equal(fetch_from(w, too_long, ECX_MM_HASH_MAX + 1, "127.0.0.1", w->port, 100, 0,
+                                &reason),
+                     ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_INVALID);
+    ecxi_consumer_stats cs = ecxi_consumer_get_stats(w->cons);
+    assert_int_equal(cs.fallbacks[ECX_REASON_INVALID], 4);
+    assert_int_equal(cs.fallbacks[ECX_REASON_NO_PEER], 2);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
     assert_int_equal(ecxi_consumer_get_stats(w->cons).requests, 0);
     world_free(w);
@@ -1022,7 +1065,7 @@ static void test_dead_producers_bounded(void **state)
     char h[16];
     for (int i = 0; i < DEAD; i++) {
         snprintf(h, sizeof h, "dead%03d", i);
-        int st = ecxi_consumer_fetch(w->cons, h, strlen(h), "127.0.0.1", ports[i], 100, 0, &reason);
+        int st = fetch_from(w, h, strlen(h), "127.0.0.1", ports[i], 100, 0, &reason);
         pending[i] = st == ECX_FETCH_PENDING;
         if (!pending[i]) {
             assert_int_equal(st, ECX_FETCH_LOCAL);
@@ -1051,7 +1094,7 @@ static void test_dead_producers_bounded(void **state)
         if (!pending[i]) continue;
         snprintf(h, sizeof h, "dead%03d", i);
         assert_int_equal(
-            ecxi_consumer_fetch(w->cons, h, strlen(h), "127.0.0.1", ports[i], 100, 0, &reason),
+            fetch_from(w, h, strlen(h), "127.0.0.1", ports[i], 100, 0, &reason),
             ECX_FETCH_LOCAL);
         assert_int_equal(reason, ECX_REASON_ACK_TIMEOUT);
     }
@@ -1182,6 +1225,94 @@ static void test_pin_share(void **state)
     world_free(w);
 }
 
+/* ---------- announcements ---------- */
+
+static void test_announce_json(void **state)
+{
+    (void)state;
+    char buf[160];
+    size_t len = 99;
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, NULL), 0);
+    assert_string_equal(buf, "{\"metadata\":{}}");
+    assert_int_equal(len, 15);
+    ecx_announcement a = {"10.0.0.7", 5601, 1234567};
+    const char *want = "{\"peer_host\":\"10.0.0.7\",\"peer_port\":5601,\"size_bytes\":1234567,"
+                       "\"metadata\":{}}";
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &a), 0);
+    assert_string_equal(buf, want);
+    assert_int_equal(len, strlen(want));
+    /* snprintf's contract: the full length always; without room for the
+     * NUL, nothing is written. */
+    memset(buf, '#', sizeof buf);
+    assert_int_equal(ecxi_announce_json(buf, strlen(want), &len, &a), ECX_ERANGE);
+    assert_int_equal(len, strlen(want));
+    assert_int_equal(buf[0], '#');
+    assert_int_equal(ecxi_announce_json(NULL, 0, &len, NULL), ECX_ERANGE);
+    assert_int_equal(len, 15);
+    assert_int_equal(ecxi_announce_json(buf, strlen(want) + 1, &len, &a), 0);
+    assert_string_equal(buf, want);
+    /* A host that is not one is refused, never escaped; so is a bad port. */
+    ecx_announcement bad = {"a\"b", 1, 1};
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &bad), ECX_EINVAL);
+    bad = (ecx_announcement){"h", 0, 1};
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &bad), ECX_EINVAL);
+
+    /* What is written reads back the same, as text or as the struct. */
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &a), 0);
+    ecxi_announce_peer ap;
+    assert_int_equal(ecxi_announce_parse(buf, NULL, 0, 0, &ap), ECX_REASON_NONE);
+    assert_string_equal(ap.host, "10.0.0.7");
+    assert_int_equal(ap.port, 5601);
+    assert_int_equal(ap.size_bytes, 1234567);
+    assert_int_equal(ecxi_announce_parse(NULL, &a, 1234567, 1234567, &ap), ECX_REASON_NONE);
+    assert_int_equal(ecxi_announce_parse(NULL, &a, 1234568, 0, &ap), ECX_REASON_SIZE_MISMATCH);
+    assert_int_equal(ap.size_bytes, 1234567); /* for the log */
+    assert_int_equal(ecxi_announce_parse(NULL, &a, 0, 1234566, &ap), ECX_REASON_INVALID);
+    assert_int_equal(ecxi_announce_parse(buf, &a, 0, 0, &ap), ECX_REASON_INVALID); /* both */
+
+    struct {
+        const char *json;
+        int why;
+    } cases[] = {
+        {NULL, ECX_REASON_NO_PEER},
+        {"{\"metadata\":{}}", ECX_REASON_NO_PEER},
+        {"not json", ECX_REASON_NO_PEER},
+        {"[1]", ECX_REASON_NO_PEER},
+        {"{\"peer_host\":5,\"peer_port\":1,\"size_bytes\":1}", ECX_REASON_NO_PEER},
+        {"{\"peer_host\":\"\",\"peer_port\":1,\"size_bytes\":1}", ECX_REASON_NO_PEER},
+        {"{\"peer_host\":\"h\",\"peer_port\":1,\"peer_port\":1,\"size_bytes\":1}",
+         ECX_REASON_NO_PEER}, /* duplicate keys: not JSON we take */
+        {"{\"peer_host\":\"h\"}", ECX_REASON_INVALID},
+        {"{\"peer_host\":\"h\",\"peer_port\":0,\"size_bytes\":1}", ECX_REASON_INVALID},
+        {"{\"peer_host\":\"h\",\"peer_port\":65536,\"size_bytes\":1}", ECX_REASON_INVALID},
+        {"{\"peer_host\":\"h\",\"peer_port\":\"1\",\"size_bytes\":1}", ECX_REASON_INVALID},
+        {"{\"peer_host\":\"h\",\"peer_port\":1}", ECX_REASON_INVALID},
+        {"{\"peer_host\":\"h\",\"peer_port\":1,\"size_bytes\":0}", ECX_REASON_INVALID},
+        {"{\"peer_host\":\"h\",\"peer_port\":1,\"size_bytes\":-5}", ECX_REASON_INVALID},
+        {"{\"peer_host\":\"h\",\"peer_port\":1,\"size_bytes\":1.5}", ECX_REASON_INVALID},
+        {"{\"peer_host\":\"a b\",\"peer_port\":1,\"size_bytes\":1}", ECX_REASON_INVALID},
+        {"{\"peer_host\":\"h\",\"peer_port\":65535,\"size_bytes\":9,\"metadata\":{}}",
+         ECX_REASON_NONE},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int why = ecxi_announce_parse(cases[i].json, NULL, 0, 0, &ap);
+        if (why != cases[i].why)
+            fail_msg("case %zu (%s): %s, want %s", i, cases[i].json ? cases[i].json : "NULL",
+                     ecx_reason_name(why), ecx_reason_name(cases[i].why));
+    }
+    /* The longest host is a host; one byte more is not. */
+    static char host[ECXI_HOST_MAX + 2];
+    memset(host, 'h', ECXI_HOST_MAX);
+    ecx_announcement h = {host, 1, 1};
+    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, &ap), ECX_REASON_NONE);
+    assert_string_equal(ap.host, host);
+    host[ECXI_HOST_MAX] = 'h';
+    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, &ap), ECX_REASON_INVALID);
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &h), ECX_EINVAL);
+    h.peer_host = NULL;
+    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, &ap), ECX_REASON_NO_PEER);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1209,6 +1340,7 @@ int main(void)
         cmocka_unit_test(test_dead_producers_bounded),
         cmocka_unit_test(test_grant_flood_costs_the_flooder),
         cmocka_unit_test(test_pin_share),
+        cmocka_unit_test(test_announce_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -314,7 +314,9 @@ static int consume(const char *dir, const char *file, int first, int count, cons
     uint8_t db[ECX_DATA_DESC_MAX];
     long dl = ecxi_hex_decode(G[first].desc_hex, strlen(G[first].desc_hex), db);
     ecxi_data_peer *p;
-    if ((rc = ecxi_data_peer_add(d, meta_b, meta_len, db, (size_t)dl, &p)))
+    ecxi_data_desc dd;
+    if (dl < 0 || (rc = ecxi_data_desc_decode(db, (size_t)dl, &dd)) ||
+        (rc = ecxi_data_peer_add(d, meta_b, meta_len, &dd, &p)))
         return fprintf(stderr, "peer_add: %s\n", ecx_strerror(rc)), 1;
     ecxi_data_xfer *x[NG];
     uint64_t local[NG][NB];
@@ -323,8 +325,10 @@ static int consume(const char *dir, const char *file, int first, int count, cons
         for (size_t k = 0; k < g->n; k++)
             local[i][k] = !strcmp(layout, "reverse") ? NB - 1 - g->blocks[k] : g->blocks[k];
         dl = ecxi_hex_decode(g->desc_hex, strlen(g->desc_hex), db);
-        rc = ecxi_data_read_post(p, db, (size_t)dl, g->blocks, local[i], g->n, g->nbytes, g->key,
-                                strlen(g->key), &x[i]);
+        rc = dl < 0 ? ECX_EDATA_DESC : ecxi_data_desc_decode(db, (size_t)dl, &dd);
+        if (!rc)
+            rc = ecxi_data_read_post(p, &dd, g->blocks, local[i], g->n, g->nbytes, g->key,
+                                     strlen(g->key), &x[i]);
         if (rc) return fprintf(stderr, "read_post g%d: %s\n", i, ecx_strerror(rc)), 1;
     }
     int64_t t0 = ecxi_now_ms(NULL), end = t0 + timeout_ms;
@@ -598,6 +602,8 @@ static int mutate(const char *dir, const char *file, int count)
     if (ecxi_data_new_consumer(r, &o, &d)) return 1;
     uint8_t db[ECX_DATA_DESC_MAX];
     long dl = ecxi_hex_decode(G[0].desc_hex, strlen(G[0].desc_hex), db);
+    ecxi_data_desc dd;
+    if (dl < 0 || ecxi_data_desc_decode(db, (size_t)dl, &dd)) return 1;
     int refused = 0, added = 0;
     for (int i = 0; i < count; i++) {
         uint8_t blob[64];
@@ -623,7 +629,7 @@ static int mutate(const char *dir, const char *file, int count)
         long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
         if (ml < 0) return 1;
         ecxi_data_peer *p;
-        if (ecxi_data_peer_add(d, mb, (size_t)ml, db, (size_t)dl, &p) == 0) {
+        if (ecxi_data_peer_add(d, mb, (size_t)ml, &dd, &p) == 0) {
             added++;
             ecxi_data_progress(d);
             ecxi_data_peer_drop(p);
@@ -1010,7 +1016,7 @@ static int tcp_evil(const char *dir)
         ecxi_sum_update(&s, &v, 1);
     }
     dd.ticket.checksum = ecxi_sum_digest(&s);
-    uint8_t mb[ECX_DATA_META_MAX], db[ECX_DATA_DESC_MAX];
+    uint8_t mb[ECX_DATA_META_MAX];
     long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
     ecxi_region *r;
     char inst[32];
@@ -1020,19 +1026,16 @@ static int tcp_evil(const char *dir)
     ecxi_data *d;
     ecxi_data_peer *p;
     dd.ticket.lease_ms = 10000;
-    long dl = ecxi_data_desc_encode(&dd, db, sizeof db);
-    if (dl < 0 || ecxi_data_new_consumer(r, &o, &d) ||
-        ecxi_data_peer_add(d, mb, (size_t)ml, db, (size_t)dl, &p))
+    if (ecxi_data_new_consumer(r, &o, &d) || ecxi_data_peer_add(d, mb, (size_t)ml, &dd, &p))
         return fprintf(stderr, "consumer setup failed\n"), 1;
     uint8_t *lb = ecxi_region_base(r);
     int bad = 0;
     for (size_t c = 0; c < EVIL_N; c++) {
         memset(lb, 0xa5, ecxi_region_size(r));
         dd.ticket.lease_ms = evil_cases[c].how == E_STALL ? 1500 : 10000;
-        dl = ecxi_data_desc_encode(&dd, db, sizeof db);
         ecxi_data_xfer *x;
-        if (ecxi_data_read_post(p, db, (size_t)dl, evil_remote, evil_local, 3, EVIL_NBYTES,
-                               "evil:item", 9, &x))
+        if (ecxi_data_read_post(p, &dd, evil_remote, evil_local, 3, EVIL_NBYTES, "evil:item", 9,
+                                &x))
             return fprintf(stderr, "read_post failed\n"), 1;
         int64_t t0 = ecxi_now_ms(NULL);
         int st;

@@ -15,7 +15,7 @@
  * next request for the same item: the producer holds at most one grant per
  * item however long the run. The bench never READs, so grants end by
  * regrant or lease, which is the same work for any producer that follows
- * SPEC §4.
+ * docs/PROTOCOL.md §4.
  *
  * It uses only the public wire codec (ecx.h) and a plain libzmq DEALER with
  * the options a consumer's socket has.

@@ -1,5 +1,5 @@
 /*
- * keys — CURVE key files for the command line (SPEC §8's authenticated
+ * keys — CURVE key files for the command line (docs/PROTOCOL.md §8's authenticated
  * control plane): `ecx keygen` writes a keypair, and serve / get read a
  * secret key, a public key or an allow-list from files, so keys never sit
  * on a command line (where ps would show them) and are never printed.

@@ -1,0 +1,112 @@
+/*
+ * announce — the reference's announcement JSON, written and read, and the
+ * consumer's checks on an announcement (announce.h).
+ */
+#include "announce.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util.h"
+
+bool ecxi_announce_host_ok(const char *h)
+{
+    if (!h) return false;
+    size_t n = strnlen(h, ECXI_HOST_MAX + 1);
+    if (n == 0 || n > ECXI_HOST_MAX) return false;
+    for (size_t i = 0; i < n; i++)
+        if (!(h[i] == '.' || h[i] == '-' || h[i] == ':' || h[i] == '_' ||
+              (h[i] >= '0' && h[i] <= '9') || (h[i] >= 'a' && h[i] <= 'z') ||
+              (h[i] >= 'A' && h[i] <= 'Z')))
+            return false;
+    return true;
+}
+
+#define HELD_FMT "{\"peer_host\":\"%s\",\"peer_port\":%d,\"size_bytes\":%llu,\"metadata\":{}}"
+#define NOT_HELD "{\"metadata\":{}}"
+
+int ecxi_announce_json(char *buf, size_t cap, size_t *len, const ecx_announcement *a)
+{
+    if (!len) return ECX_EINVAL;
+    *len = 0;
+    if (a && (!ecxi_announce_host_ok(a->peer_host) || a->peer_port < 1 || a->peer_port > 65535))
+        return ECX_EINVAL;
+    /* The host needs no escaping: host_ok admits no quote, backslash or
+     * control character. */
+    int n = a ? snprintf(NULL, 0, HELD_FMT, a->peer_host, a->peer_port,
+                         (unsigned long long)a->size_bytes)
+              : (int)strlen(NOT_HELD);
+    if (n < 0) return ECX_EINVAL;
+    *len = (size_t)n;
+    if (!buf || (size_t)n >= cap) return ECX_ERANGE;
+    if (a)
+        snprintf(buf, cap, HELD_FMT, a->peer_host, a->peer_port,
+                 (unsigned long long)a->size_bytes);
+    else
+        memcpy(buf, NOT_HELD, (size_t)n + 1);
+    return 0;
+}
+
+/* The checks after "is there a peer_host at all": host, port, size. */
+static int check(const char *host, long long port, bool size_given, long long size,
+                 uint64_t expected_size, uint64_t max_bytes, ecxi_announce_peer *out)
+{
+    if (!ecxi_announce_host_ok(host)) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_host is not a host name or address");
+        return ECX_REASON_INVALID;
+    }
+    if (port < 1 || port > 65535) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_port %lld is not a port", port);
+        return ECX_REASON_INVALID;
+    }
+    if (!size_given || size <= 0) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: no usable size_bytes");
+        return ECX_REASON_INVALID;
+    }
+    memcpy(out->host, host, strlen(host) + 1);
+    out->port = (int)port;
+    out->size_bytes = (uint64_t)size;
+    if (expected_size && expected_size != out->size_bytes) return ECX_REASON_SIZE_MISMATCH;
+    if (max_bytes && out->size_bytes > max_bytes) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: size_bytes %llu is beyond any region",
+                            (unsigned long long)out->size_bytes);
+        return ECX_REASON_INVALID;
+    }
+    return ECX_REASON_NONE;
+}
+
+int ecxi_announce_parse(const char *json, const ecx_announcement *from, uint64_t expected_size,
+                        uint64_t max_bytes, ecxi_announce_peer *out)
+{
+    memset(out, 0, sizeof *out);
+    if (json && from) return ECX_REASON_INVALID;
+    if (from) {
+        if (!from->peer_host || !*from->peer_host) return ECX_REASON_NO_PEER;
+        /* A size beyond what a JSON integer (and a region) can hold is
+         * refused as INVALID by max_bytes, or here when there is none. */
+        long long size = from->size_bytes > (uint64_t)INT64_MAX ? -1 : (long long)from->size_bytes;
+        return check(from->peer_host, from->peer_port, true, size, expected_size, max_bytes, out);
+    }
+    if (!json) return ECX_REASON_NO_PEER;
+    json_error_t err;
+    json_t *j = json_loads(json, JSON_REJECT_DUPLICATES, &err);
+    int why;
+    if (!json_is_object(j)) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement is not a JSON object");
+        why = ECX_REASON_NO_PEER;
+    } else {
+        json_t *h = json_object_get(j, "peer_host"), *p = json_object_get(j, "peer_port"),
+               *s = json_object_get(j, "size_bytes");
+        if (!json_is_string(h) || json_string_length(h) == 0)
+            why = ECX_REASON_NO_PEER; /* {"metadata":{}}: not held there */
+        else if (strlen(json_string_value(h)) != json_string_length(h))
+            why = ECX_REASON_INVALID; /* a NUL inside */
+        else
+            why = check(json_string_value(h), json_is_integer(p) ? json_integer_value(p) : -1,
+                        json_is_integer(s), json_is_integer(s) ? json_integer_value(s) : 0,
+                        expected_size, max_bytes, out);
+    }
+    json_decref(j);
+    return why;
+}
