@@ -167,19 +167,6 @@ static int config_check(const ecx_config *c)
     return ECX_EINVAL;
 }
 
-/* A host we announce must be safe to put in JSON as is. */
-static bool host_ok(const char *h)
-{
-    size_t n = strlen(h);
-    if (n == 0 || n > 255) return false;
-    for (size_t i = 0; i < n; i++)
-        if (!(h[i] == '.' || h[i] == '-' || h[i] == ':' || h[i] == '_' ||
-              (h[i] >= '0' && h[i] <= '9') || (h[i] >= 'a' && h[i] <= 'z') ||
-              (h[i] >= 'A' && h[i] <= 'Z')))
-            return false;
-    return true;
-}
-
 static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
 {
     char host[256];
@@ -194,7 +181,7 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
         bool wild = !strcmp(host, "*") || !strcmp(host, "0.0.0.0") || !strcmp(host, "::");
         adv = wild ? "127.0.0.1" : host;
     }
-    if (!host_ok(adv)) {
+    if (!ecxi_announce_host_ok(adv)) {
         ecxi_log(ECX_LOG_ERROR, "advertised host '%s' is not a host name or address", adv);
         return ECX_EINVAL;
     }
