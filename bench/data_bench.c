@@ -220,7 +220,7 @@ static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
     int st;
     double limit = t0 + 30;
     while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && now_s() < limit)
-        ecxi_data_progress(ph->d);
+        ecxi_data_progress(ph->d, ECX_DATA_SLICE_NS, NULL);
     double t1 = now_s();
     ecxi_data_read_release(x);
     if (st != ECX_XFER_DONE || memcmp(dst, b->expect, size) != 0) {

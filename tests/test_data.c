@@ -98,7 +98,7 @@ static int pump(ecxi_data *prod, ecxi_data *cons, ecxi_data_xfer *x, notes *ns, 
     int64_t end = ecxi_now_ms(NULL) + 10000;
     int st = ECX_XFER_RUNNING;
     while (ecxi_now_ms(NULL) < end) {
-        assert_true(ecxi_data_progress(cons) >= 0);
+        assert_true(ecxi_data_progress(cons, ECX_DATA_SLICE_NS, NULL) >= 0);
         assert_true(ecxi_data_poll_notifs(prod, on_notif, ns) >= 0);
         st = ecxi_data_read_poll(x);
         if (st != ECX_XFER_RUNNING && ns->n >= want) break;
@@ -729,7 +729,7 @@ static void test_ucx_drop_and_release_in_flight(void **state)
     int64_t end = ecxi_now_ms(NULL) + 10000;
     int st;
     while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < end)
-        ecxi_data_progress(p.cons);
+        ecxi_data_progress(p.cons, ECX_DATA_SLICE_NS, NULL);
     assert_int_not_equal(st, ECX_XFER_RUNNING);
     ecxi_data_read_release(x);
     /* A fresh registration works after that. */
@@ -777,7 +777,7 @@ static void test_fault(void **state)
     assert_int_equal(ecxi_data_fault_set(f, ECX_FAULT_HANG, 0, -1), 0);
     assert_int_equal(post(&p, r, l, 3, 0, &x), 0);
     for (int i = 0; i < 100; i++)
-        ecxi_data_progress(p.cons);
+        ecxi_data_progress(p.cons, ECX_DATA_SLICE_NS, NULL);
     assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_RUNNING);
     ecxi_data_read_release(x);
     /* A hung or failed READ sends no notification. */
