@@ -119,6 +119,12 @@
 #ifndef SHM_PREFAULT
 #define SHM_PREFAULT 1
 #endif
+/* How the copy runs (shm_copy.h); ECX_SHM_COPY_POPULATE measured no gain
+ * on a first fetch (MADV_POPULATE_READ costs what the faults it saves do),
+ * so it is off. */
+#ifndef SHM_COPY_MODE
+#define SHM_COPY_MODE ECX_SHM_COPY_AUTO
+#endif
 
 typedef struct shm_peer shm_peer;
 
@@ -649,7 +655,7 @@ static void start_copy(shm_data *s, shm_peer *p, shm_xfer *x, const uint64_t *re
 {
     const uint64_t bs = ecxi_region_block_bytes(s->base.region);
     x->state = ECX_XFER_RUNNING;
-    if (ecxi_shm_job_new(&p->src, bs, remote, local, x->n, x->nbytes, ECX_SHM_COPY_AUTO,
+    if (ecxi_shm_job_new(&p->src, bs, remote, local, x->n, x->nbytes, SHM_COPY_MODE,
                          &x->job) != 0) {
         x->job = NULL;
         x->state = ECX_XFER_FAILED;
