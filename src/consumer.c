@@ -585,7 +585,10 @@ int ecxi_consumer_poll(ecxi_consumer *c)
     int events = 0;
     int64_t now = now_ms(c);
     c->reads_started = 0;
-    int n = ecxi_data_progress(c->data);
+    /* One bounded slice of data-plane work per poll (data.h): a large
+     * READ moves on over many polls, each short. */
+    int64_t t0 = ecxi_data_now_ns();
+    int n = ecxi_data_progress(c->data, ECX_DATA_SLICE_NS, NULL);
     if (n > 0) events += n;
     /* Timers first: an ack that waited in the socket past its transfer's
      * deadline (say, while this process was stopped) finds the transfer
@@ -609,8 +612,14 @@ int ecxi_consumer_poll(ecxi_consumer *c)
             on_ack(c, s, pl, len, now);
         }
     }
-    /* READs the acks just started may be done already (the same-host copy
-     * is): report them in this call rather than the engine's next step. */
+    /* READs the acks just started get what is left of this poll's slice
+     * (a small item is then done, and reported in this call rather than
+     * the engine's next step). */
+    if (c->reads_started) {
+        int64_t left = ECX_DATA_SLICE_NS - (ecxi_data_now_ns() - t0);
+        n = ecxi_data_progress(c->data, left > 0 ? left : 0, NULL);
+        if (n > 0) events += n;
+    }
     for (xfer *x = c->reads_started ? c->head : NULL, *next; x; x = next) {
         next = x->next;
         if (x->state == READING) events += advance(c, x, now);
