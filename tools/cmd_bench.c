@@ -548,6 +548,6 @@ int cmd_bench(int argc, char **argv)
     if (!strcmp(sub, "ctrl")) return cmd_bench_ctrl(argc - 1, argv + 1);
     if (!strcmp(sub, "data")) return cmd_bench_data(argc - 1, argv + 1, HELP);
     if (!strcmp(sub, "stall")) return cmd_bench_stall(argc - 1, argv + 1);
-    return usage_error("bench: unknown benchmark '%s' (ctrl, data or stall; try 'ecx bench --help')",
-                       sub);
+    return usage_error(
+        "bench: unknown benchmark '%s' (ctrl, data or stall; try 'ecx bench --help')", sub);
 }

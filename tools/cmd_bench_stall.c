@@ -233,7 +233,8 @@ static void __attribute__((noreturn)) child_main(int in, int out, const ecx_conf
     char buf[1024];
     size_t len = 0;
     for (;;) {
-        struct pollfd pf[2] = {{.fd = in, .events = POLLIN}, {.fd = p ? ecx_fd(p) : -1, .events = POLLIN}};
+        struct pollfd pf[2] = {{.fd = in, .events = POLLIN},
+                               {.fd = p ? ecx_fd(p) : -1, .events = POLLIN}};
         int t = 1000;
         if (p) {
             t = ecx_next_timeout(p);
@@ -310,7 +311,8 @@ static int producer_call(producer *pr, double limit_s, char *ans, size_t cap, co
     while (!(nl = memchr(pr->in, '\n', pr->in_len))) {
         double left = limit - mono_s();
         if (left <= 0 || pr->in_len == sizeof pr->in) {
-            fprintf(stderr, "ecx: bench stall: the producer process did not answer '%.*s' in %.0f s\n",
+            fprintf(stderr,
+                    "ecx: bench stall: the producer process did not answer '%.*s' in %.0f s\n",
                     n - 1, cmd, limit_s);
             return -1;
         }
@@ -415,7 +417,8 @@ typedef struct stall {
 
 static void sleep_until(uint64_t ns)
 {
-    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull)};
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
+                          .tv_nsec = (long)(ns % 1000000000ull)};
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
     }
 }
@@ -512,7 +515,8 @@ static double rtt_once(stall *b, ecx_ctx *cons)
         ecx_poll(cons, 0);
     double t = mono_s() - t0;
     if (st != ECX_FETCH_LOCAL || reason != ECX_REASON_NACK_MISSING) {
-        fprintf(stderr, "ecx: bench stall: %s: a fetch of a missing item came to %s, not NACK_MISSING\n",
+        fprintf(stderr,
+                "ecx: bench stall: %s: a fetch of a missing item came to %s, not NACK_MISSING\n",
                 b->path, st == ECX_FETCH_LOCAL ? ecx_reason_name(reason)
                          : st == ECX_FETCH_PENDING ? "no answer"
                          : st == ECX_FETCH_READY   ? "READY"
