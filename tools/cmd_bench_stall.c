@@ -60,7 +60,8 @@
 #define MAX_ITEM (1ull << 30) /* 1 GiB */
 #define PROD_SLOTS 3          /* items the producer's region holds */
 #define CONS_SLOTS 2          /* items a consumer's region holds */
-#define FETCH_LIMIT_S 60.0    /* one fetch may take this long at most */
+#define FETCH_LIMIT_S 60.0    /* one fetch may take this long, plus LIMIT_STEPS steps */
+#define LIMIT_STEPS 1000
 #define OPEN_LIMIT_S 120.0    /* the producer's context (region populated) */
 #define SAVE_LIMIT_S 30.0     /* a save, waiting for pins to lapse */
 #define REAP_LIMIT_S 10.0     /* the producer process exits when asked */
@@ -125,8 +126,8 @@ static const char HELP[] =
     "    only at a step: ceil(T0 / S) * S / T0, T0 being step 0's ready_ms.\n"
     "  Milliseconds with 3 decimals. A summary goes to stderr.\n"
     "\n"
-    "Exit status: 0 success, 1 failure (a fetch failed, wrong bytes, no room), 2\n"
-    "usage error.\n";
+    "Exit status: 0 success, 1 failure (a fetch failed, was not ready within 60 s\n"
+    "plus 1000 steps, or delivered wrong bytes; no room), 2 usage error.\n";
 
 /* ---------- the producer process ---------- */
 
@@ -448,7 +449,8 @@ static double engine_fetch(stall *b, ecx_ctx *cons, uint64_t size, int step_ms, 
         return -1;
     ecx_announcement from = {.peer_host = "127.0.0.1", .peer_port = b->port, .size_bytes = size};
     const uint64_t step = (uint64_t)step_ms * 1000000ull;
-    uint64_t t0 = bench_now_ns(), limit = t0 + (uint64_t)(FETCH_LIMIT_S * 1e9), next = t0, t;
+    uint64_t t0 = bench_now_ns(), next = t0, t;
+    uint64_t limit = t0 + (uint64_t)(FETCH_LIMIT_S * 1e9) + LIMIT_STEPS * step;
     int st, reason = 0;
     for (;;) {
         uint64_t a = bench_now_ns();
