@@ -4,8 +4,10 @@ BUILD      ?= build
 JOBS       ?= $(shell nproc)
 FUZZ_SECONDS ?= 60
 FUZZ_DATA_SECONDS ?= 30
+PREFIX     ?= /usr/local
+DESTDIR    ?=
 
-.PHONY: all deps build test unit sanitize tsan fuzz demo clean
+.PHONY: all deps build test unit sanitize tsan fuzz demo install uninstall clean
 
 all: build
 
@@ -48,6 +50,21 @@ fuzz: deps
 # The main job: a producer and consumers on loopback, every byte checked.
 demo: build
 	$(BUILD)/ecx demo
+
+# Install libecx.so (+ its SONAME and dev links), libecx.a, ecx.h, ecx.pc and
+# the ecx CLI under PREFIX, staged under DESTDIR if set. What was installed
+# is recorded, DESTDIR included, for uninstall (CMake's install_manifest.txt
+# omits DESTDIR, and test_install's own temporary installs overwrite it).
+install: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD)
+	@sed 's|^|$(DESTDIR)|; $$a\' $(BUILD)/install_manifest.txt >$(BUILD)/make_install_manifest.txt
+
+uninstall:
+	@test -f $(BUILD)/make_install_manifest.txt || { echo "uninstall: nothing recorded; run make install first" >&2; exit 1; }
+	xargs -r rm -fv <$(BUILD)/make_install_manifest.txt
+	@rm -f $(BUILD)/make_install_manifest.txt
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-fuzz

@@ -10,6 +10,8 @@
  *
  *   bench_data [--size BYTES]... [--iters N] [--warmup N] [--block-bytes B]
  *              [--path shm|tcp|ucx|both|all]   (both: shm and ucx, as before)
+ *              [--cold]   (shm first fetches on fresh contexts, and after
+ *                          idle pre-fault: data_bench.h)
  * Defaults: sizes 4700000 and 28800000, 30 iterations, 3 warm-up,
  * 1 MiB blocks, both paths. Bounded: every wait has a deadline.
  */
@@ -25,7 +27,7 @@
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_data [--size BYTES]... [--iters N] [--warmup N] "
-                    "[--block-bytes B] [--path shm|tcp|ucx|both|all]\n");
+                    "[--block-bytes B] [--path shm|tcp|ucx|both|all] [--cold]\n");
     return 2;
 }
 
@@ -45,6 +47,10 @@ int main(int argc, char **argv)
     ecxi_data_bench_opts_init(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--cold") == 0) {
+            o.cold = true;
+            continue;
+        }
         if (!v) return usage();
         if (strcmp(a, "--size") == 0 && o.nsizes < ECX_DATA_BENCH_MAX_SIZES)
             o.sizes[o.nsizes++] = (uint64_t)(number(v) > 0 ? number(v) : 0);

@@ -1,7 +1,8 @@
 /*
  * ctrl_serve — the ecx producer as bench/ctrl_instr.sh measures it: a
  * producer context (public API, the same as `ecx serve` runs) holding COUNT
- * ready items of BYTES each, driven by ecx_poll() until SIGTERM or SIGINT.
+ * ready items of BYTES each, served (by the context's progress thread, or
+ * by ecx_poll() without one) until SIGTERM or SIGINT.
  *
  * usage: ctrl_serve ANNOUNCE_OUT [COUNT [BYTES [BLOCK_BYTES]]]
  *   (defaults 32 items of 327680 bytes in 64 KiB blocks: 5 block indices

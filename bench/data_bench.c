@@ -193,18 +193,20 @@ static void path_close(path *ph)
     memset(ph, 0, sizeof *ph);
 }
 
-/* One timed READ of `size` bytes (blocks 0.. into blocks 0..), verified
- * afterwards; seconds, or < 0 on failure. */
-static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
+/* One timed READ of `size` bytes (the producer's blocks from..  into our
+ * blocks 0..), verified afterwards; seconds, or < 0 on failure. */
+static double path_fetch_at(path *ph, bench *b, uint64_t size, const uint64_t *idx, uint64_t from)
 {
     uint64_t n = (size + b->bs - 1) / b->bs;
+    const uint8_t *expect = b->expect + from * b->bs;
+    const uint64_t *remote = idx + from;
     uint8_t *dst = ecxi_region_base(b->cr);
     memset(dst, 0x5a, size);
     ecxi_data_xfer *x;
     char key[ECX_DATA_NOTIF_MAX];
     uint8_t desc[ECX_DATA_DESC_MAX];
-    int kl = stub_key(key, sizeof key, size, idx, n);
-    long dl = stub_desc(ph->layout, ph->layout_len, size, ecxi_checksum(b->expect, size), desc,
+    int kl = stub_key(key, sizeof key, size, remote, n);
+    long dl = stub_desc(ph->layout, ph->layout_len, size, ecxi_checksum(expect, size), desc,
                         sizeof desc);
     ecxi_data_desc dd;
     if (kl < 0 || dl < 0 || ecxi_data_desc_decode(desc, (size_t)dl, &dd)) {
@@ -212,7 +214,7 @@ static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
         return -1;
     }
     double t0 = now_s();
-    int rc = ecxi_data_read_post(ph->p, &dd, idx, idx, n, size, key, (size_t)kl, &x);
+    int rc = ecxi_data_read_post(ph->p, &dd, remote, idx, n, size, key, (size_t)kl, &x);
     if (rc) {
         fprintf(stderr, "bench: post: %s\n", ecx_strerror(rc));
         return -1;
@@ -220,15 +222,94 @@ static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
     int st;
     double limit = t0 + 30;
     while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && now_s() < limit)
-        ecxi_data_progress(ph->d);
+        ecxi_data_progress(ph->d, ECX_DATA_SLICE_NS, NULL);
     double t1 = now_s();
     ecxi_data_read_release(x);
-    if (st != ECX_XFER_DONE || memcmp(dst, b->expect, size) != 0) {
+    if (st != ECX_XFER_DONE || memcmp(dst, expect, size) != 0) {
         fprintf(stderr, "bench: %s fetch %s\n", ecxi_data_backend_name(ph->backend),
                 st == ECX_XFER_DONE ? "delivered wrong bytes" : "did not finish");
         return -1;
     }
     return t1 - t0;
+}
+
+static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
+{
+    return path_fetch_at(ph, b, size, idx, 0);
+}
+
+/* Cold fetches over shm, each on a fresh consumer context (a first fetch:
+ * none of the producer's pages is in our page tables yet): the first
+ * fetch; then, on the same context, a fetch of other blocks never read,
+ * straight away (still cold) or after idle progress calls (the shm path
+ * pre-faults a ready peer's mapping a chunk per idle call); then the first
+ * blocks again (warm). Printed on stderr against the memcpy median. */
+static int cold_fetches(bench *b, uint64_t size, const uint64_t *idx, const uint8_t *m,
+                        size_t ml, const uint8_t *ds, size_t dl, double memcpy_s)
+{
+    uint64_t n = (size + b->bs - 1) / b->bs;
+    enum { REPS = 5 };
+    double t[2][3], v[2][3][REPS], idle_v[REPS];
+    double idle_ms = 0;
+    uint64_t idle_calls = 0;
+    for (int k = 0; k < 2 * REPS; k++) {
+        int idle = k % 2, r = k / 2;
+        path ph;
+        memset(&ph, 0, sizeof ph);
+        int saved = b->iters;
+        b->iters = 1;
+        int rc = path_open(&ph, ECX_DATA_SHM, b, m, ml, ds, dl);
+        b->iters = saved;
+        if (rc) {
+            path_close(&ph);
+            return -1;
+        }
+        t[idle][0] = path_fetch_at(&ph, b, size, idx, 0);
+        if (idle) {
+            /* Enough idle calls for the whole mapping, a chunk each. */
+            uint64_t calls = ecxi_region_size(b->cr) / ECX_DATA_CHUNK + 16;
+            double t0 = now_s();
+            for (uint64_t i = 0; i < calls; i++)
+                ecxi_data_progress(ph.d, ECX_DATA_SLICE_NS, NULL);
+            idle_v[r] = (now_s() - t0) * 1e3;
+            idle_calls = calls;
+        }
+        t[idle][1] = path_fetch_at(&ph, b, size, idx, n);
+        t[idle][2] = path_fetch_at(&ph, b, size, idx, 0);
+        for (int j = 0; j < 3; j++)
+            v[idle][j][r] = t[idle][j];
+        ecxi_data_stats st;
+        memset(&st, 0, sizeof st);
+        ecxi_data_get_stats(ph.d, &st);
+        path_close(&ph);
+        if (t[idle][0] < 0 || t[idle][1] < 0 || t[idle][2] < 0) return -1;
+        if (idle && r == REPS - 1)
+            fprintf(stderr,
+                    "bench: size %llu: shm slices: %llu calls moved bytes, at most %llu bytes "
+                    "and %.0f us in one call\n",
+                    (unsigned long long)size, (unsigned long long)st.slices,
+                    (unsigned long long)st.slice_max_bytes, (double)st.slice_max_ns / 1e3);
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 3; j++)
+            t[i][j] = median(v[i][j], REPS);
+    double firsts[2 * REPS]; /* both halves start with a first fetch */
+    for (int r = 0; r < REPS; r++)
+        firsts[r] = v[0][0][r], firsts[REPS + r] = v[1][0][r];
+    t[1][0] = median(firsts, 2 * REPS);
+    idle_ms = median(idle_v, REPS);
+    fprintf(stderr,
+            "bench: size %llu: shm cold (medians, %d fresh contexts each): first fetch %.3f ms (%.2fx memcpy %.3f ms); other "
+            "blocks at once %.3f ms (%.2fx); other blocks after %llu idle calls (%.1f ms, "
+            "pre-fault) %.3f ms (%.2fx); warm %.3f ms (%.2fx)\n",
+            (unsigned long long)size, (int)REPS, t[1][0] * 1e3, t[1][0] / memcpy_s, memcpy_s * 1e3,
+            t[0][1] * 1e3, t[0][1] / memcpy_s, (unsigned long long)idle_calls, idle_ms,
+            t[1][1] * 1e3, t[1][1] / memcpy_s, t[1][2] * 1e3, t[1][2] / memcpy_s);
+    printf("size=%llu cold_ratio=%.3f cold_other_ratio=%.3f prefaulted_ratio=%.3f "
+           "warm_ratio=%.3f\n",
+           (unsigned long long)size, t[1][0] / memcpy_s, t[0][1] / memcpy_s,
+           t[1][1] / memcpy_s, t[1][2] / memcpy_s);
+    return 0;
 }
 
 /* Open the producer's region (named in its metadata) read-only and map it,
@@ -337,6 +418,7 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
         if (sizes[i] > max) max = sizes[i];
     }
     uint64_t region = ((max + b.bs - 1) / b.bs) * b.bs;
+    if (o->cold) region *= 2; /* other blocks for the cold fetches */
 
     char dir[] = "/dev/shm/ecx-bench-data-XXXXXX";
     if (!mkdtemp(dir)) {
@@ -445,6 +527,11 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
                     (unsigned long long)size,
                     ecxi_shm_copy_guarded() ? "guarded one-pass copy+hash" : "pread+hash",
                     lat[1] > 0 ? lat[0] / lat[1] : 0.0, lat[0] / lp, lat[0] / lm);
+        }
+        if (o->cold && o->shm &&
+            cold_fetches(&b, size, idx, m, lens[0], ds, lens[1], lat[0]) != 0) {
+            fprintf(stderr, "bench: cold fetches failed\n");
+            goto done;
         }
         printf("size=%llu shm_gbps=%.3f ucx_gbps=%.3f memcpy_gbps=%.3f shm_ratio=%.3f "
                "ucx_ratio=%.3f tcp_gbps=%.3f tcp_ratio=%.3f\n",

@@ -8,7 +8,11 @@
  * Output on stdout, one line per size, the last line being the last size:
  *   size=<bytes> shm_gbps=<x> ucx_gbps=<x> memcpy_gbps=<x> shm_ratio=<x> ucx_ratio=<x>
  *   tcp_gbps=<x> tcp_ratio=<x>            (one line; tcp last, added later)
- * A path that is not measured reports 0.
+ * A path that is not measured reports 0. With cold (--cold), each size's
+ * line is preceded by
+ *   size=<bytes> cold_ratio=<x> cold_other_ratio=<x> prefaulted_ratio=<x> warm_ratio=<x>
+ * (fetch time / memcpy time: a fresh context's first fetch; other blocks
+ * at once; other blocks after idle pre-fault; the first blocks again).
  */
 #ifndef ECX_DATA_BENCH_H
 #define ECX_DATA_BENCH_H
@@ -25,6 +29,7 @@ typedef struct ecxi_data_bench_opts {
     int warmup;                               /* untimed fetches first */
     uint64_t block_bytes;                     /* region block size */
     bool shm, tcp, ucx;                       /* which paths to measure */
+    bool cold; /* also first fetches on fresh shm contexts (a line before each size's) */
 } ecxi_data_bench_opts;
 
 /* Defaults: both sizes, 30 iterations, 3 warm-up, 1 MiB blocks, every path. */

@@ -32,9 +32,21 @@
  *     ecx_status_name, ecx_reason_name, ecx_compat_hash, the wire codec,
  *     ecx_set_logger, ecx_set_log_level, ecx_reap_regions) are safe from
  *     any thread at any time.
- *   - The library runs no thread of its own: work advances inside the
- *     calls, chiefly ecx_poll(). (The data plane's UCX path, if chosen,
- *     runs UCX's own internal threads.)
+ *   - With progress_thread = 1 (the default), each context runs one thread
+ *     of its own that advances everything (acks, READs, grants, timers) as
+ *     soon as it can, in bounded slices under the context's lock, letting
+ *     the caller's calls in between slices. Transfers then finish whatever
+ *     the engine's step rate, and no call waits on the lock for more than
+ *     one slice. ecx_poll() has nothing to drive: it reports the events
+ *     the thread handled (waiting up to timeout_ms for some), ecx_fd()
+ *     becomes readable when the thread handled events, and
+ *     ecx_next_timeout() is -1. The thread touches the context's sockets,
+ *     region and cache only while holding the lock; it never calls the
+ *     logger with the lock of another context held, and stops in ecx_free().
+ *   - With progress_thread = 0, nothing runs in the background: work
+ *     advances inside the calls, chiefly ecx_poll(), which steps for at
+ *     most about 0.5 ms per call; a large READ then needs many polls.
+ *   - The UCX data path, if chosen, also runs UCX's own internal threads.
  *
  * ABI: ecx_config carries its own size (set by ecx_config_init), so fields
  * appended in later versions do not break programs built against this
@@ -288,6 +300,8 @@ typedef struct ecx_config {
     const char *model;
     const char *dtype;
     const char *data;           /* data path: "auto" (shm + tcp), "shm", "tcp" or "ucx" */
+    int progress_thread;        /* 1 (default): a library thread moves transfers on (see
+                                   Threading); 0: only the calls do, chiefly ecx_poll() */
     const char *instance;       /* region instance name; NULL: unique per process start */
     int rank;
 
@@ -338,12 +352,14 @@ ECX_API void ecx_free(ecx_ctx *ctx);
 /* Advance everything: acks, READs, grants, timers. Waits up to timeout_ms
  * (0: don't wait; -1: until something happens) if nothing was ready, and
  * does not hold the context's lock while it waits. Returns the number of
- * events handled, or a negative error. */
+ * events handled, or a negative error. With the progress thread, the
+ * thread advances everything and this returns the events it handled since
+ * the last call. Never takes more than about a millisecond with timeout 0. */
 ECX_API int ecx_poll(ecx_ctx *ctx, int timeout_ms);
 
 /* For an engine with its own event loop: a file descriptor that becomes
  * readable when ecx_poll() may have work (level triggered; never read from
- * it or close it). Right before each wait, call ecx_next_timeout(): it
+ * it or close it); with the progress thread, when it handled events. Right before each wait, call ecx_next_timeout(): it
  * also finds work already queued, which the descriptor does not signal.
  * Then wait for the descriptor for at most that long, and call
  * ecx_poll(ctx, 0). Valid until ecx_free(). */

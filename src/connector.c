@@ -25,7 +25,9 @@
  * hold the list (one save, or nested loads), freed when the last ends.
  */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -33,6 +35,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "announce.h"
@@ -76,6 +79,15 @@ struct ecx_ctx {
     size_t runs_cap;
     /* Waiting (see the top of the file). */
     int epfd, kick;
+    atomic_int callers;      /* public calls waiting for mu: the progress thread yields */
+    /* The progress thread (cfg.progress_thread): it runs step() under mu in
+     * bounded slices; `done` is an eventfd it writes when a step handled
+     * events, which is what the engine waits on in that mode. */
+    bool threaded;
+    pthread_t thread;
+    atomic_bool stopping;
+    int done;
+    atomic_int done_events;
     atomic_int waiters;      /* threads inside ecx_poll's wait */
     int *watched;            /* fds in epfd besides kick */
     size_t n_watched, watched_cap;
@@ -86,6 +98,21 @@ struct ecx_ctx {
     /* consumer CURVE keys, Z85, copied from the config ("": none) */
     char curve_server[ECX_CTRL_KEY_Z85 + 1], curve_secret[ECX_CTRL_KEY_Z85 + 1];
 };
+
+/* Public calls take mu through these: a caller announces itself first, and
+ * the progress thread, between two slices, lets announced callers in before
+ * it takes mu again (a mutex is not fair: the thread would win most races). */
+static void lock(ecx_ctx *ctx)
+{
+    atomic_fetch_add_explicit(&ctx->callers, 1, memory_order_relaxed);
+    pthread_mutex_lock(&ctx->mu);
+    atomic_fetch_sub_explicit(&ctx->callers, 1, memory_order_relaxed);
+}
+
+static void unlock(ecx_ctx *ctx) { pthread_mutex_unlock(&ctx->mu); }
+
+static int start_thread(ecx_ctx *ctx);
+static void stop_thread(ecx_ctx *ctx);
 
 /* The size of ecx_config in ABI 1: the least a caller may pass. */
 #define CONFIG_SIZE_V1 sizeof(ecx_config)
@@ -103,6 +130,7 @@ void ecx_config_init(ecx_config *c)
     c->model = ECX_DEFAULT_MODEL;
     c->dtype = ECX_DEFAULT_DTYPE;
     c->data = ECX_DEFAULT_DATA;
+    c->progress_thread = 1;
     c->ack_timeout_ms = ECX_DEFAULT_ACK_TIMEOUT_MS;
     c->read_timeout_ms = ECX_DEFAULT_READ_TIMEOUT_MS;
     c->quarantine_ms = ECX_DEFAULT_QUARANTINE_MS;
@@ -162,6 +190,7 @@ static int config_check(const ecx_config *c)
         bad = "max_conn_grants (1..max_grants)";
     else if (c->max_conn_pin_pct == 0 || c->max_conn_pin_pct > 100) bad = "max_conn_pin_pct (1..100)";
     else if (c->max_connections > 1000000) bad = "max_connections";
+    else if (c->progress_thread != 0 && c->progress_thread != 1) bad = "progress_thread (0 or 1)";
     if (!bad) return 0;
     ecxi_log(ECX_LOG_ERROR, "ecx_new: config field %s is out of range", bad);
     return ECX_EINVAL;
@@ -265,7 +294,7 @@ int ecx_new(const ecx_config *in, ecx_ctx **out)
     ecx_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return ECX_ENOMEM;
     pthread_mutex_init(&ctx->mu, NULL);
-    ctx->epfd = ctx->kick = -1;
+    ctx->epfd = ctx->kick = ctx->done = -1;
     ctx->role = cfg->role;
     ctx->block_bytes = cfg->block_bytes;
     rc = ecxi_table_init(&ctx->open);
@@ -286,6 +315,7 @@ int ecx_new(const ecx_config *in, ecx_ctx **out)
     if (!rc && !(ctx->zctx = zmq_ctx_new())) rc = ECX_ESYS;
     if (!rc && (cfg->role & ECX_ROLE_PRODUCER)) rc = start_producer(ctx, cfg, backend);
     if (!rc && (cfg->role & ECX_ROLE_CONSUMER)) rc = start_consumer(ctx, cfg, backend);
+    if (!rc && cfg->progress_thread) rc = start_thread(ctx);
     if (rc) {
         ecx_free(ctx);
         return rc;
@@ -308,6 +338,7 @@ static void open_free_all(ecx_ctx *ctx)
 void ecx_free(ecx_ctx *ctx)
 {
     if (!ctx) return;
+    stop_thread(ctx);
     ecxi_consumer_free(ctx->cons);
     ecxi_producer_free(ctx->prod);
     ecxi_data_free(ctx->cdata);
@@ -466,6 +497,7 @@ static int64_t wait_ms(ecx_ctx *ctx, int64_t limit, bool *nothing)
         if (watch_socket(ctx, ecxi_ctrl_server_socket(ctx->srv), &n)) return 0;
         void *zap = ecxi_ctrl_server_zap_socket(ctx->srv); /* CURVE handshakes wait on it */
         if (zap && watch_socket(ctx, zap, &n)) return 0;
+        if (watch_socket(ctx, ecxi_ctrl_server_monitor_socket(ctx->srv), &n)) return 0;
     }
     if (ctx->cons) {
         size_t want = ecxi_consumer_pollitems(ctx->cons, NULL, 0);
@@ -479,47 +511,148 @@ static int64_t wait_ms(ecx_ctx *ctx, int64_t limit, bool *nothing)
     sync_epoll(ctx, n);
     int64_t wait = limit;
     if (ctx->prod) wait = min_timeout(wait, ecxi_producer_next_timeout(ctx->prod));
+    if (ctx->srv) wait = min_timeout(wait, ecxi_ctrl_server_next_timeout(ctx->srv));
     if (ctx->cons) wait = min_timeout(wait, ecxi_consumer_next_timeout(ctx->cons));
     if (!sleepable) wait = min_timeout(wait, 1);
     *nothing = n == 0 && wait < 0;
     return wait;
 }
 
+/* How long one ecx_poll(ctx, 0) keeps stepping while work is ready, in the
+ * no-thread mode: long enough to move a few slices of a READ per engine
+ * step, short enough never to stall the step (issue 12: ≤ 1 ms). */
+#define POLL_BUDGET_NS 500000
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Wait on epfd for at most wait ms (-1: until woken) without the lock. */
+static void wait_unlocked(ecx_ctx *ctx, int64_t wait)
+{
+    atomic_fetch_add(&ctx->waiters, 1);
+    unlock(ctx);
+    struct epoll_event evs[8];
+    epoll_wait(ctx->epfd, evs, 8, wait > INT32_MAX ? INT32_MAX : (int)wait);
+    lock(ctx);
+    atomic_fetch_sub(&ctx->waiters, 1);
+    unkick(ctx);
+}
+
+/* Step while work is ready, for at most budget_ns. Lock held. */
+static int step_for(ecx_ctx *ctx, int64_t budget_ns)
+{
+    int64_t end = mono_ns() + budget_ns;
+    int ev = step(ctx);
+    bool nothing;
+    while (mono_ns() < end && wait_ms(ctx, 0, &nothing) == 0) ev += step(ctx);
+    return ev;
+}
+
+/* The engine's call when the progress thread does the work: report what
+ * it did since the last call, waiting up to timeout_ms for something. */
+static int poll_threaded(ecx_ctx *ctx, int timeout_ms)
+{
+    uint64_t v;
+    if (timeout_ms != 0 && read(ctx->done, &v, sizeof v) < 0) {
+        struct pollfd pfd = {ctx->done, POLLIN, 0};
+        poll(&pfd, 1, timeout_ms);
+    }
+    if (read(ctx->done, &v, sizeof v) < 0) { /* EAGAIN: nothing since the last call */
+    }
+    return atomic_exchange(&ctx->done_events, 0);
+}
+
 int ecx_poll(ecx_ctx *ctx, int timeout_ms)
 {
     if (!ctx) return ECX_EINVAL;
-    pthread_mutex_lock(&ctx->mu);
+    if (ctx->threaded) return poll_threaded(ctx, timeout_ms);
+    lock(ctx);
     unkick(ctx);
-    int ev = step(ctx);
+    int ev = step_for(ctx, POLL_BUDGET_NS);
     if (ev || timeout_ms == 0) goto out;
     bool nothing;
     int64_t wait = wait_ms(ctx, timeout_ms < 0 ? -1 : timeout_ms, &nothing);
     /* With nothing to wait on (a consumer before its first fetch) and no
      * limit, return rather than block forever on nothing. */
-    if (wait == 0 || nothing) goto again;
-    atomic_fetch_add(&ctx->waiters, 1);
-    pthread_mutex_unlock(&ctx->mu);
-    struct epoll_event evs[8];
-    epoll_wait(ctx->epfd, evs, 8, wait > INT32_MAX ? INT32_MAX : (int)wait);
-    pthread_mutex_lock(&ctx->mu);
-    atomic_fetch_sub(&ctx->waiters, 1);
-    unkick(ctx);
-again:
-    ev = step(ctx);
+    if (wait != 0 && !nothing) wait_unlocked(ctx, wait);
+    ev = step_for(ctx, POLL_BUDGET_NS);
 out:
-    pthread_mutex_unlock(&ctx->mu);
+    unlock(ctx);
     return ev;
 }
 
-int ecx_fd(ecx_ctx *ctx) { return ctx ? ctx->epfd : ECX_EINVAL; }
+/* The progress thread: step, and between two steps let waiting callers in;
+ * sleep on epfd when nothing is ready. Every step is bounded (the data
+ * plane works in slices), so no call waits on the lock for long. */
+static void *progress_main(void *arg)
+{
+    ecx_ctx *ctx = arg;
+    lock(ctx);
+    while (!atomic_load(&ctx->stopping)) {
+        unkick(ctx);
+        int ev = step(ctx);
+        if (ev > 0) {
+            atomic_fetch_add(&ctx->done_events, ev);
+            uint64_t one = 1;
+            if (write(ctx->done, &one, sizeof one) < 0) { /* saturated: readable anyway */
+            }
+        }
+        bool nothing;
+        int64_t wait = wait_ms(ctx, -1, &nothing);
+        if (wait != 0) {
+            wait_unlocked(ctx, wait); /* -1 with nothing: until a kick */
+            continue;
+        }
+        unlock(ctx);
+        /* Bounded: a caller that announced itself gets mu within a few
+         * yields; the thread never spins on its own. */
+        for (int i = 0; i < 64 && atomic_load_explicit(&ctx->callers, memory_order_relaxed); i++)
+            sched_yield();
+        lock(ctx);
+    }
+    unlock(ctx);
+    return NULL;
+}
+
+static int start_thread(ecx_ctx *ctx)
+{
+    ctx->done = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ctx->done < 0) return ECX_ESYS;
+    if (pthread_create(&ctx->thread, NULL, progress_main, ctx)) return ECX_ESYS;
+    ctx->threaded = true;
+    return 0;
+}
+
+static void stop_thread(ecx_ctx *ctx)
+{
+    if (ctx->threaded) {
+        atomic_store(&ctx->stopping, true);
+        kick(ctx);
+        pthread_join(ctx->thread, NULL);
+        ctx->threaded = false;
+    }
+    if (ctx->done >= 0) close(ctx->done);
+    ctx->done = -1;
+}
+
+int ecx_fd(ecx_ctx *ctx)
+{
+    if (!ctx) return ECX_EINVAL;
+    return ctx->threaded ? ctx->done : ctx->epfd;
+}
 
 int ecx_next_timeout(ecx_ctx *ctx)
 {
     if (!ctx) return ECX_EINVAL;
-    pthread_mutex_lock(&ctx->mu);
+    if (ctx->threaded) return -1; /* the thread keeps the timers */
+    lock(ctx);
     bool nothing;
     int64_t w = wait_ms(ctx, -1, &nothing);
-    pthread_mutex_unlock(&ctx->mu);
+    unlock(ctx);
     return w > INT32_MAX ? INT32_MAX : (int)w;
 }
 
@@ -608,9 +741,9 @@ int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes,
 {
     if (!ctx || !hash_ok(mm_hash) || size_bytes == 0 || !segs || !n_segs) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EDATA_ROLE;
-    pthread_mutex_lock(&ctx->mu);
+    lock(ctx);
     int rc = save_begin(ctx, mm_hash, size_bytes, segs, n_segs);
-    pthread_mutex_unlock(&ctx->mu);
+    unlock(ctx);
     return rc;
 }
 
@@ -638,9 +771,9 @@ int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EDATA_ROLE;
-    pthread_mutex_lock(&ctx->mu);
+    lock(ctx);
     int rc = save_commit(ctx, mm_hash);
-    pthread_mutex_unlock(&ctx->mu);
+    unlock(ctx);
     return rc;
 }
 
@@ -648,14 +781,14 @@ int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EDATA_ROLE;
-    pthread_mutex_lock(&ctx->mu);
+    lock(ctx);
     size_t hl = strlen(mm_hash);
     ecxi_cache_info info;
     int rc = ecxi_cache_lookup(ctx->cache, mm_hash, hl, &info);
     if (!rc && (info.state == ECX_CACHE_READY || !ecxi_table_find(&ctx->open, mm_hash, hl)))
         rc = ECX_ECACHE_STATE; /* committed, or not begun by ecx_save_begin */
     if (!rc && !(rc = ecxi_cache_discard(ctx->cache, mm_hash, hl))) open_drop(ctx, mm_hash);
-    pthread_mutex_unlock(&ctx->mu);
+    unlock(ctx);
     return rc;
 }
 
@@ -663,7 +796,7 @@ int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size
 {
     if (!ctx || !hash_ok(mm_hash) || size_bytes == 0 || !bytes) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EDATA_ROLE;
-    pthread_mutex_lock(&ctx->mu);
+    lock(ctx);
     const ecx_segment *segs;
     size_t n;
     int rc = save_begin(ctx, mm_hash, size_bytes, &segs, &n);
@@ -675,7 +808,7 @@ int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size
         }
         rc = save_commit(ctx, mm_hash);
     }
-    pthread_mutex_unlock(&ctx->mu);
+    unlock(ctx);
     return rc;
 }
 
@@ -692,9 +825,9 @@ int ecx_announce_info(ecx_ctx *ctx, const char *mm_hash, ecx_announcement *out)
 {
     if (!ctx || !hash_ok(mm_hash) || !out) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EDATA_ROLE;
-    pthread_mutex_lock(&ctx->mu);
+    lock(ctx);
     int rc = announce_info(ctx, mm_hash, out);
-    pthread_mutex_unlock(&ctx->mu);
+    unlock(ctx);
     return rc;
 }
 
@@ -703,9 +836,9 @@ int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap, size_
     if (!ctx || !hash_ok(mm_hash) || (!buf && cap) || !len) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EDATA_ROLE;
     ecx_announcement a;
-    pthread_mutex_lock(&ctx->mu);
+    lock(ctx);
     int rc = announce_info(ctx, mm_hash, &a);
-    pthread_mutex_unlock(&ctx->mu);
+    unlock(ctx);
     if (rc && rc != ECX_ECACHE_MISSING) return rc;
     return ecxi_announce_json(buf, cap, len, rc ? NULL : &a);
 }
@@ -725,12 +858,12 @@ static int fetch(ecx_ctx *ctx, const char *h, const char *json, const ecx_announ
 {
     if (!ctx || !reason) return ECX_EINVAL;
     if (!ctx->cons) return ECX_EDATA_ROLE;
-    pthread_mutex_lock(&ctx->mu);
+    lock(ctx);
     uint64_t before = ecxi_consumer_requests(ctx->cons);
     int st = ecxi_consumer_fetch(ctx->cons, h, h ? strnlen(h, ECX_MM_HASH_MAX + 1) : 0, json,
                                  from, expected_size, reason);
     after_send(ctx, before);
-    pthread_mutex_unlock(&ctx->mu);
+    unlock(ctx);
     return st;
 }
 
@@ -767,9 +900,9 @@ int ecx_load(ecx_ctx *ctx, const char *mm_hash, const ecx_segment **segs, size_t
              uint64_t *size_bytes)
 {
     if (!ctx || !hash_ok(mm_hash) || !segs || !n_segs || !size_bytes) return ECX_EINVAL;
-    pthread_mutex_lock(&ctx->mu);
+    lock(ctx);
     int rc = load(ctx, mm_hash, segs, n_segs, size_bytes);
-    pthread_mutex_unlock(&ctx->mu);
+    unlock(ctx);
     return rc;
 }
 
@@ -783,16 +916,16 @@ static int release(ecx_ctx *ctx, const char *h)
 int ecx_release(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
-    pthread_mutex_lock(&ctx->mu);
+    lock(ctx);
     int rc = release(ctx, mm_hash);
-    pthread_mutex_unlock(&ctx->mu);
+    unlock(ctx);
     return rc;
 }
 
 int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t cap)
 {
     if (!ctx || !hash_ok(mm_hash) || (!dst && cap)) return ECX_EINVAL;
-    pthread_mutex_lock(&ctx->mu);
+    lock(ctx);
     const ecx_segment *segs;
     size_t n;
     uint64_t size;
@@ -809,14 +942,14 @@ int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t cap)
         }
         release(ctx, mm_hash);
     }
-    pthread_mutex_unlock(&ctx->mu);
+    unlock(ctx);
     return rc ? rc : (int64_t)size;
 }
 
 int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len)
 {
     if (!ctx || (!buf && cap) || !len) return ECX_EINVAL;
-    pthread_mutex_lock(&ctx->mu);
+    lock(ctx);
     ecxi_producer_stats ps;
     ecxi_ctrl_stats cs;
     ecxi_consumer_stats us;
@@ -834,6 +967,6 @@ int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len)
         us = ecxi_consumer_get_stats(ctx->cons);
         m.consumer = &us;
     }
-    pthread_mutex_unlock(&ctx->mu);
+    unlock(ctx);
     return ecxi_metrics_render(&m, buf, cap, len);
 }

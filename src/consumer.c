@@ -585,7 +585,10 @@ int ecxi_consumer_poll(ecxi_consumer *c)
     int events = 0;
     int64_t now = now_ms(c);
     c->reads_started = 0;
-    int n = ecxi_data_progress(c->data);
+    /* One bounded slice of data-plane work per poll (data.h): a large
+     * READ moves on over many polls, each short. */
+    int64_t t0 = ecxi_data_now_ns();
+    int n = ecxi_data_progress(c->data, ECX_DATA_SLICE_NS, NULL);
     if (n > 0) events += n;
     /* Timers first: an ack that waited in the socket past its transfer's
      * deadline (say, while this process was stopped) finds the transfer
@@ -609,8 +612,14 @@ int ecxi_consumer_poll(ecxi_consumer *c)
             on_ack(c, s, pl, len, now);
         }
     }
-    /* READs the acks just started may be done already (the same-host copy
-     * is): report them in this call rather than the engine's next step. */
+    /* READs the acks just started get what is left of this poll's slice
+     * (a small item is then done, and reported in this call rather than
+     * the engine's next step). */
+    if (c->reads_started) {
+        int64_t left = ECX_DATA_SLICE_NS - (ecxi_data_now_ns() - t0);
+        n = ecxi_data_progress(c->data, left > 0 ? left : 0, NULL);
+        if (n > 0) events += n;
+    }
     for (xfer *x = c->reads_started ? c->head : NULL, *next; x; x = next) {
         next = x->next;
         if (x->state == READING) events += advance(c, x, now);
@@ -684,8 +693,13 @@ int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, 
 size_t ecxi_consumer_pollitems(ecxi_consumer *c, zmq_pollitem_t *items, size_t cap)
 {
     size_t n = 0;
-    for (session *s = c->sessions_list; s; s = s->next, n++)
+    for (session *s = c->sessions_list; s; s = s->next) {
         if (n < cap) items[n] = (zmq_pollitem_t){ecxi_ctrl_peer_socket(s->peer), 0, ZMQ_POLLIN, 0};
+        n++;
+        if (n < cap)
+            items[n] = (zmq_pollitem_t){ecxi_ctrl_peer_monitor_socket(s->peer), 0, ZMQ_POLLIN, 0};
+        n++;
+    }
     return n;
 }
 
@@ -704,6 +718,9 @@ int64_t ecxi_consumer_next_timeout(ecxi_consumer *c)
         int64_t due = s->last_used_ms + c->o.session_idle_ms - now;
         if (due < 0) due = 0;
         if (best < 0 || due < best) best = due;
+        /* The inflow guard looks only when called (ctrl.h). */
+        due = ecxi_ctrl_peer_next_timeout(s->peer);
+        if (due >= 0 && (best < 0 || due < best)) best = due;
     }
     return best;
 }

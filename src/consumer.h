@@ -128,12 +128,13 @@ int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, 
  * of events handled. */
 int ecxi_consumer_poll(ecxi_consumer *c);
 
-/* Fill items with the sessions' sockets (for zmq_poll); returns how many
- * there are (may exceed cap: then only cap were written). */
+/* Fill items with the sessions' sockets and their inflow guards' monitor
+ * sockets (for a wait); returns how many there are (may exceed cap: then
+ * only cap were written). */
 size_t ecxi_consumer_pollitems(ecxi_consumer *c, zmq_pollitem_t *items, size_t cap);
 
 /* Milliseconds until the next timer is due (0 if one is due, -1 if none);
- * the sessions' idle deadlines count as timers. */
+ * the sessions' idle deadlines and inflow-guard checks count as timers. */
 int64_t ecxi_consumer_next_timeout(ecxi_consumer *c);
 
 ecxi_consumer_stats ecxi_consumer_get_stats(const ecxi_consumer *c);

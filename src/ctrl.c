@@ -39,7 +39,7 @@ struct ecxi_ctrl_server {
     uint8_t (*allow)[32]; /* allowed client public keys, binary */
     size_t n_allow;
     int port;
-    unsigned events_countdown; /* requests until events are taken again (0: next call) */
+    unsigned events_countdown; /* receives until events are taken again (0: this one) */
     ecxi_ctrl_stats stats;
 };
 
@@ -310,6 +310,16 @@ static void guard_check(guard *g, ecxi_ctrl_stats *st)
     if (total > (uint64_t)g->max_pending_total) guard_drop(g, heaviest_fd, heaviest, st);
 }
 
+/* Milliseconds until the guard must look again (it only looks when it is
+ * called, and a half-sent message wakes nobody): while it watches an open
+ * connection, its next check; else -1. */
+static int64_t guard_due(const guard *g)
+{
+    if (g->open_conns <= 0) return -1;
+    int64_t d = g->next_check_ms - ecxi_now_ms(NULL);
+    return d < 0 ? 0 : d;
+}
+
 /* ---------- server ---------- */
 
 /* The soft fd limit less ECX_CTRL_FD_RESERVE for everything else. */
@@ -378,6 +388,7 @@ int ecxi_ctrl_server_new(void *zctx, const char *host, int port, const ecxi_ctrl
     int64_t frame = ECX_CTRL_MAX_REQUEST;
     if (!s->sock || apply_common(s->sock, opts, &frame) ||
         set_int(s->sock, ZMQ_ROUTER_MANDATORY, 1) ||
+        set_int(s->sock, ZMQ_HANDSHAKE_IVL, ECX_CTRL_HANDSHAKE_MS) ||
         guard_init(&s->g, zctx, s->sock,
                    ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED, 0, true,
                    frame, opts))
@@ -547,23 +558,27 @@ static void server_events(ecxi_ctrl_server *s)
     guard_check(&s->g, &s->stats);
 }
 
+/* Answer ZAP requests and take the monitor's news (and the guard's check). */
+static void server_housekeeping(ecxi_ctrl_server *s)
+{
+    ecxi_ctrl_server_serve_zap(s);
+    server_events(s);
+    s->events_countdown = ECX_CTRL_EVENTS_EVERY;
+}
+
 int ecxi_ctrl_server_recv(ecxi_ctrl_server *s, ecxi_ctrl_msg *m)
 {
-    /* CURVE handshakes and the monitor's news are taken when a run of
-     * requests starts (the last call found none waiting) and then every
-     * ECX_CTRL_EVENTS_EVERY requests: a steady stream does not pay a
-     * monitor read per request, and a flood delays them by that many
-     * requests at most. */
-    if (s->events_countdown == 0) {
-        ecxi_ctrl_server_serve_zap(s);
-        server_events(s);
-        s->events_countdown = ECX_CTRL_EVENTS_EVERY;
-    }
+    /* CURVE handshakes and the monitor's news are taken whenever the
+     * socket runs dry and every ECX_CTRL_EVENTS_EVERY requests in between:
+     * a steady stream does not pay a monitor read per request, and a flood
+     * delays them by that many requests at most. */
+    bool fresh = s->events_countdown == 0;
+    if (fresh) server_housekeeping(s);
     s->events_countdown--;
     for (;;) {
         int rc = recv_parts(s->sock, &s->g, m->parts, 3);
         if (rc == 0) {
-            s->events_countdown = 0;
+            if (!fresh) server_housekeeping(s);
             return 0;
         }
         if (rc == 1 && zmq_msg_size(&m->parts[1]) == 0) {
@@ -742,3 +757,8 @@ bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p)
     peer_events(p);
     return p->lost;
 }
+
+int64_t ecxi_ctrl_server_next_timeout(const ecxi_ctrl_server *s) { return guard_due(&s->g); }
+int64_t ecxi_ctrl_peer_next_timeout(const ecxi_ctrl_peer *p) { return guard_due(&p->g); }
+void *ecxi_ctrl_server_monitor_socket(const ecxi_ctrl_server *s) { return s->g.monitor; }
+void *ecxi_ctrl_peer_monitor_socket(const ecxi_ctrl_peer *p) { return p->g.monitor; }

@@ -98,8 +98,14 @@ int ecxi_ctrl_key_parse(const char *z85, uint8_t out[32]);
  * getsockopt per connection). */
 #define ECX_CTRL_MAX_PENDING_TOTAL (256 << 20)
 #define ECX_CTRL_GUARD_IVL_MS 20
-/* The server takes monitor events and CURVE handshakes at least once per
- * this many requests received (and whenever the socket runs dry). */
+/* A connection that has not finished its ZMTP (or CURVE) handshake this
+ * long after it was accepted is closed: a handshake takes a few round
+ * trips, and connections that never speak must not hold the connection cap
+ * (libzmq's default is 30 s). */
+#define ECX_CTRL_HANDSHAKE_MS 2000
+/* The server takes monitor events and CURVE handshakes whenever its socket
+ * runs dry (so a poll woken by the monitor or the guard's timer takes them)
+ * and at least once per this many requests received in between. */
 #define ECX_CTRL_EVENTS_EVERY 64
 /* File descriptors the default connection cap leaves for everything else. */
 #define ECX_CTRL_FD_RESERVE 64
@@ -145,8 +151,8 @@ int ecxi_ctrl_server_port(const ecxi_ctrl_server *s);
 /* Receive one well-framed request without blocking: 1 got one, 0 none
  * waiting. Badly framed messages are drained, counted and skipped. Pending
  * ZAP requests are answered and monitor events taken (connection cap,
- * guard) first when the last call found nothing waiting, else every
- * ECX_CTRL_EVENTS_EVERY calls. */
+ * guard) when no request is waiting, and every ECX_CTRL_EVENTS_EVERY
+ * calls in between. */
 int ecxi_ctrl_server_recv(ecxi_ctrl_server *s, ecxi_ctrl_msg *m);
 void ecxi_ctrl_msg_init(ecxi_ctrl_msg *m);
 void ecxi_ctrl_msg_fini(ecxi_ctrl_msg *m);
@@ -161,6 +167,13 @@ int ecxi_ctrl_server_send(ecxi_ctrl_server *s, const void *identity, size_t iden
 void *ecxi_ctrl_server_socket(const ecxi_ctrl_server *s); /* for zmq_poll */
 /* The ZAP handler's socket, for zmq_poll beside the ROUTER; NULL if none. */
 void *ecxi_ctrl_server_zap_socket(const ecxi_ctrl_server *s);
+
+/* A waiter must also wake for the inflow guard: on its monitor socket (a
+ * connection opened or closed) and, while a connection is open, every
+ * ECX_CTRL_GUARD_IVL_MS (a message still arriving wakes nobody). The
+ * timeouts are in ms, -1 when nothing is open. */
+void *ecxi_ctrl_server_monitor_socket(const ecxi_ctrl_server *s);
+int64_t ecxi_ctrl_server_next_timeout(const ecxi_ctrl_server *s);
 /* Answer pending ZAP requests; returns how many were answered. */
 int ecxi_ctrl_server_serve_zap(ecxi_ctrl_server *s);
 ecxi_ctrl_stats ecxi_ctrl_server_stats(const ecxi_ctrl_server *s);
@@ -184,6 +197,9 @@ int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len);
  * request just goes unanswered. Sticky. */
 bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p);
 void *ecxi_ctrl_peer_socket(const ecxi_ctrl_peer *p); /* for zmq_poll */
+/* The peer's inflow guard, as for the server above. */
+void *ecxi_ctrl_peer_monitor_socket(const ecxi_ctrl_peer *p);
+int64_t ecxi_ctrl_peer_next_timeout(const ecxi_ctrl_peer *p);
 ecxi_ctrl_stats ecxi_ctrl_peer_stats(const ecxi_ctrl_peer *p);
 
 #endif

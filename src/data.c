@@ -26,6 +26,7 @@
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "data_impl.h"
@@ -252,11 +253,43 @@ void ecxi_data_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)
     if (d->ops->set_grant_fn) d->ops->set_grant_fn(d, fn, arg);
 }
 
+int64_t ecxi_data_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void ecxi_slice_start(ecxi_slice *sl, int64_t budget_ns)
+{
+    sl->start_ns = ecxi_data_now_ns();
+    sl->budget_ns = budget_ns;
+    sl->bytes = 0;
+    sl->more = false;
+}
+
+/* Account for one finished slice. */
+static void slice_end(ecxi_data *d, const ecxi_slice *sl)
+{
+    d->more = sl->more;
+    if (!sl->bytes) return;
+    int64_t ns = ecxi_data_now_ns() - sl->start_ns;
+    d->slices++;
+    d->slice_bytes += sl->bytes;
+    if (sl->bytes > d->slice_max_bytes) d->slice_max_bytes = sl->bytes;
+    if ((uint64_t)ns > d->slice_max_ns) d->slice_max_ns = (uint64_t)ns;
+    d->slices_cut += sl->more;
+}
+
 int ecxi_data_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
 {
     if (!d || !cb) return ECX_EINVAL;
     if (d->role != ECX_DATA_PRODUCER) return ECX_EDATA_ROLE;
-    return d->ops->poll_notifs(d, cb, arg);
+    ecxi_slice sl;
+    ecxi_slice_start(&sl, ECX_DATA_SLICE_NS);
+    int rc = d->ops->poll_notifs(d, &sl, cb, arg);
+    slice_end(d, &sl);
+    return rc;
 }
 
 int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
@@ -337,10 +370,16 @@ void ecxi_data_read_release(ecxi_data_xfer *x)
     if (x) x->owner->ops->read_release(x);
 }
 
-int ecxi_data_progress(ecxi_data *d)
+int ecxi_data_progress(ecxi_data *d, int64_t budget_ns, bool *more)
 {
+    if (more) *more = false;
     if (!d) return ECX_EINVAL;
-    return d->ops->progress(d);
+    ecxi_slice sl;
+    ecxi_slice_start(&sl, budget_ns);
+    int rc = d->ops->progress(d, &sl);
+    slice_end(d, &sl);
+    if (more) *more = sl.more || (rc >= 0 && d->ops->arm(d) == 1);
+    return rc;
 }
 
 int ecxi_data_fd(ecxi_data *d)
@@ -351,12 +390,19 @@ int ecxi_data_fd(ecxi_data *d)
 int ecxi_data_arm(ecxi_data *d)
 {
     if (!d) return ECX_EINVAL;
+    if (d->more) return 1;
     return d->ops->arm(d);
 }
 
 void ecxi_data_get_stats(const ecxi_data *d, ecxi_data_stats *st)
 {
-    if (d && st && d->ops->stats) d->ops->stats(d, st);
+    if (!d || !st) return;
+    if (d->ops->stats) d->ops->stats(d, st);
+    st->slices += d->slices;
+    st->slice_bytes += d->slice_bytes;
+    st->slices_cut += d->slices_cut;
+    if (d->slice_max_bytes > st->slice_max_bytes) st->slice_max_bytes = d->slice_max_bytes;
+    if (d->slice_max_ns > st->slice_max_ns) st->slice_max_ns = d->slice_max_ns;
 }
 
 const char *ecxi_data_name(const ecxi_data *d)

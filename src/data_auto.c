@@ -51,13 +51,13 @@ static void auto_free(ecxi_data *d)
     free(a);
 }
 
-static int auto_progress(ecxi_data *d)
+static int auto_progress(ecxi_data *d, ecxi_slice *sl)
 {
     auto_data *a = (auto_data *)d;
     int n = 0, rc;
     for (int i = 0; i < IN_N; i++) {
         if (!a->in[i]) continue;
-        if ((rc = a->in[i]->ops->progress(a->in[i])) < 0) return rc;
+        if ((rc = a->in[i]->ops->progress(a->in[i], sl)) < 0) return rc;
         n += rc;
     }
     return n;
@@ -77,13 +77,13 @@ static int auto_arm(ecxi_data *d)
     return 0;
 }
 
-static int auto_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
+static int auto_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb, void *arg)
 {
     auto_data *a = (auto_data *)d;
     int n = 0, rc;
     for (int i = 0; i < IN_N; i++) {
         if (!a->in[i]) continue;
-        if ((rc = a->in[i]->ops->poll_notifs(a->in[i], cb, arg)) < 0) return rc;
+        if ((rc = a->in[i]->ops->poll_notifs(a->in[i], sl, cb, arg)) < 0) return rc;
         n += rc;
     }
     return n;

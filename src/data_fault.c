@@ -76,10 +76,10 @@ static void fault_free(ecxi_data *d)
     free(f);
 }
 
-static int fault_progress(ecxi_data *d)
+static int fault_progress(ecxi_data *d, ecxi_slice *sl)
 {
     fault_data *f = (fault_data *)d;
-    return f->inner->ops->progress(f->inner);
+    return f->inner->ops->progress(f->inner, sl);
 }
 
 static int fault_fd(ecxi_data *d)
@@ -94,10 +94,10 @@ static int fault_arm(ecxi_data *d)
     return f->inner->ops->arm(f->inner);
 }
 
-static int fault_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
+static int fault_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb, void *arg)
 {
     fault_data *f = (fault_data *)d;
-    return f->inner->ops->poll_notifs(f->inner, cb, arg);
+    return f->inner->ops->poll_notifs(f->inner, sl, cb, arg);
 }
 
 static int fault_peer_add(ecxi_data *d, const ecxi_data_meta *m, const ecxi_data_desc *desc,

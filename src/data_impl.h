@@ -17,14 +17,37 @@
 
 enum ecxi_data_role { ECX_DATA_PRODUCER = 1, ECX_DATA_CONSUMER = 2 };
 
+/* One call's slice (data.h, "bounded slices"): the front starts it, the
+ * backends move bytes in chunks of at most ECX_DATA_CHUNK, adding each to
+ * it, and ask ecxi_slice_spent() before every chunk but the first. */
+typedef struct ecxi_slice {
+    int64_t start_ns, budget_ns;
+    uint64_t bytes; /* moved so far in this call */
+    bool more;      /* stopped with work left */
+} ecxi_slice;
+
+void ecxi_slice_start(ecxi_slice *sl, int64_t budget_ns);
+
+/* Called with a chunk about to move: true if this call must stop here
+ * (it has moved something and its budget has passed); then sl->more. */
+static inline bool ecxi_slice_spent(ecxi_slice *sl)
+{
+    if (sl->bytes == 0) return false;
+    if (sl->budget_ns > 0 && ecxi_data_now_ns() - sl->start_ns < sl->budget_ns) return false;
+    sl->more = true;
+    return true;
+}
+
 struct ecxi_data_ops {
     const char *name;
     void (*free)(ecxi_data *d);
-    int (*progress)(ecxi_data *d);
+    /* One slice: see ecxi_slice. */
+    int (*progress)(ecxi_data *d, ecxi_slice *sl);
     int (*fd)(ecxi_data *d);
+    /* 1 while a queued READ is unfinished or other work waits for no fd. */
     int (*arm)(ecxi_data *d);
-    /* producer */
-    int (*poll_notifs)(ecxi_data *d, ecxi_data_notif_cb cb, void *arg);
+    /* producer: progress within sl, then the completions */
+    int (*poll_notifs)(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb, void *arg);
     /* optional: a wrapper passes the grant check on to what it wraps */
     void (*set_grant_fn)(ecxi_data *d, ecxi_data_grant_fn fn, void *arg);
     /* optional: add the backend's counters to *st (data.h) */
@@ -58,6 +81,8 @@ struct ecxi_data {
                              (its pointers are into the backend) */
     ecxi_data_grant_fn grant_fn; /* producer: the session's grant check */
     void *grant_arg;
+    bool more; /* the last slice stopped with work left */
+    uint64_t slices, slice_bytes, slice_max_bytes, slices_cut, slice_max_ns;
 };
 
 /* Ask the producer session whether a grant may be served (a backend's

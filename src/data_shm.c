@@ -61,10 +61,18 @@
  * answer from the socket, which is in the context's epoll set; the
  * producer answers from its own poll loop, so a blocking wait in the
  * consumer's engine thread could last as long as the producer's step. If
- * no answer comes within SHM_HANDSHAKE_MS the waiting READs fail. Once
- * the descriptor is there, a READ is done when ecxi_data_read_post()
- * returns (the copy is synchronous: tens of milliseconds at most for the
- * largest encodings).
+ * no answer comes within SHM_HANDSHAKE_MS the waiting READs fail.
+ *
+ * The copy runs in slices (data.h): ecxi_data_read_post() only queues it
+ * (or parks it until the descriptor comes); each progress call copies the
+ * oldest queued READ on, ECX_DATA_CHUNK bytes at a time, until its budget
+ * is spent, carrying the running XXH3 state from one chunk to the next
+ * (shm_copy.h's job), each chunk under the SIGBUS guard. A READ released,
+ * or whose peer is dropped or reset, leaves the queue at once: nothing is
+ * written for it afterwards. ecxi_data_arm() returns 1 while the queue is
+ * not empty. When no copy is queued, a progress call faults in one more
+ * chunk of a ready peer's mapping (MADV_POPULATE_READ), so that later
+ * READs of blocks not read before run at memory speed.
  *
  * A notification that finds the producer's queue full waits on the peer
  * (EPOLLOUT) for up to SHM_NOTIF_RETRY_MS; a producer that has gone loses
@@ -107,15 +115,27 @@
 #define SHM_NOTIF_RETRY_MS 30000
 #define SHM_RECV_BATCH 256      /* packets per connection per poll */
 #define SHM_EVENTS 64
+/* Pre-fault an idle peer's mapping, a chunk per progress call (below). */
+#ifndef SHM_PREFAULT
+#define SHM_PREFAULT 1
+#endif
+/* How the copy runs (shm_copy.h); ECX_SHM_COPY_POPULATE measured no gain
+ * on a first fetch (MADV_POPULATE_READ costs what the faults it saves do),
+ * so it is off. */
+#ifndef SHM_COPY_MODE
+#define SHM_COPY_MODE ECX_SHM_COPY_AUTO
+#endif
 
 typedef struct shm_peer shm_peer;
 
 typedef struct shm_xfer {
     ecxi_data_xfer head;
-    struct shm_xfer *next; /* free list, a peer's waiting list, or the pending list */
-    shm_peer *peer;        /* while waiting or pending */
+    struct shm_xfer *next; /* free list, a peer's waiting list, the copy queue,
+                              or the pending list */
+    shm_peer *peer;        /* while waiting, copying or pending */
     int state;
-    bool released, waiting, pending;
+    bool released, waiting, copying, pending;
+    ecxi_shm_job *job; /* while copying */
     int64_t give_up_ms;
     ecxi_data_ticket t;
     uint64_t *idx; /* while waiting: remote[n] then local[n] */
@@ -145,6 +165,7 @@ struct shm_peer {
     size_t sock_len;
     uint64_t dev, ino, map_len;
     ecxi_shm_src src; /* fd -1, map NULL until READY */
+    uint64_t warm;    /* bytes of the mapping pre-faulted when idle */
 };
 
 typedef struct conn {
@@ -169,6 +190,7 @@ typedef struct shm_data {
     shm_peer *peers;
     shm_xfer *free_xfers;
     shm_xfer *pending; /* done messages waiting for room */
+    shm_xfer *copy_head, *copy_tail; /* READs being copied, oldest first */
 } shm_data;
 
 static const struct ecxi_data_ops shm_ops;
@@ -378,8 +400,9 @@ static void conn_service(shm_data *s, conn *c, ecxi_data_notif_cb cb, void *arg,
     conn_close(s, c);
 }
 
-static int shm_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
+static int shm_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb, void *arg)
 {
+    (void)sl; /* a producer moves no bytes here: it hands out a descriptor */
     shm_data *s = (shm_data *)d;
     if (s->lsock < 0) return 0;
     int64_t now = ecxi_now_ms(NULL);
@@ -478,9 +501,19 @@ static void fail_waiting(shm_data *s, shm_peer *p)
 
 /* Back to no connection (the region is released too): waiting READs fail,
  * queued notifications are dropped. */
+static void copy_unlink(shm_data *s, shm_xfer *x);
+
 static void peer_reset(shm_data *s, shm_peer *p)
 {
     fail_waiting(s, p);
+    /* Copies out of its mapping stop here, between two chunks. */
+    for (shm_xfer *x = s->copy_head, *next; x; x = next) {
+        next = x->next;
+        if (x->peer != p) continue;
+        copy_unlink(s, x);
+        x->state = ECX_XFER_FAILED;
+        if (x->released) xfer_put(s, x);
+    }
     for (shm_xfer **pp = &s->pending; *pp;) {
         if ((*pp)->peer == p)
             unpend(s, pp);
@@ -493,6 +526,7 @@ static void peer_reset(shm_data *s, shm_peer *p)
     if (p->src.map) munmap((void *)p->src.map, p->src.map_len);
     if (p->src.fd >= 0) close(p->src.fd);
     p->src = (ecxi_shm_src){.fd = -1};
+    p->warm = 0;
     p->state = PEER_IDLE;
 }
 
@@ -559,22 +593,31 @@ static void shm_peer_drop(ecxi_data_peer *hp)
     free(p);
 }
 
-/* Copy, verify, and say done. */
-static void run_xfer(shm_data *s, shm_peer *p, shm_xfer *x, const uint64_t *remote,
-                     const uint64_t *local)
+/* Take x off the copy queue and drop its job: nothing is written for it
+ * after this. */
+static void copy_unlink(shm_data *s, shm_xfer *x)
 {
-    const uint64_t bs = ecxi_region_block_bytes(s->base.region);
-    uint64_t sum = 0;
-    int rc = ecxi_shm_copy(&p->src, ecxi_region_base(s->base.region), bs, remote, local, x->n,
-                          x->nbytes, ECX_SHM_COPY_AUTO, &sum);
-    if (rc)
-        x->state = ECX_XFER_FAILED;
-    else if (sum != x->t.checksum) {
-        x->state = ECX_XFER_CORRUPT;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: an item's bytes do not match its checksum");
-    } else
-        x->state = ECX_XFER_DONE;
-    /* Finished with the grant's blocks, whatever the outcome: release. */
+    shm_xfer *prev = NULL;
+    for (shm_xfer *w = s->copy_head; w; prev = w, w = w->next)
+        if (w == x) {
+            if (prev)
+                prev->next = x->next;
+            else
+                s->copy_head = x->next;
+            if (s->copy_tail == x) s->copy_tail = prev;
+            break;
+        }
+    x->next = NULL;
+    x->copying = false;
+    x->peer = NULL;
+    ecxi_shm_job_free(x->job);
+    x->job = NULL;
+}
+
+/* Finished with the grant's blocks, whatever the outcome: tell the
+ * producer (now, or when its queue has room). */
+static void say_done(shm_data *s, shm_peer *p, shm_xfer *x)
+{
     if (done_send(p, x->msg, x->msg_len) == 1) {
         x->peer = p;
         x->pending = true;
@@ -582,6 +625,87 @@ static void run_xfer(shm_data *s, shm_peer *p, shm_xfer *x, const uint64_t *remo
         x->next = s->pending;
         s->pending = x;
         if (p->npending++ == 0) peer_watch_out(s, p, true);
+    } else if (x->released) {
+        xfer_put(s, x);
+    }
+}
+
+/* The copy of x ended (rc: the job's last step) or was cancelled (rc 0):
+ * judge it, then release the grant. */
+static void copy_end(shm_data *s, shm_xfer *x, int rc, uint64_t sum)
+{
+    shm_peer *p = x->peer;
+    copy_unlink(s, x);
+    if (rc < 0)
+        x->state = ECX_XFER_FAILED;
+    else if (rc == 0)
+        ; /* cancelled (released): its state no longer matters */
+    else if (sum != x->t.checksum) {
+        x->state = ECX_XFER_CORRUPT;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: an item's bytes do not match its checksum");
+    } else
+        x->state = ECX_XFER_DONE;
+    say_done(s, p, x);
+}
+
+/* Queue x's copy (the bytes move in progress slices); on failure to start
+ * it the READ fails at once (and the grant is released). */
+static void start_copy(shm_data *s, shm_peer *p, shm_xfer *x, const uint64_t *remote,
+                       const uint64_t *local)
+{
+    const uint64_t bs = ecxi_region_block_bytes(s->base.region);
+    x->state = ECX_XFER_RUNNING;
+    if (ecxi_shm_job_new(&p->src, bs, remote, local, x->n, x->nbytes, SHM_COPY_MODE,
+                         &x->job) != 0) {
+        x->job = NULL;
+        x->state = ECX_XFER_FAILED;
+        say_done(s, p, x);
+        return;
+    }
+    x->copying = true;
+    x->peer = p;
+    x->next = NULL;
+    if (s->copy_tail)
+        s->copy_tail->next = x;
+    else
+        s->copy_head = x;
+    s->copy_tail = x;
+}
+
+/* Copy the queued READs, oldest first, a chunk at a time, until the slice
+ * is spent. Returns READs ended. */
+static int copy_some(shm_data *s, ecxi_slice *sl)
+{
+    int ended = 0;
+    uint8_t *base = ecxi_region_base(s->base.region);
+    while (s->copy_head) {
+        if (ecxi_slice_spent(sl)) break;
+        shm_xfer *x = s->copy_head;
+        uint64_t moved = 0, sum = 0;
+        int rc = ecxi_shm_job_step(x->job, &x->peer->src, base, ECX_DATA_CHUNK, &moved, &sum);
+        sl->bytes += moved;
+        if (rc != 0) {
+            copy_end(s, x, rc, sum);
+            ended++;
+        }
+    }
+    return ended;
+}
+
+/* With nothing to copy, fault in one more chunk of a peer's mapping, so
+ * that later READs of blocks never read before run at memory speed (a
+ * first touch costs about as much again as the copy; see shm_copy.h). At
+ * most one chunk per call, and never counted as work pending: it rides on
+ * progress calls made anyway. */
+static void prefault_some(shm_data *s, ecxi_slice *sl)
+{
+    if (s->copy_head || sl->bytes) return;
+    for (shm_peer *p = s->peers; p; p = p->next) {
+        if (p->state != PEER_READY || p->warm >= p->map_len) continue;
+        uint64_t len = p->map_len - p->warm < ECX_DATA_CHUNK ? p->map_len - p->warm : ECX_DATA_CHUNK;
+        ecxi_shm_populate(p->src.map + p->warm, len, false);
+        p->warm += len;
+        return;
     }
 }
 
@@ -660,14 +784,14 @@ static void peer_input(shm_data *s, shm_peer *p)
         p->wait_head = x->next;
         x->waiting = false;
         x->peer = NULL;
-        run_xfer(s, p, x, x->idx, x->idx + x->n);
+        start_copy(s, p, x, x->idx, x->idx + x->n);
         free(x->idx);
         x->idx = NULL;
     }
     p->wait_tail = NULL;
 }
 
-static int shm_progress(ecxi_data *d)
+static int shm_progress(ecxi_data *d, ecxi_slice *sl)
 {
     shm_data *s = (shm_data *)d;
     if (s->base.role == ECX_DATA_PRODUCER) return 0; /* all in poll_notifs */
@@ -702,6 +826,8 @@ static int shm_progress(ecxi_data *d)
         unpend(s, pp);
         done++;
     }
+    done += copy_some(s, sl);
+    if (SHM_PREFAULT) prefault_some(s, sl);
     return done;
 }
 
@@ -727,7 +853,7 @@ static int shm_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const ui
     memcpy(x->msg + SHM_MSG_HEAD, key, key_len);
     x->msg_len = SHM_MSG_HEAD + key_len;
     if (p->state == PEER_READY) {
-        run_xfer(s, p, x, remote, local);
+        start_copy(s, p, x, remote, local);
         *out = &x->head;
         return 0;
     }
@@ -797,6 +923,10 @@ static void shm_read_release(ecxi_data_xfer *hx)
         x->peer = NULL;
     }
     x->released = true;
+    if (x->copying) { /* stops between two chunks; the grant is released */
+        copy_end(s, x, 0, 0);
+        return;
+    }
     if (!x->pending) xfer_put(s, x);
 }
 
@@ -807,8 +937,8 @@ static int shm_fd(ecxi_data *d)
 
 static int shm_arm(ecxi_data *d)
 {
-    (void)d;
-    return 0;
+    /* A queued copy needs progress, not an event. */
+    return ((shm_data *)d)->copy_head ? 1 : 0;
 }
 
 static void shm_free(ecxi_data *d)

@@ -4,6 +4,10 @@
  * owns a listener and its connections; the consumer owns one connection
  * per producer. Everything runs from progress / poll_notifs (no threads);
  * ecxi_data_fd() is an epoll descriptor over the sockets (level-triggered).
+ * Both sides move an item in bounded slices (data.h): the consumer
+ * receives, and the producer sends, at most ECX_DATA_CHUNK bytes per
+ * system call and stops when the call's budget is spent; the socket, still
+ * readable / writable, wakes the next call.
  *
  * Protocol (little-endian), on a connection from consumer to producer:
  *   request   u8 version=1 | u8 type='G' | u64 xfer id | 16B token |
@@ -97,7 +101,7 @@
 #define TCP_IOV 64                /* runs per sendmsg */
 /* Consumer. */
 #define TCP_CONS_IDLE_MS 20000 /* close an idle connection before the producer does */
-#define TCP_RECV_CHUNK (256u << 10) /* per recv: hashed while in cache */
+#define TCP_RECV_CHUNK ECX_DATA_CHUNK /* per recv: hashed while in cache */
 #define TCP_SCRATCH 65536
 #define TCP_EVENTS 64
 #define TCP_SWEEP_MS 50
@@ -337,21 +341,27 @@ static int accept_conns(tcp_data *t, int64_t now)
     return n;
 }
 
-/* Hand as much of c's reply to the kernel as it takes: 0 when all of it
- * is sent, 1 when the socket is full, negative on error. */
-static int conn_flush(tcp_data *t, tcp_conn *c, int64_t now)
+/* Hand c's reply to the kernel, at most ECX_DATA_CHUNK bytes per sendmsg,
+ * while the socket takes it and the slice lasts: 0 when all of it is sent,
+ * 1 when the socket is full, 2 when the slice is spent, negative on error. */
+static int conn_flush(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
 {
     uint8_t *base = ecxi_region_base(t->base.region);
     for (;;) {
         struct iovec iov[TCP_IOV + 1];
         int k = 0;
+        size_t room = ECX_DATA_CHUNK;
         if (c->hdr_off < c->hdr_len)
             iov[k++] = (struct iovec){c->hdr + c->hdr_off, c->hdr_len - c->hdr_off};
-        for (size_t i = c->run_i; i < c->nruns && k < TCP_IOV + 1; i++) {
+        for (size_t i = c->run_i; i < c->nruns && k < TCP_IOV + 1 && room; i++) {
             uint64_t skip = i == c->run_i ? c->run_off : 0;
-            iov[k++] = (struct iovec){base + c->runs[i].off + skip, c->runs[i].len - skip};
+            uint64_t len = c->runs[i].len - skip;
+            if (len > room) len = room;
+            iov[k++] = (struct iovec){base + c->runs[i].off + skip, (size_t)len};
+            room -= (size_t)len;
         }
         if (k == 0) return 0;
+        if (ecxi_slice_spent(sl)) return 2;
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)k};
         ssize_t s = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (s < 0) {
@@ -365,6 +375,7 @@ static int conn_flush(tcp_data *t, tcp_conn *c, int64_t now)
         c->hdr_off += h;
         left -= h;
         t->c.bytes += left;
+        sl->bytes += left;
         while (left && c->run_i < c->nruns) {
             uint64_t room = c->runs[c->run_i].len - c->run_off;
             uint64_t take = left < room ? left : room;
@@ -445,17 +456,17 @@ static long parse_request(tcp_conn *c, uint64_t *id, const uint8_t **token, cons
 
 /* Move c on as far as it goes: finish the reply, then answer requests in
  * order, reading more only when no whole request is buffered. */
-static int conn_step(tcp_data *t, tcp_conn *c, int64_t now)
+static int conn_step(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
 {
     int n = 0;
     while (!c->dead) {
-        int rc = conn_flush(t, c, now);
+        int rc = conn_flush(t, c, now, sl);
         if (rc < 0) {
             ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data tcp: send failed: %s", strerror(errno));
             conn_close(t, c);
             break;
         }
-        if (rc == 1) {
+        if (rc == 1 || rc == 2) { /* full, or out of time: the next slice goes on */
             set_events(t, c->fd, &c->events, EPOLLOUT, c);
             break;
         }
@@ -531,7 +542,7 @@ static void sweep_conns(tcp_data *t, int64_t now)
     }
 }
 
-static int producer_progress(tcp_data *t)
+static int producer_progress(tcp_data *t, ecxi_slice *sl)
 {
     struct epoll_event ev[TCP_EVENTS];
     int64_t now = ecxi_now_ms(NULL);
@@ -542,7 +553,7 @@ static int producer_progress(tcp_data *t)
             continue;
         }
         tcp_conn *c = ev[i].data.ptr;
-        if (!c->dead) n += conn_step(t, c, now);
+        if (!c->dead) n += conn_step(t, c, now, sl);
     }
     if (now >= t->next_sweep_ms) {
         sweep_conns(t, now);
@@ -692,7 +703,7 @@ static int reply_head(tcp_peer *p)
 /* Receive into the oldest READ's blocks (or the scratch buffer if it was
  * released), at most its nbytes; 0 to go on, 1 when the socket is empty,
  * negative on a closed connection or error. */
-static int recv_body(tcp_data *t, tcp_peer *p)
+static int recv_body(tcp_data *t, tcp_peer *p, ecxi_slice *sl)
 {
     tcp_xfer *x = p->q;
     uint8_t *dst;
@@ -709,6 +720,7 @@ static int recv_body(tcp_data *t, tcp_peer *p)
     if (r == 0) return -1;
     if (r < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 1 : -1;
     p->got += (uint64_t)r;
+    sl->bytes += (uint64_t)r;
     if (!x->released) {
         ecxi_sum_update(&p->sum, dst, (size_t)r);
         p->run_off += (uint64_t)r;
@@ -725,7 +737,7 @@ static int recv_body(tcp_data *t, tcp_peer *p)
 }
 
 /* Read what p's socket holds; returns READs ended. */
-static int peer_recv(tcp_data *t, tcp_peer *p, int64_t now)
+static int peer_recv(tcp_data *t, tcp_peer *p, int64_t now, ecxi_slice *sl)
 {
     int n = 0;
     while (p->fd >= 0) {
@@ -739,7 +751,8 @@ static int peer_recv(tcp_data *t, tcp_peer *p, int64_t now)
         int rc;
         if (p->in_body) {
             tcp_xfer *x = p->q;
-            rc = recv_body(t, p);
+            if (ecxi_slice_spent(sl)) break; /* the socket stays readable */
+            rc = recv_body(t, p, sl);
             if (rc == 0 && p->q != x) n++;
         } else {
             size_t want = p->rh_len < TCP_REP_HEAD ? TCP_REP_HEAD : TCP_REP_OK;
@@ -788,7 +801,7 @@ static void sweep_peers(tcp_data *t, int64_t now)
     }
 }
 
-static int consumer_progress(tcp_data *t)
+static int consumer_progress(tcp_data *t, ecxi_slice *sl)
 {
     struct epoll_event ev[TCP_EVENTS];
     int64_t now = ecxi_now_ms(NULL);
@@ -800,7 +813,7 @@ static int consumer_progress(tcp_data *t)
             peer_fail(t, p, strerror(errno));
             continue;
         }
-        n += peer_recv(t, p, now);
+        n += peer_recv(t, p, now, sl);
         peer_events(t, p);
     }
     if (now >= t->next_sweep_ms) {
@@ -927,10 +940,10 @@ static void tcp_read_release(ecxi_data_xfer *hx)
 
 /* ---- both -------------------------------------------------------------- */
 
-static int tcp_progress(ecxi_data *d)
+static int tcp_progress(ecxi_data *d, ecxi_slice *sl)
 {
     tcp_data *t = (tcp_data *)d;
-    return t->lfd >= 0 ? producer_progress(t) : consumer_progress(t);
+    return t->lfd >= 0 ? producer_progress(t, sl) : consumer_progress(t, sl);
 }
 
 static int tcp_fd(ecxi_data *d)
@@ -945,10 +958,10 @@ static int tcp_arm(ecxi_data *d)
     return ((tcp_data *)d)->done ? 1 : 0;
 }
 
-static int tcp_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
+static int tcp_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb, void *arg)
 {
     tcp_data *t = (tcp_data *)d;
-    int rc = tcp_progress(d);
+    int rc = tcp_progress(d, sl);
     if (rc < 0) return rc;
     int count = 0;
     while (t->done) {

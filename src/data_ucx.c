@@ -189,6 +189,13 @@ typedef struct ucx_xfer {
     uint64_t *local;
     size_t n_local, local_cap;
     uint64_t nbytes, checksum;
+    size_t niov; /* x->iov entries in use: the local runs */
+    /* Verification, after the bytes landed, in slices (data.h): */
+    bool verifying;
+    struct ucx_xfer *vnext; /* the verify queue */
+    ecxi_sum *sum;          /* 64-byte aligned; kept with the xfer */
+    size_t v_i;             /* iov entry, and offset in it */
+    uint64_t v_off;
 } ucx_xfer;
 
 struct ucx_peer {
@@ -226,6 +233,7 @@ typedef struct ucx_data {
     uint64_t refused, dropped, stalled, conns_refused;
     /* consumer */
     ucx_xfer *free_xfers, *all_xfers;
+    ucx_xfer *verify_head, *verify_tail; /* landed, being checksummed */
     ucx_peer *peers;
     /* both */
     closing *closing;
@@ -870,20 +878,28 @@ static int serve_queue(ucx_data *u)
 
 /* ---- progress ---------------------------------------------------------- */
 
-/* Longest stretch one ecxi_data_progress() spends moving UCX data. */
-#define PROGRESS_BUDGET_MS 2
+static int verify_some(ucx_data *u, ecxi_slice *sl);
 
-static int ucx_progress(ecxi_data *d)
+/* Most ucp_worker_progress calls in one slice. */
+#define PROGRESS_MAX 256
+
+static int ucx_progress(ecxi_data *d, ecxi_slice *sl)
 {
     ucx_data *u = (ucx_data *)d;
     int n = 0;
-    /* Bounded in time too, so one engine step never stalls for long behind
-     * a large transfer: the caller's next poll carries on. */
-    int64_t until = ecxi_now_ms(NULL) + PROGRESS_BUDGET_MS;
-    for (int i = 0; i < 256 && ucp_worker_progress(u->worker); i++) {
+    /* Bounded by the slice's budget (data.h), so one engine step never
+     * stalls behind a large transfer: the caller's next call carries on.
+     * One ucp_worker_progress call is UCX's to bound (a fragment or a
+     * segment on the transports ecx configures; data_ucx.c's top). */
+    int64_t until = sl->start_ns + (sl->budget_ns > 0 ? sl->budget_ns : 0);
+    for (int i = 0; ucp_worker_progress(u->worker); i++) {
         n++;
-        if (ecxi_now_ms(NULL) >= until) break;
+        if (i + 1 >= PROGRESS_MAX || ecxi_data_now_ns() >= until) {
+            sl->more = true; /* it was still doing something */
+            break;
+        }
     }
+    if (u->verify_head) n += verify_some(u, sl);
     if (u->naccepts) n += accept_conns(u);
     if (u->nqueued) n += serve_queue(u);
     if (u->conns) reap_conns(u);
@@ -899,7 +915,7 @@ static int ucx_fd(ecxi_data *d)
 static int ucx_arm(ecxi_data *d)
 {
     ucx_data *u = (ucx_data *)d;
-    if (u->done || u->naccepts) return 1;
+    if (u->done || u->naccepts || u->verify_head) return 1;
     /* Queued requests wait for a send to end, which wakes the fd. */
     if (u->nqueued && u->nsends < MAX_SENDS) {
         for (unsigned i = 0; i < u->nqueued; i++)
@@ -913,10 +929,10 @@ static int ucx_arm(ecxi_data *d)
     return ucx_err("worker_arm", st);
 }
 
-static int ucx_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
+static int ucx_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb, void *arg)
 {
     ucx_data *u = (ucx_data *)d;
-    int rc = ucx_progress(d);
+    int rc = ucx_progress(d, sl);
     if (rc < 0) return rc;
     int count = 0;
     while (u->done) {
@@ -1052,7 +1068,7 @@ static ucx_xfer *xfer_get(ucx_data *u)
     x->peer = NULL;
     x->req = NULL;
     x->state = ECX_XFER_RUNNING;
-    x->released = x->recv_ok = x->recv_ended = x->am_pending = false;
+    x->released = x->recv_ok = x->recv_ended = x->am_pending = x->verifying = false;
     x->received = 0;
     return x;
 }
@@ -1086,10 +1102,63 @@ static void xfer_land(ucx_data *u, ucx_xfer *x)
         x->state = ECX_XFER_FAILED;
         return;
     }
-    const ecxi_region *r = u->base.region;
-    uint64_t sum = ecxi_checksum_blocks(ecxi_region_base(r), ecxi_region_block_bytes(r), x->local,
-                                       x->n_local, x->nbytes);
-    x->state = sum == x->checksum ? ECX_XFER_DONE : ECX_XFER_CORRUPT;
+    /* Checked in progress slices (an item's hash is milliseconds of work,
+     * and this runs inside ucp_worker_progress). */
+    if (!x->sum && !(x->sum = aligned_alloc(64, (sizeof(ecxi_sum) + 63) & ~(size_t)63))) {
+        x->state = ECX_XFER_FAILED;
+        return;
+    }
+    ecxi_sum_reset(x->sum);
+    x->v_i = 0;
+    x->v_off = 0;
+    x->verifying = true;
+    x->vnext = NULL;
+    if (u->verify_tail)
+        u->verify_tail->vnext = x;
+    else
+        u->verify_head = x;
+    u->verify_tail = x;
+}
+
+static void verify_unlink(ucx_data *u, ucx_xfer *x)
+{
+    ucx_xfer *prev = NULL;
+    for (ucx_xfer *w = u->verify_head; w; prev = w, w = w->vnext)
+        if (w == x) {
+            if (prev)
+                prev->vnext = x->vnext;
+            else
+                u->verify_head = x->vnext;
+            if (u->verify_tail == x) u->verify_tail = prev;
+            break;
+        }
+    x->vnext = NULL;
+    x->verifying = false;
+}
+
+/* Checksum landed READs, oldest first, a chunk at a time, until the slice
+ * is spent; returns READs judged. */
+static int verify_some(ucx_data *u, ecxi_slice *sl)
+{
+    int n = 0;
+    while (u->verify_head) {
+        if (ecxi_slice_spent(sl)) break;
+        ucx_xfer *x = u->verify_head;
+        if (x->v_i < x->niov) {
+            const ucp_dt_iov_t *v = &x->iov[x->v_i];
+            uint64_t len = v->length - x->v_off;
+            if (len > ECX_DATA_CHUNK) len = ECX_DATA_CHUNK;
+            ecxi_sum_update(x->sum, (const uint8_t *)v->buffer + x->v_off, (size_t)len);
+            sl->bytes += len;
+            x->v_off += len;
+            if (x->v_off == v->length) x->v_i++, x->v_off = 0;
+            continue;
+        }
+        verify_unlink(u, x);
+        x->state = ecxi_sum_digest(x->sum) == x->checksum ? ECX_XFER_DONE : ECX_XFER_CORRUPT;
+        n++;
+    }
+    return n;
 }
 
 static void recv_done_cb(void *req, ucs_status_t status, const ucp_tag_recv_info_t *info,
@@ -1169,6 +1238,7 @@ static int ucx_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const ui
         memcpy(x->local, local, n * sizeof *local);
         x->n_local = n;
         rc = local_iov(u, x, local, n, &count);
+        x->niov = count;
     }
     uint8_t *msg = x->msg;
     uint64_t tag;
@@ -1238,6 +1308,7 @@ static void ucx_read_release(ecxi_data_xfer *hx)
     ucx_xfer *x = (ucx_xfer *)hx;
     ucx_data *u = (ucx_data *)hx->owner;
     x->released = true;
+    if (x->verifying) verify_unlink(u, x);
     if (x->req) {
         /* Ends through recv_done_cb (an unmatched receive at once; one
          * already matched when its data is in or its peer is dropped). */
@@ -1292,6 +1363,7 @@ static void ucx_free(ecxi_data *d)
         n = x->all_next;
         free(x->iov);
         free(x->local);
+        free(x->sum);
         free(x);
     }
     for (conn *c = u->conns, *n; c; c = n) {

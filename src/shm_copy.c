@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <stdlib.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -122,26 +124,6 @@ static int pread_run(int fd, uint8_t *dst, uint64_t off, uint64_t len, ecxi_sum 
         ecxi_sum_update(s, dst, (size_t)k);
         dst += k, off += (uint64_t)k, len -= (uint64_t)k;
     }
-    return 0;
-}
-
-static int copy_pread(const ecxi_shm_src *src, uint8_t *dst_base, uint64_t bs,
-                      const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
-                      uint64_t *sum)
-{
-    ecxi_sum s;
-    ecxi_sum_reset(&s);
-    for (size_t i = 0; i < n && nbytes;) {
-        size_t k = 1;
-        while (i + k < n && remote[i + k] == remote[i] + k && local[i + k] == local[i] + k)
-            k++;
-        uint64_t len = k * bs < nbytes ? k * bs : nbytes;
-        int rc = pread_run(src->fd, dst_base + local[i] * bs, remote[i] * bs, len, &s);
-        if (rc) return rc;
-        nbytes -= len;
-        i += k;
-    }
-    *sum = ecxi_sum_digest(&s);
     return 0;
 }
 
@@ -268,26 +250,9 @@ static uint64_t fsum_digest(fsum *f)
                           f->total * XXH_PRIME64_1);
 }
 
-static __attribute__((noinline)) void copy_runs(const ecxi_shm_src *src, uint8_t *dst_base,
-                                                uint64_t bs, const uint64_t *remote,
-                                                const uint64_t *local, size_t n, uint64_t nbytes,
-                                                fsum *f)
-{
-    for (size_t i = 0; i < n && nbytes;) {
-        size_t k = 1;
-        while (i + k < n && remote[i + k] == remote[i] + k && local[i + k] == local[i] + k)
-            k++;
-        uint64_t len = k * bs < nbytes ? k * bs : nbytes;
-        fsum_copy(f, dst_base + local[i] * bs, src->map + remote[i] * bs, len);
-        nbytes -= len;
-        i += k;
-    }
-}
-
 /* The guarded part: a fault on the source jumps back here (nothing in
- * between needs cleaning up). */
-static int copy_guarded(const ecxi_shm_src *src, uint8_t *dst_base, uint64_t bs,
-                        const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
+ * between needs cleaning up: the job is failed). */
+static int copy_guarded(const ecxi_shm_src *src, uint8_t *dst, const uint8_t *from, uint64_t len,
                         fsum *f)
 {
     g_guard.lo = src->map;
@@ -298,41 +263,184 @@ static int copy_guarded(const ecxi_shm_src *src, uint8_t *dst_base, uint64_t bs,
         return ECX_ESYS;
     }
     g_guard.armed = 1;
-    copy_runs(src, dst_base, bs, remote, local, n, nbytes, f);
+    fsum_copy(f, dst, from, len);
     g_guard.armed = 0;
     atomic_fetch_sub(&g_armed, 1);
     return 0;
 }
 #endif
 
+/* ---- the job: one item, copied a slice at a time ----------------------- */
+
+typedef struct jrun {
+    uint64_t src, dst, len; /* byte offsets in the source file / destination */
+} jrun;
+
+struct ecxi_shm_job {
+#if SHM_HAVE_AVX2_KERNEL
+    fsum f; /* guarded: the running XXH3 state of the one-pass kernel */
+#endif
+    ecxi_sum s; /* pread: the streaming XXH3 state */
+    uint64_t nbytes, done;
+    size_t nruns, run_i;
+    uint64_t run_off; /* into runs[run_i] */
+    int mode;
+    bool fast;
+    jrun runs[];
+};
+
+/* MADV_POPULATE_* (Linux 5.14): 22 / 23 in <linux/mman.h>. */
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+static atomic_bool g_no_populate; /* the kernel said EINVAL: stop asking */
+
+void ecxi_shm_populate(const void *p, uint64_t len, bool write)
+{
+    if (!len || atomic_load_explicit(&g_no_populate, memory_order_relaxed)) return;
+    static long page;
+    if (!page) page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1);
+    uintptr_t e = (uintptr_t)p + len;
+    /* EFAULT (a truncated source) and the like are the copy's to find. */
+    if (madvise((void *)a, e - a, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) != 0 &&
+        errno == EINVAL)
+        atomic_store(&g_no_populate, true);
+}
+
+static void job_reset(ecxi_shm_job *j, bool fast)
+{
+    j->fast = fast;
+    j->done = 0;
+    j->run_i = 0;
+    j->run_off = 0;
+#if SHM_HAVE_AVX2_KERNEL
+    if (fast) fsum_init(&j->f, j->nbytes);
+#endif
+    if (!fast) ecxi_sum_reset(&j->s);
+}
+
+static bool want_fast(const ecxi_shm_src *src, uint64_t nbytes, int mode)
+{
+    bool fast = (mode & ECX_SHM_COPY_PREAD) == 0 && src->map && nbytes > 240;
+    if (fast && !ecxi_shm_copy_guarded()) {
+        fast = false;
+        ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data shm: copying with pread (%s)",
+                            cpu_ok() ? "another SIGBUS handler replaced ecx's guard"
+                                     : "no AVX2 on this CPU");
+    }
+    return SHM_HAVE_AVX2_KERNEL && fast;
+}
+
+int ecxi_shm_job_new(const ecxi_shm_src *src, uint64_t block_bytes, const uint64_t *remote,
+                    const uint64_t *local, size_t n, uint64_t nbytes, int mode,
+                    ecxi_shm_job **out)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        size_t m = 1;
+        while (i + m < n && remote[i + m] == remote[i] + m && local[i + m] == local[i] + m)
+            m++;
+        k++;
+        i += m;
+    }
+    size_t sz = sizeof(ecxi_shm_job) + k * sizeof(jrun);
+    sz = (sz + 63) & ~(size_t)63;
+    /* 64-byte aligned: the XXH3 states use aligned vector loads. */
+    ecxi_shm_job *j = aligned_alloc(64, sz);
+    if (!j) return ECX_ENOMEM;
+    memset(j, 0, sizeof *j);
+    uint64_t left = nbytes;
+    k = 0;
+    for (size_t i = 0; i < n && left;) {
+        size_t m = 1;
+        while (i + m < n && remote[i + m] == remote[i] + m && local[i + m] == local[i] + m)
+            m++;
+        uint64_t len = m * block_bytes < left ? m * block_bytes : left;
+        j->runs[k++] = (jrun){remote[i] * block_bytes, local[i] * block_bytes, len};
+        left -= len;
+        i += m;
+    }
+    j->nruns = k;
+    j->nbytes = nbytes;
+    j->mode = mode;
+    job_reset(j, want_fast(src, nbytes, mode));
+    *out = j;
+    return 0;
+}
+
+int ecxi_shm_job_step(ecxi_shm_job *j, const ecxi_shm_src *src, uint8_t *dst_base,
+                     uint64_t max_bytes, uint64_t *moved, uint64_t *sum)
+{
+    *moved = 0;
+    if (j->fast && !ecxi_shm_copy_guarded()) {
+        /* The guard went away under us (someone replaced the handler):
+         * the bytes so far are ours to overwrite; start again with pread. */
+        ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data shm: SIGBUS guard replaced mid-copy; "
+                                          "copying again with pread");
+        job_reset(j, false);
+    }
+    while (max_bytes && j->run_i < j->nruns) {
+        const jrun *r = &j->runs[j->run_i];
+        uint64_t len = r->len - j->run_off;
+        if (len > max_bytes) len = max_bytes;
+        uint64_t so = r->src + j->run_off;
+        uint8_t *dst = dst_base + r->dst + j->run_off;
+        if (j->mode & ECX_SHM_COPY_POPULATE) {
+            if (j->fast) ecxi_shm_populate(src->map + so, len, false);
+            ecxi_shm_populate(dst, len, true);
+        }
+        int rc = 0;
+#if SHM_HAVE_AVX2_KERNEL
+        if (j->fast) {
+            rc = copy_guarded(src, dst, src->map + so, len, &j->f);
+            if (rc)
+                ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                    "data shm: the producer's region faulted during a copy "
+                                    "(file truncated?); read failed");
+        } else
+#endif
+            rc = pread_run(src->fd, dst, so, len, &j->s);
+        if (rc) return rc;
+        j->run_off += len;
+        j->done += len;
+        *moved += len;
+        max_bytes -= len;
+        if (j->run_off == r->len) j->run_i++, j->run_off = 0;
+    }
+    if (j->done < j->nbytes) return 0;
+#if SHM_HAVE_AVX2_KERNEL
+    if (j->fast) {
+        *sum = fsum_digest(&j->f);
+        return 1;
+    }
+#endif
+    *sum = ecxi_sum_digest(&j->s);
+    return 1;
+}
+
+uint64_t ecxi_shm_job_left(const ecxi_shm_job *j)
+{
+    return j->nbytes - j->done;
+}
+
+void ecxi_shm_job_free(ecxi_shm_job *j)
+{
+    free(j);
+}
+
 int ecxi_shm_copy(const ecxi_shm_src *src, uint8_t *dst_base, uint64_t block_bytes,
                  const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
                  int mode, uint64_t *sum)
 {
-    bool fast = mode == ECX_SHM_COPY_AUTO && src->map && nbytes > 240;
-    if (fast && !ecxi_shm_copy_guarded()) {
-        fast = false;
-        ECX_LOG_RATELIMITED(ECX_LOG_INFO,
-                            "data shm: copying with pread (%s)",
-                            cpu_ok() ? "another SIGBUS handler replaced ecx's guard"
-                                     : "no AVX2 on this CPU");
-    }
-#if SHM_HAVE_AVX2_KERNEL
-    if (fast) {
-        fsum f;
-        fsum_init(&f, nbytes);
-        int rc = copy_guarded(src, dst_base, block_bytes, remote, local, n, nbytes, &f);
-        if (rc) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
-                                "data shm: the producer's region faulted during a copy "
-                                "(file truncated?); read failed");
-            return rc;
-        }
-        *sum = fsum_digest(&f);
-        return 0;
-    }
-#else
-    (void)fast;
-#endif
-    return copy_pread(src, dst_base, block_bytes, remote, local, n, nbytes, sum);
+    ecxi_shm_job *j;
+    int rc = ecxi_shm_job_new(src, block_bytes, remote, local, n, nbytes, mode, &j);
+    if (rc) return rc;
+    uint64_t moved;
+    rc = ecxi_shm_job_step(j, src, dst_base, UINT64_MAX, &moved, sum);
+    ecxi_shm_job_free(j);
+    return rc < 0 ? rc : 0;
 }

@@ -44,7 +44,15 @@ typedef struct ecxi_shm_src {
     uint64_t map_len;     /* (NULL / 0: pread only) */
 } ecxi_shm_src;
 
-enum ecxi_shm_copy_mode { ECX_SHM_COPY_AUTO = 0, ECX_SHM_COPY_PREAD = 1 };
+/* Mode bits: AUTO (guarded when possible), PREAD (force pread); POPULATE:
+ * before each piece is copied, MADV_POPULATE_READ its source pages and
+ * MADV_POPULATE_WRITE its destination pages (silently skipped where the
+ * kernel lacks them, < 5.14). */
+enum ecxi_shm_copy_mode {
+    ECX_SHM_COPY_AUTO = 0,
+    ECX_SHM_COPY_PREAD = 1,
+    ECX_SHM_COPY_POPULATE = 2,
+};
 
 /* Install the SIGBUS guard (idempotent, thread-safe). 0 or ECX_ESYS. */
 int ecxi_shm_copy_init(void);
@@ -62,5 +70,37 @@ bool ecxi_shm_copy_guarded(void);
 int ecxi_shm_copy(const ecxi_shm_src *src, uint8_t *dst_base, uint64_t block_bytes,
                  const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
                  int mode, uint64_t *sum);
+
+
+/* ---- the same copy, a slice at a time ----------------------------------
+ * A job copies one item in as many steps as its caller likes: each step
+ * moves at most max_bytes (any split: the XXH3 state, guarded or pread,
+ * is carried from one step to the next, a stripe cut by a step boundary
+ * is completed by the next), each step runs under the SIGBUS guard on its
+ * own, and the checksum is the same as ecxi_shm_copy()'s. The job holds
+ * no pointer to the source or destination: between steps the caller may
+ * free it (a cancelled READ) and nothing is written afterwards. If the
+ * guard is replaced between steps the job starts again with pread. */
+typedef struct ecxi_shm_job ecxi_shm_job;
+
+/* A job for the runs of remote[i] -> local[i] (as ecxi_shm_copy); the
+ * arrays are copied. 0 or ECX_ENOMEM. */
+int ecxi_shm_job_new(const ecxi_shm_src *src, uint64_t block_bytes, const uint64_t *remote,
+                    const uint64_t *local, size_t n, uint64_t nbytes, int mode,
+                    ecxi_shm_job **out);
+
+/* Copy at most max_bytes more (*moved: how many): 0 more to do, 1 the
+ * item is complete (*sum set), ECX_ESYS failed (as ecxi_shm_copy). */
+int ecxi_shm_job_step(ecxi_shm_job *j, const ecxi_shm_src *src, uint8_t *dst_base,
+                     uint64_t max_bytes, uint64_t *moved, uint64_t *sum);
+
+/* Bytes still to copy. */
+uint64_t ecxi_shm_job_left(const ecxi_shm_job *j);
+
+void ecxi_shm_job_free(ecxi_shm_job *j);
+
+/* madvise(MADV_POPULATE_READ / _WRITE) over the pages holding [p, p+len);
+ * errors ignored (EINVAL: the kernel has none; never asked again). */
+void ecxi_shm_populate(const void *p, uint64_t len, bool write);
 
 #endif

@@ -185,7 +185,7 @@ static int consume(ecxi_region *r, ecxi_data_opts *o, const char *file, const ch
         }
         int st;
         while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < deadline) {
-            ecxi_data_progress(d);
+            ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
             if (ecxi_data_read_poll(x) == ECX_XFER_RUNNING) wait_fd(d, 5);
         }
         ecxi_data_read_release(x);
@@ -205,7 +205,7 @@ static int consume(ecxi_region *r, ecxi_data_opts *o, const char *file, const ch
     /* Let the last notification leave before the endpoint closes. */
     int64_t end = ecxi_now_ms(NULL) + 100;
     while (ecxi_now_ms(NULL) < end) {
-        ecxi_data_progress(d);
+        ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
         wait_fd(d, 5);
     }
     ecxi_data_peer_drop(p);

@@ -323,7 +323,7 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
             for (int64_t end = ecxi_now_ms(NULL) + 10000;
                  !rc && (st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING &&
                  ecxi_now_ms(NULL) < end;) {
-                ecxi_data_progress(d);
+                ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
                 struct pollfd pf = {.fd = ecxi_data_fd(d), .events = POLLIN};
                 if (ecxi_data_arm(d) == 0) (void)poll(&pf, 1, 50);
             }

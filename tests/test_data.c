@@ -98,7 +98,7 @@ static int pump(ecxi_data *prod, ecxi_data *cons, ecxi_data_xfer *x, notes *ns, 
     int64_t end = ecxi_now_ms(NULL) + 10000;
     int st = ECX_XFER_RUNNING;
     while (ecxi_now_ms(NULL) < end) {
-        assert_true(ecxi_data_progress(cons) >= 0);
+        assert_true(ecxi_data_progress(cons, ECX_DATA_SLICE_NS, NULL) >= 0);
         assert_true(ecxi_data_poll_notifs(prod, on_notif, ns) >= 0);
         st = ecxi_data_read_poll(x);
         if (st != ECX_XFER_RUNNING && ns->n >= want) break;
@@ -706,6 +706,238 @@ static void test_peer_add_mutations(void **state)
     pair_close(&p);
 }
 
+/* ---- bounded slices (data.h) ------------------------------------------ */
+
+#define BIG_NB 1024u /* 64 MiB of 64 KiB blocks: 256 chunks */
+
+static void big_open(pair *p, int backend)
+{
+    memset(p, 0, sizeof *p);
+    p->pr = mkregion(BIG_NB, BS);
+    p->cr = mkregion(BIG_NB, BS);
+    uint64_t *w = (uint64_t *)ecxi_region_base(p->pr);
+    for (uint64_t i = 0; i < ecxi_region_size(p->pr) / 8; i++)
+        w[i] = (i + 1) * 0x9e3779b97f4a7c15ull;
+    memset(ecxi_region_base(p->cr), 0xab, ecxi_region_size(p->cr));
+    ecxi_data_opts o = {.backend = backend};
+    assert_int_equal(ecxi_data_new_producer(p->pr, &o, &p->prod), 0);
+    ecxi_data_set_grant_fn(p->prod, stub_grant_check, &p->grants);
+    assert_int_equal(ecxi_data_new_consumer(p->cr, &o, &p->cons), 0);
+    assert_int_equal(pair_peer(p), 0);
+}
+
+static ecxi_data_stats stats_of(ecxi_data *d)
+{
+    ecxi_data_stats st;
+    memset(&st, 0, sizeof st);
+    ecxi_data_get_stats(d, &st);
+    return st;
+}
+
+/* Is dst[from, to) still the fill byte? */
+static bool untouched(const uint8_t *dst, uint64_t from, uint64_t to)
+{
+    for (uint64_t i = from; i < to; i++)
+        if (dst[i] != 0xab) return false;
+    return true;
+}
+
+/* A 64 MiB item in two runs (the second one wrapping to the start of the
+ * consumer's region), a partial last block: it completes only over many
+ * progress calls, none of which moves more than one chunk with a budget of
+ * 0; the bytes and the checksum are right. */
+static void sliced_fetch(int backend)
+{
+    pair p;
+    big_open(&p, backend);
+    static uint64_t r[BIG_NB], l[BIG_NB];
+    for (unsigned i = 0; i < BIG_NB; i++)
+        r[i] = i, l[i] = (i + 17) % BIG_NB;
+    const uint64_t nbytes = (uint64_t)BIG_NB * BS - 1000;
+    ecxi_data_xfer *x = NULL;
+    notes ns = {0};
+    assert_int_equal(post(&p, r, l, BIG_NB, nbytes, &x), 0);
+    /* The post moved nothing. */
+    assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_RUNNING);
+    assert_true(untouched(ecxi_region_base(p.cr), 0, ecxi_region_size(p.cr)));
+    uint64_t calls = 0, moving = 0;
+    int64_t end = ecxi_now_ms(NULL) + 60000;
+    int st;
+    while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < end) {
+        uint64_t before = stats_of(p.cons).slice_bytes;
+        bool more = false;
+        assert_true(ecxi_data_progress(p.cons, 0, &more) >= 0);
+        uint64_t moved = stats_of(p.cons).slice_bytes - before;
+        assert_true(moved <= ECX_DATA_CHUNK);
+        calls++;
+        moving += moved > 0;
+        /* shm: once the region is here (one handshake), every call
+         * copies, and says more (arm too) until the last chunk. */
+        if (backend == ECX_DATA_SHM && moving > 1) assert_true(moved > 0);
+        if (backend == ECX_DATA_SHM && moved && ecxi_data_read_poll(x) == ECX_XFER_RUNNING) {
+            assert_true(more);
+            assert_int_equal(ecxi_data_arm(p.cons), 1);
+        }
+        assert_true(ecxi_data_poll_notifs(p.prod, on_notif, &ns) >= 0);
+    }
+    assert_int_equal(st, ECX_XFER_DONE);
+    ecxi_data_stats cs = stats_of(p.cons);
+    assert_int_equal(cs.slice_bytes, nbytes);
+    assert_true(cs.slice_max_bytes <= ECX_DATA_CHUNK);
+    assert_true(moving >= nbytes / ECX_DATA_CHUNK);
+    assert_true(calls >= nbytes / ECX_DATA_CHUNK);
+    if (backend == ECX_DATA_SHM) {
+        assert_int_equal(cs.slices, (nbytes + ECX_DATA_CHUNK - 1) / ECX_DATA_CHUNK);
+        assert_int_equal(ecxi_data_arm(p.cons), 0); /* nothing left: safe to sleep */
+    } else {
+        /* The producer sent it over many calls too, a chunk per send. */
+        ecxi_data_stats ps = stats_of(p.prod);
+        assert_int_equal(ps.slice_bytes, nbytes);
+        assert_true(ps.slices >= 2);
+    }
+    const uint8_t *src = ecxi_region_base(p.pr), *dst = ecxi_region_base(p.cr);
+    uint64_t head = (uint64_t)(BIG_NB - 17) * BS; /* first run: r 0.. -> l 17.. */
+    assert_memory_equal(dst + 17 * BS, src, head);
+    assert_memory_equal(dst, src + head, nbytes - head);
+    assert_true(untouched(dst, nbytes - head, 17 * BS));
+    ecxi_data_read_release(x);
+    /* Its completion reaches the producer. */
+    for (int i = 0; i < 1000 && ns.n < 1; i++) {
+        ecxi_data_poll_notifs(p.prod, on_notif, &ns);
+        ecxi_data_progress(p.cons, ECX_DATA_SLICE_NS, NULL);
+    }
+    assert_int_equal(ns.n, 1);
+    pair_close(&p);
+}
+
+static void test_sliced_shm(void **state)
+{
+    (void)state;
+    sliced_fetch(ECX_DATA_SHM);
+}
+
+static void test_sliced_tcp(void **state)
+{
+    (void)state;
+    sliced_fetch(ECX_DATA_TCP);
+}
+
+/* Released, or its peer dropped, in the middle of the copy: nothing is
+ * written after that (the destination past what was moved is untouched),
+ * and the next READ on the peer works. */
+/* A completion of any status (a dropped tcp connection fails its send). */
+static void on_any_notif(void *arg, const char *msg, size_t len, const uint8_t *token, int status)
+{
+    (void)msg, (void)len, (void)token, (void)status;
+    ((notes *)arg)->n++;
+}
+
+static void sliced_stop(int backend, bool drop)
+{
+    pair p;
+    big_open(&p, backend);
+    static uint64_t all[BIG_NB];
+    for (unsigned i = 0; i < BIG_NB; i++)
+        all[i] = i;
+    const uint64_t nbytes = (uint64_t)BIG_NB * BS;
+    ecxi_data_xfer *x = NULL;
+    notes ns = {0};
+    assert_int_equal(post(&p, all, all, BIG_NB, nbytes, &x), 0);
+    for (int i = 0; i < 2000 && stats_of(p.cons).slice_bytes < 10 * ECX_DATA_CHUNK; i++) {
+        ecxi_data_progress(p.cons, 0, NULL);
+        ecxi_data_poll_notifs(p.prod, on_any_notif, &ns);
+    }
+    uint64_t got = stats_of(p.cons).slice_bytes;
+    assert_true(got >= 10 * ECX_DATA_CHUNK && got < nbytes / 2);
+    assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_RUNNING);
+    if (drop) {
+        ecxi_data_peer_drop(p.peer);
+        p.peer = NULL;
+        assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_FAILED);
+    }
+    ecxi_data_read_release(x);
+    const uint8_t *src = ecxi_region_base(p.pr), *dst = ecxi_region_base(p.cr);
+    for (int i = 0; i < 3000; i++) {
+        ecxi_data_progress(p.cons, ECX_DATA_SLICE_NS, NULL);
+        ecxi_data_poll_notifs(p.prod, on_any_notif, &ns);
+    }
+    if (backend == ECX_DATA_SHM) assert_int_equal(ecxi_data_arm(p.cons), 0);
+    /* What was moved is the item's prefix; nothing past it was written. */
+    uint64_t after = stats_of(p.cons).slice_bytes;
+    assert_memory_equal(dst, src, got);
+    if (backend == ECX_DATA_SHM) assert_int_equal(after, got); /* the copy stopped */
+    assert_true(untouched(dst, got, nbytes));
+    /* The same peer (or a new one) serves the next READ. */
+    if (drop) assert_int_equal(pair_peer(&p), 0);
+    uint64_t r2[2] = {5, 6}, l2[2] = {900, 901};
+    assert_int_equal(post(&p, r2, l2, 2, 0, &x), 0);
+    assert_int_equal(pump(p.prod, p.cons, x, &ns, ns.n + 1), ECX_XFER_DONE);
+    assert_memory_equal(dst + 900 * BS, src + 5 * BS, 2 * BS);
+    ecxi_data_read_release(x);
+    pair_close(&p);
+}
+
+static void test_sliced_release_shm(void **state)
+{
+    (void)state;
+    sliced_stop(ECX_DATA_SHM, false);
+}
+
+static void test_sliced_release_tcp(void **state)
+{
+    (void)state;
+    sliced_stop(ECX_DATA_TCP, false);
+}
+
+static void test_sliced_drop_shm(void **state)
+{
+    (void)state;
+    sliced_stop(ECX_DATA_SHM, true);
+}
+
+static void test_sliced_drop_tcp(void **state)
+{
+    (void)state;
+    sliced_stop(ECX_DATA_TCP, true);
+}
+
+/* A byte of the producer's region changes while the item is on its way
+ * (after the first slices, before its part is moved): CORRUPT, never
+ * DONE, although every slice on its own went well. */
+static void sliced_corrupt(int backend)
+{
+    pair p;
+    big_open(&p, backend);
+    static uint64_t all[BIG_NB];
+    for (unsigned i = 0; i < BIG_NB; i++)
+        all[i] = i;
+    const uint64_t nbytes = (uint64_t)BIG_NB * BS;
+    ecxi_data_xfer *x = NULL;
+    notes ns = {0};
+    assert_int_equal(post(&p, all, all, BIG_NB, nbytes, &x), 0);
+    for (int i = 0; i < 2000 && stats_of(p.cons).slice_bytes < 4 * ECX_DATA_CHUNK; i++) {
+        ecxi_data_progress(p.cons, 0, NULL);
+        ecxi_data_poll_notifs(p.prod, on_notif, &ns);
+    }
+    assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_RUNNING);
+    ecxi_region_base(p.pr)[nbytes - 12345] ^= 0x40; /* far past any socket buffer */
+    assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECX_XFER_CORRUPT);
+    ecxi_data_read_release(x);
+    pair_close(&p);
+}
+
+static void test_sliced_corrupt_shm(void **state)
+{
+    (void)state;
+    sliced_corrupt(ECX_DATA_SHM);
+}
+
+static void test_sliced_corrupt_tcp(void **state)
+{
+    (void)state;
+    sliced_corrupt(ECX_DATA_TCP);
+}
+
 /* ---- UCX lifetimes ------------------------------------------------------ */
 
 static void test_ucx_drop_and_release_in_flight(void **state)
@@ -729,7 +961,7 @@ static void test_ucx_drop_and_release_in_flight(void **state)
     int64_t end = ecxi_now_ms(NULL) + 10000;
     int st;
     while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < end)
-        ecxi_data_progress(p.cons);
+        ecxi_data_progress(p.cons, ECX_DATA_SLICE_NS, NULL);
     assert_int_not_equal(st, ECX_XFER_RUNNING);
     ecxi_data_read_release(x);
     /* A fresh registration works after that. */
@@ -777,7 +1009,7 @@ static void test_fault(void **state)
     assert_int_equal(ecxi_data_fault_set(f, ECX_FAULT_HANG, 0, -1), 0);
     assert_int_equal(post(&p, r, l, 3, 0, &x), 0);
     for (int i = 0; i < 100; i++)
-        ecxi_data_progress(p.cons);
+        ecxi_data_progress(p.cons, ECX_DATA_SLICE_NS, NULL);
     assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_RUNNING);
     ecxi_data_read_release(x);
     /* A hung or failed READ sends no notification. */
@@ -821,6 +1053,14 @@ int main(void)
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_peer_add_mutations),
         cmocka_unit_test(test_ucx_drop_and_release_in_flight),
+        cmocka_unit_test(test_sliced_shm),
+        cmocka_unit_test(test_sliced_tcp),
+        cmocka_unit_test(test_sliced_release_shm),
+        cmocka_unit_test(test_sliced_release_tcp),
+        cmocka_unit_test(test_sliced_drop_shm),
+        cmocka_unit_test(test_sliced_drop_tcp),
+        cmocka_unit_test(test_sliced_corrupt_shm),
+        cmocka_unit_test(test_sliced_corrupt_tcp),
         cmocka_unit_test(test_fault),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -142,6 +142,35 @@ static void sums_match_xxh3(void)
                 failures++;
             }
             check_item(dst, bs, local, n, nbytes, flat);
+            /* The same copy as a job, in steps of a random size (1 byte
+             * up to 1 MiB, cutting stripes and runs anywhere), with and
+             * without populating: the same bytes, the same checksum. */
+            static const uint64_t steps[] = {1, 63, 64, 65, 4096, 4097, 65536, 1 << 20};
+            int m = mode | (t % 2 ? ECX_SHM_COPY_POPULATE : 0);
+            ecxi_shm_job *j;
+            REQUIRE(ecxi_shm_job_new(&s, bs, remote, local, n, nbytes, m, &j) == 0);
+            memset(dst, 0x5a, (size_t)maxb);
+            uint64_t step = steps[rand() % 8], moved, calls = 0, total = 0;
+            int rc;
+            got = 0;
+            while ((rc = ecxi_shm_job_step(j, &s, dst, step, &moved, &got)) == 0 && calls < 1u << 24) {
+                CHECK(moved == step);
+                total += moved, calls++;
+                if (step < 64 && calls > 4096) step = 65536; /* keep tiny steps cheap */
+            }
+            CHECK(rc == 1);
+            CHECK(moved <= step);
+            total += moved;
+            CHECK(total == nbytes);
+            CHECK(ecxi_shm_job_left(j) == 0);
+            ecxi_shm_job_free(j);
+            if (got != want) {
+                fprintf(stderr, "FAIL sliced mode %d bs %llu nbytes %llu step %llu\n", m,
+                        (unsigned long long)bs, (unsigned long long)nbytes,
+                        (unsigned long long)step);
+                failures++;
+            }
+            check_item(dst, bs, local, n, nbytes, flat);
         }
     }
     free(dst), free(flat), free(remote), free(local);
@@ -163,6 +192,15 @@ static void truncated_source_fails(void)
     CHECK(truncate(path, 10 * bs) == 0);
     for (int mode = ECX_SHM_COPY_AUTO; mode <= ECX_SHM_COPY_PREAD; mode++)
         CHECK(ecxi_shm_copy(&s, dst, bs, idx, idx, 64, len, mode, &sum) == ECX_ESYS);
+    /* Truncated between two steps of a job: the next step fails. */
+    for (int mode = ECX_SHM_COPY_AUTO; mode <= ECX_SHM_COPY_PREAD; mode++) {
+        ecxi_shm_job *j;
+        uint64_t moved;
+        REQUIRE(ecxi_shm_job_new(&s, bs, idx, idx, 64, len, mode, &j) == 0);
+        CHECK(ecxi_shm_job_step(j, &s, dst, 4 * bs, &moved, &sum) == 0 && moved == 4 * bs);
+        CHECK(ecxi_shm_job_step(j, &s, dst, 20 * bs, &moved, &sum) == ECX_ESYS);
+        ecxi_shm_job_free(j);
+    }
     /* What is still there still copies. */
     CHECK(ecxi_shm_copy(&s, dst, bs, idx, idx, 10, 10 * bs, ECX_SHM_COPY_AUTO, &sum) == 0);
     REQUIRE(sum == ecxi_checksum(s.map, 10 * bs));

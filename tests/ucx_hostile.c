@@ -334,7 +334,7 @@ static int consume(const char *dir, const char *file, int first, int count, cons
     int64_t t0 = ecxi_now_ms(NULL), end = t0 + timeout_ms;
     int st[NG], left = count;
     while (left && ecxi_now_ms(NULL) < end) {
-        ecxi_data_progress(d);
+        ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
         left = 0;
         for (int i = first; i < first + count; i++)
             left += (st[i] = ecxi_data_read_poll(x[i])) == ECX_XFER_RUNNING;
@@ -631,7 +631,7 @@ static int mutate(const char *dir, const char *file, int count)
         ecxi_data_peer *p;
         if (ecxi_data_peer_add(d, mb, (size_t)ml, &dd, &p) == 0) {
             added++;
-            ecxi_data_progress(d);
+            ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
             ecxi_data_peer_drop(p);
         } else {
             refused++;
@@ -1040,13 +1040,13 @@ static int tcp_evil(const char *dir)
         int64_t t0 = ecxi_now_ms(NULL);
         int st;
         while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < t0 + 10000) {
-            ecxi_data_progress(d);
+            ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
             wait_fd(d, 10);
         }
         ecxi_data_read_release(x);
         /* Let trailing bytes arrive before the next READ is posted. */
         for (int64_t e = ecxi_now_ms(NULL) + 200; ecxi_now_ms(NULL) < e;) {
-            ecxi_data_progress(d);
+            ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
             wait_fd(d, 10);
         }
         /* Outside the READ's bytes the guard is intact; a DONE is exact. */

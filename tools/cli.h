@@ -17,6 +17,8 @@ int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 /* `ecx bench data` (tools/cmd_bench_data.c); help is `ecx bench --help`. */
 int cmd_bench_data(int argc, char **argv, const char *help);
+/* `ecx bench stall` (tools/cmd_bench_stall.c), with its own --help. */
+int cmd_bench_stall(int argc, char **argv);
 
 /* Print "ecx: <msg>" to stderr and return EXIT_USAGE. */
 int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -21,7 +21,8 @@
  * the options a consumer's socket has.
  *
  * `bench data` (tools/cmd_bench_data.c) times whole fetches through the
- * public API; build/bench_data is the raw data-plane benchmark.
+ * public API; build/bench_data is the raw data-plane benchmark. `bench
+ * stall` (tools/cmd_bench_stall.c) times an engine's calls while it fetches.
  */
 #include <jansson.h>
 #include <sodium.h>
@@ -38,6 +39,7 @@
 static const char HELP[] =
     "usage: ecx bench ctrl --params FILE [--requests N] [--window W] [options]\n"
     "       ecx bench data [--size SIZE]... [--count N] [--data all|shm|tcp|ucx] [options]\n"
+    "       ecx bench stall [--data LIST] [--size LIST] [--step-ms LIST] [--count N] [options]\n"
     "\n"
     "ecx bench ctrl: control-plane load against a producer (ecx serve, or any peer\n"
     "speaking protocol version 1). Sends XferReq frames for the items of FILE (as\n"
@@ -77,7 +79,12 @@ static const char HELP[] =
     "      tcp_gbps=<x> tcp_ratio=<x>   (on the same line)\n"
     "  (a path not measured reads 0; UCX_TLS=tcp measures UCX over TCP).\n"
     "\n"
-    "Both accept the options serve takes in common; those that do not apply\n"
+    "ecx bench stall: what fetching costs an engine's step: the longest ecx_poll\n"
+    "and ecx_fetch_from calls while an engine steps every S ms, time to ready against\n"
+    "continuous polling, and cold vs warm fetches against memcpy + one round trip.\n"
+    "Its options and output: ecx bench stall --help.\n"
+    "\n"
+    "Both ctrl and data accept the options serve takes in common; those that do not apply\n"
     "(--region-bytes, and --data for ctrl) are accepted and ignored:\n" COMMON_HELP "\n"
     "Exit status: 0 success, 1 failure, 2 usage error.\n";
 
@@ -540,5 +547,7 @@ int cmd_bench(int argc, char **argv)
     }
     if (!strcmp(sub, "ctrl")) return cmd_bench_ctrl(argc - 1, argv + 1);
     if (!strcmp(sub, "data")) return cmd_bench_data(argc - 1, argv + 1, HELP);
-    return usage_error("bench: unknown benchmark '%s' (ctrl or data; try 'ecx bench --help')", sub);
+    if (!strcmp(sub, "stall")) return cmd_bench_stall(argc - 1, argv + 1);
+    return usage_error(
+        "bench: unknown benchmark '%s' (ctrl, data or stall; try 'ecx bench --help')", sub);
 }

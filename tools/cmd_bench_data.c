@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "cli.h"
 #include "ecx.h"
 #include "opts.h"
@@ -90,40 +91,12 @@ typedef struct bench {
     uint64_t seq; /* makes every mm_hash new */
 } bench;
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static void fill_pattern(uint8_t *b, uint64_t n)
-{
-    for (uint64_t i = 0; i < n / 8; i++) {
-        uint64_t w = (i + 1) * 0x9e3779b97f4a7c15ull;
-        memcpy(b + 8 * i, &w, 8);
-    }
-    for (uint64_t i = n / 8 * 8; i < n; i++)
-        b[i] = (uint8_t)i;
-}
-
-/* Round up to whole blocks. */
-static uint64_t blocks_of(uint64_t bytes, uint64_t bs)
-{
-    return (bytes + bs - 1) / bs * bs;
-}
-
 static int path_open(path *ph, const char *name, bench *b, uint64_t max_size)
 {
     memset(ph, 0, sizeof *ph);
     ph->name = name;
     if (!(ph->t = malloc((size_t)b->iters * sizeof *ph->t))) return -1;
-    uint64_t item = blocks_of(max_size, b->bs);
+    uint64_t item = bench_blocks_of(max_size, b->bs);
     ecx_config pc = *b->base, cc = *b->base;
     pc.role = ECX_ROLE_PRODUCER;
     pc.listen = "127.0.0.1:0";
@@ -241,16 +214,12 @@ static double path_fetch(path *ph, bench *b, uint64_t size)
  * bytes. */
 static double memcpy_once(bench *b, uint64_t size, const uint8_t *src)
 {
-    memset(b->dst, 0x5a, size);
-    double t0 = mono_s();
-    memcpy(b->dst, src, size);
-    __asm__ __volatile__("" ::"r"(b->dst) : "memory");
-    double t1 = mono_s();
+    double t = bench_time_memcpy(b->dst, src, size);
     if (memcmp(b->dst, b->expect, size) != 0) {
         fprintf(stderr, "bench: memcpy baseline delivered wrong bytes\n");
         return -1;
     }
-    return t1 - t0;
+    return t;
 }
 
 static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
@@ -272,7 +241,7 @@ static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
         fprintf(stderr, "bench: out of memory\n");
         goto done;
     }
-    fill_pattern(b->expect, max);
+    bench_fill(b->expect, 0, max, max);
     memcpy(src, b->expect, max);
     /* shm first, then tcp, then ucx, as before. */
     static const int order[3] = {0, 2, 1};
@@ -307,11 +276,11 @@ static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
             pump_set(&b->pump, NULL);
         }
         double g[4] = {0, 0, 0, 0}, lat[4] = {0, 0, 0, 0}; /* memcpy, shm, ucx, tcp */
-        lat[0] = median(b->tm, b->iters);
+        lat[0] = bench_median(b->tm, b->iters);
         g[0] = (double)size / lat[0] / 1e9;
         for (int k = 0; k < np; k++) {
             int j = !strcmp(paths[k].name, "shm") ? 1 : !strcmp(paths[k].name, "ucx") ? 2 : 3;
-            lat[j] = median(paths[k].t, b->iters);
+            lat[j] = bench_median(paths[k].t, b->iters);
             g[j] = (double)size / lat[j] / 1e9;
         }
         fprintf(stderr,

@@ -19,6 +19,8 @@ static const char HELP[] =
     "  bench ctrl     control-plane load against a producer (requests/s, p50, p99)\n"
     "  bench data     fetch-to-ready throughput through the API: shm, tcp and UCX\n"
     "                 fetches against memcpy\n"
+    "  bench stall    what fetching costs an engine's step: longest ecx_poll while\n"
+    "                 stepping every S ms, time to ready, cold vs warm fetches\n"
     "  keygen PREFIX  write a CURVE keypair (PREFIX.key, PREFIX.pub) for an\n"
     "                 encrypted, authenticated control plane\n"
     "  compat-hash VLLM_VERSION MODEL DTYPE BLOCK_SIZE_BYTES\n"

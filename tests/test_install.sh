@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# test_install — what `make install` puts on a machine is usable on its own:
+# `cmake --install` of this build tree into a temporary DESTDIR, then
+# tests/install_smoke.c built with only <ecx.h> and `pkg-config ecx` (no
+# path into the source or build tree), against the shared library and
+# against the static one, and run. When the CLI links libecx.so (CLI_SHARED
+# 1), the installed `ecx` must need libecx.so.1 and find it by its RPATH.
+# usage: test_install.sh BUILD_DIR SMOKE_C CC CLI_SHARED(0|1)
+set -euo pipefail
+BUILD=$1 SMOKE=$2 CC=$3 CLI_SHARED=$4
+T=$(mktemp -d /tmp/ecx-test-install.XXXXXX)
+SHM=$(mktemp -d /dev/shm/ecx-test-install.XXXXXX)
+trap 'rm -rf "$T" "$SHM"' EXIT
+export ECX_SHM_DIR=$SHM  # the smoke program's regions go here
+STAGE=$T/stage
+failed=0
+bad() { failed=1; echo "FAIL: $*" >&2; }
+# loads_installed_lib BINARY: ldd resolves its libecx.so.1 to the installed file.
+loads_installed_lib() {
+  local got
+  got=$(ldd "$1" | awk '$1 == "libecx.so.1" { print $3 }')
+  [ -n "$got" ] && [ "$(realpath "$got")" = "$(realpath "$LIBDIR/libecx.so.1")" ]
+}
+
+DESTDIR=$STAGE cmake --install "$BUILD" >"$T/install.log" ||
+  { cat "$T/install.log" >&2; echo "FAIL: cmake --install" >&2; exit 1; }
+
+# Where things went depends on the configured prefix and GNUInstallDirs.
+pc=$(find "$STAGE" -name ecx.pc -path '*/pkgconfig/*' | head -1)
+hdr=$(find "$STAGE" -name ecx.h | head -1)
+so=$(find "$STAGE" -name 'libecx.so.*' -type f | head -1)
+[ -n "$pc" ] && [ -n "$hdr" ] && [ -n "$so" ] || { echo "FAIL: ecx.pc, ecx.h or libecx.so.* not installed:" >&2; cat "$T/install.log" >&2; exit 1; }
+LIBDIR=$(dirname "$so")
+for f in libecx.so libecx.so.1 libecx.a; do
+  [ -e "$LIBDIR/$f" ] || bad "$LIBDIR/$f not installed"
+done
+[ "$(readlink "$LIBDIR/libecx.so")" = libecx.so.1 ] || bad "libecx.so does not link to libecx.so.1"
+
+# pkg-config reads the staged ecx.pc; the sysroot maps its prefix (e.g.
+# /usr/local) into the stage, as for any staged install.
+export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR=$STAGE
+[ "$(pkg-config --modversion ecx)" = "$(sed -nE 's/^#define ECX_VERSION_STRING "(.*)"/\1/p' "$hdr")" ] ||
+  bad "ecx.pc version $(pkg-config --modversion ecx) differs from the installed ecx.h"
+cflags=$(pkg-config --cflags ecx) libs=$(pkg-config --libs ecx)
+echo "pkg-config --cflags --libs ecx: $cflags $libs"
+case " $cflags $libs " in *" -I$STAGE"*" -L$STAGE"*) ;; *) bad "pkg-config flags do not point into the install: $cflags $libs" ;; esac
+
+# Strict user flags: the public header must compile cleanly in user code.
+WARN=(-std=c11 -Wall -Wextra -Wpedantic -Werror)
+
+# Shared: needs libecx.so.1, runs against the installed copy.
+if $CC "${WARN[@]}" -o "$T/smoke" "$SMOKE" $cflags $libs 2>"$T/cc.log"; then
+  readelf -d "$T/smoke" | grep -q 'NEEDED.*\[libecx\.so\.1\]' || bad "smoke does not need libecx.so.1"
+  LD_LIBRARY_PATH=$LIBDIR loads_installed_lib "$T/smoke" || bad "smoke does not load the installed libecx.so.1"
+  LD_LIBRARY_PATH=$LIBDIR timeout 30 "$T/smoke" || bad "install_smoke (shared) failed"
+else
+  cat "$T/cc.log" >&2; bad "install_smoke does not build against the installed shared library"
+fi
+
+# Static: -lecx taken as libecx.a (-l:libecx.a), the deps from Requires.private.
+# Debian's libzmq.pc lists a bare "libprotokit.a" in its static libs; if the
+# plain --static line does not link, retry with only its options.
+slibs=$(pkg-config --static --libs ecx | sed -E 's/(^| )-lecx( |$)/\1-l:libecx.a\2/')
+if ! $CC "${WARN[@]}" -o "$T/smoke_static" "$SMOKE" $cflags $slibs 2>"$T/cc_static.log"; then
+  slibs=$(for w in $slibs; do case $w in -*) printf '%s ' "$w" ;; esac; done)
+  echo "note: pkg-config --static --libs ecx does not link as is ($(grep -m1 -iE 'error|cannot' "$T/cc_static.log" || true)); retrying with: $slibs"
+  $CC "${WARN[@]}" -o "$T/smoke_static" "$SMOKE" $cflags $slibs 2>"$T/cc_static.log" ||
+    { cat "$T/cc_static.log" >&2; bad "install_smoke does not build against the installed static library"; }
+fi
+if [ -x "$T/smoke_static" ]; then
+  if readelf -d "$T/smoke_static" | grep -q 'NEEDED.*libecx'; then bad "smoke_static needs libecx.so"; fi
+  timeout 30 "$T/smoke_static" >/dev/null || bad "install_smoke (static) failed"
+fi
+
+# A C++ user can include the header too (extern "C").
+if command -v c++ >/dev/null; then
+  echo '#include <ecx.h>
+int main() { return ecx_version() == nullptr; }' >"$T/cxx.cc"
+  c++ -std=c++11 -Wall -Wextra -Werror -fsyntax-only $cflags "$T/cxx.cc" || bad "ecx.h does not compile as C++"
+fi
+
+# The installed CLI.
+cli=$(find "$STAGE" -path '*/bin/ecx' -type f | head -1)
+if [ -z "$cli" ]; then
+  bad "bin/ecx not installed"
+elif [ "$CLI_SHARED" = 1 ]; then
+  readelf -d "$cli" | grep -q 'NEEDED.*\[libecx\.so\.1\]' || bad "installed ecx does not need libecx.so.1"
+  # Found by its RPATH ($ORIGIN/../lib...), with no LD_LIBRARY_PATH.
+  (unset LD_LIBRARY_PATH; loads_installed_lib "$cli") ||
+    bad "installed ecx does not load the installed libecx.so.1: $(ldd "$cli" | grep libecx || echo 'not found')"
+  env -u LD_LIBRARY_PATH "$cli" --help >/dev/null 2>&1 || bad "installed ecx --help failed"
+else
+  echo "note: the CLI is not linked against libecx.so yet (CLI_SHARED=0); its check is skipped"
+fi
+
+[ "$failed" = 0 ] && echo "install: ok ($LIBDIR)"
+exit $failed

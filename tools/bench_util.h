@@ -1,0 +1,31 @@
+/*
+ * bench_util — what `ecx bench data` and `ecx bench stall` share: medians,
+ * block rounding, the content every benchmark item carries (and its check,
+ * so a verification reads nothing but the bytes checked), and a timed
+ * memcpy as the baseline.
+ */
+#ifndef ECX_BENCH_UTIL_H
+#define ECX_BENCH_UTIL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Median of v[0..n) (n >= 1); sorts v. */
+double bench_median(double *v, int n);
+/* bytes rounded up to whole blocks of bs. */
+uint64_t bench_blocks_of(uint64_t bytes, uint64_t bs);
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t bench_now_ns(void);
+
+/* The content of a benchmark item of `total` bytes: 8-byte little-endian
+ * words (i + 1) * 0x9e3779b97f4a7c15 for word i, then (uint8_t)offset for
+ * the bytes past the last whole word. bench_fill writes bytes
+ * [off, off + len) of it to dst; bench_check says whether p holds them. */
+void bench_fill(uint8_t *dst, uint64_t off, uint64_t len, uint64_t total);
+bool bench_check(const uint8_t *p, uint64_t off, uint64_t len, uint64_t total);
+
+/* Overwrite dst, then time one memcpy of size bytes from src into it;
+ * seconds. The caller verifies dst. */
+double bench_time_memcpy(uint8_t *dst, const uint8_t *src, uint64_t size);
+
+#endif
