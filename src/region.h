@@ -10,9 +10,12 @@
  *
  * Lifetime. The creator publishes the file atomically: it creates a
  * temporary name (`<name>.tmp.<pid>.<random>`), takes a shared flock, sizes
- * it with fallocate (so a /dev/shm too small to back it fails now, not as a
- * SIGBUS later), maps it with MAP_POPULATE, and only then links it to its
- * final name (link(2) refuses to replace an existing file). Every process
+ * it, maps it, asks for huge pages (MADV_HUGEPAGE: a tmpfs mounted
+ * huge=advise uses them then; huge=always|within_size does anyway) and
+ * faults the whole mapping in (MADV_POPULATE_WRITE), allocates the rest
+ * with fallocate (so a /dev/shm too small to back it fails now, not as a
+ * SIGBUS later), and only then links it to its final name (link(2) refuses
+ * to replace an existing file). Every process
  * that maps the region read-write (creator and joiners) holds a shared
  * flock on it for as long as it is mapped; the creator unlinks it in
  * ecxi_region_free(). A process killed with SIGKILL leaves its file behind
