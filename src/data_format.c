@@ -13,41 +13,7 @@
 #include <string.h>
 
 #include "region.h"
-
-/* ---- little-endian helpers ------------------------------------------- */
-
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8);
-}
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
+#include "util.h"
 
 /*
  * Formats. Both are little-endian, start with a 24-byte head and carry
@@ -122,17 +88,17 @@ static void wb_bytes(wbuf *w, const void *b, size_t n)
 static void wb16(wbuf *w, uint16_t v)
 {
     uint8_t *q = wb_take(w, 2);
-    if (q) put16(q, v);
+    if (q) ecxi_put_le16(q, v);
 }
 static void wb32(wbuf *w, uint32_t v)
 {
     uint8_t *q = wb_take(w, 4);
-    if (q) put32(q, v);
+    if (q) ecxi_put_le32(q, v);
 }
 static void wb64(wbuf *w, uint64_t v)
 {
     uint8_t *q = wb_take(w, 8);
-    if (q) put64(q, v);
+    if (q) ecxi_put_le64(q, v);
 }
 
 static void head(wbuf *w, const char *magic, uint16_t nsec, uint64_t nonce)
@@ -141,9 +107,9 @@ static void head(wbuf *w, const char *magic, uint16_t nsec, uint64_t nonce)
     uint8_t *q = wb_take(w, 12);
     if (q) {
         q[0] = ECX_DATA_FORMAT_VERSION, q[1] = 0;
-        put16(q + 2, nsec);
-        put32(q + 4, 0); /* total length, patched at the end */
-        put32(q + 8, 0);
+        ecxi_put_le16(q + 2, nsec);
+        ecxi_put_le32(q + 4, 0); /* total length, patched at the end */
+        ecxi_put_le32(q + 8, 0);
     }
     wb64(w, nonce);
 }
@@ -151,7 +117,7 @@ static void head(wbuf *w, const char *magic, uint16_t nsec, uint64_t nonce)
 static long finish(wbuf *w)
 {
     if (w->overflow || w->len > UINT32_MAX) return ECX_ERANGE;
-    put32(w->p + 8, (uint32_t)w->len);
+    ecxi_put_le32(w->p + 8, (uint32_t)w->len);
     return (long)w->len;
 }
 
@@ -222,9 +188,9 @@ static int check_head(const uint8_t *buf, size_t len, const char *magic, size_t 
     if (!buf || len < head_len || len > UINT32_MAX) return bad;
     if (memcmp(buf, magic, 4) != 0) return bad;
     if (buf[4] != ECX_DATA_FORMAT_VERSION) return ECX_EDATA_VERSION;
-    if (buf[5] != 0 || get32(buf + 12) != 0) return bad;
-    if (get32(buf + 8) != len) return bad;
-    *nsec = get16(buf + 6);
+    if (buf[5] != 0 || ecxi_get_le32(buf + 12) != 0) return bad;
+    if (ecxi_get_le32(buf + 8) != len) return bad;
+    *nsec = ecxi_get_le16(buf + 6);
     return 0;
 }
 
@@ -233,7 +199,7 @@ static int tcp_section(const uint8_t *b, size_t slen, ecxi_data_meta *m)
 {
     if (m->has_tcp || slen < 3) return ECX_EDATA_META;
     uint8_t fam = b[0];
-    uint16_t port = get16(b + 1);
+    uint16_t port = ecxi_get_le16(b + 1);
     if (port == 0 || !((fam == 4 && slen == 7) || (fam == 6 && slen == 19))) return ECX_EDATA_META;
     if (fam == 4) {
         uint32_t a = (uint32_t)b[3] << 24 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 8 | b[6];
@@ -258,28 +224,28 @@ int ecxi_data_meta_decode(const uint8_t *buf, size_t len, ecxi_data_meta *m)
     int rc = check_head(buf, len, META_MAGIC, HEAD_LEN, ECX_EDATA_META, &nsec);
     if (rc) return rc;
     if (len > ECX_DATA_META_MAX) return ECX_EDATA_META;
-    m->nonce = get64(buf + 16);
+    m->nonce = ecxi_get_le64(buf + 16);
     size_t off = HEAD_LEN;
     for (unsigned s = 0; s < nsec; s++) {
         if (len - off < 4) return ECX_EDATA_META;
-        uint16_t type = get16(buf + off), slen = get16(buf + off + 2);
+        uint16_t type = ecxi_get_le16(buf + off), slen = ecxi_get_le16(buf + off + 2);
         off += 4;
         if (slen > len - off) return ECX_EDATA_META;
         const uint8_t *b = buf + off;
         if (type == SEC_SHM) {
             if (m->has_shm || slen < 16 + 8 + 8 + 2) return ECX_EDATA_META;
             memcpy(m->boot_id, b, 16);
-            m->dev = get64(b + 16);
-            m->ino = get64(b + 24);
+            m->dev = ecxi_get_le64(b + 16);
+            m->ino = ecxi_get_le64(b + 24);
             size_t q = 32;
-            m->path_len = get16(b + q);
+            m->path_len = ecxi_get_le16(b + q);
             q += 2;
             if (m->path_len == 0 || m->path_len > ECX_DATA_PATH_MAX || m->path_len > slen - q)
                 return ECX_EDATA_META;
             m->path = (const char *)b + q;
             q += m->path_len;
             if (slen - q < 2) return ECX_EDATA_META;
-            m->sock_len = get16(b + q);
+            m->sock_len = ecxi_get_le16(b + q);
             q += 2;
             if (m->sock_len == 0 || m->sock_len > ECX_DATA_SOCK_MAX || m->sock_len != slen - q)
                 return ECX_EDATA_META;
@@ -310,9 +276,9 @@ int ecxi_data_desc_decode(const uint8_t *buf, size_t len, ecxi_data_desc *d)
     int rc = check_head(buf, len, DESC_MAGIC, DESC_HEAD_LEN, ECX_EDATA_DESC, &nsec);
     if (rc) return rc;
     if (len > ECX_DATA_DESC_MAX) return ECX_EDATA_DESC;
-    d->nonce = get64(buf + 16);
-    d->block_bytes = get64(buf + 24);
-    d->num_blocks = get64(buf + 32);
+    d->nonce = ecxi_get_le64(buf + 16);
+    d->block_bytes = ecxi_get_le64(buf + 24);
+    d->num_blocks = ecxi_get_le64(buf + 32);
     if (d->block_bytes == 0 || d->num_blocks == 0 || d->num_blocks > ECX_REGION_MAX_BLOCKS ||
         d->block_bytes > UINT64_MAX / d->num_blocks ||
         d->block_bytes * d->num_blocks > (uint64_t)SIZE_MAX)
@@ -320,16 +286,16 @@ int ecxi_data_desc_decode(const uint8_t *buf, size_t len, ecxi_data_desc *d)
     size_t off = DESC_HEAD_LEN;
     for (unsigned s = 0; s < nsec; s++) {
         if (len - off < 4) return ECX_EDATA_DESC;
-        uint16_t type = get16(buf + off), slen = get16(buf + off + 2);
+        uint16_t type = ecxi_get_le16(buf + off), slen = ecxi_get_le16(buf + off + 2);
         off += 4;
         if (slen > len - off) return ECX_EDATA_DESC;
         const uint8_t *b = buf + off;
         if (type == SEC_GRANT) {
             if (d->has_ticket || slen != GRANT_LEN) return ECX_EDATA_DESC;
             memcpy(d->ticket.token, b, ECX_DATA_TOKEN_LEN);
-            d->ticket.checksum = get64(b + ECX_DATA_TOKEN_LEN);
-            d->ticket.nbytes = get64(b + ECX_DATA_TOKEN_LEN + 8);
-            d->ticket.lease_ms = get32(b + ECX_DATA_TOKEN_LEN + 16);
+            d->ticket.checksum = ecxi_get_le64(b + ECX_DATA_TOKEN_LEN);
+            d->ticket.nbytes = ecxi_get_le64(b + ECX_DATA_TOKEN_LEN + 8);
+            d->ticket.lease_ms = ecxi_get_le32(b + ECX_DATA_TOKEN_LEN + 16);
             if (d->ticket.nbytes == 0 || d->ticket.nbytes > d->block_bytes * d->num_blocks ||
                 d->ticket.lease_ms == 0)
                 return ECX_EDATA_DESC;

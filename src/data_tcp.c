@@ -201,18 +201,6 @@ typedef struct tcp_data {
 static const struct ecxi_data_ops tcp_ops;
 static char listener_tag; /* epoll data of the listener */
 
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
 
 /* Set fd's epoll interest to ev (cached in *cur); ptr is its data. */
 static void set_events(tcp_data *t, int fd, uint32_t *cur, uint32_t ev, void *ptr)
@@ -393,7 +381,7 @@ static void conn_answer(tcp_data *t, tcp_conn *c, uint64_t id, const uint8_t *to
 {
     ecxi_data_grant g;
     int rc = ecxi_data_grant_check(&t->base, key, key_len, token, ECX_DATA_GRANT_CLAIM, &g);
-    put64(c->hdr, id);
+    ecxi_put_le64(c->hdr, id);
     c->hdr_off = 0;
     c->hdr_len = TCP_REP_HEAD;
     c->hdr[8] = TCP_REFUSED;
@@ -428,7 +416,7 @@ static void conn_answer(tcp_data *t, tcp_conn *c, uint64_t id, const uint8_t *to
         return;
     }
     c->hdr[8] = TCP_OK;
-    put64(c->hdr + 9, g.nbytes);
+    ecxi_put_le64(c->hdr + 9, g.nbytes);
     c->hdr_len = TCP_REP_OK;
     c->run_i = 0;
     c->run_off = 0;
@@ -447,7 +435,7 @@ static long parse_request(tcp_conn *c, uint64_t *id, const uint8_t **token, cons
     size_t kl = (size_t)b[26] | (size_t)b[27] << 8;
     if (kl == 0 || kl > ECX_DATA_NOTIF_MAX) return -1;
     if (c->in_len < TCP_REQ_HEAD + kl) return 0;
-    *id = get64(b + 2);
+    *id = ecxi_get_le64(b + 2);
     *token = b + 10;
     *key = (const char *)b + TCP_REQ_HEAD;
     *key_len = kl;
@@ -681,7 +669,7 @@ static bool peer_flush(tcp_peer *p)
 static int reply_head(tcp_peer *p)
 {
     tcp_xfer *x = p->q;
-    if (get64(p->rh) != x->id) return -1;
+    if (ecxi_get_le64(p->rh) != x->id) return -1;
     if (p->rh[8] == TCP_REFUSED) {
         p->q = x->next;
         if (!p->q) p->q_tail = &p->q;
@@ -691,7 +679,7 @@ static int reply_head(tcp_peer *p)
     }
     if (p->rh[8] != TCP_OK) return -1;
     if (p->rh_len < TCP_REP_OK) return 2; /* nbytes still to come */
-    if (get64(p->rh + 9) != x->nbytes) return -1;
+    if (ecxi_get_le64(p->rh + 9) != x->nbytes) return -1;
     p->in_body = true;
     p->got = 0;
     p->run_i = 0;
@@ -905,7 +893,7 @@ static int tcp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *tk, const u
     uint8_t *b = p->out + p->out_len;
     b[0] = TCP_PROTO;
     b[1] = TCP_GET;
-    put64(b + 2, x->id);
+    ecxi_put_le64(b + 2, x->id);
     memcpy(b + 10, tk->token, ECX_DATA_TOKEN_LEN);
     b[26] = (uint8_t)key_len;
     b[27] = (uint8_t)(key_len >> 8);

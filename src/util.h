@@ -12,7 +12,9 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <endian.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ecx.h" /* the log levels and the logger hook are public */
 
@@ -68,5 +70,42 @@ void ecxi_hex_encode(const void *in, size_t n, char *out);
 /* Parse 2n hex digits (either case) into n bytes. Returns the byte count or
  * ECX_EINVAL on an odd length or a non-hex digit. out must hold len/2 bytes. */
 long ecxi_hex_decode(const char *hex, size_t len, uint8_t *out);
+
+/* Little-endian fields of ecx's own data-plane formats, at any alignment
+ * (one load or store each, not a byte loop: the producer encodes a
+ * descriptor per grant). */
+static inline void ecxi_put_le16(uint8_t *p, uint16_t v)
+{
+    v = htole16(v);
+    memcpy(p, &v, 2);
+}
+static inline void ecxi_put_le32(uint8_t *p, uint32_t v)
+{
+    v = htole32(v);
+    memcpy(p, &v, 4);
+}
+static inline void ecxi_put_le64(uint8_t *p, uint64_t v)
+{
+    v = htole64(v);
+    memcpy(p, &v, 8);
+}
+static inline uint16_t ecxi_get_le16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return le16toh(v);
+}
+static inline uint32_t ecxi_get_le32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return le32toh(v);
+}
+static inline uint64_t ecxi_get_le64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return le64toh(v);
+}
 
 #endif
