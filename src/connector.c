@@ -543,12 +543,20 @@ static void wait_unlocked(ecx_ctx *ctx, int64_t wait)
 }
 
 /* Step while work is ready, for at most budget_ns. Lock held. */
+/* A data plane left work for another step at once (a READ's next slice).
+ * The cheap test between two steps; wait_ms() is the full one before a
+ * sleep. */
+static bool data_busy(ecx_ctx *ctx)
+{
+    return (ctx->pdata && ecxi_data_arm(ctx->pdata) == 1) ||
+           (ctx->cdata && ecxi_data_arm(ctx->cdata) == 1);
+}
+
 static int step_for(ecx_ctx *ctx, int64_t budget_ns)
 {
     int64_t end = mono_ns() + budget_ns;
     int ev = step(ctx);
-    bool nothing;
-    while (mono_ns() < end && wait_ms(ctx, 0, &nothing) == 0) ev += step(ctx);
+    while (data_busy(ctx) && mono_ns() < end) ev += step(ctx);
     return ev;
 }
 
@@ -602,7 +610,7 @@ static void *progress_main(void *arg)
             }
         }
         bool nothing;
-        int64_t wait = wait_ms(ctx, -1, &nothing);
+        int64_t wait = data_busy(ctx) ? 0 : wait_ms(ctx, -1, &nothing);
         if (wait != 0) {
             wait_unlocked(ctx, wait); /* -1 with nothing: until a kick */
             continue;
