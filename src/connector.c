@@ -93,6 +93,7 @@ struct ecx_ctx {
     size_t n_watched, watched_cap;
     int *fds;                /* scratch: the fds to watch now */
     size_t fds_cap;
+    uint64_t synced_gen;     /* the consumer's sessions_gen at the last sync */
     zmq_pollitem_t *items;   /* scratch: the consumer's sockets */
     size_t items_cap;
     /* consumer CURVE keys, Z85, copied from the config ("": none) */
@@ -448,8 +449,11 @@ static int cmp_int(const void *a, const void *b)
 
 /* Make epfd watch exactly fds[0..n) (and the kick). Sessions come and go,
  * so this diffs two sorted lists: O(n log n), no syscall when nothing
- * changed. A closed fd has left epoll by itself, so a failed DEL is fine. */
-static void sync_epoll(ecx_ctx *ctx, size_t n)
+ * changed. A closed fd has left epoll by itself, so a failed DEL is fine.
+ * With renew (sockets opened or closed since the last sync), fds in both
+ * lists are registered again too: a new socket can reuse a closed one's
+ * number, and the closed one's registration went with it. */
+static void sync_epoll(ecx_ctx *ctx, size_t n, bool renew)
 {
     qsort(ctx->fds, n, sizeof *ctx->fds, cmp_int);
     size_t m = 0;
@@ -467,6 +471,9 @@ static void sync_epoll(ecx_ctx *ctx, size_t n)
             epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, ctx->watched[j], NULL);
             j++;
         } else {
+            struct epoll_event ev = {.events = EPOLLIN, .data.fd = ctx->fds[i]};
+            if (renew && epoll_ctl(ctx->epfd, EPOLL_CTL_MOD, ctx->fds[i], &ev) && errno == ENOENT)
+                epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->fds[i], &ev);
             i++, j++;
         }
     }
@@ -508,7 +515,9 @@ static int64_t wait_ms(ecx_ctx *ctx, int64_t limit, bool *nothing)
     }
     if (watch_data(ctx, ctx->pdata, &n, &sleepable) || watch_data(ctx, ctx->cdata, &n, &sleepable))
         return 0;
-    sync_epoll(ctx, n);
+    uint64_t gen = ctx->cons ? ecxi_consumer_sessions_gen(ctx->cons) : 0;
+    sync_epoll(ctx, n, gen != ctx->synced_gen);
+    ctx->synced_gen = gen;
     int64_t wait = limit;
     if (ctx->prod) wait = min_timeout(wait, ecxi_producer_next_timeout(ctx->prod));
     if (ctx->srv) wait = min_timeout(wait, ecxi_ctrl_server_next_timeout(ctx->srv));

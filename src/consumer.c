@@ -65,6 +65,7 @@ struct ecxi_consumer {
     xfer *head, *free_xfers;
     session *sessions_list;
     size_t n_sessions;
+    uint64_t sessions_gen; /* bumped when a session opens or closes */
     unsigned reads_started; /* by the acks of the current poll */
     msgpack_sbuffer out;
     int64_t *idx;             /* scratch: ack indices */
@@ -223,6 +224,7 @@ static void session_close(ecxi_consumer *c, session *s, int64_t now)
             break;
         }
     c->n_sessions--;
+    c->sessions_gen++;
     free(s);
 }
 
@@ -324,6 +326,7 @@ static session *session_get(ecxi_consumer *c, const char *host, int port, int64_
     ecxi_table_insert(&c->sessions, &s->node);
     s->next = c->sessions_list, c->sessions_list = s;
     c->n_sessions++;
+    c->sessions_gen++;
     ecxi_log(ECX_LOG_DEBUG, "consumer: session %s to %s:%d", s->sid, host, port);
     return s;
 }
@@ -804,3 +807,5 @@ void ecxi_consumer_free(ecxi_consumer *c)
 }
 
 uint64_t ecxi_consumer_requests(const ecxi_consumer *c) { return c->st.requests; }
+
+uint64_t ecxi_consumer_sessions_gen(const ecxi_consumer *c) { return c->sessions_gen; }

@@ -143,4 +143,9 @@ ecxi_consumer_stats ecxi_consumer_get_stats(const ecxi_consumer *c);
  * learn whether a socket was written). */
 uint64_t ecxi_consumer_requests(const ecxi_consumer *c);
 
+/* Changes whenever a session (socket) opens or closes: a waiter watching
+ * the sessions' descriptors must then re-register them all, since a new
+ * socket may have been given a closed one's descriptor number. */
+uint64_t ecxi_consumer_sessions_gen(const ecxi_consumer *c);
+
 #endif

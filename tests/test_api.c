@@ -504,6 +504,58 @@ static void test_thread_start_stop(void **state)
     ecx_free(p);
 }
 
+/* Sessions closed when idle and replaced by sessions to new producers, in
+ * both modes: every fetch still completes, well before the ack deadline.
+ * (A new socket may reuse a closed one's descriptor number; connector.c
+ * re-registers them all when sessions change. A missed registration would
+ * not show here as a failure: the inflow guard's 20 ms timer wakes the
+ * waiter anyway, so it would cost latency, not the fetch.) */
+static void test_session_replaced(void **state)
+{
+    g_thread = *state ? 1 : 0;
+    ecx_config cc;
+    base_config(&cc, ECX_ROLE_CONSUMER);
+    cc.session_idle_ms = 50;
+    ecx_ctx *c;
+    assert_int_equal(ecx_new(&cc, &c), 0);
+    poller pc = {c, 0, 0};
+    pthread_t tc;
+    if (!g_thread) assert_int_equal(pthread_create(&tc, NULL, poll_loop, &pc), 0);
+    uint8_t bytes[4096], back[4096];
+    char h[32];
+    for (int round = 0; round < 6; round++) {
+        ecx_ctx *p = make(ECX_ROLE_PRODUCER); /* a new producer each round */
+        snprintf(h, sizeof h, "replaced-%d", round);
+        fill(bytes, sizeof bytes, (unsigned)round);
+        assert_int_equal(ecx_save(p, h, bytes, sizeof bytes), 0);
+        poller pp = {p, 0, 0};
+        pthread_t tp;
+        assert_int_equal(pthread_create(&tp, NULL, poll_loop, &pp), 0);
+        ecx_announcement an;
+        assert_int_equal(ecx_announce_info(p, h, &an), 0);
+        int reason, st = ecx_fetch_from(c, h, &an, sizeof bytes, &reason);
+        double t0 = now_s();
+        while (st == ECX_FETCH_PENDING && now_s() < t0 + 10) {
+            usleep(1000);
+            st = ecx_fetch_from(c, h, &an, sizeof bytes, &reason);
+        }
+        if (st == ECX_FETCH_LOCAL) fail_msg("round %d: %s", round, ecx_reason_name(reason));
+        assert_int_equal(st, ECX_FETCH_READY);
+        assert_true(now_s() - t0 < 1.5); /* not at the 3 s ack deadline */
+        assert_int_equal(ecx_read(c, h, back, sizeof back), (int64_t)sizeof back);
+        assert_memory_equal(back, bytes, sizeof bytes);
+        atomic_store(&pp.stop, 1);
+        pthread_join(tp, NULL);
+        ecx_free(p);
+        usleep(200000); /* the session goes idle and is closed */
+    }
+    if (!g_thread) {
+        atomic_store(&pc.stop, 1);
+        pthread_join(tc, NULL);
+    }
+    ecx_free(c);
+}
+
 /* ---------- the public wire codec ---------- */
 
 static void test_wire_codec(void **state)
@@ -556,6 +608,8 @@ int main(void)
         cmocka_unit_test_prestate(test_threads, NULL),
         cmocka_unit_test_prestate(test_threads, (void *)1),
         cmocka_unit_test(test_engine_never_polls),
+        cmocka_unit_test_prestate(test_session_replaced, NULL),
+        cmocka_unit_test_prestate(test_session_replaced, (void *)1),
         cmocka_unit_test(test_thread_start_stop),
         cmocka_unit_test(test_wire_codec),
     };
