@@ -370,6 +370,11 @@ int cmd_serve(int argc, char **argv)
     ecx_config cfg;
     ecx_config_init(&cfg);
     cfg.role = ECX_ROLE_PRODUCER;
+    /* serve's main loop is its progress loop (it does nothing else), and a
+     * producer must not answer before its items are stored: with a progress
+     * thread, a restarted serve answered NACK_MISSING for items it was
+     * still loading (test_soak). */
+    cfg.progress_thread = 0;
     bool region_given = false;
     const char *announce = NULL, *metrics = NULL;
     const char *curve_secret_path = NULL, *curve_allow_path = NULL;
