@@ -35,7 +35,6 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "announce.h"
@@ -532,13 +531,6 @@ static int64_t wait_ms(ecx_ctx *ctx, int64_t limit, bool *nothing)
  * step, short enough never to stall the step (issue 12: ≤ 1 ms). */
 #define POLL_BUDGET_NS 500000
 
-static int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* Wait on epfd for at most wait ms (-1: until woken) without the lock. */
 static void wait_unlocked(ecx_ctx *ctx, int64_t wait)
 {
@@ -563,9 +555,9 @@ static bool data_busy(ecx_ctx *ctx)
 
 static int step_for(ecx_ctx *ctx, int64_t budget_ns)
 {
-    int64_t end = mono_ns() + budget_ns;
+    int64_t end = ecxi_now_ns() + budget_ns;
     int ev = step(ctx);
-    while (data_busy(ctx) && mono_ns() < end) ev += step(ctx);
+    while (data_busy(ctx) && ecxi_now_ns() < end) ev += step(ctx);
     return ev;
 }
 

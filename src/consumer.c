@@ -590,7 +590,7 @@ int ecxi_consumer_poll(ecxi_consumer *c)
     c->reads_started = 0;
     /* One bounded slice of data-plane work per poll (data.h): a large
      * READ moves on over many polls, each short. */
-    int64_t t0 = ecxi_data_now_ns();
+    int64_t t0 = ecxi_now_ns();
     int n = ecxi_data_progress(c->data, ECX_DATA_SLICE_NS, NULL);
     if (n > 0) events += n;
     /* Timers first: an ack that waited in the socket past its transfer's
@@ -619,7 +619,7 @@ int ecxi_consumer_poll(ecxi_consumer *c)
      * (a small item is then done, and reported in this call rather than
      * the engine's next step). */
     if (c->reads_started) {
-        int64_t left = ECX_DATA_SLICE_NS - (ecxi_data_now_ns() - t0);
+        int64_t left = ECX_DATA_SLICE_NS - (ecxi_now_ns() - t0);
         n = ecxi_data_progress(c->data, left > 0 ? left : 0, NULL);
         if (n > 0) events += n;
     }

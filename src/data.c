@@ -253,16 +253,9 @@ void ecxi_data_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)
     if (d->ops->set_grant_fn) d->ops->set_grant_fn(d, fn, arg);
 }
 
-int64_t ecxi_data_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 void ecxi_slice_start(ecxi_slice *sl, int64_t budget_ns)
 {
-    sl->start_ns = ecxi_data_now_ns();
+    sl->start_ns = ecxi_now_ns();
     sl->budget_ns = budget_ns;
     sl->bytes = 0;
     sl->more = false;
@@ -273,7 +266,7 @@ static void slice_end(ecxi_data *d, const ecxi_slice *sl)
 {
     d->more = sl->more;
     if (!sl->bytes) return;
-    int64_t ns = ecxi_data_now_ns() - sl->start_ns;
+    int64_t ns = ecxi_now_ns() - sl->start_ns;
     d->slices++;
     d->slice_bytes += sl->bytes;
     if (sl->bytes > d->slice_max_bytes) d->slice_max_bytes = sl->bytes;

@@ -234,9 +234,6 @@ void ecxi_data_read_release(ecxi_data_xfer *x);
  * again rather than sleep). Never blocks. */
 int ecxi_data_progress(ecxi_data *d, int64_t budget_ns, bool *more);
 
-/* CLOCK_MONOTONIC in nanoseconds (what budgets are measured with). */
-int64_t ecxi_data_now_ns(void);
-
 /* A descriptor that becomes readable when progress may have work, or -1
  * if the context has none (then poll it on a timer). */
 int ecxi_data_fd(ecxi_data *d);

@@ -14,6 +14,7 @@
 #define ECX_DATA_IMPL_H
 
 #include "data.h"
+#include "util.h"
 
 enum ecxi_data_role { ECX_DATA_PRODUCER = 1, ECX_DATA_CONSUMER = 2 };
 
@@ -33,7 +34,7 @@ void ecxi_slice_start(ecxi_slice *sl, int64_t budget_ns);
 static inline bool ecxi_slice_spent(ecxi_slice *sl)
 {
     if (sl->bytes == 0) return false;
-    if (sl->budget_ns > 0 && ecxi_data_now_ns() - sl->start_ns < sl->budget_ns) return false;
+    if (sl->budget_ns > 0 && ecxi_now_ns() - sl->start_ns < sl->budget_ns) return false;
     sl->more = true;
     return true;
 }

@@ -894,7 +894,7 @@ static int ucx_progress(ecxi_data *d, ecxi_slice *sl)
     int64_t until = sl->start_ns + (sl->budget_ns > 0 ? sl->budget_ns : 0);
     for (int i = 0; ucp_worker_progress(u->worker); i++) {
         n++;
-        if (i + 1 >= PROGRESS_MAX || ecxi_data_now_ns() >= until) {
+        if (i + 1 >= PROGRESS_MAX || ecxi_now_ns() >= until) {
             sl->more = true; /* it was still doing something */
             break;
         }

@@ -75,6 +75,13 @@ int64_t ecxi_now_ms(const ecxi_clock *c)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+int64_t ecxi_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 bool ecxi_ratelimit_allow(ecxi_ratelimit *rl, uint32_t burst, uint64_t *dropped)
 {
     int64_t now = ecxi_now_ms(NULL);

@@ -56,6 +56,10 @@ typedef struct ecxi_clock {
 
 int64_t ecxi_now_ms(const ecxi_clock *c);
 
+/* CLOCK_MONOTONIC in nanoseconds: what time budgets (a poll's, a
+ * data-plane slice's) are measured with. */
+int64_t ecxi_now_ns(void);
+
 /* True if the n bytes at s are well-formed UTF-8 (no overlongs, no
  * surrogates, nothing above U+10FFFF), as Python's strict decoder wants. */
 bool ecxi_utf8_valid(const void *s, size_t n);
