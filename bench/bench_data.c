@@ -13,7 +13,8 @@
  *              [--cold]   (shm first fetches on fresh contexts, and after
  *                          idle pre-fault: data_bench.h)
  * Defaults: sizes 4700000 and 28800000, 30 iterations, 3 warm-up,
- * 1 MiB blocks, both paths. Bounded: every wait has a deadline.
+ * 1 MiB blocks, both paths. Regions go under $ECX_SHM_DIR (default
+ * /dev/shm), as the library's do. Bounded: every wait has a deadline.
  */
 #include <stdio.h>
 #include <stdlib.h>

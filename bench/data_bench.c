@@ -9,7 +9,9 @@
  * fetch is then checked byte for byte against the pattern (outside the
  * timed window; a mismatch fails the run). Before each fetch, and before
  * each memcpy of the baseline, the destination is overwritten, so every
- * path starts from the same cache state. Figures are medians.
+ * path starts from the same cache state. Figures are medians. The
+ * regions live in a fresh directory under $ECX_SHM_DIR (else /dev/shm), as
+ * the library's do, so a huge-page tmpfs can be measured.
  *
  * The producer runs two data contexts on its region: auto (shm and tcp)
  * and ucx (which auto no longer publishes). The "tcp" path is ecx's own
@@ -39,7 +41,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/mman.h>
 
 #include "data.h"
@@ -397,6 +402,21 @@ void ecxi_data_bench_opts_init(ecxi_data_bench_opts *o)
     o->shm = o->tcp = o->ucx = true;
 }
 
+/* Remove the bench's directory and the files left in it (region files and
+ * their lock files: no subdirectories). */
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+                (void)unlinkat(dirfd(d), e->d_name, 0);
+        closedir(d);
+    }
+    if (rmdir(dir) != 0) fprintf(stderr, "bench: could not remove %s: %s\n", dir, strerror(errno));
+}
+
 int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
 {
     uint64_t sizes[ECX_DATA_BENCH_MAX_SIZES];
@@ -420,7 +440,13 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
     uint64_t region = ((max + b.bs - 1) / b.bs) * b.bs;
     if (o->cold) region *= 2; /* other blocks for the cold fetches */
 
-    char dir[] = "/dev/shm/ecx-bench-data-XXXXXX";
+    /* Where the library puts regions ($ECX_SHM_DIR, else /dev/shm). */
+    char dir[PATH_MAX];
+    if (snprintf(dir, sizeof dir, "%s/ecx-bench-data-XXXXXX", ecxi_region_default_dir()) >=
+        (int)sizeof dir) {
+        fprintf(stderr, "bench: ECX_SHM_DIR is too long\n");
+        return -1;
+    }
     if (!mkdtemp(dir)) {
         perror("bench: mkdtemp");
         return -1;
@@ -555,8 +581,6 @@ done:
     }
     ecxi_region_free(b.cr);
     free(b.expect), free(b.src), free(b.dst), free(m), free(ds), free(um), free(uds);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "bench: could not remove %s\n", dir);
+    remove_dir(dir);
     return ret;
 }
