@@ -1,7 +1,7 @@
 /* bench_data — the data-plane benchmark as its own program: throughput of
  * the same-host (shm), tcp and UCX paths against a plain memcpy of the same
  * sizes, measured in the same run. The benchmark itself lives in
- * bench/data_bench.c, shared with `ecx bench data`; this file only parses
+ * bench/data_bench.c; this file only parses
  * the options it has always taken.
  *
  * Output: one line per size, the last line being the last size:

@@ -1,5 +1,6 @@
-/* data_bench — the body of the data-plane benchmark (bench/data_bench.h),
- * shared by build/bench_data and `ecx bench data`.
+/* data_bench — the body of build/bench_data, the internal data-plane
+ * benchmark (bench/data_bench.h; `ecx bench data` is its public-API
+ * counterpart, tools/cmd_bench_data.c).
  *
  * A producer process (forked) fills a region with a known pattern and
  * serves it (busy polling, as ucx_perftest's server does); this process is
@@ -28,6 +29,10 @@
  *   pread      pread + XXH3 a 512 KiB chunk at a time (ECX_SHM_COPY_PREAD)
  *   mmap+hash  memcpy from a read-only mapping, then XXH3 of each 256 KiB
  *              chunk while it is in cache
+ *   warm       the library's copy (ecxi_shm_copy, guarded one-pass where it
+ *              can) from that mapping, which earlier copies faulted in
+ *   cold       the same from a fresh mapping, its mmap timed (a consumer's
+ *              first read of those pages: page tables built on first touch)
  * and prints their ratios to memcpy on stderr.
  */
 #include "data_bench.h"
@@ -462,7 +467,7 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
         return -1;
     }
     if (!mkdtemp(dir)) {
-        perror("bench: mkdtemp");
+        fprintf(stderr, "bench: cannot make %s: %s\n", dir, strerror(errno));
         return -1;
     }
     int to_parent[2], stop[2];
