@@ -43,6 +43,10 @@
  *     ecx_next_timeout() is -1. The thread touches the context's sockets,
  *     region and cache only while holding the lock; it never calls the
  *     logger with the lock of another context held, and stops in ecx_free().
+ *     On the same-host path it also maps in the rest of a producer's region
+ *     after the first fetch from it (in slices, behind any READ), so that
+ *     later fetches of blocks never read before run at memory speed: once
+ *     per producer, about 85 ms of its time per GiB on 4 KiB pages.
  *   - With progress_thread = 0, nothing runs in the background: work
  *     advances inside the calls, chiefly ecx_poll(), which steps for at
  *     most about 0.5 ms per call; a large READ then needs many polls.

@@ -174,6 +174,7 @@ int ecxi_data_start(int backend, ecxi_region *region, const ecxi_data_opts *opts
     if (rc) return rc;
     (*out)->role = role;
     (*out)->region = region;
+    (*out)->background = opts && opts->background;
     return 0;
 }
 
@@ -195,6 +196,7 @@ static int new_ctx(ecxi_region *region, const ecxi_data_opts *opts, int role, ec
     rc = backend == ECX_DATA_AUTO ? ecxi_data_auto_new(region, opts, role, &m, &dd, &d)
                                   : ecxi_data_start(backend, region, opts, role, &m, &dd, &d);
     if (rc) return rc;
+    d->background = opts && opts->background; /* auto's own, for the paths it starts later */
     if (role == ECX_DATA_PRODUCER) {
         uint8_t mb[ECX_DATA_META_MAX];
         long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);

@@ -50,7 +50,10 @@
  * validates and queues (no byte moves in it), and the copy / receive /
  * verification runs in the progress calls that follow. A call that
  * stopped with work left says so (*more); ecxi_data_arm() then returns 1,
- * as it does while any queued READ is unfinished, so a caller never
+ * as it does while any queued READ is unfinished (and, in a consumer
+ * context opened with ecxi_data_opts.background, while it has work that
+ * only pays off later: shm's pre-faulting of a producer's mapping, which
+ * yields to READs), so a caller never
  * sleeps on ecxi_data_fd() with a half-done READ: progress again at once
  * (after letting others in, if it holds a lock), sleep only when arm says
  * 0. Budget in time, chunks in bytes: a chunk's cost varies several-fold
@@ -106,6 +109,12 @@ typedef struct ecxi_data_opts {
     int backend;           /* enum ecxi_data_backend; 0 = auto */
     const char *bind_host; /* producer: the advertised host; listeners bind
                               to its interface only (NULL: any) */
+    bool background;       /* consumer: a thread of the caller's progresses
+                              this context whenever arm says 1 (the progress
+                              thread), so arm may also say 1 for work that
+                              only pays off later: the shm path then faults
+                              in the rest of a producer's mapping after the
+                              first READ, slice by slice (data_shm.c) */
 } ecxi_data_opts;
 
 /* Parse "auto" / "shm" / "tcp" / "ucx" into enum ecxi_data_backend; ECX_EINVAL else. */

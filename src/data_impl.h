@@ -83,6 +83,7 @@ struct ecxi_data {
     ecxi_data_grant_fn grant_fn; /* producer: the session's grant check */
     void *grant_arg;
     bool more; /* the last slice stopped with work left */
+    bool background; /* ecxi_data_opts.background */
     uint64_t slices, slice_bytes, slice_max_bytes, slices_cut, slice_max_ns;
 };
 
