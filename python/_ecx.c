@@ -1009,11 +1009,11 @@ static PyObject *ctx_fetch(Ctx *self, PyObject *const *args, Py_ssize_t nargs, P
     return raise_rc(st < 0 ? st : ECX_EINVAL, seq0);
 }
 
-static long long mono_ms(void)
+static long long mono_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (long long)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 /* Longest wait without looking at signals and close(). */
@@ -1034,15 +1034,18 @@ static PyObject *ctx_poll(Ctx *self, PyObject *const *args, Py_ssize_t nargs, Py
         /* Only reports what the progress thread did: a read of an eventfd. */
         ev = ecx_poll(self->ctx, 0);
     } else {
-        long long end = mono_ms() + timeout;
-        for (;;) {
-            long long left = timeout < 0 ? POLL_SLICE_MS : end - mono_ms();
+        /* In slices, so that signals (Ctrl-C) and close() are seen. */
+        long long end = timeout > POLL_SLICE_MS ? mono_ns() + timeout * 1000000 : 0;
+        for (int first = 1;; first = 0) {
+            long long left = timeout < 0 ? POLL_SLICE_MS
+                             : first     ? timeout
+                                         : (end - mono_ns() + 999999) / 1000000; /* ms, up */
             int slice = left <= 0 ? 0 : left > POLL_SLICE_MS ? POLL_SLICE_MS : (int)left;
             ecx_ctx *c = self->ctx;
             NOGIL_BEGIN(self)
             ev = ecx_poll(c, slice);
             NOGIL_END(self)
-            if (ev != 0 || slice == 0 || self->closed) break;
+            if (ev != 0 || slice == 0 || slice == timeout || self->closed) break;
             DRAIN();
             if (PyErr_CheckSignals() < 0) return NULL;
         }
