@@ -14,7 +14,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-from typing import Callable, Iterable, Optional, Union
+from typing import Callable, Literal, Union
 
 from . import _ecx
 from ._ecx import (
@@ -86,7 +86,8 @@ class Context(_ecx.Context):
     thread; poll() waits without the GIL.
     """
 
-    def __init__(self, role: str = "consumer", **config: object) -> None:
+    def __init__(self, role: Literal["producer", "consumer", "both"] = "consumer",
+                 **config: object) -> None:
         for name, many in (("curve_secret_key", False), ("curve_server_key", False),
                            ("curve_allow", True)):
             path = config.pop(name + "_file", None)
@@ -94,7 +95,7 @@ class Context(_ecx.Context):
                 continue
             if config.get(name) is not None:
                 raise TypeError(f"give {name} or {name}_file, not both")
-            if not isinstance(path, (str, bytes, os.PathLike)):
+            if not isinstance(path, (str, os.PathLike)):
                 raise TypeError(f"{name}_file must be a path")
             config[name] = _read_keys(path, name + "_file") if many else _read_key(path, name + "_file")
             if many and not config[name]:
