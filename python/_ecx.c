@@ -1609,11 +1609,13 @@ PyMODINIT_FUNC PyInit__ecx(void)
     json_dumps = PyObject_GetAttrString(json, "dumps");
     Py_DECREF(json);
     if (!json_dumps) goto fail;
-    if (!(Error = PyErr_NewExceptionWithDoc(
-              "ecx.Error",
-              "A negative return from libecx: .code (int) and .name ('ECX_ECACHE_FULL').", NULL,
-              NULL)))
-        goto fail;
+    PyObject *attrs = Py_BuildValue("{s:O,s:O}", "code", Py_None, "name", Py_None);
+    if (!attrs) goto fail;
+    Error = PyErr_NewExceptionWithDoc(
+        "ecx.Error", "A negative return from libecx: .code (int) and .name ('ECX_ECACHE_FULL').",
+        NULL, attrs);
+    Py_DECREF(attrs);
+    if (!Error) goto fail;
     if (PyModule_AddObjectRef(m, "Error", Error) < 0 ||
         PyModule_AddObjectRef(m, "Context", (PyObject *)&CtxType) < 0 ||
         PyModule_AddObjectRef(m, "Hold", (PyObject *)&HoldType) < 0 ||
