@@ -570,7 +570,9 @@ static PyObject *hold_views(Hold *h, void *unused)
         PyErr_SetString(PyExc_ValueError, "ecx: the item's views were released");
         return NULL;
     }
-    return Py_NewRef(h->views);
+    /* A copy: the hold's own list is what it releases, whatever the caller
+     * does with the one it gets. */
+    return PyList_GetSlice(h->views, 0, PyList_GET_SIZE(h->views));
 }
 
 /* release() / abort(): idempotent. */

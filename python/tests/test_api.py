@@ -141,6 +141,11 @@ def test_views_after_release_raise_and_exports_defer():
                 views[0][0] = 1  # read-only
         with pytest.raises(ValueError):
             views[0][0]
+        with c.load("v") as views:  # the list is the caller's: the hold keeps its own
+            v0 = views.pop()
+            views.append(object())
+        with pytest.raises(ValueError):
+            v0[0]
         ld = c.load("v")
         v = ld.views[0]
         c.release("v")  # by hash, as in C
