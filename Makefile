@@ -52,7 +52,7 @@ fuzz: deps
 # `pip install .` from the checkout's tracked files, then python/tests.
 PYTHON ?= python3
 pytest: deps
-	bash python/tests/run.sh $(CURDIR)/$(BUILD)/pyvenv $(PYTHON)
+	bash python/tests/run.sh $(abspath $(BUILD))/pyvenv $(PYTHON)
 
 # The main job: a producer and consumers on loopback, every byte checked.
 demo: build
