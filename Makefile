@@ -7,7 +7,7 @@ FUZZ_DATA_SECONDS ?= 30
 PREFIX     ?= /usr/local
 DESTDIR    ?=
 
-.PHONY: all deps build test unit sanitize tsan fuzz demo install uninstall clean
+.PHONY: all deps build test unit sanitize tsan fuzz pytest demo install uninstall clean
 
 all: build
 
@@ -19,9 +19,10 @@ build: deps
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # Every test: the plain build, then the same suite under ASan + UBSan, the
-# code that runs on several threads under TSan, then bounded libFuzzer runs
-# of the wire decoder and of the data plane's metadata / descriptor parser.
-test: unit sanitize tsan fuzz
+# code that runs on several threads under TSan, bounded libFuzzer runs of the
+# wire decoder and of the data plane's metadata / descriptor parser, then the
+# Python package (pip install . into a fresh venv, pytest).
+test: unit sanitize tsan fuzz pytest
 
 unit: build
 	cd $(BUILD) && ctest --output-on-failure
@@ -46,6 +47,12 @@ fuzz: deps
 	@cmake --build $(BUILD)-fuzz -j $(JOBS)
 	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_wire $(FUZZ_SECONDS)
 	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_data $(FUZZ_DATA_SECONDS) tests/fuzz_data.seeds
+
+# The Python package as a newcomer gets it: a fresh venv under $(BUILD),
+# `pip install .` from the checkout's tracked files, then python/tests.
+PYTHON ?= python3
+pytest: deps
+	bash python/tests/run.sh $(abspath $(BUILD))/pyvenv $(PYTHON)
 
 # The main job: a producer and consumers on loopback, every byte checked.
 demo: build
