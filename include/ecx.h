@@ -46,7 +46,8 @@
  *     On the same-host path it also maps in the rest of a producer's region
  *     after the first fetch from it (in slices, behind any READ), so that
  *     later fetches of blocks never read before run at memory speed: once
- *     per producer, about 85 ms of its time per GiB on 4 KiB pages.
+ *     per producer, about 85 ms of its time per GiB on 4 KiB pages, at
+ *     most the first 8 GiB of a region.
  *   - With progress_thread = 0, nothing runs in the background: work
  *     advances inside the calls, chiefly ecx_poll(), which steps for at
  *     most about 0.5 ms per call; a large READ then needs many polls.

@@ -75,10 +75,11 @@
  * READs of blocks not read before run at memory speed; with a progress
  * thread (ecxi_data_opts.background) arm also says 1 until every ready
  * peer's mapping is in, and each call faults in chunks for its whole
- * budget: after the first READ from a producer, its whole region is mapped
- * in the background (~0.33 us a 4 KiB page on the development VM, ~85 ms of
- * that thread's time per GiB, once per producer; next to nothing with huge
- * pages), yielding to READs, which always go first.
+ * budget: after the first READ from a producer, its region (up to
+ * SHM_PREFAULT_MAX) is mapped in the background (~0.33 us a 4 KiB page on
+ * the development VM, ~85 ms of that thread's time per GiB, once per
+ * producer; next to nothing with huge pages), yielding to READs, which
+ * always go first.
  *
  * A notification that finds the producer's queue full waits on the peer
  * (EPOLLOUT) for up to SHM_NOTIF_RETRY_MS; a producer that has gone loses
@@ -125,6 +126,10 @@
 #ifndef SHM_PREFAULT
 #define SHM_PREFAULT 1
 #endif
+/* Pre-fault at most this much of one producer's mapping: on 4 KiB pages
+ * its page tables cost the consumer 2 MiB per GiB mapped, and a fleet's
+ * regions can be far larger than what one consumer ever reads. */
+#define SHM_PREFAULT_MAX (8ull << 30)
 /* How the copy runs (shm_copy.h); ECX_SHM_COPY_POPULATE measured no gain
  * on a first fetch (MADV_POPULATE_READ costs what the faults it saves do),
  * so it is off. */
@@ -703,11 +708,17 @@ static int copy_some(shm_data *s, ecxi_slice *sl)
     return ended;
 }
 
+/* Where pre-faulting a peer's mapping stops. */
+static uint64_t prefault_end(const shm_peer *p)
+{
+    return p->map_len < SHM_PREFAULT_MAX ? p->map_len : SHM_PREFAULT_MAX;
+}
+
 /* A ready peer whose mapping is not all faulted in yet, or NULL. */
 static shm_peer *prefault_next(const shm_data *s)
 {
     for (shm_peer *p = s->peers; p; p = p->next)
-        if (p->state == PEER_READY && p->warm < p->map_len) return p;
+        if (p->state == PEER_READY && p->warm < prefault_end(p)) return p;
     return NULL;
 }
 
@@ -723,7 +734,8 @@ static void prefault_some(shm_data *s, ecxi_slice *sl)
     if (s->copy_head || sl->bytes) return;
     shm_peer *p;
     while ((p = prefault_next(s))) {
-        uint64_t len = p->map_len - p->warm < ECX_DATA_CHUNK ? p->map_len - p->warm : ECX_DATA_CHUNK;
+        uint64_t left = prefault_end(p) - p->warm;
+        uint64_t len = left < ECX_DATA_CHUNK ? left : ECX_DATA_CHUNK;
         ecxi_shm_populate(p->src.map + p->warm, len, false);
         p->warm += len;
         if (!s->base.background || ecxi_now_ns() - sl->start_ns >= sl->budget_ns) return;
