@@ -95,6 +95,21 @@ def test_ecx_get_against_python_producer(tmp_path):
         assert r.returncode == 3 and "NACK_MISSING" in r.stderr
 
 
+def wait_stopped(pid):
+    """kill() returns before the stop takes effect: wait (bounded) until
+    every thread of pid is stopped, so that a request sent next cannot be
+    answered."""
+    for _ in range(400):
+        states = []
+        for t in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(s == "T" for s in states):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not stop: {states}")
+
+
 def test_fallback_reasons(peer):
     prod = peer("produce", "9", "5000", "auto")
     h = item_hash(9, 0)
@@ -110,6 +125,7 @@ def test_fallback_reasons(peer):
         assert wait_fetch(c, h, json.dumps(ann)) == ("ready", None)  # JSON text works too
         # a producer that stops answering: no ack within ack_timeout_ms
         os.kill(prod.proc.pid, signal.SIGSTOP)
+        wait_stopped(prod.proc.pid)
         try:
             t0 = time.monotonic()
             assert wait_fetch(c, "stopped", dict(ann, size_bytes=10)) == ("local", "ACK_TIMEOUT")
