@@ -20,7 +20,8 @@ build: deps
 
 # Every test: the plain build, then the same suite under ASan + UBSan, the
 # code that runs on several threads under TSan, then bounded libFuzzer runs
-# of the wire decoder and of the data plane's metadata / descriptor parser.
+# of the wire decoder, of the data plane's metadata / descriptor parser and
+# of NIXL's (agent metadata, vLLM's descriptor list, notification).
 test: unit sanitize tsan fuzz
 
 unit: build
@@ -46,6 +47,7 @@ fuzz: deps
 	@cmake --build $(BUILD)-fuzz -j $(JOBS)
 	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_wire $(FUZZ_SECONDS)
 	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_data $(FUZZ_DATA_SECONDS) tests/fuzz_data.seeds
+	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_nixl $(FUZZ_DATA_SECONDS) tests/fuzz_nixl.seeds
 
 # The main job: a producer and consumers on loopback, every byte checked.
 demo: build
