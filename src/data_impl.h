@@ -152,6 +152,10 @@ int ecxi_data_tcp_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_
                               ecxi_data **out);
 int ecxi_data_tcp_new_consumer(ecxi_region *r, ecxi_data **out);
 
+/* UCX's log lines through ours, UCX kept to errors unless UCX_LOG_LEVEL
+ * is set (data_ucx.c); for every UCX context we create, once. */
+void ecxi_data_ucx_log_setup(void);
+
 struct sockaddr_storage;
 /* The address a producer listens on for opts->bind_host (port 0): NULL,
  * "", "*", "0.0.0.0" and "::" mean any (then *any is set and *publish is
