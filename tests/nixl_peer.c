@@ -29,6 +29,7 @@
 #include <sys/stat.h>
 
 #include "nixl_agent.h"
+#include "util.h"
 
 static uint8_t *slurp(const char *path, size_t *n)
 {
@@ -139,6 +140,7 @@ static int read_blocks(const char *dir, size_t nb, size_t bs, const char *text, 
         if (which[k] >= cnt || blk[which[k]].len != bs) return fprintf(stderr, "bad index\n"), 1;
         remote[k] = blk[which[k]].addr, len[k] = bs, local[k] = buf + k * bs;
     }
+    int64_t t0 = ecxi_now_ns();
     if ((rc = ecxi_nixl_read_post(r, remote, local, len, n, text, strlen(text), &xfer)))
         return fprintf(stderr, "read: %s\n", ecx_strerror(rc)), 1;
     int st = 0;
@@ -148,7 +150,9 @@ static int read_blocks(const char *dir, size_t nb, size_t bs, const char *text, 
         for (size_t j = 0; j < bs; j++)
             if (buf[k * bs + j] != pattern(which[k] * bs + j))
                 return fprintf(stderr, "block %zu byte %zu differs\n", which[k], j), 1;
-    printf("read ok %s %zu blocks\n", ecxi_nixl_remote_name(r), n);
+    double ms = (double)(ecxi_now_ns() - t0) / 1e6;
+    printf("read ok %s %zu blocks (%zu bytes in %.1f ms, %.0f MB/s)\n", ecxi_nixl_remote_name(r),
+           n, n * bs, ms, (double)(n * bs) / 1e3 / ms);
     ecxi_nixl_read_release(xfer);
     ecxi_nixl_remote_drop(r);
     ecxi_nixl_agent_free(agent);

@@ -70,12 +70,14 @@ def read(d, nb, bs, text, idx):
     remote = DESC.decode(open(d + "/ecx.desc", "rb").read())
     rh = ag.prep_xfer_dlist(name, ag.get_xfer_descs(remote, "DRAM"))
     h = ag.make_prepped_xfer("READ", local, list(range(len(idx))), rh, idx, notif_msg=text.encode())
+    t0 = time.time()
     ag.transfer(h)
     end = time.time() + 30
     st = "PROC"
     while st == "PROC" and time.time() < end:
         st = ag.check_xfer_state(h)
         time.sleep(0.001)
+    ms = (time.time() - t0) * 1e3
     if st != "DONE":
         sys.exit(f"READ ended {st}")
     got = buf.raw
@@ -83,8 +85,9 @@ def read(d, nb, bs, text, idx):
         want = bytes(((j * 7 + 3) & 255) for j in range(i * bs, (i + 1) * bs))
         if got[k * bs:(k + 1) * bs] != want:
             sys.exit(f"block {i}: bytes differ")
-    print(f"read ok {name.decode() if isinstance(name, bytes) else name} {len(idx)} blocks",
-          flush=True)
+    n = len(idx) * bs
+    print(f"read ok {name.decode() if isinstance(name, bytes) else name} {len(idx)} blocks "
+          f"({n} bytes in {ms:.1f} ms, {n / 1e3 / ms:.0f} MB/s)", flush=True)
     time.sleep(0.5)  # let the notification leave
 
 
