@@ -124,6 +124,8 @@ int ecxi_data_backend_parse(const char *s, int *out)
         *out = ECX_DATA_UCX;
     else if (strcmp(s, "tcp") == 0)
         *out = ECX_DATA_TCP;
+    else if (strcmp(s, "nixl") == 0)
+        *out = ECX_DATA_NIXL;
     else
         return ECX_EINVAL;
     return 0;
@@ -136,6 +138,7 @@ const char *ecxi_data_backend_name(int backend)
     case ECX_DATA_SHM: return "shm";
     case ECX_DATA_UCX: return "ucx";
     case ECX_DATA_TCP: return "tcp";
+    case ECX_DATA_NIXL: return "nixl";
     }
     return "unknown";
 }
@@ -169,6 +172,14 @@ int ecxi_data_start(int backend, ecxi_region *region, const ecxi_data_opts *opts
         rc = p ? ecxi_data_ucx_new_producer(region, opts, m, dd, out)
                : ecxi_data_ucx_new_consumer(region, out);
         break;
+    case ECX_DATA_NIXL:
+        if (!p) {
+            ecxi_log(ECX_LOG_ERROR, "data: the nixl path serves NIXL consumers; it cannot "
+                                    "fetch yet (use another --data)");
+            return ECX_EINVAL;
+        }
+        rc = ecxi_data_nixl_new_producer(region, out);
+        break;
     default: return ECX_EINVAL;
     }
     if (rc) return rc;
@@ -195,7 +206,8 @@ static int new_ctx(ecxi_region *region, const ecxi_data_opts *opts, int role, ec
     rc = backend == ECX_DATA_AUTO ? ecxi_data_auto_new(region, opts, role, &m, &dd, &d)
                                   : ecxi_data_start(backend, region, opts, role, &m, &dd, &d);
     if (rc) return rc;
-    if (role == ECX_DATA_PRODUCER) {
+    /* (nixl publishes NIXL's metadata, made by the backend) */
+    if (role == ECX_DATA_PRODUCER && !d->meta) {
         uint8_t mb[ECX_DATA_META_MAX];
         long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
         if (ml < 0) {
@@ -209,8 +221,8 @@ static int new_ctx(ecxi_region *region, const ecxi_data_opts *opts, int role, ec
         }
         memcpy(d->meta, mb, (size_t)ml);
         d->meta_len = (size_t)ml;
-        d->layout = dd;
     }
+    if (role == ECX_DATA_PRODUCER) d->layout = dd;
     *out = d;
     return 0;
 }
@@ -243,6 +255,13 @@ long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, u
     dd.has_ticket = true;
     dd.ticket = *t;
     return ecxi_data_desc_encode(&dd, buf, cap);
+}
+
+const uint8_t *ecxi_data_shared_descriptor(const ecxi_data *d, size_t *len)
+{
+    *len = 0;
+    if (!d || d->role != ECX_DATA_PRODUCER || !d->ops->shared_descriptor) return NULL;
+    return d->ops->shared_descriptor(d, len);
 }
 
 void ecxi_data_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)

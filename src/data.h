@@ -87,8 +87,16 @@ typedef struct ecxi_data ecxi_data;
 typedef struct ecxi_data_peer ecxi_data_peer;
 typedef struct ecxi_data_xfer ecxi_data_xfer;
 
-/* Which path moves the bytes (`--data auto|shm|tcp|ucx`). */
-enum ecxi_data_backend { ECX_DATA_AUTO = 0, ECX_DATA_SHM = 1, ECX_DATA_UCX = 2, ECX_DATA_TCP = 3 };
+/* Which path moves the bytes (`--data auto|shm|tcp|ucx|nixl`). nixl
+ * (data_nixl.c, producer only for now): NIXL's one-sided data plane, to be
+ * a peer of vLLM's own connector; never chosen by auto. */
+enum ecxi_data_backend {
+    ECX_DATA_AUTO = 0,
+    ECX_DATA_SHM = 1,
+    ECX_DATA_UCX = 2,
+    ECX_DATA_TCP = 3,
+    ECX_DATA_NIXL = 4,
+};
 
 /* State of a posted READ. CORRUPT: the bytes arrived but their checksum is
  * not the ticket's (the item must not become ready). */
@@ -108,7 +116,7 @@ typedef struct ecxi_data_opts {
                               to its interface only (NULL: any) */
 } ecxi_data_opts;
 
-/* Parse "auto" / "shm" / "tcp" / "ucx" into enum ecxi_data_backend; ECX_EINVAL else. */
+/* Parse "auto" / "shm" / "tcp" / "ucx" / "nixl" into enum ecxi_data_backend; ECX_EINVAL else. */
 int ecxi_data_backend_parse(const char *s, int *out);
 const char *ecxi_data_backend_name(int backend);
 
@@ -127,6 +135,13 @@ const uint8_t *ecxi_data_agent_metadata(const ecxi_data *d, size_t *len);
  * (ECX_DATA_DESC_MAX always suffices). */
 long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, uint8_t *buf,
                                size_t cap);
+
+/* The mem_descriptor of every grant's ack, for a path whose descriptor
+ * carries no ticket (nixl: vLLM's list of the region's blocks); NULL for
+ * the others (use ecxi_data_grant_descriptor). Such a path is *tokenless*:
+ * its completions come with a NULL token, and whoever can send one can
+ * release the grant it names. Valid until ecxi_data_free(). */
+const uint8_t *ecxi_data_shared_descriptor(const ecxi_data *d, size_t *len);
 
 /* A grant as a producer backend needs it to serve the bytes. */
 typedef struct ecxi_data_grant {
@@ -153,7 +168,8 @@ void ecxi_data_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg);
 /* Called once per completion: key is NUL-terminated (key_len excludes it);
  * status 0: the grant's transfer is complete (the consumer said so, or the
  * producer's own send finished); negative: the producer's send failed. The
- * token is the one the completion presented: the session must check it. */
+ * token is the one the completion presented: the session must check it;
+ * NULL from a tokenless path (ecxi_data_shared_descriptor). */
 typedef void (*ecxi_data_notif_cb)(void *arg, const char *key, size_t key_len,
                                   const uint8_t token[ECX_DATA_TOKEN_LEN], int status);
 
@@ -252,7 +268,7 @@ typedef struct ecxi_data_counts {
     uint64_t requests_dropped; /* malformed requests, or past a queue bound */
 } ecxi_data_counts;
 typedef struct ecxi_data_stats {
-    ecxi_data_counts path[4];
+    ecxi_data_counts path[5];
     /* Slices (ecxi_data_progress / poll_notifs calls that moved bytes). */
     uint64_t slices;
     uint64_t slice_bytes;     /* bytes they moved (ucx: bytes verified) */
@@ -265,7 +281,7 @@ typedef struct ecxi_data_stats {
  * maxima: the larger of *st's and the context's). */
 void ecxi_data_get_stats(const ecxi_data *d, ecxi_data_stats *st);
 
-/* Backend actually in use: "auto", "shm", "tcp", "ucx", "fault". */
+/* Backend actually in use: "auto", "shm", "tcp", "ucx", "nixl", "fault". */
 const char *ecxi_data_name(const ecxi_data *d);
 
 void ecxi_data_free(ecxi_data *d);

@@ -68,6 +68,10 @@ struct ecxi_data_ops {
                      size_t key_len, ecxi_data_xfer **out);
     int (*read_poll)(ecxi_data_xfer *x);
     void (*read_release)(ecxi_data_xfer *x);
+    /* optional, producer: the one mem_descriptor of every grant, for a
+     * path that carries no ticket (nixl); its completions carry no token
+     * (data.h, ecxi_data_shared_descriptor) */
+    const uint8_t *(*shared_descriptor)(const ecxi_data *d, size_t *len);
 };
 
 /* Head of every context. The front (data.c) fills role, region, the
@@ -151,6 +155,9 @@ int ecxi_data_ucx_new_consumer(ecxi_region *r, ecxi_data **out);
 int ecxi_data_tcp_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data_meta *m,
                               ecxi_data **out);
 int ecxi_data_tcp_new_consumer(ecxi_region *r, ecxi_data **out);
+/* data_nixl.c: the producer fills the head's meta (NIXL agent metadata)
+ * itself. */
+int ecxi_data_nixl_new_producer(ecxi_region *r, ecxi_data **out);
 
 /* UCX's log lines through ours, UCX kept to errors unless UCX_LOG_LEVEL
  * is set (data_ucx.c); for every UCX context we create, once. */

@@ -189,6 +189,18 @@ const uint8_t *ecxi_nixl_agent_metadata(const ecxi_nixl_agent *a, size_t *len)
     return a->meta;
 }
 
+int ecxi_nixl_agent_fd(const ecxi_nixl_agent *a)
+{
+    return a->efd;
+}
+
+int ecxi_nixl_agent_arm(ecxi_nixl_agent *a)
+{
+    if (a->q_len) return 1;
+    ucs_status_t st = ucp_worker_arm(a->worker);
+    return st == UCS_OK ? 0 : st == UCS_ERR_BUSY ? 1 : ucx_fail("worker_arm", st);
+}
+
 int ecxi_nixl_agent_progress(ecxi_nixl_agent *a)
 {
     int n = 0;
@@ -205,7 +217,7 @@ bool ecxi_nixl_agent_wait(ecxi_nixl_agent *a, bool (*cond)(void *), void *arg, i
         if (cond(arg)) return true;
         int64_t left = end - ecxi_now_ms(NULL);
         if (left <= 0) return false;
-        if (ucp_worker_arm(a->worker) == UCS_OK) {
+        if (ecxi_nixl_agent_arm(a) == 0) {
             struct pollfd p = {.fd = a->efd, .events = POLLIN};
             (void)poll(&p, 1, left > 10 ? 10 : (int)left);
         }

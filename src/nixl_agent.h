@@ -4,9 +4,8 @@
  * range, READs from a NIXL agent's memory with the READ's notification,
  * and collects the notifications NIXL agents send it (docs/NIXL.md).
  *
- * Status: the building block of a future `nixl` data path (data_nixl.c,
- * not written yet); for now only tests use it (tests/nixl_peer.c), so it
- * is built into ecx_internal, never into libecx.
+ * Used by the `nixl` data path (data_nixl.c: its producer side) and by
+ * tests/nixl_peer.c (both sides, against real nixl agents).
  *
  * UCX settings (docs/NIXL.md §5): the context uses UCX's tcp transport
  * only, and the metadata carries the software-RMA rkey (no md entries):
@@ -45,6 +44,10 @@ void ecxi_nixl_agent_free(ecxi_nixl_agent *a);
 /* Its metadata (NIXL's getLocalMD bytes); NULL for a consumer. */
 const uint8_t *ecxi_nixl_agent_metadata(const ecxi_nixl_agent *a, size_t *len);
 
+/* UCX's event descriptor, and the arm before sleeping on it: 0 = safe to
+ * sleep, 1 = progress first. */
+int ecxi_nixl_agent_fd(const ecxi_nixl_agent *a);
+int ecxi_nixl_agent_arm(ecxi_nixl_agent *a);
 /* Progress UCX; returns >= 0 (events) or a negative error. */
 int ecxi_nixl_agent_progress(ecxi_nixl_agent *a);
 /* Progress until cond(arg) or timeout_ms, sleeping on UCX's event fd. */
