@@ -300,7 +300,7 @@ typedef struct ecx_config {
     const char *model;
     const char *dtype;
     const char *data;           /* data path: "auto" (shm + tcp), "shm", "tcp", "ucx" or
-                                   "nixl" (producer only: NIXL for vLLM's own connector;
+                                   "nixl" (NIXL, to be a peer of vLLM's own connector;
                                    one-sided, trusted networks only; docs/NIXL.md) */
     int progress_thread;        /* 1 (default): a library thread moves transfers on (see
                                    Threading); 0: only the calls do, chiefly ecx_poll() */

@@ -173,12 +173,7 @@ int ecxi_data_start(int backend, ecxi_region *region, const ecxi_data_opts *opts
                : ecxi_data_ucx_new_consumer(region, out);
         break;
     case ECX_DATA_NIXL:
-        if (!p) {
-            ecxi_log(ECX_LOG_ERROR, "data: the nixl path serves NIXL consumers; it cannot "
-                                    "fetch yet (use another --data)");
-            return ECX_EINVAL;
-        }
-        rc = ecxi_data_nixl_new_producer(region, out);
+        rc = p ? ecxi_data_nixl_new_producer(region, out) : ecxi_data_nixl_new_consumer(region, out);
         break;
     default: return ECX_EINVAL;
     }
@@ -311,12 +306,17 @@ int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
     *out = NULL;
     if (d->role != ECX_DATA_CONSUMER) return ECX_EDATA_ROLE;
     if (!desc) return ECX_EDATA_DESC;
-    ecxi_data_meta m;
-    int rc = ecxi_data_meta_decode(meta, meta_len, &m);
-    if (rc) return rc;
-    if (m.nonce != desc->nonce || desc->block_bytes != ecxi_region_block_bytes(d->region))
-        return ECX_EDATA_MISMATCH;
-    rc = d->ops->peer_add(d, &m, desc, out);
+    int rc;
+    if (d->ops->peer_add_raw) {
+        if (desc->block_bytes != ecxi_region_block_bytes(d->region)) return ECX_EDATA_MISMATCH;
+        rc = d->ops->peer_add_raw(d, meta, meta_len, desc, out);
+    } else {
+        ecxi_data_meta m;
+        if ((rc = ecxi_data_meta_decode(meta, meta_len, &m))) return rc;
+        if (m.nonce != desc->nonce || desc->block_bytes != ecxi_region_block_bytes(d->region))
+            return ECX_EDATA_MISMATCH;
+        rc = d->ops->peer_add(d, &m, desc, out);
+    }
     if (rc == 0) {
         ecxi_data_peer *p = *out;
         rc = ecxi_data_peer_head_init(p, desc, meta, meta_len);
@@ -326,6 +326,20 @@ int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
         }
     }
     return rc;
+}
+
+int ecxi_data_ack_desc(const ecxi_data *d, const uint8_t *buf, size_t len, uint64_t nbytes,
+                       ecxi_data_desc *dd)
+{
+    if (!d || !dd) return ECX_EINVAL;
+    if (d->role != ECX_DATA_CONSUMER) return ECX_EDATA_ROLE;
+    if (d->ops->ack_desc) return d->ops->ack_desc(d, buf, len, nbytes, dd);
+    return ecxi_data_desc_decode(buf, len, dd);
+}
+
+bool ecxi_data_read_checksum(const ecxi_data_xfer *x, uint64_t *sum)
+{
+    return x && sum && x->owner->ops->read_checksum && x->owner->ops->read_checksum(x, sum);
 }
 
 bool ecxi_data_peer_same(const ecxi_data_peer *p, const uint8_t *meta, size_t meta_len)

@@ -88,8 +88,8 @@ typedef struct ecxi_data_peer ecxi_data_peer;
 typedef struct ecxi_data_xfer ecxi_data_xfer;
 
 /* Which path moves the bytes (`--data auto|shm|tcp|ucx|nixl`). nixl
- * (data_nixl.c, producer only for now): NIXL's one-sided data plane, to be
- * a peer of vLLM's own connector; never chosen by auto. */
+ * (data_nixl.c): NIXL's one-sided data plane, to be a peer of vLLM's own
+ * connector; never chosen by auto. */
 enum ecxi_data_backend {
     ECX_DATA_AUTO = 0,
     ECX_DATA_SHM = 1,
@@ -191,6 +191,23 @@ int ecxi_data_new_consumer(ecxi_region *region, const ecxi_data_opts *opts, ecxi
  * it), ECX_EDATA_UCX. */
 int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
                        const ecxi_data_desc *desc, ecxi_data_peer **out);
+
+/* Parse an ack's mem_descriptor the way this consumer context's path
+ * needs it: ecx's format (ecxi_data_desc_decode, nbytes unused), or, for
+ * a nixl context, vLLM's list, which must be uniform (base + i * our
+ * block size, dev 0: what vLLM's build_block_descs writes) and is then
+ * described as a grant of nbytes with no checksum (dd->unverified) and
+ * ECX_NIXL_LEASE_MS. ECX_EDATA_DESC / ECX_EDATA_MISMATCH /
+ * ECX_EDATA_VERSION. */
+int ecxi_data_ack_desc(const ecxi_data *d, const uint8_t *buf, size_t len, uint64_t nbytes,
+                       ecxi_data_desc *dd);
+/* A NIXL ack names no lease: the consumer assumes this one (vLLM's pins
+ * outlive it). */
+#define ECX_NIXL_LEASE_MS 30000
+
+/* For a READ whose grant carried no checksum (dd->unverified): the
+ * XXH3-64 of what it wrote, once DONE. False otherwise. */
+bool ecxi_data_read_checksum(const ecxi_data_xfer *x, uint64_t *sum);
 
 /* True if the peer was registered from exactly this agent_metadata (an
  * ack whose metadata differs means the producer restarted: drop and add

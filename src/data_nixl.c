@@ -3,7 +3,7 @@
  * ECCPUConnector on NIXL's data plane (docs/NIXL.md), with our own UCX and
  * no NIXL library (src/nixl_agent.c).
  *
- * Producer (done): one NIXL agent whose metadata offers the whole region
+ * Producer: one NIXL agent whose metadata offers the whole region
  * as one DRAM range; every OK ack carries that metadata as
  * agent_metadata and vLLM's mem_descriptor (one (addr, len, 0) per block)
  * as the descriptor, the same for every grant (ecxi_data_shared_descriptor).
@@ -12,7 +12,16 @@
  * which this path hands to the session as a completion without a token
  * (ecxi_data_tokenless): the grant is released.
  *
- * Consumer: not yet (ECX_EINVAL): `ecx get --data nixl` is refused.
+ * Consumer: an ack's agent_metadata is NIXL's (parsed and bounded by
+ * nixl_format.c: ECX_EDATA_META) and its mem_descriptor vLLM's list
+ * (ecxi_data_ack_desc: uniform, our block size, else ECX_EDATA_DESC /
+ * ECX_EDATA_MISMATCH); both end as BAD_ACK in the session. The peer is a
+ * NIXL remote agent (nixl_agent.c: an endpoint from its worker address,
+ * its rkeys), whose ranges must cover the whole list. A READ is one
+ * ucp_get per run of consecutive blocks, a flush, then the notification
+ * "{session_id}:{mm_hash}". No checksum comes with a NIXL grant: when the
+ * READ is done its XXH3-64 is computed (the item's checksum in our cache),
+ * verifying nothing.
  *
  * What it gives up (README, threat model): NIXL is one-sided, so the
  * producer decides nothing about what leaves it: a peer with the metadata
@@ -26,9 +35,26 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "checksum.h"
 #include "data_impl.h"
 #include "nixl_agent.h"
 #include "util.h"
+
+typedef struct nixl_peer {
+    ecxi_data_peer head;
+    ecxi_nixl_remote *r;
+    uint64_t base; /* the remote's block 0 */
+} nixl_peer;
+
+typedef struct nixl_xfer {
+    ecxi_data_xfer head;
+    ecxi_nixl_read *rd;
+    int state;
+    uint64_t checksum;
+    uint64_t *blocks; /* local indices, for the checksum */
+    size_t n;
+    uint64_t nbytes;
+} nixl_xfer;
 
 typedef struct nixl_data {
     ecxi_data base;
@@ -126,6 +152,155 @@ int ecxi_data_nixl_new_producer(ecxi_region *r, ecxi_data **out)
     return 0;
 }
 
+/* ---- consumer ----------------------------------------------------------- */
+
+static int nixl_ack_desc(const ecxi_data *d, const uint8_t *buf, size_t len, uint64_t nbytes,
+                         ecxi_data_desc *dd)
+{
+    memset(dd, 0, sizeof *dd);
+    uint64_t bs = ecxi_region_block_bytes(d->region);
+    size_t n;
+    int rc = ecxi_nixl_desc_count(buf, len, ECX_REGION_MAX_BLOCKS, &n);
+    if (rc) return rc;
+    ecxi_nixl_block *b = malloc(n * sizeof *b);
+    if (!b) return ECX_ENOMEM;
+    if ((rc = ecxi_nixl_desc_decode(buf, len, b, n, &n))) goto out;
+    rc = ECX_EDATA_MISMATCH;
+    for (size_t i = 0; i < n; i++)
+        if (b[i].len != bs) goto out;
+    rc = ECX_EDATA_DESC;
+    if (b[0].addr > UINT64_MAX - n * bs) goto out; /* n * bs fits: n <= len / 4, bs a region's */
+    for (size_t i = 0; i < n; i++)
+        if (b[i].addr != b[0].addr + i * bs || b[i].dev_id != 0) goto out;
+    if (nbytes == 0 || nbytes > n * bs) goto out;
+    dd->block_bytes = bs;
+    dd->num_blocks = n;
+    dd->has_ticket = true;
+    dd->ticket.nbytes = nbytes;
+    dd->ticket.lease_ms = ECX_NIXL_LEASE_MS;
+    dd->unverified = true;
+    dd->remote_base = b[0].addr;
+    rc = 0;
+out:
+    free(b);
+    return rc;
+}
+
+static int nixl_peer_add_raw(ecxi_data *d, const uint8_t *meta, size_t meta_len,
+                             const ecxi_data_desc *desc, ecxi_data_peer **out)
+{
+    nixl_data *x = (nixl_data *)d;
+    if (!desc->unverified) return ECX_EDATA_DESC;
+    nixl_peer *p = calloc(1, sizeof *p);
+    if (!p) return ECX_ENOMEM;
+    int rc = ecxi_nixl_remote_add(x->agent, meta, meta_len, &p->r);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    /* The blocks of the list must be what the metadata registered. */
+    if (!ecxi_nixl_remote_covers(p->r, desc->remote_base, desc->num_blocks * desc->block_bytes)) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data nixl: the descriptor list of %s lies outside "
+                            "its registered memory", ecxi_nixl_remote_name(p->r));
+        ecxi_nixl_remote_drop(p->r);
+        free(p);
+        return ECX_EDATA_MISMATCH;
+    }
+    p->base = desc->remote_base;
+    p->head.owner = d;
+    p->head.backend = "nixl";
+    *out = &p->head;
+    return 0;
+}
+
+static void nixl_peer_drop(ecxi_data_peer *hp)
+{
+    nixl_peer *p = (nixl_peer *)hp;
+    ecxi_nixl_remote_drop(p->r);
+    free(p);
+}
+
+static int nixl_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *remote,
+                          const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
+                          size_t key_len, ecxi_data_xfer **out)
+{
+    (void)t;
+    nixl_peer *p = (nixl_peer *)hp;
+    ecxi_data *d = hp->owner;
+    uint64_t bs = ecxi_region_block_bytes(d->region);
+    uint8_t *lbase = ecxi_region_base(d->region);
+    nixl_xfer *x = calloc(1, sizeof *x);
+    uint64_t *raddr = calloc(n, sizeof *raddr), *len = calloc(n, sizeof *len);
+    void **lptr = calloc(n, sizeof *lptr);
+    int rc = ECX_ENOMEM;
+    if (x && raddr && len && lptr && (x->blocks = malloc(n * sizeof *x->blocks))) {
+        for (size_t i = 0; i < n; i++) {
+            raddr[i] = p->base + remote[i] * bs; /* indices checked by the front */
+            lptr[i] = lbase + local[i] * bs;
+            len[i] = bs; /* whole blocks, as NIXL's descriptors are */
+        }
+        memcpy(x->blocks, local, n * sizeof *local);
+        x->n = n;
+        x->nbytes = nbytes;
+        x->head.owner = d;
+        rc = ecxi_nixl_read_post(p->r, raddr, lptr, len, n, key, key_len, &x->rd);
+    }
+    free(raddr), free(len), free(lptr);
+    if (rc) {
+        if (x) free(x->blocks);
+        free(x);
+        return rc;
+    }
+    *out = &x->head;
+    return 0;
+}
+
+static int nixl_read_poll(ecxi_data_xfer *hx)
+{
+    nixl_xfer *x = (nixl_xfer *)hx;
+    if (x->state != ECX_XFER_RUNNING) return x->state;
+    int st = ecxi_nixl_read_poll(x->rd);
+    if (st == 0) return ECX_XFER_RUNNING;
+    if (st < 0) return x->state = ECX_XFER_FAILED;
+    const ecxi_region *r = hx->owner->region;
+    x->checksum = ecxi_checksum_blocks(ecxi_region_base(r), ecxi_region_block_bytes(r), x->blocks,
+                                       x->n, x->nbytes);
+    return x->state = ECX_XFER_DONE;
+}
+
+static bool nixl_read_checksum(const ecxi_data_xfer *hx, uint64_t *sum)
+{
+    const nixl_xfer *x = (const nixl_xfer *)hx;
+    if (x->state != ECX_XFER_DONE) return false;
+    *sum = x->checksum;
+    return true;
+}
+
+static void nixl_read_release(ecxi_data_xfer *hx)
+{
+    nixl_xfer *x = (nixl_xfer *)hx;
+    ecxi_nixl_read_release(x->rd);
+    free(x->blocks);
+    free(x);
+}
+
+int ecxi_data_nixl_new_consumer(ecxi_region *r, ecxi_data **out)
+{
+    nixl_data *x = calloc(1, sizeof *x);
+    if (!x) return ECX_ENOMEM;
+    x->base.ops = &nixl_ops;
+    char name[64];
+    snprintf(name, sizeof name, "ecx-%d-%p", (int)getpid(), (void *)x);
+    int rc = ecxi_nixl_agent_new(name, NULL, 0, &x->agent);
+    if (rc) {
+        free(x);
+        return rc;
+    }
+    (void)r;
+    *out = &x->base;
+    return 0;
+}
+
 static const struct ecxi_data_ops nixl_ops = {
     .name = "nixl",
     .free = nixl_free,
@@ -134,4 +309,11 @@ static const struct ecxi_data_ops nixl_ops = {
     .arm = nixl_arm,
     .poll_notifs = nixl_poll_notifs,
     .shared_descriptor = nixl_shared_desc,
+    .peer_add_raw = nixl_peer_add_raw,
+    .ack_desc = nixl_ack_desc,
+    .peer_drop = nixl_peer_drop,
+    .read_post = nixl_read_post,
+    .read_poll = nixl_read_poll,
+    .read_release = nixl_read_release,
+    .read_checksum = nixl_read_checksum,
 };

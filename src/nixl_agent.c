@@ -285,9 +285,10 @@ int ecxi_nixl_remote_add(ecxi_nixl_agent *a, const uint8_t *md, size_t md_len,
             .err_handler = {.cb = remote_err, .arg = r},
         };
         ucs_status_t st = ucp_ep_create(a->worker, &ep, &r->ep);
-        if (st != UCS_OK) {
+        if (st != UCS_OK) { /* an address UCX cannot use: the metadata's fault */
             r->ep = NULL;
-            rc = st == UCS_ERR_UNREACHABLE ? ECX_EDATA_NOPATH : ucx_fail("ep_create", st);
+            ucx_fail("ep_create", st);
+            rc = ECX_EDATA_META;
         }
     }
     free(addr);
@@ -297,7 +298,8 @@ int ecxi_nixl_remote_add(ecxi_nixl_agent *a, const uint8_t *md, size_t md_len,
         free(k);
         if (st != UCS_OK) {
             r->rkey[i] = NULL;
-            rc = ucx_fail("rkey_unpack", st);
+            ucx_fail("rkey_unpack", st);
+            rc = ECX_EDATA_META;
         }
     }
     if (rc) {
@@ -307,6 +309,11 @@ int ecxi_nixl_remote_add(ecxi_nixl_agent *a, const uint8_t *md, size_t md_len,
     memcpy(r->name, r->m.name, r->m.name_len);
     *out = r;
     return 0;
+}
+
+bool ecxi_nixl_remote_covers(const ecxi_nixl_remote *r, uint64_t addr, uint64_t len)
+{
+    return ecxi_nixl_meta_covers(&r->m, addr, len);
 }
 
 const char *ecxi_nixl_remote_name(const ecxi_nixl_remote *r)

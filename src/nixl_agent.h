@@ -61,12 +61,14 @@ int ecxi_nixl_agent_notif_pop(ecxi_nixl_agent *a, char *name, char *msg);
 uint64_t ecxi_nixl_agent_notifs_dropped(const ecxi_nixl_agent *a);
 
 /* A remote agent from its metadata (NIXL's add_remote_agent): parsed and
- * bounded (ECX_EDATA_META), an endpoint from its worker address, its
- * ranges' rkeys unpacked. ECX_EDATA_UCX / ECX_EDATA_NOPATH on UCX
- * failure. */
+ * bounded, an endpoint from its worker address, its ranges' rkeys
+ * unpacked. ECX_EDATA_META if any of that fails (UCX refusing the address
+ * or an rkey included), ECX_ENOMEM. */
 int ecxi_nixl_remote_add(ecxi_nixl_agent *a, const uint8_t *md, size_t md_len,
                          ecxi_nixl_remote **out);
 void ecxi_nixl_remote_drop(ecxi_nixl_remote *r);
+/* True if [addr, addr + len) lies inside one of its ranges. */
+bool ecxi_nixl_remote_covers(const ecxi_nixl_remote *r, uint64_t addr, uint64_t len);
 /* Its agent name (NUL-terminated). */
 const char *ecxi_nixl_remote_name(const ecxi_nixl_remote *r);
 

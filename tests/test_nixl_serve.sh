@@ -4,8 +4,9 @@
 # ZeroMQ, add_remote_agent(ack.agent_metadata), descriptors from
 # ack.mem_descriptor and src_block_indices, one READ with the notification
 # "{session_id}:{mm_hash}", every byte compared; then the producer's metrics
-# must show each grant released by its notification. Also: `ecx get --data
-# nixl` is refused (no nixl consumer yet).
+# must show each grant released by its notification. Then `ecx get --data
+# nixl` fetches the same items from it (ecx to ecx over NIXL), every byte
+# compared, its grants released too.
 # usage: test_nixl_serve.sh ECX_BINARY BUILD_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,17 +30,17 @@ for _ in $(seq 200); do [ -f "$tmp/ann.json" ] && break; sleep 0.05; done
 timeout 120 "$NIXL_PY" "$here/nixl/nixl_fetch.py" "$tmp/ann.json" "$tmp/items" 1048576 \
   2>"$tmp/py.log" | grep -v "NIXL INFO" || { cat "$tmp/py.log" "$tmp/serve.log" >&2; exit 1; }
 metrics() { /usr/bin/python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://127.0.0.1:$mport/metrics"; }
+mkdir "$tmp/got"
+ECX_SHM_DIR=$tmp "$ecx" get --data nixl --params "$tmp/ann.json" --out "$tmp/got" --block-bytes 1Mi \
+  >"$tmp/get.out" 2>&1 || { cat "$tmp/get.out" >&2; exit 1; }
+for f in "$tmp"/items/*; do cmp "$f" "$tmp/got/$(basename "$f")"; done
+echo "ecx get --data nixl from it: $(ls "$tmp/got" | wc -l) items, every byte equal"
 for _ in $(seq 100); do
   m=$(metrics)
-  echo "$m" | grep -qx "ecx_producer_completions_total 3" && break
+  echo "$m" | grep -qx "ecx_producer_completions_total 6" && break
   sleep 0.05
 done
 echo "$m" | grep -E "^ecx_producer_(grants_total|completions_total|active_grants|forged_notifications_total) "
-echo "$m" | grep -qx "ecx_producer_completions_total 3" || { echo "grants not released" >&2; exit 1; }
+echo "$m" | grep -qx "ecx_producer_completions_total 6" || { echo "grants not released" >&2; exit 1; }
 echo "$m" | grep -qx "ecx_producer_active_grants 0" || { echo "grants still held" >&2; exit 1; }
-if "$ecx" get --data nixl --peer "127.0.0.1:$port" --mm-hash item-one --size 1048576 \
-  --out "$tmp/got" --block-bytes 1Mi >"$tmp/get.out" 2>&1; then
-  echo "ecx get --data nixl should be refused" >&2; exit 1
-fi
-echo "ecx get --data nixl refused: $(grep -m1 nixl "$tmp/get.out" || head -1 "$tmp/get.out")"
 echo ok

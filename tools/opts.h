@@ -46,9 +46,9 @@ enum {
     "                         else tcp). tcp moves the bytes unencrypted: trusted network\n"      \
     "                         or IPsec/WireGuard. ucx (RDMA fabrics): trusted network ONLY,\n"    \
     "                         UCX's tcp transport lets any peer write producer memory.\n"         \
-    "                         nixl (serve only, for now): NIXL's one-sided data plane, for\n"     \
-    "                         vLLM's own connector as consumer; trusted network ONLY: a\n"        \
-    "                         peer can read the whole region and more (docs/NIXL.md)\n"           \
+    "                         nixl: NIXL's one-sided data plane, to be a peer of vLLM's\n"        \
+    "                         own connector; trusted network ONLY: a peer can read the\n"         \
+    "                         whole region and more, and no checksum (docs/NIXL.md)\n"            \
     "  SIZE takes K/M/G (x1000) and Ki/Mi/Gi (x1024) suffixes, e.g. 4.7M, 64Mi.\n"
 
 /* Apply one common option to cfg. Returns 1 if c was one of them, 0 if
