@@ -17,10 +17,7 @@ import sys
 
 import msgspec
 
-try:
-    import nixl_cu12._api as nixl_api
-except ImportError:  # the meta package picks the build for the local CUDA
-    import nixl._api as nixl_api
+from nixl_common import nixl_api
 
 
 def agent_blob(name, sizes):

@@ -18,10 +18,7 @@ import time
 
 import msgspec
 
-try:
-    import nixl_cu12._api as nixl_api
-except ImportError:
-    import nixl._api as nixl_api
+from nixl_common import nixl_api
 
 DESC = msgspec.msgpack.Decoder(list[tuple[int, int, int]])
 

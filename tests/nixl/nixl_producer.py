@@ -26,26 +26,7 @@ import time
 import msgspec
 import zmq
 
-try:
-    import nixl_cu12._api as nixl_api
-except ImportError:
-    import nixl._api as nixl_api
-
-
-class XferReq(msgspec.Struct, tag="req", omit_defaults=True):
-    mm_hash: str
-    compatibility_hash: str
-    session_id: str = ""
-    connector_version: int = 1
-
-
-class XferAck(msgspec.Struct, tag="ack", omit_defaults=True):
-    mm_hash: str
-    status: int
-    session_id: str = ""
-    src_block_indices: list[int] = []
-    agent_metadata: bytes = b""
-    mem_descriptor: bytes = b""
+from nixl_common import XferAck, XferReq, nixl_api
 
 
 def blob_spans(md):
