@@ -51,6 +51,8 @@ struct ecxi_nixl_remote {
     ucp_ep_h ep;
     ucp_rkey_h rkey[ECX_NIXL_REGS_MAX];
     bool broken;
+    bool dropped; /* kept, without endpoint, until its last READ is released */
+    size_t reads;
 };
 
 enum { ST_FLUSH, ST_NOTIF, ST_DONE };
@@ -270,7 +272,7 @@ int ecxi_nixl_remote_add(ecxi_nixl_agent *a, const uint8_t *md, size_t md_len,
         return ECX_ENOMEM;
     }
     r->a = a;
-    memcpy(r->md, md, md_len);
+    if (md_len) memcpy(r->md, md, md_len);
     int rc = ecxi_nixl_meta_decode(r->md, md_len, &r->m);
     if (!rc && r->m.name_len == a->name_len && !memcmp(r->m.name, a->name, a->name_len))
         rc = ECX_EDATA_META; /* NIXL refuses its own name too */
@@ -331,18 +333,28 @@ static void wait_req(ecxi_nixl_agent *a, void *req)
     ucp_request_free(req);
 }
 
+static void remote_free(ecxi_nixl_remote *r)
+{
+    free(r->md);
+    free(r);
+}
+
+/* Closing the endpoint (forced) ends its READs' requests with an error;
+ * their xfers stay valid (failed) until released. */
 void ecxi_nixl_remote_drop(ecxi_nixl_remote *r)
 {
     if (!r) return;
     for (size_t i = 0; i < ECX_NIXL_REGS_MAX; i++)
         if (r->rkey[i]) ucp_rkey_destroy(r->rkey[i]);
+    memset(r->rkey, 0, sizeof r->rkey);
     if (r->ep) {
         ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                  .flags = UCP_EP_CLOSE_FLAG_FORCE};
         wait_req(r->a, ucp_ep_close_nbx(r->ep, &p));
+        r->ep = NULL;
     }
-    free(r->md);
-    free(r);
+    r->dropped = true;
+    if (r->reads == 0) remote_free(r);
 }
 
 /* ---- READ --------------------------------------------------------------- */
@@ -363,7 +375,7 @@ int ecxi_nixl_read_post(ecxi_nixl_remote *r, const uint64_t *remote, void *const
 {
     if (!r || !out || !n || !remote || !local || !len || !msg) return ECX_EINVAL;
     *out = NULL;
-    if (r->broken) return ECX_EDATA_PEER;
+    if (r->broken || r->dropped) return ECX_EDATA_PEER;
     for (size_t i = 0; i < n; i++)
         if (!len[i] || reg_of(&r->m, remote[i], len[i]) < 0) return ECX_EDATA_INDEX;
     ecxi_nixl_read *x = calloc(1, sizeof *x);
@@ -400,6 +412,7 @@ int ecxi_nixl_read_post(ecxi_nixl_remote *r, const uint64_t *remote, void *const
         return rc;
     }
     x->stage = ST_FLUSH;
+    r->reads++;
     *out = x;
     return 0;
 }
@@ -420,6 +433,7 @@ int ecxi_nixl_read_poll(ecxi_nixl_read *x)
     if (!x) return ECX_EINVAL;
     if (x->status) return x->status;
     if (x->stage == ST_DONE) return 1;
+    if (x->r->dropped) return x->status = ECX_EDATA_PEER;
     int s = req_state(x);
     if (s == 1) return x->r->broken ? (x->status = ECX_EDATA_PEER) : 0;
     if (s < 0) return x->status = s;
@@ -442,6 +456,8 @@ int ecxi_nixl_read_poll(ecxi_nixl_read *x)
 void ecxi_nixl_read_release(ecxi_nixl_read *x)
 {
     if (!x) return;
-    wait_req(x->r->a, x->req);
+    ecxi_nixl_remote *r = x->r;
+    wait_req(r->a, x->req);
     free(x);
+    if (--r->reads == 0 && r->dropped) remote_free(r);
 }

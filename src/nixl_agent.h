@@ -66,6 +66,8 @@ uint64_t ecxi_nixl_agent_notifs_dropped(const ecxi_nixl_agent *a);
  * or an rkey included), ECX_ENOMEM. */
 int ecxi_nixl_remote_add(ecxi_nixl_agent *a, const uint8_t *md, size_t md_len,
                          ecxi_nixl_remote **out);
+/* Its READs still running fail (ECX_EDATA_PEER); their handles stay valid
+ * until released. */
 void ecxi_nixl_remote_drop(ecxi_nixl_remote *r);
 /* True if [addr, addr + len) lies inside one of its ranges. */
 bool ecxi_nixl_remote_covers(const ecxi_nixl_remote *r, uint64_t addr, uint64_t len);
