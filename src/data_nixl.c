@@ -31,10 +31,10 @@
  * notification releases the grant it names whoever sends it. Trusted
  * networks only; never chosen by auto.
  */
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "checksum.h"
 #include "data_impl.h"
@@ -66,6 +66,20 @@ typedef struct nixl_data {
 } nixl_data;
 
 static const struct ecxi_data_ops nixl_ops;
+
+/* A NIXL agent name unique across hosts: a vLLM process keeps one agent for
+ * all its peers, and NIXL refuses a second remote agent of the same name
+ * (or one named like itself). "ecx-" and 32 random hex digits. */
+static int agent_name(char out[40])
+{
+    if (sodium_init() < 0) return ECX_ECRYPTO;
+    uint8_t r[16];
+    randombytes_buf(r, sizeof r);
+    memcpy(out, "ecx-", 4);
+    for (int i = 0; i < 16; i++)
+        snprintf(out + 4 + 2 * i, 3, "%02x", r[i]);
+    return 0;
+}
 
 static void nixl_free(ecxi_data *d)
 {
@@ -123,9 +137,9 @@ int ecxi_data_nixl_new_producer(ecxi_region *r, ecxi_data **out)
     x->base.ops = &nixl_ops;
     uint8_t *base = ecxi_region_base(r);
     uint64_t bs = ecxi_region_block_bytes(r), nb = ecxi_region_num_blocks(r);
-    char name[64];
-    snprintf(name, sizeof name, "ecx-%d-%p", (int)getpid(), (void *)x);
-    int rc = ecxi_nixl_agent_new(name, base, (size_t)(bs * nb), &x->agent);
+    char name[40];
+    int rc = agent_name(name);
+    if (!rc) rc = ecxi_nixl_agent_new(name, base, (size_t)(bs * nb), &x->agent);
     ecxi_nixl_block *blk = rc ? NULL : calloc((size_t)nb, sizeof *blk);
     size_t cap = ecxi_nixl_desc_size((size_t)nb);
     if (!rc && (!blk || !(x->desc = malloc(cap)))) rc = ECX_ENOMEM;
@@ -290,9 +304,9 @@ int ecxi_data_nixl_new_consumer(ecxi_region *r, ecxi_data **out)
     nixl_data *x = calloc(1, sizeof *x);
     if (!x) return ECX_ENOMEM;
     x->base.ops = &nixl_ops;
-    char name[64];
-    snprintf(name, sizeof name, "ecx-%d-%p", (int)getpid(), (void *)x);
-    int rc = ecxi_nixl_agent_new(name, NULL, 0, &x->agent);
+    char name[40];
+    int rc = agent_name(name);
+    if (!rc) rc = ecxi_nixl_agent_new(name, NULL, 0, &x->agent);
     if (rc) {
         free(x);
         return rc;

@@ -62,7 +62,7 @@ touch "$tmp/stop"
 wait "$pid"
 pid=
 for h in good-0 good-1 good-2; do
-  grep -Eq "^notif ecx-[0-9]+-0x[0-9a-f]+ [0-9a-f-]{36}:$h$" "$tmp/prod.out" ||
+  grep -Eq "^notif ecx-[0-9a-f]{32} [0-9a-f-]{36}:$h$" "$tmp/prod.out" ||
     { cat "$tmp/prod.out" >&2; echo "no notification for $h" >&2; exit 1; }
 done
 echo "the nixl agent got each READ's notification: $(grep -c '^notif' "$tmp/prod.out") in all"
