@@ -20,7 +20,8 @@ build: deps
 
 # Every test: the plain build, then the same suite under ASan + UBSan, the
 # code that runs on several threads under TSan, bounded libFuzzer runs of the
-# wire decoder and of the data plane's metadata / descriptor parser, then the
+# wire decoder, of the data plane's metadata / descriptor parser and of
+# NIXL's (agent metadata, vLLM's descriptor list, notification), then the
 # Python package (pip install . into a fresh venv, pytest).
 test: unit sanitize tsan fuzz pytest
 
@@ -47,6 +48,7 @@ fuzz: deps
 	@cmake --build $(BUILD)-fuzz -j $(JOBS)
 	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_wire $(FUZZ_SECONDS)
 	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_data $(FUZZ_DATA_SECONDS) tests/fuzz_data.seeds
+	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_nixl $(FUZZ_DATA_SECONDS) tests/fuzz_nixl.seeds
 
 # The Python package as a newcomer gets it: a fresh venv under $(BUILD),
 # `pip install .` from the checkout's tracked files, then python/tests.

@@ -42,10 +42,13 @@ enum {
     "  --vllm-version TEXT    compatibility factor (default " ECX_DEFAULT_VLLM_VERSION ")\n"      \
     "  --model TEXT           compatibility factor (default " ECX_DEFAULT_MODEL ")\n"             \
     "  --dtype TEXT           compatibility factor (default " ECX_DEFAULT_DTYPE ")\n"             \
-    "  --data auto|shm|tcp|ucx  data path (default auto: shm on the same host, else tcp).\n"      \
-    "                         tcp moves the bytes unencrypted: trusted network or\n"              \
-    "                         IPsec/WireGuard. ucx (RDMA fabrics): trusted network ONLY,\n"       \
-    "                         UCX's tcp transport lets any peer write producer memory\n"          \
+    "  --data auto|shm|tcp|ucx|nixl  data path (default auto: shm on the same host,\n"         \
+    "                         else tcp). tcp moves the bytes unencrypted: trusted network\n"      \
+    "                         or IPsec/WireGuard. ucx (RDMA fabrics): trusted network ONLY,\n"    \
+    "                         UCX's tcp transport lets any peer write producer memory.\n"         \
+    "                         nixl: NIXL's one-sided data plane, to be a peer of vLLM's\n"        \
+    "                         own connector; trusted network ONLY: a peer can read the\n"         \
+    "                         whole region and more, and no checksum (docs/NIXL.md)\n"            \
     "  SIZE takes K/M/G (x1000) and Ki/Mi/Gi (x1024) suffixes, e.g. 4.7M, 64Mi.\n"
 
 /* Apply one common option to cfg. Returns 1 if c was one of them, 0 if
