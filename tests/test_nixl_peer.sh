@@ -7,9 +7,10 @@
 #   2. ecx READs blocks from a real agent (its metadata and vLLM's
 #      descriptor list), and the agent receives ecx's notification;
 #   3. every prefix of a live real agent's metadata, and every one-byte
-#      mutation outside its UCX worker address and rkeys, is refused or
-#      handled by UCX without a crash (inside them UCX 1.13 can abort:
-#      docs/NIXL.md §6).
+#      mutation (its UCX worker address and rkeys included, on which UCX
+#      1.13 can abort: the guard of docs/NIXL.md §6 tries them in a child)
+#      is refused or added as a peer without a crash; then the same ecx
+#      agent READs blocks of the real one and it gets the notification.
 # Block runs: contiguous and not, 4 KiB and 1 MiB blocks.
 # usage: test_nixl_peer.sh NIXL_PEER_BINARY BUILD_DIR
 set -euo pipefail
@@ -39,7 +40,10 @@ for bs in 4096 1048576; do
   echo "nixl got: $(cat "$d/serve.out")"
 done
 d="$tmp/m"; mkdir -p "$d"
-py serve "$d" 8 4096 120 >/dev/null & pids+=($!) # a live agent, so mutants reach UCX
+py serve "$d" 8 4096 200 >"$d/serve.out" & pids+=($!) # a live agent, so mutants reach UCX
 for _ in $(seq 300); do [ -f "$d/nixl.md" ] && break; sleep 0.1; done
-timeout 300 "$bin" mutate "$d/nixl.md"
+timeout 180 "$bin" mutate "$d" 8 4096 "sess-m:after-mutants" 3 4 || { cat "$tmp/py.log" >&2; exit 1; }
+wait "${pids[-1]}" || { cat "$tmp/py.log" >&2; exit 1; }
+grep -qx "notif ecx-mutant-reader sess-m:after-mutants" "$d/serve.out" || { cat "$d/serve.out" >&2; exit 1; }
+echo "nixl got: $(cat "$d/serve.out")"
 echo "ok"
