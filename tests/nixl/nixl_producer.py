@@ -10,8 +10,9 @@ get_agent_metadata(), mem_descriptor = msgspec of [(addr, len, 0)] per block.
 Items (written to DIR/announce.json and DIR/items/<mm_hash>):
   good-<k>      k + 1 blocks starting at block 2k (the last one partial)
   meta-<p>-<x>  one block, whose ack's agent_metadata has byte p xor x (every
-                byte outside the UCX worker address and rkeys, which are opaque
-                to NIXL's format and go to UCX as they are)
+                byte outside the UCX worker address and rkeys)
+  ucx-<p>-<x>   the same for every byte inside them (opaque to NIXL's format:
+                ecx's guard tries them in a child, docs/NIXL.md §6)
   desc-<p>      one block, whose ack's mem_descriptor has byte p xor 0xff
   trunc-<n>     one block, whose ack's agent_metadata is cut to n bytes
 Runs SECONDS, then prints every notification received ("notif NAME TEXT").
@@ -77,12 +78,11 @@ def main():
         items[f"good-{k}"] = (idx, (k + 1) * bs - 1000, md, desc)
     spans = blob_spans(md)
     for p in range(11, len(md)):
-        if any(a <= p < b for a, b in spans):
-            continue
+        kind = "ucx" if any(a <= p < b for a, b in spans) else "meta"
         for x in (0xFF, 0x01):
             m = bytearray(md)
             m[p] ^= x
-            items[f"meta-{p}-{x}"] = ([0], bs, bytes(m), desc)
+            items[f"{kind}-{p}-{x}"] = ([0], bs, bytes(m), desc)
     for p in range(0, 64):
         m = bytearray(desc)
         m[p] ^= 0xFF
