@@ -344,12 +344,13 @@ static ucs_status_t open_ucx(ucp_worker_h w, const ecxi_nixl_meta *m, ucp_err_ha
  * install no signal handler. The child connects to the peer's address (an
  * endpoint's wireup) and then vanishes: the peer sees a connection close.
  *
- * Verdicts on bytes (ok, UCX refused them, the child died) are kept in a
- * small table, compared byte for byte, least recently used replaced: only
- * metadata never seen pays a fork. A timeout or a fork/pipe failure is ours,
- * not the bytes': refused this time, not kept. */
+ * Verdicts on bytes (ok, UCX refused them, the child died after its UCX
+ * was set up, when it had written G_STARTED) are kept in a small table,
+ * compared byte for byte, least recently used replaced: only metadata never
+ * seen pays a fork. A timeout, a death before G_STARTED or a fork / pipe
+ * failure may be ours, not the bytes': refused this time, not kept. */
 
-enum { G_OK = 'K', G_REFUSED = 'R', G_SETUP = 'S' };
+enum { G_STARTED = 'P', G_OK = 'K', G_REFUSED = 'R', G_SETUP = 'S' };
 
 static void guard_child_exit(void)
 {
@@ -369,9 +370,13 @@ static _Noreturn void guard_child(int fd, const ecxi_nixl_meta *m)
     ucp_ep_h ep;
     ucp_rkey_h rkey[ECX_NIXL_REGS_MAX];
     const char *what;
-    char v = setup(&c) ? G_SETUP : open_ucx(c.worker, m, NULL, NULL, &ep, rkey, &what) ? G_REFUSED : G_OK;
-    ssize_t n = write(fd, &v, 1);
-    _exit(n == 1 ? 0 : 1);
+    char v = G_SETUP;
+    if (!setup(&c)) {
+        v = G_STARTED; /* from here on, a death is the bytes' doing */
+        if (write(fd, &v, 1) != 1) _exit(1);
+        v = open_ucx(c.worker, m, NULL, NULL, &ep, rkey, &what) ? G_REFUSED : G_OK;
+    }
+    _exit(write(fd, &v, 1) == 1 ? 0 : 1);
 }
 
 static void guard_reap(pid_t pid, bool kill_it)
@@ -381,7 +386,8 @@ static void guard_reap(pid_t pid, bool kill_it)
         ;
 }
 
-/* G_OK, G_REFUSED, G_SETUP, 'D' (the child died), 'T' (timed out) or 'F'. */
+/* G_OK, G_REFUSED, G_SETUP, 'D' (the child died with the bytes), 'E' (it
+ * died before it had them), 'T' (timed out) or 'F' (no child). */
 static char guard_run(const ecxi_nixl_meta *m)
 {
     int p[2];
@@ -396,7 +402,8 @@ static char guard_run(const ecxi_nixl_meta *m)
         close(p[0]);
         return 'F';
     }
-    char v = 'T';
+    char v = 'T', b;
+    bool started = false;
     int64_t end = ecxi_now_ms(NULL) + GUARD_TIMEOUT_MS;
     for (;;) {
         int64_t left = end - ecxi_now_ms(NULL);
@@ -404,9 +411,13 @@ static char guard_run(const ecxi_nixl_meta *m)
         int k = left > 0 ? poll(&q, 1, (int)left) : 0;
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) break;
-        ssize_t n = read(p[0], &v, 1);
+        ssize_t n = read(p[0], &b, 1);
         if (n < 0 && errno == EINTR) continue;
-        if (n != 1) v = 'D'; /* closed with no verdict: it died */
+        if (n == 1 && b == G_STARTED) {
+            started = true;
+            continue;
+        }
+        v = n == 1 ? b : started ? 'D' : 'E'; /* closed with no verdict: it died */
         break;
     }
     close(p[0]);
@@ -466,7 +477,7 @@ static int guard(ecxi_nixl_agent *a, const ecxi_nixl_meta *m)
     if (v == G_OK) return 0;
     static const char *why[] = {"UCX refused them", "they crashed UCX", "UCX setup failed",
                                 "the check timed out", "no check process"};
-    const char *w = why[v == G_REFUSED ? 0 : v == 'D' ? 1 : v == G_SETUP ? 2 : v == 'T' ? 3 : 4];
+    const char *w = why[v == G_REFUSED ? 0 : v == 'D' ? 1 : v == G_SETUP || v == 'E' ? 2 : v == 'T' ? 3 : 4];
     ECX_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: a peer's UCX address / rkeys refused: %s", w);
     return ECX_EDATA_META;
 }
