@@ -325,7 +325,8 @@ static ucs_status_t open_ucx(ucp_worker_h w, const ecxi_nixl_meta *m, ucp_err_ha
  * UCX before a child process has done with them exactly what we will
  * (open_ucx, a fresh context and worker made by setup()) and lived.
  *
- * The child of a multi-threaded process has only this thread: it touches no
+ * The child of a multi-threaded process has only this thread: it blocks
+ * every signal but the crashes', which it resets, touches no
  * lock-guarded state of ours (no logging: our level is set to errors and
  * UCX's to fatal, stdout and stderr go to /dev/null) and ends with _exit()
  * (an exit() inside UCX ends in ours first), so no atexit handler of the
@@ -362,6 +363,14 @@ static _Noreturn void guard_child(int fd, const ecxi_nixl_meta *m)
     /* Registered last, so run first if UCX calls exit(): no handler of the
      * host's runs and no stdio buffer is flushed. Output goes nowhere. */
     atexit(guard_child_exit);
+    /* Crashes kill it at once (no handler of UCX's or the host's runs);
+     * every other signal (a terminal's SIGINT, say) waits, blocked. */
+    static const int crash[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP};
+    sigset_t set;
+    sigfillset(&set);
+    for (size_t i = 0; i < sizeof crash / sizeof *crash; i++)
+        signal(crash[i], SIG_DFL), sigdelset(&set, crash[i]);
+    sigprocmask(SIG_SETMASK, &set, NULL);
     int nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
     if (nul >= 0) dup2(nul, STDOUT_FILENO), dup2(nul, STDERR_FILENO);
     ecx_set_log_level(ECX_LOG_ERROR);

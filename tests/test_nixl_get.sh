@@ -11,7 +11,8 @@
 #      truncated (every 7th length), or whose mem_descriptor has one of its
 #      first 64 bytes mutated: every such item ends "local" (BAD_ACK, or
 #      READ_FAILED where the mutant is still valid metadata, e.g. another
-#      agent name) or, for a UCX byte UCX ignores, "ready" and byte-exact;
+#      agent name; QUARANTINED where its READ was under way when the next
+#      mutant's metadata replaced the peer) or, for a UCX byte UCX ignores, "ready" and byte-exact;
 #      ecx exits normally: no crash;
 #   3. then a new ecx get fetches a real item.
 # usage: test_nixl_get.sh ECX_BINARY BUILD_DIR
@@ -30,8 +31,17 @@ pid=$!
 for _ in $(seq 300); do [ -f "$tmp/announce.json" ] && break; sleep 0.1; done
 [ -f "$tmp/announce.json" ] || { cat "$tmp/prod.err" >&2; exit 1; }
 mkdir "$tmp/got"
-get() { ECX_SHM_DIR=$tmp "$ecx" get --data nixl --params "$tmp/announce.json" --out "$tmp/got" \
+get() { ECX_SHM_DIR=$tmp "$ecx" get --data nixl --params "$tmp/${ann:-announce}.json" --out "$tmp/got" \
           --block-bytes 1Mi --json "$@"; }
+# The mutants in two gets, each of fewer items than ZeroMQ's receive HWM
+# (1000): past it, a consumer slower than its acks (under ASan) can meet
+# libzmq's `_input_stopped` assertion (zeromq/libzmq#3937).
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+ann = json.load(open(sys.argv[1] + "/announce.json"))
+for name, want in (("ucx", lambda h: h.startswith("ucx-")), ("rest", lambda h: not h.startswith("ucx-"))):
+    json.dump({h: v for h, v in ann.items() if want(h)}, open(f"{sys.argv[1]}/{name}.json", "w"))
+PY
 
 get --mm-hash good-0 --mm-hash good-1 --mm-hash good-2 >"$tmp/good.json" 2>"$tmp/good.err" ||
   { cat "$tmp/good.json" "$tmp/good.err" >&2; exit 1; }
@@ -41,11 +51,15 @@ done
 echo "ecx get --data nixl: good-0, good-1, good-2 ready, every byte equal to the nixl agent's"
 
 rm -f "$tmp"/got/*
-set +e
-get >"$tmp/all.json" 2>"$tmp/all.err"
-rc=$?
-set -e
-[ "$rc" -lt 128 ] || { tail -20 "$tmp/all.err" >&2; echo "ecx get died (rc $rc)" >&2; exit 1; }
+: >"$tmp/all.json"
+for ann in rest ucx; do
+  set +e
+  get >>"$tmp/all.json" 2>"$tmp/$ann.err"
+  rc=$?
+  set -e
+  [ "$rc" -lt 128 ] || { tail -20 "$tmp/$ann.err" >&2; echo "ecx get died (rc $rc)" >&2; exit 1; }
+done
+ann=
 /usr/bin/python3 - "$tmp" <<'PY'
 import collections, json, sys
 seen = collections.Counter()
@@ -61,7 +75,7 @@ for line in open(sys.argv[1] + "/all.json"):
             sys.exit(f"mutant {h}: ready but its bytes differ")
         seen[(kind, "ready")] += 1
         continue
-    if r["outcome"] != "local" or r["reason"] not in ("BAD_ACK", "READ_FAILED"):
+    if r["outcome"] != "local" or r["reason"] not in ("BAD_ACK", "READ_FAILED", "QUARANTINED"):
         sys.exit(f"mutant {h}: {r['outcome']} {r['reason']}")
     seen[(kind, r["reason"])] += 1
 print("mutants: " + ", ".join(f"{k} {r}: {n}" for (k, r), n in sorted(seen.items())))
