@@ -152,6 +152,14 @@ long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, u
  * release the grant it names. Valid until ecxi_data_free(). */
 const uint8_t *ecxi_data_shared_descriptor(const ecxi_data *d, size_t *len);
 
+/* The context whose form an ack to this consumer takes: its agent_metadata,
+ * its descriptors (shared or per grant). A nixl producer also runs ecx's own
+ * paths (auto: shm and tcp): an ecx consumer (ecx_peer: its session id is
+ * marked, session_id.h) gets those, with tickets, tokens and checksums;
+ * anyone else NIXL's. Every other context answers for itself. The grant
+ * check and completions of both forms come through d. */
+const ecxi_data *ecxi_data_form(const ecxi_data *d, bool ecx_peer);
+
 /* A grant as a producer backend needs it to serve the bytes. */
 typedef struct ecxi_data_grant {
     const uint64_t *blocks; /* producer block indices, in item order */
