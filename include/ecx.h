@@ -306,7 +306,8 @@ typedef struct ecx_config {
     const char *dtype;
     const char *data;           /* data path: "auto" (shm + tcp), "shm", "tcp", "ucx" or
                                    "nixl" (NIXL, to be a peer of vLLM's own connector;
-                                   one-sided, trusted networks only; docs/NIXL.md) */
+                                   one-sided, trusted networks only; with ecx peers it
+                                   is auto; docs/NIXL.md) */
     int progress_thread;        /* 1 (default): a library thread moves transfers on (see
                                    Threading); 0: only the calls do, chiefly ecx_poll() */
     const char *instance;       /* region instance name; NULL: unique per process start */

@@ -4,12 +4,12 @@
  */
 #include "consumer.h"
 
-#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "announce.h"
+#include "session_id.h"
 #include "table.h"
 #include "wire.h"
 
@@ -89,17 +89,6 @@ static int reason_of_status(int status)
     case ECX_STATUS_NACK_VERSION: return ECX_REASON_NACK_VERSION;
     default: return ECX_REASON_NACK_INTERNAL;
     }
-}
-
-static void uuid4(char out[37])
-{
-    unsigned char b[16];
-    randombytes_buf(b, sizeof b);
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    char hex[33];
-    ecxi_hex_encode(b, sizeof b, hex);
-    snprintf(out, 37, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
 }
 
 static int grow_scratch(ecxi_consumer *c, size_t n)
@@ -317,7 +306,7 @@ static session *session_get(ecxi_consumer *c, const char *host, int port, int64_
         free(s);
         return NULL;
     }
-    uuid4(s->sid);
+    ecxi_session_id_new(s->sid); /* marked: an ecx producer answers in its checked form */
     memcpy(s->key, key, (size_t)kl + 1);
     snprintf(s->host, sizeof s->host, "%s", host);
     s->port = port;

@@ -173,7 +173,8 @@ int ecxi_data_start(int backend, ecxi_region *region, const ecxi_data_opts *opts
                : ecxi_data_ucx_new_consumer(region, out);
         break;
     case ECX_DATA_NIXL:
-        rc = p ? ecxi_data_nixl_new_producer(region, out) : ecxi_data_nixl_new_consumer(region, out);
+        rc = p ? ecxi_data_nixl_new_producer(region, opts, out)
+               : ecxi_data_nixl_new_consumer(region, opts, out);
         break;
     default: return ECX_EINVAL;
     }
@@ -261,6 +262,15 @@ const uint8_t *ecxi_data_shared_descriptor(const ecxi_data *d, size_t *len)
     return d->ops->shared_descriptor(d, len);
 }
 
+const ecxi_data *ecxi_data_form(const ecxi_data *d, bool ecx_peer)
+{
+    if (d && ecx_peer && d->ops->ecx_form) {
+        const ecxi_data *e = d->ops->ecx_form(d);
+        if (e) return e;
+    }
+    return d;
+}
+
 void ecxi_data_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)
 {
     if (!d) return;
@@ -309,10 +319,14 @@ int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
     if (d->role != ECX_DATA_CONSUMER) return ECX_EDATA_ROLE;
     if (!desc) return ECX_EDATA_DESC;
     int rc;
-    if (d->ops->peer_add_raw) {
+    /* A nixl context registers ecx's own metadata through its ecx paths
+     * (ops->peer_add), anything else as NIXL's; the descriptor must be of
+     * the same form (ecx's carries a checked ticket, NIXL's is unverified). */
+    if (d->ops->peer_add_raw && !ecxi_data_meta_is_ecx(meta, meta_len)) {
         if (desc->block_bytes != ecxi_region_block_bytes(d->region)) return ECX_EDATA_MISMATCH;
         rc = d->ops->peer_add_raw(d, meta, meta_len, desc, out);
     } else {
+        if (desc->unverified || !d->ops->peer_add) return ECX_EDATA_DESC;
         ecxi_data_meta m;
         if ((rc = ecxi_data_meta_decode(meta, meta_len, &m))) return rc;
         if (m.nonce != desc->nonce || desc->block_bytes != ecxi_region_block_bytes(d->region))
@@ -325,6 +339,8 @@ int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
         if (rc) {
             p->owner->ops->peer_drop(p);
             *out = NULL;
+        } else {
+            ecxi_log(ECX_LOG_DEBUG, "data: producer registered, path %s", p->backend);
         }
     }
     return rc;
@@ -335,7 +351,8 @@ int ecxi_data_ack_desc(const ecxi_data *d, const uint8_t *buf, size_t len, uint6
 {
     if (!d || !dd) return ECX_EINVAL;
     if (d->role != ECX_DATA_CONSUMER) return ECX_EDATA_ROLE;
-    if (d->ops->ack_desc) return d->ops->ack_desc(d, buf, len, nbytes, dd);
+    if (d->ops->ack_desc && !ecxi_data_desc_is_ecx(buf, len))
+        return d->ops->ack_desc(d, buf, len, nbytes, dd);
     return ecxi_data_desc_decode(buf, len, dd);
 }
 

@@ -152,6 +152,14 @@ long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, u
  * release the grant it names. Valid until ecxi_data_free(). */
 const uint8_t *ecxi_data_shared_descriptor(const ecxi_data *d, size_t *len);
 
+/* The context whose form an ack to this consumer takes: its agent_metadata,
+ * its descriptors (shared or per grant). A nixl producer also runs ecx's own
+ * paths (auto: shm and tcp): an ecx consumer (ecx_peer: its session id is
+ * marked, session_id.h) gets those, with tickets, tokens and checksums;
+ * anyone else NIXL's. Every other context answers for itself. The grant
+ * check and completions of both forms come through d. */
+const ecxi_data *ecxi_data_form(const ecxi_data *d, bool ecx_peer);
+
 /* A grant as a producer backend needs it to serve the bytes. */
 typedef struct ecxi_data_grant {
     const uint64_t *blocks; /* producer block indices, in item order */
@@ -194,7 +202,8 @@ int ecxi_data_new_consumer(ecxi_region *region, const ecxi_data_opts *opts, ecxi
 
 /* Register the producer that sent an ack: its agent_metadata bytes and its
  * mem_descriptor, already parsed (ecxi_data_desc_decode). Errors:
- * ECX_EDATA_META (metadata malformed), ECX_EDATA_DESC (desc NULL),
+ * ECX_EDATA_META (metadata malformed), ECX_EDATA_DESC (desc NULL, or of
+ * the other form: ecx's metadata with a NIXL list or the reverse),
  * ECX_EDATA_VERSION, ECX_EDATA_MISMATCH (descriptor of another producer,
  * or block sizes differ), ECX_EDATA_NOPATH (no enabled backend reaches
  * it), ECX_EDATA_UCX. */
@@ -203,7 +212,9 @@ int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
 
 /* Parse an ack's mem_descriptor the way this consumer context's path
  * needs it: ecx's format (ecxi_data_desc_decode, nbytes unused), or, for
- * a nixl context, vLLM's list, which must be uniform (base + i * our
+ * a nixl context and a descriptor that is not ecx's (no "ECXD" magic: a
+ * nixl context reads ecx producers through its auto paths, and registers
+ * a peer by the same test on the metadata, ecxi_data_peer_add), vLLM's list, which must be uniform (base + i * our
  * block size, dev 0: what vLLM's build_block_descs writes) and is then
  * described as a grant of nbytes with no checksum (dd->unverified) and
  * ECX_NIXL_LEASE_MS. ECX_EDATA_DESC / ECX_EDATA_MISMATCH /

@@ -306,3 +306,13 @@ int ecxi_data_desc_decode(const uint8_t *buf, size_t len, ecxi_data_desc *d)
     if (off != len) return ECX_EDATA_DESC;
     return 0;
 }
+
+bool ecxi_data_meta_is_ecx(const uint8_t *buf, size_t len)
+{
+    return buf && len >= 4 && memcmp(buf, META_MAGIC, 4) == 0;
+}
+
+bool ecxi_data_desc_is_ecx(const uint8_t *buf, size_t len)
+{
+    return buf && len >= 4 && memcmp(buf, DESC_MAGIC, 4) == 0;
+}

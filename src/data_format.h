@@ -84,5 +84,11 @@ long ecxi_data_desc_encode(const ecxi_data_desc *d, uint8_t *buf, size_t cap);
 /* Strict parse; ECX_EDATA_META / ECX_EDATA_DESC / ECX_EDATA_VERSION. */
 int ecxi_data_meta_decode(const uint8_t *buf, size_t len, ecxi_data_meta *m);
 int ecxi_data_desc_decode(const uint8_t *buf, size_t len, ecxi_data_desc *d);
+/* True if the bytes start like ecx's agent_metadata / mem_descriptor (their
+ * magic; nothing else is checked): how a nixl consumer tells ecx's form from
+ * NIXL's (whose metadata starts "nixlSerDes|", its descriptor a msgpack
+ * array). */
+bool ecxi_data_meta_is_ecx(const uint8_t *buf, size_t len);
+bool ecxi_data_desc_is_ecx(const uint8_t *buf, size_t len);
 
 #endif

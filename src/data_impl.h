@@ -83,6 +83,9 @@ struct ecxi_data_ops {
     /* optional: the checksum of what a DONE READ wrote, for a path whose
      * grants carry none */
     bool (*read_checksum)(const ecxi_data_xfer *x, uint64_t *sum);
+    /* optional, producer: the context that answers ecx consumers in ecx's
+     * own form (nixl: its inner auto context; data.h, ecxi_data_form) */
+    const ecxi_data *(*ecx_form)(const ecxi_data *d);
 };
 
 /* Head of every context. The front (data.c) fills role, region, the
@@ -169,8 +172,8 @@ int ecxi_data_tcp_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_
 int ecxi_data_tcp_new_consumer(ecxi_region *r, ecxi_data **out);
 /* data_nixl.c: the producer fills the head's meta (NIXL agent metadata)
  * itself. */
-int ecxi_data_nixl_new_producer(ecxi_region *r, ecxi_data **out);
-int ecxi_data_nixl_new_consumer(ecxi_region *r, ecxi_data **out);
+int ecxi_data_nixl_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data **out);
+int ecxi_data_nixl_new_consumer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data **out);
 
 /* UCX's log lines through ours, UCX kept to errors unless UCX_LOG_LEVEL
  * is set (data_ucx.c); for every UCX context we create, once. */

@@ -24,17 +24,28 @@
  * verifying nothing. Unlike the other paths' slices, that hash runs in one
  * call (read_poll), in proportion to the item's size (~0.1 ms per MB).
  *
- * What it gives up (README, threat model): NIXL is one-sided, so the
+ * ecx to ecx (docs/NIXL.md §8): a nixl context also runs ecx's own paths,
+ * an inner auto context (shm, tcp). A producer answers an ecx consumer
+ * (marked session id, session_id.h) with that context's metadata and
+ * tickets (ecxi_data_form), so its grants keep tokens and checksums and a
+ * same-host consumer copies over shm; a consumer registers an ack whose
+ * metadata is ecx's through it (data.c routes by the magic). Both planes'
+ * completions and progress run through this context.
+ *
+ * What it gives up with NIXL peers (README, threat model): NIXL is one-sided, so the
  * producer decides nothing about what leaves it: a peer with the metadata
  * reads any block, and over UCX's tcp transport any address of the
  * process; grants are not claimed, checked or bound to a token; a
  * notification releases the grant it names whoever sends it. Trusted
  * networks only; never chosen by auto.
  */
+#include <errno.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 
 #include "checksum.h"
 #include "data_impl.h"
@@ -63,6 +74,8 @@ typedef struct nixl_data {
     uint8_t *desc; /* vLLM's mem_descriptor of the whole region */
     size_t desc_len;
     uint64_t notifs;
+    ecxi_data *ecx; /* ecx's own paths (auto), for ecx peers; NULL if none started */
+    int epfd;       /* joins the agent's descriptor and ecx's */
 } nixl_data;
 
 static const struct ecxi_data_ops nixl_ops;
@@ -84,25 +97,86 @@ static int agent_name(char out[40])
 static void nixl_free(ecxi_data *d)
 {
     nixl_data *x = (nixl_data *)d;
+    ecxi_data_free(x->ecx);
+    if (x->epfd >= 0) close(x->epfd);
     ecxi_nixl_agent_free(x->agent);
+    free(x->base.meta); /* NULL once ecxi_data_free has taken it */
     free(x->desc);
     free(x);
 }
 
 static int nixl_progress(ecxi_data *d, ecxi_slice *sl)
 {
-    (void)sl;
-    return ecxi_nixl_agent_progress(((nixl_data *)d)->agent);
+    nixl_data *x = (nixl_data *)d;
+    int n = ecxi_nixl_agent_progress(x->agent), m;
+    if (n < 0 || !x->ecx) return n;
+    if ((m = x->ecx->ops->progress(x->ecx, sl)) < 0) return m;
+    return n + m;
 }
 
 static int nixl_fd(ecxi_data *d)
 {
-    return ecxi_nixl_agent_fd(((nixl_data *)d)->agent);
+    nixl_data *x = (nixl_data *)d;
+    return x->epfd >= 0 ? x->epfd : ecxi_nixl_agent_fd(x->agent);
 }
 
 static int nixl_arm(ecxi_data *d)
 {
-    return ecxi_nixl_agent_arm(((nixl_data *)d)->agent);
+    nixl_data *x = (nixl_data *)d;
+    int rc = ecxi_nixl_agent_arm(x->agent);
+    if (rc != 0 || !x->ecx) return rc;
+    return x->ecx->ops->arm(x->ecx);
+}
+
+/* ecx's own paths beside the agent: an auto context of the same role,
+ * joined to one descriptor. Without it (a producer whose shm and tcp both
+ * failed) every peer gets NIXL's form. */
+static int start_ecx(nixl_data *x, ecxi_region *r, const ecxi_data_opts *opts, int role)
+{
+    ecxi_data_opts o = {.backend = ECX_DATA_AUTO,
+                       .bind_host = opts ? opts->bind_host : NULL,
+                       .background = opts && opts->background};
+    int rc = role == ECX_DATA_PRODUCER ? ecxi_data_new_producer(r, &o, &x->ecx)
+                                       : ecxi_data_new_consumer(r, &o, &x->ecx);
+    if (rc) {
+        x->ecx = NULL;
+        ecxi_log(ECX_LOG_WARN, "data nixl: ecx's own paths unavailable (%s): ecx peers get "
+                 "NIXL's form", ecx_strerror(rc));
+        return role == ECX_DATA_PRODUCER ? 0 : rc;
+    }
+    x->epfd = epoll_create1(EPOLL_CLOEXEC);
+    int fds[2] = {ecxi_nixl_agent_fd(x->agent), ecxi_data_fd(x->ecx)};
+    for (int i = 0; i < 2 && x->epfd >= 0; i++) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.fd = fds[i]};
+        if (fds[i] >= 0 && epoll_ctl(x->epfd, EPOLL_CTL_ADD, fds[i], &ev) != 0) {
+            ecxi_log(ECX_LOG_WARN, "data nixl: epoll_ctl: %s", strerror(errno));
+            close(x->epfd);
+            x->epfd = -1;
+        }
+    }
+    return x->epfd >= 0 ? 0 : ECX_ESYS;
+}
+
+static void nixl_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)
+{
+    ecxi_data_set_grant_fn(((nixl_data *)d)->ecx, fn, arg);
+}
+
+static void nixl_stats(const ecxi_data *d, ecxi_data_stats *st)
+{
+    ecxi_data_get_stats(((const nixl_data *)d)->ecx, st);
+}
+
+static const ecxi_data *nixl_ecx_form(const ecxi_data *d)
+{
+    return ((const nixl_data *)d)->ecx;
+}
+
+static int nixl_peer_add(ecxi_data *d, const ecxi_data_meta *m, const ecxi_data_desc *desc,
+                         ecxi_data_peer **out)
+{
+    ecxi_data *e = ((nixl_data *)d)->ecx;
+    return e ? e->ops->peer_add(e, m, desc, out) : ECX_EDATA_NOPATH; /* the inner path's own peer */
 }
 
 static int nixl_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb, void *arg)
@@ -120,7 +194,9 @@ static int nixl_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb,
         cb(arg, msg, len, NULL, 0);
         n++;
     }
-    return n;
+    if (!x->ecx) return n;
+    rc = x->ecx->ops->poll_notifs(x->ecx, sl, cb, arg);
+    return rc < 0 ? rc : n + rc;
 }
 
 static const uint8_t *nixl_shared_desc(const ecxi_data *d, size_t *len)
@@ -130,11 +206,12 @@ static const uint8_t *nixl_shared_desc(const ecxi_data *d, size_t *len)
     return x->desc;
 }
 
-int ecxi_data_nixl_new_producer(ecxi_region *r, ecxi_data **out)
+int ecxi_data_nixl_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data **out)
 {
     nixl_data *x = calloc(1, sizeof *x);
     if (!x) return ECX_ENOMEM;
     x->base.ops = &nixl_ops;
+    x->epfd = -1;
     uint8_t *base = ecxi_region_base(r);
     uint64_t bs = ecxi_region_block_bytes(r), nb = ecxi_region_num_blocks(r);
     char name[40];
@@ -153,6 +230,7 @@ int ecxi_data_nixl_new_producer(ecxi_region *r, ecxi_data **out)
     size_t ml;
     const uint8_t *md = rc ? NULL : ecxi_nixl_agent_metadata(x->agent, &ml);
     if (!rc && !(x->base.meta = malloc(ml))) rc = ECX_ENOMEM;
+    if (!rc) rc = start_ecx(x, r, opts, ECX_DATA_PRODUCER);
     if (rc) {
         free(blk);
         nixl_free(&x->base);
@@ -299,25 +377,30 @@ static void nixl_read_release(ecxi_data_xfer *hx)
     free(x);
 }
 
-int ecxi_data_nixl_new_consumer(ecxi_region *r, ecxi_data **out)
+int ecxi_data_nixl_new_consumer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data **out)
 {
     nixl_data *x = calloc(1, sizeof *x);
     if (!x) return ECX_ENOMEM;
     x->base.ops = &nixl_ops;
+    x->epfd = -1;
     char name[40];
     int rc = agent_name(name);
     if (!rc) rc = ecxi_nixl_agent_new(name, NULL, 0, &x->agent);
+    if (!rc) rc = start_ecx(x, r, opts, ECX_DATA_CONSUMER);
     if (rc) {
-        free(x);
+        nixl_free(&x->base);
         return rc;
     }
-    (void)r;
     *out = &x->base;
     return 0;
 }
 
 static const struct ecxi_data_ops nixl_ops = {
     .name = "nixl",
+    .set_grant_fn = nixl_set_grant_fn,
+    .stats = nixl_stats,
+    .ecx_form = nixl_ecx_form,
+    .peer_add = nixl_peer_add,
     .free = nixl_free,
     .progress = nixl_progress,
     .fd = nixl_fd,

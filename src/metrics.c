@@ -120,6 +120,9 @@ static void producer(out *o, const ecxi_producer_stats *p, const ecxi_ctrl_stats
     counter(o, "ecx_producer_evicted_grants_total",
             "Grants released from the heaviest connection to make room in a full table.",
             p->evicted_grants);
+    counter(o, "ecx_producer_nixl_grants_total",
+            "OK acks in NIXL's form (--data nixl, to a session id without ecx's marker).",
+            p->nixl_grants);
 }
 
 static void consumer(out *o, const ecxi_consumer_stats *c)

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "session_id.h"
 #include "table.h"
 #include "wire.h"
 
@@ -29,6 +30,7 @@ typedef struct grant {
     uint64_t *blocks; /* item order; the buffer stays with the record when pooled */
     size_t n_blocks, blocks_cap;
     bool claimed; /* its bytes were handed to the data plane once */
+    bool tokenless; /* answered in NIXL's form: no token to check (data.h) */
     uint32_t cache_ref; /* the pinned cache entry (ecxi_cache_unpin_ref) */
     uint8_t token[ECX_DATA_TOKEN_LEN];
     uint32_t hash_off; /* mm_hash starts at key + hash_off */
@@ -492,17 +494,22 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     if (!c) c = conn_get(p);
     if (c) g = grant_add(p, c, r->session_id, r->mm_hash, kh, n, info.size_bytes, ref, now);
     if (c && !g) conn_put(p, c); /* a record created for nothing goes back */
-    /* A tokenless path (nixl) has one descriptor for every grant. */
+    /* A tokenless path (nixl) has one descriptor for every grant; a nixl
+     * producer answers an ecx consumer in ecx's own form (ecxi_data_form). */
+    const ecxi_data *form =
+        ecxi_data_form(p->data, ecxi_session_id_is_ecx(r->session_id.p, r->session_id.n));
     size_t sl;
-    const uint8_t *desc = ecxi_data_shared_descriptor(p->data, &sl);
+    const uint8_t *desc = ecxi_data_shared_descriptor(form, &sl);
+    if (g) g->tokenless = desc != NULL;
     if (g && desc) {
         dl = (long)sl;
+        p->st.nixl_grants++;
     } else if (g) {
         ecxi_data_ticket t = {.checksum = info.checksum,
                              .nbytes = info.size_bytes,
                              .lease_ms = (uint32_t)p->o.lease_ms};
         memcpy(t.token, g->token, sizeof t.token);
-        dl = ecxi_data_grant_descriptor(p->data, &t, p->desc, sizeof p->desc);
+        dl = ecxi_data_grant_descriptor(form, &t, p->desc, sizeof p->desc);
         desc = p->desc;
     }
     if (!g || dl < 0) {
@@ -522,7 +529,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     a.n_indices = n;
     a.indices = p->idx;
     size_t ml;
-    const uint8_t *meta = ecxi_data_agent_metadata(p->data, &ml);
+    const uint8_t *meta = ecxi_data_agent_metadata(form, &ml);
     a.agent_metadata = (ecx_span){(const char *)meta, ml};
     a.mem_descriptor = (ecx_span){(const char *)desc, (size_t)dl};
     uint64_t failed_before = p->st.reply_failed;
@@ -541,7 +548,7 @@ static int grant_check(void *arg, const char *key, size_t key_len,
 {
     ecxi_producer *p = arg;
     grant *g = grant_find(p, key, key_len);
-    if (!g || sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN) != 0 ||
+    if (!g || g->tokenless || sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN) != 0 ||
         ((flags & ECX_DATA_GRANT_CLAIM) && g->claimed)) {
         p->st.refused_reads++;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: refused a data-plane request for %s",
@@ -566,10 +573,10 @@ static void on_notif(void *arg, const char *key, size_t len,
         ECX_LOG_RATELIMITED(ECX_LOG_INFO, "producer: notification for no grant (%zu bytes)", len);
         return;
     }
-    /* Only the grant's holder knows its token: release nothing. A
-     * tokenless path (nixl, one-sided) has none to check. */
-    if (token ? sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN) != 0
-              : !ecxi_data_shared_descriptor(p->data, &(size_t){0})) {
+    /* Only the grant's holder knows its token: release nothing. A grant
+     * answered in NIXL's form (one-sided) has none to check; one answered
+     * in ecx's form needs it, whichever path the notification came by. */
+    if (token ? sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN) != 0 : !g->tokenless) {
         p->st.forged_notifs++;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: notification with a wrong token ignored");
         return;

@@ -99,6 +99,7 @@ typedef struct ecxi_producer_stats {
     uint64_t refused_conn_grants; /* refused: at its cap, or at its share of a full table */
     uint64_t refused_conn_pins;   /* refused: its pins would pass its share of the region */
     uint64_t evicted_grants;      /* taken from the heaviest connection: a full table */
+    uint64_t nixl_grants;         /* OK acks in NIXL's form (nixl mode, a non-ecx session) */
 } ecxi_producer_stats;
 
 /* None of cache, data, srv is owned; all must outlive the producer. */

@@ -5,7 +5,8 @@
 # UCX over TCP only, UCX with its own transport choice, auto (which must
 # take tcp: the same-host path's socket is not reachable from another
 # network namespace, and an auto producer publishes no UCX), and an auto
-# consumer of a UCX-only producer (ucx). Skips (exit 77) unless root with `ip netns`.
+# consumer of a UCX-only producer (ucx), and nixl to nixl (ecx's own form:
+# tcp, docs/NIXL.md §8). Skips (exit 77) unless root with `ip netns`.
 # Everything it creates is removed on exit.
 set -u
 HELPER=$1
@@ -64,4 +65,5 @@ run ucx-tcp ucx ucx ucx UCX_TLS=tcp
 run ucx-default ucx ucx ucx
 run auto auto auto tcp
 run auto-ucx ucx auto ucx
+run nixl nixl nixl tcp # ecx to ecx in nixl mode: its auto paths (docs/NIXL.md §8)
 exit $fail

@@ -37,4 +37,5 @@ run auto-tcp tcp auto tcp
 run ucx ucx ucx ucx
 run ucx-tcp ucx ucx ucx UCX_TLS=tcp
 run auto auto auto shm
+run nixl nixl nixl shm # ecx to ecx in nixl mode: its auto paths (docs/NIXL.md §8)
 exit $fail

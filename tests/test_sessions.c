@@ -27,8 +27,10 @@
 #include "data_fault.h"
 #include "data_impl.h"
 #include "grant_stub.h"
+#include "nixl_agent.h"
 #include "producer.h"
 #include "region.h"
+#include "session_id.h"
 #include "wire.h"
 
 #define BLOCK 4096
@@ -76,12 +78,16 @@ static double real_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* The producer's data path for the next world_new() (0: shm). */
+static int next_prod_backend;
+
 static void side_init(world *w, side *s, const char *name, bool producer)
 {
     assert_int_equal(ecxi_region_create_in(w->dir, name, 0, BLOCK * BLOCKS, BLOCK, &s->region), 0);
     ecxi_cache_opts co = {.num_blocks = BLOCKS};
     assert_int_equal(ecxi_cache_new(&co, &s->cache), 0);
     ecxi_data_opts d = {.backend = ECX_DATA_SHM};
+    if (producer && next_prod_backend) d = (ecxi_data_opts){next_prod_backend, "127.0.0.1", false};
     if (producer) {
         assert_int_equal(ecxi_data_new_producer(s->region, &d, &s->data), 0);
     } else {
@@ -931,6 +937,144 @@ static void test_grant_belongs_to_connection(void **state)
     world_free(w);
 }
 
+/* Session ids: UUID4 text with ecx's marker (session_id.h). */
+static void test_session_id_marker(void **state)
+{
+    (void)state;
+    char a[ECX_SESSION_ID_LEN + 1], b[ECX_SESSION_ID_LEN + 1];
+    ecxi_session_id_new(a);
+    ecxi_session_id_new(b);
+    assert_int_equal(strlen(a), 36);
+    assert_string_not_equal(a, b);
+    assert_true(ecxi_session_id_is_ecx(a, 36));
+    assert_int_equal(a[14], '4');
+    assert_non_null(strchr("89ab", a[19]));
+    assert_false(ecxi_session_id_is_ecx(a, 35));
+    /* a plain uuid4 (vLLM's), another version, a non-hex digit */
+    assert_false(ecxi_session_id_is_ecx("0b6f3c52-7d1e-4a9b-8c2d-5e6f7a8b9c0d", 36));
+    char c[ECX_SESSION_ID_LEN + 1];
+    memcpy(c, a, sizeof c);
+    c[14] = '1';
+    assert_false(ecxi_session_id_is_ecx(c, 36));
+    memcpy(c, a, sizeof c);
+    c[0] = 'g';
+    assert_false(ecxi_session_id_is_ecx(c, 36));
+    memcpy(c, a, sizeof c);
+    c[8] = 'a';
+    assert_false(ecxi_session_id_is_ecx(c, 36));
+}
+
+/* Ask for item on a fresh connection with session sid; the OK ack's
+ * metadata and descriptor into meta / desc (returns the metadata length). */
+static size_t nixl_ask(world *w, const char *sid, uint8_t *buf, size_t cap, ecx_ack *ack)
+{
+    raw r = raw_dealer(w);
+    raw_send_req(&r, "item", w->compat, sid, 1);
+    size_t n = raw_recv(w, &r, buf, cap);
+    zmq_close(r.sock);
+    assert_int_equal(ecx_wire_decode_ack(buf, n, ack), 0);
+    assert_int_equal(ack->status, ECX_STATUS_OK);
+    return ack->agent_metadata.n;
+}
+
+/* A NIXL peer reads block 0 of the producer's region and notifies key. */
+static void nixl_notify(world *w, const ecx_ack *nixl_ack, const char *key)
+{
+    ecxi_nixl_agent *a;
+    ecxi_nixl_remote *r;
+    ecxi_nixl_read *x;
+    static uint8_t local[BLOCK];
+    assert_int_equal(ecxi_nixl_agent_new("test-forger", NULL, 0, &a), 0);
+    assert_int_equal(ecxi_nixl_remote_add(a, (const uint8_t *)nixl_ack->agent_metadata.p,
+                                          nixl_ack->agent_metadata.n, &r),
+                     0);
+    ecxi_nixl_block b[BLOCKS];
+    size_t nb;
+    assert_int_equal(ecxi_nixl_desc_decode((const uint8_t *)nixl_ack->mem_descriptor.p,
+                                           nixl_ack->mem_descriptor.n, b, BLOCKS, &nb),
+                     0);
+    uint64_t addr = b[0].addr, len = BLOCK;
+    void *lp = local;
+    assert_int_equal(ecxi_nixl_read_post(r, &addr, &lp, &len, 1, key, strlen(key), &x), 0);
+    double end = real_s() + 10;
+    int st = 0;
+    while (st == 0 && real_s() < end) {
+        ecxi_nixl_agent_progress(a);
+        ecxi_producer_poll(w->prod);
+        st = ecxi_nixl_read_poll(x);
+    }
+    assert_int_equal(st, 1);
+    for (int i = 0; i < 200; i++) { /* the notification's way to the producer */
+        ecxi_nixl_agent_progress(a);
+        ecxi_producer_poll(w->prod);
+        usleep(1000);
+    }
+    ecxi_nixl_read_release(x);
+    ecxi_nixl_remote_drop(r);
+    ecxi_nixl_agent_free(a);
+}
+
+/* nixl mode between ecx ends (docs/NIXL.md §8): a producer with
+ * data = "nixl" answers a marked (ecx) session in ecx's checked form and any
+ * other in NIXL's; an ecx consumer fetches over shm; a NIXL notification
+ * (no token) releases a NIXL-form grant but not an ecx-form one, and the ecx
+ * paths refuse a NIXL-form grant. */
+static void test_nixl_mode_forms(void **state)
+{
+    (void)state;
+    next_prod_backend = ECX_DATA_NIXL;
+    world *w = world_new(NULL);
+    next_prod_backend = 0;
+    save(w, "item", 3 * BLOCK + 100, true);
+    int reason = -1;
+    assert_int_equal(fetch_wait(w, "item", 3 * BLOCK + 100, w->port, &reason), ECX_FETCH_READY);
+    assert_true(consumer_has(w, "item", 3 * BLOCK + 100));
+    ecxi_producer_stats ps = ecxi_producer_get_stats(w->prod);
+    assert_int_equal(ps.grants, 1);
+    assert_int_equal(ps.nixl_grants, 0);
+
+    static uint8_t b1[16384], b2[16384];
+    ecx_ack nack, eack;
+    char sid[ECX_SESSION_ID_LEN + 1];
+    ecxi_session_id_new(sid);
+    size_t ml = nixl_ask(w, "0b6f3c52-7d1e-4a9b-8c2d-5e6f7a8b9c0d", b1, sizeof b1, &nack);
+    assert_true(ml > 11 && !memcmp(nack.agent_metadata.p, "nixlSerDes|", 11));
+    assert_false(ecxi_data_desc_is_ecx((const uint8_t *)nack.mem_descriptor.p,
+                                       nack.mem_descriptor.n));
+    ml = nixl_ask(w, sid, b2, sizeof b2, &eack);
+    assert_true(ecxi_data_meta_is_ecx((const uint8_t *)eack.agent_metadata.p, ml));
+    ecxi_data_desc dd;
+    assert_int_equal(ecxi_data_desc_decode((const uint8_t *)eack.mem_descriptor.p,
+                                           eack.mem_descriptor.n, &dd),
+                     0);
+    assert_true(dd.has_ticket);
+    assert_int_equal(dd.ticket.nbytes, 3 * BLOCK + 100);
+    ps = ecxi_producer_get_stats(w->prod);
+    assert_int_equal(ps.nixl_grants, 1);
+    assert_int_equal(ps.active_grants, 2);
+    /* The ecx paths serve the ecx-form grant with its token, never the
+     * NIXL-form one (it has none to present). */
+    ecxi_data_grant g;
+    char key[64];
+    snprintf(key, sizeof key, "%s:item", sid);
+    assert_int_equal(ecxi_data_grant_check(w->P.data, key, strlen(key), dd.ticket.token, 0, &g),
+                     0);
+    assert_int_equal(ecxi_data_grant_check(w->P.data, "0b6f3c52-7d1e-4a9b-8c2d-5e6f7a8b9c0d:item",
+                                          41, dd.ticket.token, 0, &g),
+                     ECX_EDATA_GRANT);
+    /* A NIXL notification for the ecx-form grant is forged; for the
+     * NIXL-form one it is the release. */
+    nixl_notify(w, &nack, key);
+    ps = ecxi_producer_get_stats(w->prod);
+    assert_int_equal(ps.forged_notifs, 1);
+    assert_int_equal(ps.active_grants, 2);
+    nixl_notify(w, &nack, "0b6f3c52-7d1e-4a9b-8c2d-5e6f7a8b9c0d:item");
+    ps = ecxi_producer_get_stats(w->prod);
+    assert_int_equal(ps.active_grants, 1);
+    assert_int_equal(ps.completions, 2);
+    world_free(w);
+}
+
 /* ---------- liveness ---------- */
 
 /* The producer goes away while a request waits for its ack: the transfer
@@ -1334,6 +1478,8 @@ int main(void)
         cmocka_unit_test(test_stale_ack_dropped),
         cmocka_unit_test(test_read_after_lease),
         cmocka_unit_test(test_grant_belongs_to_connection),
+        cmocka_unit_test(test_session_id_marker),
+        cmocka_unit_test(test_nixl_mode_forms),
         cmocka_unit_test(test_producer_lost),
         cmocka_unit_test(test_producer_restart),
         cmocka_unit_test(test_fetch_refusals),

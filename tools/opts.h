@@ -46,9 +46,9 @@ enum {
     "                         else tcp). tcp moves the bytes unencrypted: trusted network\n"      \
     "                         or IPsec/WireGuard. ucx (RDMA fabrics): trusted network ONLY,\n"    \
     "                         UCX's tcp transport lets any peer write producer memory.\n"         \
-    "                         nixl: NIXL's one-sided data plane, to be a peer of vLLM's\n"        \
-    "                         own connector; trusted network ONLY: a peer can read the\n"         \
-    "                         whole region and more, and no checksum (docs/NIXL.md)\n"            \
+    "                         nixl: auto for ecx peers, NIXL's one-sided data plane for\n"      \
+    "                         vLLM's own connector; trusted network ONLY: a NIXL peer can\n"     \
+    "                         read the whole region and more, no checksum (docs/NIXL.md)\n"      \
     "  SIZE takes K/M/G (x1000) and Ki/Mi/Gi (x1024) suffixes, e.g. 4.7M, 64Mi.\n"
 
 /* Apply one common option to cfg. Returns 1 if c was one of them, 0 if
