@@ -36,11 +36,13 @@ this peer can check each other's bytes.
 usage:
   vllm_peer.py producer --listen HOST:PORT --synthetic N:BYTES --announce-out FILE
                         [--ready-delay-ms MS] [--lease-s S] [--status-file FILE]
+                        [--demand-version N]
   vllm_peer.py consumer --params FILE [--verify-synthetic] [--ack-timeout-s S] [--wait-s S]
-                        [--expect-rows N] [--mm-hash H ...]
+                        [--expect-rows N] [--mm-hash H ...] [--send-version N]
   vllm_peer.py bench --items N --size BYTES [--rounds R]
 common: --hidden H (4096) --dtype bfloat16 --model M --vllm-version V --region-bytes B
 Consumer output: one JSON line per item {"mm_hash","outcome":"ready"|"local","reason",
+"status" (the last ack's),
 "verified","retries","ms"}; exit 0 all ready and verified, 3 some fell back, 1 a byte
 mismatch or error, 2 usage.
 """
@@ -258,8 +260,12 @@ def run_producer(a):
         items = [(synthetic_hash(i, size), size) for i in range(int(n))]
     node = Node(a, "prod", a.region_bytes or sum(s for _, s in items) + block)
     vsession.PRODUCER_PIN_LEASE_S = a.lease_s  # read by ProducerSession._grant_or_nack
+    if a.demand_version is not None:  # test hook, see --demand-version
+        vsession.EC_CONNECTOR_VERSION = a.demand_version
     host, port = a.listen.rsplit(":", 1)
     transport = ZmqServerTransport(host=host.strip("[]"), port=int(port))
+    acks = {}
+    _count_acks(transport, acks)
     sess = vsession.ProducerSession(transport=transport, data=node.data, cache=node.cache,
                                     compat_hash=node.compat)
     ann = {}
@@ -295,22 +301,36 @@ def run_producer(a):
                 for h, _ in items:
                     node.cache.mark_ready(h)  # update_connector_output: save landed
                 marked = True
-            # build_connector_meta's poll_step, with a 1 ms wait in place of an engine step
-            sess.poll(transport.poll(timeout_ms=1))
+            # build_connector_meta's poll_step, with a 5 ms wait in place of an engine step
+            sess.poll(transport.poll(timeout_ms=5))
             if a.status_file and now - last_status > 0.05:
-                write_status(a.status_file, sess, node, items)
+                write_status(a.status_file, sess, node, items, acks)
                 last_status = now
     finally:
         if a.status_file:
-            write_status(a.status_file, sess, node, items)
+            write_status(a.status_file, sess, node, items, acks)
         sess.close()
         node.close()
     return 0
 
 
-def write_status(path, sess, node, items):
+def _count_acks(transport, acks):
+    """Count the acks ProducerSession sends, by status (observation only)."""
+    send, dec = transport.send, msgspec.msgpack.Decoder(protocol.XferAck)
+
+    def counted(identity, payload):
+        st = dec.decode(payload).status.name
+        acks[st] = acks.get(st, 0) + 1
+        send(identity, payload)
+
+    transport.send = counted
+
+
+def write_status(path, sess, node, items, acks):
+    """{active_xfers: grants held, pinned: items with pins, acks: {status: n}}"""
     pins = {h: node.cache.get(h)._pin_count for h, _ in items if node.cache.get(h)}
-    st = {"active_xfers": len(sess._active_xfers), "pinned": sum(1 for p in pins.values() if p > 0)}
+    st = {"active_xfers": len(sess._active_xfers), "pinned": sum(1 for p in pins.values() if p > 0),
+          "acks": acks}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(st, f)
@@ -341,10 +361,14 @@ class Consumer:
         for h, r in todo.items():
             self.admit(h, r, inflight)
         end = t0 + self.a.wait_s + 5 * 60
-        while inflight and time.monotonic() < end:
+        next_step = t0
+        while any(r["outcome"] is None for r in todo.values()) and time.monotonic() < end:
             self.poll_step(todo, inflight)
-            for h in [h for h in todo if todo[h]["outcome"] is None and h not in inflight]:
-                self.admit(h, todo[h], inflight)  # retryable: ask again on a later step
+            now = time.monotonic()
+            if now >= next_step:  # retryable items are asked again on a later engine step
+                next_step = now + self.a.step_ms / 1000.0
+                for h in [h for h in todo if todo[h]["outcome"] is None and h not in inflight]:
+                    self.admit(h, todo[h], inflight)
             time.sleep(0.0002)
         for r in todo.values():
             if r["outcome"] is None:
@@ -386,6 +410,8 @@ class Consumer:
             self.sessions[addr] = vsession.ConsumerSession(
                 addr=addr, zmq_conn=self.transport.connect(addr), transport=self.transport,
                 data=self.node.data, compat_hash=self.node.compat)
+            if self.a.send_version is not None:  # test hook, see --send-version
+                self.sessions[addr]._encoder = _VersionedEncoder(self.a.send_version)
         self.sessions[addr].start_xfer(h, list(entry.block_ids), now + self.a.ack_timeout_s)
         inflight.add(h)
 
@@ -442,6 +468,20 @@ class Consumer:
         self.node.close()
 
 
+class _VersionedEncoder:
+    """ConsumerSession's encoder with XferReq.connector_version set to N: msgspec puts
+    it on the wire when N differs from vLLM's default (2); vLLM itself never does."""
+
+    def __init__(self, version):
+        self._enc = msgspec.msgpack.Encoder()
+        self._version = version
+
+    def encode(self, msg):
+        if isinstance(msg, protocol.XferReq):
+            msg = msgspec.structs.replace(msg, connector_version=self._version)
+        return self._enc.encode(msg)
+
+
 def load_params(path):
     with open(path) as f:
         return json.load(f)
@@ -461,7 +501,8 @@ def run_consumer(a):
     rc = 0
     for h in hashes:
         r = res[h]
-        out = {k: r.get(k) for k in ("mm_hash", "outcome", "reason", "verified", "retries", "ms")}
+        out = {k: r.get(k) for k in ("mm_hash", "outcome", "reason", "status", "verified",
+                                     "retries", "ms")}
         print(json.dumps(out), flush=True)
         if r["outcome"] != "ready":
             rc = max(rc, 3)
@@ -541,6 +582,8 @@ def main():
         m.add_argument("--region-bytes", type=parse_size, default=0)
         m.add_argument("--ack-timeout-s", type=float, default=vsession.PRODUCER_PIN_LEASE_S)
         m.add_argument("--wait-s", type=float, default=ADMIT_DEFER_TIMEOUT_S)
+        m.add_argument("--step-ms", type=float, default=10.0,
+                       help="consumer: an engine step, between retries of retryable items")
         m.add_argument("--verbose", action="store_true")
     pr = modes["producer"]
     pr.add_argument("--listen", default="127.0.0.1:0")
@@ -549,11 +592,16 @@ def main():
     pr.add_argument("--ready-delay-ms", type=int, default=0)
     pr.add_argument("--lease-s", type=float, default=vsession.PRODUCER_PIN_LEASE_S)
     pr.add_argument("--status-file", default=None)
+    pr.add_argument("--demand-version", type=int, default=None,
+                    help="test hook: the version ProducerSession's check demands (its "
+                    "decoder still defaults an absent field to 2), to send NACK_VERSION")
     co = modes["consumer"]
     co.add_argument("--params", required=True)
     co.add_argument("--mm-hash", action="append")
     co.add_argument("--verify-synthetic", action="store_true")
     co.add_argument("--expect-rows", type=int, default=None)
+    co.add_argument("--send-version", type=int, default=None,
+                    help="test hook: put connector_version N in every XferReq")
     be = modes["bench"]
     be.add_argument("--items", type=int, default=32)
     be.add_argument("--size", type=parse_size, default=parse_size("4.7M"))
@@ -562,7 +610,7 @@ def main():
     logging.basicConfig(level=logging.DEBUG if a.verbose else logging.WARNING,
                         format="vllm_peer %(levelname)s %(name)s: %(message)s")
     if a.mode == "bench":
-        a.verify_synthetic, a.expect_rows = True, None
+        a.verify_synthetic, a.expect_rows, a.send_version = True, None, None
     return {"producer": run_producer, "consumer": run_consumer, "bench": run_bench}[a.mode](a)
 
 
