@@ -387,7 +387,7 @@ static void raw_send_req(raw *r, const char *hash, const char *compat, const cha
     q.connector_version = version;
     msgpack_sbuffer b;
     msgpack_sbuffer_init(&b);
-    assert_int_equal(ecxi_wire_encode_req(&q, &b), 0);
+    assert_int_equal(ecxi_wire_encode_req(&q, ECX_CONNECTOR_VERSION, &b), 0);
     zmq_send(r->sock, "", 0, ZMQ_SNDMORE);
     zmq_send(r->sock, b.data, b.size, 0);
     msgpack_sbuffer_destroy(&b);
@@ -1232,43 +1232,43 @@ static void test_announce_json(void **state)
     (void)state;
     char buf[160];
     size_t len = 99;
-    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, NULL), 0);
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, NULL, NULL), 0);
     assert_string_equal(buf, "{\"metadata\":{}}");
     assert_int_equal(len, 15);
     ecx_announcement a = {"10.0.0.7", 5601, 1234567};
     const char *want = "{\"peer_host\":\"10.0.0.7\",\"peer_port\":5601,\"size_bytes\":1234567,"
                        "\"metadata\":{}}";
-    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &a), 0);
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &a, NULL), 0);
     assert_string_equal(buf, want);
     assert_int_equal(len, strlen(want));
     /* snprintf's contract: the full length always; without room for the
      * NUL, nothing is written. */
     memset(buf, '#', sizeof buf);
-    assert_int_equal(ecxi_announce_json(buf, strlen(want), &len, &a), ECX_ERANGE);
+    assert_int_equal(ecxi_announce_json(buf, strlen(want), &len, &a, NULL), ECX_ERANGE);
     assert_int_equal(len, strlen(want));
     assert_int_equal(buf[0], '#');
-    assert_int_equal(ecxi_announce_json(NULL, 0, &len, NULL), ECX_ERANGE);
+    assert_int_equal(ecxi_announce_json(NULL, 0, &len, NULL, NULL), ECX_ERANGE);
     assert_int_equal(len, 15);
-    assert_int_equal(ecxi_announce_json(buf, strlen(want) + 1, &len, &a), 0);
+    assert_int_equal(ecxi_announce_json(buf, strlen(want) + 1, &len, &a, NULL), 0);
     assert_string_equal(buf, want);
     /* A host that is not one is refused, never escaped; so is a bad port. */
     ecx_announcement bad = {"a\"b", 1, 1};
-    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &bad), ECX_EINVAL);
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &bad, NULL), ECX_EINVAL);
     bad = (ecx_announcement){"h", 0, 1};
-    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &bad), ECX_EINVAL);
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &bad, NULL), ECX_EINVAL);
 
     /* What is written reads back the same, as text or as the struct. */
-    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &a), 0);
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &a, NULL), 0);
     ecxi_announce_peer ap;
-    assert_int_equal(ecxi_announce_parse(buf, NULL, 0, 0, &ap), ECX_REASON_NONE);
+    assert_int_equal(ecxi_announce_parse(buf, NULL, 0, 0, NULL, &ap), ECX_REASON_NONE);
     assert_string_equal(ap.host, "10.0.0.7");
     assert_int_equal(ap.port, 5601);
     assert_int_equal(ap.size_bytes, 1234567);
-    assert_int_equal(ecxi_announce_parse(NULL, &a, 1234567, 1234567, &ap), ECX_REASON_NONE);
-    assert_int_equal(ecxi_announce_parse(NULL, &a, 1234568, 0, &ap), ECX_REASON_SIZE_MISMATCH);
+    assert_int_equal(ecxi_announce_parse(NULL, &a, 1234567, 1234567, NULL, &ap), ECX_REASON_NONE);
+    assert_int_equal(ecxi_announce_parse(NULL, &a, 1234568, 0, NULL, &ap), ECX_REASON_SIZE_MISMATCH);
     assert_int_equal(ap.size_bytes, 1234567); /* for the log */
-    assert_int_equal(ecxi_announce_parse(NULL, &a, 0, 1234566, &ap), ECX_REASON_INVALID);
-    assert_int_equal(ecxi_announce_parse(buf, &a, 0, 0, &ap), ECX_REASON_INVALID); /* both */
+    assert_int_equal(ecxi_announce_parse(NULL, &a, 0, 1234566, NULL, &ap), ECX_REASON_INVALID);
+    assert_int_equal(ecxi_announce_parse(buf, &a, 0, 0, NULL, &ap), ECX_REASON_INVALID); /* both */
 
     struct {
         const char *json;
@@ -1295,7 +1295,7 @@ static void test_announce_json(void **state)
          ECX_REASON_NONE},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        int why = ecxi_announce_parse(cases[i].json, NULL, 0, 0, &ap);
+        int why = ecxi_announce_parse(cases[i].json, NULL, 0, 0, NULL, &ap);
         if (why != cases[i].why)
             fail_msg("case %zu (%s): %s, want %s", i, cases[i].json ? cases[i].json : "NULL",
                      ecx_reason_name(why), ecx_reason_name(cases[i].why));
@@ -1304,13 +1304,13 @@ static void test_announce_json(void **state)
     static char host[ECXI_HOST_MAX + 2];
     memset(host, 'h', ECXI_HOST_MAX);
     ecx_announcement h = {host, 1, 1};
-    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, &ap), ECX_REASON_NONE);
+    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, NULL, &ap), ECX_REASON_NONE);
     assert_string_equal(ap.host, host);
     host[ECXI_HOST_MAX] = 'h';
-    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, &ap), ECX_REASON_INVALID);
-    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &h), ECX_EINVAL);
+    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, NULL, &ap), ECX_REASON_INVALID);
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &h, NULL), ECX_EINVAL);
     h.peer_host = NULL;
-    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, &ap), ECX_REASON_NO_PEER);
+    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, NULL, &ap), ECX_REASON_NO_PEER);
 }
 
 int main(void)
