@@ -18,7 +18,8 @@ build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# Every test: the plain build, then the same suite under ASan + UBSan, the
+# Every test: the plain build, then the same suite under ASan + UBSan (which
+# reuses the plain build's NIXL venv, tests/nixl/venv.sh), the
 # code that runs on several threads under TSan, then bounded libFuzzer runs
 # of the wire decoder and of the data plane's metadata / descriptor parser.
 test: unit sanitize tsan fuzz
@@ -27,7 +28,8 @@ unit: build
 	cd $(BUILD) && ctest --output-on-failure
 
 sanitize: deps
-	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DECX_SANITIZE=ON >/dev/null
+	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DECX_SANITIZE=ON \
+	  -DECX_NIXL_VENV_DIR=$(CURDIR)/$(BUILD) >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS)
 	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure
 

@@ -424,7 +424,8 @@ typedef struct ecx_segment {
  * ready) and get where to write it: *segs points to *n_segs segments owned
  * by the library, valid until ecx_save_commit() or ecx_save_abort().
  * ECX_ECACHE_FULL if there is no room even after evicting,
- * ECX_ECACHE_EXISTS if it is already held. */
+ * ECX_ECACHE_EXISTS if it is already held, ECX_EINVAL with connector_version 2
+ * if size_bytes is not whole blocks (version 2 announces whole rows). */
 ECX_API int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes,
                            const ecx_segment **segs, size_t *n_segs);
 /* The bytes are written: the entry becomes ready (and servable). */
