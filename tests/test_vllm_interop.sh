@@ -164,8 +164,95 @@ check "B: NACK_NOT_READY from vLLM retried by ecx until an OK ack" \
 [ "$NIXL" = 1 ] && check "B: ... and then fetched it (exit $rc)" "[ $rc = 0 ]"
 
 # ---------- C. full data (needs ecx's nixl data path) ----------
+# count_verified FILE [ROUND]: consumer lines ready and verified (in that round)
+count_verified() { $PY -c 'import json,sys
+n = 0
+for l in open(sys.argv[1]):
+    if l.startswith("{"):
+        r = json.loads(l)
+        if r["outcome"] == "ready" and r["verified"] and (len(sys.argv) < 3 or r.get("round") == int(sys.argv[2])): n += 1
+print(n)' "$@"; }
+metric_ge() { local v; v=$(metrics_of "$1" | awk -v m="$2" '$1 == m {print $2}'); [ -n "$v" ] && [ "${v%.*}" -ge "$3" ]; }
+# wait_gone PID SECONDS: the process exited within SECONDS
+wait_gone() { for _ in $(seq $(($2 * 10))); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; return 1; }
+# the region a SIGKILLed vLLM peer leaves behind (ECSharedRegion unlinks it only on cleanup)
+drop_region() { rm -f "/dev/shm/vllm_ec_ecxpeer-$1-$2.mmap"; }
+part_c() {
+  local big=(--synthetic 8:32Mi) p pid port
+  # C1. vLLM consumer killed -9 while ecx serve's grants are active: the lease frees them,
+  #     then a new vLLM consumer fetches everything, every byte checked.
+  p=$(free_port); MP=$(free_port)
+  "$ECX" serve --listen 127.0.0.1:$p "${big[@]}" "${V2[@]}" "${F[@]}" "${DATA[@]}" --lease-ms 2000 \
+    --metrics "127.0.0.1:$MP" --announce-out "$T/c1.json" 2>"$T/c1.log" &
+  pids+=($!)
+  wait_file "$T/c1.json" || { bad "C1: ecx serve did not start: $(tail -3 "$T/c1.log")"; return; }
+  "$VPY" "$PEER" consumer --params "$T/c1.json" >"$T/c1k.out" 2>"$T/c1k.err" &
+  pid=$!; pids+=($pid)
+  for _ in $(seq 600); do metric_ge $MP ecx_producer_grants_total 1 && break; sleep 0.1; done
+  kill -9 $pid; wait $pid 2>/dev/null; drop_region cons $pid
+  check "C1: ecx's grants to a SIGKILLed vLLM consumer end (completion or lease)" \
+    "wait_metric $MP ecx_producer_active_grants 0"
+  timeout 120 "$VPY" "$PEER" consumer --params "$T/c1.json" --verify-synthetic >"$T/c1r.out" 2>"$T/c1r.err"
+  check "C1: then a new vLLM consumer fetches all 8, verified" "[ \$(count_verified '$T/c1r.out') = 8 ]"
+  check "C1: ...and its notifications release every grant" "wait_metric $MP ecx_producer_active_grants 0"
+
+  # C2. ecx get killed -9 while the vLLM producer's grants are active: its lease frees them,
+  #     then a new ecx get fetches everything.
+  "$VPY" "$PEER" producer "${big[@]}" --lease-s 2 --announce-out "$T/c2.json" --status-file "$T/c2.st" 2>"$T/c2.err" &
+  pids+=($!)
+  wait_peer "$T/c2.json" || { bad "C2: vLLM producer did not start: $(tail -3 "$T/c2.err")"; return; }
+  mkdir -p "$T/oc2" "$T/oc2r"
+  "${GET[@]}" --params "$T/c2.json" --out "$T/oc2" >/dev/null 2>"$T/c2k.err" &
+  pid=$!; pids+=($pid)
+  for _ in $(seq 600); do [ "$(status_of "$T/c2.st" acks.OK 2>/dev/null)" -ge 1 ] 2>/dev/null && break; sleep 0.1; done
+  kill -9 $pid; wait $pid 2>/dev/null
+  check "C2: the vLLM producer's grants to a SIGKILLed ecx get end" \
+    "wait_status '$T/c2.st' active_xfers 0 && wait_status '$T/c2.st' pinned 0"
+  timeout 120 "${GET[@]}" --params "$T/c2.json" --out "$T/oc2r" --verify-synthetic >"$T/c2r.out" 2>"$T/c2r.err"
+  check "C2: then a new ecx get fetches all 8 from vLLM, verified (exit $?)" "[ \$(grep -c '\"outcome\":\"ready\"' '$T/c2r.out') = 8 ]"
+  check "C2: ...and its notifications release every grant" "wait_status '$T/c2.st' active_xfers 0"
+
+  # C3. ecx serve killed -9 while a vLLM consumer reads: the consumer falls back (READ
+  #     failure or quarantine) and exits; C4. the vLLM producer killed -9 while ecx get
+  #     reads: ecx falls back and exits 3.
+  p=$(free_port)
+  "$ECX" serve --listen 127.0.0.1:$p "${big[@]}" "${V2[@]}" "${F[@]}" "${DATA[@]}" --announce-out "$T/c3.json" 2>"$T/c3.log" &
+  local spid=$!; pids+=($spid)
+  wait_file "$T/c3.json" || { bad "C3: ecx serve did not start"; return; }
+  "$VPY" "$PEER" consumer --params "$T/c3.json" --verify-synthetic --ack-timeout-s 5 --wait-s 20 \
+    >"$T/c3.out" 2>"$T/c3.err" &
+  pid=$!; pids+=($pid)
+  sleep 3; kill -9 $spid
+  check "C3: a vLLM consumer whose ecx producer died mid-READ ends (within 90 s)" "wait_gone $pid 90"
+  check "C3: ...with an answer for every item" "[ \$(grep -c mm_hash '$T/c3.out') = 8 ]"
+  "$VPY" "$PEER" producer "${big[@]}" --announce-out "$T/c4.json" 2>"$T/c4.err" &
+  local vpid=$!; pids+=($vpid)
+  wait_peer "$T/c4.json" || { bad "C4: vLLM producer did not start"; return; }
+  mkdir -p "$T/oc4"
+  "${GET[@]}" --params "$T/c4.json" --out "$T/oc4" >"$T/c4.out" 2>"$T/c4g.err" &
+  pid=$!; pids+=($pid)
+  sleep 0.3; kill -9 $vpid; wait $vpid 2>/dev/null; drop_region prod $vpid
+  check "C4: ecx get whose vLLM producer died mid-READ ends (within 90 s)" "wait_gone $pid 90"
+  check "C4: ...with an answer for every item" "[ \$(grep -c mm_hash '$T/c4.out') = 8 ]"
+
+  # C5. ecx serve restarted on the same port (new NIXL metadata) between two fetches of one
+  #     vLLM consumer: it re-registers the producer and fetches everything again.
+  p=$(free_port)
+  "$ECX" serve --listen 127.0.0.1:$p --synthetic 4:1Mi "${V2[@]}" "${F[@]}" "${DATA[@]}" --announce-out "$T/c5.json" 2>"$T/c5.log" &
+  spid=$!; pids+=($spid)
+  wait_file "$T/c5.json" || { bad "C5: ecx serve did not start"; return; }
+  "$VPY" "$PEER" consumer --params "$T/c5.json" --verify-synthetic --again-after "$T/c5.go" >"$T/c5.out" 2>"$T/c5.err" &
+  pid=$!; pids+=($pid)
+  for _ in $(seq 600); do [ "$(count_verified "$T/c5.out" 1)" = 4 ] && break; sleep 0.1; done
+  kill $spid; wait $spid 2>/dev/null
+  "$ECX" serve --listen 127.0.0.1:$p --synthetic 4:1Mi "${V2[@]}" "${F[@]}" "${DATA[@]}" --announce-out "$T/c5b.json" 2>"$T/c5b.log" &
+  pids+=($!)
+  wait_file "$T/c5b.json" && touch "$T/c5.go"
+  check "C5: vLLM consumer: 4 verified before the restart" "[ \$(count_verified '$T/c5.out' 1) = 4 ]"
+  check "C5: ...and 4 verified from the restarted producer" "wait_gone $pid 120 && [ \$(count_verified '$T/c5.out' 2) = 4 ]"
+}
 if [ "$NIXL" = 1 ]; then
-  . "$HERE/vllm_interop_data.sh"
+  part_c
 else
   echo "vllm_interop: SKIPPED part C (full data: notifications, lease expiry after a READ, kill -9 mid-READ, producer restart): ecx serve has no nixl data path yet"
 fi

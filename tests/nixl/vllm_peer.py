@@ -29,6 +29,13 @@ region bytes // block_size_bytes (common.create_ec_shared_region), the ack timeo
 (consumer_ack_timeout_s, default PRODUCER_PIN_LEASE_S = 30 s) and the 60 s per-item wait
 (_ADMIT_DEFER_TIMEOUT_S) come from options.
 
+Test hooks, not vLLM behaviour (each named so in --help): --send-version N puts an explicit
+connector_version in the consumer's XferReq (vLLM never sends it: omit_defaults); the
+producer's --demand-version N changes the version ProducerSession's check compares with
+(its decoder still fills an absent field with 2), to make vLLM's code answer NACK_VERSION.
+The producer's --status-file and the consumer's per-item "status" only observe (ack
+statuses decoded from the bytes the sessions send and receive).
+
 Item content: ecx's synthetic items (tools/opts.c): mm_hash = sha256("ecx-synthetic:I:BYTES")
 hex, bytes = splitmix64 words seeded by the hash's first 8 bytes (little-endian), so ecx and
 this peer can check each other's bytes.
@@ -39,6 +46,7 @@ usage:
                         [--demand-version N]
   vllm_peer.py consumer --params FILE [--verify-synthetic] [--ack-timeout-s S] [--wait-s S]
                         [--expect-rows N] [--mm-hash H ...] [--send-version N]
+                        [--again-after FILE]
   vllm_peer.py bench --items N --size BYTES [--rounds R]
 common: --hidden H (4096) --dtype bfloat16 --model M --vllm-version V --region-bytes B
 Consumer output: one JSON line per item {"mm_hash","outcome":"ready"|"local","reason",
@@ -492,22 +500,30 @@ def run_consumer(a):
     hashes = a.mm_hash or sorted(params)
     need = sum(int(params[h].get("size_bytes", 0)) for h in hashes if isinstance(params.get(h), dict))
     c = Consumer(a, params, a.region_bytes or max(2 * need, 1 << 20))
+    rc = 0
     try:
-        res = c.fetch(hashes)
-        if a.verify_synthetic:
-            c.verify(res)
+        for rnd in (1, 2) if a.again_after else (1,):
+            if rnd == 2:  # the same sessions, a cold cache: fetch everything again
+                for _ in range(1200):
+                    if os.path.exists(a.again_after):
+                        break
+                    time.sleep(0.1)
+                c.node.cache = EmbeddingCache(c.node.region.num_blocks)
+            res = c.fetch(hashes)
+            if a.verify_synthetic:
+                c.verify(res)
+            for h in hashes:
+                r = res[h]
+                out = {k: r.get(k) for k in ("mm_hash", "outcome", "reason", "status",
+                                             "verified", "retries", "ms")}
+                out["round"] = rnd
+                print(json.dumps(out), flush=True)
+                if r["outcome"] != "ready":
+                    rc = max(rc, 3)
+                elif a.verify_synthetic and not r["verified"]:
+                    rc = 1
     finally:
         c.close()
-    rc = 0
-    for h in hashes:
-        r = res[h]
-        out = {k: r.get(k) for k in ("mm_hash", "outcome", "reason", "status", "verified",
-                                     "retries", "ms")}
-        print(json.dumps(out), flush=True)
-        if r["outcome"] != "ready":
-            rc = max(rc, 3)
-        elif a.verify_synthetic and not r["verified"]:
-            rc = 1
     return rc
 
 
@@ -600,6 +616,9 @@ def main():
     co.add_argument("--mm-hash", action="append")
     co.add_argument("--verify-synthetic", action="store_true")
     co.add_argument("--expect-rows", type=int, default=None)
+    co.add_argument("--again-after", default=None,
+                    help="after the first fetch, wait for this file, then fetch it all again "
+                    "with the same sessions (a producer restarted in between)")
     co.add_argument("--send-version", type=int, default=None,
                     help="test hook: put connector_version N in every XferReq")
     be = modes["bench"]
