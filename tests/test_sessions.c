@@ -109,6 +109,8 @@ static int64_t next_session_idle_ms;
  * the region one after another, and a completion may still be in flight
  * when the next request comes). */
 static uint32_t next_max_grants, next_conn_grants, next_pin_pct;
+/* Both sides' protocol version for the next world_new() (0: 1). */
+static int next_version;
 
 /* A producer and a consumer; the consumer's compat hash may differ. */
 static world *world_new(const char *consumer_compat)
@@ -128,14 +130,17 @@ static world *world_new(const char *consumer_compat)
                             .max_grants = next_max_grants,
                             .max_conn_grants = next_conn_grants,
                             .max_conn_pin_pct = next_pin_pct ? next_pin_pct : 100,
-                            .clock = &CLOCK};
+                            .clock = &CLOCK,
+                            .connector_version = next_version};
     assert_int_equal(ecxi_producer_new(w->P.cache, w->P.data, w->srv, &po, &w->prod), 0);
     ecxi_consumer_opts co = {.zctx = w->zctx,
                             .compat_hash = consumer_compat ? consumer_compat : w->compat,
                             .block_bytes = BLOCK,
                             .max_sessions = next_max_sessions,
                             .session_idle_ms = next_session_idle_ms,
-                            .clock = &CLOCK};
+                            .clock = &CLOCK,
+                            .connector_version = next_version,
+                            .elem_size = next_version == 2 ? 2 : 0};
     assert_int_equal(ecxi_consumer_new(w->C.cache, w->C.data, &co, &w->cons), 0);
     return w;
 }
@@ -376,8 +381,9 @@ static raw raw_dealer(world *w)
     return r;
 }
 
-static void raw_send_req(raw *r, const char *hash, const char *compat, const char *sid,
-                         int64_t version)
+/* A request as a peer of protocol version enc encodes it. */
+static void raw_send_req_v(raw *r, const char *hash, const char *compat, const char *sid,
+                           int64_t version, int enc)
 {
     ecx_req q;
     ecx_req_init(&q);
@@ -387,10 +393,16 @@ static void raw_send_req(raw *r, const char *hash, const char *compat, const cha
     q.connector_version = version;
     msgpack_sbuffer b;
     msgpack_sbuffer_init(&b);
-    assert_int_equal(ecxi_wire_encode_req(&q, ECX_CONNECTOR_VERSION, &b), 0);
+    assert_int_equal(ecxi_wire_encode_req(&q, enc, &b), 0);
     zmq_send(r->sock, "", 0, ZMQ_SNDMORE);
     zmq_send(r->sock, b.data, b.size, 0);
     msgpack_sbuffer_destroy(&b);
+}
+
+static void raw_send_req(raw *r, const char *hash, const char *compat, const char *sid,
+                         int64_t version)
+{
+    raw_send_req_v(r, hash, compat, sid, version, ECX_CONNECTOR_VERSION);
 }
 
 /* Wait for one reply; returns its payload length (0 if none in 2 s). */
@@ -461,6 +473,41 @@ static void test_producer_checks_in_order(void **state)
             assert_int_equal(a.n_indices, 0);
             assert_int_equal(a.agent_metadata.n, 0);
         }
+    }
+    zmq_close(r.sock);
+    world_free(w);
+}
+
+/* A version-2 producer (docs/PROTOCOL.md §3.7): a request that leaves the
+ * version out is its own version, whoever encoded it; one that spells out
+ * another is NACK_VERSION. */
+static void test_producer_versions(void **state)
+{
+    (void)state;
+    next_version = 2;
+    world *w = world_new(NULL);
+    next_version = 0;
+    save(w, "item", 100, true);
+    raw r = raw_dealer(w);
+    uint8_t buf[4096];
+    ecx_ack a;
+    struct {
+        int64_t version;
+        int enc, status;
+    } cases[] = {
+        {2, 2, ECX_STATUS_OK},           /* vLLM 0.34: omitted */
+        {1, 1, ECX_STATUS_OK},           /* a v1 peer: omitted too, so read as 2 */
+        {1, 2, ECX_STATUS_NACK_VERSION}, /* spelled out */
+        {2, 1, ECX_STATUS_OK},           /* spelled out by a v1 encoder */
+        {3, 2, ECX_STATUS_NACK_VERSION},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        raw_send_req_v(&r, "item", w->compat, "s1", cases[i].version, cases[i].enc);
+        size_t n = raw_recv(w, &r, buf, sizeof buf);
+        assert_true(n > 0);
+        assert_int_equal(ecx_wire_decode_ack(buf, n, &a), 0);
+        if (a.status != cases[i].status)
+            fail_msg("case %zu: status %d want %d", i, a.status, cases[i].status);
     }
     zmq_close(r.sock);
     world_free(w);
@@ -1341,6 +1388,7 @@ int main(void)
         cmocka_unit_test(test_grant_flood_costs_the_flooder),
         cmocka_unit_test(test_pin_share),
         cmocka_unit_test(test_announce_json),
+        cmocka_unit_test(test_producer_versions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -277,17 +277,17 @@ def run_producer(a):
     sess = vsession.ProducerSession(transport=transport, data=node.data, cache=node.cache,
                                     compat_hash=node.compat)
     ann = {}
-    for h, size in items:
+    for i, (h, size) in enumerate(items):
         # update_state_after_alloc: the entry is allocated not ready with its shape
         rows = size // node.block
         entry = node.cache.alloc(h, node.blocks_for(size), (rows, a.hidden))
         if entry is None:
             sys.exit("vllm_peer producer: region too small")
         node.write(entry.block_ids, synthetic_bytes(h, size))
-        # request_finished: the announcement
-        ann[h] = {"peer_host": host.strip("[]"), "peer_port": transport.port,
-                  "size_bytes": len(entry.block_ids) * node.block,
-                  "shape": list(entry.shape), "metadata": {}}
+        # request_finished: collect_ec_item_metadata's entry, then the address merged in
+        ann[h] = {"modality": "image", "item_indices": [i], "metadata": {},
+                  "peer_host": host.strip("[]"), "peer_port": transport.port,
+                  "size_bytes": len(entry.block_ids) * node.block, "shape": list(entry.shape)}
     ready_at = time.monotonic() + a.ready_delay_ms / 1000.0
     marked = False
     if a.announce_out:
