@@ -48,7 +48,8 @@ print(v)' "$1" "$2"; }
 wait_status() { for _ in $(seq 100); do [ "$(status_of "$1" "$2" 2>/dev/null)" = "$3" ] && return 0; sleep 0.1; done; return 1; }
 # a vLLM peer takes seconds to start (torch, NIXL, UCX): 60 s
 wait_peer() { for _ in $(seq 600); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
-wait_metric() { for _ in $(seq 100); do metrics_of "$1" | grep -q "^$2 $3\$" && return 0; sleep 0.1; done; return 1; }
+has_metric() { local m; m=$(metrics_of "$1") && grep -q "^$2 $3\$" <<<"$m"; }
+wait_metric() { for _ in $(seq 100); do has_metric "$1" "$2" "$3" && return 0; sleep 0.1; done; return 1; }
 echo "vllm_interop: venv $VPY; ecx nixl data path: $([ $NIXL = 1 ] && echo yes || echo 'no (full-data part C skipped)')"
 
 # ---------- 0. baseline: vLLM consumer <-> vLLM producer ----------
@@ -91,7 +92,7 @@ if [ "$NIXL" = 1 ]; then
   check "A: vLLM consumer fetched ecx's items, every byte checked" \
     "[ \"\$(field '$T/ca.out' $AH0 verified)\" = True ] && [ \"\$(field '$T/ca.out' $AH1 verified)\" = True ]"
   check "A: vLLM's notifications released ecx's grants" "wait_metric $MPORT ecx_producer_active_grants 0"
-  check "A: ...by completion, not lease" "metrics_of $MPORT | grep -q '^ecx_producer_expired_leases_total 0$'"
+  check "A: ...by completion, not lease" "has_metric $MPORT ecx_producer_expired_leases_total 0"
 else
   # ecx's OK ack reaches vLLM (status OK, session echoed: else vLLM drops it and times out);
   # vLLM's NIXL then refuses ecx's own metadata: READ never posted, encode locally.
@@ -222,7 +223,7 @@ part_c() {
   "$VPY" "$PEER" consumer --params "$T/c3.json" --verify-synthetic --ack-timeout-s 5 --wait-s 20 \
     >"$T/c3.out" 2>"$T/c3.err" &
   pid=$!; pids+=($pid)
-  sleep 3; kill -9 $spid
+  sleep 3; kill -9 $spid; wait $spid 2>/dev/null
   check "C3: a vLLM consumer whose ecx producer died mid-READ ends (within 90 s)" "wait_gone $pid 90"
   check "C3: ...with an answer for every item" "[ \$(grep -c mm_hash '$T/c3.out') = 8 ]"
   "$VPY" "$PEER" producer "${big[@]}" --announce-out "$T/c4.json" 2>"$T/c4.err" &

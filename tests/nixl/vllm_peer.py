@@ -46,7 +46,7 @@ usage:
                         [--demand-version N]
   vllm_peer.py consumer --params FILE [--verify-synthetic] [--ack-timeout-s S] [--wait-s S]
                         [--expect-rows N] [--mm-hash H ...] [--send-version N]
-                        [--again-after FILE]
+                        [--again-after FILE] [--rounds N]
   vllm_peer.py bench --items N --size BYTES [--rounds R]
 common: --hidden H (4096) --dtype bfloat16 --model M --vllm-version V --region-bytes B
 Consumer output: one JSON line per item {"mm_hash","outcome":"ready"|"local","reason",
@@ -502,14 +502,21 @@ def run_consumer(a):
     c = Consumer(a, params, a.region_bytes or max(2 * need, 1 << 20))
     rc = 0
     try:
-        for rnd in (1, 2) if a.again_after else (1,):
-            if rnd == 2:  # the same sessions, a cold cache: fetch everything again
-                for _ in range(1200):
+        rounds = max(a.rounds, 2 if a.again_after else 1)
+        for rnd in range(1, rounds + 1):
+            if rnd > 1:  # the same sessions, a cold cache: fetch everything again
+                for _ in range(1200 if a.again_after and rnd == 2 else 0):
                     if os.path.exists(a.again_after):
                         break
                     time.sleep(0.1)
                 c.node.cache = EmbeddingCache(c.node.region.num_blocks)
+            t0 = time.monotonic()
             res = c.fetch(hashes)
+            dt = time.monotonic() - t0
+            got = [h for h in hashes if res[h]["outcome"] == "ready"]
+            print(json.dumps({"round": rnd, "fetch_s": round(dt, 4), "ready": len(got),
+                              "bytes": sum(res[h]["size"] for h in got)}),
+                  file=sys.stderr, flush=True)
             if a.verify_synthetic:
                 c.verify(res)
             for h in hashes:
@@ -616,6 +623,9 @@ def main():
     co.add_argument("--mm-hash", action="append")
     co.add_argument("--verify-synthetic", action="store_true")
     co.add_argument("--expect-rows", type=int, default=None)
+    co.add_argument("--rounds", type=int, default=1,
+                    help="fetch everything this many times (a cold cache each time, the same "
+                    "sessions); each round's time on stderr as JSON")
     co.add_argument("--again-after", default=None,
                     help="after the first fetch, wait for this file, then fetch it all again "
                     "with the same sessions (a producer restarted in between)")
