@@ -50,6 +50,22 @@ wait_status() { for _ in $(seq 100); do [ "$(status_of "$1" "$2" 2>/dev/null)" =
 wait_peer() { for _ in $(seq 600); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
 has_metric() { local m; m=$(metrics_of "$1") && grep -q "^$2 $3\$" <<<"$m"; }
 wait_metric() { for _ in $(seq 100); do has_metric "$1" "$2" "$3" && return 0; sleep 0.1; done; return 1; }
+# the region a SIGKILLed vLLM peer leaves behind (ECSharedRegion unlinks it only on cleanup)
+drop_region() { rm -f "/dev/shm/vllm_ec_ecxpeer-$1-$2.mmap"; }
+# On exit: SIGTERM first (vLLM peers then remove their regions), 10 s, then lib.sh's cleanup
+# (SIGKILL), then whatever region a killed peer left.
+vllm_cleanup() {
+  local p i
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for i in $(seq 100); do
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && break; done
+    kill -0 "$p" 2>/dev/null || break
+    sleep 0.1
+  done
+  cleanup
+  for p in "${pids[@]}"; do drop_region prod "$p"; drop_region cons "$p"; done
+}
+trap vllm_cleanup EXIT
 echo "vllm_interop: venv $VPY; ecx nixl data path: $([ $NIXL = 1 ] && echo yes || echo 'no (full-data part C skipped)')"
 
 # ---------- 0. baseline: vLLM consumer <-> vLLM producer ----------
@@ -176,8 +192,6 @@ print(n)' "$@"; }
 metric_ge() { local v; v=$(metrics_of "$1" | awk -v m="$2" '$1 == m {print $2}'); [ -n "$v" ] && [ "${v%.*}" -ge "$3" ]; }
 # wait_gone PID SECONDS: the process exited within SECONDS
 wait_gone() { for _ in $(seq $(($2 * 10))); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; return 1; }
-# the region a SIGKILLed vLLM peer leaves behind (ECSharedRegion unlinks it only on cleanup)
-drop_region() { rm -f "/dev/shm/vllm_ec_ecxpeer-$1-$2.mmap"; }
 part_c() {
   local big=(--synthetic 8:32Mi) p pid port
   # C1. vLLM consumer killed -9 while ecx serve's grants are active: the lease frees them,
