@@ -93,11 +93,12 @@ static bool shape_bytes(const json_t *shape, const ecxi_announce_rows *rows, uin
 }
 
 /* The checks after "is there a peer_host at all": host, port, size, and
- * (version 2) the size the shape takes: shape_ok false = no usable shape,
- * else shape_size (0: the struct's, which has none: whole blocks only). */
+ * (version 2, rows given) the bytes the shape takes: shape_size NULL = no
+ * usable shape; for the struct, which has none, the caller passes size
+ * rounded to whole blocks, so only whole blocks pass. */
 static int check(const char *host, long long port, bool size_given, long long size,
                  uint64_t expected_size, uint64_t max_bytes, const ecxi_announce_rows *rows,
-                 bool shape_ok, uint64_t shape_size, ecxi_announce_peer *out)
+                 const uint64_t *shape_size, ecxi_announce_peer *out)
 {
     if (!ecxi_announce_host_ok(host)) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_host is not a host name or address");
@@ -111,7 +112,7 @@ static int check(const char *host, long long port, bool size_given, long long si
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: no usable size_bytes");
         return ECX_REASON_INVALID;
     }
-    if (rows && !shape_ok) {
+    if (rows && !shape_size) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: no usable shape (version 2)");
         return ECX_REASON_INVALID;
     }
@@ -119,11 +120,10 @@ static int check(const char *host, long long port, bool size_given, long long si
     out->port = (int)port;
     out->size_bytes = (uint64_t)size;
     if (expected_size && expected_size != out->size_bytes) return ECX_REASON_SIZE_MISMATCH;
-    if (rows && (shape_size ? shape_size != out->size_bytes
-                            : out->size_bytes % rows->block_bytes != 0)) {
+    if (rows && *shape_size != out->size_bytes) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: size_bytes %llu is not the %llu bytes "
                             "of whole blocks its shape takes", (unsigned long long)out->size_bytes,
-                            (unsigned long long)shape_size);
+                            (unsigned long long)*shape_size);
         return ECX_REASON_SIZE_MISMATCH;
     }
     if (max_bytes && out->size_bytes > max_bytes) {
@@ -145,8 +145,9 @@ int ecxi_announce_parse(const char *json, const ecx_announcement *from, uint64_t
         /* A size beyond what a JSON integer (and a region) can hold is
          * refused as INVALID by max_bytes, or here when there is none. */
         long long size = from->size_bytes > (uint64_t)INT64_MAX ? -1 : (long long)from->size_bytes;
+        uint64_t whole = rows && from->size_bytes % rows->block_bytes ? 0 : from->size_bytes;
         return check(from->peer_host, from->peer_port, true, size, expected_size, max_bytes, rows,
-                     true, 0, out);
+                     &whole, out);
     }
     if (!json) return ECX_REASON_NO_PEER;
     json_error_t err;
@@ -167,7 +168,7 @@ int ecxi_announce_parse(const char *json, const ecx_announcement *from, uint64_t
         else
             why = check(json_string_value(h), json_is_integer(p) ? json_integer_value(p) : -1,
                         json_is_integer(s), json_is_integer(s) ? json_integer_value(s) : 0,
-                        expected_size, max_bytes, rows, shape_ok, shape_size, out);
+                        expected_size, max_bytes, rows, shape_ok ? &shape_size : NULL, out);
     }
     json_decref(j);
     return why;

@@ -26,11 +26,11 @@
  */
 #include <errno.h>
 #include <poll.h>
-#include <stddef.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sodium.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

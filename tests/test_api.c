@@ -234,6 +234,12 @@ static void test_connector_versions(void **state)
     assert_int_equal(ecx_announce(p1, "v1item", v1json, sizeof v1json, &len), 0);
     assert_int_equal(fetch_json(c2, "v1item", v1json, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_INVALID);
+    /* The struct has no shape: whole blocks only. */
+    ecx_announcement an = {"127.0.0.1", ecx_listen_port(p), size - 1};
+    assert_int_equal(ecx_fetch_from(c2, "partial", &an, 0, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_SIZE_MISMATCH);
+    assert_int_equal(ecx_announce_info(p, "v2item", &an), 0);
+    assert_int_equal(ecx_fetch_from(c2, "v2item", &an, 0, &reason), ECX_FETCH_READY);
     /* Shapes that do not fit size_bytes, or are not two integers. */
     struct {
         const char *shape;
@@ -244,6 +250,7 @@ static void test_connector_versions(void **state)
         {"[3,\"32768\"]", ECX_REASON_INVALID},    {"[-3,32768]", ECX_REASON_INVALID},
         {"[3,32768,1]", ECX_REASON_INVALID},     {"null", ECX_REASON_INVALID},
         {"[9223372036854775807,9223372036854775807]", ECX_REASON_INVALID},
+        {"[0,32768]", ECX_REASON_SIZE_MISMATCH}, {"[3,0]", ECX_REASON_SIZE_MISMATCH},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char name[32];
