@@ -7,7 +7,7 @@ FUZZ_DATA_SECONDS ?= 30
 PREFIX     ?= /usr/local
 DESTDIR    ?=
 
-.PHONY: all deps build test unit sanitize tsan fuzz demo install uninstall clean
+.PHONY: all deps build test unit sanitize tsan fuzz pytest demo install uninstall clean
 
 all: build
 
@@ -19,10 +19,12 @@ build: deps
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # Every test: the plain build, then the same suite under ASan + UBSan (which
-# reuses the plain build's NIXL venv, tests/nixl/venv.sh), the
-# code that runs on several threads under TSan, then bounded libFuzzer runs
-# of the wire decoder and of the data plane's metadata / descriptor parser.
-test: unit sanitize tsan fuzz
+# reuses the plain build's NIXL venv, tests/nixl/venv.sh), the code that runs
+# on several threads under TSan, bounded libFuzzer runs of the wire decoder,
+# of the data plane's metadata / descriptor parser and of NIXL's (agent
+# metadata, vLLM's descriptor list, notification), then the Python package
+# (pip install . into a fresh venv, pytest).
+test: unit sanitize tsan fuzz pytest
 
 unit: build
 	cd $(BUILD) && ctest --output-on-failure
@@ -48,6 +50,13 @@ fuzz: deps
 	@cmake --build $(BUILD)-fuzz -j $(JOBS)
 	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_wire $(FUZZ_SECONDS)
 	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_data $(FUZZ_DATA_SECONDS) tests/fuzz_data.seeds
+	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_nixl $(FUZZ_DATA_SECONDS) tests/fuzz_nixl.seeds
+
+# The Python package as a newcomer gets it: a fresh venv under $(BUILD),
+# `pip install .` from the checkout's tracked files, then python/tests.
+PYTHON ?= python3
+pytest: deps
+	bash python/tests/run.sh $(abspath $(BUILD))/pyvenv $(PYTHON)
 
 # The main job: a producer and consumers on loopback, every byte checked.
 demo: build

@@ -1,7 +1,7 @@
 /* bench_data — the data-plane benchmark as its own program: throughput of
  * the same-host (shm), tcp and UCX paths against a plain memcpy of the same
  * sizes, measured in the same run. The benchmark itself lives in
- * bench/data_bench.c, shared with `ecx bench data`; this file only parses
+ * bench/data_bench.c; this file only parses
  * the options it has always taken.
  *
  * Output: one line per size, the last line being the last size:
@@ -13,7 +13,8 @@
  *              [--cold]   (shm first fetches on fresh contexts, and after
  *                          idle pre-fault: data_bench.h)
  * Defaults: sizes 4700000 and 28800000, 30 iterations, 3 warm-up,
- * 1 MiB blocks, both paths. Bounded: every wait has a deadline.
+ * 1 MiB blocks, both paths. Regions go under $ECX_SHM_DIR (default
+ * /dev/shm), as the library's do. Bounded: every wait has a deadline.
  */
 #include <stdio.h>
 #include <stdlib.h>

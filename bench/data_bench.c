@@ -1,5 +1,6 @@
-/* data_bench — the body of the data-plane benchmark (bench/data_bench.h),
- * shared by build/bench_data and `ecx bench data`.
+/* data_bench — the body of build/bench_data, the internal data-plane
+ * benchmark (bench/data_bench.h; `ecx bench data` is its public-API
+ * counterpart, tools/cmd_bench_data.c).
  *
  * A producer process (forked) fills a region with a known pattern and
  * serves it (busy polling, as ucx_perftest's server does); this process is
@@ -9,7 +10,9 @@
  * fetch is then checked byte for byte against the pattern (outside the
  * timed window; a mismatch fails the run). Before each fetch, and before
  * each memcpy of the baseline, the destination is overwritten, so every
- * path starts from the same cache state. Figures are medians.
+ * path starts from the same cache state. Figures are medians. The
+ * regions live in a fresh directory under $ECX_SHM_DIR (else /dev/shm), as
+ * the library's do, so a huge-page tmpfs can be measured.
  *
  * The producer runs two data contexts on its region: auto (shm and tcp)
  * and ucx (which auto no longer publishes). The "tcp" path is ecx's own
@@ -26,6 +29,10 @@
  *   pread      pread + XXH3 a 512 KiB chunk at a time (ECX_SHM_COPY_PREAD)
  *   mmap+hash  memcpy from a read-only mapping, then XXH3 of each 256 KiB
  *              chunk while it is in cache
+ *   warm       the library's copy (ecxi_shm_copy, guarded one-pass where it
+ *              can) from that mapping, which earlier copies faulted in
+ *   cold       the same from a fresh mapping, its mmap timed (a consumer's
+ *              first read of those pages: page tables built on first touch)
  * and prints their ratios to memcpy on stderr.
  */
 #include "data_bench.h"
@@ -39,7 +46,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/mman.h>
 
 #include "data.h"
@@ -155,7 +165,7 @@ typedef struct bench {
     uint64_t bs;
     int iters, warmup;
     ecxi_shm_src var;    /* the producer's region, for the copy variants */
-    double *tv[2];      /* their times: pread, mmap+hash */
+    double *tv[4];      /* their times: pread, mmap+hash, guarded, guarded cold */
 } bench;
 
 typedef struct path {
@@ -340,17 +350,31 @@ static void variants_close(bench *b)
     memset(&b->var, 0, sizeof b->var);
 }
 
-/* One timed copy variant (0 pread, 1 mmap+hash) of `size` bytes into the
- * consumer region, checked against the checksum; seconds, or < 0. */
+/* One timed copy variant of `size` bytes into the consumer region, checked
+ * against the checksum; seconds, or < 0. 0 pread, 1 mmap+hash, 2 the
+ * library's copy (guarded one-pass where it can) from the bench's mapping,
+ * which every earlier copy has faulted in (warm), 3 the same from a fresh
+ * mapping, mmap included (cold: what a consumer's first read of those
+ * pages pays; the munmap after it is not timed). */
 static double variant_once(bench *b, int v, uint64_t size, const uint64_t *idx, uint64_t want)
 {
     uint64_t n = (size + b->bs - 1) / b->bs, sum = 0;
     uint8_t *dst = ecxi_region_base(b->cr);
     memset(dst, 0x5a, size);
     double t0 = now_s();
-    if (v == 0) {
-        if (ecxi_shm_copy(&b->var, dst, b->bs, idx, idx, n, size, ECX_SHM_COPY_PREAD, &sum))
+    if (v == 0 || v == 2) {
+        if (ecxi_shm_copy(&b->var, dst, b->bs, idx, idx, n, size,
+                          v == 0 ? ECX_SHM_COPY_PREAD : ECX_SHM_COPY_AUTO, &sum))
             return -1;
+    } else if (v == 3) {
+        void *map = mmap(NULL, b->var.map_len, PROT_READ, MAP_SHARED, b->var.fd, 0);
+        if (map == MAP_FAILED) return -1;
+        ecxi_shm_src fresh = {.fd = b->var.fd, .map = map, .map_len = b->var.map_len};
+        int rc = ecxi_shm_copy(&fresh, dst, b->bs, idx, idx, n, size, ECX_SHM_COPY_AUTO, &sum);
+        double t1 = now_s();
+        munmap(map, b->var.map_len);
+        if (rc) return -1;
+        t0 += now_s() - t1; /* the munmap is not the copy's */
     } else {
         const size_t chunk = 256u << 10;
         ecxi_sum st;
@@ -397,6 +421,21 @@ void ecxi_data_bench_opts_init(ecxi_data_bench_opts *o)
     o->shm = o->tcp = o->ucx = true;
 }
 
+/* Remove the bench's directory and the files left in it (region files and
+ * their lock files: no subdirectories). */
+static void remove_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+                (void)unlinkat(dirfd(d), e->d_name, 0);
+        closedir(d);
+    }
+    if (rmdir(dir) != 0) fprintf(stderr, "bench: could not remove %s: %s\n", dir, strerror(errno));
+}
+
 int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
 {
     uint64_t sizes[ECX_DATA_BENCH_MAX_SIZES];
@@ -420,9 +459,15 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
     uint64_t region = ((max + b.bs - 1) / b.bs) * b.bs;
     if (o->cold) region *= 2; /* other blocks for the cold fetches */
 
-    char dir[] = "/dev/shm/ecx-bench-data-XXXXXX";
+    /* Where the library puts regions ($ECX_SHM_DIR, else /dev/shm). */
+    char dir[PATH_MAX];
+    if (snprintf(dir, sizeof dir, "%s/ecx-bench-data-XXXXXX", ecxi_region_default_dir()) >=
+        (int)sizeof dir) {
+        fprintf(stderr, "bench: ECX_SHM_DIR is too long\n");
+        return -1;
+    }
     if (!mkdtemp(dir)) {
-        perror("bench: mkdtemp");
+        fprintf(stderr, "bench: cannot make %s: %s\n", dir, strerror(errno));
         return -1;
     }
     int to_parent[2], stop[2];
@@ -482,9 +527,10 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
         idx[i] = i;
     if (o->shm && path_open(&paths[np++], ECX_DATA_SHM, &b, m, lens[0], ds, lens[1])) goto done;
     if (o->shm && variants_open(&b, m, lens[0]) == 0) {
-        b.tv[0] = malloc((size_t)b.iters * sizeof *b.tv[0]);
-        b.tv[1] = malloc((size_t)b.iters * sizeof *b.tv[1]);
-        if (!b.tv[0] || !b.tv[1]) variants_close(&b);
+        bool ok = true;
+        for (int v = 0; v < 4; v++)
+            ok = (b.tv[v] = malloc((size_t)b.iters * sizeof *b.tv[v])) && ok;
+        if (!ok) variants_close(&b);
     }
     if (o->tcp && path_open(&paths[np++], ECX_DATA_TCP, &b, m, lens[0], ds, lens[1])) goto done;
     if (o->ucx && path_open(&paths[np++], ECX_DATA_UCX, &b, um, lens[2], uds, lens[3])) goto done;
@@ -501,7 +547,7 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
                 if ((t = path_fetch(&paths[k], &b, size, idx)) < 0) goto done;
                 if (it >= b.warmup) paths[k].t[it - b.warmup] = t;
             }
-            for (int v = 0; b.var.map && v < 2; v++) {
+            for (int v = 0; b.var.map && v < 4; v++) {
                 if ((t = variant_once(&b, v, size, idx, want)) < 0) goto done;
                 if (it >= b.warmup) b.tv[v][it - b.warmup] = t;
             }
@@ -527,6 +573,12 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
                     (unsigned long long)size,
                     ecxi_shm_copy_guarded() ? "guarded one-pass copy+hash" : "pread+hash",
                     lat[1] > 0 ? lat[0] / lat[1] : 0.0, lat[0] / lp, lat[0] / lm);
+            double lw = median(b.tv[2], b.iters), lc = median(b.tv[3], b.iters);
+            fprintf(stderr,
+                    "bench: size %llu: copy time / memcpy time: pread+hash %.2f (a pread reads "
+                    "the page cache: nothing of the consumer's to warm), mapping warm %.2f, "
+                    "fresh mapping (cold) %.2f\n",
+                    (unsigned long long)size, lp / lat[0], lw / lat[0], lc / lat[0]);
         }
         if (o->cold && o->shm &&
             cold_fetches(&b, size, idx, m, lens[0], ds, lens[1], lat[0]) != 0) {
@@ -544,7 +596,8 @@ done:
     for (int k = 0; k < np; k++)
         path_close(&paths[k]);
     variants_close(&b);
-    free(b.tv[0]), free(b.tv[1]);
+    for (int v = 0; v < 4; v++)
+        free(b.tv[v]);
     free(tm);
     free(idx);
     close(to_parent[0]);
@@ -555,8 +608,6 @@ done:
     }
     ecxi_region_free(b.cr);
     free(b.expect), free(b.src), free(b.dst), free(m), free(ds), free(um), free(uds);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "bench: could not remove %s\n", dir);
+    remove_dir(dir);
     return ret;
 }

@@ -1,6 +1,6 @@
 /*
- * data_bench — the data-plane benchmark as a function, so `build/bench_data`
- * and `ecx bench data` run the same code with the same output: throughput of
+ * data_bench — the data-plane benchmark behind `build/bench_data` (`ecx
+ * bench data` measures through the public API instead): throughput of
  * the same-host (shm), tcp and UCX paths against a plain memcpy of the same
  * sizes, measured interleaved in one run (see bench/data_bench.c for the
  * method).

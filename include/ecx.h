@@ -43,6 +43,11 @@
  *     ecx_next_timeout() is -1. The thread touches the context's sockets,
  *     region and cache only while holding the lock; it never calls the
  *     logger with the lock of another context held, and stops in ecx_free().
+ *     On the same-host path it also maps in the rest of a producer's region
+ *     after the first fetch from it (in slices, behind any READ), so that
+ *     later fetches of blocks never read before run at memory speed: once
+ *     per producer, about 85 ms of its time per GiB on 4 KiB pages, at
+ *     most the first 8 GiB of a region.
  *   - With progress_thread = 0, nothing runs in the background: work
  *     advances inside the calls, chiefly ecx_poll(), which steps for at
  *     most about 0.5 ms per call; a large READ then needs many polls.
@@ -310,7 +315,9 @@ typedef struct ecx_config {
     const char *vllm_version;   /* compatibility factors: peers must agree */
     const char *model;
     const char *dtype;
-    const char *data;           /* data path: "auto" (shm + tcp), "shm", "tcp" or "ucx" */
+    const char *data;           /* data path: "auto" (shm + tcp), "shm", "tcp", "ucx" or
+                                   "nixl" (NIXL, to be a peer of vLLM's own connector;
+                                   one-sided, trusted networks only; docs/NIXL.md) */
     int progress_thread;        /* 1 (default): a library thread moves transfers on (see
                                    Threading); 0: only the calls do, chiefly ecx_poll() */
     const char *instance;       /* region instance name; NULL: unique per process start */

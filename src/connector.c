@@ -253,7 +253,9 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
 
 static int start_consumer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
 {
-    ecxi_data_opts dopts = {.backend = backend};
+    /* With the progress thread, the data plane may keep it busy with work
+     * that pays off later (pre-faulting a producer's mapping). */
+    ecxi_data_opts dopts = {.backend = backend, .background = cfg->progress_thread != 0};
     int rc = ecxi_data_new_consumer(ctx->region, &dopts, &ctx->cdata);
     if (rc) return rc;
     ecxi_consumer_opts co = {.zctx = ctx->zctx,

@@ -33,6 +33,7 @@ typedef struct xfer {
     int64_t backoff_ms; /* RETRY */
     int64_t lease_end_ms; /* READING: the bytes must be in by then (see start_read) */
     uint64_t checksum;    /* READING: the producer's, from the ticket */
+    bool unverified;      /* READING: none came (nixl): the READ's own becomes it */
     uint64_t size_bytes, n_blocks;
     ecxi_data_xfer *dx; /* READING, QUARANTINED */
     int port;
@@ -391,7 +392,7 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
     /* The descriptor is parsed here, once: the registration and the READ
      * take the parsed form (its lease and checksum are kept below). */
     ecxi_data_desc dd;
-    int rc = ecxi_data_desc_decode(desc, dl, &dd);
+    int rc = ecxi_data_ack_desc(c->data, desc, dl, x->size_bytes, &dd);
     if (!rc && !dd.has_ticket) rc = ECX_EDATA_DESC;
     if (rc) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: unusable mem_descriptor from %s:%d: %s",
@@ -453,6 +454,7 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
     int64_t margin = t->lease_ms / 10 < 1000 ? t->lease_ms / 10 : 1000;
     x->lease_end_ms = now + (int64_t)t->lease_ms - margin;
     x->checksum = t->checksum;
+    x->unverified = dd.unverified;
     x->state = READING;
     x->deadline_ms = now + c->o.read_timeout_ms;
     if (x->deadline_ms > x->lease_end_ms) x->deadline_ms = x->lease_end_ms;
@@ -532,9 +534,12 @@ static int advance(ecxi_consumer *c, xfer *x, int64_t now)
             return 1;
         }
         if (st == ECX_XFER_DONE) {
+            int rc = x->unverified && !ecxi_data_read_checksum(x->dx, &x->checksum)
+                         ? ECX_EDATA_PEER
+                         : 0;
             ecxi_data_read_release(x->dx);
             x->dx = NULL;
-            int rc = ecxi_cache_set_checksum(c->cache, x->hash, x->hash_len, x->checksum);
+            if (!rc) rc = ecxi_cache_set_checksum(c->cache, x->hash, x->hash_len, x->checksum);
             if (!rc) rc = ecxi_cache_mark_ready(c->cache, x->hash, x->hash_len);
             if (rc) {
                 tombstone(c, x, ECX_REASON_READ_FAILED, now);

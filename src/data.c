@@ -124,6 +124,8 @@ int ecxi_data_backend_parse(const char *s, int *out)
         *out = ECX_DATA_UCX;
     else if (strcmp(s, "tcp") == 0)
         *out = ECX_DATA_TCP;
+    else if (strcmp(s, "nixl") == 0)
+        *out = ECX_DATA_NIXL;
     else
         return ECX_EINVAL;
     return 0;
@@ -136,6 +138,7 @@ const char *ecxi_data_backend_name(int backend)
     case ECX_DATA_SHM: return "shm";
     case ECX_DATA_UCX: return "ucx";
     case ECX_DATA_TCP: return "tcp";
+    case ECX_DATA_NIXL: return "nixl";
     }
     return "unknown";
 }
@@ -169,11 +172,15 @@ int ecxi_data_start(int backend, ecxi_region *region, const ecxi_data_opts *opts
         rc = p ? ecxi_data_ucx_new_producer(region, opts, m, dd, out)
                : ecxi_data_ucx_new_consumer(region, out);
         break;
+    case ECX_DATA_NIXL:
+        rc = p ? ecxi_data_nixl_new_producer(region, out) : ecxi_data_nixl_new_consumer(region, out);
+        break;
     default: return ECX_EINVAL;
     }
     if (rc) return rc;
     (*out)->role = role;
     (*out)->region = region;
+    (*out)->background = opts && opts->background;
     return 0;
 }
 
@@ -195,7 +202,9 @@ static int new_ctx(ecxi_region *region, const ecxi_data_opts *opts, int role, ec
     rc = backend == ECX_DATA_AUTO ? ecxi_data_auto_new(region, opts, role, &m, &dd, &d)
                                   : ecxi_data_start(backend, region, opts, role, &m, &dd, &d);
     if (rc) return rc;
-    if (role == ECX_DATA_PRODUCER) {
+    d->background = opts && opts->background; /* auto's own, for the paths it starts later */
+    /* (nixl publishes NIXL's metadata, made by the backend) */
+    if (role == ECX_DATA_PRODUCER && !d->meta) {
         uint8_t mb[ECX_DATA_META_MAX];
         long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
         if (ml < 0) {
@@ -209,8 +218,8 @@ static int new_ctx(ecxi_region *region, const ecxi_data_opts *opts, int role, ec
         }
         memcpy(d->meta, mb, (size_t)ml);
         d->meta_len = (size_t)ml;
-        d->layout = dd;
     }
+    if (role == ECX_DATA_PRODUCER) d->layout = dd;
     *out = d;
     return 0;
 }
@@ -243,6 +252,13 @@ long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, u
     dd.has_ticket = true;
     dd.ticket = *t;
     return ecxi_data_desc_encode(&dd, buf, cap);
+}
+
+const uint8_t *ecxi_data_shared_descriptor(const ecxi_data *d, size_t *len)
+{
+    *len = 0;
+    if (!d || d->role != ECX_DATA_PRODUCER || !d->ops->shared_descriptor) return NULL;
+    return d->ops->shared_descriptor(d, len);
 }
 
 void ecxi_data_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)
@@ -292,12 +308,17 @@ int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
     *out = NULL;
     if (d->role != ECX_DATA_CONSUMER) return ECX_EDATA_ROLE;
     if (!desc) return ECX_EDATA_DESC;
-    ecxi_data_meta m;
-    int rc = ecxi_data_meta_decode(meta, meta_len, &m);
-    if (rc) return rc;
-    if (m.nonce != desc->nonce || desc->block_bytes != ecxi_region_block_bytes(d->region))
-        return ECX_EDATA_MISMATCH;
-    rc = d->ops->peer_add(d, &m, desc, out);
+    int rc;
+    if (d->ops->peer_add_raw) {
+        if (desc->block_bytes != ecxi_region_block_bytes(d->region)) return ECX_EDATA_MISMATCH;
+        rc = d->ops->peer_add_raw(d, meta, meta_len, desc, out);
+    } else {
+        ecxi_data_meta m;
+        if ((rc = ecxi_data_meta_decode(meta, meta_len, &m))) return rc;
+        if (m.nonce != desc->nonce || desc->block_bytes != ecxi_region_block_bytes(d->region))
+            return ECX_EDATA_MISMATCH;
+        rc = d->ops->peer_add(d, &m, desc, out);
+    }
     if (rc == 0) {
         ecxi_data_peer *p = *out;
         rc = ecxi_data_peer_head_init(p, desc, meta, meta_len);
@@ -307,6 +328,20 @@ int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
         }
     }
     return rc;
+}
+
+int ecxi_data_ack_desc(const ecxi_data *d, const uint8_t *buf, size_t len, uint64_t nbytes,
+                       ecxi_data_desc *dd)
+{
+    if (!d || !dd) return ECX_EINVAL;
+    if (d->role != ECX_DATA_CONSUMER) return ECX_EDATA_ROLE;
+    if (d->ops->ack_desc) return d->ops->ack_desc(d, buf, len, nbytes, dd);
+    return ecxi_data_desc_decode(buf, len, dd);
+}
+
+bool ecxi_data_read_checksum(const ecxi_data_xfer *x, uint64_t *sum)
+{
+    return x && sum && x->owner->ops->read_checksum && x->owner->ops->read_checksum(x, sum);
 }
 
 bool ecxi_data_peer_same(const ecxi_data_peer *p, const uint8_t *meta, size_t meta_len)

@@ -50,7 +50,10 @@
  * validates and queues (no byte moves in it), and the copy / receive /
  * verification runs in the progress calls that follow. A call that
  * stopped with work left says so (*more); ecxi_data_arm() then returns 1,
- * as it does while any queued READ is unfinished, so a caller never
+ * as it does while any queued READ is unfinished (and, in a consumer
+ * context opened with ecxi_data_opts.background, while it has work that
+ * only pays off later: shm's pre-faulting of a producer's mapping, which
+ * yields to READs), so a caller never
  * sleeps on ecxi_data_fd() with a half-done READ: progress again at once
  * (after letting others in, if it holds a lock), sleep only when arm says
  * 0. Budget in time, chunks in bytes: a chunk's cost varies several-fold
@@ -87,8 +90,16 @@ typedef struct ecxi_data ecxi_data;
 typedef struct ecxi_data_peer ecxi_data_peer;
 typedef struct ecxi_data_xfer ecxi_data_xfer;
 
-/* Which path moves the bytes (`--data auto|shm|tcp|ucx`). */
-enum ecxi_data_backend { ECX_DATA_AUTO = 0, ECX_DATA_SHM = 1, ECX_DATA_UCX = 2, ECX_DATA_TCP = 3 };
+/* Which path moves the bytes (`--data auto|shm|tcp|ucx|nixl`). nixl
+ * (data_nixl.c): NIXL's one-sided data plane, to be a peer of vLLM's own
+ * connector; never chosen by auto. */
+enum ecxi_data_backend {
+    ECX_DATA_AUTO = 0,
+    ECX_DATA_SHM = 1,
+    ECX_DATA_UCX = 2,
+    ECX_DATA_TCP = 3,
+    ECX_DATA_NIXL = 4,
+};
 
 /* State of a posted READ. CORRUPT: the bytes arrived but their checksum is
  * not the ticket's (the item must not become ready). */
@@ -106,9 +117,15 @@ typedef struct ecxi_data_opts {
     int backend;           /* enum ecxi_data_backend; 0 = auto */
     const char *bind_host; /* producer: the advertised host; listeners bind
                               to its interface only (NULL: any) */
+    bool background;       /* consumer: a thread of the caller's progresses
+                              this context whenever arm says 1 (the progress
+                              thread), so arm may also say 1 for work that
+                              only pays off later: the shm path then faults
+                              in the rest of a producer's mapping after the
+                              first READ, slice by slice (data_shm.c) */
 } ecxi_data_opts;
 
-/* Parse "auto" / "shm" / "tcp" / "ucx" into enum ecxi_data_backend; ECX_EINVAL else. */
+/* Parse "auto" / "shm" / "tcp" / "ucx" / "nixl" into enum ecxi_data_backend; ECX_EINVAL else. */
 int ecxi_data_backend_parse(const char *s, int *out);
 const char *ecxi_data_backend_name(int backend);
 
@@ -127,6 +144,13 @@ const uint8_t *ecxi_data_agent_metadata(const ecxi_data *d, size_t *len);
  * (ECX_DATA_DESC_MAX always suffices). */
 long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, uint8_t *buf,
                                size_t cap);
+
+/* The mem_descriptor of every grant's ack, for a path whose descriptor
+ * carries no ticket (nixl: vLLM's list of the region's blocks); NULL for
+ * the others (use ecxi_data_grant_descriptor). Such a path is *tokenless*:
+ * its completions come with a NULL token, and whoever can send one can
+ * release the grant it names. Valid until ecxi_data_free(). */
+const uint8_t *ecxi_data_shared_descriptor(const ecxi_data *d, size_t *len);
 
 /* A grant as a producer backend needs it to serve the bytes. */
 typedef struct ecxi_data_grant {
@@ -153,7 +177,8 @@ void ecxi_data_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg);
 /* Called once per completion: key is NUL-terminated (key_len excludes it);
  * status 0: the grant's transfer is complete (the consumer said so, or the
  * producer's own send finished); negative: the producer's send failed. The
- * token is the one the completion presented: the session must check it. */
+ * token is the one the completion presented: the session must check it;
+ * NULL from a tokenless path (ecxi_data_shared_descriptor). */
 typedef void (*ecxi_data_notif_cb)(void *arg, const char *key, size_t key_len,
                                   const uint8_t token[ECX_DATA_TOKEN_LEN], int status);
 
@@ -175,6 +200,23 @@ int ecxi_data_new_consumer(ecxi_region *region, const ecxi_data_opts *opts, ecxi
  * it), ECX_EDATA_UCX. */
 int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
                        const ecxi_data_desc *desc, ecxi_data_peer **out);
+
+/* Parse an ack's mem_descriptor the way this consumer context's path
+ * needs it: ecx's format (ecxi_data_desc_decode, nbytes unused), or, for
+ * a nixl context, vLLM's list, which must be uniform (base + i * our
+ * block size, dev 0: what vLLM's build_block_descs writes) and is then
+ * described as a grant of nbytes with no checksum (dd->unverified) and
+ * ECX_NIXL_LEASE_MS. ECX_EDATA_DESC / ECX_EDATA_MISMATCH /
+ * ECX_EDATA_VERSION. */
+int ecxi_data_ack_desc(const ecxi_data *d, const uint8_t *buf, size_t len, uint64_t nbytes,
+                       ecxi_data_desc *dd);
+/* A NIXL ack names no lease: the consumer assumes this one (vLLM's pins
+ * outlive it). */
+#define ECX_NIXL_LEASE_MS 30000
+
+/* For a READ whose grant carried no checksum (dd->unverified): the
+ * XXH3-64 of what it wrote, once DONE. False otherwise. */
+bool ecxi_data_read_checksum(const ecxi_data_xfer *x, uint64_t *sum);
 
 /* True if the peer was registered from exactly this agent_metadata (an
  * ack whose metadata differs means the producer restarted: drop and add
@@ -252,7 +294,7 @@ typedef struct ecxi_data_counts {
     uint64_t requests_dropped; /* malformed requests, or past a queue bound */
 } ecxi_data_counts;
 typedef struct ecxi_data_stats {
-    ecxi_data_counts path[4];
+    ecxi_data_counts path[5];
     /* Slices (ecxi_data_progress / poll_notifs calls that moved bytes). */
     uint64_t slices;
     uint64_t slice_bytes;     /* bytes they moved (ucx: bytes verified) */
@@ -265,7 +307,7 @@ typedef struct ecxi_data_stats {
  * maxima: the larger of *st's and the context's). */
 void ecxi_data_get_stats(const ecxi_data *d, ecxi_data_stats *st);
 
-/* Backend actually in use: "auto", "shm", "tcp", "ucx", "fault". */
+/* Backend actually in use: "auto", "shm", "tcp", "ucx", "nixl", "fault". */
 const char *ecxi_data_name(const ecxi_data *d);
 
 void ecxi_data_free(ecxi_data *d);

@@ -107,7 +107,8 @@ static int auto_peer_add(ecxi_data *d, const ecxi_data_meta *m, const ecxi_data_
     int k = m->has_tcp ? IN_TCP : m->has_ucx ? IN_UCX : -1;
     if (k < 0) return rc;
     if (!a->in[k]) {
-        int r2 = ecxi_data_start(backend_of[k], d->region, NULL, ECX_DATA_CONSUMER, NULL, NULL,
+        ecxi_data_opts io = {.background = d->background};
+        int r2 = ecxi_data_start(backend_of[k], d->region, &io, ECX_DATA_CONSUMER, NULL, NULL,
                                  &a->in[k]);
         if (r2) return r2;
         auto_join_fd(a, a->in[k]);

@@ -68,6 +68,21 @@ struct ecxi_data_ops {
                      size_t key_len, ecxi_data_xfer **out);
     int (*read_poll)(ecxi_data_xfer *x);
     void (*read_release)(ecxi_data_xfer *x);
+    /* optional, producer: the one mem_descriptor of every grant, for a
+     * path that carries no ticket (nixl); its completions carry no token
+     * (data.h, ecxi_data_shared_descriptor) */
+    const uint8_t *(*shared_descriptor)(const ecxi_data *d, size_t *len);
+    /* optional, consumer: a path whose agent_metadata is not ecx's format
+     * (nixl) registers the peer from the raw bytes; desc is its
+     * ecxi_data_ack_desc parse */
+    int (*peer_add_raw)(ecxi_data *d, const uint8_t *meta, size_t meta_len,
+                        const ecxi_data_desc *desc, ecxi_data_peer **out);
+    /* optional, consumer: the ack's descriptor, for such a path */
+    int (*ack_desc)(const ecxi_data *d, const uint8_t *buf, size_t len, uint64_t nbytes,
+                    ecxi_data_desc *dd);
+    /* optional: the checksum of what a DONE READ wrote, for a path whose
+     * grants carry none */
+    bool (*read_checksum)(const ecxi_data_xfer *x, uint64_t *sum);
 };
 
 /* Head of every context. The front (data.c) fills role, region, the
@@ -83,6 +98,7 @@ struct ecxi_data {
     ecxi_data_grant_fn grant_fn; /* producer: the session's grant check */
     void *grant_arg;
     bool more; /* the last slice stopped with work left */
+    bool background; /* ecxi_data_opts.background */
     uint64_t slices, slice_bytes, slice_max_bytes, slices_cut, slice_max_ns;
 };
 
@@ -151,6 +167,14 @@ int ecxi_data_ucx_new_consumer(ecxi_region *r, ecxi_data **out);
 int ecxi_data_tcp_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data_meta *m,
                               ecxi_data **out);
 int ecxi_data_tcp_new_consumer(ecxi_region *r, ecxi_data **out);
+/* data_nixl.c: the producer fills the head's meta (NIXL agent metadata)
+ * itself. */
+int ecxi_data_nixl_new_producer(ecxi_region *r, ecxi_data **out);
+int ecxi_data_nixl_new_consumer(ecxi_region *r, ecxi_data **out);
+
+/* UCX's log lines through ours, UCX kept to errors unless UCX_LOG_LEVEL
+ * is set (data_ucx.c); for every UCX context we create, once. */
+void ecxi_data_ucx_log_setup(void);
 
 struct sockaddr_storage;
 /* The address a producer listens on for opts->bind_host (port 0): NULL,

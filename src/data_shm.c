@@ -72,7 +72,14 @@
  * written for it afterwards. ecxi_data_arm() returns 1 while the queue is
  * not empty. When no copy is queued, a progress call faults in one more
  * chunk of a ready peer's mapping (MADV_POPULATE_READ), so that later
- * READs of blocks not read before run at memory speed.
+ * READs of blocks not read before run at memory speed; with a progress
+ * thread (ecxi_data_opts.background) arm also says 1 until every ready
+ * peer's mapping is in, and each call faults in chunks for its whole
+ * budget: after the first READ from a producer, its region (up to
+ * SHM_PREFAULT_MAX) is mapped in the background (~0.33 us a 4 KiB page on
+ * the development VM, ~85 ms of that thread's time per GiB, once per
+ * producer; next to nothing with huge pages), yielding to READs, which
+ * always go first.
  *
  * A notification that finds the producer's queue full waits on the peer
  * (EPOLLOUT) for up to SHM_NOTIF_RETRY_MS; a producer that has gone loses
@@ -119,6 +126,10 @@
 #ifndef SHM_PREFAULT
 #define SHM_PREFAULT 1
 #endif
+/* Pre-fault at most this much of one producer's mapping: on 4 KiB pages
+ * its page tables cost the consumer 2 MiB per GiB mapped, and a fleet's
+ * regions can be far larger than what one consumer ever reads. */
+#define SHM_PREFAULT_MAX (8ull << 30)
 /* How the copy runs (shm_copy.h); ECX_SHM_COPY_POPULATE measured no gain
  * on a first fetch (MADV_POPULATE_READ costs what the faults it saves do),
  * so it is off. */
@@ -166,6 +177,9 @@ struct shm_peer {
     uint64_t dev, ino, map_len;
     ecxi_shm_src src; /* fd -1, map NULL until READY */
     uint64_t warm;    /* bytes of the mapping pre-faulted when idle */
+    /* When the last set-up began, was connected and said hello (ns), for
+     * the debug line that breaks a cold fetch's set-up down. */
+    int64_t connect_ns, connected_ns, hello_ns;
 };
 
 typedef struct conn {
@@ -533,6 +547,7 @@ static void peer_reset(shm_data *s, shm_peer *p)
 /* Connect to the producer's socket; the peer must run as our uid. */
 static int peer_connect(shm_data *s, shm_peer *p)
 {
+    p->connect_ns = ecxi_now_ns();
     int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return ECX_ESYS;
     struct sockaddr_un sa;
@@ -547,6 +562,7 @@ static int peer_connect(shm_data *s, shm_peer *p)
     } else if ((rc = watch(s, EPOLL_CTL_ADD, fd, EPOLLIN, p)) == 0) {
         p->sock = fd;
         p->state = PEER_CONNECTED;
+        p->connected_ns = ecxi_now_ns();
         return 0;
     }
     close(fd);
@@ -692,20 +708,37 @@ static int copy_some(shm_data *s, ecxi_slice *sl)
     return ended;
 }
 
-/* With nothing to copy, fault in one more chunk of a peer's mapping, so
- * that later READs of blocks never read before run at memory speed (a
- * first touch costs about as much again as the copy; see shm_copy.h). At
- * most one chunk per call, and never counted as work pending: it rides on
- * progress calls made anyway. */
+/* Where pre-faulting a peer's mapping stops. */
+static uint64_t prefault_end(const shm_peer *p)
+{
+    return p->map_len < SHM_PREFAULT_MAX ? p->map_len : SHM_PREFAULT_MAX;
+}
+
+/* A ready peer whose mapping is not all faulted in yet, or NULL. */
+static shm_peer *prefault_next(const shm_data *s)
+{
+    for (shm_peer *p = s->peers; p; p = p->next)
+        if (p->state == PEER_READY && p->warm < prefault_end(p)) return p;
+    return NULL;
+}
+
+/* With nothing to copy, fault in more of a peer's mapping, a chunk at a
+ * time, so that later READs of blocks never read before run at memory
+ * speed (a first touch costs about as much again as the copy; see
+ * shm_copy.h). In the background (a progress thread steps us: arm says 1
+ * while some is left), chunks until the slice's budget is spent;
+ * otherwise one chunk, riding on progress calls made anyway (an engine's
+ * poll is not held up for it). Never counted as bytes moved. */
 static void prefault_some(shm_data *s, ecxi_slice *sl)
 {
     if (s->copy_head || sl->bytes) return;
-    for (shm_peer *p = s->peers; p; p = p->next) {
-        if (p->state != PEER_READY || p->warm >= p->map_len) continue;
-        uint64_t len = p->map_len - p->warm < ECX_DATA_CHUNK ? p->map_len - p->warm : ECX_DATA_CHUNK;
+    shm_peer *p;
+    while ((p = prefault_next(s))) {
+        uint64_t left = prefault_end(p) - p->warm;
+        uint64_t len = left < ECX_DATA_CHUNK ? left : ECX_DATA_CHUNK;
         ecxi_shm_populate(p->src.map + p->warm, len, false);
         p->warm += len;
-        return;
+        if (!s->base.background || ecxi_now_ns() - sl->start_ns >= sl->budget_ns) return;
     }
 }
 
@@ -783,10 +816,19 @@ static void peer_input(shm_data *s, shm_peer *p)
         peer_reset(s, p);
         return;
     }
+    int64_t answer_ns = ecxi_now_ns();
     if (take_region(p, fds[0]) != 0) {
         peer_reset(s, p);
         return;
     }
+    int64_t mapped_ns = ecxi_now_ns();
+    ecxi_log(ECX_LOG_DEBUG,
+             "data shm: the producer's region mapped %.0f us after connecting (connect %.0f, "
+             "then hello %.0f, hello -> answer %.0f, check + map %.0f)",
+             (double)(mapped_ns - p->connect_ns) / 1e3,
+             (double)(p->connected_ns - p->connect_ns) / 1e3,
+             (double)(p->hello_ns - p->connected_ns) / 1e3,
+             (double)(answer_ns - p->hello_ns) / 1e3, (double)(mapped_ns - answer_ns) / 1e3);
     p->state = PEER_READY;
     while (p->wait_head) {
         shm_xfer *x = p->wait_head;
@@ -890,6 +932,7 @@ static int shm_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const ui
             continue;
         }
         p->state = PEER_HELLO;
+        p->hello_ns = ecxi_now_ns();
         p->hello_by_ms = ecxi_now_ms(NULL) + SHM_HANDSHAKE_MS;
     }
     x->waiting = true;
@@ -946,8 +989,10 @@ static int shm_fd(ecxi_data *d)
 
 static int shm_arm(ecxi_data *d)
 {
-    /* A queued copy needs progress, not an event. */
-    return ((shm_data *)d)->copy_head ? 1 : 0;
+    /* A queued copy needs progress, not an event; so does pre-faulting,
+     * when a thread of the caller's does the progress (prefault_some). */
+    shm_data *s = (shm_data *)d;
+    return s->copy_head || (s->base.background && SHM_PREFAULT && prefault_next(s)) ? 1 : 0;
 }
 
 static void shm_free(ecxi_data *d)

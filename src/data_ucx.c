@@ -378,8 +378,7 @@ static void ucx_log_install(void)
     ucs_log_push_handler(ucx_log);
 }
 
-/* ifname: producer only, NULL for any interface. */
-static int ucx_setup(ucx_data *u, bool producer, const char *ifname)
+void ecxi_data_ucx_log_setup(void)
 {
     static pthread_once_t log_once = PTHREAD_ONCE_INIT;
     pthread_once(&log_once, ucx_log_install);
@@ -389,6 +388,12 @@ static int ucx_setup(ucx_data *u, bool producer, const char *ifname)
      * log level, keep UCX (process-wide) to errors. */
     if (!getenv("UCX_LOG_LEVEL") && ucs_global_opts.log_component.log_level > UCS_LOG_LEVEL_ERROR)
         ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_ERROR;
+}
+
+/* ifname: producer only, NULL for any interface. */
+static int ucx_setup(ucx_data *u, bool producer, const char *ifname)
+{
+    ecxi_data_ucx_log_setup();
     ucp_config_t *cfg;
     ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
     if (st != UCS_OK) return ucx_err("config_read", st);

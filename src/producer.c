@@ -493,12 +493,18 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     if (!c) c = conn_get(p);
     if (c) g = grant_add(p, c, r->session_id, r->mm_hash, kh, n, info.size_bytes, ref, now);
     if (c && !g) conn_put(p, c); /* a record created for nothing goes back */
-    if (g) {
+    /* A tokenless path (nixl) has one descriptor for every grant. */
+    size_t sl;
+    const uint8_t *desc = ecxi_data_shared_descriptor(p->data, &sl);
+    if (g && desc) {
+        dl = (long)sl;
+    } else if (g) {
         ecxi_data_ticket t = {.checksum = info.checksum,
                              .nbytes = info.size_bytes,
                              .lease_ms = (uint32_t)p->o.lease_ms};
         memcpy(t.token, g->token, sizeof t.token);
         dl = ecxi_data_grant_descriptor(p->data, &t, p->desc, sizeof p->desc);
+        desc = p->desc;
     }
     if (!g || dl < 0) {
         if (g)
@@ -519,7 +525,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     size_t ml;
     const uint8_t *meta = ecxi_data_agent_metadata(p->data, &ml);
     a.agent_metadata = (ecx_span){(const char *)meta, ml};
-    a.mem_descriptor = (ecx_span){(const char *)p->desc, (size_t)dl};
+    a.mem_descriptor = (ecx_span){(const char *)desc, (size_t)dl};
     uint64_t failed_before = p->st.reply_failed;
     reply(p, &a);
     if (p->st.reply_failed != failed_before) {
@@ -561,8 +567,10 @@ static void on_notif(void *arg, const char *key, size_t len,
         ECX_LOG_RATELIMITED(ECX_LOG_INFO, "producer: notification for no grant (%zu bytes)", len);
         return;
     }
-    if (sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN) != 0) {
-        /* Only the grant's holder knows its token: release nothing. */
+    /* Only the grant's holder knows its token: release nothing. A
+     * tokenless path (nixl, one-sided) has none to check. */
+    if (token ? sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN) != 0
+              : !ecxi_data_shared_descriptor(p->data, &(size_t){0})) {
         p->st.forged_notifs++;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: notification with a wrong token ignored");
         return;

@@ -28,7 +28,12 @@
  * per 4 KiB page; measured here (2-core AMD EPYC VM, 28.8 MB) pread+hash
  * reaches about 0.3x memcpy, memcpy from a mapping then a separate hash
  * pass about 0.6x, and the guarded one-pass copy 1.0-1.2x, so only the
- * last meets the 0.85x budget (`ecx bench data` prints all three ratios).
+ * last meets the 0.85x budget (`build/bench_data` prints all three ratios).
+ * Nor is pread the cheaper first read (issue 12): a fresh mapping pays a
+ * page-table entry per 4 KiB page on first touch, but pread pays more per
+ * page than that (copy time / memcpy time, same run: pread+hash 2.6-3.6,
+ * fresh mapping 1.9-2.1 on /dev/shm; 1.9-2.1 vs 0.73-0.81 on a huge-page
+ * tmpfs, where a first touch maps 2 MiB; BENCHMARKS.md, "Cold fetch").
  */
 #ifndef ECX_SHM_COPY_H
 #define ECX_SHM_COPY_H

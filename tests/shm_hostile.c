@@ -18,7 +18,10 @@
  *     socket name instead, for --sock-of) and READs its grant once per
  *     EXPECT: done, corrupt, failed (FAILED), refused (FAILED and not one
  *     byte written), or nopath (the peer cannot even be registered); the
- *     word pause instead sleeps 2.5 s without touching the data plane.
+ *     word pause instead sleeps 2.5 s without touching the data plane, and
+ *     settle progresses until arm says 0 (the context is a background one,
+ *     as with the progress thread: the rest of the producer's mapping is
+ *     faulted in), failing if it does not within 10 s.
  *     Exit 0 if every READ ended as expected.
  *   shm_hostile raw FILE
  *     a consumer written from scratch: connects to FILE's producer socket
@@ -290,7 +293,7 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
     char id[ECX_REGION_INSTANCE_ID_LEN + 1];
     ecxi_region *r;
     ecxi_data *d;
-    ecxi_data_opts o = {.backend = ECX_DATA_SHM};
+    ecxi_data_opts o = {.backend = ECX_DATA_SHM, .background = true};
     if (ecxi_region_instance_id(id) || ecxi_region_create_in(dir, id, 1, NB * BS, BS, &r) ||
         ecxi_data_new_consumer(r, &o, &d)) {
         fprintf(stderr, "consumer: cannot start\n");
@@ -308,6 +311,15 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
     for (int e = 0; e < nexpect; e++) {
         if (strcmp(expect[e], "pause") == 0) {
             usleep(2500 * 1000);
+            continue;
+        }
+        if (strcmp(expect[e], "settle") == 0) {
+            for (int64_t end = ecxi_now_ms(NULL) + 10000;
+                 ecxi_data_arm(d) == 1 && ecxi_now_ms(NULL) < end;)
+                ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
+            bool settled = ecxi_data_arm(d) == 0;
+            printf("settle: %s\n", settled ? "nothing left to do" : "still armed");
+            if (!settled) bad++;
             continue;
         }
         const char *got;

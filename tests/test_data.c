@@ -710,7 +710,7 @@ static void test_peer_add_mutations(void **state)
 
 #define BIG_NB 1024u /* 64 MiB of 64 KiB blocks: 256 chunks */
 
-static void big_open(pair *p, int backend)
+static void big_open_bg(pair *p, int backend, bool background)
 {
     memset(p, 0, sizeof *p);
     p->pr = mkregion(BIG_NB, BS);
@@ -719,11 +719,16 @@ static void big_open(pair *p, int backend)
     for (uint64_t i = 0; i < ecxi_region_size(p->pr) / 8; i++)
         w[i] = (i + 1) * 0x9e3779b97f4a7c15ull;
     memset(ecxi_region_base(p->cr), 0xab, ecxi_region_size(p->cr));
-    ecxi_data_opts o = {.backend = backend};
+    ecxi_data_opts o = {.backend = backend}, co = {.backend = backend, .background = background};
     assert_int_equal(ecxi_data_new_producer(p->pr, &o, &p->prod), 0);
     ecxi_data_set_grant_fn(p->prod, stub_grant_check, &p->grants);
-    assert_int_equal(ecxi_data_new_consumer(p->cr, &o, &p->cons), 0);
+    assert_int_equal(ecxi_data_new_consumer(p->cr, &co, &p->cons), 0);
     assert_int_equal(pair_peer(p), 0);
+}
+
+static void big_open(pair *p, int backend)
+{
+    big_open_bg(p, backend, false);
 }
 
 static ecxi_data_stats stats_of(ecxi_data *d)
@@ -820,6 +825,95 @@ static void test_sliced_tcp(void **state)
 {
     (void)state;
     sliced_fetch(ECX_DATA_TCP);
+}
+
+/* Progress with a budget of 0 (one chunk of copy or of pre-fault per call)
+ * until x is done and its completion has reached the producer. */
+static void finish(pair *p, ecxi_data_xfer *x, notes *ns)
+{
+    int want = ns->n + 1;
+    for (int i = 0; i < 100000 && (ecxi_data_read_poll(x) == ECX_XFER_RUNNING || ns->n < want);
+         i++) {
+        assert_true(ecxi_data_progress(p->cons, 0, NULL) >= 0);
+        assert_true(ecxi_data_poll_notifs(p->prod, on_notif, ns) >= 0);
+    }
+    assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_DONE);
+    assert_int_equal(ns->n, want);
+    ecxi_data_read_release(x);
+}
+
+/* Pre-faulting a producer's mapping (data_shm.c). In a background context
+ * arm says 1 after the first READ until the whole mapping is in, each call
+ * (budget 0) faulting in a chunk and moving no bytes; a READ posted
+ * meanwhile goes first and is right; a dropped peer leaves nothing to do.
+ * Without background arm says 0 once the READ is done: an engine's poll
+ * is not kept busy for it. */
+static void prefault(bool background, bool drop)
+{
+    pair p;
+    big_open_bg(&p, ECX_DATA_SHM, background);
+    notes ns = {0};
+    static uint64_t r[64], l[64];
+    for (unsigned i = 0; i < 64; i++)
+        r[i] = 100 + i, l[i] = 1 + i;
+    ecxi_data_xfer *x = NULL;
+    assert_int_equal(post(&p, r, l, 1, 0, &x), 0);
+    finish(&p, x, &ns);
+    if (!background) {
+        assert_int_equal(ecxi_data_arm(p.cons), 0);
+        pair_close(&p);
+        return;
+    }
+    const uint64_t chunks = (uint64_t)BIG_NB * BS / ECX_DATA_CHUNK;
+    uint64_t calls = 0;
+    bool posted = false;
+    while (ecxi_data_arm(p.cons) == 1 && calls < 4 * chunks) {
+        if (calls == chunks / 4 && drop) {
+            ecxi_data_peer_drop(p.peer);
+            p.peer = NULL;
+            assert_int_equal(ecxi_data_arm(p.cons), 0);
+            break;
+        }
+        if (calls == chunks / 4 && !posted) { /* goes first, and is right */
+            posted = true;
+            uint64_t before = stats_of(p.cons).slice_bytes;
+            assert_int_equal(post(&p, r, l, 64, 0, &x), 0);
+            assert_true(ecxi_data_progress(p.cons, 0, NULL) >= 0);
+            assert_int_equal(stats_of(p.cons).slice_bytes, before + ECX_DATA_CHUNK);
+            finish(&p, x, &ns);
+            assert_memory_equal(ecxi_region_base(p.cr) + BS, ecxi_region_base(p.pr) + 100 * BS,
+                                64 * BS);
+            continue;
+        }
+        uint64_t before = stats_of(p.cons).slice_bytes;
+        assert_true(ecxi_data_progress(p.cons, 0, NULL) >= 0);
+        assert_int_equal(stats_of(p.cons).slice_bytes, before);
+        calls++;
+    }
+    assert_int_equal(ecxi_data_arm(p.cons), 0);
+    if (!drop) {
+        assert_true(posted);
+        assert_true(calls >= chunks / 2 && calls <= chunks);
+    }
+    pair_close(&p);
+}
+
+static void test_prefault_background(void **state)
+{
+    (void)state;
+    prefault(true, false);
+}
+
+static void test_prefault_background_drop(void **state)
+{
+    (void)state;
+    prefault(true, true);
+}
+
+static void test_prefault_foreground(void **state)
+{
+    (void)state;
+    prefault(false, false);
 }
 
 /* Released, or its peer dropped, in the middle of the copy: nothing is
@@ -1061,6 +1155,9 @@ int main(void)
         cmocka_unit_test(test_sliced_drop_tcp),
         cmocka_unit_test(test_sliced_corrupt_shm),
         cmocka_unit_test(test_sliced_corrupt_tcp),
+        cmocka_unit_test(test_prefault_background),
+        cmocka_unit_test(test_prefault_background_drop),
+        cmocka_unit_test(test_prefault_foreground),
         cmocka_unit_test(test_fault),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -86,7 +86,7 @@ expect 2 "not a size" "bad --block-bytes" -- "$ECX" serve --block-bytes 12x
 expect 2 "at least 1" "zero --block-bytes" -- "$ECX" serve --block-bytes 0
 expect 2 "COUNT:BYTES" "bad --synthetic" -- "$ECX" serve --synthetic 3
 expect 2 "COUNT" "zero --synthetic count" -- "$ECX" serve --synthetic 0:1M
-expect 2 "auto, shm, tcp or ucx" "bad --data" -- "$ECX" serve --data rdma
+expect 2 "auto, shm, tcp, ucx or nixl" "bad --data" -- "$ECX" serve --data rdma
 expect 2 "no arguments" "stray argument" -- "$ECX" serve extra
 expect 1 "not HOST:PORT|cannot start" "bad --listen" -- "$ECX" serve --listen nonsense
 expect 1 "preload" "missing --preload dir" -- "$ECX" serve --preload "$T/nope"

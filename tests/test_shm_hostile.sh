@@ -9,7 +9,8 @@
 #     refused at fstat, no byte written, and the FIFO named as the region
 #     path is never opened (the consumer would hang on it)
 #   - a region file truncated after the first item: the next READ fails,
-#     no SIGBUS
+#     no SIGBUS, and neither does faulting in the rest of the mapping
+#     (the background pre-fault) over the truncated file
 #   - a connection that said nothing for too long is closed by the producer;
 #     the consumer's first READ then connects again and succeeds
 #   - a byte flipped in the producer's region after commit: CORRUPT
@@ -31,7 +32,8 @@ start A produce "$SHM" "$T/A.ack"
 start B produce "$SHM" "$T/B.ack"
 wait_file "$T/A.ack" && wait_file "$T/B.ack" || { echo "FAIL: producers did not start" >&2; cat "$T"/*.log >&2; exit 1; }
 
-expect 0 "" "a clean fetch, twice on one connection" -- "$H" consume "$SHM" "$T/A.ack" done done
+expect 0 "" "a clean fetch, twice on one connection, the mapping faulted in between" -- \
+  "$H" consume "$SHM" "$T/A.ack" done settle done
 expect 0 "" "a first READ after the producer dropped our silent connection" -- \
   "$H" consume "$SHM" "$T/A.ack" pause done
 check "A closed the silent connection" 'grep -q "presented no grant in 2000 ms" "$T/A.log"'
@@ -52,7 +54,7 @@ done
 start C produce "$SHM" "$T/C.ack" truncate
 wait_file "$T/C.ack" || { echo "FAIL: producer C did not start" >&2; exit 1; }
 expect 0 "" "region truncated after the first item: the next READ fails, no signal" -- \
-  "$H" consume "$SHM" "$T/C.ack" done failed failed
+  "$H" consume "$SHM" "$T/C.ack" done pause settle failed failed
 check "C did truncate its region" 'grep -q "truncated to one block: yes" "$T/C.log"'
 
 region=$(sed -n 4p "$T/A.ack")

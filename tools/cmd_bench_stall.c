@@ -21,9 +21,12 @@
  *      RTT), then fetches PROD_SLOTS + 1 fresh items with continuous
  *      polling: the first is "cold" (the data path's first use by this
  *      context: its data connection, its mapping of the producer's region,
- *      first-touch faults), the last "warm" (every page of the producer's
- *      region has been read through this context's mapping by then).
- *      Ratios are medians over (median memcpy + median RTT).
+ *      first-touch faults), the second comes after IDLE_PAUSE_MS of idle
+ *      (blocks this context never read, after the time the library had to
+ *      pre-fault them; the process's minor page faults during it are
+ *      counted), the last "warm" (every page of the producer's region has
+ *      been read through this context's mapping by then). Ratios are
+ *      medians over (median memcpy + median RTT).
  *   2. engine loop: the last of those consumers (warm) stays, and for each
  *      step interval S (0 first: continuous polling, the baseline) fetches
  *      warmup + count fresh items the way an engine does: every S ms, one
@@ -46,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -66,6 +70,7 @@
 #define SAVE_LIMIT_S 30.0     /* a save, waiting for pins to lapse */
 #define REAP_LIMIT_S 10.0     /* the producer process exits when asked */
 #define MAX_SAMPLES (16u << 20)
+#define IDLE_PAUSE_MS 100     /* before a cold/warm context's 2nd fetch */
 
 static const char HELP[] =
     "usage: ecx bench stall [--data LIST] [--size LIST] [--step-ms LIST] [--count N]\n"
@@ -83,9 +88,11 @@ static const char HELP[] =
     "             the control connection); then 4 fetches of fresh items with\n"
     "             continuous polling: the 1st is cold (the data path's first use by\n"
     "             the context: data connection, fresh mapping of the producer's\n"
-    "             region, first-touch page faults), the 4th warm (the producer's\n"
-    "             region holds 3 items, so every page of it has been read through\n"
-    "             this mapping by then).\n"
+    "             region, first-touch page faults), the 2nd comes after 100 ms idle\n"
+    "             (blocks never read by the context, after the time the library\n"
+    "             had to pre-fault them), the 4th warm (the producer's region\n"
+    "             holds 3 items, so every page of it has been read through this\n"
+    "             mapping by then).\n"
     "  engine     the last of those consumers (warm) then fetches WARMUP + COUNT\n"
     "             fresh items per step interval S, as an engine does: every S ms\n"
     "             a step = ecx_fetch_from() of the item, then, while it is pending,\n"
@@ -114,8 +121,10 @@ static const char HELP[] =
     "\n"
     "Output (stdout), per path and size, first\n"
     "  path=P size=B memcpy_ms=X rtt_ms=X cold_ms=X warm_ms=X cold_ratio=X warm_ratio=X\n"
-    "    (medians over COUNT contexts; cold_ratio = cold_ms / (memcpy_ms + rtt_ms),\n"
-    "    warm_ratio likewise), then one line per step interval, 0 first:\n"
+    "    after_idle_ms=X after_idle_ratio=X after_idle_minflt=N\n"
+    "    (on one line; medians over COUNT contexts; cold_ratio = cold_ms / (memcpy_ms\n"
+    "    + rtt_ms), the others likewise; after_idle_minflt: this process's minor page\n"
+    "    faults during the 2nd fetch), then one line per step interval, 0 first:\n"
     "  path=P size=B step_ms=S polls=N poll_max_ms=X poll_p999_ms=X poll_p50_ms=X\n"
     "    fetch_max_ms=X ready_ms=X ready_ratio_vs_continuous=X ready_floor_ratio=X\n"
     "    (on one line). polls: ecx_poll calls timed over the COUNT fetches; poll_max\n"
@@ -551,8 +560,9 @@ static int cold_warm(stall *b, uint64_t size, uint64_t item, ecx_ctx **keep)
     int n = b->iters, rc = -1;
     double *tm = calloc((size_t)n, sizeof *tm), *trtt = calloc((size_t)n, sizeof *trtt);
     double *tc = calloc((size_t)n, sizeof *tc), *tw = calloc((size_t)n, sizeof *tw);
+    double *ti = calloc((size_t)n, sizeof *ti), *fi = calloc((size_t)n, sizeof *fi);
     ecx_ctx *cons = NULL;
-    if (!tm || !trtt || !tc || !tw) goto out;
+    if (!tm || !trtt || !tc || !tw || !ti || !fi) goto out;
     for (int it = 0; it < b->warmup + n; it++) {
         ecx_free(cons); /* its region goes before the next one is made */
         cons = NULL;
@@ -562,32 +572,42 @@ static int cold_warm(stall *b, uint64_t size, uint64_t item, ecx_ctx **keep)
             goto out;
         }
         if (new_consumer(b, item, &cons)) goto out;
-        double r, cold, warm = 0;
+        double r, cold, idle, warm = 0;
         if (rtt_once(b, cons) < 0 || (r = rtt_once(b, cons)) < 0) goto out;
         if ((cold = engine_fetch(b, cons, size, 0, NULL, NULL)) < 0) goto out;
-        for (int k = 0; k < PROD_SLOTS; k++)
+        sleep_until(bench_now_ns() + IDLE_PAUSE_MS * 1000000ull);
+        struct rusage ru0, ru1;
+        getrusage(RUSAGE_SELF, &ru0);
+        if ((idle = engine_fetch(b, cons, size, 0, NULL, NULL)) < 0) goto out;
+        getrusage(RUSAGE_SELF, &ru1);
+        for (int k = 1; k < PROD_SLOTS; k++)
             if ((warm = engine_fetch(b, cons, size, 0, NULL, NULL)) < 0) goto out;
         if (it < b->warmup) continue;
         tm[it - b->warmup] = m, trtt[it - b->warmup] = r;
-        tc[it - b->warmup] = cold, tw[it - b->warmup] = warm;
+        tc[it - b->warmup] = cold, tw[it - b->warmup] = warm, ti[it - b->warmup] = idle;
+        fi[it - b->warmup] = (double)(ru1.ru_minflt - ru0.ru_minflt);
     }
     double m = bench_median(tm, n), r = bench_median(trtt, n);
     double c = bench_median(tc, n), w = bench_median(tw, n);
+    double i = bench_median(ti, n), f = bench_median(fi, n);
     fprintf(stderr,
             "bench stall: %s %llu B: memcpy %.3f ms + RTT %.3f ms (missing item); first fetch of a "
-            "fresh consumer %.3f ms, warm %.3f ms (medians of %d)\n",
-            b->path, (unsigned long long)size, m * 1e3, r * 1e3, c * 1e3, w * 1e3, n);
+            "fresh consumer %.3f ms, after %d ms idle %.3f ms (%.0f minor faults), warm %.3f ms "
+            "(medians of %d)\n",
+            b->path, (unsigned long long)size, m * 1e3, r * 1e3, c * 1e3, IDLE_PAUSE_MS, i * 1e3,
+            f, w * 1e3, n);
     printf("path=%s size=%llu memcpy_ms=%.3f rtt_ms=%.3f cold_ms=%.3f warm_ms=%.3f "
-           "cold_ratio=%.3f warm_ratio=%.3f\n",
+           "cold_ratio=%.3f warm_ratio=%.3f after_idle_ms=%.3f after_idle_ratio=%.3f "
+           "after_idle_minflt=%.0f\n",
            b->path, (unsigned long long)size, m * 1e3, r * 1e3, c * 1e3, w * 1e3, c / (m + r),
-           w / (m + r));
+           w / (m + r), i * 1e3, i / (m + r), f);
     fflush(stdout);
     *keep = cons;
     cons = NULL;
     rc = 0;
 out:
     ecx_free(cons);
-    free(tm), free(trtt), free(tc), free(tw);
+    free(tm), free(trtt), free(tc), free(tw), free(ti), free(fi);
     return rc;
 }
 

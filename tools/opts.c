@@ -92,8 +92,9 @@ int common_opt(int c, const char *arg, ecx_config *cfg, bool *region_given)
         return 1;
     }
     case OPT_DATA:
-        if (strcmp(arg, "auto") && strcmp(arg, "shm") && strcmp(arg, "tcp") && strcmp(arg, "ucx")) {
-            fprintf(stderr, "ecx: --data takes auto, shm, tcp or ucx, not '%s'\n", arg);
+        if (strcmp(arg, "auto") && strcmp(arg, "shm") && strcmp(arg, "tcp") && strcmp(arg, "ucx") &&
+            strcmp(arg, "nixl")) {
+            fprintf(stderr, "ecx: --data takes auto, shm, tcp, ucx or nixl, not '%s'\n", arg);
             return -1;
         }
         cfg->data = arg;

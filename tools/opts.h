@@ -47,10 +47,13 @@ enum {
     "  --connector-version 1|2  protocol version (default 1); 2 speaks to vLLM >= 0.34:\n"      \
     "                         announcements carry shape [rows, block-bytes / element\n"         \
     "                         size of --dtype] and items are whole blocks; peers must agree\n" \
-    "  --data auto|shm|tcp|ucx  data path (default auto: shm on the same host, else tcp).\n"      \
-    "                         tcp moves the bytes unencrypted: trusted network or\n"              \
-    "                         IPsec/WireGuard. ucx (RDMA fabrics): trusted network ONLY,\n"       \
-    "                         UCX's tcp transport lets any peer write producer memory\n"          \
+    "  --data auto|shm|tcp|ucx|nixl  data path (default auto: shm on the same host,\n"         \
+    "                         else tcp). tcp moves the bytes unencrypted: trusted network\n"      \
+    "                         or IPsec/WireGuard. ucx (RDMA fabrics): trusted network ONLY,\n"    \
+    "                         UCX's tcp transport lets any peer write producer memory.\n"         \
+    "                         nixl: NIXL's one-sided data plane, to be a peer of vLLM's\n"        \
+    "                         own connector; trusted network ONLY: a peer can read the\n"         \
+    "                         whole region and more, and no checksum (docs/NIXL.md)\n"            \
     "  SIZE takes K/M/G (x1000) and Ki/Mi/Gi (x1024) suffixes, e.g. 4.7M, 64Mi.\n"
 
 /* Apply one common option to cfg. Returns 1 if c was one of them, 0 if

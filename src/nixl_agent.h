@@ -1,0 +1,91 @@
+/*
+ * nixl_agent — a NIXL peer (UCX backend) made with our own UCX (Debian's
+ * 1.13.1), no NIXL library: it publishes NIXL agent metadata for a memory
+ * range, READs from a NIXL agent's memory with the READ's notification,
+ * and collects the notifications NIXL agents send it (docs/NIXL.md).
+ *
+ * Used by the `nixl` data path (data_nixl.c: its producer side) and by
+ * tests/nixl_peer.c (both sides, against real nixl agents).
+ *
+ * UCX settings (docs/NIXL.md §5): the context uses UCX's tcp transport
+ * only, and the metadata carries the software-RMA rkey (no md entries):
+ * that is what lets UCX 1.13.1 and the UCX 1.23.0 inside nixl_cu12 1.5.1
+ * read from each other. The context has UCP_FEATURE_RMA, which the ucx
+ * data path (data_ucx.c) avoids on purpose: with it, UCP answers software
+ * GET/PUT requests for any address of this process from anyone holding an
+ * endpoint. NIXL's transfers are one-sided; this is for trusted networks
+ * only, like NIXL itself (README, threat model).
+ *
+ * Single-threaded: every call from one thread. Nothing blocks except
+ * ecxi_nixl_agent_wait (bounded).
+ */
+#ifndef ECX_NIXL_AGENT_H
+#define ECX_NIXL_AGENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nixl_format.h"
+
+typedef struct ecxi_nixl_agent ecxi_nixl_agent;
+typedef struct ecxi_nixl_remote ecxi_nixl_remote;
+typedef struct ecxi_nixl_read ecxi_nixl_read;
+
+/* Notifications held until collected; past it they are dropped (counted). */
+#define ECX_NIXL_NOTIF_QUEUE 1024
+
+/* An agent named name (1..ECX_NIXL_NAME_MAX bytes) whose metadata offers
+ * [base, base + len) as one DRAM range (len 0: offers nothing; a consumer).
+ * ECX_EINVAL, ECX_ENOMEM, ECX_EDATA_UCX. */
+int ecxi_nixl_agent_new(const char *name, const void *base, size_t len, ecxi_nixl_agent **out);
+void ecxi_nixl_agent_free(ecxi_nixl_agent *a);
+
+/* Its metadata (NIXL's getLocalMD bytes); NULL for a consumer. */
+const uint8_t *ecxi_nixl_agent_metadata(const ecxi_nixl_agent *a, size_t *len);
+
+/* UCX's event descriptor, and the arm before sleeping on it: 0 = safe to
+ * sleep, 1 = progress first. */
+int ecxi_nixl_agent_fd(const ecxi_nixl_agent *a);
+int ecxi_nixl_agent_arm(ecxi_nixl_agent *a);
+/* Progress UCX; returns >= 0 (events) or a negative error. */
+int ecxi_nixl_agent_progress(ecxi_nixl_agent *a);
+/* Progress until cond(arg) or timeout_ms, sleeping on UCX's event fd. */
+bool ecxi_nixl_agent_wait(ecxi_nixl_agent *a, bool (*cond)(void *), void *arg, int timeout_ms);
+
+/* The oldest notification not yet collected: copies of the sender's name
+ * and the text, NUL-terminated (buffers of ECX_NIXL_NAME_MAX + 1 and
+ * ECX_NIXL_MSG_MAX + 1 bytes). 1 if one was returned, 0 if none. */
+int ecxi_nixl_agent_notif_pop(ecxi_nixl_agent *a, char *name, char *msg);
+/* Notifications refused (malformed) or dropped (queue full). */
+uint64_t ecxi_nixl_agent_notifs_dropped(const ecxi_nixl_agent *a);
+
+/* A remote agent from its metadata (NIXL's add_remote_agent): parsed and
+ * bounded, an endpoint from its worker address, its ranges' rkeys
+ * unpacked. ECX_EDATA_META if any of that fails (UCX refusing the address
+ * or an rkey included), ECX_ENOMEM. */
+int ecxi_nixl_remote_add(ecxi_nixl_agent *a, const uint8_t *md, size_t md_len,
+                         ecxi_nixl_remote **out);
+/* Its READs still running fail (ECX_EDATA_PEER); their handles stay valid
+ * until released. */
+void ecxi_nixl_remote_drop(ecxi_nixl_remote *r);
+/* True if [addr, addr + len) lies inside one of its ranges. */
+bool ecxi_nixl_remote_covers(const ecxi_nixl_remote *r, uint64_t addr, uint64_t len);
+/* Its agent name (NUL-terminated). */
+const char *ecxi_nixl_remote_name(const ecxi_nixl_remote *r);
+
+/* One READ, as NIXL's make_prepped_xfer("READ", ..., notif_msg) does it:
+ * n pieces remote[i] -> local[i] of len[i] bytes (each piece inside one of
+ * the remote's ranges, else ECX_EDATA_INDEX; consecutive pieces that
+ * continue each other on both sides go as one ucp_get), then a flush, then
+ * the notification msg (1..ECX_NIXL_MSG_MAX bytes). */
+int ecxi_nixl_read_post(ecxi_nixl_remote *r, const uint64_t *remote, void *const *local,
+                        const uint64_t *len, size_t n, const char *msg, size_t msg_len,
+                        ecxi_nixl_read **out);
+/* 0 running, 1 done (data read, notification sent), negative: failed. */
+int ecxi_nixl_read_poll(ecxi_nixl_read *x);
+/* Give it back (a READ still running is waited for, bounded, then left to
+ * UCX). */
+void ecxi_nixl_read_release(ecxi_nixl_read *x);
+
+#endif

@@ -1,0 +1,223 @@
+/*
+ * nixl_peer — ecx's NIXL peer (src/nixl_agent.c, Debian's UCX) against a
+ * real nixl agent (tests/nixl/nixl_peer.py), for tests/test_nixl_peer.sh.
+ *
+ *   nixl_peer serve DIR NB BS SECONDS
+ *       NB blocks of BS bytes (byte i = (i * 7 + 3) & 255) offered as one
+ *       DRAM range: writes DIR/ecx.md (NIXL agent metadata) and DIR/ecx.desc
+ *       (vLLM's mem_descriptor), waits for one notification and prints
+ *       "notif NAME TEXT".
+ *   nixl_peer read DIR NB BS TEXT IDX...
+ *       reads DIR/nixl.md and DIR/nixl.desc (a real agent's), READs its
+ *       blocks IDX... into local blocks 0.. with the notification TEXT and
+ *       checks every byte: prints "read ok NAME N blocks".
+ *   nixl_peer mutate FILE
+ *       every proper prefix and every one-byte mutation (xor 0xff, 0x01) of
+ *       the metadata in FILE (a real agent's) outside the UCX worker address
+ *       and rkeys: each is refused (ECX_EDATA_META), or parses, in which
+ *       case it goes to UCX (endpoint and rkeys) and must come back as an
+ *       error or a peer, never a crash. Prints the counts.
+ *   nixl_peer mutate-all FILE
+ *       the same, mutating inside the UCX blobs too. NOT in the test: those
+ *       bytes are opaque to NIXL's format and go to UCX as they are, and
+ *       UCX 1.13.1 aborts on some (an assertion in ucp_wireup_select_lanes
+ *       during ucp_ep_create; docs/NIXL.md §6).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "nixl_agent.h"
+#include "util.h"
+
+static uint8_t *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        perror(path);
+        exit(2);
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st)) exit(2);
+    uint8_t *b = malloc((size_t)st.st_size + 1);
+    *n = fread(b, 1, (size_t)st.st_size, f);
+    fclose(f);
+    return b;
+}
+
+static void spit(const char *dir, const char *name, const void *b, size_t n)
+{
+    char tmp[4096], path[4096];
+    snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, name);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(tmp, "wb");
+    if (!f || fwrite(b, 1, n, f) != n || fclose(f) || rename(tmp, path)) {
+        perror(path);
+        exit(2);
+    }
+}
+
+static uint8_t pattern(uint64_t i)
+{
+    return (uint8_t)((i * 7 + 3) & 255);
+}
+
+static ecxi_nixl_agent *agent;
+static bool have_notif(void *arg)
+{
+    (void)arg;
+    char name[ECX_NIXL_NAME_MAX + 1], msg[ECX_NIXL_MSG_MAX + 1];
+    if (!ecxi_nixl_agent_notif_pop(agent, name, msg)) return false;
+    printf("notif %s %s\n", name, msg);
+    return true;
+}
+
+static bool never(void *arg)
+{
+    (void)arg;
+    return false;
+}
+
+static int serve(const char *dir, size_t nb, size_t bs, int secs)
+{
+    uint8_t *buf = aligned_alloc(4096, nb * bs);
+    for (size_t i = 0; i < nb * bs; i++)
+        buf[i] = pattern(i);
+    int rc = ecxi_nixl_agent_new("ecx-producer", buf, nb * bs, &agent);
+    if (rc) return fprintf(stderr, "agent: %s\n", ecx_strerror(rc)), 1;
+    ecxi_nixl_block *blk = calloc(nb, sizeof *blk);
+    for (size_t i = 0; i < nb; i++)
+        blk[i] = (ecxi_nixl_block){(uintptr_t)buf + i * bs, bs, 0};
+    size_t cap = ecxi_nixl_desc_size(nb);
+    uint8_t *desc = malloc(cap);
+    long dl = ecxi_nixl_desc_encode(blk, nb, desc, cap);
+    size_t ml;
+    const uint8_t *md = ecxi_nixl_agent_metadata(agent, &ml);
+    spit(dir, "ecx.desc", desc, (size_t)dl);
+    spit(dir, "ecx.md", md, ml);
+    bool ok = ecxi_nixl_agent_wait(agent, have_notif, NULL, secs * 1000);
+    /* keep answering a little: the reader's endpoint closes after */
+    ecxi_nixl_agent_wait(agent, never, NULL, 300);
+    ecxi_nixl_agent_free(agent);
+    free(buf), free(blk), free(desc);
+    if (!ok) fprintf(stderr, "no notification\n");
+    return ok ? 0 : 1;
+}
+
+static ecxi_nixl_read *xfer;
+static bool read_ended(void *arg)
+{
+    return (*(int *)arg = ecxi_nixl_read_poll(xfer)) != 0;
+}
+
+static int read_blocks(const char *dir, size_t nb, size_t bs, const char *text, char **idx,
+                       size_t n)
+{
+    char path[4096];
+    size_t ml, dl, cnt;
+    snprintf(path, sizeof path, "%s/nixl.md", dir);
+    uint8_t *md = slurp(path, &ml);
+    snprintf(path, sizeof path, "%s/nixl.desc", dir);
+    uint8_t *desc = slurp(path, &dl);
+    int rc = ecxi_nixl_desc_count(desc, dl, nb, &cnt);
+    if (rc) return fprintf(stderr, "desc: %s\n", ecx_strerror(rc)), 1;
+    ecxi_nixl_block *blk = calloc(cnt, sizeof *blk);
+    if ((rc = ecxi_nixl_desc_decode(desc, dl, blk, cnt, &cnt)))
+        return fprintf(stderr, "desc: %s\n", ecx_strerror(rc)), 1;
+    uint8_t *buf = aligned_alloc(4096, nb * bs);
+    memset(buf, 0, nb * bs);
+    if ((rc = ecxi_nixl_agent_new("ecx-consumer", NULL, 0, &agent)))
+        return fprintf(stderr, "agent: %s\n", ecx_strerror(rc)), 1;
+    ecxi_nixl_remote *r;
+    if ((rc = ecxi_nixl_remote_add(agent, md, ml, &r)))
+        return fprintf(stderr, "remote: %s\n", ecx_strerror(rc)), 1;
+    uint64_t *remote = calloc(n, 8), *len = calloc(n, 8);
+    void **local = calloc(n, sizeof *local);
+    size_t *which = calloc(n, sizeof *which);
+    for (size_t k = 0; k < n; k++) {
+        which[k] = strtoul(idx[k], NULL, 10);
+        if (which[k] >= cnt || blk[which[k]].len != bs) return fprintf(stderr, "bad index\n"), 1;
+        remote[k] = blk[which[k]].addr, len[k] = bs, local[k] = buf + k * bs;
+    }
+    int64_t t0 = ecxi_now_ns();
+    if ((rc = ecxi_nixl_read_post(r, remote, local, len, n, text, strlen(text), &xfer)))
+        return fprintf(stderr, "read: %s\n", ecx_strerror(rc)), 1;
+    int st = 0;
+    ecxi_nixl_agent_wait(agent, read_ended, &st, 30000);
+    if (st != 1) return fprintf(stderr, "read ended %d (%s)\n", st, st < 0 ? ecx_strerror(st) : "timeout"), 1;
+    for (size_t k = 0; k < n; k++)
+        for (size_t j = 0; j < bs; j++)
+            if (buf[k * bs + j] != pattern(which[k] * bs + j))
+                return fprintf(stderr, "block %zu byte %zu differs\n", which[k], j), 1;
+    double ms = (double)(ecxi_now_ns() - t0) / 1e6;
+    printf("read ok %s %zu blocks (%zu bytes in %.1f ms, %.0f MB/s)\n", ecxi_nixl_remote_name(r),
+           n, n * bs, ms, (double)(n * bs) / 1e3 / ms);
+    ecxi_nixl_read_release(xfer);
+    ecxi_nixl_remote_drop(r);
+    ecxi_nixl_agent_free(agent);
+    free(md), free(desc), free(blk), free(buf), free(remote), free(len), free(local), free(which);
+    return 0;
+}
+
+/* Is byte p inside one of the opaque UCX blobs (worker address, rkeys)? */
+static bool in_ucx_blob(const ecxi_nixl_meta *m, const uint8_t *base, size_t p)
+{
+    const uint8_t *b = base + p;
+    if (b >= m->ucx_addr && b < m->ucx_addr + m->ucx_addr_len) return true;
+    for (size_t i = 0; i < m->nregs; i++)
+        if (b >= m->regs[i].rkey && b < m->regs[i].rkey + m->regs[i].rkey_len) return true;
+    return false;
+}
+
+static int mutate(const char *file, bool all)
+{
+    size_t n;
+    uint8_t *md = slurp(file, &n), *m = malloc(n);
+    ecxi_nixl_meta real;
+    if (ecxi_nixl_meta_decode(md, n, &real)) return fprintf(stderr, "not metadata\n"), 1;
+    int rc = ecxi_nixl_agent_new("ecx-mutant-reader", NULL, 0, &agent);
+    if (rc) return fprintf(stderr, "agent: %s\n", ecx_strerror(rc)), 1;
+    ecx_set_log_level(ECX_LOG_ERROR);
+    size_t refused = 0, ucx_err = 0, added = 0, skipped = 0;
+    for (size_t p = 0; p <= 3 * n; p++) {
+        size_t len = n;
+        memcpy(m, md, n);
+        if (p < n) {
+            len = p; /* a prefix */
+        } else {
+            size_t at = (p - n) / 2;
+            if (at >= n) break;
+            if (!all && in_ucx_blob(&real, md, at)) {
+                skipped++;
+                continue;
+            }
+            m[at] ^= (p - n) % 2 ? 0x01 : 0xff;
+        }
+        ecxi_nixl_remote *r;
+        rc = ecxi_nixl_remote_add(agent, m, len, &r);
+        if (rc == ECX_EDATA_META) refused++;
+        else if (rc) ucx_err++;
+        else added++, ecxi_nixl_remote_drop(r);
+        ecxi_nixl_agent_progress(agent);
+    }
+    printf("mutations of %zu bytes: %zu refused, %zu UCX errors, %zu accepted as a peer, %zu "
+           "inside the UCX address / rkeys not tried; no crash\n",
+           n, refused, ucx_err, added, skipped);
+    ecxi_nixl_agent_free(agent);
+    free(md), free(m);
+    return refused > n ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 6 && !strcmp(argv[1], "serve"))
+        return serve(argv[2], strtoul(argv[3], NULL, 10), strtoul(argv[4], NULL, 10), atoi(argv[5]));
+    if (argc >= 7 && !strcmp(argv[1], "read"))
+        return read_blocks(argv[2], strtoul(argv[3], NULL, 10), strtoul(argv[4], NULL, 10), argv[5],
+                           argv + 6, (size_t)argc - 6);
+    if (argc == 3 && !strcmp(argv[1], "mutate")) return mutate(argv[2], false);
+    if (argc == 3 && !strcmp(argv[1], "mutate-all")) return mutate(argv[2], true);
+    fprintf(stderr, "usage: see tests/nixl_peer.c\n");
+    return 2;
+}
