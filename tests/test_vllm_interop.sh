@@ -193,7 +193,7 @@ metric_ge() { local v; v=$(metrics_of "$1" | awk -v m="$2" '$1 == m {print $2}')
 # wait_gone PID SECONDS: the process exited within SECONDS
 wait_gone() { for _ in $(seq $(($2 * 10))); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; return 1; }
 part_c() {
-  local big=(--synthetic 8:32Mi) p pid port
+  local big=(--synthetic 8:16Mi) p pid port
   # C1. vLLM consumer killed -9 while ecx serve's grants are active: the lease frees them,
   #     then a new vLLM consumer fetches everything, every byte checked.
   p=$(free_port); MP=$(free_port)
@@ -265,6 +265,8 @@ part_c() {
   wait_file "$T/c5b.json" && touch "$T/c5.go"
   check "C5: vLLM consumer: 4 verified before the restart" "[ \$(count_verified '$T/c5.out' 1) = 4 ]"
   check "C5: ...and 4 verified from the restarted producer" "wait_gone $pid 120 && [ \$(count_verified '$T/c5.out' 2) = 4 ]"
+  [ "$(count_verified "$T/c5.out" 2)" = 4 ] || { echo "C5 consumer:"; cat "$T/c5.out"
+    grep -v '^{' "$T/c5.err" | tail -5; tail -3 "$T/c5.log" "$T/c5b.log"; } >&2
 }
 if [ "$NIXL" = 1 ]; then
   part_c

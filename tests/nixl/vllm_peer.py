@@ -414,13 +414,20 @@ class Consumer:
             return r.update(outcome="local", reason="NO_ROOM")
         r["size"], r["blocks"] = size, list(entry.block_ids)
         addr = (ann["peer_host"], int(ann["peer_port"]))
-        if addr not in self.sessions:
-            self.sessions[addr] = vsession.ConsumerSession(
-                addr=addr, zmq_conn=self.transport.connect(addr), transport=self.transport,
-                data=self.node.data, compat_hash=self.node.compat)
-            if self.a.send_version is not None:  # test hook, see --send-version
-                self.sessions[addr]._encoder = _VersionedEncoder(self.a.send_version)
-        self.sessions[addr].start_xfer(h, list(entry.block_ids), now + self.a.ack_timeout_s)
+        try:
+            if addr not in self.sessions:
+                self.sessions[addr] = vsession.ConsumerSession(
+                    addr=addr, zmq_conn=self.transport.connect(addr), transport=self.transport,
+                    data=self.node.data, compat_hash=self.node.compat)
+                if self.a.send_version is not None:  # test hook, see --send-version
+                    self.sessions[addr]._encoder = _VersionedEncoder(self.a.send_version)
+            self.sessions[addr].start_xfer(h, list(entry.block_ids), now + self.a.ack_timeout_s)
+        except Exception as error:
+            # _admit_item: "the read could not be started", encode locally. (vLLM's
+            # _start_xfer leaves the entry allocated when connect() raises; we free it.)
+            logging.getLogger("vllm_peer").warning("start of %s failed: %r", h, error)
+            self.node.cache.discard(h)
+            return r.update(outcome="local", reason="START_FAILED")
         inflight.add(h)
 
     def poll_step(self, todo, inflight):  # _poll_step
@@ -505,10 +512,11 @@ def run_consumer(a):
         rounds = max(a.rounds, 2 if a.again_after else 1)
         for rnd in range(1, rounds + 1):
             if rnd > 1:  # the same sessions, a cold cache: fetch everything again
-                for _ in range(1200 if a.again_after and rnd == 2 else 0):
+                for _ in range(12000 if a.again_after and rnd == 2 else 0):
                     if os.path.exists(a.again_after):
                         break
-                    time.sleep(0.1)
+                    c.poll_step({}, set())  # the engine keeps stepping meanwhile
+                    time.sleep(0.01)
                 c.node.cache = EmbeddingCache(c.node.region.num_blocks)
             t0 = time.monotonic()
             res = c.fetch(hashes)
