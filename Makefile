@@ -18,18 +18,20 @@ build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# Every test: the plain build, then the same suite under ASan + UBSan, the
-# code that runs on several threads under TSan, bounded libFuzzer runs of the
-# wire decoder, of the data plane's metadata / descriptor parser and of
-# NIXL's (agent metadata, vLLM's descriptor list, notification), then the
-# Python package (pip install . into a fresh venv, pytest).
+# Every test: the plain build, then the same suite under ASan + UBSan (which
+# reuses the plain build's NIXL venv, tests/nixl/venv.sh), the code that runs
+# on several threads under TSan, bounded libFuzzer runs of the wire decoder,
+# of the data plane's metadata / descriptor parser and of NIXL's (agent
+# metadata, vLLM's descriptor list, notification), then the Python package
+# (pip install . into a fresh venv, pytest).
 test: unit sanitize tsan fuzz pytest
 
 unit: build
 	cd $(BUILD) && ctest --output-on-failure
 
 sanitize: deps
-	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DECX_SANITIZE=ON >/dev/null
+	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DECX_SANITIZE=ON \
+	  -DECX_NIXL_VENV_DIR=$(CURDIR)/$(BUILD) >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS)
 	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure
 

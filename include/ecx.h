@@ -84,8 +84,13 @@ extern "C" {
 /* Bumped on every incompatible ABI change; the SONAME's number. */
 #define ECX_ABI_VERSION 1
 
-/* Protocol version spoken on the wire (docs/PROTOCOL.md). */
+/* Protocol versions (docs/PROTOCOL.md, "Versions"): 1 is the reference's
+ * ECCPUConnector before vLLM 0.34, 2 that of vLLM >= 0.34 (the same
+ * messages; the announcement carries the item's shape and whole blocks).
+ * ECX_CONNECTOR_VERSION is the default, and the version of the wire
+ * functions without _v. */
 #define ECX_CONNECTOR_VERSION 1
+#define ECX_CONNECTOR_VERSION_MAX 2
 
 /* The library's version as "MAJOR.MINOR.PATCH" (that of the library loaded
  * at run time, which may be newer than the header a program was built
@@ -288,6 +293,12 @@ enum ecx_role { ECX_ROLE_PRODUCER = 1, ECX_ROLE_CONSUMER = 2, ECX_ROLE_BOTH = 3 
 #define ECX_DEFAULT_MAX_GRANTS 65536
 #define ECX_DEFAULT_MAX_CONN_GRANTS 1024
 #define ECX_DEFAULT_MAX_CONN_PIN_PCT 50
+#define ECX_DEFAULT_CONNECTOR_VERSION ECX_CONNECTOR_VERSION
+/* How long a version-2 peer (vLLM >= 0.34) waits for an ack by default
+ * (its consumer_ack_timeout_s = the 30 s pin lease). ecx_config_init keeps
+ * ECX_DEFAULT_ACK_TIMEOUT_MS whatever the version; `ecx get
+ * --connector-version 2` uses this one. */
+#define ECX_DEFAULT_ACK_TIMEOUT_V2_MS 30000
 
 typedef struct ecx_config {
     /* sizeof(ecx_config) as the caller was compiled: set by ecx_config_init.
@@ -341,6 +352,15 @@ typedef struct ecx_config {
     const char *const *curve_allow; /* producer: client public keys let in; n_curve_allow 0:
                                        any client that knows the producer's public key */
     size_t n_curve_allow;
+
+    /* Protocol version, 1 (default, ECX_DEFAULT_CONNECTOR_VERSION) or 2 (vLLM >= 0.34).
+     * Both ends of a transfer must use the same one: requests do not carry it (see
+     * docs/PROTOCOL.md). Version 2 announces an item's shape [rows, block_bytes /
+     * element size of dtype] with size_bytes in whole blocks, so it needs a dtype whose
+     * element size ecx knows (torch's names, with or without "torch.") and items of
+     * whole blocks (ecx_save* of another size: ECX_EINVAL); its consumers check the
+     * shape against size_bytes (INVALID, SIZE_MISMATCH). */
+    int connector_version;
 } ecx_config;
 
 /* Every field to its default, and size to sizeof(ecx_config). */
@@ -412,7 +432,8 @@ typedef struct ecx_segment {
  * ready) and get where to write it: *segs points to *n_segs segments owned
  * by the library, valid until ecx_save_commit() or ecx_save_abort().
  * ECX_ECACHE_FULL if there is no room even after evicting,
- * ECX_ECACHE_EXISTS if it is already held. */
+ * ECX_ECACHE_EXISTS if it is already held, ECX_EINVAL with connector_version 2
+ * if size_bytes is not whole blocks (version 2 announces whole rows). */
 ECX_API int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes,
                            const ecx_segment **segs, size_t *n_segs);
 /* The bytes are written: the entry becomes ready (and servable). */
@@ -471,7 +492,7 @@ ECX_API int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t 
 ECX_API int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len);
 
 /* ======================================================================
- * The wire codec: XferReq / XferAck of protocol version 1, byte-identical
+ * The wire codec: XferReq / XferAck of protocol versions 1 and 2, byte-identical
  * to the Python reference's msgspec encoding (docs/PROTOCOL.md). For tools
  * and tests that speak the control plane themselves.
  * ====================================================================== */
@@ -518,6 +539,16 @@ ECX_API int ecx_wire_encode_ack(const ecx_ack *a, void *buf, size_t cap, size_t 
  * must outlive them. On failure returns an ECX_EWIRE_* code. */
 ECX_API int ecx_wire_decode_req(const void *frame, size_t len, ecx_req *r);
 ECX_API int ecx_wire_decode_ack(const void *frame, size_t len, ecx_ack *a);
+
+/* XferReq as a peer of protocol version `version` (1..ECX_CONNECTOR_VERSION_MAX)
+ * encodes and decodes it: connector_version is left out when it equals
+ * `version`, and an absent one decodes as `version` (msgspec's omit_defaults
+ * with the default of that version). ecx_req_init sets version 1: set
+ * r->connector_version to encode another. The functions above are these with
+ * version 1. XferAck is the same in every version. ECX_EINVAL: version out of range. */
+ECX_API int ecx_wire_encode_req_v(const ecx_req *r, int version, void *buf, size_t cap,
+                                  size_t *len);
+ECX_API int ecx_wire_decode_req_v(const void *frame, size_t len, int version, ecx_req *r);
 
 /* Copy a decoded ack's block indices into out (at most cap of them).
  * Returns the number copied. */

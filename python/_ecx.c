@@ -733,6 +733,7 @@ static const struct field {
     F(curve_secret_key, F_STR_NULL),
     F(curve_server_key, F_STR_NULL),
     F(curve_allow, F_KEYS),
+    F(connector_version, F_INT),
 #undef F
 };
 
@@ -1237,19 +1238,23 @@ static PyObject *ctx_read_into(Ctx *self, PyObject *const *args, Py_ssize_t narg
     return r;
 }
 
-/* announce(mm_hash) -> dict: the reference's announcement. */
+/* announce(mm_hash) -> dict: the reference's announcement, the library's own
+ * JSON (ecx_announce: with "shape" under connector_version 2) as a dict. */
 static PyObject *ctx_announce(Ctx *self, PyObject *arg)
 {
     const char *h = arg_hash(arg);
     if (!h || ctx_ok(self)) return NULL;
     unsigned seq0 = tl_seq;
-    ecx_announcement a;
-    int rc = ecx_announce_info(self->ctx, h, &a);
+    char buf[1024]; /* a host is at most 255 bytes: the JSON always fits */
+    size_t len = 0;
+    int rc = ecx_announce(self->ctx, h, buf, sizeof buf, &len);
     DRAIN();
-    if (rc == ECX_ECACHE_MISSING) return Py_BuildValue("{s:{}}", "metadata");
     if (rc < 0) return raise_rc(rc, seq0);
-    return Py_BuildValue("{s:s,s:i,s:K,s:{}}", "peer_host", a.peer_host, "peer_port", a.peer_port,
-                         "size_bytes", (unsigned long long)a.size_bytes, "metadata");
+    PyObject *json = PyImport_ImportModule("json");
+    if (!json) return NULL;
+    PyObject *d = PyObject_CallMethod(json, "loads", "s#", buf, (Py_ssize_t)len);
+    Py_DECREF(json);
+    return d;
 }
 
 static PyObject *ctx_metrics(Ctx *self, PyObject *unused)

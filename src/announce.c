@@ -23,34 +23,82 @@ bool ecxi_announce_host_ok(const char *h)
     return true;
 }
 
-#define HELD_FMT "{\"peer_host\":\"%s\",\"peer_port\":%d,\"size_bytes\":%llu,\"metadata\":{}}"
+int ecxi_announce_elem_size(const char *dtype)
+{
+    static const struct {
+        const char *name;
+        int size;
+    } known[] = {{"float64", 8}, {"double", 8},       {"float32", 4},       {"float", 4},
+                 {"int32", 4},   {"float16", 2},      {"half", 2},          {"bfloat16", 2},
+                 {"int16", 2},   {"float8_e4m3fn", 1}, {"float8_e5m2", 1}, {"int8", 1},
+                 {"uint8", 1}};
+    if (!dtype) return 0;
+    if (!strncmp(dtype, "torch.", 6)) dtype += 6;
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (!strcmp(dtype, known[i].name)) return known[i].size;
+    return 0;
+}
+
+#define HELD_FMT "{\"peer_host\":\"%s\",\"peer_port\":%d,\"size_bytes\":%llu,%s\"metadata\":{}}"
 #define NOT_HELD "{\"metadata\":{}}"
 
-int ecxi_announce_json(char *buf, size_t cap, size_t *len, const ecx_announcement *a)
+int ecxi_announce_json(char *buf, size_t cap, size_t *len, const ecx_announcement *a,
+                       const ecxi_announce_rows *rows)
 {
     if (!len) return ECX_EINVAL;
     *len = 0;
     if (a && (!ecxi_announce_host_ok(a->peer_host) || a->peer_port < 1 || a->peer_port > 65535))
         return ECX_EINVAL;
+    char shape[64] = "";
+    if (a && rows) {
+        if (rows->elem_size <= 0 || rows->block_bytes == 0 || a->size_bytes % rows->block_bytes)
+            return ECX_EINVAL;
+        snprintf(shape, sizeof shape, "\"shape\":[%llu,%llu],",
+                 (unsigned long long)(a->size_bytes / rows->block_bytes),
+                 (unsigned long long)(rows->block_bytes / (uint64_t)rows->elem_size));
+    }
     /* The host needs no escaping: host_ok admits no quote, backslash or
      * control character. */
     int n = a ? snprintf(NULL, 0, HELD_FMT, a->peer_host, a->peer_port,
-                         (unsigned long long)a->size_bytes)
+                         (unsigned long long)a->size_bytes, shape)
               : (int)strlen(NOT_HELD);
     if (n < 0) return ECX_EINVAL;
     *len = (size_t)n;
     if (!buf || (size_t)n >= cap) return ECX_ERANGE;
     if (a)
         snprintf(buf, cap, HELD_FMT, a->peer_host, a->peer_port,
-                 (unsigned long long)a->size_bytes);
+                 (unsigned long long)a->size_bytes, shape);
     else
         memcpy(buf, NOT_HELD, (size_t)n + 1);
     return 0;
 }
 
-/* The checks after "is there a peer_host at all": host, port, size. */
+/* Version 2: the whole blocks shape's rows x width elements take, as
+ * vLLM's scheduler sizes them (_num_blocks x block_size_bytes); false if
+ * shape is not two integers >= 0 or the product overflows. */
+static bool shape_bytes(const json_t *shape, const ecxi_announce_rows *rows, uint64_t *out)
+{
+    if (!json_is_array(shape) || json_array_size(shape) != 2) return false;
+    json_t *r = json_array_get(shape, 0), *w = json_array_get(shape, 1);
+    if (!json_is_integer(r) || !json_is_integer(w) || json_integer_value(r) < 0 ||
+        json_integer_value(w) < 0)
+        return false;
+    uint64_t nr = (uint64_t)json_integer_value(r), nw = (uint64_t)json_integer_value(w), bytes;
+    if (__builtin_mul_overflow(nr, nw, &bytes) ||
+        __builtin_mul_overflow(bytes, (uint64_t)rows->elem_size, &bytes) ||
+        bytes > UINT64_MAX - rows->block_bytes)
+        return false;
+    *out = (bytes + rows->block_bytes - 1) / rows->block_bytes * rows->block_bytes;
+    return true;
+}
+
+/* The checks after "is there a peer_host at all": host, port, size, and
+ * (version 2, rows given) the bytes the shape takes: shape_size NULL = no
+ * usable shape; for the struct, which has none, the caller passes size
+ * rounded to whole blocks, so only whole blocks pass. */
 static int check(const char *host, long long port, bool size_given, long long size,
-                 uint64_t expected_size, uint64_t max_bytes, ecxi_announce_peer *out)
+                 uint64_t expected_size, uint64_t max_bytes, const ecxi_announce_rows *rows,
+                 const uint64_t *shape_size, ecxi_announce_peer *out)
 {
     if (!ecxi_announce_host_ok(host)) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_host is not a host name or address");
@@ -64,10 +112,20 @@ static int check(const char *host, long long port, bool size_given, long long si
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: no usable size_bytes");
         return ECX_REASON_INVALID;
     }
+    if (rows && !shape_size) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: no usable shape (version 2)");
+        return ECX_REASON_INVALID;
+    }
     memcpy(out->host, host, strlen(host) + 1);
     out->port = (int)port;
     out->size_bytes = (uint64_t)size;
     if (expected_size && expected_size != out->size_bytes) return ECX_REASON_SIZE_MISMATCH;
+    if (rows && *shape_size != out->size_bytes) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: size_bytes %llu is not the %llu bytes "
+                            "of whole blocks its shape takes", (unsigned long long)out->size_bytes,
+                            (unsigned long long)*shape_size);
+        return ECX_REASON_SIZE_MISMATCH;
+    }
     if (max_bytes && out->size_bytes > max_bytes) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: size_bytes %llu is beyond any region",
                             (unsigned long long)out->size_bytes);
@@ -77,7 +135,8 @@ static int check(const char *host, long long port, bool size_given, long long si
 }
 
 int ecxi_announce_parse(const char *json, const ecx_announcement *from, uint64_t expected_size,
-                        uint64_t max_bytes, ecxi_announce_peer *out)
+                        uint64_t max_bytes, const ecxi_announce_rows *rows,
+                        ecxi_announce_peer *out)
 {
     memset(out, 0, sizeof *out);
     if (json && from) return ECX_REASON_INVALID;
@@ -86,7 +145,9 @@ int ecxi_announce_parse(const char *json, const ecx_announcement *from, uint64_t
         /* A size beyond what a JSON integer (and a region) can hold is
          * refused as INVALID by max_bytes, or here when there is none. */
         long long size = from->size_bytes > (uint64_t)INT64_MAX ? -1 : (long long)from->size_bytes;
-        return check(from->peer_host, from->peer_port, true, size, expected_size, max_bytes, out);
+        uint64_t whole = rows && from->size_bytes % rows->block_bytes ? 0 : from->size_bytes;
+        return check(from->peer_host, from->peer_port, true, size, expected_size, max_bytes, rows,
+                     &whole, out);
     }
     if (!json) return ECX_REASON_NO_PEER;
     json_error_t err;
@@ -98,6 +159,8 @@ int ecxi_announce_parse(const char *json, const ecx_announcement *from, uint64_t
     } else {
         json_t *h = json_object_get(j, "peer_host"), *p = json_object_get(j, "peer_port"),
                *s = json_object_get(j, "size_bytes");
+        uint64_t shape_size = 0;
+        bool shape_ok = rows && shape_bytes(json_object_get(j, "shape"), rows, &shape_size);
         if (!json_is_string(h) || json_string_length(h) == 0)
             why = ECX_REASON_NO_PEER; /* {"metadata":{}}: not held there */
         else if (strlen(json_string_value(h)) != json_string_length(h))
@@ -105,7 +168,7 @@ int ecxi_announce_parse(const char *json, const ecx_announcement *from, uint64_t
         else
             why = check(json_string_value(h), json_is_integer(p) ? json_integer_value(p) : -1,
                         json_is_integer(s), json_is_integer(s) ? json_integer_value(s) : 0,
-                        expected_size, max_bytes, out);
+                        expected_size, max_bytes, rows, shape_ok ? &shape_size : NULL, out);
     }
     json_decref(j);
     return why;

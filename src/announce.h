@@ -9,7 +9,9 @@
  * reader, and every check a consumer makes before it asks a producer sits
  * in one function: whether there is a peer at all (NO_PEER), whether the
  * announcement is usable (INVALID), and whether its size is the one the
- * engine expects (SIZE_MISMATCH). The consumer session calls it only for
+ * engine expects (SIZE_MISMATCH). Protocol version 2 (vLLM >= 0.34) adds
+ * the item's "shape" [rows, width] and announces size_bytes in whole blocks
+ * of one row each (docs/PROTOCOL.md, "Versions"). The consumer session calls it only for
  * an item it has never heard of; the connector only passes text or struct
  * through.
  */
@@ -30,12 +32,26 @@
  * is also safe in JSON as is). */
 bool ecxi_announce_host_ok(const char *h);
 
+/* Version 2's sizing: a block is one row of width = block_bytes / elem_size
+ * elements of elem_size bytes (vLLM: block_size_bytes = hidden x element size). */
+typedef struct ecxi_announce_rows {
+    uint64_t block_bytes;
+    int elem_size;
+} ecxi_announce_rows;
+
+/* Bytes per element of a torch dtype name ("bfloat16", "torch.float32", ...),
+ * 0 if ecx does not know it. */
+int ecxi_announce_elem_size(const char *dtype);
+
 /* The reference's JSON for a (NULL: the item is not held) into buf, with
  * snprintf's contract: *len gets the full length (NUL excluded) always;
  * if that does not fit cap bytes with the NUL, nothing is written and the
  * result is ECX_ERANGE. ECX_EINVAL (and *len 0) if len is NULL, or
- * a's host is not ecxi_announce_host_ok() or its port not 1..65535. */
-int ecxi_announce_json(char *buf, size_t cap, size_t *len, const ecx_announcement *a);
+ * a's host is not ecxi_announce_host_ok() or its port not 1..65535.
+ * rows non-NULL (version 2): "shape": [size_bytes / block_bytes, width]
+ * after size_bytes (a->size_bytes must be whole blocks, else ECX_EINVAL). */
+int ecxi_announce_json(char *buf, size_t cap, size_t *len, const ecx_announcement *a,
+                       const ecxi_announce_rows *rows);
 
 /* An announcement checked and copied: where a consumer asks, and the size. */
 typedef struct ecxi_announce_peer {
@@ -59,8 +75,16 @@ typedef struct ecxi_announce_peer {
  *   SIZE_MISMATCH  size_bytes differs from a non-zero expected_size
  *                  (out->size_bytes is the announced size, for the log);
  *   INVALID        size_bytes above max_bytes.
+ * rows non-NULL (version 2), after the first INVALID checks, as vLLM 0.34's
+ * scheduler (_admit_item) checks them:
+ *   INVALID        json without a "shape" of two integers >= 0 (vLLM: the
+ *                  announced size was unusable);
+ *   SIZE_MISMATCH  size_bytes is not the whole blocks that shape's
+ *                  rows x width x elem_size bytes take (from: size_bytes not
+ *                  whole blocks; the struct has no shape).
  */
 int ecxi_announce_parse(const char *json, const ecx_announcement *from, uint64_t expected_size,
-                        uint64_t max_bytes, ecxi_announce_peer *out);
+                        uint64_t max_bytes, const ecxi_announce_rows *rows,
+                        ecxi_announce_peer *out);
 
 #endif

@@ -30,6 +30,7 @@
 #include <sched.h>
 #include <sodium.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,7 @@ struct ecx_ctx {
     pthread_mutex_t mu;
     int role;
     uint64_t block_bytes;
+    ecxi_announce_rows rows; /* version 2's sizing; elem_size 0: version 1 */
     char compat[ECX_COMPAT_HASH_HEX + 1];
     char advertise[256];
     int port;
@@ -114,8 +116,9 @@ static void unlock(ecx_ctx *ctx) { pthread_mutex_unlock(&ctx->mu); }
 static int start_thread(ecx_ctx *ctx);
 static void stop_thread(ecx_ctx *ctx);
 
-/* The size of ecx_config in ABI 1: the least a caller may pass. */
-#define CONFIG_SIZE_V1 sizeof(ecx_config)
+/* The size of ecx_config in ABI 1 as first released (up to n_curve_allow):
+ * the least a caller may pass. */
+#define CONFIG_SIZE_V1 offsetof(ecx_config, connector_version)
 
 void ecx_config_init(ecx_config *c)
 {
@@ -142,6 +145,7 @@ void ecx_config_init(ecx_config *c)
     c->max_grants = ECX_DEFAULT_MAX_GRANTS;
     c->max_conn_grants = ECX_DEFAULT_MAX_CONN_GRANTS;
     c->max_conn_pin_pct = ECX_DEFAULT_MAX_CONN_PIN_PCT;
+    c->connector_version = ECX_DEFAULT_CONNECTOR_VERSION;
 }
 
 /* The caller's config as this library's ecx_config: fields past its size
@@ -191,6 +195,13 @@ static int config_check(const ecx_config *c)
     else if (c->max_conn_pin_pct == 0 || c->max_conn_pin_pct > 100) bad = "max_conn_pin_pct (1..100)";
     else if (c->max_connections > 1000000) bad = "max_connections";
     else if (c->progress_thread != 0 && c->progress_thread != 1) bad = "progress_thread (0 or 1)";
+    else if (c->connector_version < 1 || c->connector_version > ECX_CONNECTOR_VERSION_MAX)
+        bad = "connector_version (1 or 2)";
+    else if (c->connector_version == 2 && !ecxi_announce_elem_size(c->dtype))
+        bad = "dtype (connector_version 2 needs a torch dtype name, for the element size)";
+    else if (c->connector_version == 2 &&
+             c->block_bytes % (uint64_t)ecxi_announce_elem_size(c->dtype))
+        bad = "block_bytes (connector_version 2: whole elements of dtype)";
     if (!bad) return 0;
     ecxi_log(ECX_LOG_ERROR, "ecx_new: config field %s is out of range", bad);
     return ECX_EINVAL;
@@ -235,7 +246,8 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
                              .max_grants = cfg->max_grants,
                              .max_conn_grants = cfg->max_conn_grants,
                              .max_conn_pin_pct = cfg->max_conn_pin_pct,
-                             .block_bytes = ctx->block_bytes};
+                             .block_bytes = ctx->block_bytes,
+                             .connector_version = cfg->connector_version};
     return ecxi_producer_new(ctx->cache, ctx->pdata, ctx->srv, &po, &ctx->prod);
 }
 
@@ -255,7 +267,9 @@ static int start_consumer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
                              .item_wait_ms = cfg->item_wait_ms,
                              .tombstone_ttl_ms = cfg->tombstone_ttl_ms,
                              .session_idle_ms = cfg->session_idle_ms,
-                             .max_sessions = (int)cfg->max_sessions};
+                             .max_sessions = (int)cfg->max_sessions,
+                             .connector_version = cfg->connector_version,
+                             .elem_size = ctx->rows.elem_size};
     if (cfg->curve_server_key) {
         /* Keys are checked here so a bad one fails ecx_new, not every fetch. */
         if (ecxi_ctrl_key_parse(cfg->curve_server_key, NULL) ||
@@ -299,6 +313,9 @@ int ecx_new(const ecx_config *in, ecx_ctx **out)
     ctx->epfd = ctx->kick = ctx->done = -1;
     ctx->role = cfg->role;
     ctx->block_bytes = cfg->block_bytes;
+    if (cfg->connector_version == 2)
+        ctx->rows = (ecxi_announce_rows){cfg->block_bytes, ecxi_announce_elem_size(cfg->dtype)};
+    ecxi_log(ECX_LOG_INFO, "protocol version %d", cfg->connector_version);
     rc = ecxi_table_init(&ctx->open);
     if (!rc) rc = start_waiting(ctx);
     if (!rc)
@@ -734,6 +751,12 @@ static int save_begin(ecx_ctx *ctx, const char *h, uint64_t size, const ecx_segm
 {
     uint64_t blocks = (size - 1) / ctx->block_bytes + 1;
     size_t hl = strlen(h);
+    if (ctx->rows.elem_size && size % ctx->block_bytes) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "save: %llu bytes are not whole blocks of %llu "
+                            "(connector_version 2 announces whole rows)",
+                            (unsigned long long)size, (unsigned long long)ctx->block_bytes);
+        return ECX_EINVAL;
+    }
     if (!ecxi_utf8_valid(h, hl)) return ECX_EUTF8; /* a str on the wire: never servable */
     int rc = ecxi_cache_reserve(ctx->cache, h, hl, blocks);
     if (rc) return rc;
@@ -851,7 +874,8 @@ int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap, size_
     int rc = announce_info(ctx, mm_hash, &a);
     unlock(ctx);
     if (rc && rc != ECX_ECACHE_MISSING) return rc;
-    return ecxi_announce_json(buf, cap, len, rc ? NULL : &a);
+    return ecxi_announce_json(buf, cap, len, rc ? NULL : &a,
+                              ctx->rows.elem_size ? &ctx->rows : NULL);
 }
 
 /* After a fetch that sent a request: a thread waiting in ecx_poll must look

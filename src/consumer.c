@@ -343,7 +343,8 @@ static void ask(ecxi_consumer *c, xfer *x, int64_t now)
     r.mm_hash = (ecx_span){x->hash, x->hash_len};
     r.compatibility_hash = (ecx_span){c->compat, strlen(c->compat)};
     r.session_id = (ecx_span){s->sid, 36};
-    if ((rc = ecxi_wire_encode_req(&r, &c->out)) ||
+    r.connector_version = c->o.connector_version;
+    if ((rc = ecxi_wire_encode_req(&r, c->o.connector_version, &c->out)) ||
         (rc = ecxi_ctrl_peer_send(s->peer, c->out.data, c->out.size))) {
         tombstone(c, x, ECX_REASON_SEND_FAILED, now);
         return;
@@ -665,7 +666,9 @@ int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, 
     if (ecxi_cache_lookup(c->cache, mm_hash, hash_len, &info) == 0)
         return info.state == ECX_CACHE_READY ? ECX_FETCH_READY : ECX_FETCH_PENDING;
     ecxi_announce_peer ap;
-    int why = ecxi_announce_parse(json, from, expected_size, c->max_item_bytes, &ap);
+    ecxi_announce_rows rows = {c->o.block_bytes, c->o.elem_size};
+    int why = ecxi_announce_parse(json, from, expected_size, c->max_item_bytes,
+                                  c->o.connector_version == 2 ? &rows : NULL, &ap);
     if (why == ECX_REASON_SIZE_MISMATCH)
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s announced as %llu bytes, expected %llu",
                             (int)hash_len, mm_hash, (unsigned long long)ap.size_bytes,
@@ -758,6 +761,7 @@ int ecxi_consumer_new(ecxi_cache *cache, ecxi_data *data, const ecxi_consumer_op
     if (c->o.tombstone_ttl_ms <= 0) c->o.tombstone_ttl_ms = ECX_DEFAULT_TOMBSTONE_TTL_MS;
     if (c->o.session_idle_ms <= 0) c->o.session_idle_ms = ECX_DEFAULT_SESSION_IDLE_MS;
     if (c->o.max_sessions <= 0) c->o.max_sessions = ECX_DEFAULT_MAX_SESSIONS;
+    if (c->o.connector_version == 0) c->o.connector_version = ECX_CONNECTOR_VERSION;
     /* An item needs fewer than ECX_CACHE_MAX_BLOCKS blocks. */
     c->max_item_bytes = c->o.block_bytes > UINT64_MAX / ECX_CACHE_MAX_BLOCKS
                             ? UINT64_MAX

@@ -74,6 +74,9 @@ typedef struct ecxi_consumer_opts {
     int64_t session_idle_ms;  /* a session not busy this long is closed;
                                  ECX_DEFAULT_SESSION_IDLE_MS */
     int max_sessions;         /* open sessions at most; ECX_DEFAULT_MAX_SESSIONS */
+    int connector_version;    /* ours (0: ECX_CONNECTOR_VERSION): how requests are encoded
+                                 and announcements read (announce.h) */
+    int elem_size;            /* version 2: bytes per element of the dtype (announce.h) */
     ecxi_ctrl_opts ctrl;
     const ecxi_clock *clock; /* NULL: monotonic */
 } ecxi_consumer_opts;

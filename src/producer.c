@@ -282,6 +282,7 @@ int ecxi_producer_new(ecxi_cache *cache, ecxi_data *data, ecxi_ctrl_server *srv,
     if (!p) return ECX_ENOMEM;
     p->cache = cache, p->data = data, p->srv = srv, p->o = *opts;
     if (p->o.lease_ms <= 0) p->o.lease_ms = ECX_DEFAULT_LEASE_MS;
+    if (p->o.connector_version == 0) p->o.connector_version = ECX_CONNECTOR_VERSION;
     if (p->o.max_grants == 0) p->o.max_grants = ECX_DEFAULT_MAX_GRANTS;
     if (p->o.max_conn_grants == 0) p->o.max_conn_grants = ECX_DEFAULT_MAX_CONN_GRANTS;
     if (p->o.max_conn_grants > p->o.max_grants) p->o.max_conn_grants = p->o.max_grants;
@@ -391,7 +392,7 @@ static int pin_blocks(ecxi_producer *p, ecx_span hash, ecxi_cache_info *info, si
 
 static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
 {
-    if (r->connector_version != ECX_CONNECTOR_VERSION) {
+    if (r->connector_version != p->o.connector_version) {
         nack(p, r->mm_hash, ECX_STATUS_NACK_VERSION, "connector version differs");
         return;
     }
@@ -600,7 +601,8 @@ int ecxi_producer_poll(ecxi_producer *p)
     for (int i = 0; i < 4096 && ecxi_ctrl_server_recv(p->srv, &p->msg) == 1; i++, events++) {
         p->st.requests++;
         ecx_req r;
-        int rc = ecx_wire_decode_req(p->msg.payload, p->msg.payload_len, &r);
+        int rc = ecx_wire_decode_req_v(p->msg.payload, p->msg.payload_len,
+                                       p->o.connector_version, &r);
         if (rc) {
             p->st.malformed++;
             ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: dropped undecodable request: %s",

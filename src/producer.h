@@ -2,7 +2,7 @@
  * producer — the producer session (docs/PROTOCOL.md §4.3–§4.5): answers each XferReq,
  * holds the pins it grants, and lets them go.
  *
- * A request is checked in the order of docs/PROTOCOL.md §4.3: connector_version != 1 →
+ * A request is checked in the order of docs/PROTOCOL.md §4.3: connector_version not ours →
  * NACK_VERSION; compatibility hash differs → NACK_INCOMPAT; empty
  * session_id → NACK_INTERNAL (grants are keyed by session_id:mm_hash, so
  * an empty id would alias two consumers); no entry (an mm_hash longer than
@@ -78,6 +78,8 @@ typedef struct ecxi_producer_opts {
                                   ECX_DEFAULT_MAX_CONN_PIN_PCT */
     uint64_t block_bytes;      /* for bytes_served */
     const ecxi_clock *clock;   /* NULL: monotonic */
+    int connector_version;     /* ours (0: ECX_CONNECTOR_VERSION): requests are decoded as
+                                  this version decodes them, and another is NACK_VERSION */
 } ecxi_producer_opts;
 
 typedef struct ecxi_producer_stats {

@@ -53,11 +53,18 @@ static int check_req(const ecx_req *r)
     return 0;
 }
 
-static int pack_req(const ecx_req *r, msgpack_packer *pkp)
+static bool version_ok(int version)
+{
+    return version >= 1 && version <= ECX_CONNECTOR_VERSION_MAX;
+}
+
+/* connector_version is omitted when it equals the encoding peer's version
+ * (msgspec's omit_defaults, the default being that version's constant). */
+static int pack_req(const ecx_req *r, int version, msgpack_packer *pkp)
 {
     msgpack_packer pk = *pkp;
     bool has_sid = r->session_id.n > 0;
-    bool has_ver = r->connector_version != ECX_CONNECTOR_VERSION;
+    bool has_ver = r->connector_version != version;
     int fail = msgpack_pack_map(&pk, 3 + has_sid + has_ver) || pack_key(&pk, "type") ||
                pack_key(&pk, "req") || pack_str(&pk, "mm_hash", r->mm_hash) ||
                pack_str(&pk, "compatibility_hash", r->compatibility_hash) ||
@@ -199,14 +206,15 @@ static uint8_t *put_ack(uint8_t *o, const ecx_ack *a)
     return o;
 }
 
-int ecxi_wire_encode_req(const ecx_req *r, msgpack_sbuffer *buf)
+int ecxi_wire_encode_req(const ecx_req *r, int version, msgpack_sbuffer *buf)
 {
+    if (!version_ok(version)) return ECX_EINVAL;
     int rc = check_req(r);
     if (rc) return rc;
     msgpack_sbuffer_clear(buf);
     msgpack_packer pk;
     msgpack_packer_init(&pk, buf, msgpack_sbuffer_write);
-    return pack_req(r, &pk);
+    return pack_req(r, version, &pk);
 }
 
 /* At least ack_len(a), without looking at each index (9 bytes is the
@@ -246,22 +254,22 @@ static int fixed_write(void *data, const char *buf, size_t len)
     return 0;
 }
 
-static int encode_fixed(const ecx_req *r, void *buf, size_t cap, size_t *len)
+int ecx_wire_encode_req_v(const ecx_req *r, int version, void *buf, size_t cap, size_t *len)
 {
-    if (!r || !len || (!buf && cap)) return ECX_EINVAL;
+    if (!r || !len || (!buf && cap) || !version_ok(version)) return ECX_EINVAL;
     int rc = check_req(r);
     if (rc) return rc;
     fixed_out o = {buf, cap, 0};
     msgpack_packer pk;
     msgpack_packer_init(&pk, &o, fixed_write);
-    rc = pack_req(r, &pk);
+    rc = pack_req(r, version, &pk);
     *len = o.len;
     return rc ? rc : o.len > cap ? ECX_ERANGE : 0;
 }
 
 int ecx_wire_encode_req(const ecx_req *r, void *buf, size_t cap, size_t *len)
 {
-    return encode_fixed(r, buf, cap, len);
+    return ecx_wire_encode_req_v(r, ECX_CONNECTOR_VERSION, buf, cap, len);
 }
 
 int ecx_wire_encode_ack(const ecx_ack *a, void *buf, size_t cap, size_t *len)
@@ -493,11 +501,12 @@ static int read_tag(cursor *c, const char want[4])
  * decoded (with the same checks); false: not that shape or not valid, and
  * the general decoder decides (so errors are reported the same way).
  */
-static bool decode_req_canonical(cursor c, ecx_req *r)
+static bool decode_req_canonical(cursor c, int version, ecx_req *r)
 {
     if (!left(&c) || (*c.p != 0x83 && *c.p != 0x84)) return false;
     bool has_sid = *c.p++ == 0x84;
     ecx_req_init(r);
+    r->connector_version = version;
     if (!take_lit(&c, "\xa4" "type" "\xa3" "req" "\xa7" "mm_hash") || read_str(&c, &r->mm_hash) ||
         !take_lit(&c, "\xb2" "compatibility_hash") || read_str(&c, &r->compatibility_hash))
         return false;
@@ -506,14 +515,16 @@ static bool decode_req_canonical(cursor c, ecx_req *r)
     return left(&c) == 0;
 }
 
-int ecx_wire_decode_req(const void *frame, size_t len, ecx_req *r)
+int ecx_wire_decode_req_v(const void *frame, size_t len, int version, ecx_req *r)
 {
+    if (!version_ok(version)) return ECX_EINVAL;
     cursor c = {frame, (const uint8_t *)frame + len};
-    if (decode_req_canonical(c, r)) return 0;
+    if (decode_req_canonical(c, version, r)) return 0;
     uint64_t n;
     int rc = open_map(&c, &n);
     if (rc) return rc;
     ecx_req_init(r);
+    r->connector_version = version; /* absent: the decoding peer's own */
     bool have_hash = false, have_compat = false;
     for (uint64_t i = 0; i < n; i++) {
         ecx_span k;
@@ -534,6 +545,11 @@ int ecx_wire_decode_req(const void *frame, size_t len, ecx_req *r)
     }
     if (left(&c)) return ECX_EWIRE_TRAILING;
     return have_hash && have_compat ? 0 : ECX_EWIRE_MISSING;
+}
+
+int ecx_wire_decode_req(const void *frame, size_t len, ecx_req *r)
+{
+    return ecx_wire_decode_req_v(frame, len, ECX_CONNECTOR_VERSION, r);
 }
 
 static int read_status(cursor *c, int *status)

@@ -1,5 +1,6 @@
 /*
- * wire — the XferReq / XferAck codec of protocol version 1 (docs/PROTOCOL.md §3).
+ * wire — the XferReq / XferAck codec of protocol versions 1 and 2 (docs/PROTOCOL.md §3,
+ * "Versions": only XferReq's connector_version default differs).
  *
  * Encoding must be byte-identical to msgspec's for a tagged struct with
  * omit_defaults=True: a map whose first entry is "type", then the fields in
@@ -37,9 +38,10 @@
 /*
  * Encode into buf (cleared first; reuse one buffer to avoid allocation in
  * steady state). Refuses str fields that are not UTF-8 (ECX_EUTF8), a status
- * outside 0..5 (ECX_EINVAL), and fields over 4 GiB (ECX_EWIRE_TOO_LARGE).
+ * outside 0..5 (ECX_EINVAL), and fields over 4 GiB (ECX_EWIRE_TOO_LARGE). A request
+ * is encoded as a peer of protocol version `version` does (ecx_wire_encode_req_v).
  */
-int ecxi_wire_encode_req(const ecx_req *r, msgpack_sbuffer *buf);
+int ecxi_wire_encode_req(const ecx_req *r, int version, msgpack_sbuffer *buf);
 int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf);
 
 #endif

@@ -22,9 +22,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!buf.data) msgpack_sbuffer_init(&buf), msgpack_sbuffer_init(&ref);
 
     ecx_req r, r2;
-    if (ecx_wire_decode_req(data, size, &r) == 0) {
-        if (ecxi_wire_encode_req(&r, &buf)) abort();
-        if (ecx_wire_decode_req(buf.data, buf.size, &r2)) abort();
+    /* Each protocol version: decode, encode as that version, decode again. */
+    for (int v = 1; v <= ECX_CONNECTOR_VERSION_MAX; v++) {
+        if (ecx_wire_decode_req_v(data, size, v, &r)) continue;
+        if (ecxi_wire_encode_req(&r, v, &buf)) abort();
+        if (ecx_wire_decode_req_v(buf.data, buf.size, v, &r2)) abort();
         check_span(r.mm_hash, r2.mm_hash);
         check_span(r.compatibility_hash, r2.compatibility_hash);
         check_span(r.session_id, r2.session_id);

@@ -141,6 +141,8 @@ static void test_config_growth(void **state)
         {offsetof(ecx_config, max_conn_pin_pct), sizeof c.max_conn_pin_pct, 101},
         {offsetof(ecx_config, max_conn_grants), sizeof c.max_conn_grants, 70000},
         {offsetof(ecx_config, block_bytes), sizeof c.block_bytes, 0},
+        {offsetof(ecx_config, connector_version), sizeof c.connector_version, 0},
+        {offsetof(ecx_config, connector_version), sizeof c.connector_version, 3},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         base_config(&c, ECX_ROLE_CONSUMER);
@@ -155,6 +157,121 @@ static void test_config_growth(void **state)
     base_config(&c, ECX_ROLE_CONSUMER);
     c.data = "carrier-pigeon";
     assert_int_equal(try_new(&c), ECX_EINVAL);
+    /* Version 2 needs an element size: a torch dtype name, and blocks of whole elements. */
+    base_config(&c, ECX_ROLE_CONSUMER);
+    c.connector_version = 2;
+    assert_int_equal(try_new(&c), 0);
+    c.dtype = "torch.float32";
+    assert_int_equal(try_new(&c), 0);
+    c.dtype = "mystery";
+    assert_int_equal(try_new(&c), ECX_EINVAL);
+    c.dtype = "float32";
+    c.block_bytes = BLOCK + 2;
+    assert_int_equal(try_new(&c), ECX_EINVAL);
+    /* A caller built before connector_version existed: version 1. */
+    base_config(&c, ECX_ROLE_CONSUMER);
+    assert_int_equal(c.connector_version, ECX_DEFAULT_CONNECTOR_VERSION);
+    c.size = offsetof(ecx_config, connector_version);
+    c.connector_version = 2;
+    assert_int_equal(try_new(&c), 0);
+}
+
+/* ---------- protocol versions ---------- */
+
+static ecx_ctx *make_v(int role, int version)
+{
+    ecx_config c;
+    base_config(&c, role);
+    c.connector_version = version;
+    ecx_ctx *ctx = NULL;
+    assert_int_equal(ecx_new(&c, &ctx), 0);
+    return ctx;
+}
+
+/* Fetch h from json until it is no longer pending (10 s at most). */
+static int fetch_json(ecx_ctx *c, const char *h, const char *json, int *reason)
+{
+    int st = ECX_FETCH_PENDING;
+    double end = now_s() + 10;
+    while (st == ECX_FETCH_PENDING && now_s() < end) {
+        st = ecx_fetch(c, h, json, 0, reason);
+        if (st == ECX_FETCH_PENDING) ecx_poll(c, 10);
+    }
+    return st;
+}
+
+/* Version 2 (vLLM >= 0.34): the announcement's shape and whole blocks, the
+ * consumer's checks of them, and what a peer of the other version sees. */
+static void test_connector_versions(void **state)
+{
+    (void)state;
+    g_thread = 1;
+    ecx_ctx *p = make_v(ECX_ROLE_PRODUCER, 2), *c2 = make_v(ECX_ROLE_CONSUMER, 2);
+    ecx_ctx *c1 = make_v(ECX_ROLE_CONSUMER, 1), *p1 = make_v(ECX_ROLE_PRODUCER, 1);
+    size_t size = 3 * BLOCK;
+    uint8_t *bytes = malloc(size), *back = malloc(size);
+    fill(bytes, size, 7);
+    assert_int_equal(ecx_save(p, "v2item", bytes, size), 0);
+    assert_int_equal(ecx_save(p, "v2part", bytes, size - 1), ECX_EINVAL); /* whole rows only */
+    assert_int_equal(ecx_save(p1, "v1item", bytes, size - 1), 0);
+    char json[256], want[256], v1json[256];
+    size_t len;
+    assert_int_equal(ecx_announce(p, "v2item", json, sizeof json, &len), 0);
+    snprintf(want, sizeof want,
+             "{\"peer_host\":\"127.0.0.1\",\"peer_port\":%d,\"size_bytes\":%zu,"
+             "\"shape\":[3,%u],\"metadata\":{}}",
+             ecx_listen_port(p), size, BLOCK / 2); /* bfloat16: 2 bytes per element */
+    assert_string_equal(json, want);
+    int reason = -1;
+    assert_int_equal(fetch_json(c2, "v2item", json, &reason), ECX_FETCH_READY);
+    assert_int_equal(ecx_read(c2, "v2item", back, size), (int64_t)size);
+    assert_memory_equal(back, bytes, size);
+    /* A version-1 consumer asks the same bytes (the version is never on the
+     * wire), so the version-2 producer serves it; it ignores the shape. */
+    assert_int_equal(fetch_json(c1, "v2item", json, &reason), ECX_FETCH_READY);
+    /* A version-1 announcement has no shape: a version-2 consumer refuses
+     * it as vLLM 0.34 does (its size was unusable). */
+    assert_int_equal(ecx_announce(p1, "v1item", v1json, sizeof v1json, &len), 0);
+    assert_int_equal(fetch_json(c2, "v1item", v1json, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_INVALID);
+    /* The struct has no shape: whole blocks only. */
+    ecx_announcement an = {"127.0.0.1", ecx_listen_port(p), size - 1};
+    assert_int_equal(ecx_fetch_from(c2, "partial", &an, 0, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_SIZE_MISMATCH);
+    assert_int_equal(ecx_announce_info(p, "v2item", &an), 0);
+    assert_int_equal(ecx_fetch_from(c2, "v2item", &an, 0, &reason), ECX_FETCH_READY);
+    /* Shapes that do not fit size_bytes, or are not two integers. */
+    struct {
+        const char *shape;
+        int why;
+    } cases[] = {
+        {"[4,32768]", ECX_REASON_SIZE_MISMATCH}, {"[3,32767]", ECX_REASON_NONE},
+        {"[3,32769]", ECX_REASON_SIZE_MISMATCH}, {"[3]", ECX_REASON_INVALID},
+        {"[3,\"32768\"]", ECX_REASON_INVALID},    {"[-3,32768]", ECX_REASON_INVALID},
+        {"[3,32768,1]", ECX_REASON_INVALID},     {"null", ECX_REASON_INVALID},
+        {"[9223372036854775807,9223372036854775807]", ECX_REASON_INVALID},
+        {"[0,32768]", ECX_REASON_SIZE_MISMATCH}, {"[3,0]", ECX_REASON_SIZE_MISMATCH},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "shape%zu", i);
+        snprintf(json, sizeof json,
+                 "{\"peer_host\":\"127.0.0.1\",\"peer_port\":%d,\"size_bytes\":%zu,"
+                 "\"shape\":%s,\"metadata\":{}}",
+                 ecx_listen_port(p), size, cases[i].shape);
+        reason = ECX_REASON_NONE;
+        int st = ecx_fetch(c2, name, json, 0, &reason);
+        if (cases[i].why == ECX_REASON_NONE)
+            assert_int_equal(st, ECX_FETCH_PENDING); /* asked (the producer lacks it) */
+        else if (st != ECX_FETCH_LOCAL || reason != cases[i].why)
+            fail_msg("shape %s: state %d reason %s", cases[i].shape, st, ecx_reason_name(reason));
+    }
+    free(bytes);
+    free(back);
+    ecx_free(c1);
+    ecx_free(c2);
+    ecx_free(p1);
+    ecx_free(p);
 }
 
 /* ---------- logger ---------- */
@@ -601,6 +718,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version_and_names),
         cmocka_unit_test(test_config_growth),
+        cmocka_unit_test(test_connector_versions),
         cmocka_unit_test(test_logger),
         cmocka_unit_test(test_region_and_segments),
         cmocka_unit_test_prestate(test_foreign_loop, NULL),

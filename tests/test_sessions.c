@@ -115,6 +115,8 @@ static int64_t next_session_idle_ms;
  * the region one after another, and a completion may still be in flight
  * when the next request comes). */
 static uint32_t next_max_grants, next_conn_grants, next_pin_pct;
+/* Both sides' protocol version for the next world_new() (0: 1). */
+static int next_version;
 
 /* A producer and a consumer; the consumer's compat hash may differ. */
 static world *world_new(const char *consumer_compat)
@@ -134,14 +136,17 @@ static world *world_new(const char *consumer_compat)
                             .max_grants = next_max_grants,
                             .max_conn_grants = next_conn_grants,
                             .max_conn_pin_pct = next_pin_pct ? next_pin_pct : 100,
-                            .clock = &CLOCK};
+                            .clock = &CLOCK,
+                            .connector_version = next_version};
     assert_int_equal(ecxi_producer_new(w->P.cache, w->P.data, w->srv, &po, &w->prod), 0);
     ecxi_consumer_opts co = {.zctx = w->zctx,
                             .compat_hash = consumer_compat ? consumer_compat : w->compat,
                             .block_bytes = BLOCK,
                             .max_sessions = next_max_sessions,
                             .session_idle_ms = next_session_idle_ms,
-                            .clock = &CLOCK};
+                            .clock = &CLOCK,
+                            .connector_version = next_version,
+                            .elem_size = next_version == 2 ? 2 : 0};
     assert_int_equal(ecxi_consumer_new(w->C.cache, w->C.data, &co, &w->cons), 0);
     return w;
 }
@@ -382,8 +387,9 @@ static raw raw_dealer(world *w)
     return r;
 }
 
-static void raw_send_req(raw *r, const char *hash, const char *compat, const char *sid,
-                         int64_t version)
+/* A request as a peer of protocol version enc encodes it. */
+static void raw_send_req_v(raw *r, const char *hash, const char *compat, const char *sid,
+                           int64_t version, int enc)
 {
     ecx_req q;
     ecx_req_init(&q);
@@ -393,10 +399,16 @@ static void raw_send_req(raw *r, const char *hash, const char *compat, const cha
     q.connector_version = version;
     msgpack_sbuffer b;
     msgpack_sbuffer_init(&b);
-    assert_int_equal(ecxi_wire_encode_req(&q, &b), 0);
+    assert_int_equal(ecxi_wire_encode_req(&q, enc, &b), 0);
     zmq_send(r->sock, "", 0, ZMQ_SNDMORE);
     zmq_send(r->sock, b.data, b.size, 0);
     msgpack_sbuffer_destroy(&b);
+}
+
+static void raw_send_req(raw *r, const char *hash, const char *compat, const char *sid,
+                         int64_t version)
+{
+    raw_send_req_v(r, hash, compat, sid, version, ECX_CONNECTOR_VERSION);
 }
 
 /* Wait for one reply; returns its payload length (0 if none in 2 s). */
@@ -467,6 +479,41 @@ static void test_producer_checks_in_order(void **state)
             assert_int_equal(a.n_indices, 0);
             assert_int_equal(a.agent_metadata.n, 0);
         }
+    }
+    zmq_close(r.sock);
+    world_free(w);
+}
+
+/* A version-2 producer (docs/PROTOCOL.md §3.7): a request that leaves the
+ * version out is its own version, whoever encoded it; one that spells out
+ * another is NACK_VERSION. */
+static void test_producer_versions(void **state)
+{
+    (void)state;
+    next_version = 2;
+    world *w = world_new(NULL);
+    next_version = 0;
+    save(w, "item", 100, true);
+    raw r = raw_dealer(w);
+    uint8_t buf[4096];
+    ecx_ack a;
+    struct {
+        int64_t version;
+        int enc, status;
+    } cases[] = {
+        {2, 2, ECX_STATUS_OK},           /* vLLM 0.34: omitted */
+        {1, 1, ECX_STATUS_OK},           /* a v1 peer: omitted too, so read as 2 */
+        {1, 2, ECX_STATUS_NACK_VERSION}, /* spelled out */
+        {2, 1, ECX_STATUS_OK},           /* spelled out by a v1 encoder */
+        {3, 2, ECX_STATUS_NACK_VERSION},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        raw_send_req_v(&r, "item", w->compat, "s1", cases[i].version, cases[i].enc);
+        size_t n = raw_recv(w, &r, buf, sizeof buf);
+        assert_true(n > 0);
+        assert_int_equal(ecx_wire_decode_ack(buf, n, &a), 0);
+        if (a.status != cases[i].status)
+            fail_msg("case %zu: status %d want %d", i, a.status, cases[i].status);
     }
     zmq_close(r.sock);
     world_free(w);
@@ -1376,43 +1423,43 @@ static void test_announce_json(void **state)
     (void)state;
     char buf[160];
     size_t len = 99;
-    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, NULL), 0);
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, NULL, NULL), 0);
     assert_string_equal(buf, "{\"metadata\":{}}");
     assert_int_equal(len, 15);
     ecx_announcement a = {"10.0.0.7", 5601, 1234567};
     const char *want = "{\"peer_host\":\"10.0.0.7\",\"peer_port\":5601,\"size_bytes\":1234567,"
                        "\"metadata\":{}}";
-    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &a), 0);
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &a, NULL), 0);
     assert_string_equal(buf, want);
     assert_int_equal(len, strlen(want));
     /* snprintf's contract: the full length always; without room for the
      * NUL, nothing is written. */
     memset(buf, '#', sizeof buf);
-    assert_int_equal(ecxi_announce_json(buf, strlen(want), &len, &a), ECX_ERANGE);
+    assert_int_equal(ecxi_announce_json(buf, strlen(want), &len, &a, NULL), ECX_ERANGE);
     assert_int_equal(len, strlen(want));
     assert_int_equal(buf[0], '#');
-    assert_int_equal(ecxi_announce_json(NULL, 0, &len, NULL), ECX_ERANGE);
+    assert_int_equal(ecxi_announce_json(NULL, 0, &len, NULL, NULL), ECX_ERANGE);
     assert_int_equal(len, 15);
-    assert_int_equal(ecxi_announce_json(buf, strlen(want) + 1, &len, &a), 0);
+    assert_int_equal(ecxi_announce_json(buf, strlen(want) + 1, &len, &a, NULL), 0);
     assert_string_equal(buf, want);
     /* A host that is not one is refused, never escaped; so is a bad port. */
     ecx_announcement bad = {"a\"b", 1, 1};
-    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &bad), ECX_EINVAL);
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &bad, NULL), ECX_EINVAL);
     bad = (ecx_announcement){"h", 0, 1};
-    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &bad), ECX_EINVAL);
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &bad, NULL), ECX_EINVAL);
 
     /* What is written reads back the same, as text or as the struct. */
-    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &a), 0);
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &a, NULL), 0);
     ecxi_announce_peer ap;
-    assert_int_equal(ecxi_announce_parse(buf, NULL, 0, 0, &ap), ECX_REASON_NONE);
+    assert_int_equal(ecxi_announce_parse(buf, NULL, 0, 0, NULL, &ap), ECX_REASON_NONE);
     assert_string_equal(ap.host, "10.0.0.7");
     assert_int_equal(ap.port, 5601);
     assert_int_equal(ap.size_bytes, 1234567);
-    assert_int_equal(ecxi_announce_parse(NULL, &a, 1234567, 1234567, &ap), ECX_REASON_NONE);
-    assert_int_equal(ecxi_announce_parse(NULL, &a, 1234568, 0, &ap), ECX_REASON_SIZE_MISMATCH);
+    assert_int_equal(ecxi_announce_parse(NULL, &a, 1234567, 1234567, NULL, &ap), ECX_REASON_NONE);
+    assert_int_equal(ecxi_announce_parse(NULL, &a, 1234568, 0, NULL, &ap), ECX_REASON_SIZE_MISMATCH);
     assert_int_equal(ap.size_bytes, 1234567); /* for the log */
-    assert_int_equal(ecxi_announce_parse(NULL, &a, 0, 1234566, &ap), ECX_REASON_INVALID);
-    assert_int_equal(ecxi_announce_parse(buf, &a, 0, 0, &ap), ECX_REASON_INVALID); /* both */
+    assert_int_equal(ecxi_announce_parse(NULL, &a, 0, 1234566, NULL, &ap), ECX_REASON_INVALID);
+    assert_int_equal(ecxi_announce_parse(buf, &a, 0, 0, NULL, &ap), ECX_REASON_INVALID); /* both */
 
     struct {
         const char *json;
@@ -1439,7 +1486,7 @@ static void test_announce_json(void **state)
          ECX_REASON_NONE},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        int why = ecxi_announce_parse(cases[i].json, NULL, 0, 0, &ap);
+        int why = ecxi_announce_parse(cases[i].json, NULL, 0, 0, NULL, &ap);
         if (why != cases[i].why)
             fail_msg("case %zu (%s): %s, want %s", i, cases[i].json ? cases[i].json : "NULL",
                      ecx_reason_name(why), ecx_reason_name(cases[i].why));
@@ -1448,13 +1495,13 @@ static void test_announce_json(void **state)
     static char host[ECXI_HOST_MAX + 2];
     memset(host, 'h', ECXI_HOST_MAX);
     ecx_announcement h = {host, 1, 1};
-    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, &ap), ECX_REASON_NONE);
+    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, NULL, &ap), ECX_REASON_NONE);
     assert_string_equal(ap.host, host);
     host[ECXI_HOST_MAX] = 'h';
-    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, &ap), ECX_REASON_INVALID);
-    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &h), ECX_EINVAL);
+    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, NULL, &ap), ECX_REASON_INVALID);
+    assert_int_equal(ecxi_announce_json(buf, sizeof buf, &len, &h, NULL), ECX_EINVAL);
     h.peer_host = NULL;
-    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, &ap), ECX_REASON_NO_PEER);
+    assert_int_equal(ecxi_announce_parse(NULL, &h, 0, 0, NULL, &ap), ECX_REASON_NO_PEER);
 }
 
 int main(void)
@@ -1487,6 +1534,7 @@ int main(void)
         cmocka_unit_test(test_grant_flood_costs_the_flooder),
         cmocka_unit_test(test_pin_share),
         cmocka_unit_test(test_announce_json),
+        cmocka_unit_test(test_producer_versions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -31,8 +31,9 @@ static ecx_span jspan(json_t *o, const char *key)
     return (ecx_span){json_string_value(v), json_string_length(v)};
 }
 
-/* Encode a vector's "fields" with our encoder; returns lowercase hex. */
-static char *encode_fields(json_t *f)
+/* Encode a vector's "fields" with our encoder, as a peer of protocol
+ * version `version`; returns lowercase hex. */
+static char *encode_fields(json_t *f, int version)
 {
     msgpack_sbuffer buf;
     msgpack_sbuffer_init(&buf);
@@ -48,7 +49,7 @@ static char *encode_fields(json_t *f)
         r.session_id = jspan(f, "session_id");
         json_t *v = json_object_get(f, "connector_version");
         if (v) r.connector_version = json_integer_value(v);
-        rc = ecxi_wire_encode_req(&r, &buf);
+        rc = ecxi_wire_encode_req(&r, version, &buf);
     } else {
         ecx_ack a;
         ecx_ack_init(&a);
@@ -100,7 +101,7 @@ static void test_encode_vectors(void **state)
     json_array_foreach(cases, i, c)
     {
         json_t *f = json_object_get(c, "fields");
-        char *hex = encode_fields(f);
+        char *hex = encode_fields(f, ECX_CONNECTOR_VERSION);
         const char *want = json_string_value(json_object_get(c, "hex"));
         if (strcmp(hex, want))
             fail_msg("%s: got %s want %s", json_string_value(json_object_get(c, "name")), hex,
@@ -126,6 +127,72 @@ static void test_encode_vectors(void **state)
         free(frame);
         free(hex);
     }
+    json_decref(v);
+}
+
+/* wire_v2.json (tests/vectors/gen_wire_v2.py: msgspec and vLLM 0.34.0's
+ * protocol.py): version-2 encodings byte for byte, and every request one
+ * version's peer encodes as the other decodes it: the version it concludes. */
+static void test_version_vectors(void **state)
+{
+    (void)state;
+    json_t *v = load_vectors("wire_v2.json");
+    json_t *cases = json_object_get(v, "encode");
+    assert_true(json_array_size(cases) >= 6);
+    size_t i;
+    json_t *c;
+    json_array_foreach(cases, i, c)
+    {
+        json_t *f = json_object_get(c, "fields");
+        int version = (int)json_integer_value(json_object_get(c, "version"));
+        char *hex = encode_fields(f, version);
+        const char *want = json_string_value(json_object_get(c, "hex"));
+        if (strcmp(hex, want))
+            fail_msg("%s: got %s want %s", json_string_value(json_object_get(c, "name")), hex,
+                     want);
+        size_t len;
+        uint8_t *frame = unhex(want, &len);
+        if (!strcmp(json_string_value(json_object_get(f, "type")), "req")) {
+            ecx_req r;
+            assert_int_equal(ecx_wire_decode_req_v(frame, len, version, &r), 0);
+            assert_int_equal(r.connector_version,
+                             json_integer_value(json_object_get(f, "connector_version")));
+        }
+        free(frame);
+        free(hex);
+    }
+    cases = json_object_get(v, "cross");
+    assert_true(json_array_size(cases) >= 16);
+    json_array_foreach(cases, i, c)
+    {
+        const char *name = json_string_value(json_object_get(c, "name"));
+        int enc = (int)json_integer_value(json_object_get(c, "encoder"));
+        int dec = (int)json_integer_value(json_object_get(c, "decoder"));
+        size_t len;
+        uint8_t *frame = unhex(json_string_value(json_object_get(c, "hex")), &len);
+        ecx_req r;
+        assert_int_equal(ecx_wire_decode_req_v(frame, len, dec, &r), 0);
+        if (r.connector_version != json_integer_value(json_object_get(c, "decoded_version")))
+            fail_msg("%s: concluded version %lld", name, (long long)r.connector_version);
+        /* What the producer of version dec answers: NACK_VERSION iff it differs. */
+        assert_int_equal(r.connector_version != dec,
+                         json_is_true(json_object_get(c, "nack_version")));
+        /* And our encoder of version enc makes the same bytes. */
+        r.connector_version = json_integer_value(json_object_get(c, "sent_version"));
+        uint8_t out[512];
+        size_t olen;
+        assert_int_equal(ecx_wire_encode_req_v(&r, enc, out, sizeof out, &olen), 0);
+        if (olen != len || memcmp(out, frame, len)) fail_msg("%s: our bytes differ", name);
+        free(frame);
+    }
+    ecx_req r;
+    uint8_t b[8];
+    size_t n;
+    ecx_req_init(&r);
+    assert_int_equal(ecx_wire_encode_req_v(&r, 0, b, sizeof b, &n), ECX_EINVAL);
+    assert_int_equal(ecx_wire_encode_req_v(&r, ECX_CONNECTOR_VERSION_MAX + 1, b, sizeof b, &n),
+                     ECX_EINVAL);
+    assert_int_equal(ecx_wire_decode_req_v(b, 0, 3, &r), ECX_EINVAL);
     json_decref(v);
 }
 
@@ -376,7 +443,7 @@ static void test_encode_refuses(void **state)
     ecx_req_init(&r);
     r.mm_hash = (ecx_span){"\xc3\x28", 2};
     r.compatibility_hash = (ecx_span){"c", 1};
-    assert_int_equal(ecxi_wire_encode_req(&r, &buf), ECX_EUTF8);
+    assert_int_equal(ecxi_wire_encode_req(&r, ECX_CONNECTOR_VERSION, &buf), ECX_EUTF8);
     ecx_ack a;
     ecx_ack_init(&a);
     a.mm_hash = (ecx_span){"h", 1};
@@ -483,6 +550,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_encode_vectors),   cmocka_unit_test(test_decode_ok_vectors),
+        cmocka_unit_test(test_version_vectors),
         cmocka_unit_test(test_decode_reject_vectors), cmocka_unit_test(test_decode_fields),
         cmocka_unit_test(test_int_forms),        cmocka_unit_test(test_huge_claims),
         cmocka_unit_test(test_deep_unknown_value), cmocka_unit_test(test_keys),

@@ -38,7 +38,8 @@ static const char HELP[] =
     "  --out DIR|FILE         where the bytes go (files created mode 0600)\n"
     "  --json                 print one JSON result object per item on stdout\n"
     "  --verify-synthetic     check each item's bytes against `ecx serve --synthetic`\n"
-    "  --ack-timeout-ms MS    wait this long for each ack (default 2000)\n"
+    "  --ack-timeout-ms MS    wait this long for each ack (default 2000; 30000 with\n"
+    "                         --connector-version 2, as vLLM >= 0.34 waits)\n"
     "  --region-bytes SIZE    local region (default: what the items need)\n"
     "  --curve-server-key FILE  talk to producers over ZeroMQ CURVE (encrypted); FILE\n"
     "                         holds their public key (`ecx keygen`'s .pub; key files\n"
@@ -183,7 +184,7 @@ int cmd_get(int argc, char **argv)
     size_t n_hashes = 0;
     uint64_t peer_size = 0;
     bool json = false, verify = false, region_given = false, have_size = false;
-    int64_t ack = 2000;
+    int64_t ack = 0; /* 0: the version's default */
     const char *curve_server_path = NULL, *curve_secret_path = NULL;
     char curve_pub[KEY_Z85_LEN + 1], curve_sec[KEY_Z85_LEN + 1];
     int c;
@@ -227,7 +228,9 @@ int cmd_get(int argc, char **argv)
         fprintf(stderr, "ecx: --peer needs exactly one --mm-hash and --size\n");
         goto usage;
     }
-    cfg.ack_timeout_ms = ack;
+    cfg.ack_timeout_ms = ack ? ack
+                         : cfg.connector_version == 2 ? ECX_DEFAULT_ACK_TIMEOUT_V2_MS
+                                                      : ECX_DEFAULT_ACK_TIMEOUT_MS;
     if (curve_secret_path && !curve_server_path) {
         fprintf(stderr, "ecx: --curve-secret needs --curve-server-key\n");
         goto usage;

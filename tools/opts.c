@@ -85,6 +85,12 @@ int common_opt(int c, const char *arg, ecx_config *cfg, bool *region_given)
     case OPT_VLLM_VERSION: cfg->vllm_version = arg; return 1;
     case OPT_MODEL: cfg->model = arg; return 1;
     case OPT_DTYPE: cfg->dtype = arg; return 1;
+    case OPT_CONNECTOR_VERSION: {
+        int64_t v;
+        if (parse_int("--connector-version", arg, 1, ECX_CONNECTOR_VERSION_MAX, &v)) return -1;
+        cfg->connector_version = (int)v;
+        return 1;
+    }
     case OPT_DATA:
         if (strcmp(arg, "auto") && strcmp(arg, "shm") && strcmp(arg, "tcp") && strcmp(arg, "ucx") &&
             strcmp(arg, "nixl")) {

@@ -29,19 +29,24 @@ enum {
     OPT_MODEL,
     OPT_DTYPE,
     OPT_DATA,
+    OPT_CONNECTOR_VERSION,
 };
 #define COMMON_LONG_OPTS                                                                           \
     {"block-bytes", required_argument, 0, OPT_BLOCK_BYTES},                                        \
         {"region-bytes", required_argument, 0, OPT_REGION_BYTES},                                  \
         {"vllm-version", required_argument, 0, OPT_VLLM_VERSION},                                  \
         {"model", required_argument, 0, OPT_MODEL}, {"dtype", required_argument, 0, OPT_DTYPE},   \
-        {"data", required_argument, 0, OPT_DATA}
+        {"data", required_argument, 0, OPT_DATA},                                                  \
+        {"connector-version", required_argument, 0, OPT_CONNECTOR_VERSION}
 
 #define COMMON_HELP                                                                                \
     "  --block-bytes SIZE     block size (default 1Mi); peers must agree\n"                       \
     "  --vllm-version TEXT    compatibility factor (default " ECX_DEFAULT_VLLM_VERSION ")\n"      \
     "  --model TEXT           compatibility factor (default " ECX_DEFAULT_MODEL ")\n"             \
     "  --dtype TEXT           compatibility factor (default " ECX_DEFAULT_DTYPE ")\n"             \
+    "  --connector-version 1|2  protocol version (default 1); 2 speaks to vLLM >= 0.34:\n"      \
+    "                         announcements carry shape [rows, block-bytes / element\n"         \
+    "                         size of --dtype] and items are whole blocks; peers must agree\n" \
     "  --data auto|shm|tcp|ucx|nixl  data path (default auto: shm on the same host,\n"         \
     "                         else tcp). tcp moves the bytes unencrypted: trusted network\n"      \
     "                         or IPsec/WireGuard. ucx (RDMA fabrics): trusted network ONLY,\n"    \

@@ -132,6 +132,21 @@ def test_save_into_aborted_by_an_exception_leaves_nothing():
         assert c.announce("whole")["size_bytes"] == 8 << 20
 
 
+def test_connector_version_2():
+    """vLLM >= 0.34's protocol: the announcement carries the shape, whole rows only."""
+    kw = dict(listen="127.0.0.1:0", region_bytes=4 << 20, block_bytes=8192, dtype="bfloat16",
+              connector_version=2)
+    with ecx.Context("producer", **kw) as p, ecx.Context("consumer", **kw) as c:
+        p.save("rows", bytes(range(256)) * 320)  # 10 rows of 4096 bfloat16
+        ann = p.announce("rows")
+        assert ann["shape"] == [10, 4096] and ann["size_bytes"] == 81920
+        assert wait_fetch(c, "rows", ann)[0] == "ready"
+        with pytest.raises(ecx.Error):
+            p.save("partial", bytes(1000))
+    with pytest.raises(ecx.Error):
+        ecx.Context("consumer", connector_version=3)
+
+
 def test_views_after_release_raise_and_exports_defer():
     with ecx.Context("both", listen="127.0.0.1:0", region_bytes=8 << 20) as c:
         c.save("v", b"abcdef" * 1000)
