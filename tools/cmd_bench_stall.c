@@ -210,6 +210,11 @@ static bool child_command(char *line, ecx_ctx **p, const ecx_config *base, int o
         pc.advertise_host = NULL;
         pc.data = what;
         pc.region_bytes = n;
+        /* The region holds PROD_SLOTS items and the one consumer connection
+         * may still pin the last item when it asks for the next (its
+         * completion in flight): allow it the whole region, or the default
+         * 50% answers NACK_INTERNAL on a slow machine (seen under ASan). */
+        pc.max_conn_pin_pct = 100;
         pc.instance = NULL;
         int e = ecx_new(&pc, p);
         if (e) {
