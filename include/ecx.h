@@ -328,7 +328,8 @@ typedef struct ecx_config {
     int64_t ack_timeout_ms;     /* request sent -> ack */
     int64_t read_timeout_ms;    /* READ posted -> done */
     int64_t quarantine_ms;      /* an overrun READ's blocks are held this long at most */
-    int64_t item_wait_ms;       /* overall NOT_READY wait per item */
+    int64_t item_wait_ms;       /* overall wait per item over NOT_READY retries (and, in
+                                   version 2, ack-timeout retries) */
     int64_t tombstone_ttl_ms;   /* an unclaimed fallback answer is dropped after this */
     int64_t session_idle_ms;    /* a producer session not busy this long is closed */
     uint32_t max_sessions;      /* producer sessions (sockets) open at most */

@@ -170,14 +170,16 @@ static void tombstone(ecxi_consumer *c, xfer *x, int reason, int64_t now)
     x->deadline_ms = now + c->o.tombstone_ttl_ms;
 }
 
-/* NOT_READY (or a lost producer before its ack): free the blocks and ask
- * again after a backoff, within the item's overall wait. */
-static void retry_later(ecxi_consumer *c, xfer *x, int64_t now)
+/* NOT_READY, a lost producer before its ack, or (version 2, as vLLM >=
+ * 0.34 does) an ack timeout: free the blocks and ask again after a
+ * backoff, within the item's overall wait; past it, tombstone with
+ * reason. */
+static void retry_later(ecxi_consumer *c, xfer *x, int64_t now, int reason)
 {
     free_blocks(c, x);
     x->s = NULL;
     if (now - x->first_ask_ms >= c->o.item_wait_ms) {
-        tombstone(c, x, ECX_REASON_NOT_READY_TIMEOUT, now);
+        tombstone(c, x, reason, now);
         return;
     }
     x->backoff_ms = x->backoff_ms ? x->backoff_ms * 2 : 20;
@@ -194,7 +196,7 @@ static void session_close(ecxi_consumer *c, session *s, int64_t now)
     for (xfer *x = c->head; x; x = x->next) {
         if (x->s != s) continue;
         if (x->state == WAITING_ACK) {
-            retry_later(c, x, now);
+            retry_later(c, x, now, ECX_REASON_NOT_READY_TIMEOUT);
         } else if (x->state == READING) {
             x->state = QUARANTINED;
             x->reason = ECX_REASON_QUARANTINED;
@@ -473,7 +475,7 @@ static void on_ack(ecxi_consumer *c, session *s, const void *payload, size_t len
     if (a.status == ECX_STATUS_OK)
         start_read(c, s, x, &a, now);
     else if (a.status == ECX_STATUS_NACK_NOT_READY)
-        retry_later(c, x, now);
+        retry_later(c, x, now, ECX_REASON_NOT_READY_TIMEOUT);
     else
         tombstone(c, x, reason_of_status(a.status), now);
 }
@@ -514,7 +516,10 @@ static int advance(ecxi_consumer *c, xfer *x, int64_t now)
     switch (x->state) {
     case WAITING_ACK:
         if (now < x->deadline_ms) return 0;
-        tombstone(c, x, ECX_REASON_ACK_TIMEOUT, now);
+        if (c->o.connector_version == 2)
+            retry_later(c, x, now, ECX_REASON_ACK_TIMEOUT);
+        else
+            tombstone(c, x, ECX_REASON_ACK_TIMEOUT, now);
         return 1;
     case READING:
         st = ecxi_data_read_poll(x->dx);

@@ -777,6 +777,82 @@ static void test_ack_timeout(void **state)
     world_free(w);
 }
 
+/* Version 2 re-requests after an ack timeout (vLLM >= 0.34), within the
+ * item's wait; version 1 (test_ack_timeout) tombstones at once. A late ack
+ * to the first try, arriving while the second waits, is taken. */
+static int fetch_v2(world *w, const char *hash, int port, int *reason)
+{
+    char json[256]; /* two blocks: two rows of BLOCK / 2 two-byte elements */
+    snprintf(json, sizeof json,
+             "{\"peer_host\": \"127.0.0.1\", \"peer_port\": %d, \"size_bytes\": %d, "
+             "\"shape\": [2, %d]}", port, 2 * BLOCK, BLOCK / 2);
+    return ecxi_consumer_fetch(w->cons, hash, strlen(hash), json, NULL, 0, reason);
+}
+
+static void test_ack_timeout_v2_retries(void **state)
+{
+    (void)state;
+    next_version = 2;
+    world *w = world_new(NULL);
+    next_version = 0;
+    fakep f = fake_producer(w);
+    uint8_t id[256], buf[1024];
+    size_t idl;
+    ecx_req q;
+    int reason;
+    /* "late": asked, unanswered for the ack timeout, asked again; the
+     * answer to the first try then completes the fetch. */
+    assert_int_equal(fetch_v2(w, "late", f.port, &reason),
+                     ECX_FETCH_PENDING);
+    assert_true(fake_recv(w, &f, id, &idl, &q, buf));
+    fake_now += 2000; /* the ack timeout */
+    pump(w);
+    assert_int_equal(fetch_v2(w, "late", f.port, &reason),
+                     ECX_FETCH_PENDING);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS); /* freed while it waits to retry */
+    fake_now += 20; /* the first backoff */
+    uint8_t id2[256], buf2[1024];
+    size_t idl2;
+    ecx_req q2;
+    assert_true(fake_recv(w, &f, id2, &idl2, &q2, buf2));
+    assert_true(q2.mm_hash.n == 4 && !memcmp(q2.mm_hash.p, "late", 4));
+    assert_true(q.session_id.n == q2.session_id.n &&
+                !memcmp(q.session_id.p, q2.session_id.p, q.session_id.n));
+    ecx_ack a;
+    ecx_ack_init(&a);
+    a.status = ECX_STATUS_NACK_MISSING;
+    a.mm_hash = q.mm_hash;
+    a.session_id = q.session_id;
+    fake_reply(&f, id, idl, &a);
+    int st = ECX_FETCH_PENDING;
+    for (int i = 0; i < 200 && (st = fetch_v2(w, "late", f.port, &reason)) == ECX_FETCH_PENDING; i++)
+        pump(w);
+    assert_int_equal(st, ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NACK_MISSING);
+    /* "silent": never answered; asked again and again until the item's
+     * wait (60 s) is over, then ACK_TIMEOUT. */
+    assert_int_equal(st = fetch_v2(w, "silent", f.port, &reason), ECX_FETCH_PENDING);
+    int asks = 0;
+    for (int i = 0; i < 200 && st == ECX_FETCH_PENDING; i++) {
+        while (zmq_recv(f.sock, buf, sizeof buf, ZMQ_DONTWAIT) >= 0) {
+            int more = 0;
+            size_t ml = sizeof more;
+            zmq_getsockopt(f.sock, ZMQ_RCVMORE, &more, &ml);
+            if (!more) asks++;
+        }
+        fake_now += 1000;
+        pump(w);
+        st = fetch_v2(w, "silent", f.port, &reason);
+    }
+    assert_int_equal(st, ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_ACK_TIMEOUT);
+    if (asks < 20) fail_msg("a silent producer was asked %d times in 60 s (ack timeout 2 s)", asks);
+    assert_true(ecxi_consumer_get_stats(w->cons).retries >= 20);
+    assert_int_equal(free_blocks(w->C.cache), BLOCKS);
+    zmq_close(f.sock);
+    world_free(w);
+}
+
 /* ---------- READ faults ---------- */
 
 static void test_read_failed(void **state)
@@ -1519,6 +1595,7 @@ int main(void)
         cmocka_unit_test(test_consumer_validates_acks),
         cmocka_unit_test(test_every_nack_status),
         cmocka_unit_test(test_ack_timeout),
+        cmocka_unit_test(test_ack_timeout_v2_retries),
         cmocka_unit_test(test_read_failed),
         cmocka_unit_test(test_quarantine),
         cmocka_unit_test(test_corrupt),
