@@ -18,6 +18,10 @@ build: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# After a failed ctest run: the failing checks again, last, where a log's tail shows them.
+FAILS = echo "== failed checks (Testing/Temporary/LastTest.log):"; \
+  grep -hE '^(FAIL|\[  ERROR|\[   LINE|==[0-9]+==ERROR)' Testing/Temporary/LastTest.log | tail -40
+
 # Every test: the plain build, then the same suite under ASan + UBSan (which
 # reuses the plain build's NIXL venv, tests/nixl/venv.sh), the code that runs
 # on several threads under TSan, bounded libFuzzer runs of the wire decoder,
@@ -27,13 +31,13 @@ build: deps
 test: unit sanitize tsan fuzz pytest
 
 unit: build
-	cd $(BUILD) && ctest --output-on-failure
+	cd $(BUILD) && { ctest --output-on-failure || { $(FAILS); exit 1; }; }
 
 sanitize: deps
 	@cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DECX_SANITIZE=ON \
 	  -DECX_NIXL_VENV_DIR=$(CURDIR)/$(BUILD) >/dev/null
 	@cmake --build $(BUILD)-asan -j $(JOBS)
-	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure
+	cd $(BUILD)-asan && { ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure || { $(FAILS); exit 1; }; }
 
 # The code that runs on several threads: the cache (test_cache hammers it
 # from 4 threads) and the context's lock and unlocked wait (test_api polls

@@ -51,7 +51,8 @@ static const char HELP[] =
     "  --warmup N             requests sent first and not measured (default 200)\n"
     "  --window W             requests outstanding at once, 1..1000 (default 64)\n"
     "  --timeout-ms MS        give up after MS in all (default 30000)\n"
-    "  --session-id TEXT      session id of every request (default: random UUID4)\n"
+    "  --session-id TEXT      session id of every request (default: a random UUID4\n"
+    "                         ending in ecx's marker, as the library sends)\n"
     "  --require-ok           fail (exit 1) unless every ack is OK\n"
     "  --vllm-version, --model, --dtype, --block-bytes  compat hash factors, as for\n"
     "                         serve (they must match the producer's or it NACKs)\n"
@@ -189,6 +190,9 @@ static void free_targets(target *t, int n)
     free(t);
 }
 
+/* A UUID4 text whose last group is ecx's marker (docs/PROTOCOL.md §5.4), as
+ * the library's consumer sends: a producer in nixl mode then answers with
+ * ecx's own form, as it would an ecx engine. */
 static void uuid4(char out[37])
 {
     uint8_t b[16];
@@ -203,6 +207,7 @@ static void uuid4(char out[37])
         *o++ = hex[b[i] & 15];
     }
     *o = 0;
+    memcpy(out + 24, "ec5ec5ec5ec5", 12);
 }
 
 /* Encode r into a malloc'd frame (grown once to the size the codec names). */

@@ -44,7 +44,7 @@ usage:
   vllm_peer.py producer --listen HOST:PORT --synthetic N:BYTES --announce-out FILE
                         [--ready-delay-ms MS] [--lease-s S] [--status-file FILE]
                         [--demand-version N]
-  vllm_peer.py consumer --params FILE [--verify-synthetic] [--ack-timeout-s S] [--wait-s S]
+  vllm_peer.py consumer --params FILE [--params-wait] [--verify-synthetic] [--ack-timeout-s S] [--wait-s S]
                         [--expect-rows N] [--mm-hash H ...] [--send-version N]
                         [--again-after FILE] [--rounds N]
   vllm_peer.py bench --items N --size BYTES [--rounds R]
@@ -503,6 +503,12 @@ def load_params(path):
 
 
 def run_consumer(a):
+    if a.params_wait:  # started before the producer: imports done, wait for its announcement
+        print(json.dumps({"waiting_for_params": a.params}), file=sys.stderr, flush=True)
+        for _ in range(1200):
+            if os.path.exists(a.params):
+                break
+            time.sleep(0.1)
     params = load_params(a.params)
     hashes = a.mm_hash or sorted(params)
     need = sum(int(params[h].get("size_bytes", 0)) for h in hashes if isinstance(params.get(h), dict))
@@ -628,6 +634,8 @@ def main():
                     "decoder still defaults an absent field to 2), to send NACK_VERSION")
     co = modes["consumer"]
     co.add_argument("--params", required=True)
+    co.add_argument("--params-wait", action="store_true",
+                    help="wait (120 s at most) for the params file to appear")
     co.add_argument("--mm-hash", action="append")
     co.add_argument("--verify-synthetic", action="store_true")
     co.add_argument("--expect-rows", type=int, default=None)
