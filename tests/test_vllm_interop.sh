@@ -109,7 +109,7 @@ check "A: other model: NACK_INCOMPAT" "[ \"\$(field '$T/ci.out' $AH0 reason)\" =
 timeout 60 "$VPY" "$PEER" consumer --params "$T/a.json" --send-version 1 >"$T/cv.out" 2>"$T/cv.err"
 check "A: explicit connector_version 1 to a v2 producer: NACK_VERSION" "[ \"\$(field '$T/cv.out' $AH0 reason)\" = NACK_VERSION ]"
 read -r SPORT SH < <(ann_keys "$T/slow.json")
-timeout 60 "$VPY" "$PEER" consumer --params "$T/slow.json" --wait-s 1 >"$T/cs.out" 2>"$T/cs.err"
+timeout 60 "$VPY" "$PEER" consumer --params "$T/slow.json" --wait-s 3 >"$T/cs.out" 2>"$T/cs.err"
 check "A: not ready: NACK_NOT_READY, retried, then encode locally" \
   "[ \"\$(field '$T/cs.out' $SH reason)\" = NACK_NOT_READY ] && [ \"\$(field '$T/cs.out' $SH retries)\" -ge 2 ]"
 # not ready for 3 s from its start: the vLLM consumer (seconds to import on a loaded
@@ -155,8 +155,8 @@ check "B: vLLM's NACK_VERSION decoded by ecx" "[ \"\$(field '$T/gv.out' $VH reas
 timeout 30 "$ECX" get --connector-version 1 "${F[@]}" "${DATA[@]}" --json --peer "127.0.0.1:$BPORT" --mm-hash "$BH1" --size 80Ki --out "$T/v1.bin" >"$T/gv1.out" 2>"$T/gv1.err"
 check "B: a v1 request omits the version, so vLLM (v2) reads it as 2 and grants it: the check cannot fire" \
   "[ \"\$(field '$T/gv1.out' $BH1 reason)\" = BAD_ACK ] || [ \"\$(field '$T/gv1.out' $BH1 outcome)\" = ready ]"
-# not ready for 1.5 s after it announces; ecx get asks at once
-"$VPY" "$PEER" producer --synthetic 1:80Ki --announce-out "$T/bslow.json" --status-file "$T/bslow.st" --ready-delay-ms 1500 2>"$T/bslow.err" &
+# not ready for 3 s after it announces; ecx get asks at once
+"$VPY" "$PEER" producer --synthetic 1:80Ki --announce-out "$T/bslow.json" --status-file "$T/bslow.st" --ready-delay-ms 3000 2>"$T/bslow.err" &
 pids+=($!)
 wait_peer "$T/bslow.json" || bad "vLLM producer (bslow) did not start: $(tail -3 "$T/bslow.err")"
 read -r SLPORT SLH < <(ann_keys "$T/bslow.json")
