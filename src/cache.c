@@ -53,7 +53,11 @@
 _Static_assert((KEY_CLASS_MIN << (KEY_CLASSES - 1)) >= ECX_MM_HASH_MAX,
                "the largest key class holds the longest key");
 
-enum { SLOT_UNUSED = 0, ST_NOT_READY = 1, ST_READY = 2 };
+/* ST_FETCHING: not ready, reserved by this process's consumer for a fetch
+ * (ecxi_cache_reserve_fetch); everything but the producer's grant treats
+ * it as ST_NOT_READY. */
+enum { SLOT_UNUSED = 0, ST_NOT_READY = 1, ST_READY = 2, ST_FETCHING = 3 };
+
 enum { KEY_RAW = 0, KEY_HEX = 1, KEY_EXT = 2 };
 
 /*
@@ -79,6 +83,11 @@ struct entry {
     } k;
 };
 _Static_assert(sizeof(struct entry) == 64, "entry is one cache line");
+
+static bool not_ready(const struct entry *e)
+{
+    return e->state == ST_NOT_READY || e->state == ST_FETCHING;
+}
 
 /* Everything about block b in 16 bytes, so a treap step touches one
  * cache line. A run start is either free (treap links) or owned (chain
@@ -759,7 +768,8 @@ void ecxi_cache_free(ecxi_cache *c)
     free(c);
 }
 
-int ecxi_cache_reserve(ecxi_cache *c, const char *key, size_t key_len, uint64_t n_blocks)
+static int reserve_as(ecxi_cache *c, const char *key, size_t key_len, uint64_t n_blocks,
+                      uint8_t state)
 {
     if (!c || !key_ok(key, key_len) || n_blocks == 0) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
@@ -793,7 +803,7 @@ int ecxi_cache_reserve(ecxi_cache *c, const char *key, size_t key_len, uint64_t 
     e->pins = 0;
     e->n_blocks = (uint32_t)n_blocks;
     e->prev = e->next = NIL;
-    e->state = ST_NOT_READY;
+    e->state = state;
     alloc_blocks(c, (uint32_t)n_blocks, &e->head);
     c->n_entries++;
     c->n_not_ready++;
@@ -804,6 +814,16 @@ int ecxi_cache_reserve(ecxi_cache *c, const char *key, size_t key_len, uint64_t 
 out:
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+int ecxi_cache_reserve(ecxi_cache *c, const char *key, size_t key_len, uint64_t n_blocks)
+{
+    return reserve_as(c, key, key_len, n_blocks, ST_NOT_READY);
+}
+
+int ecxi_cache_reserve_fetch(ecxi_cache *c, const char *key, size_t key_len, uint64_t n_blocks)
+{
+    return reserve_as(c, key, key_len, n_blocks, ST_FETCHING);
 }
 
 /* Look the key up with the lock held; NULL if absent. */
@@ -826,7 +846,7 @@ int ecxi_cache_mark_ready(ecxi_cache *c, const char *key, size_t key_len)
     struct entry *e = find_locked(c, key, key_len, &id, NULL);
     if (!e) {
         rc = ECX_ECACHE_MISSING;
-    } else if (e->state != ST_NOT_READY) {
+    } else if (!not_ready(e)) {
         rc = ECX_ECACHE_STATE;
     } else {
         e->state = ST_READY;
@@ -900,9 +920,9 @@ int ecxi_cache_pin_ready_blocks(ecxi_cache *c, const char *key, size_t key_len,
     pthread_mutex_lock(&c->mu);
     uint32_t id;
     struct entry *e = find_locked(c, key, key_len, &id, NULL);
-    int rc = !e                     ? ECX_ECACHE_MISSING
-             : e->state != ST_READY ? ECX_ECACHE_NOT_READY
-                                    : 0;
+    int rc = !e || e->state == ST_FETCHING ? ECX_ECACHE_MISSING
+             : e->state != ST_READY        ? ECX_ECACHE_NOT_READY
+                                           : 0;
     if (!rc) {
         *n_blocks = e->n_blocks;
         if (cap < e->n_blocks) rc = ECX_ERANGE;
@@ -956,7 +976,7 @@ int ecxi_cache_discard(ecxi_cache *c, const char *key, size_t key_len)
     struct entry *e = find_locked(c, key, key_len, &id, &h);
     if (!e)
         rc = ECX_ECACHE_MISSING;
-    else if (e->state != ST_NOT_READY || e->pins)
+    else if (!not_ready(e) || e->pins)
         rc = ECX_ECACHE_STATE;
     else
         entry_remove(c, id, h);
@@ -969,7 +989,7 @@ int ecxi_cache_set_size(ecxi_cache *c, const char *key, size_t key_len, uint64_t
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
     struct entry *e = find_locked(c, key, key_len, NULL, NULL);
-    int rc = !e ? ECX_ECACHE_MISSING : e->state != ST_NOT_READY ? ECX_ECACHE_STATE : 0;
+    int rc = !e ? ECX_ECACHE_MISSING : !not_ready(e) ? ECX_ECACHE_STATE : 0;
     if (!rc) e->size_bytes = size_bytes;
     pthread_mutex_unlock(&c->mu);
     return rc;
@@ -980,7 +1000,7 @@ int ecxi_cache_set_checksum(ecxi_cache *c, const char *key, size_t key_len, uint
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
     struct entry *e = find_locked(c, key, key_len, NULL, NULL);
-    int rc = !e ? ECX_ECACHE_MISSING : e->state != ST_NOT_READY ? ECX_ECACHE_STATE : 0;
+    int rc = !e ? ECX_ECACHE_MISSING : !not_ready(e) ? ECX_ECACHE_STATE : 0;
     if (!rc) c->sums[e - c->ents] = checksum;
     pthread_mutex_unlock(&c->mu);
     return rc;

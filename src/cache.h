@@ -99,6 +99,10 @@ void ecxi_cache_free(ecxi_cache *c);
  * ECX_ECACHE_FULL (n_blocks > free + evictable; nothing changed),
  * ECX_ENOMEM (growing the table failed; nothing changed). */
 int ecxi_cache_reserve(ecxi_cache *c, const char *key, size_t key_len, uint64_t n_blocks);
+/* The same for an entry this process's consumer fetches: not ready as any
+ * other, except that the producer's grant (ecxi_cache_pin_ready_blocks)
+ * sees it as absent, so a `both` context never waits on its own fetch. */
+int ecxi_cache_reserve_fetch(ecxi_cache *c, const char *key, size_t key_len, uint64_t n_blocks);
 
 /* not ready -> ready (evictable when it has no pins). ECX_ECACHE_MISSING,
  * ECX_ECACHE_STATE if already ready. */
@@ -119,7 +123,8 @@ int ecxi_cache_pin_if_ready(ecxi_cache *c, const char *key, size_t key_len);
  * ecxi_cache_unpin_ref(). Errors as pin_if_ready, and ECX_ERANGE if cap <
  * the entry's block count (*n_blocks says how many; nothing pinned). A ref
  * stays the entry's while the pin is held (a pinned entry is neither
- * evicted nor discarded). */
+ * evicted nor discarded). An entry of ecxi_cache_reserve_fetch() not yet
+ * ready is ECX_ECACHE_MISSING here. */
 int ecxi_cache_pin_ready_blocks(ecxi_cache *c, const char *key, size_t key_len,
                                ecxi_cache_info *info, int64_t *out, size_t cap, size_t *n_blocks,
                                uint32_t *ref);

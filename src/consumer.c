@@ -327,7 +327,7 @@ static session *session_get(ecxi_consumer *c, const char *host, int port, int64_
  * tombstone. */
 static void ask(ecxi_consumer *c, xfer *x, int64_t now)
 {
-    int rc = ecxi_cache_reserve(c->cache, x->hash, x->hash_len, x->n_blocks);
+    int rc = ecxi_cache_reserve_fetch(c->cache, x->hash, x->hash_len, x->n_blocks);
     if (!rc && (rc = ecxi_cache_set_size(c->cache, x->hash, x->hash_len, x->size_bytes)))
         ecxi_cache_discard(c->cache, x->hash, x->hash_len);
     if (rc) {

@@ -200,6 +200,30 @@ static int fetch_json(ecx_ctx *c, const char *h, const char *json, int *reason)
     return st;
 }
 
+/* A `both` context asked (by a stale announcement) for an item it does not
+ * hold, from itself: its producer sees its own consumer's reservation as
+ * absent and answers NACK_MISSING at once, instead of NOT_READY until the
+ * item's wait (60 s) runs out. An item it holds is READY without asking. */
+static void test_both_fetch_from_itself(void **state)
+{
+    (void)state;
+    ecx_ctx *c = make(ECX_ROLE_BOTH);
+    ecx_announcement an = {"127.0.0.1", ecx_listen_port(c), 1000};
+    int reason = -1, st = ECX_FETCH_PENDING;
+    double t0 = now_s();
+    while (st == ECX_FETCH_PENDING && now_s() < t0 + 10) {
+        st = ecx_fetch_from(c, "gone", &an, 0, &reason);
+        if (st == ECX_FETCH_PENDING) ecx_poll(c, 10);
+    }
+    assert_int_equal(st, ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NACK_MISSING);
+    uint8_t buf[1000];
+    fill(buf, sizeof buf, 3);
+    assert_int_equal(ecx_save(c, "here", buf, sizeof buf), 0);
+    assert_int_equal(ecx_fetch_from(c, "here", &an, 0, &reason), ECX_FETCH_READY);
+    ecx_free(c);
+}
+
 /* Version 2 (vLLM >= 0.34): the announcement's shape and whole blocks, the
  * consumer's checks of them, and what a peer of the other version sees. */
 static void test_connector_versions(void **state)
@@ -718,6 +742,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version_and_names),
         cmocka_unit_test(test_config_growth),
+        cmocka_unit_test(test_both_fetch_from_itself),
         cmocka_unit_test(test_connector_versions),
         cmocka_unit_test(test_logger),
         cmocka_unit_test(test_region_and_segments),

@@ -647,6 +647,44 @@ static void test_random_vs_reference(void **state)
 }
 
 /* The producer's one-lookup grant: pin + info + blocks, unpin by ref. */
+/* An entry the consumer fetches is not ready to everyone, and absent to the
+ * producer's grant: a `both` context never waits on its own fetch. */
+static void test_reserve_fetch(void **state)
+{
+    (void)state;
+    ecxi_cache *c = mk(16, NULL);
+    ecxi_cache_info info;
+    int64_t idx[8];
+    size_t n = 0;
+    uint32_t ref;
+    assert_int_equal(ecxi_cache_reserve_fetch(c, K("f"), 2), 0);
+    assert_int_equal(ecxi_cache_reserve_fetch(c, K("f"), 2), ECX_ECACHE_EXISTS);
+    assert_int_equal(ecxi_cache_reserve(c, K("f"), 2), ECX_ECACHE_EXISTS);
+    assert_int_equal(ecxi_cache_lookup(c, K("f"), &info), 0);
+    assert_int_equal(info.state, ECX_CACHE_NOT_READY);
+    assert_int_equal(ecxi_cache_pin_if_ready(c, K("f")), ECX_ECACHE_NOT_READY);
+    assert_int_equal(ecxi_cache_pin_ready_blocks(c, K("f"), &info, idx, 8, &n, &ref),
+                     ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_set_size(c, K("f"), 100), 0);
+    assert_int_equal(ecxi_cache_set_checksum(c, K("f"), 5), 0);
+    assert_int_equal(ecxi_cache_check(c), 0);
+    ecxi_cache_stats st;
+    ecxi_cache_get_stats(c, &st);
+    assert_int_equal(st.not_ready, 1);
+    assert_int_equal(st.not_ready_blocks, 2);
+    /* Ready: a cached item like any other, granted to peers. */
+    assert_int_equal(ecxi_cache_mark_ready(c, K("f")), 0);
+    assert_int_equal(ecxi_cache_pin_ready_blocks(c, K("f"), &info, idx, 8, &n, &ref), 0);
+    assert_int_equal(info.checksum, 5);
+    assert_int_equal(ecxi_cache_unpin_ref(c, ref), 0);
+    /* A failed fetch is discarded as a failed save is. */
+    assert_int_equal(ecxi_cache_reserve_fetch(c, K("g"), 3), 0);
+    assert_int_equal(ecxi_cache_discard(c, K("g")), 0);
+    assert_int_equal(ecxi_cache_lookup(c, K("g"), &info), ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_check(c), 0);
+    ecxi_cache_free(c);
+}
+
 static void test_pin_ready_blocks(void **state)
 {
     (void)state;
@@ -756,6 +794,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_new_invalid),
         cmocka_unit_test(test_lifecycle),
+        cmocka_unit_test(test_reserve_fetch),
         cmocka_unit_test(test_allocation_policy),
         cmocka_unit_test(test_fifo_eviction),
         cmocka_unit_test(test_full_of_single_blocks),
