@@ -301,8 +301,12 @@ static atomic_bool g_no_populate; /* the kernel said EINVAL: stop asking */
 void ecxi_shm_populate(const void *p, uint64_t len, bool write)
 {
     if (!len || atomic_load_explicit(&g_no_populate, memory_order_relaxed)) return;
-    static long page;
-    if (!page) page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    static atomic_long g_page; /* several contexts' threads may get here first */
+    long page = atomic_load_explicit(&g_page, memory_order_relaxed);
+    if (!page) {
+        page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+        atomic_store_explicit(&g_page, page, memory_order_relaxed);
+    }
     uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1);
     uintptr_t e = (uintptr_t)p + len;
     /* EFAULT (a truncated source) and the like are the copy's to find. */
