@@ -635,6 +635,22 @@ int ecxi_ctrl_server_reply(ecxi_ctrl_server *s, ecxi_ctrl_msg *m, const void *pa
 
 /* ---------- peer ---------- */
 
+/* A DEALER never stops reading (ZMQ_RCVHWM 0). With a receive HWM, a
+ * connection whose pipe is full stops reading, and libzmq 4.3.4 aborts the
+ * process if such a stopped connection then ends: a heartbeat timer writes
+ * a PING to a connection whose hangup it saw while stopped (`Assertion
+ * failed: !_io_error`, stream_engine_base.cpp:331), or the connection that
+ * libzmq reconnects in its place is told to restart reading it never
+ * stopped (`_input_stopped`, :417, zeromq/libzmq#3937). A producer that
+ * floods acks at a consumer slower than them, and then hangs up or just
+ * waits for the heartbeat timeout, could abort it either way
+ * (tests/test_ack_flood.sh). Without the HWM, reading never stops, so
+ * neither can happen, and heartbeats keep working while the application is
+ * slow. What bounds what a producer can make a consumer hold instead: the
+ * inflow guard (bytes not yet read as whole messages) and the consumer's
+ * own bound on acks (consumer.h); while the application does not call in
+ * at all, nothing does (libzmq reads on its own thread). */
+
 int ecxi_ctrl_peer_new(void *zctx, const char *host, int port, const ecxi_ctrl_opts *opts,
                       ecxi_ctrl_peer **out)
 {
@@ -658,6 +674,8 @@ int ecxi_ctrl_peer_new(void *zctx, const char *host, int port, const ecxi_ctrl_o
         /* Back off reconnects to a dead producer (100 ms doubling to 5 s)
          * instead of retrying every 100 ms forever. */
         set_int(p->sock, ZMQ_RECONNECT_IVL_MAX, 5000) ||
+        /* Never stop reading (see "a DEALER never stops reading" above). */
+        set_int(p->sock, ZMQ_RCVHWM, 0) ||
         guard_init(&p->g, zctx, p->sock,
                    ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED,
                    port, false, frame, opts))

@@ -27,7 +27,9 @@
  *
  * DEALERs carry ZMQ heartbeats
  * (2000 / 4000 / 8000 ms) and a socket monitor, so a dead producer shows up
- * as a disconnect event the consumer session can act on.
+ * as a disconnect event the consumer session can act on. They have no
+ * receive HWM: libzmq 4.3.4 can abort on a connection that stopped reading
+ * (ctrl.c, "a DEALER never stops reading").
  *
  * Addresses are "HOST:PORT" with HOST an IPv4 or IPv6 address ([::1] or
  * ::1), or a host name. Binding resolves names here (libzmq binds only to

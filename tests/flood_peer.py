@@ -1,0 +1,50 @@
+#!/usr/bin/python3
+"""flood_peer — a hostile producer for tests/test_ack_flood.sh: a ZeroMQ
+ROUTER on 127.0.0.1 that answers every request with COUNT acks nobody asked
+for (junk mm_hashes with the asker's session id), each carrying PAD bytes of
+padding, and never the ack that was asked for.
+
+  flood_peer.py PORTFILE COUNT PAD SECONDS [HANGUP]
+
+The port is written to PORTFILE. It sends without a high-water mark (it
+keeps every ack until the consumer's TCP window takes it) and prints one
+line per request answered; it exits after SECONDS, or HANGUP seconds after
+its first flood (closing the connection on the consumer).
+"""
+import os
+import sys
+import time
+
+import msgpack
+import zmq
+
+portfile, count, pad, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+hangup = float(sys.argv[5]) if len(sys.argv) > 5 else None
+ctx = zmq.Context()
+s = ctx.socket(zmq.ROUTER)
+s.setsockopt(zmq.SNDHWM, 0)
+s.setsockopt(zmq.LINGER, 0)
+port = s.bind_to_random_port("tcp://127.0.0.1")
+with open(portfile + ".tmp", "w") as f:
+    f.write(str(port))
+os.rename(portfile + ".tmp", portfile)
+deadline = time.monotonic() + seconds
+filler = b"x" * pad
+while time.monotonic() < deadline:
+    if not s.poll(200):
+        continue
+    parts = s.recv_multipart()
+    env, body = parts[:-1], parts[-1]
+    try:
+        sid = msgpack.unpackb(body, raw=False).get("session_id", "")
+    except Exception:
+        sid = ""
+    for i in range(count):
+        ack = {"type": "ack", "mm_hash": "junk%d" % i, "status": 1, "session_id": sid,
+               "agent_metadata": filler}
+        s.send_multipart(env + [msgpack.packb(ack, use_bin_type=True)])
+    print("flooded %d acks of %d bytes" % (count, len(filler)), flush=True)
+    if hangup is not None:
+        deadline = min(deadline, time.monotonic() + hangup)
+s.close()
+print("hung up", flush=True)
