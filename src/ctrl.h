@@ -109,6 +109,10 @@ int ecxi_ctrl_key_parse(const char *z85, uint8_t out[32]);
  * runs dry (so a poll woken by the monitor or the guard's timer takes them)
  * and at least once per this many requests received in between. */
 #define ECX_CTRL_EVENTS_EVERY 64
+/* A DEALER that has not completed a handshake dials again this long after
+ * a failed attempt, doubling up to the max (ctrl.c). */
+#define ECX_CTRL_REDIAL_MIN_MS 100
+#define ECX_CTRL_REDIAL_MAX_MS 5000
 /* File descriptors the default connection cap leaves for everything else. */
 #define ECX_CTRL_FD_RESERVE 64
 

@@ -6,10 +6,11 @@ padding, and never the ack that was asked for.
 
   flood_peer.py PORTFILE COUNT PAD SECONDS [HANGUP]
 
-The port is written to PORTFILE. It sends without a high-water mark (it
-keeps every ack until the consumer's TCP window takes it) and prints one
-line per request answered; it exits after SECONDS, or HANGUP seconds after
-its first flood (closing the connection on the consumer).
+The port is written to PORTFILE. It sends as fast as the consumer takes
+the acks (a small high-water mark, blocking) and stops a flood when the
+consumer is gone; it prints one line per request answered and exits after
+SECONDS, or HANGUP seconds after its first flood (closing the connection
+on the consumer).
 """
 import os
 import sys
@@ -22,7 +23,9 @@ portfile, count, pad, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
 hangup = float(sys.argv[5]) if len(sys.argv) > 5 else None
 ctx = zmq.Context()
 s = ctx.socket(zmq.ROUTER)
-s.setsockopt(zmq.SNDHWM, 0)
+s.setsockopt(zmq.SNDHWM, 16)
+s.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone consumer fails the send
+s.setsockopt(zmq.SNDTIMEO, 20000)
 s.setsockopt(zmq.LINGER, 0)
 port = s.bind_to_random_port("tcp://127.0.0.1")
 with open(portfile + ".tmp", "w") as f:
@@ -39,11 +42,16 @@ while time.monotonic() < deadline:
         sid = msgpack.unpackb(body, raw=False).get("session_id", "")
     except Exception:
         sid = ""
-    for i in range(count):
-        ack = {"type": "ack", "mm_hash": "junk%d" % i, "status": 1, "session_id": sid,
-               "agent_metadata": filler}
-        s.send_multipart(env + [msgpack.packb(ack, use_bin_type=True)])
-    print("flooded %d acks of %d bytes" % (count, len(filler)), flush=True)
+    sent = 0
+    try:
+        for i in range(count):
+            ack = {"type": "ack", "mm_hash": "junk%d" % i, "status": 1, "session_id": sid,
+                   "agent_metadata": filler}
+            s.send_multipart(env + [msgpack.packb(ack, use_bin_type=True)])
+            sent += 1
+    except zmq.ZMQError as e:
+        print("flood stopped: %s" % e, flush=True)
+    print("flooded %d acks of %d bytes" % (sent, len(filler)), flush=True)
     if hangup is not None:
         deadline = min(deadline, time.monotonic() + hangup)
 s.close()

@@ -47,6 +47,9 @@ flood() {
 # Stalled (8 s, past the 2 s + 4 s heartbeat) in the middle of reading the flood.
 flood mid-stall 20000 1024 8000 mid
 check "mid-stall: the flood closed the session" 'grep -q "ack_floods=[1-9]" "$T/mid-stall.out"'
+# The same with 1 MiB acks: while the consumer does not call in, the inflow
+# guard's watchdog drops the connection past 32 MiB undelivered.
+flood big-acks 2000 1048576 8000 mid
 # Stalled right after asking; the producer floods, then hangs up.
 flood hangup-stall 20000 1024 8000 between 1
 # Polling all along, against a long flood: cut after the slack, the item falls back BAD_ACK.
