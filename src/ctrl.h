@@ -18,7 +18,8 @@
  * connection holding more than max_pending_bytes not yet delivered as whole
  * messages, and the heaviest one while all together hold more than
  * max_pending_total; it looks every ECX_CTRL_GUARD_IVL_MS, in the receive
- * calls. A connection that only sends heartbeats counts them as undelivered
+ * calls and, for DEALERs, on a watchdog thread too (libzmq reads while the
+ * application is busy elsewhere). A connection that only sends heartbeats counts them as undelivered
  * too (a PING is 9 bytes every 2 s, ~390 KB a day): an idle connection
  * reaches the producer's 2 MiB cap after about five days and is dropped
  * and reconnected; ecx consumers close sessions idle for 30 s long before. The server also refuses (accepts, then shuts down)
@@ -48,7 +49,8 @@
  * (wrong server key, client not allowed, plaintext against CURVE) drops the
  * connection before any request passes; a DEALER does not report that as
  * lost (lost means a producer that completed a handshake went away) but
- * counts it, and libzmq keeps retrying, so the consumer's request goes
+ * counts it, and ctrl dials again (DEALERs do not reconnect through libzmq:
+ * ctrl.c, "peer"), so the consumer's request goes
  * unanswered and times out, as with an unreachable producer. Keys are Z85
  * text, 40 characters, as zmq_curve_keypair makes.
  */

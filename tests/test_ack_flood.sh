@@ -6,8 +6,10 @@
 # died on its heartbeat timeout and the reconnected one was told to restart
 # reading (`_input_stopped`, zeromq/libzmq#3937), or the producer hung up on
 # the stopped connection and the next heartbeat wrote to it (`!_io_error`).
-# Each case must leave the consumer alive, its memory bounded, the hostile
-# item ended in a reason and a well-behaved producer still usable.
+# Each case must leave the consumer alive, its peak RSS under 256 MiB (the
+# inflow guard's watchdog drops a connection past 32 MiB undelivered while
+# the consumer does not call in), the hostile item ended in a reason and a
+# well-behaved producer still usable.
 # usage: test_ack_flood.sh ECX FLOOD_CONSUMER
 set -u
 ECX=$1 PROG=$2
