@@ -9,8 +9,8 @@ padding, and never the ack that was asked for.
 The port is written to PORTFILE. It sends as fast as the consumer takes
 the acks (a small high-water mark, blocking) and stops a flood when the
 consumer is gone; it prints one line per request answered and exits after
-SECONDS, or HANGUP seconds after its first flood (closing the connection
-on the consumer).
+SECONDS, or HANGUP seconds after the first request (cutting the flood
+short, and closing the connection on the consumer).
 """
 import os
 import sys
@@ -25,7 +25,7 @@ ctx = zmq.Context()
 s = ctx.socket(zmq.ROUTER)
 s.setsockopt(zmq.SNDHWM, 16)
 s.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone consumer fails the send
-s.setsockopt(zmq.SNDTIMEO, 20000)
+s.setsockopt(zmq.SNDTIMEO, 100)
 s.setsockopt(zmq.LINGER, 0)
 port = s.bind_to_random_port("tcp://127.0.0.1")
 with open(portfile + ".tmp", "w") as f:
@@ -42,17 +42,24 @@ while time.monotonic() < deadline:
         sid = msgpack.unpackb(body, raw=False).get("session_id", "")
     except Exception:
         sid = ""
+    if hangup is not None:
+        deadline = min(deadline, time.monotonic() + hangup)
     sent = 0
     try:
         for i in range(count):
             ack = {"type": "ack", "mm_hash": "junk%d" % i, "status": 1, "session_id": sid,
                    "agent_metadata": filler}
-            s.send_multipart(env + [msgpack.packb(ack, use_bin_type=True)])
+            frames = env + [msgpack.packb(ack, use_bin_type=True)]
+            while True:  # blocked while the consumer does not read, up to the deadline
+                try:
+                    s.send_multipart(frames)
+                    break
+                except zmq.Again:
+                    if time.monotonic() >= deadline:
+                        raise
             sent += 1
     except zmq.ZMQError as e:
         print("flood stopped: %s" % e, flush=True)
     print("flooded %d acks of %d bytes" % (sent, len(filler)), flush=True)
-    if hangup is not None:
-        deadline = min(deadline, time.monotonic() + hangup)
 s.close()
 print("hung up", flush=True)

@@ -53,7 +53,7 @@ check "mid-stall: the flood closed the session" 'grep -q "ack_floods=[1-9]" "$T/
 # guard's watchdog drops the connection past 32 MiB undelivered.
 flood big-acks 2000 1048576 8000 mid
 # Stalled right after asking; the producer floods, then hangs up.
-flood hangup-stall 20000 1024 8000 between 1
+flood hangup-stall 20000 1024 8000 between 0.5
 # Polling all along, against a long flood: cut after the slack, the item falls back BAD_ACK.
 flood polling 200000 0 0 mid
 check "polling: the flood closed the session, BAD_ACK" \
