@@ -487,9 +487,10 @@ static void on_ack(ecxi_consumer *c, session *s, const void *payload, size_t len
 static void drop_flooder(ecxi_consumer *c, session *s, int64_t now)
 {
     ECX_LOG_RATELIMITED(ECX_LOG_WARN,
-                        "consumer: producer %s:%d sent %llu acks for %llu requests; session "
-                        "closed, its items fall back",
+                        "consumer: producer %s:%d sent %llu acks and %llu badly framed replies "
+                        "for %llu requests; session closed, its items fall back",
                         s->host, s->port, (unsigned long long)s->acks,
+                        (unsigned long long)ecxi_ctrl_peer_stats(s->peer).bad_framing,
                         (unsigned long long)s->requests);
     c->st.ack_floods++;
     for (xfer *x = c->head; x; x = x->next)
@@ -624,11 +625,17 @@ int ecxi_consumer_poll(ecxi_consumer *c)
         }
         const void *pl;
         size_t len;
-        for (int i = 0; i < 4096 && ecxi_ctrl_peer_recv(s->peer, &pl, &len) == 1; i++, events++) {
-            if (++s->acks > s->requests + ECX_CONSUMER_ACK_SLACK) {
+        for (int i = 0; i < 4096; i++) {
+            int got = ecxi_ctrl_peer_recv(s->peer, &pl, &len);
+            s->acks += got == 1;
+            /* Badly framed replies count too: ctrl drops them unseen. */
+            if (s->acks + ecxi_ctrl_peer_stats(s->peer).bad_framing >
+                s->requests + ECX_CONSUMER_ACK_SLACK) {
                 drop_flooder(c, s, now);
                 break;
             }
+            if (got != 1) break;
+            events++;
             s->last_used_ms = now;
             on_ack(c, s, pl, len, now);
         }

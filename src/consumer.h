@@ -39,8 +39,8 @@
  * the quarantine limit passes.
  *
  * Acks are bounded too: a producer answers each request once, so one that
- * sends more than ECX_CONSUMER_ACK_SLACK acks beyond the requests sent on
- * its session floods (or is broken): its waiting transfers tombstone
+ * sends more than ECX_CONSUMER_ACK_SLACK acks (or badly framed replies)
+ * beyond the requests sent on its session floods (or is broken): its waiting transfers tombstone
  * (BAD_ACK) and the session is closed unread (counted in ack_floods). With
  * the control plane's inflow guard (ctrl.h), that bounds what a producer
  * can make a polling consumer read and hold.

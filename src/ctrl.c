@@ -943,7 +943,7 @@ int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len)
 {
     peer_events(p);
     guard_check(&p->g, &p->stats);
-    for (;;) {
+    for (int dropped = 0; dropped < ECX_CTRL_BAD_PER_RECV; dropped++) {
         int rc = recv_parts(p->sock, &p->g, p->parts, 2);
         if (rc == 0) return 0;
         if (rc == 1 && zmq_msg_size(&p->parts[0]) == 0) {
@@ -954,6 +954,7 @@ int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len)
         p->stats.bad_framing++;
         ecxi_log(ECX_LOG_DEBUG, "ctrl: dropped a reply with bad framing");
     }
+    return 0; /* more may wait: the caller comes back (and may count bad_framing) */
 }
 
 bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p)

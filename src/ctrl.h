@@ -115,6 +115,8 @@ int ecxi_ctrl_key_parse(const char *z85, uint8_t out[32]);
  * a failed attempt, doubling up to the max (ctrl.c). */
 #define ECX_CTRL_REDIAL_MIN_MS 100
 #define ECX_CTRL_REDIAL_MAX_MS 5000
+/* Badly framed replies one ecxi_ctrl_peer_recv() call drops at most. */
+#define ECX_CTRL_BAD_PER_RECV 64
 /* File descriptors the default connection cap leaves for everything else. */
 #define ECX_CTRL_FD_RESERVE 64
 
@@ -197,7 +199,9 @@ void ecxi_ctrl_peer_free(ecxi_ctrl_peer *p);
 /* Send ["", payload] without blocking: 0, or ECX_ESYS if it cannot be queued. */
 int ecxi_ctrl_peer_send(ecxi_ctrl_peer *p, const void *payload, size_t len);
 /* Receive one ["", payload] reply without blocking: 1 got one (view valid
- * until the next call or ecxi_ctrl_peer_free), 0 none waiting. */
+ * until the next call or ecxi_ctrl_peer_free), 0 none waiting, or
+ * ECX_CTRL_BAD_PER_RECV badly framed ones dropped (counted in bad_framing;
+ * more may wait), so a flood of them cannot hold the caller. */
 int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len);
 /* True once the connection to the producer was lost (disconnect seen by the
  * monitor after a completed handshake, which includes a heartbeat

@@ -6,6 +6,9 @@ padding, and never the ack that was asked for.
 
   flood_peer.py PORTFILE COUNT PAD SECONDS [HANGUP]
 
+With FLOOD_FRAMING=bad in the environment each ack carries an extra frame
+(a reply the consumer cannot even frame).
+
 The port is written to PORTFILE. It sends as fast as the consumer takes
 the acks (a small high-water mark, blocking) and stops a flood when the
 consumer is gone; it prints one line per request answered and exits after
@@ -33,6 +36,7 @@ with open(portfile + ".tmp", "w") as f:
 os.rename(portfile + ".tmp", portfile)
 deadline = time.monotonic() + seconds
 filler = b"x" * pad
+extra = [b"extra"] if os.environ.get("FLOOD_FRAMING") == "bad" else []
 while time.monotonic() < deadline:
     if not s.poll(200):
         continue
@@ -49,7 +53,7 @@ while time.monotonic() < deadline:
         for i in range(count):
             ack = {"type": "ack", "mm_hash": "junk%d" % i, "status": 1, "session_id": sid,
                    "agent_metadata": filler}
-            frames = env + [msgpack.packb(ack, use_bin_type=True)]
+            frames = env + [msgpack.packb(ack, use_bin_type=True)] + extra
             while True:  # blocked while the consumer does not read, up to the deadline
                 try:
                     s.send_multipart(frames)

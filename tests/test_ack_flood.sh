@@ -58,4 +58,8 @@ flood hangup-stall 20000 1024 8000 between 0.5
 flood polling 200000 0 0 mid
 check "polling: the flood closed the session, BAD_ACK" \
   'grep -q "hostile=BAD_ACK .*ack_floods=[1-9]" "$T/polling.out"'
+# The same with replies of three frames, which ctrl drops before the consumer sees them.
+FLOOD_FRAMING=bad flood bad-framing 200000 0 0 mid
+check "bad-framing: the flood closed the session, BAD_ACK" \
+  'grep -q "hostile=BAD_ACK .*ack_floods=[1-9]" "$T/bad-framing.out"'
 finish
