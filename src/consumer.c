@@ -52,6 +52,7 @@ struct session {
     char host[ECXI_HOST_MAX + 1];
     int port;
     int64_t last_used_ms; /* opened, sent on, got an ack, or seen busy */
+    uint64_t requests, acks; /* sent on it; messages read from it */
     bool busy;            /* scratch of mark_busy() */
 };
 
@@ -352,6 +353,7 @@ static void ask(ecxi_consumer *c, xfer *x, int64_t now)
         return;
     }
     c->st.requests++;
+    s->requests++;
     x->s = s;
     x->state = WAITING_ACK;
     x->deadline_ms = now + c->o.ack_timeout_ms;
@@ -478,6 +480,24 @@ static void on_ack(ecxi_consumer *c, session *s, const void *payload, size_t len
         retry_later(c, x, now, ECX_REASON_NOT_READY_TIMEOUT);
     else
         tombstone(c, x, reason_of_status(a.status), now);
+}
+
+/* A producer sent more acks than it was asked for (ECX_CONSUMER_ACK_SLACK
+ * beyond): it floods, or is broken. Its waiting items fall back (BAD_ACK),
+ * its session is closed without reading the rest, and the next contact
+ * opens a fresh one. */
+static void drop_flooder(ecxi_consumer *c, session *s, int64_t now)
+{
+    ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                        "consumer: producer %s:%d sent %llu acks and %llu badly framed replies "
+                        "for %llu requests; session closed, its items fall back",
+                        s->host, s->port, (unsigned long long)s->acks,
+                        (unsigned long long)ecxi_ctrl_peer_stats(s->peer).bad_framing,
+                        (unsigned long long)s->requests);
+    c->st.ack_floods++;
+    for (xfer *x = c->head; x; x = x->next)
+        if (x->s == s && x->state == WAITING_ACK) tombstone(c, x, ECX_REASON_BAD_ACK, now);
+    session_close(c, s, now);
 }
 
 /* ---------- timers and READs ---------- */
@@ -610,7 +630,17 @@ int ecxi_consumer_poll(ecxi_consumer *c)
         }
         const void *pl;
         size_t len;
-        for (int i = 0; i < 4096 && ecxi_ctrl_peer_recv(s->peer, &pl, &len) == 1; i++, events++) {
+        for (int i = 0; i < 4096; i++) {
+            int got = ecxi_ctrl_peer_recv(s->peer, &pl, &len);
+            s->acks += got == 1;
+            /* Badly framed replies count too: ctrl drops them unseen. */
+            if (s->acks + ecxi_ctrl_peer_stats(s->peer).bad_framing >
+                s->requests + ECX_CONSUMER_ACK_SLACK) {
+                drop_flooder(c, s, now);
+                break;
+            }
+            if (got != 1) break;
+            events++;
             s->last_used_ms = now;
             on_ack(c, s, pl, len, now);
         }

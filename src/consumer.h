@@ -38,6 +38,13 @@
  * No reserved block is ever lost: every path frees it, at the latest when
  * the quarantine limit passes.
  *
+ * Acks are bounded too: a producer answers each request once, so one that
+ * sends more than ECX_CONSUMER_ACK_SLACK acks (or badly framed replies)
+ * beyond the requests sent on its session floods (or is broken): its waiting transfers tombstone
+ * (BAD_ACK) and the session is closed unread (counted in ack_floods). With
+ * the control plane's inflow guard (ctrl.h), that bounds what a producer
+ * can make a polling consumer read and hold.
+ *
  * Sessions are bounded: a producer that never answers (or is gone without
  * a completed handshake, which the monitor cannot report as lost) must not
  * hold a socket forever. A session is busy while any transfer on it waits
@@ -60,6 +67,10 @@
 #include "util.h"
 
 typedef struct ecxi_consumer ecxi_consumer;
+
+/* Acks a session takes beyond the requests sent on it (duplicates, junk)
+ * before its producer counts as flooding. */
+#define ECX_CONSUMER_ACK_SLACK 64
 
 typedef struct ecxi_consumer_opts {
     void *zctx;               /* ZeroMQ context for the sessions' sockets */
@@ -97,6 +108,7 @@ typedef struct ecxi_consumer_stats {
     uint64_t malformed_acks;
     uint64_t peer_restarts;
     uint64_t peers_lost;
+    uint64_t ack_floods; /* sessions closed: more acks than requests (+ the slack) */
     uint64_t sessions_open;         /* gauge: sessions (sockets) open now */
     uint64_t sessions_idle_closed;  /* closed after session_idle_ms without a busy transfer */
     uint64_t sessions_evicted;      /* idle sessions closed early to make room at the cap */

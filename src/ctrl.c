@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <sodium.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,12 +24,19 @@
 
 /* Watches a socket's TCP connections; see "the inflow guard" below. */
 typedef struct guard {
+    /* Everything below but the monitor: a DEALER's guard is also checked
+     * by the watchdog thread. */
+    pthread_mutex_t mu;
     void *monitor;      /* PAIR reading the socket's monitor events */
     struct conn *conns; /* indexed by fd */
     int nconns, open_conns;
     int port;   /* ours: the server's local port, or the peer's remote one */
     bool local; /* port is the local one */
     int64_t max_pending, max_pending_total, next_check_ms;
+    uint64_t drops, drops_told, drop_bytes; /* connections dropped; counted in stats so far;
+                                               the last one's undelivered bytes */
+    struct guard *wd_next; /* in the watchdog's list */
+    bool watched;
 } guard;
 
 struct ecxi_ctrl_server {
@@ -52,6 +60,10 @@ struct ecxi_ctrl_peer {
     zmq_msg_t parts[2];
     bool parts_open, lost;
     bool handshaken; /* a ZMTP handshake has succeeded */
+    bool heard;      /* the monitor said something about the last dial */
+    int64_t dialed_ms, redial_ms; /* the last dial; the next one (0: none due) */
+    int backoff_ms;
+    char ep[300];
     ecxi_ctrl_stats stats;
 };
 
@@ -170,6 +182,7 @@ static int guard_init(guard *g, void *zctx, void *sock, int events, int port, bo
 {
     static unsigned long seq;
     char mon[64];
+    pthread_mutex_init(&g->mu, NULL);
     /* The monitor endpoint must be unique in the context. */
     snprintf(mon, sizeof mon, "inproc://ecx-mon-%p-%lu", (void *)g,
              __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED));
@@ -185,11 +198,15 @@ static int guard_init(guard *g, void *zctx, void *sock, int events, int port, bo
     return 0;
 }
 
+static void watchdog_remove(guard *g);
+
 static void guard_fini(guard *g, void *sock)
 {
+    if (g->watched) watchdog_remove(g);
     if (sock && g->monitor) zmq_socket_monitor(sock, NULL, 0);
     if (g->monitor) zmq_close(g->monitor);
     free(g->conns);
+    pthread_mutex_destroy(&g->mu);
 }
 
 /* Read one monitor event: true and its event and value, or false. */
@@ -210,8 +227,8 @@ static bool guard_event(guard *g, uint16_t *event, uint32_t *value)
     return got;
 }
 
-/* Record a connection on fd opened (true) or closed. */
-static int guard_track(guard *g, int fd, bool open)
+/* Record a connection on fd opened (true) or closed; g->mu held. */
+static int guard_track_locked(guard *g, int fd, bool open)
 {
     if (fd < 0) return ECX_EINVAL;
     if (fd >= g->nconns) {
@@ -269,31 +286,38 @@ static int msg_srcfd(zmq_msg_t *part)
     return fd;
 }
 
+static int guard_track(guard *g, int fd, bool open)
+{
+    pthread_mutex_lock(&g->mu);
+    int rc = guard_track_locked(g, fd, open);
+    pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
 static void guard_settle(guard *g, zmq_msg_t *part)
 {
     int fd = msg_srcfd(part);
     uint64_t rx;
+    pthread_mutex_lock(&g->mu);
     if (fd >= 0 && fd < g->nconns && g->conns[fd].open && tcp_received(fd, &rx))
         g->conns[fd].settled = rx;
+    pthread_mutex_unlock(&g->mu);
 }
 
-static void guard_drop(guard *g, int fd, uint64_t pending, ecxi_ctrl_stats *st)
+/* g->mu held. Counted and logged by the next guard_check (the watchdog
+ * thread does not log). */
+static void guard_drop(guard *g, int fd, uint64_t pending)
 {
-    guard_track(g, fd, false);
+    guard_track_locked(g, fd, false);
     if (!guard_owns(g, fd)) return;
     shutdown(fd, SHUT_RDWR); /* libzmq sees the end of the stream and closes it */
-    st->pending_drops++;
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN,
-                        "ctrl: dropped a connection holding %llu bytes of unfinished messages",
-                        (unsigned long long)pending);
+    g->drops++;
+    g->drop_bytes = pending;
 }
 
-/* Every ECX_CTRL_GUARD_IVL_MS, drop the connections over the bounds. */
-static void guard_check(guard *g, ecxi_ctrl_stats *st)
+/* Drop the connections over the bounds; g->mu held. */
+static void guard_scan(guard *g)
 {
-    int64_t now = ecxi_now_ms(NULL);
-    if (now < g->next_check_ms) return;
-    g->next_check_ms = now + ECX_CTRL_GUARD_IVL_MS;
     uint64_t total = 0, heaviest = 0;
     int heaviest_fd = -1;
     for (int fd = 0; fd < g->nconns; fd++) {
@@ -301,23 +325,141 @@ static void guard_check(guard *g, ecxi_ctrl_stats *st)
         if (!g->conns[fd].open || !tcp_received(fd, &rx)) continue;
         pending = rx > g->conns[fd].settled ? rx - g->conns[fd].settled : 0;
         if (pending > (uint64_t)g->max_pending) {
-            guard_drop(g, fd, pending, st);
+            guard_drop(g, fd, pending);
             continue;
         }
         total += pending;
         if (pending > heaviest) heaviest = pending, heaviest_fd = fd;
     }
-    if (total > (uint64_t)g->max_pending_total) guard_drop(g, heaviest_fd, heaviest, st);
+    if (total > (uint64_t)g->max_pending_total) guard_drop(g, heaviest_fd, heaviest);
+}
+
+/* Every ECX_CTRL_GUARD_IVL_MS, drop the connections over the bounds; count
+ * and log the drops (the watchdog's too). */
+static void guard_check(guard *g, ecxi_ctrl_stats *st)
+{
+    int64_t now = ecxi_now_ms(NULL);
+    pthread_mutex_lock(&g->mu);
+    if (now >= g->next_check_ms) {
+        g->next_check_ms = now + ECX_CTRL_GUARD_IVL_MS;
+        guard_scan(g);
+    }
+    uint64_t new_drops = g->drops - g->drops_told, bytes = g->drop_bytes;
+    g->drops_told = g->drops;
+    pthread_mutex_unlock(&g->mu);
+    if (!new_drops) return;
+    st->pending_drops += new_drops;
+    ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                        "ctrl: dropped a connection holding %llu bytes of unfinished messages",
+                        (unsigned long long)bytes);
 }
 
 /* Milliseconds until the guard must look again (it only looks when it is
  * called, and a half-sent message wakes nobody): while it watches an open
  * connection, its next check; else -1. */
-static int64_t guard_due(const guard *g)
+static int64_t guard_due(const guard *cg)
 {
-    if (g->open_conns <= 0) return -1;
-    int64_t d = g->next_check_ms - ecxi_now_ms(NULL);
-    return d < 0 ? 0 : d;
+    guard *g = (guard *)cg; /* only to take its lock */
+    int64_t d = -1;
+    pthread_mutex_lock(&g->mu);
+    if (g->open_conns > 0) {
+        d = g->next_check_ms - ecxi_now_ms(NULL);
+        if (d < 0) d = 0;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return d;
+}
+
+/* ---------- the watchdog ---------- */
+
+/* libzmq reads a DEALER's connections on its own thread whether or not the
+ * application calls in (it has no receive HWM, see "peer" below), so a
+ * consumer busy elsewhere for a while would hold whatever a producer sent
+ * meanwhile. One thread per process checks the DEALERs' guards every
+ * ECX_CTRL_GUARD_IVL_MS too; it only shuts connections down (no logging,
+ * no ZeroMQ calls): the receive calls count and log them, and the
+ * monitor's disconnect makes the producer lost. It runs while any DEALER
+ * exists. */
+static struct {
+    pthread_once_t once;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    guard *head;
+    pthread_t thread;
+    bool running, stop, joining;
+} wd = {.once = PTHREAD_ONCE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void watchdog_once(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&wd.cv, &a);
+    pthread_condattr_destroy(&a);
+}
+
+static void *watchdog_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&wd.mu);
+    while (!wd.stop) {
+        for (guard *g = wd.head; g; g = g->wd_next) {
+            pthread_mutex_lock(&g->mu);
+            guard_scan(g);
+            pthread_mutex_unlock(&g->mu);
+        }
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        t.tv_nsec += ECX_CTRL_GUARD_IVL_MS * 1000000L;
+        if (t.tv_nsec >= 1000000000L) t.tv_sec++, t.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&wd.cv, &wd.mu, &t);
+    }
+    pthread_mutex_unlock(&wd.mu);
+    return NULL;
+}
+
+/* Watch g (a DEALER's guard); start the thread if it is not running. */
+static void watchdog_add(guard *g)
+{
+    pthread_once(&wd.once, watchdog_once);
+    pthread_mutex_lock(&wd.mu);
+    while (wd.joining) /* the last thread is still ending */
+        pthread_cond_wait(&wd.cv, &wd.mu);
+    g->wd_next = wd.head, wd.head = g;
+    g->watched = true;
+    if (!wd.running) {
+        wd.stop = false;
+        wd.running = !pthread_create(&wd.thread, NULL, watchdog_main, NULL);
+        if (!wd.running)
+            ecxi_log(ECX_LOG_WARN, "ctrl: no watchdog thread; the inflow guard checks only "
+                                  "in the receive calls");
+    }
+    pthread_mutex_unlock(&wd.mu);
+}
+
+/* Stop watching g; end the thread when nothing is left to watch. */
+static void watchdog_remove(guard *g)
+{
+    pthread_mutex_lock(&wd.mu);
+    for (guard **pp = &wd.head; *pp; pp = &(*pp)->wd_next)
+        if (*pp == g) {
+            *pp = g->wd_next;
+            break;
+        }
+    g->watched = false;
+    bool join = !wd.head && wd.running;
+    pthread_t t = wd.thread;
+    if (join) {
+        wd.stop = wd.joining = true;
+        pthread_cond_broadcast(&wd.cv);
+    }
+    pthread_mutex_unlock(&wd.mu);
+    if (!join) return;
+    pthread_join(t, NULL);
+    pthread_mutex_lock(&wd.mu);
+    wd.running = wd.joining = false;
+    pthread_cond_broadcast(&wd.cv);
+    pthread_mutex_unlock(&wd.mu);
 }
 
 /* ---------- server ---------- */
@@ -635,6 +777,63 @@ int ecxi_ctrl_server_reply(ecxi_ctrl_server *s, ecxi_ctrl_msg *m, const void *pa
 
 /* ---------- peer ---------- */
 
+/* A DEALER never stops reading (ZMQ_RCVHWM 0). With a receive HWM, a
+ * connection whose pipe is full stops reading, and libzmq 4.3.4 aborts the
+ * process if such a stopped connection then ends: a heartbeat timer writes
+ * a PING to a connection whose hangup it saw while stopped (`Assertion
+ * failed: !_io_error`, stream_engine_base.cpp:331), or the connection that
+ * libzmq reconnects in its place is told to restart reading it never
+ * stopped (`_input_stopped`, :417, zeromq/libzmq#3937). A producer that
+ * floods acks at a consumer slower than them, and then hangs up or just
+ * waits for the heartbeat timeout, could abort it either way
+ * (tests/test_ack_flood.sh). Without the HWM, reading never stops, so
+ * neither can happen, and heartbeats keep working while the application is
+ * slow. What bounds what a producer can make a consumer hold instead: the
+ * inflow guard (bytes not yet read as whole messages; checked by the
+ * watchdog too, so also while the application is not calling in) and the
+ * consumer's own bound on acks (consumer.h).
+ *
+ * Nor does a DEALER reconnect on its own (ZMQ_RECONNECT_IVL -1): a
+ * connection the guard dropped must not come back behind an application
+ * that is not calling in (the watchdog, above, watches only connections
+ * the application has been told of). After a completed handshake there is
+ * nothing to reconnect anyway: the producer is lost (sticky) and the
+ * consumer opens a fresh socket. Before one (the connect failed, or the
+ * handshake did), ctrl dials again itself from the receive calls, backing
+ * off from ECX_CTRL_REDIAL_MIN_MS to ECX_CTRL_REDIAL_MAX_MS; a dial the
+ * monitor says nothing about for ECX_CTRL_REDIAL_MAX_MS (a name that did
+ * not resolve) is retried too. Requests queued for a failed attempt go
+ * with it (their acks time out, as from a dead producer). */
+
+/* Drop the endpoint's earlier attempt, if any, and connect anew. */
+static int peer_dial(ecxi_ctrl_peer *p)
+{
+    zmq_disconnect(p->sock, p->ep); /* ENOENT when there is none, or libzmq ended it */
+    p->dialed_ms = ecxi_now_ms(NULL);
+    p->heard = false;
+    p->redial_ms = 0;
+    if (!zmq_connect(p->sock, p->ep)) return 0;
+    ecxi_log(ECX_LOG_WARN, "ctrl: cannot connect to %s: %s", p->ep, zmq_strerror(zmq_errno()));
+    return ECX_EINVAL;
+}
+
+/* The attempt failed before a handshake: dial again after the backoff. */
+static void peer_failed(ecxi_ctrl_peer *p)
+{
+    if (p->redial_ms) return;
+    p->redial_ms = ecxi_now_ms(NULL) + p->backoff_ms;
+    p->backoff_ms = p->backoff_ms * 2 < ECX_CTRL_REDIAL_MAX_MS ? p->backoff_ms * 2
+                                                               : ECX_CTRL_REDIAL_MAX_MS;
+}
+
+/* When the next dial is due (on ecxi_now_ms's clock), or -1. */
+static int64_t peer_redial_at(const ecxi_ctrl_peer *p)
+{
+    if (p->lost || p->handshaken) return -1;
+    if (p->redial_ms) return p->redial_ms;
+    return p->heard ? -1 : p->dialed_ms + ECX_CTRL_REDIAL_MAX_MS;
+}
+
 int ecxi_ctrl_peer_new(void *zctx, const char *host, int port, const ecxi_ctrl_opts *opts,
                       ecxi_ctrl_peer **out)
 {
@@ -649,29 +848,28 @@ int ecxi_ctrl_peer_new(void *zctx, const char *host, int port, const ecxi_ctrl_o
     int ivl = opts && opts->heartbeat_ivl_ms > 0 ? opts->heartbeat_ivl_ms : 2000;
     int tmo = opts && opts->heartbeat_timeout_ms > 0 ? opts->heartbeat_timeout_ms : 4000;
     int ttl = opts && opts->heartbeat_ttl_ms > 0 ? opts->heartbeat_ttl_ms : 8000;
+    memcpy(p->ep, ep, sizeof p->ep);
+    p->backoff_ms = ECX_CTRL_REDIAL_MIN_MS;
     p->sock = zmq_socket(zctx, ZMQ_DEALER);
     int rc = ECX_ESYS;
     int64_t frame = ECX_CTRL_MAX_FRAME;
     if (!p->sock || apply_common(p->sock, opts, &frame) ||
         set_int(p->sock, ZMQ_HEARTBEAT_IVL, ivl) ||
         set_int(p->sock, ZMQ_HEARTBEAT_TIMEOUT, tmo) || set_int(p->sock, ZMQ_HEARTBEAT_TTL, ttl) ||
-        /* Back off reconnects to a dead producer (100 ms doubling to 5 s)
-         * instead of retrying every 100 ms forever. */
-        set_int(p->sock, ZMQ_RECONNECT_IVL_MAX, 5000) ||
+        /* Never stop reading, never reconnect (see above). */
+        set_int(p->sock, ZMQ_RCVHWM, 0) || set_int(p->sock, ZMQ_RECONNECT_IVL, -1) ||
         guard_init(&p->g, zctx, p->sock,
-                   ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED,
+                   ZMQ_EVENT_CONNECTED | ZMQ_EVENT_CONNECT_DELAYED | ZMQ_EVENT_CLOSED |
+                       ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED,
                    port, false, frame, opts))
         goto fail;
+    watchdog_add(&p->g);
     if (opts && opts->curve_server_key &&
         (rc = curve_client(p->sock, opts->curve_server_key, opts->curve_secret_key))) {
         if (rc == ECX_EINVAL) ecxi_log(ECX_LOG_ERROR, "ctrl: a CURVE key is not Z85");
         goto fail;
     }
-    if (zmq_connect(p->sock, ep)) {
-        ecxi_log(ECX_LOG_WARN, "ctrl: cannot connect to %s: %s", ep, zmq_strerror(zmq_errno()));
-        rc = ECX_EINVAL;
-        goto fail;
-    }
+    if ((rc = peer_dial(p))) goto fail;
     *out = p;
     return 0;
 fail:
@@ -719,12 +917,15 @@ static void peer_events(ecxi_ctrl_peer *p)
             guard_track(&p->g, (int)v, true);
         } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             p->handshaken = true;
+        } else if (ev == ZMQ_EVENT_CLOSED && !p->handshaken) {
+            peer_failed(p); /* the connect failed */
         } else if (ev == ZMQ_EVENT_DISCONNECTED && !p->handshaken) {
             /* Refused in the handshake: the request stays unanswered and
-             * the consumer times out, as with an unreachable peer (libzmq
-             * keeps retrying, so a fixed key heals). */
+             * the consumer times out, as with an unreachable peer (ctrl
+             * dials again, so a fixed key heals). */
             guard_track(&p->g, (int)v, false);
             p->stats.handshake_failed++;
+            peer_failed(p);
             ECX_LOG_RATELIMITED(ECX_LOG_WARN,
                                 "ctrl: handshake with a producer failed (wrong CURVE "
                                 "server key, not in its allow-list, or CURVE on "
@@ -732,14 +933,17 @@ static void peer_events(ecxi_ctrl_peer *p)
         } else if (ev == ZMQ_EVENT_DISCONNECTED) {
             p->lost = true;
         }
+        p->heard = true;
     }
+    int64_t at = peer_redial_at(p);
+    if (at >= 0 && ecxi_now_ms(NULL) >= at) peer_dial(p);
 }
 
 int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len)
 {
     peer_events(p);
     guard_check(&p->g, &p->stats);
-    for (;;) {
+    for (int dropped = 0; dropped < ECX_CTRL_BAD_PER_RECV; dropped++) {
         int rc = recv_parts(p->sock, &p->g, p->parts, 2);
         if (rc == 0) return 0;
         if (rc == 1 && zmq_msg_size(&p->parts[0]) == 0) {
@@ -750,6 +954,7 @@ int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len)
         p->stats.bad_framing++;
         ecxi_log(ECX_LOG_DEBUG, "ctrl: dropped a reply with bad framing");
     }
+    return 0; /* more may wait: the caller comes back (and may count bad_framing) */
 }
 
 bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p)
@@ -759,6 +964,13 @@ bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p)
 }
 
 int64_t ecxi_ctrl_server_next_timeout(const ecxi_ctrl_server *s) { return guard_due(&s->g); }
-int64_t ecxi_ctrl_peer_next_timeout(const ecxi_ctrl_peer *p) { return guard_due(&p->g); }
+int64_t ecxi_ctrl_peer_next_timeout(const ecxi_ctrl_peer *p)
+{
+    int64_t due = guard_due(&p->g), at = peer_redial_at(p);
+    if (at < 0) return due;
+    at -= ecxi_now_ms(NULL);
+    if (at < 0) at = 0;
+    return due < 0 || at < due ? at : due;
+}
 void *ecxi_ctrl_server_monitor_socket(const ecxi_ctrl_server *s) { return s->g.monitor; }
 void *ecxi_ctrl_peer_monitor_socket(const ecxi_ctrl_peer *p) { return p->g.monitor; }

@@ -18,7 +18,8 @@
  * connection holding more than max_pending_bytes not yet delivered as whole
  * messages, and the heaviest one while all together hold more than
  * max_pending_total; it looks every ECX_CTRL_GUARD_IVL_MS, in the receive
- * calls. A connection that only sends heartbeats counts them as undelivered
+ * calls and, for DEALERs, on a watchdog thread too (libzmq reads while the
+ * application is busy elsewhere). A connection that only sends heartbeats counts them as undelivered
  * too (a PING is 9 bytes every 2 s, ~390 KB a day): an idle connection
  * reaches the producer's 2 MiB cap after about five days and is dropped
  * and reconnected; ecx consumers close sessions idle for 30 s long before. The server also refuses (accepts, then shuts down)
@@ -27,7 +28,9 @@
  *
  * DEALERs carry ZMQ heartbeats
  * (2000 / 4000 / 8000 ms) and a socket monitor, so a dead producer shows up
- * as a disconnect event the consumer session can act on.
+ * as a disconnect event the consumer session can act on. They have no
+ * receive HWM: libzmq 4.3.4 can abort on a connection that stopped reading
+ * (ctrl.c, "a DEALER never stops reading").
  *
  * Addresses are "HOST:PORT" with HOST an IPv4 or IPv6 address ([::1] or
  * ::1), or a host name. Binding resolves names here (libzmq binds only to
@@ -46,7 +49,8 @@
  * (wrong server key, client not allowed, plaintext against CURVE) drops the
  * connection before any request passes; a DEALER does not report that as
  * lost (lost means a producer that completed a handshake went away) but
- * counts it, and libzmq keeps retrying, so the consumer's request goes
+ * counts it, and ctrl dials again (DEALERs do not reconnect through libzmq:
+ * ctrl.c, "peer"), so the consumer's request goes
  * unanswered and times out, as with an unreachable producer. Keys are Z85
  * text, 40 characters, as zmq_curve_keypair makes.
  */
@@ -107,6 +111,12 @@ int ecxi_ctrl_key_parse(const char *z85, uint8_t out[32]);
  * runs dry (so a poll woken by the monitor or the guard's timer takes them)
  * and at least once per this many requests received in between. */
 #define ECX_CTRL_EVENTS_EVERY 64
+/* A DEALER that has not completed a handshake dials again this long after
+ * a failed attempt, doubling up to the max (ctrl.c). */
+#define ECX_CTRL_REDIAL_MIN_MS 100
+#define ECX_CTRL_REDIAL_MAX_MS 5000
+/* Badly framed replies one ecxi_ctrl_peer_recv() call drops at most. */
+#define ECX_CTRL_BAD_PER_RECV 64
 /* File descriptors the default connection cap leaves for everything else. */
 #define ECX_CTRL_FD_RESERVE 64
 
@@ -189,7 +199,9 @@ void ecxi_ctrl_peer_free(ecxi_ctrl_peer *p);
 /* Send ["", payload] without blocking: 0, or ECX_ESYS if it cannot be queued. */
 int ecxi_ctrl_peer_send(ecxi_ctrl_peer *p, const void *payload, size_t len);
 /* Receive one ["", payload] reply without blocking: 1 got one (view valid
- * until the next call or ecxi_ctrl_peer_free), 0 none waiting. */
+ * until the next call or ecxi_ctrl_peer_free), 0 none waiting, or
+ * ECX_CTRL_BAD_PER_RECV badly framed ones dropped (counted in bad_framing;
+ * more may wait), so a flood of them cannot hold the caller. */
 int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len);
 /* True once the connection to the producer was lost (disconnect seen by the
  * monitor after a completed handshake, which includes a heartbeat

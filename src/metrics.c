@@ -147,6 +147,8 @@ static void consumer(out *o, const ecxi_consumer_stats *c)
     counter(o, "ecx_consumer_peer_restarts_total", "Producers seen restarting (new metadata).",
             c->peer_restarts);
     counter(o, "ecx_consumer_peers_lost_total", "Producer connections lost.", c->peers_lost);
+    counter(o, "ecx_consumer_ack_floods_total",
+            "Producer sessions closed for sending more acks than requests.", c->ack_floods);
     gauge(o, "ecx_consumer_sessions_open", "Producer sessions (sockets) open.", c->sessions_open);
     counter(o, "ecx_consumer_sessions_idle_closed_total",
             "Sessions closed after the idle timeout with no transfer waiting, reading or "

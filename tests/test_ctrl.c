@@ -279,6 +279,49 @@ static void test_lost_on_heartbeat_timeout(void **state)
     assert_true(loss_after(SIGSTOP, &o) >= 0);
 }
 
+/* A producer that is not up yet at the first contact is reached once it
+ * is: libzmq does not reconnect a DEALER (ctrl.c), ctrl dials again. */
+static void test_late_producer(void **state)
+{
+    (void)state;
+    ecxi_ctrl_server *s;
+    assert_int_equal(ecxi_ctrl_server_new(zctx, "127.0.0.1", 0, NULL, &s), 0);
+    int port = ecxi_ctrl_server_port(s);
+    ecxi_ctrl_server_free(s); /* nothing listens there now */
+    ecxi_ctrl_peer *p;
+    assert_int_equal(ecxi_ctrl_peer_new(zctx, "127.0.0.1", port, NULL, &p), 0);
+    const void *pl;
+    size_t n;
+    double end = now_s() + 0.5;
+    while (now_s() < end) { /* refused, and dialed again */
+        assert_int_equal(ecxi_ctrl_peer_recv(p, &pl, &n), 0);
+        int64_t t = ecxi_ctrl_peer_next_timeout(p);
+        assert_true(t >= 0 && t <= ECX_CTRL_REDIAL_MAX_MS);
+        usleep(10000);
+    }
+    assert_int_equal(ecxi_ctrl_server_new(zctx, "127.0.0.1", port, NULL, &s), 0);
+    ecxi_ctrl_msg m;
+    ecxi_ctrl_msg_init(&m);
+    bool got = false;
+    end = now_s() + 10;
+    for (double next_send = 0; !got && now_s() < end; usleep(10000)) {
+        if (now_s() >= next_send) { /* a request queued for a failed dial goes with it */
+            assert_int_equal(ecxi_ctrl_peer_send(p, "hello", 5), 0);
+            next_send = now_s() + 0.5;
+        }
+        ecxi_ctrl_peer_recv(p, &pl, &n);
+        got = ecxi_ctrl_server_recv(s, &m) == 1;
+    }
+    assert_true(got);
+    assert_false(ecxi_ctrl_peer_lost(p));
+    assert_int_equal(ecxi_ctrl_server_send(s, m.identity, m.identity_len, "world!", 6), 0);
+    assert_int_equal(peer_wait(p, &pl, &n, 5000), 1);
+    assert_int_equal(n, 6);
+    ecxi_ctrl_msg_fini(&m);
+    ecxi_ctrl_peer_free(p);
+    ecxi_ctrl_server_free(s);
+}
+
 /* ---------- CURVE ---------- */
 
 typedef struct keypair {
@@ -417,6 +460,7 @@ int main(void)
         cmocka_unit_test(test_roundtrip_v6),     cmocka_unit_test(test_roundtrip_names),
         cmocka_unit_test(test_bad_framing),      cmocka_unit_test(test_max_frame),
         cmocka_unit_test(test_lost_on_kill),     cmocka_unit_test(test_lost_on_heartbeat_timeout),
+        cmocka_unit_test(test_late_producer),
         cmocka_unit_test(test_curve_roundtrip),  cmocka_unit_test(test_curve_wrong_server_key),
         cmocka_unit_test(test_curve_allow_list), cmocka_unit_test(test_curve_plaintext_mismatch),
         cmocka_unit_test(test_curve_bad_keys),
