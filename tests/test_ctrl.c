@@ -6,6 +6,9 @@
  * server key, from a client outside the allow-list (counted), or from a
  * plaintext client — and such a client does not take the producer for lost
  * (it just gets no reply) but counts the failed handshakes. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -13,6 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -287,7 +291,20 @@ static void test_late_producer(void **state)
     ecxi_ctrl_server *s;
     assert_int_equal(ecxi_ctrl_server_new(zctx, "127.0.0.1", 0, NULL, &s), 0);
     int port = ecxi_ctrl_server_port(s);
-    ecxi_ctrl_server_free(s); /* nothing listens there now */
+    ecxi_ctrl_server_free(s);
+    /* libzmq closes the listener on its own thread: until a connect is
+     * refused, the first dial could still reach it (and that connection's
+     * end would leave the peer lost, which is sticky). */
+    bool refused = false;
+    for (int i = 0; i < 500 && !refused; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        refused = connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno == ECONNREFUSED;
+        close(fd);
+        if (!refused) usleep(10000);
+    }
+    assert_true(refused); /* nothing listens there now */
     ecxi_ctrl_peer *p;
     assert_int_equal(ecxi_ctrl_peer_new(zctx, "127.0.0.1", port, NULL, &p), 0);
     const void *pl;
