@@ -352,6 +352,12 @@ static int nixl_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const u
     (void)t;
     nixl_peer *p = (nixl_peer *)hp;
     ecxi_data *d = hp->owner;
+    ecxi_nixl_proc *proc = ((nixl_data *)d)->proc;
+    /* Registered with a helper that died since: again, with the current one. */
+    if (!ecxi_nixl_proc_remote_live(proc, p->handle)) {
+        int rc = ecxi_nixl_proc_remote_add(proc, hp->meta, hp->meta_len, &p->handle);
+        if (rc) return rc;
+    }
     uint64_t bs = ecxi_region_block_bytes(d->region);
     nixl_xfer *x = calloc(1, sizeof *x);
     uint64_t *raddr = calloc(n, sizeof *raddr), *loff = calloc(n, sizeof *loff),
@@ -372,8 +378,7 @@ static int nixl_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const u
         x->n = n;
         x->nbytes = nbytes;
         x->head.owner = d;
-        rc = ecxi_nixl_proc_read_post(((nixl_data *)d)->proc, p->handle, raddr, loff, len, k, key,
-                                      key_len, &x->rd);
+        rc = ecxi_nixl_proc_read_post(proc, p->handle, raddr, loff, len, k, key, key_len, &x->rd);
     }
     free(raddr), free(loff), free(len);
     if (rc) {

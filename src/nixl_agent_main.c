@@ -12,6 +12,7 @@
  * "abort-read:N" / "kill-read:N" raises SIGABRT (what UCX's assertion
  * does) / SIGKILL on itself when the Nth READ arrives; "abort-notif:N" /
  * "kill-notif:N" when the Nth notification is about to go to the parent.
+ * In a context's first helper only; with ":every" appended, in every one.
  */
 #include <errno.h>
 #include <poll.h>
@@ -270,10 +271,10 @@ static void to_parent(void)
     }
 }
 
-static void fault_setup(void)
+static void fault_setup(uint64_t gen)
 {
     const char *f = getenv("ECX_NIXL_AGENT_FAULT");
-    if (!f) return;
+    if (!f || (gen != 1 && !strstr(f, ":every"))) return;
     static const struct {
         const char *name;
         int sig;
@@ -307,6 +308,7 @@ static void hello(void)
     memcpy(name, b + 12, nl);
     name[nl] = 0;
     bool producer = role == ECX_NIXL_ROLE_PRODUCER;
+    fault_setup(id);
     struct stat st;
     int rc = 0;
     if ((!producer && role != ECX_NIXL_ROLE_CONSUMER) || fstat(ECX_NIXL_PROC_REGION_FD, &st) ||
@@ -339,7 +341,6 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     pid_t parent = getppid();
-    fault_setup();
     hello();
     int efd = ecxi_nixl_agent_fd(g.a);
     for (;;) {

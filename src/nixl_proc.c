@@ -320,7 +320,7 @@ static int start(ecxi_nixl_proc *p)
     p->start_ms[p->starts++ % ECX_NIXL_PROC_RESTARTS] = ecxi_now_ms(NULL);
     size_t nl = strlen(p->name);
     uint8_t hello[ECX_NIXL_PROC_HDR + 12 + ECX_NIXL_NAME_MAX];
-    ecxi_nixl_proc_hdr_put(hello, ECX_NIXL_P_HELLO, 0);
+    ecxi_nixl_proc_hdr_put(hello, ECX_NIXL_P_HELLO, p->gens + 1); /* its generation */
     put32(hello + ECX_NIXL_PROC_HDR,
           p->producer ? ECX_NIXL_ROLE_PRODUCER : ECX_NIXL_ROLE_CONSUMER);
     put64(hello + ECX_NIXL_PROC_HDR + 4, p->region_bytes);
@@ -697,9 +697,14 @@ int ecxi_nixl_proc_remote_add(ecxi_nixl_proc *p, const uint8_t *md, size_t md_le
     return 0;
 }
 
+bool ecxi_nixl_proc_remote_live(const ecxi_nixl_proc *p, uint64_t handle)
+{
+    return p->sock >= 0 && handle >> 32 == p->gen;
+}
+
 void ecxi_nixl_proc_remote_drop(ecxi_nixl_proc *p, uint64_t handle)
 {
-    if (p->sock < 0 || handle >> 32 != p->gen) return; /* its helper is gone */
+    if (!ecxi_nixl_proc_remote_live(p, handle)) return; /* its helper is gone */
     uint8_t b[ECX_NIXL_PROC_HDR];
     ecxi_nixl_proc_hdr_put(b, ECX_NIXL_P_DROP, handle & UINT32_MAX);
     (void)send_all(p, b, sizeof b);
@@ -716,7 +721,7 @@ int ecxi_nixl_proc_read_post(ecxi_nixl_proc *p, uint64_t handle, const uint64_t 
     for (size_t i = 0; i < n; i++)
         if (!len[i] || local[i] > p->region_bytes || len[i] > p->region_bytes - local[i])
             return ECX_EDATA_INDEX;
-    if (p->sock < 0 || handle >> 32 != p->gen) return ECX_EDATA_PEER;
+    if (!ecxi_nixl_proc_remote_live(p, handle)) return ECX_EDATA_PEER;
     ecxi_nixl_proc_read *x = calloc(1, sizeof *x);
     if (!x) return ECX_ENOMEM;
     x->id = ++p->next_id;

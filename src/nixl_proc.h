@@ -18,7 +18,8 @@
  * length checked against the datagram; ECX_NIXL_PROC_VERSION):
  *   header: u32 magic "ENXP", u16 version, u16 type, u64 id
  *   parent -> helper
- *     HELLO    u32 role (1 producer, 2 consumer), u64 region bytes, name
+ *     HELLO    id = its generation (1, 2, ...), u32 role (1 producer,
+ *              2 consumer), u64 region bytes, agent name
  *     ADD      metadata bytes                         -> ADDED
  *     DROP     id = remote handle
  *     READ     u64 handle, u32 flags (1 = more pieces follow in another
@@ -147,6 +148,8 @@ int ecxi_nixl_proc_notif_pop(ecxi_nixl_proc *p, char *name, char *msg);
 int ecxi_nixl_proc_remote_add(ecxi_nixl_proc *p, const uint8_t *md, size_t md_len,
                               uint64_t *handle);
 void ecxi_nixl_proc_remote_drop(ecxi_nixl_proc *p, uint64_t handle);
+/* False once the helper that added it is gone: add the metadata again. */
+bool ecxi_nixl_proc_remote_live(const ecxi_nixl_proc *p, uint64_t handle);
 
 /* One READ (as ecxi_nixl_read_post) of n pieces remote[i] -> the region's
  * bytes [local[i], local[i] + len[i]). ECX_EDATA_PEER if the handle is of

@@ -20,6 +20,11 @@
  *       docs/NIXL.md §6) or is added as a peer, never a crash of this
  *       program. Prints the counts and the helper restarts; then the same
  *       proc READs blocks IDX of the real one and checks every byte.
+ *   nixl_peer bound DIR NB BS
+ *       the restart bound of the NIXL agent process (run with
+ *       ECX_NIXL_AGENT_FAULT=abort-read:1:every): rounds of add + READ of
+ *       the agent in DIR, one line each, then "bound: F READs failed, R
+ *       refused at once, restarts N".
  */
 #include <poll.h>
 #include <stdio.h>
@@ -280,6 +285,51 @@ static int mutate(const char *dir, size_t nb, size_t bs, const char *text, char 
     return 0;
 }
 
+/* The restart bound: with a helper that aborts on every READ
+ * (ECX_NIXL_AGENT_FAULT=abort-read:1:every), rounds of add + READ of the
+ * real agent in DIR: the first ECX_NIXL_PROC_RESTARTS rounds fail their
+ * READ (each kills a helper), later ones fail at once (ECX_EDATA_PEER). */
+static int bound(const char *dir, size_t nb, size_t bs)
+{
+    char path[4096];
+    size_t n, dl, cnt;
+    snprintf(path, sizeof path, "%s/nixl.md", dir);
+    uint8_t *md = slurp(path, &n);
+    snprintf(path, sizeof path, "%s/nixl.desc", dir);
+    uint8_t *desc = slurp(path, &dl);
+    int rc = ecxi_nixl_desc_count(desc, dl, nb, &cnt);
+    ecxi_nixl_block *blk = calloc(cnt ? cnt : 1, sizeof *blk);
+    if (rc || (rc = ecxi_nixl_desc_decode(desc, dl, blk, cnt, &cnt)))
+        return fprintf(stderr, "desc: %s\n", ecx_strerror(rc)), 1;
+    int fd = memfd_create("nixl-peer-region", MFD_CLOEXEC);
+    ecxi_nixl_proc *p;
+    if (fd < 0 || ftruncate(fd, (off_t)(nb * bs)) || (rc = ecxi_nixl_proc_new(fd, nb * bs, false, &p)))
+        return fprintf(stderr, "proc: %s\n", ecx_strerror(rc)), 1;
+    int failed = 0, fast = 0;
+    for (int i = 0; i < ECX_NIXL_PROC_RESTARTS + 3; i++) {
+        uint64_t h, off = 0, len = bs;
+        ecxi_nixl_proc_read *x;
+        int64_t t0 = ecxi_now_ns();
+        rc = ecxi_nixl_proc_remote_add(p, md, n, &h);
+        if (!rc) rc = ecxi_nixl_proc_read_post(p, h, &blk[0].addr, &off, &len, 1, "bound", 5, &x);
+        if (!rc) {
+            rc = proc_wait(p, x);
+            ecxi_nixl_proc_read_release(p, x);
+            failed += rc < 0;
+        } else {
+            fast += rc == ECX_EDATA_PEER;
+        }
+        printf("round %d: %s (%.1f ms)\n", i, rc == 1 ? "READ done" : ecx_strerror(rc),
+               (double)(ecxi_now_ns() - t0) / 1e6);
+    }
+    printf("bound: %d READs failed, %d refused at once, restarts %llu\n", failed, fast,
+           (unsigned long long)ecxi_nixl_proc_restarts(p));
+    ecxi_nixl_proc_free(p);
+    close(fd);
+    free(md), free(desc), free(blk);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 6 && !strcmp(argv[1], "serve"))
@@ -287,6 +337,8 @@ int main(int argc, char **argv)
     if (argc >= 7 && !strcmp(argv[1], "read"))
         return read_blocks(argv[2], strtoul(argv[3], NULL, 10), strtoul(argv[4], NULL, 10), argv[5],
                            argv + 6, (size_t)argc - 6);
+    if (argc == 5 && !strcmp(argv[1], "bound"))
+        return bound(argv[2], strtoul(argv[3], NULL, 10), strtoul(argv[4], NULL, 10));
     if (argc >= 7 && !strcmp(argv[1], "mutate"))
         return mutate(argv[2], strtoul(argv[3], NULL, 10), strtoul(argv[4], NULL, 10), argv[5],
                       argv + 6, (size_t)argc - 6);
