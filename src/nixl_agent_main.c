@@ -73,12 +73,10 @@ static void reply(uint16_t type, uint64_t id, int32_t rc, uint64_t v, const uint
 {
     uint8_t *b = g.buf;
     ecxi_nixl_proc_hdr_put(b, type, id);
-    uint32_t r = htole32((uint32_t)rc);
-    memcpy(b + ECX_NIXL_PROC_HDR, &r, 4);
+    ecxi_put_le32(b + ECX_NIXL_PROC_HDR, (uint32_t)rc);
     size_t n = ECX_NIXL_PROC_HDR + 4;
     if (type != ECX_NIXL_H_READ_END) {
-        uint64_t x = htole64(v);
-        memcpy(b + n, &x, 8);
+        ecxi_put_le64(b + n, v);
         n += 8;
     }
     if (more_len) memcpy(b + n, more, more_len);
@@ -93,19 +91,6 @@ static void fault(bool on_read)
         signal(g.fault_sig, SIG_DFL);
         raise(g.fault_sig);
     }
-}
-
-static uint64_t rd64(const uint8_t *b)
-{
-    uint64_t v;
-    memcpy(&v, b, 8);
-    return le64toh(v);
-}
-static uint32_t rd32(const uint8_t *b)
-{
-    uint32_t v;
-    memcpy(&v, b, 4);
-    return le32toh(v);
 }
 
 static ecxi_nixl_remote *remote_of(uint64_t h)
@@ -139,8 +124,8 @@ static void on_add(uint64_t id, const uint8_t *md, size_t len)
 static void on_read(uint64_t id, const uint8_t *b, size_t len)
 {
     if (len < 20) bye("a short READ");
-    uint64_t h = rd64(b);
-    uint32_t flags = rd32(b + 8), n = rd32(b + 12), ml = rd32(b + 16);
+    uint64_t h = ecxi_get_le64(b);
+    uint32_t flags = ecxi_get_le32(b + 8), n = ecxi_get_le32(b + 12), ml = ecxi_get_le32(b + 16);
     bool more = flags & ECX_NIXL_READ_MORE;
     if (flags & ~ECX_NIXL_READ_MORE || n == 0 || n > ECX_NIXL_PROC_PIECES ||
         ml > ECX_NIXL_MSG_MAX || (more ? ml != 0 : ml == 0) || len != 20 + (size_t)n * 24 + ml)
@@ -160,9 +145,9 @@ static void on_read(uint64_t id, const uint8_t *b, size_t len)
     g.as_id = id, g.as_handle = h;
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *q = b + 20 + (size_t)i * 24;
-        uint64_t off = rd64(q + 8), l = rd64(q + 16);
+        uint64_t off = ecxi_get_le64(q + 8), l = ecxi_get_le64(q + 16);
         if (!l || off > g.size || l > g.size - off) bye("a READ outside the region");
-        g.as_remote[g.as_n] = rd64(q);
+        g.as_remote[g.as_n] = ecxi_get_le64(q);
         g.as_local[g.as_n] = g.base + off;
         g.as_len[g.as_n++] = l;
     }
@@ -261,10 +246,8 @@ static void to_parent(void)
         if (!nl || !ml) continue;
         uint8_t *b = g.buf;
         ecxi_nixl_proc_hdr_put(b, ECX_NIXL_H_NOTIF, 0);
-        uint32_t v = htole32(nl);
-        memcpy(b + ECX_NIXL_PROC_HDR, &v, 4);
-        v = htole32(ml);
-        memcpy(b + ECX_NIXL_PROC_HDR + 4, &v, 4);
+        ecxi_put_le32(b + ECX_NIXL_PROC_HDR, nl);
+        ecxi_put_le32(b + ECX_NIXL_PROC_HDR + 4, ml);
         memcpy(b + ECX_NIXL_PROC_HDR + 8, name, nl);
         memcpy(b + ECX_NIXL_PROC_HDR + 8 + nl, msg, ml);
         send_msg(b, ECX_NIXL_PROC_HDR + 8 + nl + ml);
@@ -301,8 +284,8 @@ static void hello(void)
         ecxi_nixl_proc_hdr_get(g.buf, (size_t)n, &type, &id) || type != ECX_NIXL_P_HELLO)
         bye("a bad HELLO");
     const uint8_t *b = g.buf + ECX_NIXL_PROC_HDR;
-    uint32_t role = rd32(b);
-    g.size = rd64(b + 4);
+    uint32_t role = ecxi_get_le32(b);
+    g.size = ecxi_get_le64(b + 4);
     char name[ECX_NIXL_NAME_MAX + 1];
     size_t nl = (size_t)n - ECX_NIXL_PROC_HDR - 12;
     memcpy(name, b + 12, nl);

@@ -75,50 +75,21 @@ struct ecxi_nixl_proc {
 
 /* ---- codec ---------------------------------------------------------------- */
 
-static void put16(uint8_t *b, uint16_t v)
-{
-    v = htole16(v);
-    memcpy(b, &v, 2);
-}
-static void put32(uint8_t *b, uint32_t v)
-{
-    v = htole32(v);
-    memcpy(b, &v, 4);
-}
-static void put64(uint8_t *b, uint64_t v)
-{
-    v = htole64(v);
-    memcpy(b, &v, 8);
-}
-static uint32_t get32(const uint8_t *b)
-{
-    uint32_t v;
-    memcpy(&v, b, 4);
-    return le32toh(v);
-}
-static uint64_t get64(const uint8_t *b)
-{
-    uint64_t v;
-    memcpy(&v, b, 8);
-    return le64toh(v);
-}
-
 void ecxi_nixl_proc_hdr_put(uint8_t *b, uint16_t type, uint64_t id)
 {
-    put32(b, ECX_NIXL_PROC_MAGIC);
-    put16(b + 4, ECX_NIXL_PROC_VERSION);
-    put16(b + 6, type);
-    put64(b + 8, id);
+    ecxi_put_le32(b, ECX_NIXL_PROC_MAGIC);
+    ecxi_put_le16(b + 4, ECX_NIXL_PROC_VERSION);
+    ecxi_put_le16(b + 6, type);
+    ecxi_put_le64(b + 8, id);
 }
 
 int ecxi_nixl_proc_hdr_get(const uint8_t *b, size_t len, uint16_t *type, uint64_t *id)
 {
-    uint16_t v, t;
-    if (len < ECX_NIXL_PROC_HDR || get32(b) != ECX_NIXL_PROC_MAGIC) return ECX_EDATA_PEER;
-    memcpy(&v, b + 4, 2), memcpy(&t, b + 6, 2);
-    if (le16toh(v) != ECX_NIXL_PROC_VERSION) return ECX_EDATA_PEER;
-    *type = le16toh(t);
-    *id = get64(b + 8);
+    if (len < ECX_NIXL_PROC_HDR || ecxi_get_le32(b) != ECX_NIXL_PROC_MAGIC ||
+        ecxi_get_le16(b + 4) != ECX_NIXL_PROC_VERSION)
+        return ECX_EDATA_PEER;
+    *type = ecxi_get_le16(b + 6);
+    *id = ecxi_get_le64(b + 8);
     return 0;
 }
 
@@ -321,9 +292,9 @@ static int start(ecxi_nixl_proc *p)
     size_t nl = strlen(p->name);
     uint8_t hello[ECX_NIXL_PROC_HDR + 12 + ECX_NIXL_NAME_MAX];
     ecxi_nixl_proc_hdr_put(hello, ECX_NIXL_P_HELLO, p->gens + 1); /* its generation */
-    put32(hello + ECX_NIXL_PROC_HDR,
+    ecxi_put_le32(hello + ECX_NIXL_PROC_HDR,
           p->producer ? ECX_NIXL_ROLE_PRODUCER : ECX_NIXL_ROLE_CONSUMER);
-    put64(hello + ECX_NIXL_PROC_HDR + 4, p->region_bytes);
+    ecxi_put_le64(hello + ECX_NIXL_PROC_HDR + 4, p->region_bytes);
     memcpy(hello + ECX_NIXL_PROC_HDR + 12, p->name, nl);
     rc = send_all(p, hello, ECX_NIXL_PROC_HDR + 12 + nl);
     long n = rc ? -1 : recv_wait(p, ecxi_now_ms(NULL) + ECX_NIXL_PROC_START_MS);
@@ -332,11 +303,11 @@ static int start(ecxi_nixl_proc *p)
     const uint8_t *b = p->rx + ECX_NIXL_PROC_HDR;
     size_t blen = n > ECX_NIXL_PROC_HDR ? (size_t)n - ECX_NIXL_PROC_HDR : 0;
     if (n < ECX_NIXL_PROC_HDR + 12 || ecxi_nixl_proc_hdr_get(p->rx, (size_t)n, &type, &id) ||
-        type != ECX_NIXL_H_HELLO || (int32_t)get32(b) != 0 || (p->producer && blen == 12) ||
+        type != ECX_NIXL_H_HELLO || (int32_t)ecxi_get_le32(b) != 0 || (p->producer && blen == 12) ||
         (!p->producer && blen != 12)) {
-        if (n >= ECX_NIXL_PROC_HDR + 12 && (int32_t)get32(b) < 0)
+        if (n >= ECX_NIXL_PROC_HDR + 12 && (int32_t)ecxi_get_le32(b) < 0)
             ecxi_log(ECX_LOG_ERROR, "nixl: the NIXL agent process could not set up: %s",
-                     ecx_strerror((int)(int32_t)get32(b)));
+                     ecx_strerror((int)(int32_t)ecxi_get_le32(b)));
         char why[128];
         close(p->sock);
         p->sock = -1;
@@ -350,8 +321,10 @@ static int start(ecxi_nixl_proc *p)
     if (p->producer) {
         const uint8_t *md = b + 12; /* the helper's metadata */
         ecxi_nixl_meta parsed;
+        /* its metadata must offer exactly its mapping of the region */
         if (blen - 12 > ECX_NIXL_META_MAX || ecxi_nixl_meta_decode(md, blen - 12, &parsed) ||
-            !(m = malloc(blen - 12))) {
+            parsed.nregs != 1 || parsed.regs[0].addr != ecxi_get_le64(b + 4) ||
+            parsed.regs[0].len != p->region_bytes || !(m = malloc(blen - 12))) {
             char why[128];
             close(p->sock);
             p->sock = -1;
@@ -365,7 +338,7 @@ static int start(ecxi_nixl_proc *p)
     free(p->meta);
     p->meta = m;
     p->meta_len = p->producer ? blen - 12 : 0;
-    p->base = get64(b + 4);
+    p->base = ecxi_get_le64(b + 4);
     p->gen = ++p->gens;
     int fl = fcntl(p->sock, F_GETFL);
     if (fl >= 0) fcntl(p->sock, F_SETFL, fl | O_NONBLOCK);
@@ -456,17 +429,17 @@ static void handle(ecxi_nixl_proc *p, const uint8_t *m, size_t len)
     switch (type) {
     case ECX_NIXL_H_ADDED:
         if (n != 12 || !p->add_id || id != p->add_id || p->add_answered ||
-            (int32_t)get32(b) > 0 || (get32(b) == 0 && (get64(b + 4) == 0 || get64(b + 4) > UINT32_MAX)))
+            (int32_t)ecxi_get_le32(b) > 0 || (ecxi_get_le32(b) == 0 && (ecxi_get_le64(b + 4) == 0 || ecxi_get_le64(b + 4) > UINT32_MAX)))
             return die(p, "an ADDED it was not asked for");
         p->add_answered = true;
-        p->add_rc = (int32_t)get32(b);
-        p->add_handle = get64(b + 4);
+        p->add_rc = (int32_t)ecxi_get_le32(b);
+        p->add_handle = ecxi_get_le64(b + 4);
         return;
     case ECX_NIXL_H_READ_END: {
         if (n != 4 || id == 0 || id > p->next_id) return die(p, "a READ_END it was not asked for");
         for (ecxi_nixl_proc_read *x = p->reads; x; x = x->next)
             if (x->id == id) {
-                x->state = get32(b) == 0 ? 1 : ECX_EDATA_PEER;
+                x->state = ecxi_get_le32(b) == 0 ? 1 : ECX_EDATA_PEER;
                 if (x->prev) x->prev->next = x->next;
                 else p->reads = x->next;
                 if (x->next) x->next->prev = x->prev;
@@ -476,7 +449,7 @@ static void handle(ecxi_nixl_proc *p, const uint8_t *m, size_t len)
         return; /* a READ released meanwhile */
     }
     case ECX_NIXL_H_NOTIF: {
-        uint32_t nl = n >= 8 ? get32(b) : 0, ml = n >= 8 ? get32(b + 4) : 0;
+        uint32_t nl = n >= 8 ? ecxi_get_le32(b) : 0, ml = n >= 8 ? ecxi_get_le32(b + 4) : 0;
         if (n < 8 || nl == 0 || nl > ECX_NIXL_NAME_MAX || ml == 0 || ml > ECX_NIXL_MSG_MAX ||
             n != 8 + (size_t)nl + ml)
             return die(p, "a malformed notification");
@@ -732,13 +705,13 @@ int ecxi_nixl_proc_read_post(ecxi_nixl_proc *p, uint64_t handle, const uint64_t 
         bool last = i + k == n;
         uint8_t *b = p->tx + ECX_NIXL_PROC_HDR;
         ecxi_nixl_proc_hdr_put(p->tx, ECX_NIXL_P_READ, x->id);
-        put64(b, handle & UINT32_MAX);
-        put32(b + 8, last ? 0 : ECX_NIXL_READ_MORE);
-        put32(b + 12, (uint32_t)k);
-        put32(b + 16, last ? (uint32_t)msg_len : 0);
+        ecxi_put_le64(b, handle & UINT32_MAX);
+        ecxi_put_le32(b + 8, last ? 0 : ECX_NIXL_READ_MORE);
+        ecxi_put_le32(b + 12, (uint32_t)k);
+        ecxi_put_le32(b + 16, last ? (uint32_t)msg_len : 0);
         b += 20;
         for (size_t j = 0; j < k; j++, b += 24)
-            put64(b, remote[i + j]), put64(b + 8, local[i + j]), put64(b + 16, len[i + j]);
+            ecxi_put_le64(b, remote[i + j]), ecxi_put_le64(b + 8, local[i + j]), ecxi_put_le64(b + 16, len[i + j]);
         if (last) memcpy(b, msg, msg_len), b += msg_len;
         rc = send_all(p, p->tx, (size_t)(b - p->tx));
         i += k;

@@ -118,20 +118,33 @@ static bool read_ended(void *arg)
     return (*(int *)arg = ecxi_nixl_read_poll(xfer)) != 0;
 }
 
+/* The real agent's files in dir: its metadata and its descriptor list
+ * (at most nb blocks), decoded. 0, or 1 with a message. */
+static int load_agent(const char *dir, size_t nb, uint8_t **md, size_t *ml, ecxi_nixl_block **blk,
+                      size_t *cnt)
+{
+    char path[4096];
+    size_t dl;
+    snprintf(path, sizeof path, "%s/nixl.md", dir);
+    *md = slurp(path, ml);
+    snprintf(path, sizeof path, "%s/nixl.desc", dir);
+    uint8_t *desc = slurp(path, &dl);
+    int rc = ecxi_nixl_desc_count(desc, dl, nb, cnt);
+    *blk = calloc(*cnt ? *cnt : 1, sizeof **blk);
+    if (!rc) rc = *blk ? ecxi_nixl_desc_decode(desc, dl, *blk, *cnt, cnt) : ECX_ENOMEM;
+    free(desc);
+    if (rc) fprintf(stderr, "desc: %s\n", ecx_strerror(rc));
+    return rc ? 1 : 0;
+}
+
 /* READ blocks idx of the agent whose files are in dir, with our agent. */
 static int read_with(const char *dir, size_t nb, size_t bs, const char *text, char **idx, size_t n)
 {
-    char path[4096];
-    size_t ml, dl, cnt;
-    snprintf(path, sizeof path, "%s/nixl.md", dir);
-    uint8_t *md = slurp(path, &ml);
-    snprintf(path, sizeof path, "%s/nixl.desc", dir);
-    uint8_t *desc = slurp(path, &dl);
-    int rc = ecxi_nixl_desc_count(desc, dl, nb, &cnt);
-    if (rc) return fprintf(stderr, "desc: %s\n", ecx_strerror(rc)), 1;
-    ecxi_nixl_block *blk = calloc(cnt, sizeof *blk);
-    if ((rc = ecxi_nixl_desc_decode(desc, dl, blk, cnt, &cnt)))
-        return fprintf(stderr, "desc: %s\n", ecx_strerror(rc)), 1;
+    size_t ml, cnt;
+    uint8_t *md;
+    ecxi_nixl_block *blk;
+    if (load_agent(dir, nb, &md, &ml, &blk, &cnt)) return 1;
+    int rc;
     uint8_t *buf = aligned_alloc(4096, nb * bs);
     memset(buf, 0, nb * bs);
     ecxi_nixl_remote *r;
@@ -160,7 +173,7 @@ static int read_with(const char *dir, size_t nb, size_t bs, const char *text, ch
            n, n * bs, ms, (double)(n * bs) / 1e3 / ms);
     ecxi_nixl_read_release(xfer);
     ecxi_nixl_remote_drop(r);
-    free(md), free(desc), free(blk), free(buf), free(remote), free(len), free(local), free(which);
+    free(md), free(blk), free(buf), free(remote), free(len), free(local), free(which);
     return 0;
 }
 
@@ -201,18 +214,14 @@ static int proc_wait(ecxi_nixl_proc *p, ecxi_nixl_proc_read *x)
  * not this program; a new one starts, and the bytes are remembered. */
 static int mutate(const char *dir, size_t nb, size_t bs, const char *text, char **idx, size_t nidx)
 {
-    char path[4096];
-    size_t n, dl, cnt;
-    snprintf(path, sizeof path, "%s/nixl.md", dir);
-    uint8_t *md = slurp(path, &n), *m = malloc(n);
-    snprintf(path, sizeof path, "%s/nixl.desc", dir);
-    uint8_t *desc = slurp(path, &dl);
+    size_t n, cnt;
+    uint8_t *md;
+    ecxi_nixl_block *blk;
+    if (load_agent(dir, nb, &md, &n, &blk, &cnt)) return 1;
+    uint8_t *m = malloc(n);
     ecxi_nixl_meta real;
     if (ecxi_nixl_meta_decode(md, n, &real)) return fprintf(stderr, "not metadata\n"), 1;
-    int rc = ecxi_nixl_desc_count(desc, dl, nb, &cnt);
-    ecxi_nixl_block *blk = calloc(cnt ? cnt : 1, sizeof *blk);
-    if (rc || (rc = ecxi_nixl_desc_decode(desc, dl, blk, cnt, &cnt)))
-        return fprintf(stderr, "desc: %s\n", ecx_strerror(rc)), 1;
+    int rc = 0;
     int fd = memfd_create("nixl-peer-region", MFD_CLOEXEC);
     if (fd < 0 || ftruncate(fd, (off_t)(nb * bs))) return perror("memfd"), 1;
     uint8_t *buf = mmap(NULL, nb * bs, PROT_READ, MAP_SHARED, fd, 0);
@@ -281,7 +290,7 @@ static int mutate(const char *dir, size_t nb, size_t bs, const char *text, char 
     ecxi_nixl_proc_free(p);
     munmap(buf, nb * bs);
     close(fd);
-    free(md), free(m), free(desc), free(blk), free(remote), free(loff), free(len), free(which);
+    free(md), free(m), free(blk), free(remote), free(loff), free(len), free(which);
     return 0;
 }
 
@@ -291,16 +300,11 @@ static int mutate(const char *dir, size_t nb, size_t bs, const char *text, char 
  * READ (each kills a helper), later ones fail at once (ECX_EDATA_PEER). */
 static int bound(const char *dir, size_t nb, size_t bs)
 {
-    char path[4096];
-    size_t n, dl, cnt;
-    snprintf(path, sizeof path, "%s/nixl.md", dir);
-    uint8_t *md = slurp(path, &n);
-    snprintf(path, sizeof path, "%s/nixl.desc", dir);
-    uint8_t *desc = slurp(path, &dl);
-    int rc = ecxi_nixl_desc_count(desc, dl, nb, &cnt);
-    ecxi_nixl_block *blk = calloc(cnt ? cnt : 1, sizeof *blk);
-    if (rc || (rc = ecxi_nixl_desc_decode(desc, dl, blk, cnt, &cnt)))
-        return fprintf(stderr, "desc: %s\n", ecx_strerror(rc)), 1;
+    size_t n, cnt;
+    uint8_t *md;
+    ecxi_nixl_block *blk;
+    if (load_agent(dir, nb, &md, &n, &blk, &cnt)) return 1;
+    int rc = 0;
     int fd = memfd_create("nixl-peer-region", MFD_CLOEXEC);
     ecxi_nixl_proc *p;
     if (fd < 0 || ftruncate(fd, (off_t)(nb * bs)) || (rc = ecxi_nixl_proc_new(fd, nb * bs, false, &p)))
@@ -326,7 +330,7 @@ static int bound(const char *dir, size_t nb, size_t bs)
            (unsigned long long)ecxi_nixl_proc_restarts(p));
     ecxi_nixl_proc_free(p);
     close(fd);
-    free(md), free(desc), free(blk);
+    free(md), free(blk);
     return 0;
 }
 
