@@ -160,6 +160,10 @@ static void reap(pid_t pid, bool kill_first, char *why, size_t cap)
 {
     int st = 0;
     pid_t r = 0;
+    if (pid <= 0) { /* never kill(0) or kill(-1) */
+        snprintf(why, cap, "no process");
+        return;
+    }
     if (kill_first) kill(pid, SIGKILL);
     for (int64_t end = ecxi_now_ms(NULL) + REAP_WAIT_MS; ecxi_now_ms(NULL) < end;) {
         r = waitpid(pid, &st, WNOHANG);
@@ -201,8 +205,6 @@ static void die(ecxi_nixl_proc *p, const char *what)
     }
     p->reads = NULL;
 }
-
-static int send_all(ecxi_nixl_proc *p, const uint8_t *b, size_t len);
 
 /* A fresh agent name per helper: a vLLM process refuses a second remote
  * agent of one name. "ecx-" and 32 random hex digits. */
@@ -296,8 +298,9 @@ static int start(ecxi_nixl_proc *p)
           p->producer ? ECX_NIXL_ROLE_PRODUCER : ECX_NIXL_ROLE_CONSUMER);
     ecxi_put_le64(hello + ECX_NIXL_PROC_HDR + 4, p->region_bytes);
     memcpy(hello + ECX_NIXL_PROC_HDR + 12, p->name, nl);
-    rc = send_all(p, hello, ECX_NIXL_PROC_HDR + 12 + nl);
-    long n = rc ? -1 : recv_wait(p, ecxi_now_ms(NULL) + ECX_NIXL_PROC_START_MS);
+    /* a fresh socket takes it at once, unless the helper is already gone */
+    ssize_t sent = send(p->sock, hello, ECX_NIXL_PROC_HDR + 12 + nl, MSG_NOSIGNAL | MSG_DONTWAIT);
+    long n = sent < 0 ? -1 : recv_wait(p, ecxi_now_ms(NULL) + ECX_NIXL_PROC_START_MS);
     uint16_t type;
     uint64_t id;
     const uint8_t *b = p->rx + ECX_NIXL_PROC_HDR;

@@ -18,7 +18,8 @@
 #      every first READ are started 5 times in 10 s, then READs fail at
 #      once (logged) until the window has passed.
 #   D. ECX_NIXL_AGENT=/nonexistent: ecx serve --data nixl exits non-zero
-#      saying which path it tried and the variable; no crash.
+#      saying which path it tried and the variable; no crash; the same with
+#      a program that is not the helper (/bin/false).
 # usage: test_nixl_agent_proc.sh ECX_BINARY NIXL_REFETCH_BINARY NIXL_PEER_BINARY BUILD_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -128,6 +129,13 @@ rc=$?
 check "no helper: ecx serve --data nixl exits non-zero, no crash (rc $rc)" '[ $rc -ne 0 ] && [ $rc -lt 128 ]'
 check "no helper: the message names the path and ECX_NIXL_AGENT: $(head -3 "$T/none.out")" \
   'grep -q "/nonexistent/ecx-nixl-agent" "$T/none.out" && grep -q "ECX_NIXL_AGENT" "$T/none.out"'
+
+# a program that is not the helper (ends at once, says nothing): the start fails cleanly
+ECX_NIXL_AGENT=/bin/false timeout 20 "$ecx" serve --data nixl \
+  --listen "127.0.0.1:$(free_port)" --block-bytes 1Mi >"$T/false.out" 2>&1
+rc=$?
+check "a helper that ends at once: ecx serve --data nixl exits non-zero, no crash (rc $rc)" '[ $rc -ne 0 ] && [ $rc -lt 128 ]'
+check "a helper that ends at once: 'did not start': $(head -3 "$T/false.out")" 'grep -q "did not start" "$T/false.out"'
 
 echo "passed $pass, failed $failed"
 [ "$failed" = 0 ]
