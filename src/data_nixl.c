@@ -25,8 +25,9 @@
  * ucp_get per run of consecutive blocks, a flush, then the notification
  * "{session_id}:{mm_hash}"; the helper writes into its read-write mapping
  * of our region at the offsets we pass. When the helper dies, its READs
- * fail (the session falls back) and its peers become invalid: the next ack
- * registers the producer again with the new helper. No checksum comes with a NIXL grant: when the
+ * fail (the session falls back) and its peers become invalid: the next
+ * READ registers the producer again with the new helper. No checksum
+ * comes with a NIXL grant: when the
  * READ is done its XXH3-64 is computed (the item's checksum in our cache),
  * verifying nothing. Unlike the other paths' slices, that hash runs in one
  * call (read_poll), in proportion to the item's size (~0.1 ms per MB).
