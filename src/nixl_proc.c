@@ -648,9 +648,12 @@ int ecxi_nixl_proc_remote_add(ecxi_nixl_proc *p, const uint8_t *md, size_t md_le
     p->add_answered = false;
     ecxi_nixl_proc_hdr_put(p->tx, ECX_NIXL_P_ADD, p->add_id);
     memcpy(p->tx + ECX_NIXL_PROC_HDR, md, md_len);
-    rc = send_all(p, p->tx, ECX_NIXL_PROC_HDR + md_len);
+    if (send_all(p, p->tx, ECX_NIXL_PROC_HDR + md_len)) {
+        p->add_id = 0;
+        return ECX_EDATA_PEER; /* gone before it had the bytes: not theirs */
+    }
     int64_t end = ecxi_now_ms(NULL) + ECX_NIXL_PROC_ADD_MS;
-    while (!rc && p->gen == gen && !p->add_answered) {
+    while (p->gen == gen && !p->add_answered) {
         if (ecxi_now_ms(NULL) >= end) {
             die(p, "an ADD unanswered");
             break;
@@ -667,7 +670,6 @@ int ecxi_nixl_proc_remote_add(ecxi_nixl_proc *p, const uint8_t *md, size_t md_le
                             "died adding it");
         return ECX_EDATA_META;
     }
-    if (rc) return rc;
     if (p->add_rc) return p->add_rc == ECX_ENOMEM ? ECX_ENOMEM : ECX_EDATA_META;
     *handle = gen << 32 | p->add_handle;
     return 0;
