@@ -30,6 +30,8 @@ set +e
 shm=$(mktemp -d /dev/shm/ecx-nixl-proc.XXXXXX)
 export ECX_SHM_DIR=$shm
 trap 'cleanup; rm -rf "$shm"' EXIT
+# wait_long FILE: a python peer's file (nixl's start takes seconds, more under load)
+wait_long() { for _ in $(seq 600); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
 
 # ---- A: the producer's helper ------------------------------------------------
 mkdir "$T/items"
@@ -83,8 +85,7 @@ pport=$(free_port)
 timeout 200 "$NIXL_PY" "$here/nixl/nixl_producer.py" "$T/p" "$pport" 1048576 8 150 \
   >"$T/prod.out" 2>"$T/prod.err" &
 pids+=($!)
-mkdir -p "$T/p"
-wait_file "$T/p/announce.json" || { cat "$T/prod.err" >&2; exit 1; }
+wait_long "$T/p/announce.json" || { echo "FAIL: nixl_producer.py did not start" >&2; cat "$T/prod.err" >&2; exit 1; }
 for how in fault KILL ABRT; do
   rm -rf "$T/got" && mkdir "$T/got"
   if [ $how = fault ]; then
@@ -111,7 +112,7 @@ done
 mkdir "$T/c"
 timeout 120 "$NIXL_PY" "$here/nixl/nixl_peer.py" serve "$T/c" 8 4096 60 >"$T/c/serve.out" 2>>"$T/py.log" &
 pids+=($!)
-wait_file "$T/c/nixl.md" && sleep 0.2
+wait_long "$T/c/nixl.md" || { echo "FAIL: nixl_peer.py did not start" >&2; cat "$T/py.log" >&2; exit 1; }
 ECX_NIXL_AGENT_FAULT=abort-read:1:every timeout 120 "$peer" bound "$T/c" 8 4096 \
   >"$T/bound.out" 2>"$T/bound.err"
 rc=$?
