@@ -102,10 +102,7 @@ int ecxi_nixl_proc_hdr_get(const uint8_t *b, size_t len, uint16_t *type, uint64_
 static int helper_paths(char (*out)[PATH_MAX], int max)
 {
     const char *env = getenv("ECX_NIXL_AGENT");
-    if (env && *env) {
-        snprintf(out[0], PATH_MAX, "%s", env);
-        return 1;
-    }
+    if (env && *env) return snprintf(out[0], PATH_MAX, "%s", env) < PATH_MAX;
     char dirs[2][PATH_MAX];
     int nd = 0, n = 0;
     Dl_info di;
@@ -118,10 +115,12 @@ static int helper_paths(char (*out)[PATH_MAX], int max)
         char *slash = strrchr(dirs[i], '/');
         if (!slash) continue;
         *slash = 0;
-        if (n < max) snprintf(out[n++], PATH_MAX, "%s/" HELPER_NAME, dirs[i]);
+        /* (a path too long for PATH_MAX is skipped) */
+        if (n < max && snprintf(out[n], PATH_MAX, "%s/" HELPER_NAME, dirs[i]) < PATH_MAX) n++;
 #ifdef ECX_NIXL_AGENT_RELDIR
-        if (i == 0 && n < max)
-            snprintf(out[n++], PATH_MAX, "%s/" ECX_NIXL_AGENT_RELDIR "/" HELPER_NAME, dirs[i]);
+        if (i == 0 && n < max &&
+            snprintf(out[n], PATH_MAX, "%s/" ECX_NIXL_AGENT_RELDIR "/" HELPER_NAME, dirs[i]) < PATH_MAX)
+            n++;
 #endif
     }
     return n;
@@ -137,7 +136,7 @@ static int find_helper(char *path)
             return 0;
         }
         size_t l = strlen(tried);
-        snprintf(tried + l, sizeof tried - l, "%s%s", l ? ", " : "", cand[i]);
+        if (snprintf(tried + l, sizeof tried - l, "%s%s", l ? ", " : "", cand[i]) < 0) break;
     }
     ECX_LOG_RATELIMITED(ECX_LOG_ERROR, "nixl: the NIXL agent process's program " HELPER_NAME
                         " not found or not executable (tried %s; set ECX_NIXL_AGENT to its "
