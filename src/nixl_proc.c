@@ -115,6 +115,7 @@ static int helper_paths(char (*out)[PATH_MAX], int max)
         char *slash = strrchr(dirs[i], '/');
         if (!slash) continue;
         *slash = 0;
+        if (i == 1 && !strcmp(dirs[0], dirs[1])) continue; /* the program's dir is the library's */
         /* (a path too long for PATH_MAX is skipped) */
         if (n < max && snprintf(out[n], PATH_MAX, "%s/" HELPER_NAME, dirs[i]) < PATH_MAX) n++;
 #ifdef ECX_NIXL_AGENT_RELDIR
