@@ -194,7 +194,8 @@ static bool from_parent(void)
         if (n > (ssize_t)sizeof g.buf) bye("a message too large");
         uint16_t type;
         uint64_t id;
-        if (ecxi_nixl_proc_hdr_get(g.buf, (size_t)n, &type, &id)) bye("a message not of the protocol");
+        if (ecxi_nixl_proc_hdr_get(g.buf, (size_t)n, &type, &id))
+            bye("a message not of the protocol");
         const uint8_t *b = g.buf + ECX_NIXL_PROC_HDR;
         size_t len = (size_t)n - ECX_NIXL_PROC_HDR;
         if (g.as_n && type != ECX_NIXL_P_READ) bye("a READ left unfinished");
@@ -304,7 +305,9 @@ static void hello(void)
         else g.base = m;
     }
     close(ECX_NIXL_PROC_REGION_FD);
-    if (!rc) rc = ecxi_nixl_agent_new(name, producer ? g.base : NULL, producer ? (size_t)g.size : 0, &g.a);
+    if (!rc)
+        rc = ecxi_nixl_agent_new(name, producer ? g.base : NULL, producer ? (size_t)g.size : 0,
+                                 &g.a);
     size_t ml = 0;
     const uint8_t *md = !rc && producer ? ecxi_nixl_agent_metadata(g.a, &ml) : NULL;
     uint8_t *copy = ml ? malloc(ml) : NULL;

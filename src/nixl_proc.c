@@ -120,7 +120,8 @@ static int helper_paths(char (*out)[PATH_MAX], int max)
         if (n < max && snprintf(out[n], PATH_MAX, "%s/" HELPER_NAME, dirs[i]) < PATH_MAX) n++;
 #ifdef ECX_NIXL_AGENT_RELDIR
         if (i == 0 && n < max &&
-            snprintf(out[n], PATH_MAX, "%s/" ECX_NIXL_AGENT_RELDIR "/" HELPER_NAME, dirs[i]) < PATH_MAX)
+            snprintf(out[n], PATH_MAX, "%s/" ECX_NIXL_AGENT_RELDIR "/" HELPER_NAME, dirs[i]) <
+                PATH_MAX)
             n++;
 #endif
     }
@@ -432,7 +433,9 @@ static void handle(ecxi_nixl_proc *p, const uint8_t *m, size_t len)
     switch (type) {
     case ECX_NIXL_H_ADDED:
         if (n != 12 || !p->add_id || id != p->add_id || p->add_answered ||
-            (int32_t)ecxi_get_le32(b) > 0 || (ecxi_get_le32(b) == 0 && (ecxi_get_le64(b + 4) == 0 || ecxi_get_le64(b + 4) > UINT32_MAX)))
+            (int32_t)ecxi_get_le32(b) > 0 ||
+            (ecxi_get_le32(b) == 0 &&
+             (ecxi_get_le64(b + 4) == 0 || ecxi_get_le64(b + 4) > UINT32_MAX)))
             return die(p, "an ADDED it was not asked for");
         p->add_answered = true;
         p->add_rc = (int32_t)ecxi_get_le32(b);
@@ -489,7 +492,9 @@ int ecxi_nixl_proc_new(int region_fd, uint64_t region_bytes, bool producer, ecxi
     p->rx = malloc(ECX_NIXL_PROC_MSG_MAX);
     p->tx = malloc(ECX_NIXL_PROC_MSG_MAX);
     p->q = calloc(NOTIF_QUEUE, sizeof *p->q);
-    int rc = p->region_fd < 0 || p->epfd < 0 ? ECX_ESYS : !p->rx || !p->tx || !p->q ? ECX_ENOMEM : 0;
+    int rc = p->region_fd < 0 || p->epfd < 0  ? ECX_ESYS
+             : !p->rx || !p->tx || !p->q ? ECX_ENOMEM
+                                         : 0;
     if (!rc) rc = start(p);
     if (rc) {
         ecxi_nixl_proc_free(p);
@@ -716,7 +721,8 @@ int ecxi_nixl_proc_read_post(ecxi_nixl_proc *p, uint64_t handle, const uint64_t 
         ecxi_put_le32(b + 16, last ? (uint32_t)msg_len : 0);
         b += 20;
         for (size_t j = 0; j < k; j++, b += 24)
-            ecxi_put_le64(b, remote[i + j]), ecxi_put_le64(b + 8, local[i + j]), ecxi_put_le64(b + 16, len[i + j]);
+            ecxi_put_le64(b, remote[i + j]), ecxi_put_le64(b + 8, local[i + j]),
+                ecxi_put_le64(b + 16, len[i + j]);
         if (last) memcpy(b, msg, msg_len), b += msg_len;
         rc = send_all(p, p->tx, (size_t)(b - p->tx));
         i += k;

@@ -69,7 +69,8 @@
 #define ECX_NIXL_PROC_MSG_MAX (96u << 10)
 #define ECX_NIXL_PROC_HDR 16
 /* READ pieces in one message; a READ of more goes in several messages. */
-#define ECX_NIXL_PROC_PIECES ((ECX_NIXL_PROC_MSG_MAX - ECX_NIXL_PROC_HDR - 20 - ECX_NIXL_MSG_MAX) / 24)
+#define ECX_NIXL_PROC_PIECES                                                                       \
+    ((ECX_NIXL_PROC_MSG_MAX - ECX_NIXL_PROC_HDR - 20 - ECX_NIXL_MSG_MAX) / 24)
 /* Pieces in one READ, all messages together. */
 #define ECX_NIXL_PROC_PIECES_MAX (1u << 22)
 #define ECX_NIXL_PROC_RESTARTS 5

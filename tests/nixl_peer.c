@@ -307,7 +307,8 @@ static int bound(const char *dir, size_t nb, size_t bs)
     int rc = 0;
     int fd = memfd_create("nixl-peer-region", MFD_CLOEXEC);
     ecxi_nixl_proc *p;
-    if (fd < 0 || ftruncate(fd, (off_t)(nb * bs)) || (rc = ecxi_nixl_proc_new(fd, nb * bs, false, &p)))
+    if (fd < 0 || ftruncate(fd, (off_t)(nb * bs)) ||
+        (rc = ecxi_nixl_proc_new(fd, nb * bs, false, &p)))
         return fprintf(stderr, "proc: %s\n", ecx_strerror(rc)), 1;
     int failed = 0, fast = 0;
     for (int i = 0; i < ECX_NIXL_PROC_RESTARTS + 3; i++) {
