@@ -52,6 +52,10 @@
  *     advances inside the calls, chiefly ecx_poll(), which steps for at
  *     most about 0.5 ms per call; a large READ then needs many polls.
  *   - The UCX data path, if chosen, also runs UCX's own internal threads.
+ *     The nixl data path runs no UCX in this process: its NIXL agent is a
+ *     helper process (ecx-nixl-agent) that the context starts, talks to
+ *     over a socket from its own calls / thread, restarts if it dies, and
+ *     ends in ecx_free(); the library installs no signal handler for it.
  *
  * ABI: ecx_config carries its own size (set by ecx_config_init), so fields
  * appended in later versions do not break programs built against this

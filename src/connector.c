@@ -1002,6 +1002,9 @@ int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len)
         us = ecxi_consumer_get_stats(ctx->cons);
         m.consumer = &us;
     }
+    ecxi_data_stats cds = {0};
+    ecxi_data_get_stats(ctx->cdata, &cds);
+    m.nixl_agent_restarts = ds.nixl_agent_restarts + cds.nixl_agent_restarts;
     unlock(ctx);
     return ecxi_metrics_render(&m, buf, cap, len);
 }

@@ -312,6 +312,7 @@ typedef struct ecxi_data_stats {
     uint64_t slice_max_bytes; /* the most one call moved */
     uint64_t slices_cut;      /* calls that stopped at their budget, work left */
     uint64_t slice_max_ns;    /* the longest call (informational, not a bound) */
+    uint64_t nixl_agent_restarts; /* NIXL agent processes started again (nixl_proc.h) */
 } ecxi_data_stats;
 
 /* Add the context's counters (every path it runs) to *st (the slice

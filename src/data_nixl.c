@@ -1,12 +1,16 @@
 /*
  * data_nixl — the `nixl` data path: ecx as a peer of vLLM's
  * ECCPUConnector on NIXL's data plane (docs/NIXL.md), with our own UCX and
- * no NIXL library (src/nixl_agent.c).
+ * no NIXL library (src/nixl_agent.c), run in the NIXL agent process
+ * (src/nixl_proc.c): a UCX abort there costs READs, not this process.
  *
  * Producer: one NIXL agent whose metadata offers the whole region
- * as one DRAM range; every OK ack carries that metadata as
- * agent_metadata and vLLM's mem_descriptor (one (addr, len, 0) per block)
- * as the descriptor, the same for every grant (ecxi_data_shared_descriptor).
+ * as one DRAM range (the helper's mapping of it, read-only); every OK ack
+ * carries that metadata as agent_metadata and vLLM's mem_descriptor (one
+ * (addr, len, 0) per block, the helper's addresses) as the descriptor, the
+ * same for every grant (ecxi_data_shared_descriptor). A new helper (after
+ * one died) has a new worker address, name and mapping: both are taken
+ * again (refresh), so later acks carry the new ones.
  * A consumer (vLLM's connector, or any NIXL agent) READs the granted blocks
  * one-sidedly and sends the NIXL notification "{session_id}:{mm_hash}",
  * which this path hands to the session as a completion without a token
@@ -16,10 +20,14 @@
  * nixl_format.c: ECX_EDATA_META) and its mem_descriptor vLLM's list
  * (ecxi_data_ack_desc: uniform, our block size, else ECX_EDATA_DESC /
  * ECX_EDATA_MISMATCH); both end as BAD_ACK in the session. The peer is a
- * NIXL remote agent (nixl_agent.c: an endpoint from its worker address,
+ * NIXL remote agent (in the helper: an endpoint from its worker address,
  * its rkeys), whose ranges must cover the whole list. A READ is one
  * ucp_get per run of consecutive blocks, a flush, then the notification
- * "{session_id}:{mm_hash}". No checksum comes with a NIXL grant: when the
+ * "{session_id}:{mm_hash}"; the helper writes into its read-write mapping
+ * of our region at the offsets we pass. When the helper dies, its READs
+ * fail (the session falls back) and its peers become invalid: the next
+ * READ registers the producer again with the new helper. No checksum
+ * comes with a NIXL grant: when the
  * READ is done its XXH3-64 is computed (the item's checksum in our cache),
  * verifying nothing. Unlike the other paths' slices, that hash runs in one
  * call (read_poll), in proportion to the item's size (~0.1 ms per MB).
@@ -40,7 +48,7 @@
  * networks only; never chosen by auto.
  */
 #include <errno.h>
-#include <sodium.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,18 +57,19 @@
 
 #include "checksum.h"
 #include "data_impl.h"
-#include "nixl_agent.h"
+#include "nixl_format.h"
+#include "nixl_proc.h"
 #include "util.h"
 
 typedef struct nixl_peer {
     ecxi_data_peer head;
-    ecxi_nixl_remote *r;
-    uint64_t base; /* the remote's block 0 */
+    uint64_t handle; /* the proc's */
+    uint64_t base;   /* the remote's block 0 */
 } nixl_peer;
 
 typedef struct nixl_xfer {
     ecxi_data_xfer head;
-    ecxi_nixl_read *rd;
+    ecxi_nixl_proc_read *rd;
     int state;
     uint64_t checksum;
     uint64_t *blocks; /* local indices, for the checksum */
@@ -70,7 +79,8 @@ typedef struct nixl_xfer {
 
 typedef struct nixl_data {
     ecxi_data base;
-    ecxi_nixl_agent *agent;
+    ecxi_nixl_proc *proc;
+    uint64_t gen;  /* the helper whose metadata and descriptor we publish */
     uint8_t *desc; /* vLLM's mem_descriptor of the whole region */
     size_t desc_len;
     uint64_t notifs;
@@ -80,35 +90,59 @@ typedef struct nixl_data {
 
 static const struct ecxi_data_ops nixl_ops;
 
-/* A NIXL agent name unique across hosts: a vLLM process keeps one agent for
- * all its peers, and NIXL refuses a second remote agent of the same name
- * (or one named like itself). "ecx-" and 32 random hex digits. */
-static int agent_name(char out[40])
-{
-    if (sodium_init() < 0) return ECX_ECRYPTO;
-    uint8_t r[16];
-    randombytes_buf(r, sizeof r);
-    memcpy(out, "ecx-", 4);
-    for (int i = 0; i < 16; i++)
-        snprintf(out + 4 + 2 * i, 3, "%02x", r[i]);
-    return 0;
-}
-
 static void nixl_free(ecxi_data *d)
 {
     nixl_data *x = (nixl_data *)d;
     ecxi_data_free(x->ecx);
     if (x->epfd >= 0) close(x->epfd);
-    ecxi_nixl_agent_free(x->agent);
+    ecxi_nixl_proc_free(x->proc);
     free(x->base.meta); /* NULL once ecxi_data_free has taken it */
     free(x->desc);
     free(x);
 }
 
+/* A producer publishes its current helper's metadata and descriptor
+ * (the helper's addresses); kept as they were while none runs. */
+static int refresh(nixl_data *x)
+{
+    uint64_t gen = ecxi_nixl_proc_generation(x->proc), base;
+    if (x->base.role == ECX_DATA_CONSUMER || gen == 0 || gen == x->gen) return 0;
+    size_t ml;
+    const uint8_t *md = ecxi_nixl_proc_metadata(x->proc, &ml, &base);
+    ecxi_region *r = x->base.region;
+    uint64_t bs = ecxi_region_block_bytes(r), nb = ecxi_region_num_blocks(r);
+    size_t cap = ecxi_nixl_desc_size((size_t)nb);
+    ecxi_nixl_block *blk = calloc((size_t)nb, sizeof *blk);
+    uint8_t *desc = malloc(cap), *meta = malloc(ml);
+    int rc = blk && desc && meta ? 0 : ECX_ENOMEM;
+    long k = 0;
+    if (!rc) {
+        for (uint64_t i = 0; i < nb; i++)
+            blk[i] = (ecxi_nixl_block){base + i * bs, bs, 0};
+        if ((k = ecxi_nixl_desc_encode(blk, (size_t)nb, desc, cap)) < 0) rc = (int)k;
+    }
+    free(blk);
+    if (rc) {
+        free(desc), free(meta);
+        return rc;
+    }
+    memcpy(meta, md, ml);
+    free(x->base.meta);
+    free(x->desc);
+    x->base.meta = meta, x->base.meta_len = ml;
+    x->desc = desc, x->desc_len = (size_t)k;
+    if (x->gen)
+        ecxi_log(ECX_LOG_WARN, "data nixl: the new NIXL agent %s publishes new metadata",
+                 ecxi_nixl_proc_name(x->proc));
+    x->gen = gen;
+    return 0;
+}
+
 static int nixl_progress(ecxi_data *d, ecxi_slice *sl)
 {
     nixl_data *x = (nixl_data *)d;
-    int n = ecxi_nixl_agent_progress(x->agent), m;
+    int n = ecxi_nixl_proc_progress(x->proc), m;
+    if ((m = refresh(x)) < 0) return m;
     if (n < 0 || !x->ecx) return n;
     if ((m = x->ecx->ops->progress(x->ecx, sl)) < 0) return m;
     return n + m;
@@ -117,13 +151,13 @@ static int nixl_progress(ecxi_data *d, ecxi_slice *sl)
 static int nixl_fd(ecxi_data *d)
 {
     nixl_data *x = (nixl_data *)d;
-    return x->epfd >= 0 ? x->epfd : ecxi_nixl_agent_fd(x->agent);
+    return x->epfd >= 0 ? x->epfd : ecxi_nixl_proc_fd(x->proc);
 }
 
 static int nixl_arm(ecxi_data *d)
 {
     nixl_data *x = (nixl_data *)d;
-    int rc = ecxi_nixl_agent_arm(x->agent);
+    int rc = ecxi_nixl_proc_arm(x->proc);
     if (rc != 0 || !x->ecx) return rc;
     return x->ecx->ops->arm(x->ecx);
 }
@@ -145,7 +179,7 @@ static int start_ecx(nixl_data *x, ecxi_region *r, const ecxi_data_opts *opts, i
         return role == ECX_DATA_PRODUCER ? 0 : rc;
     }
     x->epfd = epoll_create1(EPOLL_CLOEXEC);
-    int fds[2] = {ecxi_nixl_agent_fd(x->agent), ecxi_data_fd(x->ecx)};
+    int fds[2] = {ecxi_nixl_proc_fd(x->proc), ecxi_data_fd(x->ecx)};
     for (int i = 0; i < 2 && x->epfd >= 0; i++) {
         struct epoll_event ev = {.events = EPOLLIN, .data.fd = fds[i]};
         if (fds[i] >= 0 && epoll_ctl(x->epfd, EPOLL_CTL_ADD, fds[i], &ev) != 0) {
@@ -164,7 +198,9 @@ static void nixl_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)
 
 static void nixl_stats(const ecxi_data *d, ecxi_data_stats *st)
 {
-    ecxi_data_get_stats(((const nixl_data *)d)->ecx, st);
+    const nixl_data *x = (const nixl_data *)d;
+    st->nixl_agent_restarts += ecxi_nixl_proc_restarts(x->proc);
+    ecxi_data_get_stats(x->ecx, st);
 }
 
 static const ecxi_data *nixl_ecx_form(const ecxi_data *d)
@@ -187,7 +223,7 @@ static int nixl_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb,
     char name[ECX_NIXL_NAME_MAX + 1], msg[ECX_NIXL_MSG_MAX + 1];
     int n = 0;
     /* bounded per call, like every other path's poll */
-    while (n < 4096 && ecxi_nixl_agent_notif_pop(x->agent, name, msg)) {
+    while (n < 4096 && ecxi_nixl_proc_notif_pop(x->proc, name, msg)) {
         size_t len = strlen(msg);
         x->notifs++;
         if (len > ECX_DATA_NOTIF_MAX) continue;
@@ -206,41 +242,38 @@ static const uint8_t *nixl_shared_desc(const ecxi_data *d, size_t *len)
     return x->desc;
 }
 
+/* The helper over the region's file: read-only for a producer. */
+static int start_proc(nixl_data *x, ecxi_region *r, bool producer)
+{
+    int fd = open(ecxi_region_path(r), (producer ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+    if (fd < 0) {
+        ecxi_log(ECX_LOG_ERROR, "data nixl: cannot open the region file %s: %s",
+                 ecxi_region_path(r), strerror(errno));
+        return ECX_ESYS;
+    }
+    int rc = ecxi_nixl_proc_new(fd, ecxi_region_size(r), producer, &x->proc);
+    close(fd);
+    return rc;
+}
+
 int ecxi_data_nixl_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data **out)
 {
     nixl_data *x = calloc(1, sizeof *x);
     if (!x) return ECX_ENOMEM;
     x->base.ops = &nixl_ops;
+    x->base.role = ECX_DATA_PRODUCER; /* data.c sets it too; refresh needs it now */
+    x->base.region = r;
     x->epfd = -1;
-    uint8_t *base = ecxi_region_base(r);
-    uint64_t bs = ecxi_region_block_bytes(r), nb = ecxi_region_num_blocks(r);
-    char name[40];
-    int rc = agent_name(name);
-    if (!rc) rc = ecxi_nixl_agent_new(name, base, (size_t)(bs * nb), &x->agent);
-    ecxi_nixl_block *blk = rc ? NULL : calloc((size_t)nb, sizeof *blk);
-    size_t cap = ecxi_nixl_desc_size((size_t)nb);
-    if (!rc && (!blk || !(x->desc = malloc(cap)))) rc = ECX_ENOMEM;
-    if (!rc) {
-        for (uint64_t i = 0; i < nb; i++)
-            blk[i] = (ecxi_nixl_block){(uintptr_t)base + i * bs, bs, 0};
-        long k = ecxi_nixl_desc_encode(blk, (size_t)nb, x->desc, cap);
-        if (k < 0) rc = (int)k;
-        else x->desc_len = (size_t)k;
-    }
-    size_t ml;
-    const uint8_t *md = rc ? NULL : ecxi_nixl_agent_metadata(x->agent, &ml);
-    if (!rc && !(x->base.meta = malloc(ml))) rc = ECX_ENOMEM;
+    int rc = start_proc(x, r, true);
+    if (!rc) rc = refresh(x);
     if (!rc) rc = start_ecx(x, r, opts, ECX_DATA_PRODUCER);
     if (rc) {
-        free(blk);
         nixl_free(&x->base);
         return rc;
     }
-    memcpy(x->base.meta, md, ml);
-    x->base.meta_len = ml;
-    free(blk);
-    ecxi_log(ECX_LOG_WARN, "data nixl: NIXL agent %s offers the whole region (%llu bytes) to "
-             "one-sided READs: trusted networks only", name, (unsigned long long)(bs * nb));
+    ecxi_log(ECX_LOG_WARN, "data nixl: NIXL agent %s (process %d) offers the whole region (%llu "
+             "bytes) to one-sided READs: trusted networks only", ecxi_nixl_proc_name(x->proc),
+             ecxi_nixl_proc_pid(x->proc), (unsigned long long)ecxi_region_size(r));
     *out = &x->base;
     return 0;
 }
@@ -284,20 +317,20 @@ static int nixl_peer_add_raw(ecxi_data *d, const uint8_t *meta, size_t meta_len,
 {
     nixl_data *x = (nixl_data *)d;
     if (!desc->unverified) return ECX_EDATA_DESC;
+    ecxi_nixl_meta m;
+    if (ecxi_nixl_meta_decode(meta, meta_len, &m)) return ECX_EDATA_META;
+    /* The blocks of the list must be what the metadata registered. */
+    if (!ecxi_nixl_meta_covers(&m, desc->remote_base, desc->num_blocks * desc->block_bytes)) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data nixl: the descriptor list of %.*s lies outside "
+                            "its registered memory", (int)m.name_len, m.name);
+        return ECX_EDATA_MISMATCH;
+    }
     nixl_peer *p = calloc(1, sizeof *p);
     if (!p) return ECX_ENOMEM;
-    int rc = ecxi_nixl_remote_add(x->agent, meta, meta_len, &p->r);
+    int rc = ecxi_nixl_proc_remote_add(x->proc, meta, meta_len, &p->handle);
     if (rc) {
         free(p);
         return rc;
-    }
-    /* The blocks of the list must be what the metadata registered. */
-    if (!ecxi_nixl_remote_covers(p->r, desc->remote_base, desc->num_blocks * desc->block_bytes)) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data nixl: the descriptor list of %s lies outside "
-                            "its registered memory", ecxi_nixl_remote_name(p->r));
-        ecxi_nixl_remote_drop(p->r);
-        free(p);
-        return ECX_EDATA_MISMATCH;
     }
     p->base = desc->remote_base;
     p->head.owner = d;
@@ -309,7 +342,7 @@ static int nixl_peer_add_raw(ecxi_data *d, const uint8_t *meta, size_t meta_len,
 static void nixl_peer_drop(ecxi_data_peer *hp)
 {
     nixl_peer *p = (nixl_peer *)hp;
-    ecxi_nixl_remote_drop(p->r);
+    ecxi_nixl_proc_remote_drop(((nixl_data *)hp->owner)->proc, p->handle);
     free(p);
 }
 
@@ -320,25 +353,35 @@ static int nixl_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const u
     (void)t;
     nixl_peer *p = (nixl_peer *)hp;
     ecxi_data *d = hp->owner;
+    ecxi_nixl_proc *proc = ((nixl_data *)d)->proc;
+    /* Registered with a helper that died since: again, with the current one. */
+    if (!ecxi_nixl_proc_remote_live(proc, p->handle)) {
+        int rc = ecxi_nixl_proc_remote_add(proc, hp->meta, hp->meta_len, &p->handle);
+        if (rc) return rc;
+    }
     uint64_t bs = ecxi_region_block_bytes(d->region);
-    uint8_t *lbase = ecxi_region_base(d->region);
     nixl_xfer *x = calloc(1, sizeof *x);
-    uint64_t *raddr = calloc(n, sizeof *raddr), *len = calloc(n, sizeof *len);
-    void **lptr = calloc(n, sizeof *lptr);
+    uint64_t *raddr = calloc(n, sizeof *raddr), *loff = calloc(n, sizeof *loff),
+             *len = calloc(n, sizeof *len);
     int rc = ECX_ENOMEM;
-    if (x && raddr && len && lptr && (x->blocks = malloc(n * sizeof *x->blocks))) {
-        for (size_t i = 0; i < n; i++) {
-            raddr[i] = p->base + remote[i] * bs; /* indices checked by the front */
-            lptr[i] = lbase + local[i] * bs;
-            len[i] = bs; /* whole blocks, as NIXL's descriptors are */
+    if (x && raddr && loff && len && (x->blocks = malloc(n * sizeof *x->blocks))) {
+        /* whole blocks, as NIXL's descriptors are; a run of consecutive
+         * blocks on both sides goes as one piece */
+        size_t k = 0;
+        for (size_t i = 0; i < n; k++) {
+            size_t run = ecxi_data_run_len(remote, local, i, n);
+            raddr[k] = p->base + remote[i] * bs; /* indices checked by the front */
+            loff[k] = local[i] * bs;
+            len[k] = run * bs;
+            i += run;
         }
         memcpy(x->blocks, local, n * sizeof *local);
         x->n = n;
         x->nbytes = nbytes;
         x->head.owner = d;
-        rc = ecxi_nixl_read_post(p->r, raddr, lptr, len, n, key, key_len, &x->rd);
+        rc = ecxi_nixl_proc_read_post(proc, p->handle, raddr, loff, len, k, key, key_len, &x->rd);
     }
-    free(raddr), free(len), free(lptr);
+    free(raddr), free(loff), free(len);
     if (rc) {
         if (x) free(x->blocks);
         free(x);
@@ -352,7 +395,7 @@ static int nixl_read_poll(ecxi_data_xfer *hx)
 {
     nixl_xfer *x = (nixl_xfer *)hx;
     if (x->state != ECX_XFER_RUNNING) return x->state;
-    int st = ecxi_nixl_read_poll(x->rd);
+    int st = ecxi_nixl_proc_read_poll(x->rd);
     if (st == 0) return ECX_XFER_RUNNING;
     if (st < 0) return x->state = ECX_XFER_FAILED;
     const ecxi_region *r = hx->owner->region;
@@ -372,7 +415,7 @@ static bool nixl_read_checksum(const ecxi_data_xfer *hx, uint64_t *sum)
 static void nixl_read_release(ecxi_data_xfer *hx)
 {
     nixl_xfer *x = (nixl_xfer *)hx;
-    ecxi_nixl_read_release(x->rd);
+    ecxi_nixl_proc_read_release(((nixl_data *)hx->owner)->proc, x->rd);
     free(x->blocks);
     free(x);
 }
@@ -382,10 +425,9 @@ int ecxi_data_nixl_new_consumer(ecxi_region *r, const ecxi_data_opts *opts, ecxi
     nixl_data *x = calloc(1, sizeof *x);
     if (!x) return ECX_ENOMEM;
     x->base.ops = &nixl_ops;
+    x->base.role = ECX_DATA_CONSUMER;
     x->epfd = -1;
-    char name[40];
-    int rc = agent_name(name);
-    if (!rc) rc = ecxi_nixl_agent_new(name, NULL, 0, &x->agent);
+    int rc = start_proc(x, r, false);
     if (!rc) rc = start_ecx(x, r, opts, ECX_DATA_CONSUMER);
     if (rc) {
         nixl_free(&x->base);

@@ -212,6 +212,9 @@ int ecxi_metrics_render(const ecxi_metrics_src *m, char *buf, size_t cap, size_t
     if (m->producer) producer(&o, m->producer, m->ctrl, m->data);
     if (m->consumer) consumer(&o, m->consumer);
     if (m->cache) cache(&o, m->cache, m->block_bytes);
+    counter(&o, "ecx_nixl_agent_restarts_total",
+            "NIXL agent processes started again after one died (--data nixl; docs/NIXL.md §5).",
+            m->nixl_agent_restarts);
     *len = o.len;
     if (!o.full) return 0;
     if (cap) buf[0] = '\0'; /* never a truncated text */

@@ -4,17 +4,10 @@
  */
 #include "nixl_agent.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <ucp/api/ucp.h>
-#include <ucs/config/global_opts.h>
-#include <unistd.h>
-#include <xxhash.h>
 
 #include "data_impl.h"
 #include "util.h"
@@ -32,18 +25,6 @@ static const uint8_t SW_RKEY[9] = {0};
 /* A notification's serdes: magic, then name and text with their tags. */
 #define NOTIF_BYTES (11 + 4 + 8 + ECX_NIXL_NAME_MAX + 1 + 3 + 8 + ECX_NIXL_MSG_MAX + 1)
 
-/* The guard (docs/NIXL.md §6): verdicts on a peer's UCX bytes, kept. */
-#define GUARD_SLOTS 16
-#define GUARD_TIMEOUT_MS 2000
-#define GUARD_TRIES 3
-
-typedef struct guard_slot {
-    uint8_t *key; /* the worker address and rkeys, with their lengths */
-    size_t len;
-    uint64_t hash, used;
-    bool ok;
-} guard_slot;
-
 typedef struct notif {
     char name[ECX_NIXL_NAME_MAX + 1];
     char msg[ECX_NIXL_MSG_MAX + 1];
@@ -60,8 +41,6 @@ struct ecxi_nixl_agent {
     notif *q; /* ring of ECX_NIXL_NOTIF_QUEUE */
     size_t q_head, q_len;
     uint64_t dropped;
-    guard_slot guard[GUARD_SLOTS];
-    uint64_t guard_clock;
 };
 
 struct ecxi_nixl_remote {
@@ -201,8 +180,6 @@ void ecxi_nixl_agent_free(ecxi_nixl_agent *a)
     if (!a) return;
     if (a->worker) ucp_worker_destroy(a->worker);
     if (a->ctx) ucp_cleanup(a->ctx);
-    for (size_t i = 0; i < GUARD_SLOTS; i++)
-        free(a->guard[i].key);
     free(a->meta);
     free(a->q);
     free(a);
@@ -284,8 +261,8 @@ static uint8_t *padded(const uint8_t *b, size_t n)
     return c;
 }
 
-/* An endpoint from m's worker address and its rkeys unpacked, the same in
- * the guard's child and for real. UCS_OK, or the failing step in *what. */
+/* An endpoint from m's worker address and its rkeys unpacked. UCS_OK, or
+ * the failing step in *what. */
 static ucs_status_t open_ucx(ucp_worker_h w, const ecxi_nixl_meta *m, ucp_err_handler_cb_t cb,
                              void *arg, ucp_ep_h *ep, ucp_rkey_h *rkey, const char **what)
 {
@@ -318,179 +295,6 @@ static ucs_status_t open_ucx(ucp_worker_h w, const ecxi_nixl_meta *m, ucp_err_ha
     return UCS_OK;
 }
 
-/* ---- the guard ------------------------------------------------------------
- * UCX 1.13 parses a worker address and rkeys without a length and trusts
- * their fields: some one-byte mutations of a real address make
- * ucp_ep_create abort (docs/NIXL.md §6). So a peer's bytes never reach our
- * UCX before a child process has done with them exactly what we will
- * (open_ucx, a fresh context and worker made by setup()) and lived.
- *
- * The child of a multi-threaded process has only this thread: it blocks
- * every signal but the crashes', which it resets, touches no
- * lock-guarded state of ours (no logging: our level is set to errors and
- * UCX's to fatal, stdout and stderr go to /dev/null) and ends with _exit()
- * (an exit() inside UCX ends in ours first), so no atexit handler of the
- * host's runs and no stdio buffer is flushed twice. It inherits UCX's
- * global state: a lock another thread held at fork() stays held in it (seen:
- * UCX's async handler table, held by the parent's async thread, hangs the
- * child's ucp_worker_create, about 1 in 150 checks under a stream of
- * mutants), and the child's new sockets are added to the parent's UCX
- * async epoll set (the child's copy of that thread's state), where UCX
- * looks their events up by fd number until the child exits. A hung child
- * is killed at a deadline (GUARD_TIMEOUT_MS, SIGKILL) and tried again, up
- * to GUARD_TRIES times; if every try hangs the bytes are refused this time.
- * The verdict comes through a pipe (one byte, written only after everything
- * passed), not the exit status, so a host that ignores SIGCHLD (children
- * reaped for it) changes nothing; we reap our pid only, with waitpid, and
- * install no signal handler. The child connects to the peer's address (an
- * endpoint's wireup) and then vanishes: the peer sees a connection close.
- *
- * Verdicts on bytes (ok, UCX refused them, the child died after its UCX
- * was set up, when it had written G_STARTED) are kept in a small table,
- * compared byte for byte, least recently used replaced: only metadata never
- * seen pays a fork. A timeout, a death before G_STARTED or a fork / pipe
- * failure may be ours, not the bytes': refused this time, not kept. */
-
-enum { G_STARTED = 'P', G_OK = 'K', G_REFUSED = 'R', G_SETUP = 'S' };
-
-static void guard_child_exit(void)
-{
-    _exit(1);
-}
-
-static _Noreturn void guard_child(int fd, const ecxi_nixl_meta *m)
-{
-    /* Registered last, so run first if UCX calls exit(): no handler of the
-     * host's runs and no stdio buffer is flushed. Output goes nowhere. */
-    atexit(guard_child_exit);
-    /* Crashes kill it at once (no handler of UCX's or the host's runs);
-     * every other signal (a terminal's SIGINT, say) waits, blocked. */
-    static const int crash[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP};
-    sigset_t set;
-    sigfillset(&set);
-    for (size_t i = 0; i < sizeof crash / sizeof *crash; i++)
-        signal(crash[i], SIG_DFL), sigdelset(&set, crash[i]);
-    sigprocmask(SIG_SETMASK, &set, NULL);
-    int nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
-    if (nul >= 0) dup2(nul, STDOUT_FILENO), dup2(nul, STDERR_FILENO);
-    ecx_set_log_level(ECX_LOG_ERROR);
-    ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_FATAL;
-    ecxi_nixl_agent c = {.efd = -1};
-    ucp_ep_h ep;
-    ucp_rkey_h rkey[ECX_NIXL_REGS_MAX];
-    const char *what;
-    char v = G_SETUP;
-    if (!setup(&c)) {
-        v = G_STARTED; /* from here on, a death is the bytes' doing */
-        if (write(fd, &v, 1) != 1) _exit(1);
-        v = open_ucx(c.worker, m, NULL, NULL, &ep, rkey, &what) ? G_REFUSED : G_OK;
-    }
-    _exit(write(fd, &v, 1) == 1 ? 0 : 1);
-}
-
-static void guard_reap(pid_t pid, bool kill_it)
-{
-    if (kill_it) kill(pid, SIGKILL);
-    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-        ;
-}
-
-/* G_OK, G_REFUSED, G_SETUP, 'D' (the child died with the bytes), 'E' (it
- * died before it had them), 'T' (timed out) or 'F' (no child). */
-static char guard_run(const ecxi_nixl_meta *m)
-{
-    int p[2];
-    if (pipe2(p, O_CLOEXEC)) return 'F';
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(p[0]);
-        guard_child(p[1], m);
-    }
-    close(p[1]);
-    if (pid < 0) {
-        close(p[0]);
-        return 'F';
-    }
-    char v = 'T', b;
-    bool started = false;
-    int64_t end = ecxi_now_ms(NULL) + GUARD_TIMEOUT_MS;
-    for (;;) {
-        int64_t left = end - ecxi_now_ms(NULL);
-        struct pollfd q = {.fd = p[0], .events = POLLIN};
-        int k = left > 0 ? poll(&q, 1, (int)left) : 0;
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
-        ssize_t n = read(p[0], &b, 1);
-        if (n < 0 && errno == EINTR) continue;
-        if (n == 1 && b == G_STARTED) {
-            started = true;
-            continue;
-        }
-        v = n == 1 ? b : started ? 'D' : 'E'; /* closed with no verdict: it died */
-        break;
-    }
-    close(p[0]);
-    guard_reap(pid, v == 'T');
-    return v;
-}
-
-/* The table's key: the address and the rkeys, each after its length. */
-static uint8_t *guard_key(const ecxi_nixl_meta *m, size_t *len)
-{
-    size_t n = 8 + m->ucx_addr_len;
-    for (size_t i = 0; i < m->nregs; i++)
-        n += 8 + m->regs[i].rkey_len;
-    uint8_t *k = malloc(n), *w = k;
-    if (!k) return NULL;
-    uint64_t l = m->ucx_addr_len;
-    memcpy(w, &l, 8), memcpy(w + 8, m->ucx_addr, l), w += 8 + l;
-    for (size_t i = 0; i < m->nregs; i++) {
-        l = m->regs[i].rkey_len;
-        memcpy(w, &l, 8), memcpy(w + 8, m->regs[i].rkey, l), w += 8 + l;
-    }
-    *len = n;
-    return k;
-}
-
-/* 0 if m's UCX bytes are safe to give our UCX, else ECX_EDATA_META (or
- * ECX_ENOMEM). */
-static int guard(ecxi_nixl_agent *a, const ecxi_nixl_meta *m)
-{
-    size_t len;
-    uint8_t *key = guard_key(m, &len);
-    if (!key) return ECX_ENOMEM;
-    uint64_t h = XXH3_64bits(key, len);
-    guard_slot *s = NULL, *lru = &a->guard[0];
-    for (size_t i = 0; i < GUARD_SLOTS && !s; i++) {
-        guard_slot *g = &a->guard[i];
-        if (g->key && g->hash == h && g->len == len && !memcmp(g->key, key, len)) s = g;
-        if (!g->key || (lru->key && g->used < lru->used)) lru = g;
-    }
-    if (s) {
-        free(key);
-        s->used = ++a->guard_clock;
-        return s->ok ? 0 : ECX_EDATA_META;
-    }
-    int64_t t0 = ecxi_now_ns();
-    char v = 'T';
-    for (int i = 0; i < GUARD_TRIES && v == 'T'; i++)
-        v = guard_run(m);
-    ecxi_log(ECX_LOG_DEBUG, "nixl: a peer's UCX address and rkeys tried in a child: %c, %.1f ms", v,
-             (double)(ecxi_now_ns() - t0) / 1e6);
-    if (v == G_OK || v == G_REFUSED || v == 'D') {
-        free(lru->key);
-        *lru = (guard_slot){key, len, h, ++a->guard_clock, v == G_OK};
-    } else {
-        free(key);
-    }
-    if (v == G_OK) return 0;
-    static const char *why[] = {"UCX refused them", "they crashed UCX", "UCX setup failed",
-                                "the check timed out", "no check process"};
-    const char *w = why[v == G_REFUSED ? 0 : v == 'D' ? 1 : v == G_SETUP || v == 'E' ? 2 : v == 'T' ? 3 : 4];
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: a peer's UCX address / rkeys refused: %s", w);
-    return ECX_EDATA_META;
-}
-
 int ecxi_nixl_remote_add(ecxi_nixl_agent *a, const uint8_t *md, size_t md_len,
                          ecxi_nixl_remote **out)
 {
@@ -506,7 +310,6 @@ int ecxi_nixl_remote_add(ecxi_nixl_agent *a, const uint8_t *md, size_t md_len,
     int rc = ecxi_nixl_meta_decode(r->md, md_len, &r->m);
     if (!rc && r->m.name_len == a->name_len && !memcmp(r->m.name, a->name, a->name_len))
         rc = ECX_EDATA_META; /* NIXL refuses its own name too */
-    if (!rc) rc = guard(a, &r->m);
     const char *what;
     ucs_status_t st;
     if (!rc && (st = open_ucx(a->worker, &r->m, remote_err, r, &r->ep, r->rkey, &what)) != UCS_OK) {

@@ -4,8 +4,11 @@
  * range, READs from a NIXL agent's memory with the READ's notification,
  * and collects the notifications NIXL agents send it (docs/NIXL.md).
  *
- * Used by the `nixl` data path (data_nixl.c: its producer side) and by
- * tests/nixl_peer.c (both sides, against real nixl agents).
+ * Runs only in the NIXL agent process (ecx-nixl-agent, nixl_agent_main.c;
+ * the `nixl` data path talks to it through nixl_proc.c), never inside
+ * libecx's host process: UCX 1.13.1 aborts the process on some peer
+ * behaviour (docs/NIXL.md §5, §6). Also used by tests/nixl_peer.c (both
+ * sides, against real nixl agents).
  *
  * UCX settings (docs/NIXL.md §5): the context uses UCX's tcp transport
  * only, and the metadata carries the software-RMA rkey (no md entries):
@@ -63,7 +66,8 @@ uint64_t ecxi_nixl_agent_notifs_dropped(const ecxi_nixl_agent *a);
 /* A remote agent from its metadata (NIXL's add_remote_agent): parsed and
  * bounded, an endpoint from its worker address, its ranges' rkeys
  * unpacked. ECX_EDATA_META if any of that fails (UCX refusing the address
- * or an rkey included), ECX_ENOMEM. */
+ * or an rkey included), ECX_ENOMEM. UCX 1.13.1 aborts the process on some
+ * malformed addresses (docs/NIXL.md §6). */
 int ecxi_nixl_remote_add(ecxi_nixl_agent *a, const uint8_t *md, size_t md_len,
                          ecxi_nixl_remote **out);
 /* Its READs still running fail (ECX_EDATA_PEER); their handles stay valid

@@ -4,7 +4,8 @@
 # tests/install_smoke.c built with only <ecx.h> and `pkg-config ecx` (no
 # path into the source or build tree), against the shared library and
 # against the static one, and run. When the CLI links libecx.so (CLI_SHARED
-# 1), the installed `ecx` must need libecx.so.1 and find it by its RPATH.
+# 1), the installed `ecx` must need libecx.so.1 and find it by its RPATH,
+# and its `serve --data nixl` must find the installed ecx-nixl-agent.
 # usage: test_install.sh BUILD_DIR SMOKE_C CC CLI_SHARED(0|1)
 set -euo pipefail
 BUILD=$1 SMOKE=$2 CC=$3 CLI_SHARED=$4
@@ -91,6 +92,22 @@ elif [ "$CLI_SHARED" = 1 ]; then
   env -u LD_LIBRARY_PATH "$cli" --help >/dev/null 2>&1 || bad "installed ecx --help failed"
 else
   echo "note: the CLI is not linked against libecx.so yet (CLI_SHARED=0); its check is skipped"
+fi
+
+# The NIXL agent process's program, where the installed library looks for it
+# (LIBEXECDIR/ecx, relative to LIBDIR; docs/NIXL.md §5): an installed
+# `ecx serve --data nixl` starts it, with no ECX_NIXL_AGENT and no build tree.
+agent=$(find "$STAGE" -path '*/libexec/ecx/ecx-nixl-agent' -type f | head -1)
+if [ -z "$agent" ] || [ ! -x "$agent" ]; then
+  bad "libexec/ecx/ecx-nixl-agent not installed"
+elif [ -n "$cli" ] && [ "$CLI_SHARED" = 1 ]; then
+  env -u LD_LIBRARY_PATH -u ECX_NIXL_AGENT "$cli" serve --data nixl --listen 127.0.0.1:0 \
+    --block-bytes 64Ki >"$T/nixl.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 100); do grep -q "offers the whole region" "$T/nixl.log" && break; sleep 0.1; done
+  grep -q "offers the whole region" "$T/nixl.log" ||
+    bad "installed ecx serve --data nixl did not start its NIXL agent process: $(head -c 400 "$T/nixl.log")"
+  kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
 fi
 
 [ "$failed" = 0 ] && echo "install: ok ($LIBDIR)"

@@ -1,0 +1,760 @@
+/*
+ * nixl_proc — the NIXL agent process, the parent's side and the protocol
+ * (nixl_proc.h; the helper's loop is nixl_agent_main.c).
+ */
+#include "nixl_proc.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <sodium.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "util.h"
+
+extern char **environ;
+
+#define HELPER_NAME "ecx-nixl-agent"
+#define VERDICTS 16
+#define NOTIF_QUEUE 1024
+#define FREE_WAIT_MS 1000
+#define REAP_WAIT_MS 500
+/* Messages handled in one progress call. */
+#define PROGRESS_MSGS 4096
+
+typedef struct notif {
+    char name[ECX_NIXL_NAME_MAX + 1];
+    char msg[ECX_NIXL_MSG_MAX + 1];
+} notif;
+
+struct ecxi_nixl_proc_read {
+    ecxi_nixl_proc_read *prev, *next; /* in p->reads while running */
+    uint64_t id, gen;
+    int state; /* 0 running, 1 done, negative failed */
+};
+
+struct ecxi_nixl_proc {
+    bool producer;
+    int region_fd;
+    uint64_t region_bytes;
+    int epfd;
+    int sock; /* -1 while down */
+    pid_t pid;
+    uint64_t gen, gens; /* current (0: down), and how many were started */
+    char name[ECX_NIXL_NAME_MAX + 1];
+    uint8_t *meta;
+    size_t meta_len;
+    uint64_t base;
+    uint64_t restarts;
+    int64_t start_ms[ECX_NIXL_PROC_RESTARTS]; /* ring of the latest starts */
+    size_t starts;
+    int64_t down_logged_ms;
+    uint8_t *rx, *tx;
+    uint64_t next_id;
+    ecxi_nixl_proc_read *reads;
+    /* the ADD waiting for its answer */
+    uint64_t add_id;
+    bool add_answered;
+    int add_rc;
+    uint64_t add_handle;
+    notif *q;
+    size_t q_head, q_len;
+    uint64_t verdict_hash[VERDICTS], verdict_used[VERDICTS], verdict_clock;
+};
+
+/* ---- codec ---------------------------------------------------------------- */
+
+void ecxi_nixl_proc_hdr_put(uint8_t *b, uint16_t type, uint64_t id)
+{
+    ecxi_put_le32(b, ECX_NIXL_PROC_MAGIC);
+    ecxi_put_le16(b + 4, ECX_NIXL_PROC_VERSION);
+    ecxi_put_le16(b + 6, type);
+    ecxi_put_le64(b + 8, id);
+}
+
+int ecxi_nixl_proc_hdr_get(const uint8_t *b, size_t len, uint16_t *type, uint64_t *id)
+{
+    if (len < ECX_NIXL_PROC_HDR || ecxi_get_le32(b) != ECX_NIXL_PROC_MAGIC ||
+        ecxi_get_le16(b + 4) != ECX_NIXL_PROC_VERSION)
+        return ECX_EDATA_PEER;
+    *type = ecxi_get_le16(b + 6);
+    *id = ecxi_get_le64(b + 8);
+    return 0;
+}
+
+/* ---- finding the helper ------------------------------------------------- */
+
+/* Where the helper may be: $ECX_NIXL_AGENT alone if set; else next to the
+ * object holding this code (libecx.so, or a program linking it
+ * statically), in its install's libexec (ECX_NIXL_AGENT_RELDIR, relative
+ * to the library's directory), next to the program. */
+static int helper_paths(char (*out)[PATH_MAX], int max)
+{
+    const char *env = getenv("ECX_NIXL_AGENT");
+    if (env && *env) return snprintf(out[0], PATH_MAX, "%s", env) < PATH_MAX;
+    char dirs[2][PATH_MAX];
+    int nd = 0, n = 0;
+    Dl_info di;
+    if (dladdr((void *)ecxi_nixl_proc_new, &di) && di.dli_fname && strchr(di.dli_fname, '/') &&
+        realpath(di.dli_fname, dirs[nd]))
+        nd++;
+    ssize_t k = readlink("/proc/self/exe", dirs[nd], PATH_MAX - 1);
+    if (k > 0) dirs[nd][k] = 0, nd++;
+    for (int i = 0; i < nd; i++) {
+        char *slash = strrchr(dirs[i], '/');
+        if (!slash) continue;
+        *slash = 0;
+        if (i == 1 && !strcmp(dirs[0], dirs[1])) continue; /* the program's dir is the library's */
+        /* (a path too long for PATH_MAX is skipped) */
+        if (n < max && snprintf(out[n], PATH_MAX, "%s/" HELPER_NAME, dirs[i]) < PATH_MAX) n++;
+#ifdef ECX_NIXL_AGENT_RELDIR
+        if (i == 0 && n < max &&
+            snprintf(out[n], PATH_MAX, "%s/" ECX_NIXL_AGENT_RELDIR "/" HELPER_NAME, dirs[i]) <
+                PATH_MAX)
+            n++;
+#endif
+    }
+    return n;
+}
+
+static int find_helper(char *path)
+{
+    char cand[4][PATH_MAX], tried[1024] = "";
+    int n = helper_paths(cand, 4);
+    for (int i = 0; i < n; i++) {
+        if (access(cand[i], X_OK) == 0) {
+            memcpy(path, cand[i], PATH_MAX);
+            return 0;
+        }
+        size_t l = strlen(tried);
+        if (snprintf(tried + l, sizeof tried - l, "%s%s", l ? ", " : "", cand[i]) < 0) break;
+    }
+    ECX_LOG_RATELIMITED(ECX_LOG_ERROR, "nixl: the NIXL agent process's program " HELPER_NAME
+                        " not found or not executable (tried %s; set ECX_NIXL_AGENT to its "
+                        "path): the nixl data path cannot start", n ? tried : "nothing");
+    return ECX_EDATA_NOPATH;
+}
+
+/* ---- the helper's life ---------------------------------------------------- */
+
+static void epoll_set(ecxi_nixl_proc *p, int op)
+{
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = p->sock};
+    if (epoll_ctl(p->epfd, op, p->sock, &ev) != 0)
+        ecxi_log(ECX_LOG_WARN, "nixl: epoll_ctl: %s", strerror(errno));
+}
+
+/* Reap the helper: a short wait for it to end by itself (its status says
+ * why), then SIGKILL. Writes what happened into why. */
+static void reap(pid_t pid, bool kill_first, char *why, size_t cap)
+{
+    int st = 0;
+    pid_t r = 0;
+    if (pid <= 0) { /* never kill(0) or kill(-1) */
+        snprintf(why, cap, "no process");
+        return;
+    }
+    if (kill_first) kill(pid, SIGKILL);
+    for (int64_t end = ecxi_now_ms(NULL) + REAP_WAIT_MS; ecxi_now_ms(NULL) < end;) {
+        r = waitpid(pid, &st, WNOHANG);
+        if (r != 0 && !(r < 0 && errno == EINTR)) break;
+        usleep(2000);
+    }
+    if (r == 0) {
+        kill(pid, SIGKILL);
+        while ((r = waitpid(pid, &st, 0)) < 0 && errno == EINTR)
+            ;
+        snprintf(why, cap, "killed (it did not end)");
+        return;
+    }
+    if (r < 0) snprintf(why, cap, "status unknown (%s)", strerror(errno)); /* SIGCHLD ignored */
+    else if (WIFSIGNALED(st)) snprintf(why, cap, "signal %d (%s)%s", WTERMSIG(st),
+                                       strsignal(WTERMSIG(st)), kill_first ? ", sent by ecx" : "");
+    else snprintf(why, cap, "exit status %d", WEXITSTATUS(st));
+}
+
+/* The helper is gone or no longer trusted: kill, reap, fail what it held. */
+static void die(ecxi_nixl_proc *p, const char *what)
+{
+    if (p->sock < 0) return;
+    epoll_set(p, EPOLL_CTL_DEL);
+    close(p->sock);
+    p->sock = -1;
+    char why[128];
+    /* a violation or a hang: kill it at once; EOF: it is ending */
+    reap(p->pid, what != NULL, why, sizeof why);
+    ecxi_log(ECX_LOG_WARN, "nixl: the NIXL agent process (pid %d, agent %s) ended: %s%s%s; its "
+             "READs in flight fail, its peers are forgotten; a new one starts",
+             (int)p->pid, p->name, why, what ? ": " : "", what ? what : "");
+    p->pid = 0;
+    p->gen = 0;
+    for (ecxi_nixl_proc_read *x = p->reads, *nx; x; x = nx) {
+        nx = x->next;
+        x->state = ECX_EDATA_PEER;
+        x->prev = x->next = NULL;
+    }
+    p->reads = NULL;
+}
+
+/* A fresh agent name per helper: a vLLM process refuses a second remote
+ * agent of one name. "ecx-" and 32 random hex digits. */
+static void agent_name(char *out)
+{
+    uint8_t r[16];
+    randombytes_buf(r, sizeof r);
+    memcpy(out, "ecx-", 4);
+    for (int i = 0; i < 16; i++)
+        snprintf(out + 4 + 2 * i, 3, "%02x", r[i]);
+}
+
+static int spawn(ecxi_nixl_proc *p, const char *path, int sock)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    if (posix_spawn_file_actions_init(&fa)) return ECX_ENOMEM;
+    if (posix_spawnattr_init(&at)) {
+        posix_spawn_file_actions_destroy(&fa);
+        return ECX_ENOMEM;
+    }
+    /* sock and region_fd are >= 10 (F_DUPFD_CLOEXEC): the dup2s cannot
+     * clobber each other; everything else is close-on-exec. */
+    posix_spawn_file_actions_adddup2(&fa, sock, ECX_NIXL_PROC_SOCK_FD);
+    posix_spawn_file_actions_adddup2(&fa, p->region_fd, ECX_NIXL_PROC_REGION_FD);
+    posix_spawnattr_setsigmask(&at, &none);
+    posix_spawnattr_setsigdefault(&at, &all);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    char *argv[] = {(char *)path, "--ecx-nixl-agent", NULL};
+    int e = posix_spawn(&p->pid, path, &fa, &at, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    if (e) {
+        ECX_LOG_RATELIMITED(ECX_LOG_ERROR, "nixl: cannot start %s: %s", path, strerror(e));
+        p->pid = 0;
+        return ECX_EDATA_NOPATH;
+    }
+    return 0;
+}
+
+/* Wait for one datagram until end_ms: its length, 0 on EOF, -1 on error
+ * or timeout. */
+static long recv_wait(ecxi_nixl_proc *p, int64_t end_ms)
+{
+    for (;;) {
+        ssize_t n = recv(p->sock, p->rx, ECX_NIXL_PROC_MSG_MAX, MSG_DONTWAIT | MSG_TRUNC);
+        if (n > (ssize_t)ECX_NIXL_PROC_MSG_MAX) return -1;
+        if (n >= 0) return n;
+        if (errno != EAGAIN && errno != EINTR) return -1;
+        int64_t left = end_ms - ecxi_now_ms(NULL);
+        if (left <= 0) return -1;
+        struct pollfd q = {.fd = p->sock, .events = POLLIN};
+        (void)poll(&q, 1, left > 100 ? 100 : (int)left);
+    }
+}
+
+/* Start a helper and wait for its HELLO. */
+static int start(ecxi_nixl_proc *p)
+{
+    char path[PATH_MAX];
+    int rc = find_helper(path);
+    if (rc) return rc;
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv)) {
+        ecxi_log(ECX_LOG_ERROR, "nixl: socketpair: %s", strerror(errno));
+        return ECX_ESYS;
+    }
+    int child = fcntl(sv[1], F_DUPFD_CLOEXEC, 10);
+    close(sv[1]);
+    if (child < 0) {
+        close(sv[0]);
+        return ECX_ESYS;
+    }
+    p->sock = sv[0];
+    agent_name(p->name);
+    rc = spawn(p, path, child);
+    close(child);
+    if (rc) {
+        close(p->sock);
+        p->sock = -1;
+        return rc;
+    }
+    p->start_ms[p->starts++ % ECX_NIXL_PROC_RESTARTS] = ecxi_now_ms(NULL);
+    size_t nl = strlen(p->name);
+    uint8_t hello[ECX_NIXL_PROC_HDR + 12 + ECX_NIXL_NAME_MAX];
+    ecxi_nixl_proc_hdr_put(hello, ECX_NIXL_P_HELLO, p->gens + 1); /* its generation */
+    ecxi_put_le32(hello + ECX_NIXL_PROC_HDR,
+          p->producer ? ECX_NIXL_ROLE_PRODUCER : ECX_NIXL_ROLE_CONSUMER);
+    ecxi_put_le64(hello + ECX_NIXL_PROC_HDR + 4, p->region_bytes);
+    memcpy(hello + ECX_NIXL_PROC_HDR + 12, p->name, nl);
+    /* a fresh socket takes it at once, unless the helper is already gone */
+    ssize_t sent = send(p->sock, hello, ECX_NIXL_PROC_HDR + 12 + nl, MSG_NOSIGNAL | MSG_DONTWAIT);
+    long n = sent < 0 ? -1 : recv_wait(p, ecxi_now_ms(NULL) + ECX_NIXL_PROC_START_MS);
+    uint16_t type;
+    uint64_t id;
+    const uint8_t *b = p->rx + ECX_NIXL_PROC_HDR;
+    size_t blen = n > ECX_NIXL_PROC_HDR ? (size_t)n - ECX_NIXL_PROC_HDR : 0;
+    if (n < ECX_NIXL_PROC_HDR + 12 || ecxi_nixl_proc_hdr_get(p->rx, (size_t)n, &type, &id) ||
+        type != ECX_NIXL_H_HELLO || (int32_t)ecxi_get_le32(b) != 0 || (p->producer && blen == 12) ||
+        (!p->producer && blen != 12)) {
+        if (n >= ECX_NIXL_PROC_HDR + 12 && (int32_t)ecxi_get_le32(b) < 0)
+            ecxi_log(ECX_LOG_ERROR, "nixl: the NIXL agent process could not set up: %s",
+                     ecx_strerror((int)(int32_t)ecxi_get_le32(b)));
+        char why[128];
+        close(p->sock);
+        p->sock = -1;
+        reap(p->pid, true, why, sizeof why);
+        ecxi_log(ECX_LOG_ERROR, "nixl: the NIXL agent process %s did not start (%s)", path,
+                 n < 0 ? "no answer" : "a bad answer");
+        p->pid = 0;
+        return ECX_EDATA_UCX;
+    }
+    uint8_t *m = NULL;
+    if (p->producer) {
+        const uint8_t *md = b + 12; /* the helper's metadata */
+        ecxi_nixl_meta parsed;
+        /* its metadata must offer exactly its mapping of the region */
+        if (blen - 12 > ECX_NIXL_META_MAX || ecxi_nixl_meta_decode(md, blen - 12, &parsed) ||
+            parsed.nregs != 1 || parsed.regs[0].addr != ecxi_get_le64(b + 4) ||
+            parsed.regs[0].len != p->region_bytes || !(m = malloc(blen - 12))) {
+            char why[128];
+            close(p->sock);
+            p->sock = -1;
+            reap(p->pid, true, why, sizeof why);
+            p->pid = 0;
+            ecxi_log(ECX_LOG_ERROR, "nixl: the NIXL agent process sent bad metadata");
+            return ECX_EDATA_UCX;
+        }
+        memcpy(m, md, blen - 12);
+    }
+    free(p->meta);
+    p->meta = m;
+    p->meta_len = p->producer ? blen - 12 : 0;
+    p->base = ecxi_get_le64(b + 4);
+    p->gen = ++p->gens;
+    int fl = fcntl(p->sock, F_GETFL);
+    if (fl >= 0) fcntl(p->sock, F_SETFL, fl | O_NONBLOCK);
+    epoll_set(p, EPOLL_CTL_ADD);
+    ecxi_log(ECX_LOG_INFO, "nixl: NIXL agent %s runs in process %d", p->name, (int)p->pid);
+    return 0;
+}
+
+/* Start one if down and the bound allows: 0 when up. */
+static int ensure_up(ecxi_nixl_proc *p)
+{
+    if (p->sock >= 0) return 0;
+    int64_t now = ecxi_now_ms(NULL);
+    if (p->starts >= ECX_NIXL_PROC_RESTARTS) {
+        int64_t oldest = p->start_ms[p->starts % ECX_NIXL_PROC_RESTARTS];
+        if (now - oldest < ECX_NIXL_PROC_WINDOW_MS) {
+            if (now - p->down_logged_ms >= 1000) {
+                p->down_logged_ms = now;
+                ecxi_log(ECX_LOG_WARN, "nixl: the NIXL agent process was started %d times in "
+                         "%d s: NIXL fetches fail for %lld ms more",
+                         ECX_NIXL_PROC_RESTARTS, ECX_NIXL_PROC_WINDOW_MS / 1000,
+                         (long long)(oldest + ECX_NIXL_PROC_WINDOW_MS - now));
+            }
+            return ECX_EDATA_PEER;
+        }
+    }
+    int rc = start(p);
+    if (!rc) p->restarts++;
+    return rc;
+}
+
+/* ---- messages --------------------------------------------------------------- */
+
+static void handle(ecxi_nixl_proc *p, const uint8_t *b, size_t len);
+
+/* Read what is there (at most max messages): the number handled; -1 once
+ * the helper is gone. */
+static int drain(ecxi_nixl_proc *p, int max)
+{
+    int n = 0;
+    while (p->sock >= 0 && n < max) {
+        ssize_t k = recv(p->sock, p->rx, ECX_NIXL_PROC_MSG_MAX, MSG_DONTWAIT | MSG_TRUNC);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && errno == EAGAIN) break;
+        if (k <= 0) {
+            die(p, k < 0 ? strerror(errno) : NULL);
+            return -1;
+        }
+        if (k > (ssize_t)ECX_NIXL_PROC_MSG_MAX) {
+            die(p, "a message too large");
+            return -1;
+        }
+        handle(p, p->rx, (size_t)k);
+        n++;
+    }
+    return p->sock >= 0 ? n : -1;
+}
+
+static int send_all(ecxi_nixl_proc *p, const uint8_t *b, size_t len)
+{
+    int64_t end = ecxi_now_ms(NULL) + ECX_NIXL_PROC_SEND_MS;
+    while (p->sock >= 0) {
+        if (send(p->sock, b, len, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)len) return 0;
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN) {
+            die(p, strerror(errno));
+            break;
+        }
+        if (ecxi_now_ms(NULL) >= end) {
+            die(p, "it takes no messages");
+            break;
+        }
+        /* full: take what it sends meanwhile (it may be waiting on us) */
+        struct pollfd q = {.fd = p->sock, .events = POLLIN | POLLOUT};
+        (void)poll(&q, 1, 50);
+        if (q.revents & POLLIN) drain(p, PROGRESS_MSGS);
+    }
+    return ECX_EDATA_PEER;
+}
+
+static void handle(ecxi_nixl_proc *p, const uint8_t *m, size_t len)
+{
+    uint16_t type;
+    uint64_t id;
+    if (ecxi_nixl_proc_hdr_get(m, len, &type, &id)) return die(p, "a message not of its protocol");
+    const uint8_t *b = m + ECX_NIXL_PROC_HDR;
+    size_t n = len - ECX_NIXL_PROC_HDR;
+    switch (type) {
+    case ECX_NIXL_H_ADDED:
+        if (n != 12 || !p->add_id || id != p->add_id || p->add_answered ||
+            (int32_t)ecxi_get_le32(b) > 0 ||
+            (ecxi_get_le32(b) == 0 &&
+             (ecxi_get_le64(b + 4) == 0 || ecxi_get_le64(b + 4) > UINT32_MAX)))
+            return die(p, "an ADDED it was not asked for");
+        p->add_answered = true;
+        p->add_rc = (int32_t)ecxi_get_le32(b);
+        p->add_handle = ecxi_get_le64(b + 4);
+        return;
+    case ECX_NIXL_H_READ_END: {
+        if (n != 4 || id == 0 || id > p->next_id) return die(p, "a READ_END it was not asked for");
+        for (ecxi_nixl_proc_read *x = p->reads; x; x = x->next)
+            if (x->id == id) {
+                x->state = ecxi_get_le32(b) == 0 ? 1 : ECX_EDATA_PEER;
+                if (x->prev) x->prev->next = x->next;
+                else p->reads = x->next;
+                if (x->next) x->next->prev = x->prev;
+                x->prev = x->next = NULL;
+                return;
+            }
+        return; /* a READ released meanwhile */
+    }
+    case ECX_NIXL_H_NOTIF: {
+        uint32_t nl = n >= 8 ? ecxi_get_le32(b) : 0, ml = n >= 8 ? ecxi_get_le32(b + 4) : 0;
+        if (n < 8 || nl == 0 || nl > ECX_NIXL_NAME_MAX || ml == 0 || ml > ECX_NIXL_MSG_MAX ||
+            n != 8 + (size_t)nl + ml)
+            return die(p, "a malformed notification");
+        if (p->q_len == NOTIF_QUEUE) {
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: notification dropped (queue full)");
+            return;
+        }
+        notif *q = &p->q[(p->q_head + p->q_len++) % NOTIF_QUEUE];
+        memcpy(q->name, b + 8, nl);
+        q->name[nl] = 0;
+        memcpy(q->msg, b + 8 + nl, ml);
+        q->msg[ml] = 0;
+        return;
+    }
+    default:
+        return die(p, "an unexpected message");
+    }
+}
+
+/* ---- the calls ------------------------------------------------------------- */
+
+int ecxi_nixl_proc_new(int region_fd, uint64_t region_bytes, bool producer, ecxi_nixl_proc **out)
+{
+    if (!out || region_fd < 0 || !region_bytes) return ECX_EINVAL;
+    *out = NULL;
+    if (sodium_init() < 0) return ECX_ECRYPTO;
+    ecxi_nixl_proc *p = calloc(1, sizeof *p);
+    if (!p) return ECX_ENOMEM;
+    p->sock = p->epfd = -1;
+    p->producer = producer;
+    p->region_bytes = region_bytes;
+    p->region_fd = fcntl(region_fd, F_DUPFD_CLOEXEC, 10);
+    p->epfd = epoll_create1(EPOLL_CLOEXEC);
+    p->rx = malloc(ECX_NIXL_PROC_MSG_MAX);
+    p->tx = malloc(ECX_NIXL_PROC_MSG_MAX);
+    p->q = calloc(NOTIF_QUEUE, sizeof *p->q);
+    int rc = p->region_fd < 0 || p->epfd < 0  ? ECX_ESYS
+             : !p->rx || !p->tx || !p->q ? ECX_ENOMEM
+                                         : 0;
+    if (!rc) rc = start(p);
+    if (rc) {
+        ecxi_nixl_proc_free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+void ecxi_nixl_proc_free(ecxi_nixl_proc *p)
+{
+    if (!p) return;
+    if (p->sock >= 0) {
+        close(p->sock); /* EOF: the helper ends */
+        int st;
+        pid_t r = 0;
+        for (int64_t end = ecxi_now_ms(NULL) + FREE_WAIT_MS; ecxi_now_ms(NULL) < end;) {
+            r = waitpid(p->pid, &st, WNOHANG);
+            if (r != 0 && !(r < 0 && errno == EINTR)) break;
+            usleep(2000);
+        }
+        if (r == 0) {
+            kill(p->pid, SIGKILL);
+            while (waitpid(p->pid, &st, 0) < 0 && errno == EINTR)
+                ;
+        }
+    }
+    for (ecxi_nixl_proc_read *x = p->reads; x; x = x->next)
+        x->state = ECX_EDATA_PEER, x->prev = NULL; /* their owner releases them */
+    if (p->epfd >= 0) close(p->epfd);
+    if (p->region_fd >= 0) close(p->region_fd);
+    free(p->meta);
+    free(p->rx);
+    free(p->tx);
+    free(p->q);
+    free(p);
+}
+
+int ecxi_nixl_proc_fd(const ecxi_nixl_proc *p)
+{
+    return p->epfd;
+}
+
+int ecxi_nixl_proc_arm(ecxi_nixl_proc *p)
+{
+    return p->q_len > 0;
+}
+
+int ecxi_nixl_proc_progress(ecxi_nixl_proc *p)
+{
+    int n = drain(p, PROGRESS_MSGS);
+    if (n < 0) {
+        n = 1; /* the death was an event */
+        (void)ensure_up(p);
+    } else if (p->sock < 0 && p->producer) {
+        (void)ensure_up(p); /* a producer down past its backoff */
+    }
+    return n;
+}
+
+uint64_t ecxi_nixl_proc_generation(const ecxi_nixl_proc *p)
+{
+    return p->gen;
+}
+
+const uint8_t *ecxi_nixl_proc_metadata(const ecxi_nixl_proc *p, size_t *len, uint64_t *base)
+{
+    *len = p->meta_len;
+    *base = p->base;
+    return p->meta;
+}
+
+const char *ecxi_nixl_proc_name(const ecxi_nixl_proc *p)
+{
+    return p->name;
+}
+
+uint64_t ecxi_nixl_proc_restarts(const ecxi_nixl_proc *p)
+{
+    return p->restarts;
+}
+
+int ecxi_nixl_proc_pid(const ecxi_nixl_proc *p)
+{
+    return p->sock >= 0 ? (int)p->pid : 0;
+}
+
+int ecxi_nixl_proc_notif_pop(ecxi_nixl_proc *p, char *name, char *msg)
+{
+    if (!p->q_len) return 0;
+    notif *n = &p->q[p->q_head];
+    memcpy(name, n->name, strlen(n->name) + 1);
+    memcpy(msg, n->msg, strlen(n->msg) + 1);
+    p->q_head = (p->q_head + 1) % NOTIF_QUEUE;
+    p->q_len--;
+    return 1;
+}
+
+/* ---- remote agents ----------------------------------------------------------- */
+
+/* The verdicts' key: the worker address and the rkeys, each after its
+ * length, hashed. */
+static uint64_t verdict_key(const ecxi_nixl_meta *m)
+{
+    XXH3_state_t *s = XXH3_createState();
+    if (!s) return 0;
+    XXH3_64bits_reset(s);
+    uint64_t l = m->ucx_addr_len;
+    XXH3_64bits_update(s, &l, 8);
+    XXH3_64bits_update(s, m->ucx_addr, m->ucx_addr_len);
+    for (size_t i = 0; i < m->nregs; i++) {
+        l = m->regs[i].rkey_len;
+        XXH3_64bits_update(s, &l, 8);
+        XXH3_64bits_update(s, m->regs[i].rkey, m->regs[i].rkey_len);
+    }
+    uint64_t h = XXH3_64bits_digest(s);
+    XXH3_freeState(s);
+    return h | 1; /* 0 marks a free slot */
+}
+
+static bool verdict_known(ecxi_nixl_proc *p, uint64_t h)
+{
+    for (size_t i = 0; i < VERDICTS; i++)
+        if (p->verdict_hash[i] == h) {
+            p->verdict_used[i] = ++p->verdict_clock;
+            return true;
+        }
+    return false;
+}
+
+static void verdict_add(ecxi_nixl_proc *p, uint64_t h)
+{
+    size_t lru = 0;
+    for (size_t i = 1; i < VERDICTS; i++)
+        if (p->verdict_used[i] < p->verdict_used[lru]) lru = i;
+    p->verdict_hash[lru] = h;
+    p->verdict_used[lru] = ++p->verdict_clock;
+}
+
+int ecxi_nixl_proc_remote_add(ecxi_nixl_proc *p, const uint8_t *md, size_t md_len,
+                              uint64_t *handle)
+{
+    ecxi_nixl_meta m;
+    if (md_len > ECX_NIXL_PROC_MSG_MAX - ECX_NIXL_PROC_HDR || ecxi_nixl_meta_decode(md, md_len, &m))
+        return ECX_EDATA_META;
+    uint64_t h = verdict_key(&m);
+    if (verdict_known(p, h)) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: agent metadata refused: its UCX address and "
+                            "rkeys ended a NIXL agent process before");
+        return ECX_EDATA_META;
+    }
+    int rc = ensure_up(p);
+    if (rc) return rc == ECX_EDATA_NOPATH || rc == ECX_EDATA_UCX ? ECX_EDATA_PEER : rc;
+    uint64_t gen = p->gen;
+    p->add_id = ++p->next_id;
+    p->add_answered = false;
+    ecxi_nixl_proc_hdr_put(p->tx, ECX_NIXL_P_ADD, p->add_id);
+    memcpy(p->tx + ECX_NIXL_PROC_HDR, md, md_len);
+    if (send_all(p, p->tx, ECX_NIXL_PROC_HDR + md_len)) {
+        p->add_id = 0;
+        return ECX_EDATA_PEER; /* gone before it had the bytes: not theirs */
+    }
+    int64_t end = ecxi_now_ms(NULL) + ECX_NIXL_PROC_ADD_MS;
+    while (p->gen == gen && !p->add_answered) {
+        if (ecxi_now_ms(NULL) >= end) {
+            die(p, "an ADD unanswered");
+            break;
+        }
+        struct pollfd q = {.fd = p->sock, .events = POLLIN};
+        (void)poll(&q, 1, 50);
+        drain(p, PROGRESS_MSGS);
+    }
+    p->add_id = 0;
+    if (p->gen != gen) {
+        /* it died with these bytes: never again to a helper */
+        verdict_add(p, h);
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: agent metadata refused: the NIXL agent process "
+                            "died adding it");
+        return ECX_EDATA_META;
+    }
+    if (p->add_rc) return p->add_rc == ECX_ENOMEM ? ECX_ENOMEM : ECX_EDATA_META;
+    *handle = gen << 32 | p->add_handle;
+    return 0;
+}
+
+bool ecxi_nixl_proc_remote_live(const ecxi_nixl_proc *p, uint64_t handle)
+{
+    return p->sock >= 0 && handle >> 32 == p->gen;
+}
+
+void ecxi_nixl_proc_remote_drop(ecxi_nixl_proc *p, uint64_t handle)
+{
+    if (!ecxi_nixl_proc_remote_live(p, handle)) return; /* its helper is gone */
+    uint8_t b[ECX_NIXL_PROC_HDR];
+    ecxi_nixl_proc_hdr_put(b, ECX_NIXL_P_DROP, handle & UINT32_MAX);
+    (void)send_all(p, b, sizeof b);
+}
+
+/* ---- READ -------------------------------------------------------------------- */
+
+int ecxi_nixl_proc_read_post(ecxi_nixl_proc *p, uint64_t handle, const uint64_t *remote,
+                             const uint64_t *local, const uint64_t *len, size_t n, const char *msg,
+                             size_t msg_len, ecxi_nixl_proc_read **out)
+{
+    if (!n || n > ECX_NIXL_PROC_PIECES_MAX || !msg_len || msg_len > ECX_NIXL_MSG_MAX)
+        return ECX_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (!len[i] || local[i] > p->region_bytes || len[i] > p->region_bytes - local[i])
+            return ECX_EDATA_INDEX;
+    if (!ecxi_nixl_proc_remote_live(p, handle)) return ECX_EDATA_PEER;
+    ecxi_nixl_proc_read *x = calloc(1, sizeof *x);
+    if (!x) return ECX_ENOMEM;
+    x->id = ++p->next_id;
+    x->gen = p->gen;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc;) {
+        size_t k = n - i < ECX_NIXL_PROC_PIECES ? n - i : ECX_NIXL_PROC_PIECES;
+        bool last = i + k == n;
+        uint8_t *b = p->tx + ECX_NIXL_PROC_HDR;
+        ecxi_nixl_proc_hdr_put(p->tx, ECX_NIXL_P_READ, x->id);
+        ecxi_put_le64(b, handle & UINT32_MAX);
+        ecxi_put_le32(b + 8, last ? 0 : ECX_NIXL_READ_MORE);
+        ecxi_put_le32(b + 12, (uint32_t)k);
+        ecxi_put_le32(b + 16, last ? (uint32_t)msg_len : 0);
+        b += 20;
+        for (size_t j = 0; j < k; j++, b += 24)
+            ecxi_put_le64(b, remote[i + j]), ecxi_put_le64(b + 8, local[i + j]),
+                ecxi_put_le64(b + 16, len[i + j]);
+        if (last) memcpy(b, msg, msg_len), b += msg_len;
+        rc = send_all(p, p->tx, (size_t)(b - p->tx));
+        i += k;
+    }
+    if (rc || p->gen != x->gen) {
+        free(x);
+        return ECX_EDATA_PEER;
+    }
+    x->next = p->reads;
+    if (p->reads) p->reads->prev = x;
+    p->reads = x;
+    *out = x;
+    return 0;
+}
+
+int ecxi_nixl_proc_read_poll(const ecxi_nixl_proc_read *x)
+{
+    return x->state;
+}
+
+void ecxi_nixl_proc_read_release(ecxi_nixl_proc *p, ecxi_nixl_proc_read *x)
+{
+    if (!x) return;
+    if (x->state == 0) { /* running: out of the list, and out of the helper */
+        if (x->prev) x->prev->next = x->next;
+        else p->reads = x->next;
+        if (x->next) x->next->prev = x->prev;
+        if (p->sock >= 0 && x->gen == p->gen) {
+            uint8_t b[ECX_NIXL_PROC_HDR];
+            ecxi_nixl_proc_hdr_put(b, ECX_NIXL_P_RELEASE, x->id);
+            (void)send_all(p, b, sizeof b);
+        }
+    }
+    free(x);
+}

@@ -1,0 +1,166 @@
+/*
+ * nixl_proc — the NIXL agent process: ecx's NIXL peer (nixl_agent.c, on
+ * Debian's UCX 1.13.1) runs in a helper executable, `ecx-nixl-agent`
+ * (tools/nixl_agent_main.c), never inside the process that uses the
+ * library. UCX 1.13.1 aborts the whole process on some peer behaviour (a
+ * peer that dies mid-wireup, some malformed worker addresses: docs/NIXL.md
+ * §5, §6); in the helper such an abort costs the READs in flight, not the
+ * host. This file is the protocol between the two and the parent's side.
+ *
+ * Start: socketpair(AF_UNIX, SOCK_SEQPACKET, CLOEXEC), posix_spawn of the
+ * helper with the socket as fd 3 and the region file as fd 4 (nothing
+ * else is inherited). The helper is found at $ECX_NIXL_AGENT, else next
+ * to the library (or program) holding this code, else in its install's
+ * libexec (ecxi_nixl_proc_helper_path); not found: ECX_EDATA_NOPATH and a
+ * log line naming what was tried.
+ *
+ * Protocol (one message per datagram, every field little-endian, every
+ * length checked against the datagram; ECX_NIXL_PROC_VERSION):
+ *   header: u32 magic "ENXP", u16 version, u16 type, u64 id
+ *   parent -> helper
+ *     HELLO    id = its generation (1, 2, ...), u32 role (1 producer,
+ *              2 consumer), u64 region bytes, agent name
+ *     ADD      metadata bytes                         -> ADDED
+ *     DROP     id = remote handle
+ *     READ     u64 handle, u32 flags (1 = more pieces follow in another
+ *              READ of this id), u32 n, u32 msg_len, n x (u64 remote addr,
+ *              u64 local offset, u64 len), msg (last message only) -> READ_END
+ *     RELEASE  id = a READ that is no longer wanted
+ *   helper -> parent
+ *     HELLO    i32 rc, u64 base of its mapping, metadata bytes (producer)
+ *     ADDED    i32 rc, u64 handle
+ *     READ_END i32 rc (0 done: read, notified; else failed)
+ *     NOTIF    u32 name_len, u32 msg_len, name, msg
+ * The helper's messages are untrusted like a peer's (it parses peer
+ * input): anything out of bounds or unexpected is a protocol violation,
+ * handled like its death.
+ *
+ * Death (EOF, an error on the socket, a violation, a deadline missed):
+ * the helper is killed (SIGKILL) and reaped (waitpid of its pid only; no
+ * signal handler is installed), every READ in flight fails
+ * (ECX_EDATA_PEER), every remote handle becomes invalid (handles carry
+ * the helper's generation), and a new helper is started: at most
+ * ECX_NIXL_PROC_RESTARTS starts per ECX_NIXL_PROC_WINDOW_MS; beyond that
+ * the proc is down, its calls fail fast (ECX_EDATA_PEER) with a log line,
+ * until the window has passed (then the next call starts one). A
+ * producer's new helper publishes new metadata and a new base: the
+ * generation tells the caller to take them again.
+ *
+ * Verdicts: metadata whose ADD was pending when the helper died (or hung)
+ * is remembered by the XXH3 of its UCX worker address and rkeys (16, least
+ * recently used replaced); an ADD of such bytes is refused
+ * (ECX_EDATA_META) without reaching a helper, so one hostile producer
+ * cannot cause a restart storm.
+ *
+ * Single-threaded like nixl_agent.h: every call from one thread (the data
+ * context's, under its lock). Waits are bounded.
+ */
+#ifndef ECX_NIXL_PROC_H
+#define ECX_NIXL_PROC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nixl_format.h"
+
+#define ECX_NIXL_PROC_VERSION 1
+#define ECX_NIXL_PROC_MAGIC 0x50584e45u /* "ENXP" */
+#define ECX_NIXL_PROC_MSG_MAX (96u << 10)
+#define ECX_NIXL_PROC_HDR 16
+/* READ pieces in one message; a READ of more goes in several messages. */
+#define ECX_NIXL_PROC_PIECES                                                                       \
+    ((ECX_NIXL_PROC_MSG_MAX - ECX_NIXL_PROC_HDR - 20 - ECX_NIXL_MSG_MAX) / 24)
+/* Pieces in one READ, all messages together. */
+#define ECX_NIXL_PROC_PIECES_MAX (1u << 22)
+#define ECX_NIXL_PROC_RESTARTS 5
+#define ECX_NIXL_PROC_WINDOW_MS 10000
+/* The helper's start (UCX set up, HELLO answered) and an ADD's answer. */
+#define ECX_NIXL_PROC_START_MS 10000
+#define ECX_NIXL_PROC_ADD_MS 5000
+/* A message the helper does not take within this is a hang. */
+#define ECX_NIXL_PROC_SEND_MS 5000
+/* The helper's fds. */
+#define ECX_NIXL_PROC_SOCK_FD 3
+#define ECX_NIXL_PROC_REGION_FD 4
+
+enum {
+    ECX_NIXL_P_HELLO = 1,
+    ECX_NIXL_P_ADD,
+    ECX_NIXL_P_DROP,
+    ECX_NIXL_P_READ,
+    ECX_NIXL_P_RELEASE,
+    ECX_NIXL_H_HELLO = 64,
+    ECX_NIXL_H_ADDED,
+    ECX_NIXL_H_READ_END,
+    ECX_NIXL_H_NOTIF,
+};
+enum { ECX_NIXL_ROLE_PRODUCER = 1, ECX_NIXL_ROLE_CONSUMER = 2 };
+#define ECX_NIXL_READ_MORE 1u
+
+/* Header codec (both sides): 0, or ECX_EPROTO for a datagram that is not
+ * one of this version's. */
+void ecxi_nixl_proc_hdr_put(uint8_t *b, uint16_t type, uint64_t id);
+int ecxi_nixl_proc_hdr_get(const uint8_t *b, size_t len, uint16_t *type, uint64_t *id);
+
+typedef struct ecxi_nixl_proc ecxi_nixl_proc;
+typedef struct ecxi_nixl_proc_read ecxi_nixl_proc_read;
+
+/* Start the helper over the region file region_fd (dup'ed; the proc keeps its own) of
+ * region_bytes: a producer's helper maps it read-only and offers it whole,
+ * a consumer's maps it read-write and READs into it. Waits for the
+ * helper's HELLO (bounded). ECX_EINVAL, ECX_ENOMEM, ECX_ESYS,
+ * ECX_EDATA_NOPATH (no helper), ECX_EDATA_UCX (it could not start). */
+int ecxi_nixl_proc_new(int region_fd, uint64_t region_bytes, bool producer, ecxi_nixl_proc **out);
+/* Close the socket, wait for the helper (bounded), then SIGKILL; reap. */
+void ecxi_nixl_proc_free(ecxi_nixl_proc *p);
+
+/* One descriptor for the caller's epoll set, the same for the proc's
+ * life (the helpers' sockets come and go inside it). */
+int ecxi_nixl_proc_fd(const ecxi_nixl_proc *p);
+/* 1 if there is work without waiting (queued notifications), else 0. */
+int ecxi_nixl_proc_arm(ecxi_nixl_proc *p);
+/* Read what the helper sent (bounded), handle its death, start a new one
+ * when due. Events handled, or >= 0 always. */
+int ecxi_nixl_proc_progress(ecxi_nixl_proc *p);
+
+/* The current helper: generation (1 for the first, +1 per start; 0 while
+ * down), and for a producer its metadata and the base address of its
+ * mapping (valid until the next progress call that changes the
+ * generation). */
+uint64_t ecxi_nixl_proc_generation(const ecxi_nixl_proc *p);
+const uint8_t *ecxi_nixl_proc_metadata(const ecxi_nixl_proc *p, size_t *len, uint64_t *base);
+/* The current helper's agent name: "ecx-" and 32 random hex digits, new
+ * for every helper (a vLLM process refuses a second remote agent of one
+ * name). */
+const char *ecxi_nixl_proc_name(const ecxi_nixl_proc *p);
+/* Helpers started again after a death. */
+uint64_t ecxi_nixl_proc_restarts(const ecxi_nixl_proc *p);
+/* The helper's pid, for tests and logs (0 while down). */
+int ecxi_nixl_proc_pid(const ecxi_nixl_proc *p);
+
+/* Oldest notification (as ecxi_nixl_agent_notif_pop). */
+int ecxi_nixl_proc_notif_pop(ecxi_nixl_proc *p, char *name, char *msg);
+
+/* A remote agent from its metadata (parsed here first: ECX_EDATA_META),
+ * added in the helper (waits for its answer, bounded): *handle. Refused
+ * bytes (see Verdicts) and the helper's refusal: ECX_EDATA_META; helper
+ * down: ECX_EDATA_PEER. */
+int ecxi_nixl_proc_remote_add(ecxi_nixl_proc *p, const uint8_t *md, size_t md_len,
+                              uint64_t *handle);
+void ecxi_nixl_proc_remote_drop(ecxi_nixl_proc *p, uint64_t handle);
+/* False once the helper that added it is gone: add the metadata again. */
+bool ecxi_nixl_proc_remote_live(const ecxi_nixl_proc *p, uint64_t handle);
+
+/* One READ (as ecxi_nixl_read_post) of n pieces remote[i] -> the region's
+ * bytes [local[i], local[i] + len[i]). ECX_EDATA_PEER if the handle is of
+ * a helper that died. */
+int ecxi_nixl_proc_read_post(ecxi_nixl_proc *p, uint64_t handle, const uint64_t *remote,
+                             const uint64_t *local, const uint64_t *len, size_t n, const char *msg,
+                             size_t msg_len, ecxi_nixl_proc_read **out);
+/* 0 running, 1 done, negative: failed. */
+int ecxi_nixl_proc_read_poll(const ecxi_nixl_proc_read *x);
+/* Give it back; a READ still running is released in the helper too. */
+void ecxi_nixl_proc_read_release(ecxi_nixl_proc *p, ecxi_nixl_proc_read *x);
+
+#endif
