@@ -29,7 +29,7 @@ extern char **environ;
 #define VERDICTS 16
 #define NOTIF_QUEUE 1024
 #define FREE_WAIT_MS 1000
-#define REAP_WAIT_MS 500
+#define REAP_WAIT_MS 50
 /* Messages handled in one progress call. */
 #define PROGRESS_MSGS 4096
 
