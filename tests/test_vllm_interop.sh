@@ -220,6 +220,9 @@ part_c() {
   timeout 120 "${GET[@]}" --params "$T/c2.json" --out "$T/oc2r" --verify-synthetic >"$T/c2r.out" 2>"$T/c2r.err"
   check "C2: then a new ecx get fetches all 8 from vLLM, verified (exit $?)" "[ \$(grep -c '\"outcome\":\"ready\"' '$T/c2r.out') = 8 ]"
   check "C2: ...and its notifications release every grant" "wait_status '$T/c2.st' active_xfers 0"
+  [ "$(grep -c '"outcome":"ready"' "$T/c2r.out")" = 8 ] || { echo "C2 vLLM producer status: $(cat "$T/c2.st")"
+    echo "C2 killed get:"; tail -5 "$T/c2k.err"; echo "C2 second get:"; cat "$T/c2r.out"; tail -5 "$T/c2r.err"
+    echo "C2 vLLM producer:"; grep -v '^{' "$T/c2.err" | tail -8; } >&2
 
   # C3. ecx serve killed -9 while a vLLM consumer reads: the consumer falls back (READ
   #     failure or quarantine) and exits; C4. the vLLM producer killed -9 while ecx get
