@@ -64,8 +64,22 @@ struct ecxi_ctrl_peer {
     int64_t dialed_ms, redial_ms; /* the last dial; the next one (0: none due) */
     int backoff_ms;
     char ep[300];
+    /* Copies of what was sent before a completed handshake: a re-dial drops
+     * the old attempt's queue, so they are sent again on the new one. */
+    struct unsent {
+        void *b;
+        size_t n;
+    } unsent[ECX_CTRL_UNSENT_MAX];
+    int n_unsent;
     ecxi_ctrl_stats stats;
 };
+
+static void unsent_clear(ecxi_ctrl_peer *p)
+{
+    for (int i = 0; i < p->n_unsent; i++)
+        free(p->unsent[i].b);
+    p->n_unsent = 0;
+}
 
 int ecxi_ctrl_parse_addr(const char *addr, char host[256], int *port)
 {
@@ -802,8 +816,10 @@ int ecxi_ctrl_server_reply(ecxi_ctrl_server *s, ecxi_ctrl_msg *m, const void *pa
  * handshake did), ctrl dials again itself from the receive calls, backing
  * off from ECX_CTRL_REDIAL_MIN_MS to ECX_CTRL_REDIAL_MAX_MS; a dial the
  * monitor says nothing about for ECX_CTRL_REDIAL_MAX_MS (a name that did
- * not resolve) is retried too. Requests queued for a failed attempt go
- * with it (their acks time out, as from a dead producer). */
+ * not resolve) is retried too. A re-dial drops the old attempt's queue,
+ * so what was sent before the first handshake (copies, up to
+ * ECX_CTRL_UNSENT_MAX) is sent again on the new attempt, as libzmq's own
+ * reconnect would have kept it. */
 
 /* Drop the endpoint's earlier attempt, if any, and connect anew. */
 static int peer_dial(ecxi_ctrl_peer *p)
@@ -812,7 +828,13 @@ static int peer_dial(ecxi_ctrl_peer *p)
     p->dialed_ms = ecxi_now_ms(NULL);
     p->heard = false;
     p->redial_ms = 0;
-    if (!zmq_connect(p->sock, p->ep)) return 0;
+    if (!zmq_connect(p->sock, p->ep)) {
+        for (int i = 0; i < p->n_unsent; i++) /* queued for the new attempt */
+            if (zmq_send(p->sock, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+                zmq_send(p->sock, p->unsent[i].b, p->unsent[i].n, ZMQ_DONTWAIT) < 0)
+                p->stats.send_failed++;
+        return 0;
+    }
     ecxi_log(ECX_LOG_WARN, "ctrl: cannot connect to %s: %s", p->ep, zmq_strerror(zmq_errno()));
     return ECX_EINVAL;
 }
@@ -882,6 +904,7 @@ void ecxi_ctrl_peer_free(ecxi_ctrl_peer *p)
     if (!p) return;
     guard_fini(&p->g, p->sock);
     if (p->sock) zmq_close(p->sock);
+    unsent_clear(p);
     zmq_msg_close(&p->parts[0]);
     zmq_msg_close(&p->parts[1]);
     free(p);
@@ -903,6 +926,13 @@ int ecxi_ctrl_peer_send(ecxi_ctrl_peer *p, const void *payload, size_t len)
         p->stats.send_failed++;
         return ECX_ESYS;
     }
+    if (!p->handshaken && p->n_unsent < ECX_CTRL_UNSENT_MAX) {
+        void *b = malloc(len ? len : 1);
+        if (b) {
+            memcpy(b, payload, len);
+            p->unsent[p->n_unsent++] = (struct unsent){b, len};
+        }
+    }
     return 0;
 }
 
@@ -917,6 +947,7 @@ static void peer_events(ecxi_ctrl_peer *p)
             guard_track(&p->g, (int)v, true);
         } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             p->handshaken = true;
+            unsent_clear(p); /* libzmq delivers its queue now */
         } else if (ev == ZMQ_EVENT_CLOSED && !p->handshaken) {
             peer_failed(p); /* the connect failed */
         } else if (ev == ZMQ_EVENT_DISCONNECTED && !p->handshaken) {

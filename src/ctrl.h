@@ -115,6 +115,9 @@ int ecxi_ctrl_key_parse(const char *z85, uint8_t out[32]);
  * a failed attempt, doubling up to the max (ctrl.c). */
 #define ECX_CTRL_REDIAL_MIN_MS 100
 #define ECX_CTRL_REDIAL_MAX_MS 5000
+/* Requests a DEALER keeps copies of until its first handshake, to send
+ * again after a re-dial (beyond it, the rest go with the failed attempt). */
+#define ECX_CTRL_UNSENT_MAX 256
 /* Badly framed replies one ecxi_ctrl_peer_recv() call drops at most. */
 #define ECX_CTRL_BAD_PER_RECV 64
 /* File descriptors the default connection cap leaves for everything else. */
