@@ -155,9 +155,9 @@ static void epoll_set(ecxi_nixl_proc *p, int op)
         ecxi_log(ECX_LOG_WARN, "nixl: epoll_ctl: %s", strerror(errno));
 }
 
-/* Reap the helper: a short wait for it to end by itself (its status says
+/* Reap the helper: up to wait_ms for it to end by itself (its status says
  * why), then SIGKILL. Writes what happened into why. */
-static void reap(pid_t pid, bool kill_first, char *why, size_t cap)
+static void reap(pid_t pid, bool kill_first, int64_t wait_ms, char *why, size_t cap)
 {
     int st = 0;
     pid_t r = 0;
@@ -166,7 +166,7 @@ static void reap(pid_t pid, bool kill_first, char *why, size_t cap)
         return;
     }
     if (kill_first) kill(pid, SIGKILL);
-    for (int64_t end = ecxi_now_ms(NULL) + REAP_WAIT_MS; ecxi_now_ms(NULL) < end;) {
+    for (int64_t end = ecxi_now_ms(NULL) + wait_ms; ecxi_now_ms(NULL) < end;) {
         r = waitpid(pid, &st, WNOHANG);
         if (r != 0 && !(r < 0 && errno == EINTR)) break;
         usleep(2000);
@@ -193,7 +193,7 @@ static void die(ecxi_nixl_proc *p, const char *what)
     p->sock = -1;
     char why[128];
     /* a violation or a hang: kill it at once; EOF: it is ending */
-    reap(p->pid, what != NULL, why, sizeof why);
+    reap(p->pid, what != NULL, REAP_WAIT_MS, why, sizeof why);
     ecxi_log(ECX_LOG_WARN, "nixl: the NIXL agent process (pid %d, agent %s) ended: %s%s%s; its "
              "READs in flight fail, its peers are forgotten; a new one starts",
              (int)p->pid, p->name, why, what ? ": " : "", what ? what : "");
@@ -315,7 +315,7 @@ static int start(ecxi_nixl_proc *p)
         char why[128];
         close(p->sock);
         p->sock = -1;
-        reap(p->pid, true, why, sizeof why);
+        reap(p->pid, true, REAP_WAIT_MS, why, sizeof why);
         ecxi_log(ECX_LOG_ERROR, "nixl: the NIXL agent process %s did not start (%s)", path,
                  n < 0 ? "no answer" : "a bad answer");
         p->pid = 0;
@@ -332,7 +332,7 @@ static int start(ecxi_nixl_proc *p)
             char why[128];
             close(p->sock);
             p->sock = -1;
-            reap(p->pid, true, why, sizeof why);
+            reap(p->pid, true, REAP_WAIT_MS, why, sizeof why);
             p->pid = 0;
             ecxi_log(ECX_LOG_ERROR, "nixl: the NIXL agent process sent bad metadata");
             return ECX_EDATA_UCX;
@@ -509,18 +509,8 @@ void ecxi_nixl_proc_free(ecxi_nixl_proc *p)
     if (!p) return;
     if (p->sock >= 0) {
         close(p->sock); /* EOF: the helper ends */
-        int st;
-        pid_t r = 0;
-        for (int64_t end = ecxi_now_ms(NULL) + FREE_WAIT_MS; ecxi_now_ms(NULL) < end;) {
-            r = waitpid(p->pid, &st, WNOHANG);
-            if (r != 0 && !(r < 0 && errno == EINTR)) break;
-            usleep(2000);
-        }
-        if (r == 0) {
-            kill(p->pid, SIGKILL);
-            while (waitpid(p->pid, &st, 0) < 0 && errno == EINTR)
-                ;
-        }
+        char why[128];
+        reap(p->pid, false, FREE_WAIT_MS, why, sizeof why);
     }
     for (ecxi_nixl_proc_read *x = p->reads; x; x = x->next)
         x->state = ECX_EDATA_PEER, x->prev = NULL; /* their owner releases them */
