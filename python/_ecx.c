@@ -657,6 +657,34 @@ static PyObject *hold_get_hash(Hold *h, void *u)
     return PyUnicode_FromString(h->hash);
 }
 
+/* Where the item's segments lie in the context's region, as (offset,
+ * length) pairs: what another process that maps the same region file
+ * (ecx.Region) needs to fill a save_into() or read a load(). */
+static PyObject *hold_get_places(Hold *h, void *u)
+{
+    (void)u;
+    if (h->state != ST_ACTIVE) {
+        PyErr_SetString(PyExc_ValueError, "ecx: the hold has ended");
+        return NULL;
+    }
+    if (ctx_ok(h->ctx)) return NULL;
+    ecx_region_layout L;
+    int rc = ecx_region_info(h->ctx->ctx, &L);
+    if (rc < 0) return raise_rc(rc, tl_seq);
+    PyObject *r = PyList_New((Py_ssize_t)h->n);
+    if (!r) return NULL;
+    for (size_t i = 0; i < h->n; i++) {
+        PyObject *t = Py_BuildValue("(KK)", (unsigned long long)(h->segs[i].ptr - L.base),
+                                    (unsigned long long)h->segs[i].len);
+        if (!t) {
+            Py_DECREF(r);
+            return NULL;
+        }
+        PyList_SET_ITEM(r, (Py_ssize_t)i, t);
+    }
+    return r;
+}
+
 static PyObject *hold_get_active(Hold *h, void *u)
 {
     (void)u;
@@ -680,6 +708,9 @@ static PyGetSetDef hold_getset[] = {
     {"size", (getter)hold_get_size, NULL, "The item's size in bytes.", NULL},
     {"mm_hash", (getter)hold_get_hash, NULL, "The item's mm_hash.", NULL},
     {"active", (getter)hold_get_active, NULL, "False once released, committed or aborted.", NULL},
+    {"places", (getter)hold_get_places, NULL,
+     "[(offset, length)] of the segments in the region file, for another process that maps "
+     "it (ecx.Region).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -17,6 +17,7 @@ import os
 from typing import Callable, Literal, Union
 
 from . import _ecx
+from .region import Region, as_buffer, tensor_view
 from ._ecx import (
     ERRORS,
     REASONS,
@@ -32,7 +33,8 @@ from ._ecx import (
 )
 
 __all__ = [
-    "Context", "Error", "FetchResult", "Hold", "RegionInfo", "ERRORS", "REASONS",
+    "Context", "Region", "tensor_view", "Error", "FetchResult", "Hold", "RegionInfo",
+    "ERRORS", "REASONS",
     "compat_hash", "errname", "strerror", "library_version", "reap_regions",
     "set_logger", "set_log_level", "cli_path", "__version__",
 ]
@@ -101,6 +103,16 @@ class Context(_ecx.Context):
             if many and not config[name]:
                 raise ValueError(f"{name}_file: {os.fspath(path)!r} holds no key")
         super().__init__(role, **config)
+
+    def save(self, mm_hash: str, data: object) -> None:
+        """Save data (any buffer, or a torch tensor of any dtype and device)
+        under mm_hash, ready at once."""
+        super().save(mm_hash, as_buffer(data))
+
+    def read_into(self, mm_hash: str, buffer: object) -> int:
+        """Copy a ready item into buffer (a writable buffer, or a contiguous
+        CPU torch tensor); returns its size."""
+        return super().read_into(mm_hash, as_buffer(buffer, writable=True))
 
     def __repr__(self) -> str:
         if self.closed:
