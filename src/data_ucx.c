@@ -887,6 +887,7 @@ static int ucx_cut(ecxi_data *d, const char *key, size_t key_len, const uint8_t 
             sodium_memcmp(s->token, token, ECX_DATA_TOKEN_LEN) != 0 || memcmp(s->key, key, key_len))
             continue;
         conn *c = s->c;
+        if (c->failed && !c->ep) return 1; /* cut already: its end is on the way */
         u->cuts++;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN,
                             "data ucx: cut a send whose grant was let go (lease expired, "
