@@ -39,8 +39,8 @@ for k in range(n):
         counts[st] = counts.get(st, 0) + 1
         if st == 0:
             granted.add(h)
-print("ok %d not_ready %d internal %d distinct %d" % (counts[0], counts[5], counts[4], len(granted)),
-      flush=True)
+print("ok %d not_ready %d internal %d distinct %d"
+      % (counts[0], counts[5], counts[4], len(granted)), flush=True)
 end = time.monotonic() + 60
 while not os.path.exists(os.path.join(d, "quit")) and time.monotonic() < end:
     time.sleep(0.1)
