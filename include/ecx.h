@@ -297,6 +297,7 @@ enum ecx_role { ECX_ROLE_PRODUCER = 1, ECX_ROLE_CONSUMER = 2, ECX_ROLE_BOTH = 3 
 #define ECX_DEFAULT_MAX_GRANTS 65536
 #define ECX_DEFAULT_MAX_CONN_GRANTS 1024
 #define ECX_DEFAULT_MAX_CONN_PIN_PCT 50
+#define ECX_DEFAULT_MAX_PIN_PCT 75
 #define ECX_DEFAULT_CONNECTOR_VERSION ECX_CONNECTOR_VERSION
 /* How long a version-2 peer (vLLM >= 0.34) waits for an ack by default
  * (its consumer_ack_timeout_s = the 30 s pin lease). ecx_config_init keeps
@@ -366,6 +367,12 @@ typedef struct ecx_config {
      * whole blocks (ecx_save* of another size: ECX_EINVAL); its consumers check the
      * shape against size_bytes (INVALID, SIZE_MISMATCH). */
     int connector_version;
+
+    /* Producer: % of the region's blocks that pins may cover, all consumers together
+     * (1..100; default ECX_DEFAULT_MAX_PIN_PCT), so that the encoder's own saves
+     * always find room: a request whose pin would pass it gets NACK_NOT_READY (the
+     * consumer retries as the pins drain), unless nothing else is pinned. */
+    uint32_t max_pin_pct;
 } ecx_config;
 
 /* Every field to its default, and size to sizeof(ecx_config). */

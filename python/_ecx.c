@@ -765,6 +765,7 @@ static const struct field {
     F(curve_server_key, F_STR_NULL),
     F(curve_allow, F_KEYS),
     F(connector_version, F_INT),
+    F(max_pin_pct, F_U32),
 #undef F
 };
 

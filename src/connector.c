@@ -146,6 +146,7 @@ void ecx_config_init(ecx_config *c)
     c->max_conn_grants = ECX_DEFAULT_MAX_CONN_GRANTS;
     c->max_conn_pin_pct = ECX_DEFAULT_MAX_CONN_PIN_PCT;
     c->connector_version = ECX_DEFAULT_CONNECTOR_VERSION;
+    c->max_pin_pct = ECX_DEFAULT_MAX_PIN_PCT;
 }
 
 /* The caller's config as this library's ecx_config: fields past its size
@@ -193,6 +194,7 @@ static int config_check(const ecx_config *c)
     else if (c->max_conn_grants == 0 || c->max_conn_grants > c->max_grants)
         bad = "max_conn_grants (1..max_grants)";
     else if (c->max_conn_pin_pct == 0 || c->max_conn_pin_pct > 100) bad = "max_conn_pin_pct (1..100)";
+    else if (c->max_pin_pct == 0 || c->max_pin_pct > 100) bad = "max_pin_pct (1..100)";
     else if (c->max_connections > 1000000) bad = "max_connections";
     else if (c->progress_thread != 0 && c->progress_thread != 1) bad = "progress_thread (0 or 1)";
     else if (c->connector_version < 1 || c->connector_version > ECX_CONNECTOR_VERSION_MAX)
@@ -246,6 +248,7 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
                              .max_grants = cfg->max_grants,
                              .max_conn_grants = cfg->max_conn_grants,
                              .max_conn_pin_pct = cfg->max_conn_pin_pct,
+                             .max_pin_pct = cfg->max_pin_pct,
                              .block_bytes = ctx->block_bytes,
                              .connector_version = cfg->connector_version};
     return ecxi_producer_new(ctx->cache, ctx->pdata, ctx->srv, &po, &ctx->prod);

@@ -271,6 +271,13 @@ const ecxi_data *ecxi_data_form(const ecxi_data *d, bool ecx_peer)
     return d;
 }
 
+int ecxi_data_cut(ecxi_data *d, const char *key, size_t key_len,
+                  const uint8_t token[ECX_DATA_TOKEN_LEN])
+{
+    if (!d || !key || !token || !d->ops->cut) return 0;
+    return d->ops->cut(d, key, key_len, token);
+}
+
 void ecxi_data_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)
 {
     if (!d) return;

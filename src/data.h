@@ -167,7 +167,12 @@ typedef struct ecxi_data_grant {
     uint64_t nbytes; /* the bytes run through blocks in order */
 } ecxi_data_grant;
 
-/* Flag for the grant check: mark the grant served (a second claim fails). */
+/* Flag for the grant check: mark the grant served (a second claim fails).
+ * A claim is also a promise (issue 20): the claiming path reads the
+ * grant's blocks from then until it reports the send's end through
+ * poll_notifs (once, with the claim's key and token), and it can cut that
+ * send on request (ecxi_data_cut). The session keeps the blocks pinned
+ * until then, whatever the lease says. */
 #define ECX_DATA_GRANT_CLAIM 1
 
 /* The producer session's answer to "may this leave?": 0 and *g if key
@@ -181,6 +186,18 @@ typedef int (*ecxi_data_grant_fn)(void *arg, const char *key, size_t key_len,
 
 /* Install the grant check (without one, nothing is ever served). */
 void ecxi_data_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg);
+
+/* The session lets a claimed grant go (its lease expired, it was replaced
+ * or evicted, or a completion came) while the path may still be sending
+ * it: if a send of the grant (key, token) runs on this context, cut it
+ * (close its connection, or fail its endpoint) and return 1: its end, a
+ * negative status, comes through poll_notifs once the path can no longer
+ * read the grant's blocks, and only then may they be unpinned. 0 if no
+ * send of it runs here (none began, or it has ended: nothing reads the
+ * blocks). A path whose sends read no block after they report their end
+ * and that claims nothing (shm, nixl's one-sided READs) returns 0. */
+int ecxi_data_cut(ecxi_data *d, const char *key, size_t key_len,
+                  const uint8_t token[ECX_DATA_TOKEN_LEN]);
 
 /* Called once per completion: key is NUL-terminated (key_len excludes it);
  * status 0: the grant's transfer is complete (the consumer said so, or the

@@ -123,6 +123,15 @@ static void auto_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)
         if (a->in[i]) ecxi_data_set_grant_fn(a->in[i], fn, arg);
 }
 
+static int auto_cut(ecxi_data *d, const char *key, size_t key_len, const uint8_t *token)
+{
+    auto_data *a = (auto_data *)d;
+    int n = 0;
+    for (int i = 0; i < IN_N; i++)
+        if (a->in[i]) n |= ecxi_data_cut(a->in[i], key, key_len, token) > 0;
+    return n;
+}
+
 static void auto_stats(const ecxi_data *d, ecxi_data_stats *st)
 {
     const auto_data *a = (const auto_data *)d;
@@ -133,6 +142,7 @@ static void auto_stats(const ecxi_data *d, ecxi_data_stats *st)
 static const struct ecxi_data_ops auto_ops = {
     .name = "auto",
     .set_grant_fn = auto_set_grant_fn,
+    .cut = auto_cut,
     .stats = auto_stats,
     .free = auto_free,
     .progress = auto_progress,

@@ -124,6 +124,11 @@ static void fault_peer_drop(ecxi_data_peer *hp)
     free(p);
 }
 
+static int fault_cut(ecxi_data *d, const char *key, size_t key_len, const uint8_t *token)
+{
+    return ecxi_data_cut(((fault_data *)d)->inner, key, key_len, token);
+}
+
 static void fault_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)
 {
     ecxi_data_set_grant_fn(((fault_data *)d)->inner, fn, arg);
@@ -209,6 +214,7 @@ static const struct ecxi_data_ops fault_ops = {
     .arm = fault_arm,
     .poll_notifs = fault_poll_notifs,
     .set_grant_fn = fault_set_grant_fn,
+    .cut = fault_cut,
     .stats = fault_stats,
     .peer_add = fault_peer_add,
     .peer_drop = fault_peer_drop,

@@ -51,6 +51,9 @@ struct ecxi_data_ops {
     int (*poll_notifs)(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb, void *arg);
     /* optional: a wrapper passes the grant check on to what it wraps */
     void (*set_grant_fn)(ecxi_data *d, ecxi_data_grant_fn fn, void *arg);
+    /* optional, producer: cut a claimed grant's send (data.h, ecxi_data_cut);
+     * absent: the path claims nothing */
+    int (*cut)(ecxi_data *d, const char *key, size_t key_len, const uint8_t *token);
     /* optional: add the backend's counters to *st (data.h) */
     void (*stats)(const ecxi_data *d, ecxi_data_stats *st);
     /* consumer: meta and desc are already parsed, validated, and agree

@@ -195,6 +195,12 @@ static int start_ecx(nixl_data *x, ecxi_region *r, const ecxi_data_opts *opts, i
     return x->epfd >= 0 ? 0 : ECX_ESYS;
 }
 
+/* Only ecx's own paths claim (NIXL's READs are one-sided: see the top). */
+static int nixl_cut(ecxi_data *d, const char *key, size_t key_len, const uint8_t *token)
+{
+    return ecxi_data_cut(((nixl_data *)d)->ecx, key, key_len, token);
+}
+
 static void nixl_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg)
 {
     ecxi_data_set_grant_fn(((nixl_data *)d)->ecx, fn, arg);
@@ -463,6 +469,7 @@ int ecxi_data_nixl_new_consumer(ecxi_region *r, const ecxi_data_opts *opts, ecxi
 static const struct ecxi_data_ops nixl_ops = {
     .name = "nixl",
     .set_grant_fn = nixl_set_grant_fn,
+    .cut = nixl_cut,
     .stats = nixl_stats,
     .ecx_form = nixl_ecx_form,
     .peer_add = nixl_peer_add,

@@ -44,6 +44,14 @@
  *     TCP_HELLO_MS after connecting, sends half a request and stops for
  *     TCP_REQ_MS, idles TCP_IDLE_MS between requests, or makes no send
  *     progress for TCP_SEND_STALL_MS (a peer that stops reading) is closed.
+ *   - It reads nothing but that grant's bytes however slowly it reads: a
+ *     reply goes straight from the region, so the grant's pin must outlive
+ *     the send. A claim keeps it (data.h): when the session lets the grant
+ *     go while its reply is unfinished (the lease expired, say, with the
+ *     reader taking a few KiB every few seconds), tcp_cut closes the
+ *     connection first, and the session unpins only when the failed
+ *     completion comes back, so a busy producer's new saves into those
+ *     blocks never reach the slow reader.
  *   Not closed: the bytes cross the network unencrypted and unauthenticated
  *   (a grant's token travels in the clear, as does the control plane's
  *   unless CURVE is on): use a trusted network, or IPsec / WireGuard.
@@ -114,7 +122,7 @@ typedef struct run {
 
 typedef struct tcp_counters {
     uint64_t accepted, conns_refused, served, refused, bad_requests, timeouts, stalls,
-        send_failures, bytes;
+        send_failures, bytes, cuts;
 } tcp_counters;
 
 typedef struct tcp_conn tcp_conn;
@@ -528,6 +536,30 @@ static void sweep_conns(tcp_data *t, int64_t now)
         ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data tcp: connection closed: %s", why);
         conn_close(t, c);
     }
+}
+
+/* The session lets go of a claimed grant (data.h, ecxi_data_cut): if a
+ * connection is still sending it, close that connection. Its fd is closed
+ * here, so no sendmsg reads the grant's blocks after this (what the kernel
+ * already holds is a copy), and its failed completion is queued for
+ * poll_notifs, after which the session unpins. */
+static int tcp_cut(ecxi_data *d, const char *key, size_t key_len, const uint8_t *token)
+{
+    tcp_data *t = (tcp_data *)d;
+    for (tcp_conn *c = t->conns; c; c = c->next) {
+        tnotif *n = c->pending;
+        if (c->dead || !n || n->key_len != key_len ||
+            sodium_memcmp(n->token, token, ECX_DATA_TOKEN_LEN) != 0 || memcmp(n->key, key, key_len))
+            continue;
+        t->c.cuts++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                            "data tcp: cut a send whose grant was let go (lease expired, "
+                            "replaced or completed; %" PRIu64 " so far)",
+                            t->c.cuts);
+        conn_close(t, c);
+        return 1;
+    }
+    return 0;
 }
 
 static int producer_progress(tcp_data *t, ecxi_slice *sl)
@@ -1031,7 +1063,7 @@ static void tcp_stats(const ecxi_data *d, ecxi_data_stats *st)
     const tcp_data *t = (const tcp_data *)d;
     ecxi_data_counts *c = &st->path[ECX_DATA_TCP];
     c->conns_refused += t->c.conns_refused;
-    c->conns_dropped += t->c.timeouts + t->c.stalls;
+    c->conns_dropped += t->c.timeouts + t->c.stalls + t->c.cuts;
     c->requests_dropped += t->c.bad_requests;
 }
 
@@ -1043,6 +1075,7 @@ static const struct ecxi_data_ops tcp_ops = {
     .fd = tcp_fd,
     .arm = tcp_arm,
     .poll_notifs = tcp_poll_notifs,
+    .cut = tcp_cut,
     .peer_add = tcp_peer_add,
     .peer_drop = tcp_peer_drop,
     .read_post = tcp_read_post,

@@ -40,6 +40,14 @@
  * The consumer checks the received length and the XXH3-64 of what landed
  * in its blocks against the ticket: DONE, else CORRUPT.
  *
+ * A send reads the region until UCX ends it (a rendezvous send, when the
+ * consumer's receive is matched, however late), so the grant's pin must
+ * outlive it: the claim keeps it (data.h), and when the session lets the
+ * grant go first (its lease expired, say), ucx_cut force-closes that
+ * connection's endpoint, which ends the send with an error; the session
+ * unpins only when that end is reported. A consumer never receives
+ * blocks saved after its grant was let go.
+ *
  * Bounds (what a peer can make the producer hold): connections, queued
  * requests and sends in flight (with completions not yet collected), each
  * in total, per client address and per connection (MAX_* below). Past
@@ -162,6 +170,7 @@ typedef struct psend {
     int status;   /* 0 / negative once done */
     int fail;     /* report this instead of the send's status */
     bool refusal; /* a 0-byte "no": nothing to report */
+    bool running; /* UCX holds the request: it may still read the grant's blocks */
     ucp_dt_iov_t *iov;
     size_t iov_cap;
     uint8_t token[ECX_DATA_TOKEN_LEN];
@@ -230,7 +239,7 @@ typedef struct ucx_data {
     unsigned nqueued;
     psend *free_sends, *all_sends, *done, **done_tail;
     unsigned nsends;
-    uint64_t refused, dropped, stalled, conns_refused;
+    uint64_t refused, dropped, stalled, conns_refused, cuts;
     /* consumer */
     ucx_xfer *free_xfers, *all_xfers;
     ucx_xfer *verify_head, *verify_tail; /* landed, being checksummed */
@@ -724,6 +733,7 @@ static void send_done_cb(void *req, ucs_status_t status, void *user_data)
     psend *s = user_data;
     ucx_data *u = s->u;
     ucp_request_free(req);
+    s->running = false;
     if (status != UCS_OK)
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a send failed: %s", ucs_status_string(status));
     s->status = s->fail ? s->fail : status == UCS_OK ? 0 : ECX_EDATA_UCX;
@@ -750,6 +760,7 @@ static psend *send_get(ucx_data *u, conn *c)
     s->u = u;
     s->c = c;
     s->refusal = false;
+    s->running = false;
     s->fail = 0;
     return s;
 }
@@ -774,8 +785,10 @@ static void post_send(ucx_data *u, psend *s, uint64_t tag, void *buf, size_t cou
         .datatype = dt,
         .memh = u->memh,
     };
+    s->running = true; /* before the call: the callback may run inside it */
     void *req = ucp_tag_send_nbx(s->c->ep, buf, count, tag, &prm);
     if (req != NULL && !UCS_PTR_IS_ERR(req)) return;
+    s->running = false;
     ucs_status_t st = UCS_PTR_STATUS(req);
     if (st != UCS_OK)
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: tag_send: %s", ucs_status_string(st));
@@ -859,6 +872,36 @@ static bool serve(ucx_data *u, request *q)
     s->refusal = true;
     post_send(u, s, q->tag, NULL, 0, ucp_dt_make_contig(1), false);
     return true;
+}
+
+/* The session lets go of a claimed grant (data.h, ecxi_data_cut): a send
+ * of it still in UCX's hands (a rendezvous waiting for the consumer's
+ * receive, or a stream of fragments) reads the region until it ends, so
+ * its connection's endpoint is force-closed now, which ends the send with
+ * an error; the session unpins when that end comes through poll_notifs. */
+static int ucx_cut(ecxi_data *d, const char *key, size_t key_len, const uint8_t *token)
+{
+    ucx_data *u = (ucx_data *)d;
+    for (psend *s = u->all_sends; s; s = s->all_next) {
+        if (!s->running || s->refusal || s->key_len != key_len ||
+            sodium_memcmp(s->token, token, ECX_DATA_TOKEN_LEN) != 0 || memcmp(s->key, key, key_len))
+            continue;
+        conn *c = s->c;
+        if (c->failed && !c->ep) return 1; /* cut already: its end is on the way */
+        u->cuts++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                            "data ucx: cut a send whose grant was let go (lease expired, "
+                            "replaced or completed; %" PRIu64 " so far)",
+                            u->cuts);
+        s->fail = ECX_EDATA_PEER;
+        c->failed = true;
+        if (c->ep) {
+            close_ep(u, c->ep, true);
+            c->ep = NULL;
+        }
+        return 1;
+    }
+    return 0;
 }
 
 /* Serve what can be served, in arrival order; the rest waits. */
@@ -1393,7 +1436,7 @@ static void ucx_stats(const ecxi_data *d, ecxi_data_stats *st)
     const ucx_data *u = (const ucx_data *)d;
     ecxi_data_counts *c = &st->path[ECX_DATA_UCX];
     c->conns_refused += u->conns_refused;
-    c->conns_dropped += u->stalled;
+    c->conns_dropped += u->stalled + u->cuts;
     c->requests_dropped += u->dropped;
 }
 
@@ -1405,6 +1448,7 @@ static const struct ecxi_data_ops ucx_ops = {
     .fd = ucx_fd,
     .arm = ucx_arm,
     .poll_notifs = ucx_poll_notifs,
+    .cut = ucx_cut,
     .peer_add = ucx_peer_add,
     .peer_drop = ucx_peer_drop,
     .read_post = ucx_read_post,

@@ -117,6 +117,16 @@ static void producer(out *o, const ecxi_producer_stats *p, const ecxi_ctrl_stats
     counter(o, "ecx_producer_refused_conn_pins_total",
             "Requests refused: the connection's pins would pass its share of the region.",
             p->refused_conn_pins);
+    counter(o, "ecx_producer_refused_pins_total",
+            "Requests answered NOT_READY: pins in all would pass max_pin_pct of the region.",
+            p->refused_pins);
+    counter(o, "ecx_producer_cut_sends_total",
+            "Grants let go (lease, replacement, completion) while their send ran: the send "
+            "was cut before the unpin.",
+            p->cut_sends);
+    gauge(o, "ecx_producer_draining_grants",
+          "Grants whose cut send has not ended yet (their blocks stay pinned).",
+          p->draining_grants);
     counter(o, "ecx_producer_evicted_grants_total",
             "Grants released from the heaviest connection to make room in a full table.",
             p->evicted_grants);

@@ -30,6 +30,8 @@ typedef struct grant {
     uint64_t *blocks; /* item order; the buffer stays with the record when pooled */
     size_t n_blocks, blocks_cap;
     bool claimed; /* its bytes were handed to the data plane once */
+    bool sending; /* claimed, and the path has not reported the send's end: it may
+                     still read the blocks (data.h, ECX_DATA_GRANT_CLAIM) */
     bool tokenless; /* answered in NIXL's form: no token to check (data.h) */
     uint32_t cache_ref; /* the pinned cache entry (ecxi_cache_unpin_ref) */
     uint8_t token[ECX_DATA_TOKEN_LEN];
@@ -61,6 +63,9 @@ struct ecxi_producer {
     ecxi_table grants;
     grant *oldest, *newest; /* lease queue */
     grant *free_list;       /* pooled records */
+    grant *draining;        /* let go while their send ran: pinned until it ends (next) */
+    bool closing;           /* ecxi_producer_free: nothing is sent any more */
+    uint64_t pin_total;     /* blocks pinned in the region that grants may take */
 
     ecxi_table conns;     /* routing id -> conn, for connections holding grants */
     conn *conn_free;     /* pooled conn records */
@@ -171,7 +176,9 @@ static void conn_put(ecxi_producer *p, conn *c)
     c->bnext = p->conn_free, p->conn_free = c;
 }
 
-static void grant_unlink(ecxi_producer *p, grant *g)
+/* Take g off its connection, the grant table and the lease queue; it is
+ * no longer active (its pin is the caller's business). */
+static void grant_detach(ecxi_producer *p, grant *g)
 {
     conn *c = g->owner;
     if (g->cprev)
@@ -196,17 +203,52 @@ static void grant_unlink(ecxi_producer *p, grant *g)
         g->next->prev = g->prev;
     else
         p->newest = g->prev;
-    g->next = p->free_list, p->free_list = g;
     p->st.active_grants--;
 }
 
-/* Drop a grant and the pin it holds. */
-static void grant_release(ecxi_producer *p, grant *g)
+static void grant_unpin(ecxi_producer *p, grant *g)
 {
     int rc = ecxi_cache_unpin_ref(p->cache, g->cache_ref);
     if (rc)
         ecxi_log(ECX_LOG_ERROR, "producer: unpin of a granted entry failed: %s", ecx_strerror(rc));
-    grant_unlink(p, g);
+}
+
+/* Drop a grant and the pin it holds. A grant whose send may still be
+ * reading its blocks (sending) keeps the pin: the path cuts the send, and
+ * the record waits on p->draining, out of every table and off its lease,
+ * until the path reports the send's end (drain_end). Only then may a save
+ * reuse the blocks, so a slow reader never gets another item's bytes. */
+static void grant_release(ecxi_producer *p, grant *g)
+{
+    grant_detach(p, g);
+    if (g->sending && !p->closing &&
+        ecxi_data_cut(p->data, g->key, g->key_len, g->token) > 0) {
+        p->st.cut_sends++;
+        p->st.draining_grants++;
+        g->next = p->draining, p->draining = g;
+        return;
+    }
+    grant_unpin(p, g);
+    g->next = p->free_list, p->free_list = g;
+}
+
+/* A completion for a grant already let go: if it names a draining grant
+ * (key and token), its send has ended and its pin goes now. */
+static bool drain_end(ecxi_producer *p, const char *key, size_t len,
+                      const uint8_t token[ECX_DATA_TOKEN_LEN])
+{
+    for (grant **pp = &p->draining; *pp; pp = &(*pp)->next) {
+        grant *g = *pp;
+        if (g->key_len != len || memcmp(g->key, key, len) ||
+            sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN) != 0)
+            continue;
+        *pp = g->next;
+        p->st.draining_grants--;
+        grant_unpin(p, g);
+        g->next = p->free_list, p->free_list = g;
+        return true;
+    }
+    return false;
 }
 
 /* A grant record for blocks p->idx[0..n) of the cache entry pinned as ref,
@@ -235,6 +277,7 @@ static grant *grant_add(ecxi_producer *p, conn *c, ecx_span sid, ecx_span hash, 
     g->nbytes = nbytes;
     g->cache_ref = ref;
     g->claimed = false;
+    g->sending = false;
     new_token(p, g->token);
     memcpy(g->key, sid.p, sid.n);
     g->key[sid.n] = ':';
@@ -292,6 +335,9 @@ int ecxi_producer_new(ecxi_cache *cache, ecxi_data *data, ecxi_ctrl_server *srv,
     ecxi_cache_get_stats(cache, &cst);
     p->pin_limit = cst.num_blocks * p->o.max_conn_pin_pct / 100;
     if (p->pin_limit == 0) p->pin_limit = 1;
+    if (p->o.max_pin_pct == 0) p->o.max_pin_pct = ECX_DEFAULT_MAX_PIN_PCT;
+    if (p->o.max_pin_pct > 100) p->o.max_pin_pct = 100;
+    p->pin_total = cst.num_blocks * p->o.max_pin_pct / 100;
     memcpy(p->compat, opts->compat_hash, cl + 1);
     p->compat_len = cl;
     p->o.compat_hash = p->compat;
@@ -315,8 +361,15 @@ void ecxi_producer_free(ecxi_producer *p)
 {
     if (!p) return;
     ecxi_data_set_grant_fn(p->data, NULL, NULL);
+    p->closing = true; /* the data plane is polled no more: nothing reads the blocks */
     while (p->oldest)
         grant_release(p, p->oldest);
+    while (p->draining) {
+        grant *g = p->draining;
+        p->draining = g->next;
+        grant_unpin(p, g);
+        g->next = p->free_list, p->free_list = g;
+    }
     for (grant *g = p->free_list, *n; g; g = n) {
         n = g->next;
         free(g->blocks);
@@ -483,6 +536,20 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "connection pins too many blocks");
         return;
     }
+    /* Pins in all stay within max_pin_pct of the region, so saves find
+     * room (producer.h). Only a first pin of an entry takes room away. */
+    if (info.pins == 1) {
+        ecxi_cache_stats cs;
+        ecxi_cache_get_stats(p->cache, &cs);
+        uint64_t pinned = cs.owned_blocks - cs.evictable_blocks - cs.not_ready_blocks;
+        if (pinned > p->pin_total && pinned > info.n_blocks) {
+            ecxi_cache_unpin_ref(p->cache, ref);
+            p->st.refused_pins++;
+            nack(p, r->mm_hash, ECX_STATUS_NACK_NOT_READY,
+                 "pins would pass the region's share (max_pin_pct); retry later");
+            return;
+        }
+    }
     if (evict && p->max_count) {
         conn *heavy = p->by_count[p->max_count];
         p->st.evicted_grants++;
@@ -557,7 +624,7 @@ static int grant_check(void *arg, const char *key, size_t key_len,
                               : "no grant");
         return ECX_EDATA_GRANT;
     }
-    if (flags & ECX_DATA_GRANT_CLAIM) g->claimed = true;
+    if (flags & ECX_DATA_GRANT_CLAIM) g->claimed = g->sending = true;
     out->blocks = g->blocks;
     out->n = g->n_blocks;
     out->nbytes = g->nbytes;
@@ -569,6 +636,11 @@ static void on_notif(void *arg, const char *key, size_t len,
 {
     ecxi_producer *p = arg;
     grant *g = len <= ECX_DATA_NOTIF_MAX ? grant_find(p, key, len) : NULL;
+    /* The end of a send cut when its grant was let go (the key may name a
+     * new grant by now, with another token). */
+    if (token && p->draining && (!g || sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN)) &&
+        drain_end(p, key, len, token))
+        return;
     if (!g) {
         p->st.unknown_notifs++;
         ECX_LOG_RATELIMITED(ECX_LOG_INFO, "producer: notification for no grant (%zu bytes)", len);
@@ -615,9 +687,10 @@ int ecxi_producer_poll(ecxi_producer *p)
     if (n > 0) events += n;
     while (p->oldest && p->oldest->expires_ms <= now) {
         grant *g = p->oldest;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: lease expired for %.*s; unpinned",
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: lease expired for %.*s; %s",
                             (int)(g->key_len - g->hash_off > 120 ? 120 : g->key_len - g->hash_off),
-                            g->key + g->hash_off);
+                            g->key + g->hash_off,
+                            g->sending ? "its send is cut, then unpinned" : "unpinned");
         p->st.expired_leases++;
         grant_release(p, g);
         events++;

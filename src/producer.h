@@ -15,7 +15,17 @@
  * Grants are keyed "{session_id}:{mm_hash}", the same string the consumer
  * sends as its completion notification, so a notification releases its
  * grant by exact lookup. Each grant holds one pin under a lease (lease_ms); a
- * lease that expires unpins with a warning. A repeated request for a key
+ * lease that expires unpins with a warning.
+ *
+ * A pin outlives the send that reads its blocks (issue 20). The tcp and ucx
+ * paths claim a grant and send straight from the region until they report
+ * the send's end; a grant let go before that (lease expired, replaced,
+ * evicted, or completed by another path) has its send cut (ecxi_data_cut:
+ * the path closes that connection) and waits, off the table and its lease,
+ * on a draining list, still pinned, until the path reports the cut send's
+ * end; then it is unpinned. So no save can reuse blocks a send still
+ * reads, and the lease still bounds how long a consumer holds them (a send
+ * is cut, not waited for). A repeated request for a key
  * already granted (the consumer timed out and asked again) releases the old
  * pin before taking the new one.
  *
@@ -51,6 +61,14 @@
  *    region's blocks: a grant that would pass that is refused
  *    (NACK_INTERNAL, refused_conn_pins), unless the connection holds no
  *    pin (one item, however big, can always be served).
+ * And for all connections together, so that the encoder's own saves always
+ * find room whatever consumers pin (issue 20): the region's pinned blocks
+ * may cover at most max_pin_pct of it. A grant that would pin an entry not
+ * pinned yet past that is refused with NACK_NOT_READY (refused_pins): the
+ * condition is transient (pins drain as sends complete and leases end) and
+ * consumers retry NOT_READY with a backoff, where NACK_INTERNAL would send
+ * every consumer to encode locally. An entry pinned already costs no room,
+ * and when nothing else is pinned one item, however big, is granted.
  * The heaviest connection is found in O(1): connections are listed by
  * their grant count (1..max_conn_grants). Connection records are pooled
  * like grants.
@@ -76,6 +94,8 @@ typedef struct ecxi_producer_opts {
                                   ECX_DEFAULT_MAX_CONN_GRANTS */
     uint32_t max_conn_pin_pct; /* % of the region one connection's pins may cover (1..100);
                                   ECX_DEFAULT_MAX_CONN_PIN_PCT */
+    uint32_t max_pin_pct;      /* % of the region pins may cover, all connections together
+                                  (1..100); ECX_DEFAULT_MAX_PIN_PCT */
     uint64_t block_bytes;      /* for bytes_served */
     const ecxi_clock *clock;   /* NULL: monotonic */
     int connector_version;     /* ours (0: ECX_CONNECTOR_VERSION): requests are decoded as
@@ -100,8 +120,12 @@ typedef struct ecxi_producer_stats {
     uint64_t reply_failed;   /* acks that could not be sent */
     uint64_t refused_conn_grants; /* refused: at its cap, or at its share of a full table */
     uint64_t refused_conn_pins;   /* refused: its pins would pass its share of the region */
+    uint64_t refused_pins;        /* refused (NOT_READY): pins in all would pass max_pin_pct */
     uint64_t evicted_grants;      /* taken from the heaviest connection: a full table */
     uint64_t nixl_grants;         /* OK acks in NIXL's form (nixl mode, a non-ecx session) */
+    uint64_t cut_sends;       /* grants let go while their send ran: the send was cut */
+    uint64_t draining_grants; /* of those, the ones whose send has not reported its end yet
+                                 (their blocks stay pinned) */
 } ecxi_producer_stats;
 
 /* None of cache, data, srv is owned; all must outlive the producer. */

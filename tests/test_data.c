@@ -926,6 +926,62 @@ static void on_any_notif(void *arg, const char *msg, size_t len, const uint8_t *
     ((notes *)arg)->n++;
 }
 
+/* issue 20: the session lets a grant go while its 64 MiB send runs (its
+ * consumer reads slowly): ecxi_data_cut finds the send, the failed end is
+ * reported, and once it is, nothing reads the producer's blocks: bytes
+ * written there afterwards never reach the consumer, whose READ fails. */
+static void cut_send(int backend)
+{
+    pair p;
+    big_open(&p, backend);
+    static uint64_t all[BIG_NB];
+    for (unsigned i = 0; i < BIG_NB; i++)
+        all[i] = i;
+    ecxi_data_xfer *x = NULL;
+    assert_int_equal(post(&p, all, all, BIG_NB, 0, &x), 0);
+    notes ns = {0};
+    int cut = 0;
+    for (int64_t end = ecxi_now_ms(NULL) + 5000; !cut && ecxi_now_ms(NULL) < end;) {
+        assert_true(ecxi_data_progress(p.cons, 0, NULL) >= 0); /* one chunk: slow */
+        assert_true(ecxi_data_poll_notifs(p.prod, on_any_notif, &ns) >= 0);
+        cut = ecxi_data_cut(p.prod, p.key, strlen(p.key), STUB_TOKEN);
+    }
+    assert_int_equal(cut, 1);
+    assert_int_equal(ns.n, 0);
+    /* cut again: tcp has closed it (nothing runs); UCX's send runs until it ends */
+    assert_int_equal(ecxi_data_cut(p.prod, p.key, strlen(p.key), STUB_TOKEN),
+                     backend == ECX_DATA_TCP ? 0 : 1);
+    for (int64_t end = ecxi_now_ms(NULL) + 5000; !ns.n && ecxi_now_ms(NULL) < end;)
+        assert_true(ecxi_data_poll_notifs(p.prod, on_any_notif, &ns) >= 0);
+    assert_int_equal(ns.n, 1); /* the end, reported: now the session may unpin */
+    memset(ecxi_region_base(p.pr), 0x5a, ecxi_region_size(p.pr)); /* a new save */
+    int st = ECX_XFER_RUNNING;
+    for (int64_t end = ecxi_now_ms(NULL) + 10000;
+         st == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < end;) {
+        assert_true(ecxi_data_progress(p.cons, ECX_DATA_SLICE_NS, NULL) >= 0);
+        assert_true(ecxi_data_poll_notifs(p.prod, on_any_notif, &ns) >= 0);
+        st = ecxi_data_read_poll(x);
+    }
+    assert_int_equal(st, ECX_XFER_FAILED);
+    const uint8_t *dst = ecxi_region_base(p.cr);
+    for (uint64_t i = 0; i < ecxi_region_size(p.cr); i += 4096)
+        assert_int_not_equal(dst[i], 0x5a); /* nothing of the new save arrived */
+    ecxi_data_read_release(x);
+    pair_close(&p);
+}
+
+static void test_cut_tcp(void **state)
+{
+    (void)state;
+    cut_send(ECX_DATA_TCP);
+}
+
+static void test_cut_ucx(void **state)
+{
+    (void)state;
+    cut_send(ECX_DATA_UCX);
+}
+
 static void sliced_stop(int backend, bool drop)
 {
     pair p;
@@ -1149,6 +1205,8 @@ int main(void)
         cmocka_unit_test(test_ucx_drop_and_release_in_flight),
         cmocka_unit_test(test_sliced_shm),
         cmocka_unit_test(test_sliced_tcp),
+        cmocka_unit_test(test_cut_tcp),
+        cmocka_unit_test(test_cut_ucx),
         cmocka_unit_test(test_sliced_release_shm),
         cmocka_unit_test(test_sliced_release_tcp),
         cmocka_unit_test(test_sliced_drop_shm),

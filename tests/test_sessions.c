@@ -114,7 +114,7 @@ static int64_t next_session_idle_ms;
  * except the pin share: 100%, since these tests fetch items up to 3/4 of
  * the region one after another, and a completion may still be in flight
  * when the next request comes). */
-static uint32_t next_max_grants, next_conn_grants, next_pin_pct;
+static uint32_t next_max_grants, next_conn_grants, next_pin_pct, next_total_pin_pct;
 /* Both sides' protocol version for the next world_new() (0: 1). */
 static int next_version;
 
@@ -136,6 +136,7 @@ static world *world_new(const char *consumer_compat)
                             .max_grants = next_max_grants,
                             .max_conn_grants = next_conn_grants,
                             .max_conn_pin_pct = next_pin_pct ? next_pin_pct : 100,
+                            .max_pin_pct = next_total_pin_pct ? next_total_pin_pct : 100,
                             .clock = &CLOCK,
                             .connector_version = next_version};
     assert_int_equal(ecxi_producer_new(w->P.cache, w->P.data, w->srv, &po, &w->prod), 0);
@@ -1492,6 +1493,62 @@ static void test_pin_share(void **state)
     world_free(w);
 }
 
+/* Pins of all connections together cover at most max_pin_pct (75 % by
+ * default) of the region, so the encoder's saves find room (issue 20, item
+ * 4): past it NOT_READY (retryable), an entry already pinned costs nothing,
+ * one item is granted when nothing else is pinned, and the producer's save
+ * succeeds where two connections at their 50 % share left it none. */
+static void test_total_pin_share(void **state)
+{
+    (void)state;
+    next_pin_pct = 50, next_total_pin_pct = 75; /* the library's defaults */
+    world *w = world_new(NULL);
+    next_pin_pct = next_total_pin_pct = 0;
+    char name[8];
+    for (int i = 0; i < 8; i++) { /* 8 x 8 of 64 blocks: the whole region */
+        snprintf(name, sizeof name, "q%d", i);
+        save(w, name, 8 * BLOCK, true);
+    }
+    raw a = raw_dealer(w), b = raw_dealer(w), c = raw_dealer(w);
+    for (int i = 0; i < 4; i++) { /* a: 32 blocks, its share */
+        snprintf(name, sizeof name, "q%d", i);
+        assert_int_equal(raw_ask(w, &a, name, "a"), ECX_STATUS_OK);
+    }
+    assert_int_equal(raw_ask(w, &b, "q4", "b"), ECX_STATUS_OK);
+    assert_int_equal(raw_ask(w, &b, "q5", "b"), ECX_STATUS_OK); /* 48 = 75 % */
+    assert_int_equal(raw_ask(w, &b, "q6", "b"), ECX_STATUS_NACK_NOT_READY);
+    assert_int_equal(raw_ask(w, &c, "q7", "c"), ECX_STATUS_NACK_NOT_READY);
+    assert_int_equal(raw_ask(w, &c, "q0", "c"), ECX_STATUS_OK); /* pinned already */
+    ecxi_producer_stats ps = ecxi_producer_get_stats(w->prod);
+    assert_int_equal(ps.refused_pins, 2);
+    assert_int_equal(ps.nacks[ECX_STATUS_NACK_NOT_READY], 2);
+    ecxi_cache_info info;
+    assert_int_equal(ecxi_cache_lookup(w->P.cache, "q7", 2, &info), 0);
+    assert_int_equal(info.pins, 0); /* the refused request left no pin */
+    /* The encoder's own saves still find room (q6, q7 are evictable). */
+    save(w, "new0", 8 * BLOCK, true);
+    save(w, "new1", 8 * BLOCK, true);
+    save(w, "new2", 8 * BLOCK, true);
+    /* Leases end: pins drain, and the retried request is served. */
+    fake_now += 30000;
+    ecxi_producer_poll(w->prod);
+    assert_int_equal(raw_ask(w, &c, "new2", "c"), ECX_STATUS_OK);
+    zmq_close(a.sock), zmq_close(b.sock), zmq_close(c.sock);
+    world_free(w);
+
+    /* Alone, one item bigger than the share is granted. */
+    next_total_pin_pct = 10;
+    w = world_new(NULL);
+    next_total_pin_pct = 0;
+    save(w, "huge", 20 * BLOCK, true);
+    save(w, "small", 1 * BLOCK, true);
+    a = raw_dealer(w);
+    assert_int_equal(raw_ask(w, &a, "huge", "a"), ECX_STATUS_OK);
+    assert_int_equal(raw_ask(w, &a, "small", "a"), ECX_STATUS_NACK_NOT_READY);
+    zmq_close(a.sock);
+    world_free(w);
+}
+
 /* ---------- announcements ---------- */
 
 static void test_announce_json(void **state)
@@ -1585,6 +1642,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fetch_sizes),
         cmocka_unit_test(test_fetch_fragmented),
+        cmocka_unit_test(test_total_pin_share),
         cmocka_unit_test(test_nack_missing),
         cmocka_unit_test(test_nack_incompat),
         cmocka_unit_test(test_not_ready_then_ready),

@@ -62,6 +62,11 @@ static const char HELP[] =
     "                         (default 100: serve's region holds only what it\n"
     "                         serves, so pins starve nothing; the library's\n"
     "                         default is 50; ecx_producer_refused_conn_pins_total)\n"
+    "  --pin-pct PCT          share of the region all consumers' pins may cover\n"
+    "                         together (default 100, as above; the library's\n"
+    "                         default is 75, so an encoder's saves find room);\n"
+    "                         past it NACK_NOT_READY, and the consumer retries\n"
+    "                         (ecx_producer_refused_pins_total)\n"
     "\n"
     "security (opt-in; see `ecx keygen`):\n"
     "  --curve-secret FILE    encrypt the control plane with ZeroMQ CURVE, with the\n"
@@ -350,7 +355,7 @@ bad:
 int cmd_serve(int argc, char **argv)
 {
     enum { O_LISTEN = 2000, O_ADVERTISE, O_PRELOAD, O_SYNTH, O_DELAY, O_ANNOUNCE, O_METRICS, O_LEASE,
-           O_CURVE_SECRET, O_CURVE_ALLOW, O_CONN_GRANTS, O_CONN_PIN };
+           O_CURVE_SECRET, O_CURVE_ALLOW, O_CONN_GRANTS, O_CONN_PIN, O_PIN };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"advertise-host", required_argument, 0, O_ADVERTISE},
@@ -362,6 +367,7 @@ int cmd_serve(int argc, char **argv)
         {"lease-ms", required_argument, 0, O_LEASE},
         {"conn-grants", required_argument, 0, O_CONN_GRANTS},
         {"conn-pin-pct", required_argument, 0, O_CONN_PIN},
+        {"pin-pct", required_argument, 0, O_PIN},
         {"curve-secret", required_argument, 0, O_CURVE_SECRET},
         {"curve-allow", required_argument, 0, O_CURVE_ALLOW},
         {"help", no_argument, 0, 'h'},
@@ -380,7 +386,7 @@ int cmd_serve(int argc, char **argv)
     const char *curve_secret_path = NULL, *curve_allow_path = NULL;
     char curve_sec[KEY_Z85_LEN + 1] = "";
     key_list allow = {0};
-    int64_t delay = 0, lease = 30000, conn_grants = 1024, conn_pin = 100;
+    int64_t delay = 0, lease = 30000, conn_grants = 1024, conn_pin = 100, pin = 100;
     items it = {0};
     int c, rc = EXIT_FAIL;
     optind = 1;
@@ -400,6 +406,7 @@ int cmd_serve(int argc, char **argv)
         case O_LEASE: if (parse_int("--lease-ms", optarg, 1, 86400000, &lease)) goto usage; break;
         case O_CONN_GRANTS: if (parse_int("--conn-grants", optarg, 1, 65536, &conn_grants)) goto usage; break;
         case O_CONN_PIN: if (parse_int("--conn-pin-pct", optarg, 1, 100, &conn_pin)) goto usage; break;
+        case O_PIN: if (parse_int("--pin-pct", optarg, 1, 100, &pin)) goto usage; break;
         case O_CURVE_SECRET: curve_secret_path = optarg; break;
         case O_CURVE_ALLOW: curve_allow_path = optarg; break;
         default: goto usage;
@@ -425,6 +432,7 @@ int cmd_serve(int argc, char **argv)
     cfg.lease_ms = lease;
     cfg.max_conn_grants = (uint32_t)conn_grants;
     cfg.max_conn_pin_pct = (uint32_t)conn_pin;
+    cfg.max_pin_pct = (uint32_t)pin;
     if (!region_given) {
         uint64_t need = 0;
         for (size_t i = 0; i < it.n; i++)
