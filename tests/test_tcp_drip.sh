@@ -75,6 +75,7 @@ m=$(metrics_of "$MPORT")
 check "refused: wrong-token requests were refused" \
   'echo "$m" | grep -qE "^ecx_producer_refused_reads_total [1-9]"'
 # 256 data connections, the control plane's and the process's own: at most ~330.
+echo "the producer held at most $fds_max descriptors"
 check "the producer held at most 350 descriptors (saw $fds_max)" '[ "$fds_max" -le 350 ]'
 check "the producer lives" 'kill -0 $spid'
 [ -n "${KEEP:-}" ] && { cp -r "$T" /tmp/drip-keep; metrics_of "$MPORT" > /tmp/drip-keep/metrics; }
