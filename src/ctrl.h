@@ -22,9 +22,14 @@
  * application is busy elsewhere). A connection that only sends heartbeats counts them as undelivered
  * too (a PING is 9 bytes every 2 s, ~390 KB a day): an idle connection
  * reaches the producer's 2 MiB cap after about five days and is dropped
- * and reconnected; ecx consumers close sessions idle for 30 s long before. The server also refuses (accepts, then shuts down)
- * connections beyond max_connections, so libzmq does not spin on a failed
- * accept at the fd limit. All of it is counted in ecxi_ctrl_stats.
+ * and reconnected; ecx consumers close sessions idle for 30 s long
+ * before. The server also budgets connections (the monitor's accepted fd,
+ * getpeername): max_connections in all, ECX_CTRL_MAX_PER_PREFIX per /24 or
+ * /64, ECX_CTRL_MAX_PER_ADDR per address; a newcomer at a cap shuts down
+ * the idlest connection of a heavier holder, or is itself shut down
+ * (conn_budget.h). The default total leaves descriptors to the data plane,
+ * and libzmq does not spin on a failed accept at the fd limit. All of it is
+ * counted in ecxi_ctrl_stats.
  *
  * DEALERs carry ZMQ heartbeats
  * (2000 / 4000 / 8000 ms) and a socket monitor, so a dead producer shows up
