@@ -345,7 +345,7 @@ typedef struct ecx_config {
     uint32_t max_conn_grants;   /* active grants per consumer connection */
     uint32_t max_conn_pin_pct;  /* % of the region one connection's pins may cover (1..100) */
     uint32_t max_connections;   /* control-plane connections; 0: the soft fd limit less a
-                                   reserve */
+                                   reserve (64, and 512 for the data plane) */
 
     /* Authenticated, encrypted control plane (ZeroMQ CURVE), opt-in; all
      * NULL: plaintext, as the Python reference speaks. Keys are Z85 text

@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
+#include "conn_budget.h"
 #include "ecx.h"
 #include "util.h"
 
@@ -30,6 +31,7 @@ typedef struct guard {
     void *monitor;      /* PAIR reading the socket's monitor events */
     struct conn *conns; /* indexed by fd */
     int nconns, open_conns;
+    uint64_t seq; /* counts accepts and whole messages: orders connections by activity */
     int port;   /* ours: the server's local port, or the peer's remote one */
     bool local; /* port is the local one */
     int64_t max_pending, max_pending_total, next_check_ms;
@@ -188,7 +190,10 @@ static int apply_common(void *sock, const ecxi_ctrl_opts *o, int64_t *max_frame)
 
 struct conn {
     bool open;
+    bool spoke;       /* a whole message was read from it */
     uint64_t settled; /* bytes received when a whole message from it was last read */
+    uint64_t seq;     /* g->seq at its accept or its last whole message */
+    uint8_t key[16];  /* server: the peer's address (conn_budget.h) */
 };
 
 static int guard_init(guard *g, void *zctx, void *sock, int events, int port, bool local,
@@ -254,7 +259,7 @@ static int guard_track_locked(guard *g, int fd, bool open)
         g->conns = c, g->nconns = n;
     }
     if (g->conns[fd].open != open) g->open_conns += open ? 1 : -1;
-    g->conns[fd] = (struct conn){open, 0};
+    g->conns[fd] = (struct conn){.open = open, .seq = ++g->seq};
     return 0;
 }
 
@@ -313,8 +318,11 @@ static void guard_settle(guard *g, zmq_msg_t *part)
     int fd = msg_srcfd(part);
     uint64_t rx;
     pthread_mutex_lock(&g->mu);
-    if (fd >= 0 && fd < g->nconns && g->conns[fd].open && tcp_received(fd, &rx))
+    if (fd >= 0 && fd < g->nconns && g->conns[fd].open && tcp_received(fd, &rx)) {
         g->conns[fd].settled = rx;
+        g->conns[fd].spoke = true;
+        g->conns[fd].seq = ++g->seq;
+    }
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -478,13 +486,17 @@ static void watchdog_remove(guard *g)
 
 /* ---------- server ---------- */
 
-/* The soft fd limit less ECX_CTRL_FD_RESERVE for everything else. */
+/* The soft fd limit less ECX_CTRL_FD_RESERVE for everything else and
+ * ECX_CTRL_DATA_FD_RESERVE for the data plane, but at least a quarter of
+ * what is left after the first (and 16). */
 static int default_max_conns(void)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > INT_MAX)
         return INT_MAX;
-    int n = (int)rl.rlim_cur - ECX_CTRL_FD_RESERVE;
+    int n = (int)rl.rlim_cur - ECX_CTRL_FD_RESERVE - ECX_CTRL_DATA_FD_RESERVE;
+    int quarter = ((int)rl.rlim_cur - ECX_CTRL_FD_RESERVE) / 4;
+    if (n < quarter) n = quarter;
     return n > 16 ? n : 16;
 }
 
@@ -692,19 +704,74 @@ static int recv_parts(void *sock, guard *g, zmq_msg_t *parts, int want)
     }
 }
 
-/* Take the monitor's news of connections; refuse those over the cap. */
+/* A connection accepted on fd: admit it within the connection budget
+ * (conn_budget.h), closing the heaviest holder's idlest connection for it
+ * if need be, or refuse it (accepted, then shut down: libzmq closes it). */
+static void server_admit(ecxi_ctrl_server *s, int fd)
+{
+    guard *g = &s->g;
+    struct sockaddr_storage a;
+    socklen_t len = sizeof a;
+    uint8_t key[16] = {0};
+    if (getpeername(fd, (struct sockaddr *)&a, &len) == 0)
+        ecxi_conn_key((struct sockaddr *)&a, key);
+    ecxi_conn_caps caps = {(size_t)s->max_conns, ECX_CTRL_MAX_PER_PREFIX, ECX_CTRL_MAX_PER_ADDR};
+    int rc = ECXI_CONN_ADMIT;
+    size_t victim = 0;
+    pthread_mutex_lock(&g->mu);
+    size_t ca = 0, cp = 0, n = 0;
+    for (int i = 0; i < g->nconns; i++) { /* the policy's caps, counted first: all cheap */
+        if (!g->conns[i].open) continue;
+        ca += !memcmp(g->conns[i].key, key, 16);
+        cp += ecxi_conn_same_prefix(g->conns[i].key, key) != 0;
+    }
+    if ((size_t)g->open_conns >= caps.total || cp >= caps.per_prefix || ca >= caps.per_addr) {
+        ecxi_conn_slot *sl = malloc((size_t)g->open_conns * sizeof *sl);
+        for (int i = 0; sl && i < g->nconns && n < (size_t)g->open_conns; i++) {
+            if (!g->conns[i].open) continue;
+            memcpy(sl[n].key, g->conns[i].key, 16);
+            /* Never a message first, then the longest without one. */
+            sl[n].tier = g->conns[i].spoke;
+            sl[n].since = (int64_t)g->conns[i].seq;
+            sl[n++].id = (size_t)i;
+        }
+        rc = sl ? ecxi_conn_admit(sl, n, key, &caps, &victim) : ECXI_CONN_REFUSE_SHARE;
+        free(sl);
+    }
+    if (rc == ECXI_CONN_EVICT) {
+        guard_track_locked(g, (int)victim, false);
+        if (guard_owns(g, (int)victim)) shutdown((int)victim, SHUT_RDWR);
+    }
+    if (rc == ECXI_CONN_ADMIT || rc == ECXI_CONN_EVICT) {
+        if (guard_track_locked(g, fd, true) == 0) memcpy(g->conns[fd].key, key, 16);
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (rc == ECXI_CONN_EVICT) {
+        s->stats.evicted_conns++;
+        ECX_LOG_RATELIMITED(ECX_LOG_INFO,
+                            "ctrl: closed an idle connection of the heaviest peer for a "
+                            "newcomer (%llu so far)",
+                            (unsigned long long)s->stats.evicted_conns);
+    } else if (rc != ECXI_CONN_ADMIT) {
+        shutdown(fd, SHUT_RDWR);
+        s->stats.refused_conns++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                            "ctrl: refused a connection: its address or prefix holds its share "
+                            "(%d open, cap %d)",
+                            g->open_conns, s->max_conns);
+    }
+}
+
+/* Take the monitor's news of connections; admit or refuse new ones. */
 static void server_events(ecxi_ctrl_server *s)
 {
     uint16_t ev = 0;
     uint32_t v = 0;
     while (guard_event(&s->g, &ev, &v)) {
-        if (ev == ZMQ_EVENT_ACCEPTED && s->g.open_conns >= s->max_conns) {
-            shutdown((int)v, SHUT_RDWR);
-            s->stats.refused_conns++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: refused a connection: %d are open, the cap",
-                                s->g.open_conns);
-        } else if (ev == ZMQ_EVENT_ACCEPTED || ev == ZMQ_EVENT_DISCONNECTED) {
-            guard_track(&s->g, (int)v, ev == ZMQ_EVENT_ACCEPTED);
+        if (ev == ZMQ_EVENT_ACCEPTED) {
+            server_admit(s, (int)v);
+        } else if (ev == ZMQ_EVENT_DISCONNECTED) {
+            guard_track(&s->g, (int)v, false);
         } else if (ev == ZMQ_EVENT_ACCEPT_FAILED) {
             s->stats.accept_failed++;
             ECX_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: cannot accept a connection: %s",

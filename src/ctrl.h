@@ -22,9 +22,14 @@
  * application is busy elsewhere). A connection that only sends heartbeats counts them as undelivered
  * too (a PING is 9 bytes every 2 s, ~390 KB a day): an idle connection
  * reaches the producer's 2 MiB cap after about five days and is dropped
- * and reconnected; ecx consumers close sessions idle for 30 s long before. The server also refuses (accepts, then shuts down)
- * connections beyond max_connections, so libzmq does not spin on a failed
- * accept at the fd limit. All of it is counted in ecxi_ctrl_stats.
+ * and reconnected; ecx consumers close sessions idle for 30 s long
+ * before. The server also budgets connections (the monitor's accepted fd,
+ * getpeername): max_connections in all, ECX_CTRL_MAX_PER_PREFIX per /24 or
+ * /64, ECX_CTRL_MAX_PER_ADDR per address; a newcomer at a cap shuts down
+ * the idlest connection of a heavier holder, or is itself shut down
+ * (conn_budget.h). The default total leaves descriptors to the data plane,
+ * and libzmq does not spin on a failed accept at the fd limit. All of it is
+ * counted in ecxi_ctrl_stats.
  *
  * DEALERs carry ZMQ heartbeats
  * (2000 / 4000 / 8000 ms) and a socket monitor, so a dead producer shows up
@@ -120,8 +125,17 @@ int ecxi_ctrl_key_parse(const char *z85, uint8_t out[32]);
 #define ECX_CTRL_UNSENT_MAX 256
 /* Badly framed replies one ecxi_ctrl_peer_recv() call drops at most. */
 #define ECX_CTRL_BAD_PER_RECV 64
-/* File descriptors the default connection cap leaves for everything else. */
+/* File descriptors the default connection cap leaves for everything else,
+ * and for the data plane (the tcp and shm paths' connection caps). */
 #define ECX_CTRL_FD_RESERVE 64
+#define ECX_CTRL_DATA_FD_RESERVE 512
+/* Connections the server holds from one address, and from one /24 (IPv4)
+ * or /64 (IPv6). A newcomer at any cap takes the slot of the heaviest
+ * holder's idlest connection (never a message first, then the longest
+ * without one), if that holder has more than the newcomer's address or
+ * prefix; else it is refused (conn_budget.h). */
+#define ECX_CTRL_MAX_PER_ADDR 64
+#define ECX_CTRL_MAX_PER_PREFIX 256
 
 /* Counters of what ctrl dropped, for metrics. */
 typedef struct ecxi_ctrl_stats {
@@ -130,7 +144,8 @@ typedef struct ecxi_ctrl_stats {
     uint64_t auth_failures;    /* server: CURVE clients the ZAP handler turned away */
     uint64_t handshake_failed; /* peer: connections dropped before the handshake ended */
     uint64_t pending_drops;    /* connections shut down for unfinished messages over the bounds */
-    uint64_t refused_conns;    /* server: connections refused over max_connections */
+    uint64_t refused_conns;    /* server: connections refused at a cap (conn_budget.h) */
+    uint64_t evicted_conns;    /* server: connections closed to make room for a newcomer */
     uint64_t accept_failed;    /* server: accepts that failed (fd limit) */
 } ecxi_ctrl_stats;
 

@@ -318,6 +318,7 @@ int ecxi_data_arm(ecxi_data *d);
  * refusals themselves are the producer session's (refused_reads). */
 typedef struct ecxi_data_counts {
     uint64_t conns_refused;    /* connections refused at a bound, or of another uid */
+    uint64_t conns_evicted;    /* connections closed to make room for a newcomer */
     uint64_t conns_dropped;    /* connections closed for garbage, silence or a stalled send */
     uint64_t requests_dropped; /* malformed requests, or past a queue bound */
 } ecxi_data_counts;

@@ -39,11 +39,19 @@
  *     type, or a key length of 0 or over ECX_DATA_NOTIF_MAX, closes the
  *     connection.
  *   - What it can make the producer hold is bounded: TCP_MAX_CONNS
- *     connections, TCP_MAX_PER_HOST per client address (more are accepted
- *     and closed at once, and counted); one that says nothing for
- *     TCP_HELLO_MS after connecting, sends half a request and stops for
- *     TCP_REQ_MS, idles TCP_IDLE_MS between requests, or makes no send
- *     progress for TCP_SEND_STALL_MS (a peer that stops reading) is closed.
+ *     connections, TCP_MAX_PER_PREFIX per /24 (IPv4) or /64 (IPv6),
+ *     TCP_MAX_PER_HOST per client address. A newcomer at one of those caps
+ *     takes the slot of the heaviest holder's most evictable connection
+ *     (conn_budget.h: idle or refused-only first, then the request started
+ *     longest ago, then the slowest reply); one that finds nobody heavier
+ *     than itself and no idle connection of its own is closed at once; both
+ *     counted. So however many addresses hold connections, a consumer with
+ *     one gets in. A connection that sends no whole request within
+ *     TCP_HELLO_MS of connecting, does not finish a started request within
+ *     TCP_REQ_MS of its first byte (however it drips), idles TCP_IDLE_MS
+ *     between requests (TCP_HELLO_MS if none of its requests was served),
+ *     or makes no send progress for TCP_SEND_STALL_MS (a peer that stops
+ *     reading) is closed.
  *   - It reads nothing but that grant's bytes however slowly it reads: a
  *     reply goes straight from the region, so the grant's pin must outlive
  *     the send. A claim keeps it (data.h): when the session lets the grant
@@ -83,6 +91,7 @@
 #include <unistd.h>
 
 #include "checksum.h"
+#include "conn_budget.h"
 #include "data_impl.h"
 #include "util.h"
 
@@ -99,12 +108,14 @@
  * (no ecx_config knob, so no ECX_DEFAULT_* in ecx.h), and kept here, beside
  * the protocol they bound. Producer bounds. */
 #define TCP_MAX_CONNS 256
+#define TCP_MAX_PER_PREFIX 128 /* per /24 (IPv4) or /64 (IPv6) */
 #define TCP_MAX_PER_HOST 32
 #define TCP_BACKLOG 128
 #define TCP_IN_MAX 4096           /* request bytes read ahead per connection */
-#define TCP_HELLO_MS 10000        /* connected, nothing sent yet */
-#define TCP_REQ_MS 5000           /* half a request, then silence */
+#define TCP_HELLO_MS 10000        /* connected, no whole request yet; idle, none served */
+#define TCP_REQ_MS 5000           /* a started request, first byte to last */
 #define TCP_IDLE_MS 60000         /* between requests */
+#define TCP_EVICT_KEEP_MS 1000    /* a reply this young is never evicted */
 #define TCP_SEND_STALL_MS 30000   /* a reply that makes no progress */
 #define TCP_IOV 64                /* runs per sendmsg */
 /* Consumer. */
@@ -121,8 +132,8 @@ typedef struct run {
 } run;
 
 typedef struct tcp_counters {
-    uint64_t accepted, conns_refused, served, refused, bad_requests, timeouts, stalls,
-        send_failures, bytes, cuts;
+    uint64_t accepted, conns_refused, evicted, served, refused, bad_requests, timeouts,
+        stalls, send_failures, bytes, cuts;
 } tcp_counters;
 
 typedef struct tcp_conn tcp_conn;
@@ -143,11 +154,14 @@ struct tcp_conn {
     int fd;
     bool dead; /* closed during this progress; freed at its end */
     struct sockaddr_storage from;
+    uint8_t key[16]; /* its address, for the connection budget */
     uint32_t events; /* epoll interest now */
     uint8_t in[TCP_IN_MAX];
     size_t in_len;
-    uint64_t requests;
+    uint64_t requests, served; /* answered; of them, served a grant */
     int64_t last_in_ms, last_out_ms;
+    int64_t accepted_ms, req_ms, reply_ms; /* accept; a started request's, a reply's start */
+    bool in_req;                           /* in[] holds the start of a request */
     /* The reply being sent: header, then the runs; the grant's completion. */
     uint8_t hdr[TCP_REP_OK];
     size_t hdr_len, hdr_off;
@@ -244,16 +258,6 @@ static int make_runs(const uint64_t *blocks, size_t n, uint64_t bs, uint64_t nby
 
 /* ---- producer: connections ------------------------------------------- */
 
-static bool same_ip(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
-{
-    if (a->ss_family != b->ss_family) return false;
-    if (a->ss_family == AF_INET)
-        return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
-               ((const struct sockaddr_in *)b)->sin_addr.s_addr;
-    return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
-                  &((const struct sockaddr_in6 *)b)->sin6_addr, 16) == 0;
-}
-
 static void queue_notif(tcp_data *t, tnotif *n)
 {
     n->next = NULL;
@@ -295,6 +299,57 @@ static void reap_dead(tcp_data *t)
     }
 }
 
+/* How evictable c is (conn_budget.h): 0 idle (the longest idle, and those
+ * only refused, first), 1 a request started (the oldest first), 2 a reply
+ * running for TCP_EVICT_KEEP_MS (the slowest first); a younger reply never. */
+static void conn_slot(const tcp_conn *c, int64_t now, ecxi_conn_slot *s)
+{
+    if (c->hdr_len) {
+        int64_t ms = now - c->reply_ms;
+        uint64_t sent = c->hdr_off;
+        for (size_t i = 0; i < c->run_i && i < c->nruns; i++)
+            sent += c->runs[i].len;
+        sent += c->run_off;
+        s->tier = ms < TCP_EVICT_KEEP_MS ? ECXI_CONN_KEEP : 2;
+        s->since = ms > 0 ? (int64_t)(sent / (uint64_t)ms) : 0; /* bytes per ms */
+    } else if (c->in_len) {
+        s->tier = 1;
+        s->since = c->req_ms;
+    } else {
+        s->tier = 0;
+        s->since = c->served ? c->last_in_ms : c->last_in_ms - TCP_IDLE_MS;
+    }
+}
+
+/* Make room for a newcomer from key, if its share allows (conn_budget.h):
+ * true to accept it (a connection evicted for it if need be). */
+static bool admit(tcp_data *t, const uint8_t key[16], int64_t now)
+{
+    ecxi_conn_slot slots[TCP_MAX_CONNS];
+    tcp_conn *by_id[TCP_MAX_CONNS];
+    size_t n = 0;
+    for (tcp_conn *c = t->conns; c && n < TCP_MAX_CONNS; c = c->next) {
+        memcpy(slots[n].key, c->key, 16);
+        conn_slot(c, now, &slots[n]);
+        slots[n].id = n;
+        by_id[n++] = c;
+    }
+    static const ecxi_conn_caps caps = {TCP_MAX_CONNS, TCP_MAX_PER_PREFIX, TCP_MAX_PER_HOST};
+    size_t victim = 0;
+    int rc = ecxi_conn_admit(slots, n, key, &caps, &victim);
+    if (rc == ECXI_CONN_ADMIT) return true;
+    if (rc != ECXI_CONN_EVICT || victim >= n) return false;
+    tcp_conn *v = by_id[victim];
+    t->c.evicted++;
+    ECX_LOG_RATELIMITED(ECX_LOG_INFO,
+                        "data tcp: connection evicted for a newcomer (%s; %" PRIu64 " so far)",
+                        v->hdr_len ? "the slowest reply" : v->in_len ? "unfinished request"
+                                                                     : "idle",
+                        t->c.evicted);
+    conn_close(t, v);
+    return true;
+}
+
 static int accept_conns(tcp_data *t, int64_t now)
 {
     int n = 0;
@@ -309,19 +364,20 @@ static int accept_conns(tcp_data *t, int64_t now)
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
             continue;
         }
-        unsigned same = 0;
-        for (tcp_conn *c = t->conns; c; c = c->next)
-            same += same_ip(&c->from, &from);
+        uint8_t key[16];
+        ecxi_conn_key((struct sockaddr *)&from, key);
         tcp_conn *c = NULL;
-        if (t->nconns >= TCP_MAX_CONNS || same >= TCP_MAX_PER_HOST || !(c = calloc(1, sizeof *c))) {
+        if (!admit(t, key, now) || !(c = calloc(1, sizeof *c))) {
             close(fd);
             t->c.conns_refused++;
             ECX_LOG_RATELIMITED(ECX_LOG_WARN,
-                                "data tcp: connection refused (%u held, %u from that address; "
-                                "%" PRIu64 " refused so far)",
-                                t->nconns, same, t->c.conns_refused);
+                                "data tcp: connection refused (%u held; its address or prefix "
+                                "holds its share; %" PRIu64 " refused so far)",
+                                t->nconns, t->c.conns_refused);
             continue;
         }
+        memcpy(c->key, key, sizeof key);
+        c->accepted_ms = now;
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         c->fd = fd;
@@ -493,10 +549,17 @@ static int conn_step(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
         if (used > 0) {
             conn_answer(t, c, id, token, key, key_len);
             c->requests++;
+            c->served += c->hdr_len == TCP_REP_OK;
+            c->reply_ms = now;
+            c->in_req = false;
             memmove(c->in, c->in + used, c->in_len - (size_t)used);
             c->in_len -= (size_t)used;
             n++;
             continue;
+        }
+        if (c->in_len && !c->in_req) { /* a request has started: TCP_REQ_MS from now */
+            c->in_req = true;
+            c->req_ms = now;
         }
         ssize_t r = recv(c->fd, c->in + c->in_len, sizeof c->in - c->in_len, MSG_DONTWAIT);
         if (r > 0) {
@@ -522,11 +585,13 @@ static void sweep_conns(tcp_data *t, int64_t now)
         const char *why = NULL;
         if (c->hdr_len)
             why = now - c->last_out_ms > TCP_SEND_STALL_MS ? "its reply stalled" : NULL;
-        else if (c->in_len)
-            why = now - c->last_in_ms > TCP_REQ_MS ? "half a request, then silence" : NULL;
-        else if (!c->requests)
-            why = now - c->last_in_ms > TCP_HELLO_MS ? "no request" : NULL;
-        else
+        else if (!c->requests && now - c->accepted_ms > TCP_HELLO_MS)
+            why = "no whole request";
+        else if (c->in_req)
+            why = now - c->req_ms > TCP_REQ_MS ? "a request not finished in time" : NULL;
+        else if (!c->served && c->requests)
+            why = now - c->last_in_ms > TCP_HELLO_MS ? "idle, nothing served" : NULL;
+        else if (c->requests)
             why = now - c->last_in_ms > TCP_IDLE_MS ? "idle" : NULL;
         if (!why) continue;
         if (c->hdr_len)
@@ -1063,6 +1128,7 @@ static void tcp_stats(const ecxi_data *d, ecxi_data_stats *st)
     const tcp_data *t = (const tcp_data *)d;
     ecxi_data_counts *c = &st->path[ECX_DATA_TCP];
     c->conns_refused += t->c.conns_refused;
+    c->conns_evicted += t->c.evicted;
     c->conns_dropped += t->c.timeouts + t->c.stalls + t->c.cuts;
     c->requests_dropped += t->c.bad_requests;
 }

@@ -53,7 +53,13 @@ static void producer(out *o, const ecxi_producer_stats *p, const ecxi_ctrl_stats
             "Connections shut down for holding too many bytes of unfinished messages.",
             c ? c->pending_drops : 0);
     counter(o, "ecx_producer_refused_connections_total",
-            "Connections refused over the connection cap.", c ? c->refused_conns : 0);
+            "Control connections refused: a connection cap, and nobody holds more than the "
+            "peer's address or prefix.",
+            c ? c->refused_conns : 0);
+    counter(o, "ecx_producer_evicted_connections_total",
+            "Control connections closed (the heaviest peer's idlest) to make room for a "
+            "newcomer.",
+            c ? c->evicted_conns : 0);
     counter(o, "ecx_producer_accept_failures_total", "Connections that could not be accepted.",
             c ? c->accept_failed : 0);
     counter(o, "ecx_producer_grants_total", "OK acks: entries pinned for a consumer.", p->grants);
@@ -92,6 +98,10 @@ static void producer(out *o, const ecxi_producer_stats *p, const ecxi_ctrl_stats
             {"ecx_producer_data_connections_refused_total",
              "Data-plane connections refused at a bound or for their uid, by path.",
              offsetof(ecxi_data_counts, conns_refused)},
+            {"ecx_producer_data_connections_evicted_total",
+             "Data-plane connections closed to make room for a newcomer from a lighter "
+             "address, by path.",
+             offsetof(ecxi_data_counts, conns_evicted)},
             {"ecx_producer_data_connections_dropped_total",
              "Data-plane connections closed for garbage, silence or a stalled send, by path.",
              offsetof(ecxi_data_counts, conns_dropped)},

@@ -10,10 +10,12 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <signal.h>
+#include <netinet/in.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,8 +53,9 @@ static const char HELP[] =
     "  --announce-out FILE    once listening, write {mm_hash: announcement} for\n"
     "                         everything served, atomically (scripts wait for it)\n"
     "  --metrics HOST:PORT    serve Prometheus text at http://HOST:PORT/metrics\n"
-    "                         (at most 8 connections per client address, 128 in all;\n"
-    "                         idle ones closed after 3 s)\n"
+    "                         (at most 8 connections per client address, 128 in all,\n"
+    "                         the idlest of the heaviest address closed for a newcomer;\n"
+    "                         closed 3 s idle, 5 s after accept or the last answer)\n"
     "  --lease-ms MS          pin lease per grant (default 30000)\n"
     "  --region-bytes SIZE    region size (default: what the content needs)\n"
     "  --conn-grants N        active grants one consumer connection may hold\n"
@@ -257,31 +260,188 @@ static int write_announcements(ecx_ctx *ctx, const items *it, const char *path)
 
 /* ---------- metrics over HTTP ---------- */
 
+/* HTTP connections on --metrics: a scrape takes milliseconds, so a
+ * connection is closed METRICS_IDLE_S after its last byte and METRICS_REQ_S
+ * after it was accepted or last answered, however it drips (libmicrohttpd's
+ * own timeout counts from the last byte). At most METRICS_CONNS_PER_IP from
+ * one address (more are refused) and METRICS_CONNS in all: a newcomer at the
+ * total cap closes the connection idle longest of the address that holds
+ * the most, if that holds more than the newcomer's, so however many
+ * addresses hold connections, a scraper gets in (the tcp data plane's rule,
+ * src/conn_budget.h, per address). Counted in the text served:
+ * ecx_metrics_http_connections_{refused,evicted,timed_out}_total. */
+#define METRICS_CONNS 128u
+#define METRICS_CONNS_PER_IP 8u
+#define METRICS_IDLE_S 3u
+#define METRICS_REQ_S 5.0
+#define METRICS_SLACK 32u /* libmicrohttpd's own cap: evicted ones close on its next run */
+
+typedef struct hconn {
+    struct MHD_Connection *conn; /* NULL: free */
+    int fd;
+    uint8_t key[16];
+    double since; /* accepted, or last answered */
+} hconn;
+
+typedef struct http_state {
+    ecx_ctx *ctx;
+    hconn c[METRICS_CONNS + METRICS_SLACK];
+    unsigned long long refused, evicted, timed_out;
+} http_state;
+
+static void addr_key(const struct sockaddr *sa, uint8_t key[16])
+{
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    memset(key, 0, 16);
+    if (sa && sa->sa_family == AF_INET) {
+        memcpy(key, mapped, 12);
+        memcpy(key + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+    } else if (sa && sa->sa_family == AF_INET6) {
+        memcpy(key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+    }
+}
+
+#define CUT 1e300 /* hconn.since of a connection already shut down */
+
+static bool live(const hconn *c)
+{
+    return c->conn && c->since < CUT;
+}
+
+/* Live connections from key (all of them: key NULL). */
+static unsigned count_key(const http_state *h, const uint8_t *key)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < sizeof h->c / sizeof *h->c; i++)
+        n += live(&h->c[i]) && (!key || !memcmp(h->c[i].key, key, 16));
+    return n;
+}
+
+/* Close c: libmicrohttpd sees the end of the stream on its next run. */
+static void hconn_cut(hconn *c)
+{
+    shutdown(c->fd, SHUT_RDWR);
+    c->since = CUT; /* once */
+}
+
+static enum MHD_Result http_accept(void *cls, const struct sockaddr *addr, socklen_t len)
+{
+    (void)len;
+    http_state *h = cls;
+    uint8_t key[16];
+    addr_key(addr, key);
+    unsigned mine = count_key(h, key);
+    if (mine >= METRICS_CONNS_PER_IP) {
+        h->refused++;
+        return MHD_NO;
+    }
+    if (count_key(h, NULL) < METRICS_CONNS) return MHD_YES;
+    /* At the cap: the heaviest address's connection idle longest goes. */
+    hconn *v = NULL;
+    unsigned most = mine;
+    for (unsigned i = 0; i < sizeof h->c / sizeof *h->c; i++) {
+        hconn *c = &h->c[i];
+        if (!live(c)) continue;
+        unsigned k = count_key(h, c->key);
+        if (k > most || (v && k == most && !memcmp(c->key, v->key, 16) && c->since < v->since))
+            most = k, v = c;
+    }
+    if (!v) {
+        h->refused++;
+        return MHD_NO;
+    }
+    hconn_cut(v);
+    h->evicted++;
+    return MHD_YES;
+}
+
+static void http_notify(void *cls, struct MHD_Connection *conn, void **sctx,
+                        enum MHD_ConnectionNotificationCode toe)
+{
+    http_state *h = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        hconn *c = *sctx;
+        if (c && c->conn == conn) c->conn = NULL;
+        *sctx = NULL;
+        return;
+    }
+    *sctx = NULL;
+    const union MHD_ConnectionInfo *fi = MHD_get_connection_info(conn,
+                                                                 MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *ai =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    for (unsigned i = 0; fi && i < sizeof h->c / sizeof *h->c; i++) {
+        hconn *c = &h->c[i];
+        if (c->conn) continue;
+        *c = (hconn){.conn = conn, .fd = fi->connect_fd, .since = mono_s()};
+        addr_key(ai ? ai->client_addr : NULL, c->key);
+        *sctx = c;
+        return;
+    }
+    /* No slot (libmicrohttpd's cap is above ours, so not expected): close it. */
+    if (fi) shutdown(fi->connect_fd, SHUT_RDWR);
+}
+
+/* Close the connections past METRICS_REQ_S (from the serve loop). */
+static void http_sweep(http_state *h)
+{
+    double now = mono_s();
+    for (unsigned i = 0; i < sizeof h->c / sizeof *h->c; i++) {
+        hconn *c = &h->c[i];
+        if (live(c) && now - c->since > METRICS_REQ_S) {
+            hconn_cut(c);
+            h->timed_out++;
+        }
+    }
+}
+
 static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const char *url,
                                const char *method, const char *version, const char *upload,
                                size_t *upload_len, void **req_cls)
 {
     (void)version, (void)upload, (void)upload_len, (void)req_cls;
-    ecx_ctx *ctx = cls;
+    http_state *h = cls;
     struct MHD_Response *r;
     unsigned status = MHD_HTTP_OK;
+    const union MHD_ConnectionInfo *si =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    hconn *hc = si ? si->socket_context : NULL;
+    if (hc && hc->conn == conn && live(hc)) hc->since = mono_s(); /* answered */
     if (strcmp(method, "GET") || strcmp(url, "/metrics")) {
         static const char nf[] = "not found: try GET /metrics\n";
         r = MHD_create_response_from_buffer(sizeof nf - 1, (void *)nf, MHD_RESPMEM_PERSISTENT);
         status = MHD_HTTP_NOT_FOUND;
     } else {
         size_t len = 16383;
+        enum { EXTRA = 1024 }; /* the HTTP server's own counters */
         char *buf = NULL;
         int rc = ECX_ERANGE;
         for (int tries = 0; rc == ECX_ERANGE && tries < 3; tries++) { /* grows between calls */
             free(buf);
-            if (!(buf = malloc(len + 1))) return MHD_NO;
-            rc = ecx_metrics(ctx, buf, len + 1, &len);
+            if (!(buf = malloc(len + 1 + EXTRA))) return MHD_NO;
+            rc = ecx_metrics(h->ctx, buf, len + 1, &len);
         }
         if (rc) {
             free(buf);
             return MHD_NO;
         }
+        int k = snprintf(
+            buf + len, EXTRA + 1,
+            "# HELP ecx_metrics_http_connections_refused_total /metrics connections refused: "
+            "their address held its cap, or the cap was full and nobody held more.\n"
+            "# TYPE ecx_metrics_http_connections_refused_total counter\n"
+            "ecx_metrics_http_connections_refused_total %llu\n"
+            "# HELP ecx_metrics_http_connections_evicted_total /metrics connections closed for "
+            "a newcomer at the cap.\n"
+            "# TYPE ecx_metrics_http_connections_evicted_total counter\n"
+            "ecx_metrics_http_connections_evicted_total %llu\n"
+            "# HELP ecx_metrics_http_connections_timed_out_total /metrics connections closed "
+            "for no answered request in time.\n"
+            "# TYPE ecx_metrics_http_connections_timed_out_total counter\n"
+            "ecx_metrics_http_connections_timed_out_total %llu\n",
+            h->refused, h->evicted, h->timed_out);
+        if (k > 0 && k <= EXTRA) len += (size_t)k;
+        buf[len] = 0;
         r = MHD_create_response_from_buffer(len, buf, MHD_RESPMEM_MUST_FREE);
         MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4");
     }
@@ -290,13 +450,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     return ok;
 }
 
-/* HTTP connections on --metrics: a scrape takes milliseconds, so idle ones
- * are closed after METRICS_IDLE_S, and one address cannot hold them all. */
-#define METRICS_CONNS 128u
-#define METRICS_CONNS_PER_IP 8u
-#define METRICS_IDLE_S 3u
-
-static struct MHD_Daemon *start_metrics(const char *addr, ecx_ctx *ctx)
+static struct MHD_Daemon *start_metrics(const char *addr, http_state *h)
 {
     char host[256];
     int port;
@@ -314,13 +468,13 @@ static struct MHD_Daemon *start_metrics(const char *addr, ecx_ctx *ctx)
     }
     unsigned flags = MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     /* No internal thread: MHD_run() is called from the serve loop, so the
-     * counters are read on the thread that writes them. */
-    struct MHD_Daemon *d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_http, ctx,
-                                            MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                                            MHD_OPTION_CONNECTION_LIMIT, METRICS_CONNS,
-                                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, METRICS_CONNS_PER_IP,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, METRICS_IDLE_S,
-                                            MHD_OPTION_END);
+     * counters are read on the thread that writes them. Our caps are in
+     * http_accept; libmicrohttpd's own are above them. */
+    struct MHD_Daemon *d = MHD_start_daemon(
+        flags, (uint16_t)port, http_accept, h, on_http, h, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        MHD_OPTION_CONNECTION_LIMIT, METRICS_CONNS + METRICS_SLACK,
+        MHD_OPTION_CONNECTION_TIMEOUT, METRICS_IDLE_S, MHD_OPTION_NOTIFY_CONNECTION,
+        http_notify, h, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!d) fprintf(stderr, "ecx: --metrics: cannot listen on %s\n", addr);
     return d;
@@ -457,7 +611,9 @@ int cmd_serve(int argc, char **argv)
                 curve_allow_path ? "clients checked against the allow-list"
                                  : "any client with this producer's public key admitted");
     struct MHD_Daemon *http = NULL;
-    if (metrics && !(http = start_metrics(metrics, ctx))) goto out;
+    static http_state hs; /* one per process; large */
+    hs = (http_state){.ctx = ctx};
+    if (metrics && !(http = start_metrics(metrics, &hs))) goto out;
     for (size_t i = 0; i < it.n; i++)
         if (save_item(ctx, &it.v[i], delay == 0)) goto out;
     if (announce && write_announcements(ctx, &it, announce)) goto out;
@@ -467,7 +623,10 @@ int cmd_serve(int argc, char **argv)
     bool all_ready = delay == 0;
     while (!stop) {
         ecx_poll(ctx, 20);
-        if (http) MHD_run(http);
+        if (http) {
+            MHD_run(http);
+            http_sweep(&hs);
+        }
         if (!all_ready && mono_s() >= ready_at) {
             for (size_t i = 0; i < it.n; i++) ecx_save_commit(ctx, it.v[i].hash);
             all_ready = true;
