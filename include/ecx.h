@@ -362,10 +362,11 @@ typedef struct ecx_config {
     /* Protocol version, 1 (default, ECX_DEFAULT_CONNECTOR_VERSION) or 2 (vLLM >= 0.34).
      * Both ends of a transfer must use the same one: requests do not carry it (see
      * docs/PROTOCOL.md). Version 2 announces an item's shape [rows, block_bytes /
-     * element size of dtype] with size_bytes in whole blocks, so it needs a dtype whose
-     * element size ecx knows (torch's names, with or without "torch.") and items of
-     * whole blocks (ecx_save* of another size: ECX_EINVAL); its consumers check the
-     * shape against size_bytes (INVALID, SIZE_MISMATCH). */
+     * element size of dtype] (or the one ecx_save_shape recorded for it) with
+     * size_bytes in whole blocks, so it needs a dtype whose element size ecx
+     * knows (torch's names, with or without "torch.") and items of whole blocks
+     * (ecx_save* of another size: ECX_EINVAL); its consumers check the shape
+     * against size_bytes (INVALID, SIZE_MISMATCH). */
     int connector_version;
 
     /* Producer: % of the region's blocks that pins may cover, all consumers together
@@ -473,6 +474,21 @@ ECX_API int ecx_announce_info(ecx_ctx *ctx, const char *mm_hash, ecx_announcemen
  * with the text in buf, or ECX_ERANGE if it does not fit cap bytes with its
  * NUL (nothing written); either way *len gets its length, NUL excluded. */
 ECX_API int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap, size_t *len);
+
+/* Producer, connector_version 2: record the true shape [rows, width] of a held
+ * item (a saved one, between ecx_save_begin() and ecx_save_commit() or after
+ * the commit), which ecx_announce() then writes as its "shape" instead of
+ * [size_bytes / block_bytes, block_bytes / element size]: for an item whose rows
+ * are not one block each, e.g. encoder outputs wider than the language model's
+ * hidden size (several layers packed on the last dimension). rows x width
+ * elements of dtype must take exactly the item's size_bytes in whole blocks
+ * (as a version-2 consumer checks); the bytes past rows x width x element size
+ * are padding. Call it before announcing the item; a later call replaces the
+ * shape, and a new save of the key starts without one. ECX_EINVAL (with a log
+ * line saying the numbers): rows or width 0, the product overflows, the blocks
+ * differ, or connector_version 1 (which announces no shape);
+ * ECX_ECACHE_MISSING if the item is not held. */
+ECX_API int ecx_save_shape(ecx_ctx *ctx, const char *mm_hash, uint64_t rows, uint64_t width);
 
 /* Consumer: ask for mm_hash given its announcement as JSON text (NULL or
  * {"metadata":{}}: not announced). expected_size is what the engine

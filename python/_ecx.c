@@ -1137,6 +1137,24 @@ static PyObject *ctx_save(Ctx *self, PyObject *const *args, Py_ssize_t nargs, Py
     Py_RETURN_NONE;
 }
 
+/* save_shape(mm_hash, rows, width): version 2's own shape of a held item. */
+static PyObject *ctx_save_shape(Ctx *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames)
+{
+    static const char *const names[] = {"mm_hash", "rows", "width"};
+    PyObject *a[3];
+    if (parse_args(args, nargs, kwnames, "save_shape", names, a, 3, 3)) return NULL;
+    const char *h = arg_hash(a[0]);
+    uint64_t rows, width;
+    if (!h || arg_u64(a[1], "rows", &rows) || arg_u64(a[2], "width", &width) || ctx_ok(self))
+        return NULL;
+    unsigned seq0 = tl_seq;
+    int rc = ecx_save_shape(self->ctx, h, rows, width);
+    DRAIN();
+    if (rc < 0) return raise_rc(rc, seq0);
+    Py_RETURN_NONE;
+}
+
 /* The common start of load() and save_into(). */
 static PyObject *ctx_hold(Ctx *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                           int kind)
@@ -1403,6 +1421,9 @@ static PyMethodDef ctx_methods[] = {
     {"read", METH(ctx_read), METH_O, "read(mm_hash) -> bytes"},
     {"read_into", METH(ctx_read_into), METH_FASTCALL | METH_KEYWORDS,
      "read_into(mm_hash, buffer) -> int: copy the item into a writable buffer."},
+    {"save_shape", METH(ctx_save_shape), METH_FASTCALL | METH_KEYWORDS,
+     "save_shape(mm_hash, rows, width): connector_version 2: announce the held item with shape "
+     "[rows, width] (its whole blocks must be the item's size)."},
     {"announce", METH(ctx_announce), METH_O, "announce(mm_hash) -> dict"},
     {"metrics", METH(ctx_metrics), METH_NOARGS, "metrics() -> str (Prometheus text)"},
     {"region_info", METH(ctx_region_info), METH_NOARGS, "region_info() -> RegionInfo"},

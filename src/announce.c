@@ -42,8 +42,27 @@ int ecxi_announce_elem_size(const char *dtype)
 #define HELD_FMT "{\"peer_host\":\"%s\",\"peer_port\":%d,\"size_bytes\":%llu,%s\"metadata\":{}}"
 #define NOT_HELD "{\"metadata\":{}}"
 
+bool ecxi_announce_shape_bytes(const ecxi_announce_rows *r, uint64_t rows, uint64_t width,
+                               uint64_t *out)
+{
+    uint64_t bytes;
+    if (r->elem_size <= 0 || r->block_bytes == 0 || __builtin_mul_overflow(rows, width, &bytes) ||
+        __builtin_mul_overflow(bytes, (uint64_t)r->elem_size, &bytes) ||
+        bytes > UINT64_MAX - r->block_bytes)
+        return false;
+    *out = (bytes + r->block_bytes - 1) / r->block_bytes * r->block_bytes;
+    return true;
+}
+
 int ecxi_announce_json(char *buf, size_t cap, size_t *len, const ecx_announcement *a,
                        const ecxi_announce_rows *rows)
+{
+    return ecxi_announce_json_shape(buf, cap, len, a, rows, 0, 0);
+}
+
+int ecxi_announce_json_shape(char *buf, size_t cap, size_t *len, const ecx_announcement *a,
+                             const ecxi_announce_rows *rows, uint64_t shape_rows,
+                             uint64_t shape_width)
 {
     if (!len) return ECX_EINVAL;
     *len = 0;
@@ -53,9 +72,16 @@ int ecxi_announce_json(char *buf, size_t cap, size_t *len, const ecx_announcemen
     if (a && rows) {
         if (rows->elem_size <= 0 || rows->block_bytes == 0 || a->size_bytes % rows->block_bytes)
             return ECX_EINVAL;
-        snprintf(shape, sizeof shape, "\"shape\":[%llu,%llu],",
-                 (unsigned long long)(a->size_bytes / rows->block_bytes),
-                 (unsigned long long)(rows->block_bytes / (uint64_t)rows->elem_size));
+        uint64_t r = a->size_bytes / rows->block_bytes,
+                 w = rows->block_bytes / (uint64_t)rows->elem_size, bytes;
+        if (shape_rows && shape_width) {
+            if (!ecxi_announce_shape_bytes(rows, shape_rows, shape_width, &bytes) ||
+                bytes != a->size_bytes)
+                return ECX_EINVAL;
+            r = shape_rows, w = shape_width;
+        }
+        snprintf(shape, sizeof shape, "\"shape\":[%llu,%llu],", (unsigned long long)r,
+                 (unsigned long long)w);
     }
     /* The host needs no escaping: host_ok admits no quote, backslash or
      * control character. */
@@ -83,13 +109,8 @@ static bool shape_bytes(const json_t *shape, const ecxi_announce_rows *rows, uin
     if (!json_is_integer(r) || !json_is_integer(w) || json_integer_value(r) < 0 ||
         json_integer_value(w) < 0)
         return false;
-    uint64_t nr = (uint64_t)json_integer_value(r), nw = (uint64_t)json_integer_value(w), bytes;
-    if (__builtin_mul_overflow(nr, nw, &bytes) ||
-        __builtin_mul_overflow(bytes, (uint64_t)rows->elem_size, &bytes) ||
-        bytes > UINT64_MAX - rows->block_bytes)
-        return false;
-    *out = (bytes + rows->block_bytes - 1) / rows->block_bytes * rows->block_bytes;
-    return true;
+    return ecxi_announce_shape_bytes(rows, (uint64_t)json_integer_value(r),
+                                     (uint64_t)json_integer_value(w), out);
 }
 
 /* The checks after "is there a peer_host at all": host, port, size, and

@@ -52,6 +52,20 @@ int ecxi_announce_elem_size(const char *dtype);
  * after size_bytes (a->size_bytes must be whole blocks, else ECX_EINVAL). */
 int ecxi_announce_json(char *buf, size_t cap, size_t *len, const ecx_announcement *a,
                        const ecxi_announce_rows *rows);
+/* The same with the item's own shape (version 2, rows non-NULL): "shape":
+ * [shape_rows, shape_width] instead of the derived one, when both are non-zero
+ * (0, 0: derived). ECX_EINVAL if the whole blocks that rows x width x elem_size
+ * bytes take are not a->size_bytes (or the product overflows): an announcement
+ * a version-2 consumer would refuse is never written. */
+int ecxi_announce_json_shape(char *buf, size_t cap, size_t *len, const ecx_announcement *a,
+                             const ecxi_announce_rows *rows, uint64_t shape_rows,
+                             uint64_t shape_width);
+
+/* Version 2: the bytes of the whole blocks that rows x width elements take
+ * (vLLM's scheduler: _num_blocks x block_size_bytes) into *out; false if a
+ * product overflows. */
+bool ecxi_announce_shape_bytes(const ecxi_announce_rows *r, uint64_t rows, uint64_t width,
+                               uint64_t *out);
 
 /* An announcement checked and copied: where a consumer asks, and the size. */
 typedef struct ecxi_announce_peer {

@@ -111,6 +111,11 @@ struct slot {
     uint32_t h;
 };
 
+/* An entry's announced shape; 0, 0: never set. */
+struct shape {
+    uint64_t rows, width;
+};
+
 struct ecxi_cache {
     pthread_mutex_t mu;
     uint32_t n;
@@ -121,6 +126,7 @@ struct ecxi_cache {
 
     struct entry *ents; /* the pool, indexed by id */
     uint64_t *sums;     /* checksum per id, beside the pool to keep entries one line */
+    struct shape *shapes; /* shape per id (ecxi_cache_set_shape), beside it likewise */
     uint32_t ents_cap, ents_used, free_ent;
     uint64_t n_entries, n_not_ready, n_ready, n_pinned;
     uint64_t not_ready_blocks; /* blocks of not-ready entries */
@@ -606,19 +612,24 @@ static int ents_reserve_one(ecxi_cache *c)
     if (cap > c->n) cap = c->n; /* every entry owns >= 1 block */
     struct entry *e = big_alloc(cap * sizeof *e);
     uint64_t *sums = big_alloc(cap * sizeof *sums);
-    if (!e || !sums) {
+    struct shape *shapes = big_alloc(cap * sizeof *shapes);
+    if (!e || !sums || !shapes) {
         if (e) big_free(e, cap * sizeof *e);
         if (sums) big_free(sums, cap * sizeof *sums);
+        if (shapes) big_free(shapes, cap * sizeof *shapes);
         return ECX_ENOMEM;
     }
     if (c->ents_used) {
         memcpy(e, c->ents, c->ents_used * sizeof *e);
         memcpy(sums, c->sums, c->ents_used * sizeof *sums);
+        memcpy(shapes, c->shapes, c->ents_used * sizeof *shapes);
     }
     big_free(c->ents, (size_t)c->ents_cap * sizeof *e);
     big_free(c->sums, (size_t)c->ents_cap * sizeof *sums);
+    big_free(c->shapes, (size_t)c->ents_cap * sizeof *shapes);
     c->ents = e;
     c->sums = sums;
+    c->shapes = shapes;
     c->ents_cap = (uint32_t)cap;
     return 0;
 }
@@ -762,6 +773,7 @@ void ecxi_cache_free(ecxi_cache *c)
     }
     big_free(c->ents, (size_t)c->ents_cap * sizeof *c->ents);
     big_free(c->sums, (size_t)c->ents_cap * sizeof *c->sums);
+    big_free(c->shapes, (size_t)c->ents_cap * sizeof *c->shapes);
     big_free(c->tab, ((size_t)c->tab_mask + 1) * sizeof *c->tab);
     big_free(c->b, (size_t)c->n * sizeof *c->b);
     pthread_mutex_destroy(&c->mu);
@@ -799,6 +811,7 @@ static int reserve_as(ecxi_cache *c, const char *key, size_t key_len, uint64_t n
     struct entry *e = &c->ents[id];
     e->size_bytes = 0;
     c->sums[id] = 0;
+    c->shapes[id] = (struct shape){0, 0};
     key_store(e, key, key_len, kind, ext);
     e->pins = 0;
     e->n_blocks = (uint32_t)n_blocks;
@@ -900,6 +913,8 @@ static void info_of(const ecxi_cache *c, const struct entry *e, ecxi_cache_info 
     info->n_blocks = e->n_blocks;
     info->size_bytes = e->size_bytes;
     info->checksum = c->sums[e - c->ents];
+    info->shape_rows = c->shapes[e - c->ents].rows;
+    info->shape_width = c->shapes[e - c->ents].width;
 }
 
 /* out[0..e->n_blocks): the entry's block indices, ascending. */
@@ -1004,6 +1019,17 @@ int ecxi_cache_set_checksum(ecxi_cache *c, const char *key, size_t key_len, uint
     if (!rc) c->sums[e - c->ents] = checksum;
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+int ecxi_cache_set_shape(ecxi_cache *c, const char *key, size_t key_len, uint64_t rows,
+                         uint64_t width)
+{
+    if (!c || !key_ok(key, key_len) || rows == 0 || width == 0) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    struct entry *e = find_locked(c, key, key_len, NULL, NULL);
+    if (e) c->shapes[e - c->ents] = (struct shape){rows, width};
+    pthread_mutex_unlock(&c->mu);
+    return e ? 0 : ECX_ECACHE_MISSING;
 }
 
 int ecxi_cache_lookup(ecxi_cache *c, const char *key, size_t key_len, ecxi_cache_info *info)

@@ -32,8 +32,8 @@
  * intrusive list. Every operation is O(1) or O(log n) per run it touches,
  * and a run is created once and freed once, so reserve is O(log n)
  * amortised per run. Memory is 16 bytes per block, allocated once, plus
- * at most 176 bytes per entry (64-byte entries and 8-byte checksums in a pool at most twice the
- * peak count, 8-byte table slots at load <= 1/2) and long-key buffers, all
+ * at most 208 bytes per entry (64-byte entries, 8-byte checksums and 16-byte shapes in a pool
+ * at most twice the peak count, 8-byte table slots at load <= 1/2) and long-key buffers, all
  * grown by doubling to their peak and reused after: no allocation per
  * operation in steady state (a growth costs O(entries), once per
  * doubling). Misuse (duplicate reserve, unpin of an unpinned entry,
@@ -78,6 +78,7 @@ typedef struct ecxi_cache_info {
     uint64_t n_blocks;
     uint64_t size_bytes; /* as set by ecxi_cache_set_size(); 0 if never set */
     uint64_t checksum;   /* as set by ecxi_cache_set_checksum(); 0 if never set */
+    uint64_t shape_rows, shape_width; /* as set by ecxi_cache_set_shape(); 0, 0 if never set */
 } ecxi_cache_info;
 
 typedef struct ecxi_cache_stats {
@@ -151,6 +152,13 @@ int ecxi_cache_set_size(ecxi_cache *c, const char *key, size_t key_len, uint64_t
  * ready, as ecxi_cache_set_size(): the writer sets it when the bytes are in,
  * before mark_ready. ECX_ECACHE_MISSING, ECX_ECACHE_STATE once ready. */
 int ecxi_cache_set_checksum(ecxi_cache *c, const char *key, size_t key_len, uint64_t checksum);
+
+/* Record the item's shape [rows, width] (what a version-2 announcement says; the cache
+ * does not interpret it), in any state: it describes the bytes for the
+ * announcement only and does not change them. A new reserve of the key starts
+ * with 0, 0 (never set). ECX_EINVAL (rows or width 0), ECX_ECACHE_MISSING. */
+int ecxi_cache_set_shape(ecxi_cache *c, const char *key, size_t key_len, uint64_t rows,
+                         uint64_t width);
 
 /* 0 and *info (may be NULL) if present, else ECX_ECACHE_MISSING. */
 int ecxi_cache_lookup(ecxi_cache *c, const char *key, size_t key_len, ecxi_cache_info *info);

@@ -849,12 +849,14 @@ int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size
     return rc;
 }
 
-static int announce_info(ecx_ctx *ctx, const char *h, ecx_announcement *out)
+/* shape (may be NULL) gets the item's own [rows, width], 0, 0 if never set. */
+static int announce_info(ecx_ctx *ctx, const char *h, ecx_announcement *out, uint64_t shape[2])
 {
     ecxi_cache_info info;
     int rc = ecxi_cache_lookup(ctx->cache, h, strlen(h), &info);
     if (rc) return rc;
     *out = (ecx_announcement){ctx->advertise, ctx->port, info.size_bytes};
+    if (shape) shape[0] = info.shape_rows, shape[1] = info.shape_width;
     return 0;
 }
 
@@ -863,7 +865,7 @@ int ecx_announce_info(ecx_ctx *ctx, const char *mm_hash, ecx_announcement *out)
     if (!ctx || !hash_ok(mm_hash) || !out) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EDATA_ROLE;
     lock(ctx);
-    int rc = announce_info(ctx, mm_hash, out);
+    int rc = announce_info(ctx, mm_hash, out, NULL);
     unlock(ctx);
     return rc;
 }
@@ -873,12 +875,59 @@ int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap, size_
     if (!ctx || !hash_ok(mm_hash) || (!buf && cap) || !len) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EDATA_ROLE;
     ecx_announcement a;
+    uint64_t shape[2] = {0, 0};
     lock(ctx);
-    int rc = announce_info(ctx, mm_hash, &a);
+    int rc = announce_info(ctx, mm_hash, &a, shape);
     unlock(ctx);
     if (rc && rc != ECX_ECACHE_MISSING) return rc;
-    return ecxi_announce_json(buf, cap, len, rc ? NULL : &a,
-                              ctx->rows.elem_size ? &ctx->rows : NULL);
+    return ecxi_announce_json_shape(buf, cap, len, rc ? NULL : &a,
+                                    ctx->rows.elem_size ? &ctx->rows : NULL, shape[0], shape[1]);
+}
+
+/* Version 2's own shape of an item: checked against its size, which
+ * ecxi_announce_json_shape checks again when it writes it. */
+static int save_shape(ecx_ctx *ctx, const char *h, uint64_t rows, uint64_t width)
+{
+    size_t hl = strlen(h);
+    ecxi_cache_info info;
+    int rc = ecxi_cache_lookup(ctx->cache, h, hl, &info);
+    if (rc) return rc;
+    uint64_t bytes = 0;
+    if (!ecxi_announce_shape_bytes(&ctx->rows, rows, width, &bytes)) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: %s: [%llu, %llu] of %d-byte elements "
+                            "overflows", h, (unsigned long long)rows, (unsigned long long)width,
+                            ctx->rows.elem_size);
+        return ECX_EINVAL;
+    }
+    if (bytes != info.size_bytes) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: %s: [%llu, %llu] of %d-byte elements "
+                            "takes %llu bytes in whole blocks of %llu, not the item's %llu", h,
+                            (unsigned long long)rows, (unsigned long long)width,
+                            ctx->rows.elem_size, (unsigned long long)bytes,
+                            (unsigned long long)ctx->block_bytes,
+                            (unsigned long long)info.size_bytes);
+        return ECX_EINVAL;
+    }
+    return ecxi_cache_set_shape(ctx->cache, h, hl, rows, width);
+}
+
+int ecx_save_shape(ecx_ctx *ctx, const char *mm_hash, uint64_t rows, uint64_t width)
+{
+    if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
+    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->rows.elem_size) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: connector_version 1 announces no shape");
+        return ECX_EINVAL;
+    }
+    if (rows == 0 || width == 0) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: shape [%llu, %llu] has no elements",
+                            (unsigned long long)rows, (unsigned long long)width);
+        return ECX_EINVAL;
+    }
+    lock(ctx);
+    int rc = save_shape(ctx, mm_hash, rows, width);
+    unlock(ctx);
+    return rc;
 }
 
 /* After a fetch that sent a request: a thread waiting in ecx_poll must look

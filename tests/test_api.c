@@ -337,6 +337,94 @@ static void test_logger(void **state)
     ecx_set_logger(NULL, NULL);
 }
 
+/* ecx_save_shape: a version-2 item announced with its own shape, wider than
+ * a block (two blocks a row) or not whole blocks of elements (padding), checked
+ * against the item's whole blocks; what is refused says so in the log. */
+static void test_save_shape(void **state)
+{
+    (void)state;
+    g_thread = 1;
+    ecx_ctx *p = make_v(ECX_ROLE_PRODUCER, 2), *c2 = make_v(ECX_ROLE_CONSUMER, 2);
+    ecx_ctx *p1 = make_v(ECX_ROLE_PRODUCER, 1);
+    const uint64_t rows = 10, width = BLOCK; /* bfloat16: a row is two blocks */
+    size_t size = rows * width * 2;
+    uint8_t *bytes = malloc(size), *back = malloc(size);
+    fill(bytes, size, 11);
+    const ecx_segment *segs;
+    size_t n;
+    assert_int_equal(ecx_save_begin(p, "wide", size, &segs, &n), 0);
+    assert_int_equal(ecx_save_shape(p, "wide", rows, width), 0); /* before the commit */
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(segs[i].ptr, bytes + off, segs[i].len);
+        off += segs[i].len;
+    }
+    assert_int_equal(ecx_save_commit(p, "wide"), 0);
+    char json[256], want[256];
+    size_t len;
+    assert_int_equal(ecx_announce(p, "wide", json, sizeof json, &len), 0);
+    snprintf(want, sizeof want,
+             "{\"peer_host\":\"127.0.0.1\",\"peer_port\":%d,\"size_bytes\":%zu,"
+             "\"shape\":[10,%u],\"metadata\":{}}",
+             ecx_listen_port(p), size, BLOCK);
+    assert_string_equal(json, want);
+    int reason = -1;
+    assert_int_equal(fetch_json(c2, "wide", json, &reason), ECX_FETCH_READY);
+    assert_int_equal(ecx_read(c2, "wide", back, size), (int64_t)size);
+    assert_memory_equal(back, bytes, size);
+
+    /* After the commit, and rows that end inside a block (zero padding). */
+    memset(bytes, 0, BLOCK);
+    fill(bytes, 3 * 1000 * 2, 5);
+    assert_int_equal(ecx_save(p, "pad", bytes, BLOCK), 0);
+    assert_int_equal(ecx_save_shape(p, "pad", 3, 1000), 0);
+    assert_int_equal(ecx_announce(p, "pad", json, sizeof json, &len), 0);
+    assert_non_null(strstr(json, "\"size_bytes\":65536,\"shape\":[3,1000],"));
+    assert_int_equal(fetch_json(c2, "pad", json, &reason), ECX_FETCH_READY);
+    assert_int_equal(ecx_read(c2, "pad", back, BLOCK), (int64_t)BLOCK);
+    assert_memory_equal(back, bytes, BLOCK);
+
+    /* Refused, with the numbers in the log; the shape recorded stays. */
+    captured got = {0};
+    ecx_set_logger(capture, &got);
+    assert_int_equal(ecx_save_shape(p, "pad", 3, 20000), ECX_EINVAL); /* 2 blocks, not 1 */
+    assert_non_null(strstr(got.last, "[3, 20000]"));
+    assert_non_null(strstr(got.last, "131072"));
+    assert_non_null(strstr(got.last, "65536"));
+    got.lines = 0;
+    assert_int_equal(ecx_save_shape(p, "pad", 0, 1000), ECX_EINVAL);
+    assert_int_equal(ecx_save_shape(p, "pad", 3, 0), ECX_EINVAL);
+    assert_int_equal(ecx_save_shape(p, "pad", UINT64_MAX, 2), ECX_EINVAL);
+    assert_non_null(strstr(got.last, "overflows"));
+    assert_int_equal(got.lines, 3);
+    assert_int_equal(ecx_save_shape(p, "never", 3, 1000), ECX_ECACHE_MISSING);
+    assert_int_equal(ecx_save_shape(c2, "pad", 3, 1000), ECX_EDATA_ROLE);
+    assert_int_equal(ecx_save_shape(p, NULL, 3, 1000), ECX_EINVAL);
+    assert_int_equal(ecx_announce(p, "pad", json, sizeof json, &len), 0);
+    assert_non_null(strstr(json, "\"shape\":[3,1000],"));
+    /* Version 1 announces no shape. */
+    assert_int_equal(ecx_save(p1, "v1", bytes, 1000), 0);
+    got.lines = 0;
+    assert_int_equal(ecx_save_shape(p1, "v1", 1, 500), ECX_EINVAL);
+    assert_int_equal(got.lines, 1);
+    assert_non_null(strstr(got.last, "connector_version 1"));
+    ecx_set_logger(NULL, NULL);
+
+    /* A new save of the key starts from the derived shape. */
+    assert_int_equal(ecx_save_begin(p, "again", BLOCK, &segs, &n), 0);
+    assert_int_equal(ecx_save_shape(p, "again", 1, 100), 0);
+    assert_int_equal(ecx_save_abort(p, "again"), 0);
+    assert_int_equal(ecx_save(p, "again", bytes, BLOCK), 0);
+    assert_int_equal(ecx_announce(p, "again", json, sizeof json, &len), 0);
+    snprintf(want, sizeof want, "\"shape\":[1,%u],", BLOCK / 2);
+    assert_non_null(strstr(json, want));
+    free(bytes);
+    free(back);
+    ecx_free(p1);
+    ecx_free(c2);
+    ecx_free(p);
+}
+
 /* ---------- region layout, segments, lengths ---------- */
 
 static void test_region_and_segments(void **state)
@@ -745,6 +833,7 @@ int main(void)
         cmocka_unit_test(test_both_fetch_from_itself),
         cmocka_unit_test(test_connector_versions),
         cmocka_unit_test(test_logger),
+        cmocka_unit_test(test_save_shape),
         cmocka_unit_test(test_region_and_segments),
         cmocka_unit_test_prestate(test_foreign_loop, NULL),
         cmocka_unit_test_prestate(test_foreign_loop, (void *)1),

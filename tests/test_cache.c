@@ -685,6 +685,65 @@ static void test_reserve_fetch(void **state)
     ecxi_cache_free(c);
 }
 
+/* An entry's shape: recorded in any state, 0, 0 on every new reserve (a
+ * reused id included), kept when the pool grows, given by lookup and grant. */
+static void test_shape(void **state)
+{
+    (void)state;
+    ecxi_cache *c = mk(256, NULL);
+    ecxi_cache_info info;
+    assert_int_equal(ecxi_cache_set_shape(c, K("s"), 880, 16384), ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_reserve(c, K("s"), 2), 0);
+    assert_int_equal(ecxi_cache_lookup(c, K("s"), &info), 0);
+    assert_true(info.shape_rows == 0 && info.shape_width == 0);
+    assert_int_equal(ecxi_cache_set_shape(c, K("s"), 0, 16384), ECX_EINVAL);
+    assert_int_equal(ecxi_cache_set_shape(c, K("s"), 880, 0), ECX_EINVAL);
+    assert_int_equal(ecxi_cache_set_shape(c, K("s"), 880, 16384), 0);
+    assert_int_equal(ecxi_cache_lookup(c, K("s"), &info), 0);
+    assert_true(info.shape_rows == 880 && info.shape_width == 16384);
+    /* Ready: still settable (the announcement only), and granted with it. */
+    assert_int_equal(ecxi_cache_mark_ready(c, K("s")), 0);
+    assert_int_equal(ecxi_cache_set_shape(c, K("s"), 440, 32768), 0);
+    int64_t idx[4];
+    size_t n = 0;
+    uint32_t ref;
+    assert_int_equal(ecxi_cache_pin_ready_blocks(c, K("s"), &info, idx, 4, &n, &ref), 0);
+    assert_true(info.shape_rows == 440 && info.shape_width == 32768);
+    assert_int_equal(ecxi_cache_unpin_ref(c, ref), 0);
+    /* A discarded entry's id comes back without its shape. */
+    assert_int_equal(ecxi_cache_reserve(c, K("d"), 1), 0);
+    assert_int_equal(ecxi_cache_set_shape(c, K("d"), 7, 9), 0);
+    assert_int_equal(ecxi_cache_discard(c, K("d")), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("e"), 1), 0);
+    assert_int_equal(ecxi_cache_lookup(c, K("e"), &info), 0);
+    assert_true(info.shape_rows == 0 && info.shape_width == 0);
+    /* The pool grows past its first 64 ids: every shape moves with it. */
+    char key[16];
+    for (int i = 0; i < 150; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        assert_int_equal(ecxi_cache_reserve(c, K(key), 1), 0);
+        assert_int_equal(ecxi_cache_set_shape(c, K(key), (uint64_t)i + 1, (uint64_t)i + 2), 0);
+    }
+    for (int i = 0; i < 150; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        assert_int_equal(ecxi_cache_lookup(c, K(key), &info), 0);
+        assert_true(info.shape_rows == (uint64_t)i + 1 && info.shape_width == (uint64_t)i + 2);
+    }
+    assert_int_equal(ecxi_cache_lookup(c, K("s"), &info), 0);
+    assert_true(info.shape_rows == 440 && info.shape_width == 32768);
+    /* Evicted, then saved again under the same key: no shape. */
+    ecxi_cache_stats st;
+    ecxi_cache_get_stats(c, &st);
+    assert_int_equal(ecxi_cache_reserve(c, K("big"), st.free_blocks + 1), 0); /* evicts "s" */
+    assert_int_equal(ecxi_cache_lookup(c, K("s"), &info), ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_discard(c, K("big")), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("s"), 2), 0);
+    assert_int_equal(ecxi_cache_lookup(c, K("s"), &info), 0);
+    assert_true(info.shape_rows == 0 && info.shape_width == 0);
+    assert_int_equal(ecxi_cache_check(c), 0);
+    ecxi_cache_free(c);
+}
+
 static void test_pin_ready_blocks(void **state)
 {
     (void)state;
@@ -803,6 +862,7 @@ int main(void)
         cmocka_unit_test(test_growth),
         cmocka_unit_test(test_random_vs_reference),
         cmocka_unit_test(test_pin_ready_blocks),
+        cmocka_unit_test(test_shape),
         cmocka_unit_test(test_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -81,11 +81,59 @@ wait "$lpid"
 echo "{\"${LONG}x\":{\"peer_host\":\"127.0.0.1\",\"peer_port\":1,\"size_bytes\":5}}" >"$T/toolong.json"
 expect 1 "cannot be a file name" "256-byte mm_hash as file name" -- "$ECX" get --params "$T/toolong.json" --out "$T/long-out"
 
+# --width N (connector_version 2): a file of rows N elements wide is announced
+# with its own shape [rows, N]. 880 x 16384 bfloat16 (DeepStack: wider than the
+# 4096-wide rows that blocks of 8 KiB are) is fetched byte-exact; a file that
+# is not whole rows is skipped; rows that end inside a block are padded with
+# zeros up to whole blocks.
+V2=(--connector-version 2 --dtype bfloat16 --block-bytes 8Ki)
+mkdir -p "$T/wide" "$T/wide-out" "$T/pad" "$T/pad-out"
+head -c $((880 * 16384 * 2)) /dev/urandom >"$T/wide/deepstack"
+head -c $((16384 * 2 + 2)) /dev/urandom >"$T/wide/ragged"
+"$ECX" serve --listen 127.0.0.1:0 --preload "$T/wide" "${V2[@]}" --width 16384 \
+  --announce-out "$T/wide.json" 2>"$T/wide.log" &
+wpid=$!
+pids+=($wpid)
+if wait_file "$T/wide.json"; then
+  check "--width: announced [880,16384] in 3520 whole blocks of 8 KiB" '$PY -c "import json,sys
+a = json.load(open(sys.argv[1])); assert list(a) == [\"deepstack\"], a
+assert a[\"deepstack\"][\"shape\"] == [880, 16384] and a[\"deepstack\"][\"size_bytes\"] == 3520 * 8192, a" "$T/wide.json"'
+  check "--width: a file that is not whole rows is skipped" \
+    'grep -q "skipping '"'"'ragged'"'"': 32770 bytes are not whole rows of --width 16384" "$T/wide.log"'
+  expect 0 "1 fetched" "get --connector-version 2 of the wide item" -- "$ECX" get \
+    --params "$T/wide.json" --out "$T/wide-out" "${V2[@]}"
+  check "--width: wide item byte-exact" 'cmp -s "$T/wide/deepstack" "$T/wide-out/deepstack"'
+else
+  bad "serve --width did not start: $(cat "$T/wide.log")"
+fi
+kill -INT "$wpid"
+wait "$wpid"
+head -c $((3 * 6144 * 2)) /dev/urandom >"$T/pad/three"  # 4.5 blocks
+"$ECX" serve --listen 127.0.0.1:0 --preload "$T/pad" "${V2[@]}" --width 6144 \
+  --announce-out "$T/pad.json" 2>"$T/pad.log" &
+ppid_=$!
+pids+=($ppid_)
+if wait_file "$T/pad.json"; then
+  check "--width: rows ending inside a block announced [3,6144] in 5 whole blocks" '$PY -c "import json,sys
+a = json.load(open(sys.argv[1]))[\"three\"]; assert a[\"shape\"] == [3, 6144] and a[\"size_bytes\"] == 40960, a" "$T/pad.json"'
+  expect 0 "1 fetched" "get --connector-version 2 of the padded item" -- "$ECX" get \
+    --params "$T/pad.json" --out "$T/pad-out" "${V2[@]}"
+  check "--width: the file's bytes, then zeros" '[ "$(stat -c %s "$T/pad-out/three")" = 40960 ] &&
+    cmp -s -n 36864 "$T/pad/three" "$T/pad-out/three" &&
+    cmp -s -i 36864:0 -n 4096 "$T/pad-out/three" /dev/zero'
+else
+  bad "serve --width 6144 did not start: $(cat "$T/pad.log")"
+fi
+kill -INT "$ppid_"
+wait "$ppid_"
+
 # Bad options and inputs.
 expect 2 "not a size" "bad --block-bytes" -- "$ECX" serve --block-bytes 12x
 expect 2 "at least 1" "zero --block-bytes" -- "$ECX" serve --block-bytes 0
 expect 2 "COUNT:BYTES" "bad --synthetic" -- "$ECX" serve --synthetic 3
 expect 2 "COUNT" "zero --synthetic count" -- "$ECX" serve --synthetic 0:1M
+expect 2 "needs --connector-version 2" "--width in version 1" -- "$ECX" serve --width 4096
+expect 2 "width" "zero --width" -- "$ECX" serve --connector-version 2 --width 0
 expect 2 "auto, shm, tcp, ucx or nixl" "bad --data" -- "$ECX" serve --data rdma
 expect 2 "no arguments" "stray argument" -- "$ECX" serve extra
 expect 1 "not HOST:PORT|cannot start" "bad --listen" -- "$ECX" serve --listen nonsense

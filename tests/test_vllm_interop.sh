@@ -7,7 +7,8 @@
 #   A. the vLLM consumer against `ecx serve --connector-version 2 --data nixl`:
 #      byte-exact fetches released by vLLM's notifications, NACK_MISSING,
 #      NACK_INCOMPAT, NACK_VERSION, NACK_NOT_READY (retried), NOT_READY then
-#      OK; a v1 announcement (no shape) is refused by vLLM's admission check;
+#      OK; a v1 announcement (no shape) is refused by vLLM's admission check; an
+#      item wider than a block row arrives with `serve --width`, is refused without;
 #   B. `ecx get --connector-version 2 --data nixl` against the vLLM producer:
 #      byte-exact fetches released by ecx's notifications, and the same
 #      statuses the other way;
@@ -131,6 +132,33 @@ read -r V1PORT V1H < <(ann_keys "$T/v1.json")
 timeout 60 "$VPY" "$PEER" consumer --params "$T/v1.json" >"$T/c1.out" 2>"$T/c1.err"
 check "A: a v1 announcement (no shape): vLLM 0.34's admission refuses it, no request sent" \
   "[ \"\$(field '$T/c1.out' $V1H reason)\" = SIZE_UNUSABLE ]"
+
+# An item wider than a block row (DeepStack packs layers on the last dimension):
+# 880 x 16384 bfloat16 over 4096-wide rows. Announced [3520, 4096] (no --width), vLLM's
+# admission refuses it ("expected 880 rows"); with --width 16384, [880, 16384] arrives.
+mkdir -p "$T/wide-gen" "$T/wide"
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:$((880 * 16384 * 2)) "${F[@]}" \
+  --announce-out "$T/wide-gen.json" 2>"$T/wide-gen.log" &
+gpid=$!
+pids+=($gpid)
+wait_file "$T/wide-gen.json" || bad "ecx serve (wide-gen) did not start: $(tail -3 "$T/wide-gen.log")"
+"$ECX" get --params "$T/wide-gen.json" --out "$T/wide" "${F[@]}" --verify-synthetic >/dev/null 2>&1 ||
+  bad "the wide item's synthetic content could not be written"
+kill -INT $gpid
+for w in "" 16384; do
+  "$ECX" serve --listen 127.0.0.1:0 --preload "$T/wide" "${V2[@]}" "${F[@]}" "${DATA[@]}" \
+    ${w:+--width $w} --announce-out "$T/wide$w.json" 2>"$T/wide$w.log" &
+  pids+=($!)
+  wait_file "$T/wide$w.json" || bad "ecx serve (wide$w) did not start: $(tail -3 "$T/wide$w.log")"
+done
+read -r _ WH < <(ann_keys "$T/wide.json")
+timeout 60 "$VPY" "$PEER" consumer --params "$T/wide.json" --expect-rows 880 >"$T/cw0.out" 2>"$T/cw0.err"
+check "A: 880 x 16384 announced [3520, 4096]: vLLM's admission refuses it (SIZE_MISMATCH)" \
+  "[ \"\$(field '$T/cw0.out' $WH reason)\" = SIZE_MISMATCH ]"
+timeout 60 "$VPY" "$PEER" consumer --params "$T/wide16384.json" --expect-rows 880 --verify-synthetic \
+  >"$T/cw.out" 2>"$T/cw.err"
+check "A: serve --width 16384 announces [880, 16384]: vLLM fetched it, every byte checked" \
+  "[ \"\$(field '$T/cw.out' $WH verified)\" = True ]"
 
 # ---------- B. ecx get against the vLLM producer ----------
 "$VPY" "$PEER" producer --synthetic 2:80Ki --announce-out "$T/b.json" --status-file "$T/b.st" 2>"$T/b.err" &

@@ -43,6 +43,15 @@ static const char HELP[] =
     "                         (`ecx get --verify-synthetic` checks it)\n"
     "  --ready-delay-ms MS    mark each item ready MS after reserving it (items\n"
     "                         answer NACK_NOT_READY until then)\n"
+    "  --width N              with --connector-version 2: each --preload file holds\n"
+    "                         rows of N elements of --dtype (e.g. an encoder output\n"
+    "                         wider than the model's hidden size): it is stored in\n"
+    "                         whole blocks (zero padding after its bytes) and\n"
+    "                         announced with shape [file bytes / (N x element size), N];\n"
+    "                         a file that is not whole rows is skipped, with a message.\n"
+    "                         Without it a version-2 item is announced as\n"
+    "                         [blocks, block-bytes / element size] and must be whole\n"
+    "                         blocks. --synthetic items are not affected\n"
     "\n"
     "network and output:\n"
     "  --listen HOST:PORT     control-plane address (default " ECX_DEFAULT_LISTEN ");\n"
@@ -110,6 +119,8 @@ typedef struct item {
     char hash[ECX_MM_HASH_MAX + 1];
     char *path; /* preload: file path; NULL for synthetic */
     uint64_t size;
+    uint64_t rows, width; /* --width: the announced shape; rows 0: none given */
+    uint64_t stored;      /* bytes saved: size, or (with --width) size in whole blocks */
 } item;
 
 typedef struct items {
@@ -173,7 +184,7 @@ static int scan_dir(const char *dir, items *it)
             goto next;
         }
         memcpy(x->hash, name, strlen(name) + 1); /* name_ok: at most ECX_MM_HASH_MAX bytes */
-        x->size = (uint64_t)st.st_size;
+        x->size = x->stored = (uint64_t)st.st_size;
     next:
         free(ents[i]);
     }
@@ -181,27 +192,75 @@ static int scan_dir(const char *dir, items *it)
     return rc;
 }
 
-/* Read a preloaded file into its segments (no link followed, size checked). */
+/* Read a preloaded file into its segments (no link followed, size checked),
+ * and zero what they hold past its bytes (the padding of --width). */
 static int load_file(const item *x, const ecx_segment *segs, size_t n)
 {
     uint64_t size;
     int fd = file_open("--preload", x->path, x->size, true, &size);
     if (fd >= 0 && size != x->size) fprintf(stderr, "ecx: --preload '%s': shrank\n", x->path);
     int rc = fd < 0 || size != x->size ? -1 : 0;
-    for (size_t i = 0; !rc && i < n; i++)
-        rc = file_read_fd("--preload", x->path, fd, segs[i].ptr, segs[i].len);
+    uint64_t left = x->size;
+    for (size_t i = 0; !rc && i < n; i++) {
+        size_t take = segs[i].len < left ? segs[i].len : (size_t)left;
+        if (take) rc = file_read_fd("--preload", x->path, fd, segs[i].ptr, take);
+        memset(segs[i].ptr + take, 0, segs[i].len - take);
+        left -= take;
+    }
     if (fd >= 0) close(fd);
     return rc;
+}
+
+/* Bytes per element of a torch dtype name, as the library counts them for
+ * connector_version 2 (src/announce.c, ecxi_announce_elem_size; the library
+ * checks the shape again in ecx_save_shape); 0 if unknown. */
+static int dtype_size(const char *dtype)
+{
+    static const struct {
+        const char *name;
+        int size;
+    } known[] = {{"float64", 8}, {"double", 8},        {"float32", 4},     {"float", 4},
+                 {"int32", 4},   {"float16", 2},       {"half", 2},        {"bfloat16", 2},
+                 {"int16", 2},   {"float8_e4m3fn", 1}, {"float8_e5m2", 1}, {"int8", 1},
+                 {"uint8", 1}};
+    if (!strncmp(dtype, "torch.", 6)) dtype += 6;
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (!strcmp(dtype, known[i].name)) return known[i].size;
+    return 0;
+}
+
+/* --width: each preloaded file becomes rows of width elements of elem bytes,
+ * stored in whole blocks; a file that is not whole rows is dropped. */
+static void apply_width(items *it, uint64_t width, int elem, uint64_t block)
+{
+    uint64_t row = width * (uint64_t)elem; /* width <= 2^40, elem <= 8 */
+    size_t kept = 0;
+    for (size_t i = 0; i < it->n; i++) {
+        item *x = &it->v[i];
+        if (x->path && x->size % row) {
+            fprintf(stderr, "ecx: skipping '%s': %llu bytes are not whole rows of --width %llu "
+                    "(%llu bytes each)\n", x->hash, (unsigned long long)x->size,
+                    (unsigned long long)width, (unsigned long long)row);
+            free(x->path);
+            continue;
+        }
+        if (x->path) {
+            x->rows = x->size / row, x->width = width;
+            x->stored = (x->size + block - 1) / block * block;
+        }
+        it->v[kept++] = *x;
+    }
+    it->n = kept;
 }
 
 static int save_item(ecx_ctx *ctx, item *x, bool commit)
 {
     const ecx_segment *segs; /* the library's, valid until commit or abort */
     size_t n = 0;
-    int rc = ecx_save_begin(ctx, x->hash, x->size, &segs, &n);
+    int rc = ecx_save_begin(ctx, x->hash, x->stored, &segs, &n);
     if (rc) {
         fprintf(stderr, "ecx: cannot store %s (%llu bytes): %s\n", x->hash,
-                (unsigned long long)x->size, ecx_strerror(rc));
+                (unsigned long long)x->stored, ecx_strerror(rc));
         return -1;
     }
     uint64_t off = 0;
@@ -210,6 +269,12 @@ static int save_item(ecx_ctx *ctx, item *x, bool commit)
         off += segs[i].len;
     }
     if (x->path && load_file(x, segs, n)) {
+        ecx_save_abort(ctx, x->hash);
+        return -1;
+    }
+    if (x->rows && (rc = ecx_save_shape(ctx, x->hash, x->rows, x->width))) {
+        fprintf(stderr, "ecx: cannot announce %s as [%llu, %llu]: %s\n", x->hash,
+                (unsigned long long)x->rows, (unsigned long long)x->width, ecx_strerror(rc));
         ecx_save_abort(ctx, x->hash);
         return -1;
     }
@@ -498,7 +563,7 @@ static int parse_synthetic(const char *s, items *it)
         item *x = items_add(it);
         if (!x) return -1;
         synthetic_hash((uint64_t)i, bytes, x->hash);
-        x->size = bytes;
+        x->size = x->stored = bytes;
     }
     return 0;
 bad:
@@ -509,13 +574,14 @@ bad:
 int cmd_serve(int argc, char **argv)
 {
     enum { O_LISTEN = 2000, O_ADVERTISE, O_PRELOAD, O_SYNTH, O_DELAY, O_ANNOUNCE, O_METRICS, O_LEASE,
-           O_CURVE_SECRET, O_CURVE_ALLOW, O_CONN_GRANTS, O_CONN_PIN, O_PIN };
+           O_CURVE_SECRET, O_CURVE_ALLOW, O_CONN_GRANTS, O_CONN_PIN, O_PIN, O_WIDTH };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"advertise-host", required_argument, 0, O_ADVERTISE},
         {"preload", required_argument, 0, O_PRELOAD},
         {"synthetic", required_argument, 0, O_SYNTH},
         {"ready-delay-ms", required_argument, 0, O_DELAY},
+        {"width", required_argument, 0, O_WIDTH},
         {"announce-out", required_argument, 0, O_ANNOUNCE},
         {"metrics", required_argument, 0, O_METRICS},
         {"lease-ms", required_argument, 0, O_LEASE},
@@ -540,7 +606,7 @@ int cmd_serve(int argc, char **argv)
     const char *curve_secret_path = NULL, *curve_allow_path = NULL;
     char curve_sec[KEY_Z85_LEN + 1] = "";
     key_list allow = {0};
-    int64_t delay = 0, lease = 30000, conn_grants = 1024, conn_pin = 100, pin = 100;
+    int64_t delay = 0, lease = 30000, conn_grants = 1024, conn_pin = 100, pin = 100, width = 0;
     items it = {0};
     int c, rc = EXIT_FAIL;
     optind = 1;
@@ -555,6 +621,7 @@ int cmd_serve(int argc, char **argv)
         case O_PRELOAD: if (scan_dir(optarg, &it)) goto fail; break;
         case O_SYNTH: if (parse_synthetic(optarg, &it)) goto usage; break;
         case O_DELAY: if (parse_int("--ready-delay-ms", optarg, 0, 86400000, &delay)) goto usage; break;
+        case O_WIDTH: if (parse_int("--width", optarg, 1, 1ll << 40, &width)) goto usage; break;
         case O_ANNOUNCE: announce = optarg; break;
         case O_METRICS: metrics = optarg; break;
         case O_LEASE: if (parse_int("--lease-ms", optarg, 1, 86400000, &lease)) goto usage; break;
@@ -570,6 +637,13 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "ecx: serve takes no arguments ('%s'); try 'ecx serve --help'\n", argv[optind]);
         goto usage;
     }
+    if (width && cfg.connector_version != 2) {
+        fprintf(stderr, "ecx: --width needs --connector-version 2 (version 1 has no shape)\n");
+        goto usage;
+    }
+    /* An unknown dtype: ecx_new refuses it for version 2, below. */
+    if (width && dtype_size(cfg.dtype))
+        apply_width(&it, (uint64_t)width, dtype_size(cfg.dtype), cfg.block_bytes);
     if (curve_allow_path && !curve_secret_path) {
         fprintf(stderr, "ecx: --curve-allow needs --curve-secret\n");
         goto usage;
@@ -590,7 +664,7 @@ int cmd_serve(int argc, char **argv)
     if (!region_given) {
         uint64_t need = 0;
         for (size_t i = 0; i < it.n; i++)
-            need += (it.v[i].size + cfg.block_bytes - 1) / cfg.block_bytes * cfg.block_bytes;
+            need += (it.v[i].stored + cfg.block_bytes - 1) / cfg.block_bytes * cfg.block_bytes;
         cfg.region_bytes = need ? need : cfg.block_bytes * 64;
     }
 

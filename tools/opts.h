@@ -46,7 +46,8 @@ enum {
     "  --dtype TEXT           compatibility factor (default " ECX_DEFAULT_DTYPE ")\n"             \
     "  --connector-version 1|2  protocol version (default 1); 2 speaks to vLLM >= 0.34:\n"      \
     "                         announcements carry shape [rows, block-bytes / element\n"         \
-    "                         size of --dtype] and items are whole blocks; peers must agree\n" \
+    "                         size of --dtype] (serve: or [rows, --width]) and items are\n"     \
+    "                         whole blocks; peers must agree\n"                                 \
     "  --data auto|shm|tcp|ucx|nixl  data path (default auto: shm on the same host,\n"         \
     "                         else tcp). tcp moves the bytes unencrypted: trusted network\n"      \
     "                         or IPsec/WireGuard. ucx (RDMA fabrics): trusted network ONLY,\n"    \
