@@ -274,6 +274,15 @@ class _Reports:
             log.warning("ecx connector: %s is too long for a socket path; save reports ride "
                         "on the engine's channel only", self.path)
             return
+        # Sockets of engines that were killed: their region files are reaped, these not.
+        import glob
+
+        for stale in glob.glob(os.path.join(os.path.dirname(self.path), "ecx_*.mmap.saves")):
+            if not os.path.exists(stale[:-len(".saves")]):
+                try:
+                    os.unlink(stale)
+                except OSError:
+                    pass
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         old = os.umask(0o177)
         try:
