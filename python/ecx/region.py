@@ -118,16 +118,15 @@ class Region:
         """Copy the places' bytes, in order, into dst (a writable buffer or a
         contiguous CPU tensor), up to dst's size. Returns the bytes copied."""
         out = memoryview(as_buffer(dst, writable=True)).cast("B")
-        mm = self._mm
         places = self._check(places)
-        assert mm is not None
-        pos = 0
-        for off, n in places:
-            k = min(n, out.nbytes - pos)
-            if k <= 0:
-                break
-            out[pos:pos + k] = mm[off:off + k]
-            pos += k
+        with memoryview(self._mm) as mm:  # type: ignore[arg-type]  # no temporary copy
+            pos = 0
+            for off, n in places:
+                k = min(n, out.nbytes - pos)
+                if k <= 0:
+                    break
+                out[pos:pos + k] = mm[off:off + k]
+                pos += k
         return pos
 
     def tensor(self, places: Sequence[Place], dtype: Any, shape: Sequence[int]) -> Any:

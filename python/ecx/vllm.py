@@ -474,12 +474,12 @@ class _Scheduler:
         if r.state == "ready":
             self.since.pop(key, None)
             self.remember_shape(mm_hash, (rows, width))
+            if mm_hash not in self.ready:
+                self.count("fetched")
             self.ready[mm_hash] = None
             self.ready.move_to_end(mm_hash)
             while len(self.ready) > _SHAPES_KEPT:
                 self.ready.popitem(last=False)
-            if key not in self.since:
-                self.count("fetched")
             return "ok"
         if r.state == "pending":
             now = time.monotonic()
@@ -630,6 +630,10 @@ class _Scheduler:
             self.since.pop((request.request_id, feature.identifier), None)
         if not self.producer or not getattr(request, "mm_features", None):
             return False, None
+        # The worker reported this step's saves before its output reached us: commit
+        # them now, so that the announced items are ready when a consumer first asks
+        # (else it is answered NOT_READY and retries after a backoff).
+        self.drain_reports()
         items: dict = {}
         try:
             from vllm.distributed.ec_transfer.ec_connector.utils import (
