@@ -393,6 +393,23 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         tombstone(c, x, ECX_REASON_BAD_ACK, now);
         return;
     }
+    /* A registration serves only the control-plane peer that first sent
+     * it: metadata leading to a data plane another session registered is
+     * that producer's, relayed, and reading it under this session's items
+     * would copy another producer's region (on shm, any block of it). */
+    if (!s->dpeer) {
+        for (session *o = c->sessions_list; o; o = o->next) {
+            if (o == s || !ecxi_data_peer_overlaps(o->dpeer, meta, ml)) continue;
+            c->st.relayed_registrations++;
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                "consumer: %s:%d sent the data-plane registration of %s:%d "
+                                "(relayed?); its item falls back; %llu so far",
+                                s->host, s->port, o->host, o->port,
+                                (unsigned long long)c->st.relayed_registrations);
+            tombstone(c, x, ECX_REASON_BAD_ACK, now);
+            return;
+        }
+    }
     if (!s->dpeer && (rc = ecxi_data_peer_add(c->data, meta, ml, &dd, &s->dpeer))) {
         /* Metadata we cannot use is a bad ack; a producer we cannot reach
          * with good metadata (it died after acking, say) is a failed READ. */

@@ -28,7 +28,10 @@
  * producer's range (the data plane checks that against its descriptor),
  * and its metadata must register. An OK ack whose agent_metadata differs
  * from the registered one means the producer restarted: the old
- * registration is dropped and the new one made.
+ * registration is dropped and the new one made. A registration belongs to
+ * the session that first made it: metadata leading to a data plane another
+ * open session registered (ecxi_data_peer_overlaps) is another producer's,
+ * relayed, and the ack is BAD_ACK (relayed_registrations).
  *
  * A session is a DEALER with heartbeats and a disconnect monitor, and a
  * random UUID4 session_id. When the producer is lost, transfers waiting for
@@ -107,6 +110,7 @@ typedef struct ecxi_consumer_stats {
     uint64_t stale_acks; /* acks for no waiting transfer, or with another session id */
     uint64_t malformed_acks;
     uint64_t peer_restarts;
+    uint64_t relayed_registrations; /* OK acks whose metadata another session registered */
     uint64_t peers_lost;
     uint64_t ack_floods; /* sessions closed: more acks than requests (+ the slack) */
     uint64_t sessions_open;         /* gauge: sessions (sockets) open now */

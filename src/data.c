@@ -373,6 +373,26 @@ bool ecxi_data_peer_same(const ecxi_data_peer *p, const uint8_t *meta, size_t me
     return p && meta && p->meta_len == meta_len && memcmp(p->meta, meta, meta_len) == 0;
 }
 
+bool ecxi_data_peer_overlaps(const ecxi_data_peer *p, const uint8_t *meta, size_t meta_len)
+{
+    if (!p || !meta) return false;
+    if (ecxi_data_peer_same(p, meta, meta_len)) return true;
+    ecxi_data_meta a, b;
+    if (ecxi_data_meta_decode(p->meta, p->meta_len, &a) ||
+        ecxi_data_meta_decode(meta, meta_len, &b))
+        return false; /* NIXL's own form: only the same bytes are known to match */
+    if (a.nonce == b.nonce) return true; /* random per producer context */
+    if (a.has_shm && b.has_shm && !memcmp(a.boot_id, b.boot_id, 16) &&
+        ((a.dev == b.dev && a.ino == b.ino) ||
+         (a.sock_len == b.sock_len && !memcmp(a.sock, b.sock, a.sock_len))))
+        return true;
+    if (a.has_tcp && b.has_tcp && a.tcp_family == b.tcp_family && a.tcp_port == b.tcp_port &&
+        !memcmp(a.tcp_addr, b.tcp_addr, a.tcp_family == 4 ? 4 : 16))
+        return true;
+    return a.has_ucx && b.has_ucx && a.ucx_addr_len == b.ucx_addr_len &&
+           !memcmp(a.ucx_addr, b.ucx_addr, a.ucx_addr_len);
+}
+
 const char *ecxi_data_peer_backend(const ecxi_data_peer *p)
 {
     return p ? p->backend : "none";

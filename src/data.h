@@ -251,6 +251,17 @@ bool ecxi_data_read_checksum(const ecxi_data_xfer *x, uint64_t *sum);
  * again). */
 bool ecxi_data_peer_same(const ecxi_data_peer *p, const uint8_t *meta, size_t meta_len);
 
+/* True if this agent_metadata leads to a data plane the peer was
+ * registered for: the same bytes, or (ecx's form) any endpoint in common,
+ * whichever path each would take: the producer context's nonce, the shm
+ * socket name or region file (boot id, device, inode), the tcp address and
+ * port, the UCX worker address. Two producers never share one, so metadata that does is the
+ * peer's producer's, relayed (or copied) by another: a consumer uses a
+ * registration only for the control-plane peer that first sent it
+ * (consumer.c). Metadata that does not parse overlaps nothing here (it is
+ * refused when registered). */
+bool ecxi_data_peer_overlaps(const ecxi_data_peer *p, const uint8_t *meta, size_t meta_len);
+
 /* Name of the path the peer uses ("shm" / "tcp" / "ucx"). */
 const char *ecxi_data_peer_backend(const ecxi_data_peer *p);
 

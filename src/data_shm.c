@@ -79,7 +79,12 @@
  * SHM_PREFAULT_MAX) is mapped in the background (~0.33 us a 4 KiB page on
  * the development VM, ~85 ms of that thread's time per GiB, once per
  * producer; next to nothing with huge pages), yielding to READs, which
- * always go first.
+ * always go first. Only what the file holds is faulted in (SEEK_DATA /
+ * SEEK_HOLE on the descriptor): a hole read through a shared mapping is a
+ * page allocated and charged to us, so a same-uid producer that hands over
+ * a sparse 2 GiB memfd would otherwise make us allocate 2 GiB. A real
+ * region is allocated whole when it is made (region.c), so it is still
+ * pre-faulted whole; what a hostile one makes us map is what it holds.
  *
  * A notification that finds the producer's queue full waits on the peer
  * (EPOLLOUT) for up to SHM_NOTIF_RETRY_MS; a producer that has gone loses
@@ -734,10 +739,24 @@ static void prefault_some(shm_data *s, ecxi_slice *sl)
     if (s->copy_head || sl->bytes) return;
     shm_peer *p;
     while ((p = prefault_next(s))) {
-        uint64_t left = prefault_end(p) - p->warm;
-        uint64_t len = left < ECX_DATA_CHUNK ? left : ECX_DATA_CHUNK;
-        ecxi_shm_populate(p->src.map + p->warm, len, false);
-        p->warm += len;
+        uint64_t end = prefault_end(p), at = p->warm, stop = end;
+        /* Only what the file holds: a hole faulted in through a shared
+         * mapping is a page allocated, charged to us, so a producer's
+         * sparse file (a 2 GiB memfd with nothing in it) must not make us
+         * allocate its size. A real region is allocated whole when it is
+         * made (region.c), so for it this changes nothing. Where the file
+         * system cannot say (EINVAL), everything is taken as data. */
+        off_t d = lseek(p->src.fd, (off_t)at, SEEK_DATA);
+        if (d < 0 && errno == ENXIO) {
+            at = end; /* holes to the end (or the file shrank) */
+        } else if (d >= 0) {
+            at = (uint64_t)d < end ? (uint64_t)d : end;
+            off_t h = at < end ? lseek(p->src.fd, d, SEEK_HOLE) : -1;
+            if (h >= 0 && (uint64_t)h > at && (uint64_t)h < end) stop = (uint64_t)h;
+        }
+        uint64_t len = stop - at < ECX_DATA_CHUNK ? stop - at : ECX_DATA_CHUNK;
+        ecxi_shm_populate(p->src.map + at, len, false);
+        p->warm = at + len;
         if (!s->base.background || ecxi_now_ns() - sl->start_ns >= sl->budget_ns) return;
     }
 }

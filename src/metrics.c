@@ -166,6 +166,10 @@ static void consumer(out *o, const ecxi_consumer_stats *c)
             c->malformed_acks);
     counter(o, "ecx_consumer_peer_restarts_total", "Producers seen restarting (new metadata).",
             c->peer_restarts);
+    counter(o, "ecx_consumer_relayed_registrations_total",
+            "OK acks refused (BAD_ACK): their data-plane registration is another producer "
+            "session's.",
+            c->relayed_registrations);
     counter(o, "ecx_consumer_peers_lost_total", "Producer connections lost.", c->peers_lost);
     counter(o, "ecx_consumer_ack_floods_total",
             "Producer sessions closed for sending more acks than requests.", c->ack_floods);

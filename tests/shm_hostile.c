@@ -13,6 +13,9 @@
  *     of KIND (fifo, devzero, dir, small: a 4 KiB tmpfs file), described
  *     in its metadata (dev/ino of what it passes) with a region path that
  *     is a FIFO nobody writes (a consumer that opened it would hang).
+ *     KIND sparse: a 2 GiB memfd with nothing in it, all holes, offered as
+ *     a 2 GiB region (it keeps the connection up to 20 s, for the consumer
+ *     to fault in what it will of it).
  *   shm_hostile consume DIR FILE [--sock-of FILE2] EXPECT...
  *     a consumer (shm backend) registers FILE's producer (with FILE2's
  *     socket name instead, for --sock-of) and READs its grant once per
@@ -21,7 +24,10 @@
  *     word pause instead sleeps 2.5 s without touching the data plane, and
  *     settle progresses until arm says 0 (the context is a background one,
  *     as with the progress thread: the rest of the producer's mapping is
- *     faulted in), failing if it does not within 10 s.
+ *     faulted in), failing if it does not within 10 s; warm fails unless
+ *     the consumer's RssShmem (/proc/self/status) has grown since the
+ *     first word by at least the producer's whole region (16 x 64 KiB: it
+ *     was pre-faulted), bounded fails if it has grown by more than 64 MiB.
  *     Exit 0 if every READ ended as expected.
  *   shm_hostile raw FILE
  *     a consumer written from scratch: connects to FILE's producer socket
@@ -36,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -52,6 +59,7 @@
 #define ITEM_BLOCKS 8u
 #define ITEM_BYTES (ITEM_BLOCKS * BS - 1000u)
 #define KEY "hostile:item"
+#define SPARSE_BYTES (2ull << 30)
 
 static uint8_t pat(uint64_t off)
 {
@@ -200,6 +208,11 @@ static int open_kind(const char *dir, const char *kind)
         if (fd < 0 || ftruncate(fd, 4096) != 0) return -1;
         return fd;
     }
+    if (strcmp(kind, "sparse") == 0) { /* nothing in it: no page is allocated */
+        int fd = memfd_create("ecx-sparse", MFD_CLOEXEC);
+        if (fd < 0 || ftruncate(fd, (off_t)SPARSE_BYTES) != 0) return -1;
+        return fd;
+    }
     return -1;
 }
 
@@ -227,7 +240,10 @@ static int fake(const char *dir, const char *kind, const char *file)
                        .path_len = strlen(trap),
                        .sock = name,
                        .sock_len = strlen(name)};
-    ecxi_data_desc dd = {.block_bytes = BS, .num_blocks = NB, .has_ticket = true};
+    bool sparse = strcmp(kind, "sparse") == 0;
+    ecxi_data_desc dd = {.block_bytes = BS,
+                        .num_blocks = sparse ? SPARSE_BYTES / BS : NB,
+                        .has_ticket = true};
     if (random_bytes(&m.nonce, sizeof m.nonce) || ecxi_data_boot_id(m.boot_id) ||
         random_bytes(dd.ticket.token, sizeof dd.ticket.token))
         return 1;
@@ -260,7 +276,10 @@ static int fake(const char *dir, const char *kind, const char *file)
             cm->cmsg_len = CMSG_LEN(sizeof(int));
             memcpy(CMSG_DATA(cm), &pass, sizeof(int));
             if (sendmsg(c, &mh, MSG_NOSIGNAL) == 2) fprintf(stderr, "fake: passed a %s\n", kind);
-            (void)poll(&pc, 1, 2000); /* until the consumer hangs up */
+            /* until the consumer hangs up (a sparse one reads its done messages) */
+            for (int64_t by = ecxi_now_ms(NULL) + (sparse ? 20000 : 2000);
+                 poll(&pc, 1, 200) >= 0 && ecxi_now_ms(NULL) < by;)
+                if ((pc.revents & POLLIN) && (!sparse || recv(c, b, sizeof b, 0) <= 0)) break;
         }
         close(c);
     }
@@ -268,6 +287,19 @@ static int fake(const char *dir, const char *kind, const char *file)
 }
 
 /* ---- consumers ------------------------------------------------------------ */
+
+/* This process's RssShmem (shared memory mapped and resident), KiB; -1 if unknown. */
+static long rss_shmem_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "RssShmem: %ld kB", &kib) == 1) break;
+    fclose(f);
+    return kib;
+}
 
 static int consume(const char *dir, const char *file, const char *sock_of, char **expect,
                    int nexpect)
@@ -308,7 +340,16 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
     int prc = ecxi_data_desc_decode(a.d, (size_t)a.dl, &dd);
     if (!prc) prc = ecxi_data_peer_add(d, a.m, (size_t)a.ml, &dd, &p);
     int bad = 0;
+    long rss0 = rss_shmem_kib();
     for (int e = 0; e < nexpect; e++) {
+        if (strcmp(expect[e], "warm") == 0 || strcmp(expect[e], "bounded") == 0) {
+            long grown = rss_shmem_kib() - rss0;
+            bool warm = strcmp(expect[e], "warm") == 0;
+            bool ok = rss0 >= 0 && (warm ? grown >= (long)(NB * BS / 1024) : grown <= 64 << 10);
+            printf("%s: RssShmem grew by %ld KiB: %s\n", expect[e], grown, ok ? "yes" : "NO");
+            if (!ok) bad++;
+            continue;
+        }
         if (strcmp(expect[e], "pause") == 0) {
             usleep(2500 * 1000);
             continue;

@@ -11,6 +11,9 @@
 #   - a region file truncated after the first item: the next READ fails,
 #     no SIGBUS, and neither does faulting in the rest of the mapping
 #     (the background pre-fault) over the truncated file
+#   - a sparse 2 GiB memfd offered as the region: the pre-fault maps only
+#     what the file holds, so the consumer's RssShmem stays within 64 MiB;
+#     a real region is still pre-faulted whole
 #   - a connection that said nothing for too long is closed by the producer;
 #     the consumer's first READ then connects again and succeeds
 #   - a byte flipped in the producer's region after commit: CORRUPT
@@ -33,7 +36,7 @@ start B produce "$SHM" "$T/B.ack"
 wait_file "$T/A.ack" && wait_file "$T/B.ack" || { echo "FAIL: producers did not start" >&2; cat "$T"/*.log >&2; exit 1; }
 
 expect 0 "" "a clean fetch, twice on one connection, the mapping faulted in between" -- \
-  "$H" consume "$SHM" "$T/A.ack" done settle done
+  "$H" consume "$SHM" "$T/A.ack" done settle warm done
 expect 0 "" "a first READ after the producer dropped our silent connection" -- \
   "$H" consume "$SHM" "$T/A.ack" pause done
 check "A closed the silent connection" 'grep -q "presented no grant in 2000 ms" "$T/A.log"'
@@ -50,6 +53,14 @@ for kind in fifo devzero dir small; do
   expect 0 "refused the producer's descriptor: ${why[$kind]}" "a passed $kind is refused" -- \
     "$H" consume "$SHM" "$T/$kind.ack" refused
 done
+
+# A same-uid producer offers a 2 GiB memfd with nothing in it: the consumer's
+# background pre-fault maps what the file holds (nothing), never 2 GiB of
+# holes, which it would have to allocate.
+start fake-sparse fake "$SHM" sparse "$T/sparse.ack"
+wait_file "$T/sparse.ack" || bad "fake sparse did not start"
+expect 0 "" "a sparse 2 GiB region: its holes are not faulted in" -- \
+  "$H" consume "$SHM" "$T/sparse.ack" corrupt settle bounded
 
 start C produce "$SHM" "$T/C.ack" truncate
 wait_file "$T/C.ack" || { echo "FAIL: producer C did not start" >&2; exit 1; }
