@@ -9,7 +9,8 @@
 # C == A != B only if the consumer used the encoder's embeddings. Then: the encoder killed
 # between announce and fetch (the consumer falls back: tokens B, a reason in its log and
 # metrics, still serving); the data path forced to tcp (a second encoder, --data tcp: C == A);
-# and vLLM's V1 and V2 worker call orders in one process (tests/vllm/call_orders.py).
+# vLLM's V1 and V2 worker call orders in one process (tests/vllm/call_orders.py); and interop
+# with vLLM's own ECCPUConnector code over NIXL (test_vllm_connector_interop.sh).
 # The models are tiny random Qwen2-VL directories made here (tests/vllm/make_model.py); both
 # are served as "model" from their own working directory, so the compatibility hash (which
 # covers the model as the engine names it) agrees.
@@ -67,6 +68,17 @@ log "vLLM's V1 and V2 worker call orders (in one process)"
 check "call orders V1 and V2" grep -q "call_orders: all passed" "$WORK/orders.log"
 grep -q "call_orders: all passed" "$WORK/orders.log" \
   || grep -E "^(ok|FAIL)|Error|Traceback" "$WORK/orders.log" | tail -30 >&2
+
+log "interop with vLLM's own ECCPUConnector code over NIXL, both ways (tests/nixl/venv.sh's venv)"
+bash "$HERE/test_vllm_connector_interop.sh" "$PY" "$BUILD/nixl-venv/bin/python" "$WORK/enc/model" \
+  >"$WORK/interop.log" 2>&1
+rc=$?
+if [ "$rc" -eq 77 ]; then
+  log "SKIPPED interop: no usable nixl venv in $BUILD/nixl-venv (make unit builds it)"
+else
+  check "interop: stock producer -> ECXConnector consumer, ECXConnector producer -> stock consumer, ecx <-> ecx over nixl" test "$rc" -eq 0
+  [ "$rc" -eq 0 ] || tail -40 "$WORK/interop.log" >&2
+fi
 
 ecxcfg() {  # ecxcfg ROLE EXTRA_JSON
   printf '{"ec_connector":"ECXConnector","ec_connector_module_path":"ecx.vllm","ec_role":"%s","ec_connector_extra_config":%s}' "$1" "$2"
