@@ -832,7 +832,7 @@ class _CpuCopier:
              device: "torch.device", report: ECXWorkerMetadata) -> "torch.Tensor":
         t = self.region.tensor(places, dtype, shape)
         report.loaded.append(tid)
-        return t
+        return t if device.type == "cpu" else t.to(device)  # e.g. an XPU engine
 
     def collect(self, report: ECXWorkerMetadata) -> None:
         pass
