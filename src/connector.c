@@ -623,8 +623,13 @@ static void *progress_main(void *arg)
 {
     ecx_ctx *ctx = arg;
     lock(ctx);
-    while (!atomic_load(&ctx->stopping)) {
+    for (;;) {
+        /* Drain the kick before looking at stopping: stop_thread sets stopping, then
+         * kicks; a kick drained after that store is seen below, one written after this
+         * drain wakes the wait (a drain after the test lost stop_thread's kick, and the
+         * thread slept for good: a hang seen under TSan in test_api). */
         unkick(ctx);
+        if (atomic_load(&ctx->stopping)) break;
         int ev = step(ctx);
         if (ev > 0) {
             atomic_fetch_add(&ctx->done_events, ev);
