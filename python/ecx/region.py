@@ -106,12 +106,12 @@ class Region:
         assert mm is not None
         pos = 0
         for off, n in places:
-            k = min(n, src.nbytes - pos)
-            if k > 0:
+            k = max(0, min(n, src.nbytes - pos))
+            if k:
                 mm[off:off + k] = src[pos:pos + k]
             if k < n:
-                mm[off + max(k, 0):off + n] = bytes(n - max(k, 0))
-            pos += max(k, 0)
+                mm[off + k:off + n] = bytes(n - k)
+            pos += k
         return src.nbytes
 
     def read_into(self, places: Sequence[Place], dst: Any) -> int:

@@ -88,11 +88,6 @@ EXTRA_CONFIG: "OrderedDict[str, str]" = OrderedDict([
     ("log_level", "ecx library log level: error, warn (default), info, debug"),
 ])
 
-_DTYPES = {
-    "float32": torch.float32, "float": torch.float32, "float16": torch.float16,
-    "half": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
-    "uint8": torch.uint8, "int8": torch.int8,
-}
 _SHAPES_KEPT = 65536  # shapes remembered for announcements and loads
 
 
@@ -401,11 +396,13 @@ class _Scheduler:
     def count(self, key: str, n: int = 1) -> None:
         self.stats[key] = self.stats.get(key, 0) + n
 
-    def remember_shape(self, mm_hash: str, shape: tuple) -> None:
-        self.shapes[mm_hash] = shape
-        self.shapes.move_to_end(mm_hash)
-        while len(self.shapes) > _SHAPES_KEPT:
-            self.shapes.popitem(last=False)
+    @staticmethod
+    def remember(table: OrderedDict, mm_hash: str, value: Any = None) -> None:
+        """Newest last; the oldest go past _SHAPES_KEPT."""
+        table[mm_hash] = value
+        table.move_to_end(mm_hash)
+        while len(table) > _SHAPES_KEPT:
+            table.popitem(last=False)
 
     def width(self, modality: str) -> int:
         return int(self.widths.get(modality, self.hidden))
@@ -473,13 +470,10 @@ class _Scheduler:
         r = self.ctx.fetch(mm_hash, ann)
         if r.state == "ready":
             self.since.pop(key, None)
-            self.remember_shape(mm_hash, (rows, width))
+            self.remember(self.shapes, mm_hash, (rows, width))
             if mm_hash not in self.ready:
                 self.count("fetched")
-            self.ready[mm_hash] = None
-            self.ready.move_to_end(mm_hash)
-            while len(self.ready) > _SHAPES_KEPT:
-                self.ready.popitem(last=False)
+            self.remember(self.ready, mm_hash)
             return "ok"
         if r.state == "pending":
             now = time.monotonic()
@@ -564,7 +558,7 @@ class _Scheduler:
             if self.cfg["connector_version"] >= 2:  # announced as [rows, width]
                 self.ctx.save_shape(mm_hash, rows, width)
             self.saving[mm_hash] = (hold, time.monotonic())
-            self.remember_shape(mm_hash, (rows, width))
+            self.remember(self.shapes, mm_hash, (rows, width))
             self.step_saves[mm_hash] = (hold.places, [rows, width])
 
     def build_connector_meta(self, scheduler_output: Any) -> ECXConnectorMetadata:
@@ -657,7 +651,7 @@ class _Scheduler:
         return False, items
 
     def has_pending_push_work(self) -> bool:
-        self.drain_reports()
+        # Called on every engine loop: no I/O here; build_connector_meta drains each step.
         return bool(self.saving or self.loads)
 
     def get_stats(self) -> Optional[ECXConnectorStats]:
@@ -754,7 +748,7 @@ class _Worker:
         try:
             if tuple(tensor.shape) != tuple(shape):
                 raise ValueError(f"encoder output {tuple(tensor.shape)}, reserved {tuple(shape)}")
-            dtype = _DTYPES.get(meta.dtype, tensor.dtype)
+            dtype = getattr(torch, meta.dtype)
             self.attach(meta)
             self.copier_for(tensor.device).save(mm_hash, places, tensor.to(dtype), self.report)
         except Exception as e:
@@ -781,7 +775,7 @@ class _Worker:
         if meta is None or not meta.loads:
             return
         self.attach(meta)
-        dtype = _DTYPES[meta.dtype]
+        dtype = getattr(torch, meta.dtype)
         copier = self.copier_for(device)
         for mm_hash, (tid, places, shape) in meta.loads.items():
             if mm_hash in cache:
