@@ -374,6 +374,15 @@ typedef struct ecx_config {
      * always find room: a request whose pin would pass it gets NACK_NOT_READY (the
      * consumer retries as the pins drain), unless nothing else is pinned. */
     uint32_t max_pin_pct;
+
+    /* Producer: encoder-cache events for routers (docs/EVENTS.md), off by default
+     * (NULL). "HOST:PORT" (PORT 1..65534) of a ZeroMQ PUB socket on which every item
+     * that becomes ready, every eviction and every start / stop is published in vLLM's
+     * KV-events framing, with a replay socket on PORT + 1. The context then runs one
+     * more thread, which publishes without ever blocking the calls. CURVE applies to
+     * both sockets as to the control plane (curve_secret_key, curve_allow). */
+    const char *events_endpoint;
+    const char *events_topic; /* first frame of every event message; NULL: "" */
 } ecx_config;
 
 /* Every field to its default, and size to sizeof(ecx_config). */

@@ -45,6 +45,7 @@
 #include "ctrl.h"
 #include "data.h"
 #include "ecx.h"
+#include "events.h"
 #include "metrics.h"
 #include "producer.h"
 #include "region.h"
@@ -74,6 +75,7 @@ struct ecx_ctx {
     ecxi_data *pdata, *cdata; /* producer / consumer data-plane contexts */
     ecxi_ctrl_server *srv;
     ecxi_producer *prod;
+    ecxi_events *events;      /* NULL: events off */
     ecxi_consumer *cons;
     ecxi_table open; /* open_item by mm_hash */
     ecxi_cache_run *runs; /* scratch for segments */
@@ -204,6 +206,8 @@ static int config_check(const ecx_config *c)
     else if (c->connector_version == 2 &&
              c->block_bytes % (uint64_t)ecxi_announce_elem_size(c->dtype))
         bad = "block_bytes (connector_version 2: whole elements of dtype)";
+    else if ((c->events_endpoint || c->events_topic) && !(c->role & ECX_ROLE_PRODUCER))
+        bad = "events_endpoint/events_topic (a producer's)";
     if (!bad) return 0;
     ecxi_log(ECX_LOG_ERROR, "ecx_new: config field %s is out of range", bad);
     return ECX_EINVAL;
@@ -251,7 +255,23 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
                              .max_pin_pct = cfg->max_pin_pct,
                              .block_bytes = ctx->block_bytes,
                              .connector_version = cfg->connector_version};
-    return ecxi_producer_new(ctx->cache, ctx->pdata, ctx->srv, &po, &ctx->prod);
+    if ((rc = ecxi_producer_new(ctx->cache, ctx->pdata, ctx->srv, &po, &ctx->prod))) return rc;
+    if (!cfg->events_endpoint) return 0;
+    ecxi_events_opts eo = {.zctx = ctx->zctx,
+                           .endpoint = cfg->events_endpoint,
+                           .topic = cfg->events_topic,
+                           .curve_secret_key = cfg->curve_secret_key,
+                           .peer_host = ctx->advertise,
+                           .peer_port = ctx->port,
+                           .block_bytes = ctx->block_bytes};
+    return ecxi_events_new(&eo, &ctx->events);
+}
+
+/* The cache's eviction hook: tell the routers. */
+static void on_evict(void *arg, const char *key, size_t key_len, uint64_t n_blocks)
+{
+    (void)n_blocks;
+    ecxi_events_removed(((ecx_ctx *)arg)->events, key, key_len, "evicted");
 }
 
 static int start_consumer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
@@ -331,7 +351,9 @@ int ecx_new(const ecx_config *in, ecx_ctx **out)
     if (!rc)
         rc = ecxi_region_create(inst, cfg->rank, cfg->region_bytes, cfg->block_bytes, &ctx->region);
     if (!rc) {
-        ecxi_cache_opts co = {.num_blocks = ecxi_region_num_blocks(ctx->region)};
+        ecxi_cache_opts co = {.num_blocks = ecxi_region_num_blocks(ctx->region),
+                              .on_evict = on_evict,
+                              .evict_arg = ctx};
         rc = ecxi_cache_new(&co, &ctx->cache);
     }
     if (!rc && !(ctx->zctx = zmq_ctx_new())) rc = ECX_ESYS;
@@ -361,6 +383,8 @@ void ecx_free(ecx_ctx *ctx)
 {
     if (!ctx) return;
     stop_thread(ctx);
+    ecxi_events_free(ctx->events); /* its last event says "stop" */
+    ctx->events = NULL;
     ecxi_consumer_free(ctx->cons);
     ecxi_producer_free(ctx->prod);
     ecxi_data_free(ctx->cdata);
@@ -805,6 +829,7 @@ static int save_commit(ecx_ctx *ctx, const char *h)
     for (size_t i = 0; i < it->n; i++) ecxi_sum_update(&sum, it->segs[i].ptr, it->segs[i].len);
     if ((rc = ecxi_cache_set_checksum(ctx->cache, h, hl, ecxi_sum_digest(&sum)))) return rc;
     if ((rc = ecxi_cache_mark_ready(ctx->cache, h, hl))) return rc;
+    ecxi_events_stored(ctx->events, h, hl, info.size_bytes, info.n_blocks);
     open_drop(ctx, h);
     return 0;
 }
@@ -1058,6 +1083,11 @@ int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len)
     if (ctx->cons) {
         us = ecxi_consumer_get_stats(ctx->cons);
         m.consumer = &us;
+    }
+    ecxi_events_stats es;
+    if (ctx->events) {
+        es = ecxi_events_get_stats(ctx->events);
+        m.events = &es;
     }
     ecxi_data_stats cds = {0};
     ecxi_data_get_stats(ctx->cdata, &cds);

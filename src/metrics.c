@@ -230,12 +230,34 @@ static void cache(out *o, const ecxi_cache_stats *c, unsigned long long block_by
             c->reserve_full);
 }
 
+static void events(out *o, const ecxi_events_stats *e)
+{
+    counter(o, "ecx_events_batches_total", "Event batches published (docs/EVENTS.md).",
+            e->batches);
+    counter(o, "ecx_events_total", "Events published.", e->events);
+    counter(o, "ecx_events_hwm_drops_total",
+            "Batches a subscriber missed at its high-water mark (it recovers them by replay).",
+            e->hwm_drops);
+    counter(o, "ecx_events_lost_total",
+            "Events dropped before publishing (pending bound; subscribers resync).", e->lost);
+    counter(o, "ecx_events_replays_total", "Replay requests answered.", e->replays);
+    counter(o, "ecx_events_resyncs_total", "Replay requests older than the ring (told to resync).",
+            e->resyncs);
+    counter(o, "ecx_events_snapshots_total", "Snapshot requests answered.", e->snapshots);
+    counter(o, "ecx_events_bad_requests_total", "Malformed replay requests.", e->bad_requests);
+    counter(o, "ecx_events_replies_truncated_total",
+            "Replay replies cut at the asker's high-water mark.", e->reply_truncated);
+    gauge(o, "ecx_events_held_items", "Items the events say are held (a snapshot's size).",
+          e->held);
+}
+
 int ecxi_metrics_render(const ecxi_metrics_src *m, char *buf, size_t cap, size_t *len)
 {
     out o = {buf, cap, 0, cap == 0};
     if (m->producer) producer(&o, m->producer, m->ctrl, m->data);
     if (m->consumer) consumer(&o, m->consumer);
     if (m->cache) cache(&o, m->cache, m->block_bytes);
+    if (m->events) events(&o, m->events);
     counter(&o, "ecx_nixl_agent_restarts_total",
             "NIXL agent processes started again after one died (--data nixl; docs/NIXL.md §5).",
             m->nixl_agent_restarts);

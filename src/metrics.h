@@ -14,6 +14,7 @@
 #include "consumer.h"
 #include "ctrl.h"
 #include "data.h"
+#include "events.h"
 #include "producer.h"
 
 typedef struct ecxi_metrics_src {
@@ -23,6 +24,7 @@ typedef struct ecxi_metrics_src {
     uint64_t nixl_agent_restarts;        /* both data planes' (nixl) */
     const ecxi_consumer_stats *consumer; /* NULL if not a consumer */
     const ecxi_cache_stats *cache;
+    const ecxi_events_stats *events;     /* NULL if events are off */
     unsigned long long block_bytes;
 } ecxi_metrics_src;
 

@@ -79,6 +79,10 @@ static const char HELP[] =
     "                         default is 75, so an encoder's saves find room);\n"
     "                         past it NACK_NOT_READY, and the consumer retries\n"
     "                         (ecx_producer_refused_pins_total)\n"
+    "  --events-endpoint HOST:PORT  publish encoder-cache events for routers\n"
+    "                         (docs/EVENTS.md) on a ZeroMQ PUB socket at HOST:PORT,\n"
+    "                         with their replay socket on PORT + 1 (`ecx events`)\n"
+    "  --events-topic TOPIC   first frame of every event message (default empty)\n"
     "\n"
     "security (opt-in; see `ecx keygen`):\n"
     "  --curve-secret FILE    encrypt the control plane with ZeroMQ CURVE, with the\n"
@@ -574,7 +578,7 @@ bad:
 int cmd_serve(int argc, char **argv)
 {
     enum { O_LISTEN = 2000, O_ADVERTISE, O_PRELOAD, O_SYNTH, O_DELAY, O_ANNOUNCE, O_METRICS, O_LEASE,
-           O_CURVE_SECRET, O_CURVE_ALLOW, O_CONN_GRANTS, O_CONN_PIN, O_PIN, O_WIDTH };
+           O_CURVE_SECRET, O_CURVE_ALLOW, O_CONN_GRANTS, O_CONN_PIN, O_PIN, O_WIDTH, O_EVENTS, O_EVENTS_TOPIC };
     static const struct option opts[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"advertise-host", required_argument, 0, O_ADVERTISE},
@@ -590,6 +594,8 @@ int cmd_serve(int argc, char **argv)
         {"pin-pct", required_argument, 0, O_PIN},
         {"curve-secret", required_argument, 0, O_CURVE_SECRET},
         {"curve-allow", required_argument, 0, O_CURVE_ALLOW},
+        {"events-endpoint", required_argument, 0, O_EVENTS},
+        {"events-topic", required_argument, 0, O_EVENTS_TOPIC},
         {"help", no_argument, 0, 'h'},
         COMMON_LONG_OPTS,
         {0, 0, 0, 0}};
@@ -630,6 +636,8 @@ int cmd_serve(int argc, char **argv)
         case O_PIN: if (parse_int("--pin-pct", optarg, 1, 100, &pin)) goto usage; break;
         case O_CURVE_SECRET: curve_secret_path = optarg; break;
         case O_CURVE_ALLOW: curve_allow_path = optarg; break;
+        case O_EVENTS: cfg.events_endpoint = optarg; break;
+        case O_EVENTS_TOPIC: cfg.events_topic = optarg; break;
         default: goto usage;
         }
     }
