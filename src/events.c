@@ -476,11 +476,22 @@ static bool serve_replay(ecxi_events *ev)
     return true;
 }
 
-/* Subscriptions arrive on the XPUB as messages: read and drop them. */
+/* Subscriptions arrive on the XPUB as messages (every one: XPUB_VERBOSE).
+ * A subscriber that (re)connects may have missed batches published before
+ * its subscription reached us, and cannot tell until the next batch: so a
+ * subscription is answered with an empty batch, whose number shows the gap. */
 static void drain_subscriptions(ecxi_events *ev)
 {
-    char buf[64];
-    for (int i = 0; i < 256 && zmq_recv(ev->pub, buf, sizeof buf, ZMQ_DONTWAIT) >= 0; i++) {
+    char buf[300];
+    bool joined = false;
+    int n;
+    for (int i = 0; i < 256 && (n = zmq_recv(ev->pub, buf, sizeof buf, ZMQ_DONTWAIT)) >= 0; i++)
+        if (n >= 1 && buf[0] == 1) joined = true;
+    blob b;
+    if (joined && batch(NULL, 0, 0, &b) == 0) {
+        ring_push(ev, ++ev->seq, b.buf, b.len);
+        publish(ev, ev->seq, b.buf, b.len);
+        count(ev, S_BATCHES, 1);
     }
 }
 
@@ -532,7 +543,8 @@ static int bind_socket(ecxi_events *ev, const ecxi_events_opts *o, int type, con
         set_int(s, ZMQ_RCVHWM, 64))
         return ECX_ESYS;
     if (type == ZMQ_ROUTER && set_int(s, ZMQ_ROUTER_MANDATORY, 1)) return ECX_ESYS;
-    if (type == ZMQ_XPUB && set_int(s, ZMQ_XPUB_NODROP, 1)) return ECX_ESYS;
+    if (type == ZMQ_XPUB && (set_int(s, ZMQ_XPUB_NODROP, 1) || set_int(s, ZMQ_XPUB_VERBOSE, 1)))
+        return ECX_ESYS;
     if (o->curve_secret_key) {
         if (ecxi_ctrl_key_parse(o->curve_secret_key, NULL)) return ECX_EINVAL;
         if (set_int(s, ZMQ_CURVE_SERVER, 1) ||
