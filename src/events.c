@@ -129,20 +129,21 @@ static void pack_cleared(ecxi_events *ev, msgpack_packer *pk, const char *reason
     msgpack_pack_uint64(pk, items);
 }
 
-/* [ts, [n events]] with the events' encoded bytes: a malloc'ed batch. */
+/* [ts, [n events]] with the events' encoded bytes: a batch malloc'ed to its
+ * exact size (the ring counts and keeps many). */
 static int batch(const char *events, size_t len, uint32_t n, blob *out)
 {
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
+    char head[32];
+    msgpack_sbuffer sb = {0, head, sizeof head}; /* never grown: the header fits */
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     msgpack_pack_array(&pk, 2);
     msgpack_pack_double(&pk, now_s());
     msgpack_pack_array(&pk, n);
-    if (len) msgpack_sbuffer_write(&sb, events, len);
-    if (!sb.data) return ECX_ENOMEM;
-    out->len = sb.size;
-    out->buf = msgpack_sbuffer_release(&sb);
+    out->len = sb.size + len;
+    if (!(out->buf = malloc(out->len ? out->len : 1))) return ECX_ENOMEM;
+    memcpy(out->buf, head, sb.size);
+    if (len) memcpy(out->buf + sb.size, events, len);
     return 0;
 }
 

@@ -200,7 +200,7 @@ class Subscriber:
         self.resyncs += 1
         self._snapshot()
 
-    def _on_batch(self, seq: int, payload: bytes) -> None:
+    def _on_batch(self, seq: int, payload: bytes, depth: int = 0) -> None:
         if self.last_seq is None:
             self.last_seq = seq - 1
         if seq <= self.last_seq:
@@ -210,19 +210,17 @@ class Subscriber:
                 self._resync()
             return
         if seq > self.last_seq + 1:
+            if depth > 3:
+                raise ProtocolError(f"cannot fill the gap before batch {seq}")
             msgs = self._ask(self.last_seq + 1)
             if msgs is None:
                 self._resync()
-                if seq <= self.last_seq:
-                    return
             else:
                 self.replays += 1
                 self._apply_raw([m for m in msgs if m[0] < seq])
-                if seq <= self.last_seq:
-                    return
-                if seq != self.last_seq + 1:
+                if self.last_seq + 1 < seq:  # the ring moved on meanwhile
                     self._resync()
-                    return
+            return self._on_batch(seq, payload, depth + 1)
         self._queue.extend(decode_batch(seq, payload))
         self.last_seq = seq
 
