@@ -766,6 +766,8 @@ static const struct field {
     F(curve_allow, F_KEYS),
     F(connector_version, F_INT),
     F(max_pin_pct, F_U32),
+    F(events_endpoint, F_STR_NULL),
+    F(events_topic, F_STR_NULL),
 #undef F
 };
 

@@ -80,7 +80,8 @@ class Context(_ecx.Context):
     ``tombstone_ttl_ms``, ``session_idle_ms``, ``max_sessions``, ``lease_ms``,
     ``max_grants``, ``max_conn_grants``, ``max_conn_pin_pct``,
     ``max_connections``, ``curve_secret_key``, ``curve_server_key``,
-    ``curve_allow``, ``connector_version``); omitted ones keep the library's defaults. CURVE keys
+    ``curve_allow``, ``connector_version``, ``events_endpoint``, ``events_topic``: encoder-cache
+    events, docs/EVENTS.md; subscribe with ``ecx.events``); omitted ones keep the library's defaults. CURVE keys
     may also come from files as ``ecx keygen`` writes them:
     ``curve_secret_key_file``, ``curve_server_key_file``, ``curve_allow_file``.
 
