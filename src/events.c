@@ -41,6 +41,7 @@
 typedef struct held {
     ecxi_table_node node;
     uint64_t size_bytes, n_blocks;
+    double ts; /* when it became ready */
     char key[];
 } held;
 
@@ -181,14 +182,15 @@ void ecxi_events_stored(ecxi_events *ev, const char *key, size_t key_len, uint64
         h->node.key = h->key, h->node.key_len = key_len;
         ecxi_table_insert(&ev->held, &h->node);
     }
-    if (h) h->size_bytes = size_bytes, h->n_blocks = n_blocks;
+    double ts = now_s();
+    if (h) h->size_bytes = size_bytes, h->n_blocks = n_blocks, h->ts = ts;
     /* Without memory for the record the event still goes out; only a later
      * snapshot would miss the item. */
     size_t before = ev->pending.size;
     if (room(ev, key_len)) {
         msgpack_packer pk;
         msgpack_packer_init(&pk, &ev->pending, msgpack_sbuffer_write);
-        pack_stored(&pk, key, key_len, size_bytes, n_blocks, now_s());
+        pack_stored(&pk, key, key_len, size_bytes, n_blocks, ts);
         ev->n_pending++;
     }
     appended(ev, before);
@@ -371,7 +373,7 @@ static int snapshot_build(ecxi_events *ev)
                 in_msg = 0;
             }
             const held *h = ECX_CONTAINER_OF(nd, held, node);
-            pack_stored(&pk, h->key, h->node.key_len, h->size_bytes, h->n_blocks, now_s());
+            pack_stored(&pk, h->key, h->node.key_len, h->size_bytes, h->n_blocks, h->ts);
             in_msg++;
         }
     pthread_mutex_unlock(&ev->mu);

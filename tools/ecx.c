@@ -15,6 +15,7 @@ static const char HELP[] =
     "commands:\n"
     "  serve          run a producer: serve files or synthetic encodings\n"
     "  get            run a consumer: fetch items into files\n"
+    "  events HOST:PORT  print a producer's encoder-cache events (docs/EVENTS.md)\n"
     "  demo           the main job: a producer and consumers on loopback, checked\n"
     "  bench ctrl     control-plane load against a producer (requests/s, p50, p99)\n"
     "  bench data     fetch-to-ready throughput through the API: shm, tcp and UCX\n"
@@ -61,5 +62,6 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "keygen")) return cmd_keygen(argc - 1, argv + 1);
+    if (!strcmp(cmd, "events")) return cmd_events(argc - 1, argv + 1);
     return usage_error("unknown command '%s' (try 'ecx --help')", cmd);
 }

@@ -156,6 +156,7 @@ class Subscriber:
                 self._replay.connect(self._replay_ep)
             self._replay.send_multipart([b"", since.to_bytes(8, "big")])
             got: list[tuple[int, bytes]] = []
+            resync = False
             deadline = time.monotonic() + self._timeout
             while True:
                 left = deadline - time.monotonic()
@@ -166,9 +167,10 @@ class Subscriber:
                     raise ProtocolError("replay reply is not [\"\", seq, payload]")
                 s = int.from_bytes(f[1], "big")
                 if s == SEQ_END:
-                    return got
+                    return None if resync else got
                 if s == SEQ_RESYNC:
-                    return None
+                    resync = True  # the end marker follows
+                    continue
                 if s == SEQ_ERROR:
                     raise ProtocolError("replay refused: " + f[2].decode(errors="replace"))
                 got.append((s, f[2]))
