@@ -23,9 +23,10 @@
 
 #define FORMAT_VERSION 1
 #define PENDING_MAX (1u << 20)      /* encoded bytes waiting for the thread */
+#define BATCH_BYTES (16u << 10)     /* a batch is cut after this many bytes of events */
 #define RING_BATCHES 10000          /* batches kept for replay (vLLM's buffer_steps) */
 #define RING_BYTES (16u << 20)      /* and at most this many bytes of them */
-#define PUB_HWM 1000                /* messages queued per subscriber */
+#define PUB_HWM 1000                /* batches queued per subscriber (each <= ~16 KiB) */
 #define ROUTER_HWM 1000             /* replay messages queued per asker */
 #define SNAPSHOT_EVENTS 256         /* events per snapshot message */
 #define SNAPSHOT_REUSE_NS 100000000 /* a snapshot younger than this is sent again as is */
@@ -51,15 +52,21 @@ typedef struct rec {
     size_t len;
 } rec;
 
+/* Events waiting for their batch: a chunk becomes one batch. */
+typedef struct chunk {
+    msgpack_sbuffer sb;
+    uint32_t n;
+} chunk;
+
 typedef struct blob {
     char *buf;
     size_t len;
 } blob;
 
 struct ecxi_events {
-    pthread_mutex_t mu; /* pending, held, lost, stats.held */
-    msgpack_sbuffer pending;
-    uint32_t n_pending;
+    pthread_mutex_t mu; /* chunks, held, lost */
+    chunk *chunks;      /* pending events */
+    size_t n_chunks, chunks_cap, pending_bytes;
     bool lost;
     ecxi_table held;
     int wake; /* eventfd: pending went non-empty, or stop */
@@ -150,24 +157,36 @@ static int batch(const char *events, size_t len, uint32_t n, blob *out)
 
 /* ---------- the hooks (engine's threads) ---------- */
 
-/* Called with mu held, after an event was appended or lost: wake the
- * thread if pending was empty (else it is awake already). */
-static void appended(ecxi_events *ev, size_t before)
+/* Where the next event (about n bytes) goes, mu held: the last chunk, or
+ * a new one when that holds BATCH_BYTES; NULL when the pending bound is
+ * reached (the event is lost, and its batch will be a hole). Wakes the
+ * thread when nothing was pending (else it is awake already). */
+static msgpack_sbuffer *slot(ecxi_events *ev, size_t n)
 {
-    if (before == 0) {
-        uint64_t one = 1;
-        if (write(ev->wake, &one, sizeof one) < 0) { /* saturated: readable anyway */
+    if (ev->pending_bytes + n + 64 > PENDING_MAX) goto lost;
+    if (!ev->n_chunks || ev->chunks[ev->n_chunks - 1].sb.size >= BATCH_BYTES) {
+        if (ev->n_chunks == ev->chunks_cap) {
+            size_t cap = ev->chunks_cap ? 2 * ev->chunks_cap : 4;
+            chunk *c = realloc(ev->chunks, cap * sizeof *c);
+            if (!c) goto lost;
+            ev->chunks = c, ev->chunks_cap = cap;
         }
+        if (!ev->n_chunks) {
+            uint64_t one = 1;
+            if (write(ev->wake, &one, sizeof one) < 0) { /* saturated: readable anyway */
+            }
+        }
+        chunk *c = &ev->chunks[ev->n_chunks++];
+        msgpack_sbuffer_init(&c->sb);
+        c->n = 0;
     }
-}
-
-/* Room for one more event of about n bytes, else the event is lost. */
-static bool room(ecxi_events *ev, size_t n)
-{
-    if (ev->pending.size + n + 64 <= PENDING_MAX) return true;
+    ev->pending_bytes += n + 64;
+    ev->chunks[ev->n_chunks - 1].n++;
+    return &ev->chunks[ev->n_chunks - 1].sb;
+lost:
     ev->lost = true;
     count(ev, S_LOST, 1);
-    return false;
+    return NULL;
 }
 
 void ecxi_events_stored(ecxi_events *ev, const char *key, size_t key_len, uint64_t size_bytes,
@@ -186,14 +205,12 @@ void ecxi_events_stored(ecxi_events *ev, const char *key, size_t key_len, uint64
     if (h) h->size_bytes = size_bytes, h->n_blocks = n_blocks, h->ts = ts;
     /* Without memory for the record the event still goes out; only a later
      * snapshot would miss the item. */
-    size_t before = ev->pending.size;
-    if (room(ev, key_len)) {
+    msgpack_sbuffer *sb = slot(ev, key_len);
+    if (sb) {
         msgpack_packer pk;
-        msgpack_packer_init(&pk, &ev->pending, msgpack_sbuffer_write);
+        msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
         pack_stored(&pk, key, key_len, size_bytes, n_blocks, ts);
-        ev->n_pending++;
     }
-    appended(ev, before);
     pthread_mutex_unlock(&ev->mu);
 }
 
@@ -205,18 +222,16 @@ void ecxi_events_removed(ecxi_events *ev, const char *key, size_t key_len, const
     if (node) {
         ecxi_table_remove(&ev->held, node);
         free(ECX_CONTAINER_OF(node, held, node));
-        size_t before = ev->pending.size;
-        if (room(ev, key_len)) {
+        msgpack_sbuffer *sb = slot(ev, key_len);
+        if (sb) {
             msgpack_packer pk;
-            msgpack_packer_init(&pk, &ev->pending, msgpack_sbuffer_write);
+            msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
             msgpack_pack_array(&pk, 4);
             pack_str(&pk, "EncoderCacheRemoved", 19);
             pack_str(&pk, key, key_len);
             pack_str(&pk, reason, strlen(reason));
             msgpack_pack_double(&pk, now_s());
-            ev->n_pending++;
         }
-        appended(ev, before);
     }
     pthread_mutex_unlock(&ev->mu);
 }
@@ -277,37 +292,46 @@ static void publish(ecxi_events *ev, uint64_t seq, const char *buf, size_t len)
     zmq_setsockopt(ev->pub, ZMQ_XPUB_NODROP, &on, sizeof on);
 }
 
-/* What the hooks left, taken under mu (pending is then empty). */
+/* What the hooks left, taken under mu (nothing is pending then). */
 typedef struct taken {
-    char *events;
-    size_t len;
-    uint32_t n;
+    chunk *chunks;
+    size_t n;
     bool lost;
 } taken;
 
 static taken take(ecxi_events *ev)
 {
-    taken t = {NULL, ev->pending.size, ev->n_pending, ev->lost};
-    if (t.n) t.events = msgpack_sbuffer_release(&ev->pending);
-    ev->n_pending = 0, ev->lost = false;
+    taken t = {ev->chunks, ev->n_chunks, ev->lost};
+    ev->chunks = NULL, ev->n_chunks = ev->chunks_cap = ev->pending_bytes = 0;
+    ev->lost = false;
     return t;
 }
 
-/* Number what was taken as one batch (lost events first leave a hole, a
- * number with no batch, which makes subscribers take a snapshot), keep it
- * and send it. */
+/* Number what was taken, one batch per chunk (lost events first leave a
+ * hole, a number with no batch, which makes subscribers take a snapshot),
+ * keep the batches and send them. */
 static void number(ecxi_events *ev, taken t)
 {
     if (t.lost) ring_push(ev, ++ev->seq, NULL, 0);
-    blob b = {0};
-    if (t.n && batch(t.events, t.len, t.n, &b) == 0) {
-        ring_push(ev, ++ev->seq, b.buf, b.len);
-        publish(ev, ev->seq, b.buf, b.len);
-        count(ev, S_BATCHES, 1), count(ev, S_EVENTS, t.n);
-    } else if (t.n) {
-        ring_push(ev, ++ev->seq, NULL, 0); /* out of memory: a hole too */
+    for (size_t i = 0; i < t.n; i++) {
+        blob b;
+        if (batch(t.chunks[i].sb.data, t.chunks[i].sb.size, t.chunks[i].n, &b) == 0) {
+            ring_push(ev, ++ev->seq, b.buf, b.len);
+            publish(ev, ev->seq, b.buf, b.len);
+            count(ev, S_BATCHES, 1), count(ev, S_EVENTS, t.chunks[i].n);
+        } else {
+            ring_push(ev, ++ev->seq, NULL, 0); /* out of memory: a hole too */
+        }
+        msgpack_sbuffer_destroy(&t.chunks[i].sb);
     }
-    free(t.events);
+    free(t.chunks);
+}
+
+/* Drop what was taken (ecxi_events_free, if the thread never ran). */
+static void number_free(taken t)
+{
+    for (size_t i = 0; i < t.n; i++) msgpack_sbuffer_destroy(&t.chunks[i].sb);
+    free(t.chunks);
 }
 
 static void flush(ecxi_events *ev)
@@ -516,10 +540,12 @@ static void *events_main(void *arg)
     }
     /* The last batch: everything pending, then "stop". */
     pthread_mutex_lock(&ev->mu);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &ev->pending, msgpack_sbuffer_write);
-    pack_cleared(ev, &pk, "stop", 0);
-    ev->n_pending++;
+    msgpack_sbuffer *sb = slot(ev, 0);
+    if (sb) {
+        msgpack_packer pk;
+        msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+        pack_cleared(ev, &pk, "stop", 0);
+    }
     pthread_mutex_unlock(&ev->mu);
     flush(ev);
     return NULL;
@@ -539,7 +565,9 @@ static int bind_socket(ecxi_events *ev, const ecxi_events_opts *o, int type, con
     void *s = zmq_socket(o->zctx, type);
     if (!s) return ECX_ESYS;
     *out = s;
-    int64_t max_in = type == ZMQ_ROUTER ? 64 : 300; /* requests / subscriptions are tiny */
+    /* Requests and subscriptions are tiny, CURVE's handshake commands are
+     * not (INITIATE is some 250 bytes); a larger frame closes the connection. */
+    int64_t max_in = 1024;
     if (set_int(s, ZMQ_LINGER, 0) || set_int(s, ZMQ_IPV6, 1) ||
         zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max_in, sizeof max_in) ||
         set_int(s, ZMQ_SNDHWM, type == ZMQ_ROUTER ? ROUTER_HWM : PUB_HWM) ||
@@ -579,7 +607,6 @@ int ecxi_events_new(const ecxi_events_opts *o, ecxi_events **out)
     ecxi_events *ev = calloc(1, sizeof *ev);
     if (!ev) return ECX_ENOMEM;
     pthread_mutex_init(&ev->mu, NULL);
-    msgpack_sbuffer_init(&ev->pending);
     ev->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     ev->topic_len = strlen(topic);
     memcpy(ev->topic, topic, ev->topic_len);
@@ -597,10 +624,12 @@ int ecxi_events_new(const ecxi_events_opts *o, ecxi_events **out)
     if (!rc) rc = bind_socket(ev, o, ZMQ_XPUB, host, port, &ev->pub);
     if (!rc) rc = bind_socket(ev, o, ZMQ_ROUTER, host, port + 1, &ev->router);
     if (!rc) {
-        msgpack_packer pk;
-        msgpack_packer_init(&pk, &ev->pending, msgpack_sbuffer_write);
-        pack_cleared(ev, &pk, "start", 0);
-        ev->n_pending = 1;
+        msgpack_sbuffer *sb = slot(ev, 0);
+        if (sb) {
+            msgpack_packer pk;
+            msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+            pack_cleared(ev, &pk, "start", 0);
+        }
         if (pthread_create(&ev->thread, NULL, events_main, ev)) rc = ECX_ESYS;
         else ev->started = true;
     }
@@ -640,7 +669,7 @@ void ecxi_events_free(ecxi_events *ev)
             }
         ecxi_table_fini(&ev->held);
     }
-    msgpack_sbuffer_destroy(&ev->pending);
+    number_free(take(ev));
     pthread_mutex_destroy(&ev->mu);
     free(ev);
 }

@@ -6,15 +6,15 @@
  * bounded ring, or a snapshot of the current contents.
  *
  * The hooks (stored, removed) are called from the engine's calls under the
- * context's lock: they append one encoded event to a pending buffer under
- * this module's own mutex and wake its thread, nothing more. The thread
- * numbers the pending events as one batch, keeps it in the ring and sends
- * it without ever blocking (a subscriber at its high-water mark misses the
- * batch, counted; it gets it back by replay). Memory is bounded: pending
- * bytes (past the bound the events are dropped and the batch's number is
- * left as a hole that forces a snapshot), the ring (batches and bytes), the
- * per-subscriber queues (SNDHWM messages) and the held set (one record per
- * item the cache holds).
+ * context's lock: they append one encoded event to the pending chunks
+ * under this module's own mutex and wake its thread, nothing more. The
+ * thread numbers each chunk (at most ~16 KiB of events) as one batch, keeps
+ * it in the ring and sends it without ever blocking (a subscriber at its
+ * high-water mark misses the batch, counted; it gets it back by replay).
+ * Memory is bounded: pending bytes (past the bound the events are dropped
+ * and their batch's number is left as a hole that forces a snapshot), the
+ * ring (batches and bytes), the per-subscriber queues (SNDHWM batches of
+ * ~16 KiB at most) and the held set (one record per item the cache holds).
  */
 #ifndef ECX_EVENTS_H
 #define ECX_EVENTS_H

@@ -3,7 +3,7 @@
  * test_events and bench/events.sh: it saves, evicts (a small region) and
  * says what it holds, with encoder-cache events on or off.
  *
- * usage: events_producer EVENTS_ENDPOINT|- REGION_BYTES BLOCK_BYTES [TOPIC]
+ * usage: events_producer EVENTS_ENDPOINT|- REGION_BYTES BLOCK_BYTES [TOPIC [CURVE_SECRET_Z85]]
  * commands (one per line; each answered with one line on stdout):
  *   save HASH SIZE       save SIZE bytes under HASH -> "ok" or "error NAME"
  *   fill PREFIX N SIZE   save PREFIX0..PREFIX(N-1) -> "ok N"
@@ -55,6 +55,7 @@ int main(int argc, char **argv)
     cfg.block_bytes = strtoull(argv[3], NULL, 0);
     if (strcmp(argv[1], "-")) cfg.events_endpoint = argv[1];
     if (argc > 4) cfg.events_topic = argv[4];
+    if (argc > 5) cfg.curve_secret_key = argv[5];
     ecx_ctx *ctx;
     int rc = ecx_new(&cfg, &ctx);
     if (rc) {

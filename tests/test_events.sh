@@ -5,15 +5,15 @@
 # exactly the producers' contents; a subscriber that never reads does not
 # grow the producer; hostile replay requests get errors. tests/events_check.py
 # does the work.
-# usage: test_events.sh PATH_TO_EVENTS_PRODUCER SRC_DIR
+# usage: test_events.sh PATH_TO_EVENTS_PRODUCER PATH_TO_ECX SRC_DIR
 set -u
 . "$(dirname "$0")/lib.sh"
 private_shm
-# Two free port pairs (PUB on P, replay on P + 1) on loopback.
+# Three free port pairs (PUB on P, replay on P + 1) on loopback.
 ports=$($PY - <<'PY'
 import socket
 out = []
-while len(out) < 2:
+while len(out) < 3:
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]
     t = socket.socket()
     try:
@@ -24,4 +24,4 @@ while len(out) < 2:
 print(*out)
 PY
 )
-timeout 240 $PY "$(dirname "$0")/events_check.py" "$1" "$2" $ports
+timeout 240 $PY "$(dirname "$0")/events_check.py" "$1" "$2" "$3" $ports

@@ -229,21 +229,25 @@ class Subscriber:
     # ---- iteration ----
 
     def poll(self, timeout_ms: int = -1) -> list[Event]:
-        """Events available within timeout_ms (-1: wait for some), in order."""
+        """Events available now, or within timeout_ms if none is (-1: wait
+        for some), in order."""
         if self._need_snapshot:
             self._need_snapshot = False
             self._snapshot()
         deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
-        while not self._queue:
-            left = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self.sub.poll(left):
+        for _ in range(1000):  # at most this many batches per call
+            if self._queue:
+                wait = 0  # take what is there, wait no more
+            elif deadline is None:
+                wait = -1
+            else:
+                wait = max(0, int((deadline - time.monotonic()) * 1000))
+            if not self.sub.poll(wait):
                 break
             f = self.sub.recv_multipart()
             if len(f) != 3 or len(f[1]) != 8:
                 raise ProtocolError("event message is not [topic, seq, payload]")
             self._on_batch(int.from_bytes(f[1], "big"), f[2])
-            if deadline is not None and time.monotonic() >= deadline:
-                break
         out, self._queue = self._queue, []
         return out
 
