@@ -32,6 +32,8 @@
 #define SNAPSHOT_REUSE_NS 100000000 /* a snapshot younger than this is sent again as is */
 #define REQUESTS_PER_ROUND 16       /* replay requests served between two flushes */
 #define STOP_LINGER_MS 200          /* time the last ("stop") batch gets to leave */
+#define GATHER_NS 20000            /* a woken thread waits this long for more events */
+#define JOIN_GAP_NS 10000000        /* empty batches for new subscribers: one per 10 ms at most */
 
 /* Markers in the sequence frame of a replay reply (as signed 64-bit). */
 #define SEQ_END UINT64_MAX              /* -1: end of this reply (vLLM's END_SEQ) */
@@ -68,6 +70,7 @@ struct ecxi_events {
     chunk *chunks;      /* pending events */
     size_t n_chunks, chunks_cap, pending_bytes;
     bool lost;
+    bool sleeping; /* the thread waits with nothing pending: the next event wakes it */
     ecxi_table held;
     int wake; /* eventfd: pending went non-empty, or stop */
     atomic_bool stopping;
@@ -87,6 +90,8 @@ struct ecxi_events {
     size_t n_snap;
     uint64_t snap_seq;
     int64_t snap_ns;
+    bool join_pending; /* a subscription came: an empty batch is due */
+    int64_t join_ns;   /* when the last one went out */
     _Atomic uint64_t st[10]; /* ecxi_events_stats in order, but held */
 };
 
@@ -160,7 +165,7 @@ static int batch(const char *events, size_t len, uint32_t n, blob *out)
 /* Where the next event (about n bytes) goes, mu held: the last chunk, or
  * a new one when that holds BATCH_BYTES; NULL when the pending bound is
  * reached (the event is lost, and its batch will be a hole). Wakes the
- * thread when nothing was pending (else it is awake already). */
+ * thread if it sleeps. */
 static msgpack_sbuffer *slot(ecxi_events *ev, size_t n)
 {
     if (ev->pending_bytes + n + 64 > PENDING_MAX) goto lost;
@@ -171,14 +176,15 @@ static msgpack_sbuffer *slot(ecxi_events *ev, size_t n)
             if (!c) goto lost;
             ev->chunks = c, ev->chunks_cap = cap;
         }
-        if (!ev->n_chunks) {
-            uint64_t one = 1;
-            if (write(ev->wake, &one, sizeof one) < 0) { /* saturated: readable anyway */
-            }
-        }
         chunk *c = &ev->chunks[ev->n_chunks++];
         msgpack_sbuffer_init(&c->sb);
         c->n = 0;
+    }
+    if (ev->sleeping) { /* one write per wait, not per event */
+        ev->sleeping = false;
+        uint64_t one = 1;
+        if (write(ev->wake, &one, sizeof one) < 0) { /* saturated: readable anyway */
+        }
     }
     ev->pending_bytes += n + 64;
     ev->chunks[ev->n_chunks - 1].n++;
@@ -303,7 +309,7 @@ static taken take(ecxi_events *ev)
 {
     taken t = {ev->chunks, ev->n_chunks, ev->lost};
     ev->chunks = NULL, ev->n_chunks = ev->chunks_cap = ev->pending_bytes = 0;
-    ev->lost = false;
+    ev->lost = false, ev->sleeping = false;
     return t;
 }
 
@@ -506,37 +512,53 @@ static bool serve_replay(ecxi_events *ev)
 /* Subscriptions arrive on the XPUB as messages (every one: XPUB_VERBOSE).
  * A subscriber that (re)connects may have missed batches published before
  * its subscription reached us, and cannot tell until the next batch: so a
- * subscription is answered with an empty batch, whose number shows the gap. */
-static void drain_subscriptions(ecxi_events *ev)
+ * subscription is answered with an empty batch, whose number shows the gap
+ * (at most one per JOIN_GAP_NS: a flood of subscriptions cannot flush the
+ * ring). Returns how long until the next one is due (ms; -1: none). */
+static int drain_subscriptions(ecxi_events *ev)
 {
     char buf[300];
-    bool joined = false;
     int n;
     for (int i = 0; i < 256 && (n = zmq_recv(ev->pub, buf, sizeof buf, ZMQ_DONTWAIT)) >= 0; i++)
-        if (n >= 1 && buf[0] == 1) joined = true;
+        if (n >= 1 && buf[0] == 1) ev->join_pending = true;
+    if (!ev->join_pending) return -1;
+    int64_t left = ev->join_ns + JOIN_GAP_NS - ecxi_now_ns();
+    if (left > 0) return (int)(left / 1000000) + 1;
     blob b;
-    if (joined && batch(NULL, 0, 0, &b) == 0) {
+    if (batch(NULL, 0, 0, &b) == 0) {
         ring_push(ev, ++ev->seq, b.buf, b.len);
         publish(ev, ev->seq, b.buf, b.len);
         count(ev, S_BATCHES, 1);
     }
+    ev->join_pending = false;
+    ev->join_ns = ecxi_now_ns();
+    return -1;
 }
 
 static void *events_main(void *arg)
 {
     ecxi_events *ev = arg;
     bool busy = true;
+    int join_ms = -1;
     while (!atomic_load(&ev->stopping)) {
         zmq_pollitem_t it[3] = {{ev->router, 0, ZMQ_POLLIN, 0},
                                 {ev->pub, 0, ZMQ_POLLIN, 0},
                                 {NULL, ev->wake, ZMQ_POLLIN, 0}};
-        zmq_poll(it, 3, busy ? 0 : -1);
+        pthread_mutex_lock(&ev->mu);
+        ev->sleeping = !busy && !ev->n_chunks && !ev->lost;
+        long wait = ev->sleeping ? join_ms : 0;
+        pthread_mutex_unlock(&ev->mu);
+        zmq_poll(it, 3, wait);
         uint64_t v;
-        if (read(ev->wake, &v, sizeof v) < 0) { /* EAGAIN: not woken */
+        if (read(ev->wake, &v, sizeof v) == sizeof v) {
+            /* Woken by an event: let the ones right behind it join its batch
+             * (fewer, larger batches; the hooks rarely meet this thread on mu). */
+            struct timespec gather = {0, GATHER_NS};
+            nanosleep(&gather, NULL);
         }
         flush(ev);
         busy = serve_replay(ev);
-        drain_subscriptions(ev);
+        join_ms = drain_subscriptions(ev);
     }
     /* The last batch: everything pending, then "stop". */
     pthread_mutex_lock(&ev->mu);

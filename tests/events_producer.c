@@ -12,6 +12,7 @@
  *   rss                  -> "rss KIB" (VmRSS)
  *   metric NAME          -> "metric VALUE" (from ecx_metrics; -1 if absent)
  *   bench N SIZE         N saves of SIZE bytes, timed -> "bench SAVES_PER_S"
+ *   pace N SIZE US       N saves of SIZE bytes, one every US microseconds -> "ok N"
  *   quit
  */
 #include <stdio.h>
@@ -66,7 +67,7 @@ int main(int argc, char **argv)
     printf("ready %d\n", ecx_listen_port(ctx));
     fflush(stdout);
     char line[1024], a[512];
-    unsigned long long n, size;
+    unsigned long long n, size, pace;
     while (fgets(line, sizeof line, stdin)) {
         if (sscanf(line, "save %511s %llu", a, &size) == 2 && size <= sizeof buf) {
             rc = ecx_save(ctx, a, buf, size);
@@ -113,6 +114,17 @@ int main(int argc, char **argv)
                 ecx_save(ctx, h, buf, size);
             }
             printf("bench %.0f\n", n / (now() - t0));
+        } else if (sscanf(line, "pace %llu %llu %llu", &n, &size, &pace) == 3 &&
+                   size <= sizeof buf) {
+            double t0 = now();
+            for (unsigned long long i = 0; i < n; i++) {
+                char h[64];
+                snprintf(h, sizeof h, "pace-%llu-%.6f", i, t0);
+                ecx_save(ctx, h, buf, size);
+                struct timespec ts = {0, (long)pace * 1000};
+                nanosleep(&ts, NULL);
+            }
+            printf("ok %llu\n", n);
         } else if (!strncmp(line, "quit", 4)) {
             break;
         } else {
