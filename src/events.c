@@ -86,6 +86,7 @@ struct ecxi_events {
     uint64_t seq; /* last number given (start: the start time in microseconds) */
     rec *ring;    /* RING_BATCHES slots, oldest at ring_head */
     size_t ring_head, ring_n, ring_bytes;
+    uint64_t hole; /* the newest hole's number (0: none) */
     blob *snap; /* the last snapshot's messages, numbered snap_seq */
     size_t n_snap;
     uint64_t snap_seq;
@@ -264,6 +265,7 @@ static void ring_push(ecxi_events *ev, uint64_t seq, char *buf, size_t len)
         free(buf);
         buf = NULL, len = 0;
     }
+    if (!buf) ev->hole = seq;
     *ring_at(ev, ev->ring_n) = (rec){seq, buf, len};
     ev->ring_n++;
     ev->ring_bytes += len;
@@ -436,23 +438,16 @@ static void serve_snapshot(ecxi_events *ev, const zmq_msg_t *id)
 static void serve_since(ecxi_events *ev, const zmq_msg_t *id, uint64_t since)
 {
     count(ev, S_REPLAYS, 1);
-    /* Batches since..seq must all be in the ring, none a hole. */
-    size_t first = ev->ring_n;
-    for (size_t i = 0; i < ev->ring_n; i++)
-        if (ring_at(ev, i)->seq >= since) {
-            first = i;
-            break;
-        }
-    bool gone = since <= ev->seq && (first == ev->ring_n || ring_at(ev, first)->seq > since);
-    for (size_t i = first; !gone && i < ev->ring_n; i++)
-        if (!ring_at(ev, i)->buf) gone = true;
-    if (gone) {
+    /* The ring holds consecutive numbers, oldest first: since..seq must all
+     * be in it, none a hole. */
+    uint64_t oldest = ev->ring_n ? ring_at(ev, 0)->seq : ev->seq + 1;
+    if (since <= ev->seq && (since < oldest || ev->hole >= since)) {
         count(ev, S_RESYNCS, 1);
         reply_marker(ev, id, SEQ_RESYNC, "");
         reply_marker(ev, id, SEQ_END, "");
         return;
     }
-    for (size_t i = first; i < ev->ring_n; i++) {
+    for (size_t i = since > oldest ? (size_t)(since - oldest) : 0; i < ev->ring_n; i++) {
         const rec *r = ring_at(ev, i);
         if (!reply(ev, id, r->seq, r->buf, r->len)) return;
     }

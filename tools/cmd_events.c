@@ -6,6 +6,7 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <msgpack.h>
+#include <sodium.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -35,6 +36,8 @@ static const char HELP[] =
     "  --count N              exit after N events\n"
     "  --for-ms MS            exit after MS milliseconds\n"
     "  --curve-server-key FILE  the producer's CURVE public key (when it runs CURVE)\n"
+    "  --curve-secret FILE    this client's secret key, for a producer with an\n"
+    "                         allow-list (default: a fresh key per connection)\n"
     "\n"
     "Text lines: SEQ stored MM_HASH SIZE_BYTES N_BLOCKS | SEQ removed MM_HASH REASON |\n"
     "SEQ cleared REASON PEER_HOST:PEER_PORT ITEMS.\n"
@@ -49,7 +52,7 @@ static const char HELP[] =
 typedef struct state {
     void *zctx, *sub, *replay;
     char replay_ep[300];
-    const char *curve;
+    const char *curve, *secret; /* Z85; secret NULL: a fresh keypair */
     bool json, have_last;
     uint64_t last;
     int64_t left; /* events still to print; -1: no limit */
@@ -179,10 +182,16 @@ static void *socket_to(state *s, int type, const char *ep)
     zmq_setsockopt(k, ZMQ_IPV6, &one, sizeof one);
     if (s->curve) {
         char pub[41], sec[41];
-        zmq_curve_keypair(pub, sec);
+        if (s->secret) {
+            memcpy(sec, s->secret, sizeof sec);
+            zmq_curve_public(pub, sec);
+        } else {
+            zmq_curve_keypair(pub, sec);
+        }
         zmq_setsockopt(k, ZMQ_CURVE_SERVERKEY, s->curve, 40);
         zmq_setsockopt(k, ZMQ_CURVE_PUBLICKEY, pub, 40);
         zmq_setsockopt(k, ZMQ_CURVE_SECRETKEY, sec, 40);
+        sodium_memzero(sec, sizeof sec);
     }
     zmq_connect(k, ep);
     return k;
@@ -265,20 +274,21 @@ static int on_batch(state *s, uint64_t seq, const void *p, size_t len)
 
 int cmd_events(int argc, char **argv)
 {
-    enum { O_TOPIC = 3000, O_JSON, O_NOSNAP, O_COUNT, O_FOR, O_CURVE };
+    enum { O_TOPIC = 3000, O_JSON, O_NOSNAP, O_COUNT, O_FOR, O_CURVE, O_SECRET };
     static const struct option opts[] = {{"topic", required_argument, 0, O_TOPIC},
                                          {"json", no_argument, 0, O_JSON},
                                          {"no-snapshot", no_argument, 0, O_NOSNAP},
                                          {"count", required_argument, 0, O_COUNT},
                                          {"for-ms", required_argument, 0, O_FOR},
                                          {"curve-server-key", required_argument, 0, O_CURVE},
+                                         {"curve-secret", required_argument, 0, O_SECRET},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     state s = {.left = -1};
     const char *topic = "";
     bool snap = true;
     int64_t for_ms = -1;
-    char key[KEY_Z85_LEN + 1];
+    char key[KEY_Z85_LEN + 1], secret[KEY_Z85_LEN + 1];
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -300,9 +310,14 @@ int cmd_events(int argc, char **argv)
             if (key_file_read("--curve-server-key", optarg, key)) return EXIT_FAIL;
             s.curve = key;
             break;
+        case O_SECRET:
+            if (key_file_read("--curve-secret", optarg, secret)) return EXIT_FAIL;
+            s.secret = secret;
+            break;
         default: return usage_error("try 'ecx events --help'");
         }
     }
+    if (s.secret && !s.curve) return usage_error("--curve-secret needs --curve-server-key");
     if (optind != argc - 1) return usage_error("events takes HOST:PORT; try 'ecx events --help'");
     const char *addr = argv[optind], *colon = strrchr(addr, ':');
     char *end;
@@ -353,5 +368,6 @@ int cmd_events(int argc, char **argv)
     zmq_close(s.sub);
     if (s.replay) zmq_close(s.replay);
     zmq_ctx_term(s.zctx);
+    sodium_memzero(secret, sizeof secret);
     return rc ? EXIT_FAIL : EXIT_OK;
 }

@@ -100,13 +100,14 @@ class Subscriber:
 
     addr: the producer's events endpoint "HOST:PORT"; topic: the topic it
     publishes under; curve_server_key: the producer's CURVE public key (Z85)
-    when CURVE is on; timeout_s: how long one replay or snapshot answer may
+    when CURVE is on; curve_secret_key: this subscriber's own secret key (Z85),
+    for a producer with an allow-list (None: a fresh keypair); timeout_s: how long one replay or snapshot answer may
     take before it is asked again; snapshot: start with the current contents
     (False: only what happens from now on).
     """
 
     def __init__(self, addr: str, topic: str = "", *, curve_server_key: Optional[str] = None,
-                 timeout_s: float = 2.0, snapshot: bool = True,
+                 curve_secret_key: Optional[str] = None, timeout_s: float = 2.0, snapshot: bool = True,
                  context: Optional[zmq.Context] = None) -> None:
         host, port = _split(addr)
         fmt = "tcp://[%s]:%d" if ":" in host else "tcp://%s:%d"
@@ -115,6 +116,7 @@ class Subscriber:
         self._timeout = timeout_s
         self._replay_ep = fmt % (host, port + 1)
         self._curve = curve_server_key
+        self._secret = curve_secret_key
         self.sub = self._socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, self._topic)
         self.sub.connect(fmt % (host, port))
@@ -130,7 +132,11 @@ class Subscriber:
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.IPV6, 1)
         if self._curve:
-            pub, sec = zmq.curve_keypair()
+            if self._secret:
+                sec = self._secret.encode()
+                pub = zmq.curve_public(sec)
+            else:
+                pub, sec = zmq.curve_keypair()
             s.curve_serverkey = self._curve.encode()
             s.curve_publickey, s.curve_secretkey = pub, sec
         return s
