@@ -168,6 +168,28 @@ static void test_config_growth(void **state)
     c.dtype = "float32";
     c.block_bytes = BLOCK + 2;
     assert_int_equal(try_new(&c), ECX_EINVAL);
+    /* Events (docs/EVENTS.md): a producer's; HOST:PORT with room for the replay port. */
+    base_config(&c, ECX_ROLE_CONSUMER);
+    c.events_endpoint = "127.0.0.1:47990";
+    assert_int_equal(try_new(&c), ECX_EINVAL);
+    const char *bad_ep[] = {"127.0.0.1:65535", "127.0.0.1:0", "127.0.0.1", "nonsense:port"};
+    for (size_t i = 0; i < sizeof bad_ep / sizeof bad_ep[0]; i++) {
+        base_config(&c, ECX_ROLE_PRODUCER);
+        c.events_endpoint = bad_ep[i];
+        assert_int_equal(try_new(&c), ECX_EINVAL);
+    }
+    char long_topic[300];
+    memset(long_topic, 't', sizeof long_topic - 1);
+    long_topic[sizeof long_topic - 1] = '\0';
+    base_config(&c, ECX_ROLE_PRODUCER);
+    c.events_endpoint = "127.0.0.1:47990";
+    c.events_topic = long_topic;
+    assert_int_equal(try_new(&c), ECX_EINVAL);
+    /* A caller built before the events fields: off. */
+    base_config(&c, ECX_ROLE_PRODUCER);
+    c.size = offsetof(ecx_config, events_endpoint);
+    c.events_endpoint = "garbage past the caller's size";
+    assert_int_equal(try_new(&c), 0);
     /* A caller built before connector_version existed: version 1. */
     base_config(&c, ECX_ROLE_CONSUMER);
     assert_int_equal(c.connector_version, ECX_DEFAULT_CONNECTOR_VERSION);
