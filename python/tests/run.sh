@@ -21,7 +21,7 @@ else
   cp -a "$root/." "$src"
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check pytest numpy
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "$src"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "$src[events]"  # ecx.events: pyzmq, msgpack
 cd "$root/python/tests"
 # Not from the source tree: the test imports the installed package.
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider .
