@@ -17,11 +17,17 @@ ecx_consumer_fetches_total counters.
     proxy.py --encoder http://127.0.0.1:8100 --consumer http://127.0.0.1:8200 \
              --consumer-metrics http://127.0.0.1:9200/metrics --port 8000
 
-Standard library only.
+With --encoder-events HOST:PORT (the encoder's ec_connector_extra_config
+"events_endpoint"), it also keeps the encoder-cache table of
+examples/encoder-router (docs/EVENTS.md) and prints, for each image, which
+encoders hold its encoding: what a proxy with several encoders would route
+by. That option needs pyzmq, msgpack and the ecx package; the rest is the
+standard library only.
 """
 import argparse
 import http.server
 import json
+import os
 import re
 import sys
 import threading
@@ -49,9 +55,11 @@ def fetch_counts(url: str) -> dict:
 
 
 class Proxy:
-    def __init__(self, encoder: str, consumer: str, metrics: str, timeout: float) -> None:
+    def __init__(self, encoder: str, consumer: str, metrics: str, timeout: float,
+                 router=None) -> None:
         self.encoder, self.consumer = encoder.rstrip("/"), consumer.rstrip("/")
         self.metrics, self.timeout = metrics, timeout
+        self.router = router  # examples/encoder-router's Router, or None
         self.lock = threading.Lock()  # one request at a time keeps the metric deltas honest
 
     def handle(self, path: str, body: dict) -> dict:
@@ -67,6 +75,11 @@ class Proxy:
                           f"{ann.get('shape')})", flush=True)
                 else:
                     print(f"proxy: image {h[:16]}: encoder does not hold it (consumer encodes)",
+                          flush=True)
+                if self.router:
+                    where = ", ".join(f"{x['peer_host']}:{x['peer_port']}"
+                                      for x in self.router.where(h))
+                    print(f"proxy: router: image {h[:16]} held by {where or 'no encoder'}",
                           flush=True)
             before = fetch_counts(self.metrics)
             second = dict(body, ec_transfer_params=params) if params else dict(body)
@@ -88,8 +101,16 @@ def main() -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--encoder-events", action="append", default=[], metavar="HOST:PORT",
+                    help="an encoder's events endpoint (repeatable): print who holds each image")
     a = ap.parse_args()
-    proxy = Proxy(a.encoder, a.consumer, a.consumer_metrics, a.timeout)
+    router = None
+    if a.encoder_events:
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path.insert(0, os.path.join(here, "..", "encoder-router"))
+        from router import Router  # needs pyzmq, msgpack and ecx
+        router = Router(a.encoder_events).start()
+    proxy = Proxy(a.encoder, a.consumer, a.consumer_metrics, a.timeout, router)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802

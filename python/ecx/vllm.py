@@ -86,6 +86,9 @@ EXTRA_CONFIG: "OrderedDict[str, str]" = OrderedDict([
     ("curve_allow_file", "producer CURVE: file of client public keys let in"),
     ("metrics", "HOST:PORT to serve the scheduler's ecx metrics (Prometheus text) on"),
     ("log_level", "ecx library log level: error, warn (default), info, debug"),
+    ("events_endpoint", "producer: HOST:PORT to publish encoder-cache events for routers on "
+                        "(docs/EVENTS.md; replay on PORT + 1)"),
+    ("events_topic", "producer: topic of those events (default empty)"),
 ])
 
 _SHAPES_KEPT = 65536  # shapes remembered for announcements and loads
@@ -236,6 +239,9 @@ def _settings(vllm_config: "VllmConfig") -> dict:
         cfg["listen"] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if "advertise_host" in extra:
             cfg["advertise_host"] = str(extra["advertise_host"])
+        for key in ("events_endpoint", "events_topic"):
+            if key in extra:
+                cfg[key] = str(extra[key])
     for key, ms in (("lease_s", "lease_ms"), ("item_wait_s", "item_wait_ms")):
         if key in extra:
             cfg[ms] = int(float(extra[key]) * 1000)
