@@ -33,6 +33,7 @@
 #define REQUESTS_PER_ROUND 16       /* replay requests served between two flushes */
 #define STOP_LINGER_MS 200          /* time the last ("stop") batch gets to leave */
 #define GATHER_NS 20000            /* a woken thread waits this long for more events */
+#define REPEAT_NS 1000000000LL     /* idle this long: the newest batch is sent again */
 #define JOIN_GAP_NS 10000000        /* empty batches for new subscribers: one per 10 ms at most */
 
 /* Markers in the sequence frame of a replay reply (as signed 64-bit). */
@@ -91,6 +92,7 @@ struct ecxi_events {
     size_t n_snap;
     uint64_t snap_seq;
     int64_t snap_ns;
+    int64_t sent_ns;   /* when a batch was last sent */
     bool join_pending; /* a subscription came: an empty batch is due */
     int64_t join_ns;   /* when the last one went out */
     _Atomic uint64_t st[10]; /* ecxi_events_stats in order, but held */
@@ -288,6 +290,7 @@ static void publish(ecxi_events *ev, uint64_t seq, const char *buf, size_t len)
 {
     unsigned char s[8];
     be64(s, seq);
+    ev->sent_ns = ecxi_now_ns();
     if (send3(ev->pub, ev->topic, ev->topic_len, s, 8, buf, len, 0) == 0) return;
     if (zmq_errno() != EAGAIN) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "events: publish failed: %s", zmq_strerror(zmq_errno()));
@@ -530,18 +533,34 @@ static int drain_subscriptions(ecxi_events *ev)
     return -1;
 }
 
+/* PUB/SUB loses a batch silently, and a subscriber learns of it only from
+ * the next number: when none comes, the newest batch is sent again (same
+ * number, same bytes; who has it skips it) every REPEAT_NS while idle.
+ * Returns the ms until the next repeat (-1: nothing to repeat). */
+static int repeat_newest(ecxi_events *ev)
+{
+    if (!ev->ring_n || !ring_at(ev, ev->ring_n - 1)->buf) return -1;
+    int64_t left = ev->sent_ns + REPEAT_NS - ecxi_now_ns();
+    if (left <= 0) {
+        const rec *r = ring_at(ev, ev->ring_n - 1);
+        publish(ev, r->seq, r->buf, r->len);
+        left = REPEAT_NS;
+    }
+    return (int)(left / 1000000) + 1;
+}
+
 static void *events_main(void *arg)
 {
     ecxi_events *ev = arg;
     bool busy = true;
-    int join_ms = -1;
+    int wait_ms = -1;
     while (!atomic_load(&ev->stopping)) {
         zmq_pollitem_t it[3] = {{ev->router, 0, ZMQ_POLLIN, 0},
                                 {ev->pub, 0, ZMQ_POLLIN, 0},
                                 {NULL, ev->wake, ZMQ_POLLIN, 0}};
         pthread_mutex_lock(&ev->mu);
         ev->sleeping = !busy && !ev->n_chunks && !ev->lost;
-        long wait = ev->sleeping ? join_ms : 0;
+        long wait = ev->sleeping ? wait_ms : 0;
         pthread_mutex_unlock(&ev->mu);
         zmq_poll(it, 3, wait);
         uint64_t v;
@@ -553,7 +572,9 @@ static void *events_main(void *arg)
         }
         flush(ev);
         busy = serve_replay(ev);
-        join_ms = drain_subscriptions(ev);
+        wait_ms = drain_subscriptions(ev);
+        int repeat_ms = repeat_newest(ev);
+        if (wait_ms < 0 || (repeat_ms >= 0 && repeat_ms < wait_ms)) wait_ms = repeat_ms;
     }
     /* The last batch: everything pending, then "stop". */
     pthread_mutex_lock(&ev->mu);

@@ -53,7 +53,7 @@ typedef struct state {
     void *zctx, *sub, *replay;
     char replay_ep[300];
     const char *curve, *secret; /* Z85; secret NULL: a fresh keypair */
-    bool json, have_last;
+    bool json, have_last, stopped; /* stopped: the last batch said "stop" */
     uint64_t last;
     int64_t left; /* events still to print; -1: no limit */
 } state;
@@ -115,6 +115,7 @@ static bool print_event(state *s, uint64_t seq, const msgpack_object *e)
     else
         return false;
     if (s->left > 0) s->left--;
+    if (type[0] == 'c') s->stopped = f[1].via.str.size == 4 && !memcmp(f[1].via.str.ptr, "stop", 4);
     if (!s->json) {
         printf("%llu %s %.*s", (unsigned long long)seq, type, (int)f[1].via.str.size,
                f[1].via.str.ptr);
@@ -259,8 +260,12 @@ static int snapshot(state *s)
 /* One live batch, gaps filled first. */
 static int on_batch(state *s, uint64_t seq, const void *p, size_t len)
 {
+    if (s->stopped) { /* a new life, whose numbers may be lower: start over */
+        s->stopped = false;
+        if (snapshot(s)) return -1;
+    }
     if (!s->have_last) s->last = seq - 1, s->have_last = true;
-    if (seq <= s->last) return 0; /* had it from a replay or a snapshot */
+    if (seq <= s->last) return 0; /* had it: from a replay, a snapshot, or a repeat */
     for (int depth = 0; seq > s->last + 1; depth++) {
         int rc = depth > 3 ? -1 : ask(s, s->last + 1, seq);
         if (rc == 1 || (rc == 0 && seq > s->last + 1)) rc = snapshot(s);

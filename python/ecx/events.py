@@ -124,6 +124,7 @@ class Subscriber:
         self.last_seq: Optional[int] = None
         self._queue: list[Event] = []
         self._need_snapshot = snapshot
+        self._stopped = False  # the last batch said "stop"
         self.resyncs = 0   # snapshots taken after the first
         self.replays = 0   # gaps filled from the ring
 
@@ -211,12 +212,13 @@ class Subscriber:
     def _on_batch(self, seq: int, payload: bytes, depth: int = 0) -> None:
         if self.last_seq is None:
             self.last_seq = seq - 1
+        if self._stopped:
+            # The producer said "stop": whatever comes now is a new life, whose
+            # numbers may even be lower (its clock went back): start over.
+            self._stopped = False
+            self._resync()
         if seq <= self.last_seq:
-            # Already had it (from a replay or a snapshot), unless the numbers
-            # went back: a producer restarted with its clock behind.
-            if any(e.type == "cleared" and e.reason == "start" for e in decode_batch(seq, payload)):
-                self._resync()
-            return
+            return  # had it (from a replay, a snapshot, or a repeat of the newest)
         if seq > self.last_seq + 1:
             if depth > 3:
                 raise ProtocolError(f"cannot fill the gap before batch {seq}")
@@ -229,7 +231,9 @@ class Subscriber:
                 if self.last_seq + 1 < seq:  # the ring moved on meanwhile
                     self._resync()
             return self._on_batch(seq, payload, depth + 1)
-        self._queue.extend(decode_batch(seq, payload))
+        evs = decode_batch(seq, payload)
+        self._stopped = any(e.type == "cleared" and e.reason == "stop" for e in evs)
+        self._queue.extend(evs)
         self.last_seq = seq
 
     # ---- iteration ----
