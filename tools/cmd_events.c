@@ -181,6 +181,8 @@ static void *socket_to(state *s, int type, const char *ep)
     int zero = 0, one = 1;
     zmq_setsockopt(k, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(k, ZMQ_IPV6, &one, sizeof one);
+    int64_t max = 64 << 20; /* a batch is ~16 KiB, a snapshot message 256 events */
+    zmq_setsockopt(k, ZMQ_MAXMSGSIZE, &max, sizeof max);
     if (s->curve) {
         char pub[41], sec[41];
         if (s->secret) {

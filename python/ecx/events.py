@@ -132,6 +132,7 @@ class Subscriber:
         s = self._ctx.socket(kind)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.IPV6, 1)
+        s.setsockopt(zmq.MAXMSGSIZE, 64 << 20)  # a batch is ~16 KiB: a larger frame is hostile
         if self._curve:
             if self._secret:
                 sec = self._secret.encode()
