@@ -4,7 +4,6 @@
  */
 #include <errno.h>
 #include <msgpack.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -32,8 +31,8 @@
 #define SNAPSHOT_REUSE_NS 100000000 /* a snapshot younger than this is sent again as is */
 #define REQUESTS_PER_ROUND 16       /* replay requests served between two flushes */
 #define STOP_LINGER_MS 200          /* time the last ("stop") batch gets to leave */
-#define GATHER_NS 20000            /* a woken thread waits this long for more events */
-#define REPEAT_NS 1000000000LL     /* idle this long: the newest batch is sent again */
+#define GATHER_NS 20000             /* a woken thread waits this long for more events */
+#define REPEAT_NS 1000000000LL      /* idle this long: the newest batch is sent again */
 #define JOIN_GAP_NS 10000000        /* empty batches for new subscribers: one per 10 ms at most */
 
 /* Markers in the sequence frame of a replay reply (as signed 64-bit). */
@@ -593,8 +592,8 @@ static void *events_main(void *arg)
 
 static int set_int(void *s, int opt, int v) { return zmq_setsockopt(s, opt, &v, sizeof v); }
 
-static int bind_socket(ecxi_events *ev, const ecxi_events_opts *o, int type, const char *host,
-                       int port, void **out)
+static int bind_socket(const ecxi_events_opts *o, int type, const char *host, int port,
+                       void **out)
 {
     char ep[300];
     int n = snprintf(ep, sizeof ep, strchr(host, ':') ? "tcp://[%s]:%d" : "tcp://%s:%d", host,
@@ -624,7 +623,6 @@ static int bind_socket(ecxi_events *ev, const ecxi_events_opts *o, int type, con
         ecxi_log(ECX_LOG_ERROR, "events: cannot bind %s: %s", ep, zmq_strerror(zmq_errno()));
         return ECX_ESYS;
     }
-    (void)ev;
     return 0;
 }
 
@@ -659,8 +657,8 @@ int ecxi_events_new(const ecxi_events_opts *o, ecxi_events **out)
     ev->seq = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
     ev->ring = calloc(RING_BATCHES, sizeof *ev->ring);
     rc = ev->wake < 0 ? ECX_ESYS : !ev->ring ? ECX_ENOMEM : ecxi_table_init(&ev->held);
-    if (!rc) rc = bind_socket(ev, o, ZMQ_XPUB, host, port, &ev->pub);
-    if (!rc) rc = bind_socket(ev, o, ZMQ_ROUTER, host, port + 1, &ev->router);
+    if (!rc) rc = bind_socket(o, ZMQ_XPUB, host, port, &ev->pub);
+    if (!rc) rc = bind_socket(o, ZMQ_ROUTER, host, port + 1, &ev->router);
     if (!rc) {
         msgpack_sbuffer *sb = slot(ev, 0);
         if (sb) {
