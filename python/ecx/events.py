@@ -52,9 +52,6 @@ class Event:
     block_bytes: int = 0
     items: int = 0                      # cleared "snapshot": stored events that follow
 
-    def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v not in (None, 0) or k in ("seq",)}
-
 
 class ProtocolError(ValueError):
     """A message that does not follow docs/EVENTS.md."""
@@ -199,7 +196,7 @@ class Subscriber:
         for _ in range(5):
             msgs = self._ask(SNAPSHOT)
             evs = [e for s, p in (msgs or []) for e in decode_batch(s, p)]
-            if evs and evs[0].type == "cleared" and evs[0].reason == "snapshot" \
+            if msgs and evs and evs[0].type == "cleared" and evs[0].reason == "snapshot" \
                     and len(evs) == evs[0].items + 1:
                 self._queue.extend(evs)
                 self.last_seq = msgs[0][0]
@@ -231,7 +228,8 @@ class Subscriber:
                 self._apply_raw([m for m in msgs if m[0] < seq])
                 if self.last_seq + 1 < seq:  # the ring moved on meanwhile
                     self._resync()
-            return self._on_batch(seq, payload, depth + 1)
+            self._on_batch(seq, payload, depth + 1)
+            return
         evs = decode_batch(seq, payload)
         self._stopped = any(e.type == "cleared" and e.reason == "stop" for e in evs)
         self._queue.extend(evs)
@@ -281,10 +279,10 @@ class Holdings:
 
     def apply(self, e: Event) -> None:
         if e.type == "stored":
-            self.items[e.mm_hash] = e.size_bytes
+            self.items[str(e.mm_hash)] = e.size_bytes
         elif e.type == "removed":
-            self.items.pop(e.mm_hash, None)
+            self.items.pop(str(e.mm_hash), None)
         else:
             self.items.clear()
-            self.peer = (e.peer_host, e.peer_port)
+            self.peer = (str(e.peer_host), e.peer_port)
             self.up = e.reason != "stop"
