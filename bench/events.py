@@ -14,8 +14,10 @@ usage: bench/events.py BUILD_DIR [--saves N] [--size BYTES] [--paced N]
 Everything on loopback; the region holds 4096 blocks (saves evict past it).
 """
 import argparse
+import atexit
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,7 +35,9 @@ spec = importlib.util.spec_from_file_location("ecx_events", os.path.join(src, "p
 events = importlib.util.module_from_spec(spec)
 sys.modules["ecx_events"] = events
 spec.loader.exec_module(events)
-os.environ.setdefault("ECX_SHM_DIR", tempfile.mkdtemp(prefix="ecx-bench-", dir="/dev/shm"))
+if "ECX_SHM_DIR" not in os.environ:  # a private region directory, removed at exit
+    os.environ["ECX_SHM_DIR"] = tempfile.mkdtemp(prefix="ecx-bench-events-", dir="/dev/shm")
+    atexit.register(shutil.rmtree, os.environ["ECX_SHM_DIR"], True)
 PROD = os.path.join(a.build, "events_producer")
 PORT = 47600
 
