@@ -18,6 +18,7 @@ import atexit
 import importlib.util
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,7 +40,25 @@ if "ECX_SHM_DIR" not in os.environ:  # a private region directory, removed at ex
     os.environ["ECX_SHM_DIR"] = tempfile.mkdtemp(prefix="ecx-bench-events-", dir="/dev/shm")
     atexit.register(shutil.rmtree, os.environ["ECX_SHM_DIR"], True)
 PROD = os.path.join(a.build, "events_producer")
-PORT = 47600
+
+
+def free_pair():
+    """A loopback port P with P + 1 free too (events, replay)."""
+    for _ in range(100):
+        a, b = socket.socket(), socket.socket()
+        try:
+            a.bind(("127.0.0.1", 0))
+            b.bind(("127.0.0.1", a.getsockname()[1] + 1))
+            return a.getsockname()[1]
+        except OSError:
+            pass
+        finally:
+            a.close()
+            b.close()
+    sys.exit("no free port pair")
+
+
+PORT = free_pair()
 
 
 class Producer:
