@@ -51,6 +51,7 @@ struct session {
     char key[ECXI_HOST_MAX + 8]; /* "host|port" */
     char host[ECXI_HOST_MAX + 1];
     int port;
+    int64_t opened_ms;
     int64_t last_used_ms; /* opened, sent on, got an ack, or seen busy */
     uint64_t requests, acks; /* sent on it; messages read from it */
     bool busy;            /* scratch of mark_busy() */
@@ -253,20 +254,38 @@ static int close_idle(ecxi_consumer *c, int64_t now)
     return closed;
 }
 
-/* At the cap: close the idle session unused the longest. Returns false if
- * every session is busy. Only idle sessions are closed, so no transfer
- * changes state (the caller may be walking the transfer list). */
+/* At the cap: close the idle session unused the longest; failing that, the
+ * unreached one opened the longest ago (consumer.h), whose waiting items
+ * fall back now. Returns false if neither exists. Transfers change state
+ * but none is deleted (the caller may be walking the transfer list). */
 static bool evict_one(ecxi_consumer *c, int64_t now)
 {
     mark_busy(c, now);
-    session *victim = NULL;
-    for (session *s = c->sessions_list; s; s = s->next)
+    session *victim = NULL, *unreached = NULL;
+    for (session *s = c->sessions_list; s; s = s->next) {
         if (!s->busy && (!victim || s->last_used_ms < victim->last_used_ms)) victim = s;
-    if (!victim) return false;
-    ecxi_log(ECX_LOG_DEBUG, "consumer: session cap (%d) reached; closed idle session to %s:%d",
-            c->o.max_sessions, victim->host, victim->port);
-    c->st.sessions_evicted++;
-    session_close(c, victim, now);
+        if (s->busy && now - s->opened_ms >= ECX_CONSUMER_UNREACHED_MS &&
+            (!unreached || s->opened_ms < unreached->opened_ms) &&
+            !ecxi_ctrl_peer_handshaken(s->peer))
+            unreached = s;
+    }
+    if (victim) {
+        ecxi_log(ECX_LOG_DEBUG, "consumer: session cap (%d) reached; closed idle session to %s:%d",
+                 c->o.max_sessions, victim->host, victim->port);
+        c->st.sessions_evicted++;
+        session_close(c, victim, now);
+        return true;
+    }
+    if (!unreached) return false;
+    ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                        "consumer: session cap (%d) reached; closed the session to %s:%d, "
+                        "no handshake in %lld ms (its items fall back: ACK_TIMEOUT)",
+                        c->o.max_sessions, unreached->host, unreached->port,
+                        (long long)(now - unreached->opened_ms));
+    c->st.sessions_unreached++;
+    for (xfer *x = c->head; x; x = x->next)
+        if (x->s == unreached && x->state == WAITING_ACK) tombstone(c, x, ECX_REASON_ACK_TIMEOUT, now);
+    session_close(c, unreached, now);
     return true;
 }
 
@@ -282,8 +301,12 @@ static bool retire_if_lost(ecxi_consumer *c, session *s, int64_t now)
     return true;
 }
 
-static session *session_get(ecxi_consumer *c, const char *host, int port, int64_t now)
+/* The session to host:port, opened if needed; NULL if it cannot be, with
+ * *at_cap set when the session cap is why. */
+static session *session_get(ecxi_consumer *c, const char *host, int port, int64_t now,
+                            bool *at_cap)
 {
+    *at_cap = false;
     char key[ECXI_HOST_MAX + 8];
     int kl = snprintf(key, sizeof key, "%s|%d", host, port);
     ecxi_table_node *n = ecxi_table_find(&c->sessions, key, (size_t)kl);
@@ -294,10 +317,7 @@ static session *session_get(ecxi_consumer *c, const char *host, int port, int64_
         return s;
     }
     if (c->n_sessions >= (size_t)c->o.max_sessions && !evict_one(c, now)) {
-        c->st.session_cap_refusals++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
-                            "consumer: %zu sessions open, all busy (cap %d); no session to %s:%d",
-                            c->n_sessions, c->o.max_sessions, host, port);
+        *at_cap = true;
         return NULL;
     }
     session *s = calloc(1, sizeof *s);
@@ -313,7 +333,7 @@ static session *session_get(ecxi_consumer *c, const char *host, int port, int64_
     memcpy(s->key, key, (size_t)kl + 1);
     snprintf(s->host, sizeof s->host, "%s", host);
     s->port = port;
-    s->last_used_ms = now;
+    s->opened_ms = s->last_used_ms = now;
     s->node.key = s->key;
     s->node.key_len = (size_t)kl;
     ecxi_table_insert(&c->sessions, &s->node);
@@ -322,6 +342,27 @@ static session *session_get(ecxi_consumer *c, const char *host, int port, int64_
     c->sessions_gen++;
     ecxi_log(ECX_LOG_DEBUG, "consumer: session %s to %s:%d", s->sid, host, port);
     return s;
+}
+
+/* Every session is busy at the cap: free the blocks and ask again shortly
+ * (RETRY), within the cap wait (consumer.h); past it, fall back. */
+static void wait_for_session(ecxi_consumer *c, xfer *x, int64_t now)
+{
+    int64_t limit = c->o.ack_timeout_ms < ECX_CONSUMER_CAP_WAIT_MS ? c->o.ack_timeout_ms
+                                                                   : ECX_CONSUMER_CAP_WAIT_MS;
+    if (now - x->first_ask_ms >= limit) {
+        c->st.session_cap_refusals++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                            "consumer: %zu sessions open, all busy (cap %d); no session to "
+                            "%s:%d within %lld ms",
+                            c->n_sessions, c->o.max_sessions, x->host, x->port, (long long)limit);
+        tombstone(c, x, ECX_REASON_SEND_FAILED, now);
+        return;
+    }
+    free_blocks(c, x);
+    c->st.session_cap_waits++;
+    x->state = RETRY;
+    x->deadline_ms = now + 50;
 }
 
 /* Reserve local blocks and send the XferReq. On failure the transfer is a
@@ -336,7 +377,12 @@ static void ask(ecxi_consumer *c, xfer *x, int64_t now)
         return;
     }
     x->holds_blocks = true;
-    session *s = session_get(c, x->host, x->port, now);
+    bool at_cap;
+    session *s = session_get(c, x->host, x->port, now, &at_cap);
+    if (!s && at_cap) {
+        wait_for_session(c, x, now);
+        return;
+    }
     if (!s) {
         tombstone(c, x, ECX_REASON_SEND_FAILED, now);
         return;
