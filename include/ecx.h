@@ -37,7 +37,8 @@
  *     soon as it can, in bounded slices under the context's lock, letting
  *     the caller's calls in between slices. Transfers then finish whatever
  *     the engine's step rate, and no call waits on the lock for more than
- *     one slice. ecx_poll() has nothing to drive: it reports the events
+ *     one slice; ecx_fetch() / ecx_fetch_from() on an item that is still
+ *     pending does not take it at all. ecx_poll() has nothing to drive: it reports the events
  *     the thread handled (waiting up to timeout_ms for some), ecx_fd()
  *     becomes readable when the thread handled events, and
  *     ecx_next_timeout() is -1. The thread touches the context's sockets,

@@ -113,6 +113,17 @@ static void lock(ecx_ctx *ctx)
 
 static void unlock(ecx_ctx *ctx) { pthread_mutex_unlock(&ctx->mu); }
 
+/* Test seam (tests/test_integration.c, test_pending_fetch_takes_no_lock):
+ * hold or release mu from the caller's thread, as a progress thread busy
+ * with a long step would hold it. Not exported. */
+void ecxi_ctx_hold_lock(ecx_ctx *ctx, bool hold)
+{
+    if (hold)
+        lock(ctx);
+    else
+        unlock(ctx);
+}
+
 static int start_thread(ecx_ctx *ctx);
 static void stop_thread(ecx_ctx *ctx);
 
@@ -950,6 +961,12 @@ static int fetch(ecx_ctx *ctx, const char *h, const char *json, const ecx_announ
 {
     if (!ctx || !reason) return ECX_EINVAL;
     if (!ctx->cons) return ECX_EDATA_ROLE;
+    /* The engine asks about a pending item every step: answer that without
+     * mu, which the progress thread holds while it works (issue 26). */
+    if (h && ecxi_consumer_pending(ctx->cons, h, strnlen(h, ECX_MM_HASH_MAX + 1))) {
+        *reason = ECX_REASON_NONE;
+        return ECX_FETCH_PENDING;
+    }
     lock(ctx);
     uint64_t before = ecxi_consumer_requests(ctx->cons);
     int st = ecxi_consumer_fetch(ctx->cons, h, h ? strnlen(h, ECX_MM_HASH_MAX + 1) : 0, json,

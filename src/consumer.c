@@ -4,6 +4,7 @@
  */
 #include "consumer.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,8 @@ typedef struct session session;
 
 typedef struct xfer {
     ecxi_table_node node;      /* by mm_hash */
+    ecxi_table_node pnode;     /* in pending while WAITING_ACK, READING or RETRY */
+    bool in_pending;
     struct xfer *prev, *next; /* every transfer; next = free list */
     session *s;               /* WAITING_ACK, READING, QUARANTINED; else NULL */
     int state;                /* enum xstate */
@@ -65,6 +68,11 @@ struct ecxi_consumer {
     ecxi_consumer_stats st;
     uint64_t max_item_bytes; /* the most an announcement may say: the cache's block limit */
     ecxi_table xfers, sessions;
+    /* The items that are pending (WAITING_ACK, READING, RETRY), under their
+     * own lock, so that asking again about one never waits for the lock
+     * that the poll's caller holds (ecxi_consumer_pending). */
+    pthread_mutex_t pmu;
+    ecxi_table pending;
     xfer *head, *free_xfers;
     session *sessions_list;
     size_t n_sessions;
@@ -109,6 +117,37 @@ static int grow_scratch(ecxi_consumer *c, size_t n)
 
 /* ---------- transfers ---------- */
 
+/* The pending set: entered once a new transfer has sent its request (or
+ * waits to), left on the first step out of WAITING_ACK / READING / RETRY
+ * (tombstone, quarantine, delete), never entered again. */
+static void pending_enter(ecxi_consumer *c, xfer *x)
+{
+    x->pnode.key = x->hash;
+    x->pnode.key_len = x->hash_len;
+    pthread_mutex_lock(&c->pmu);
+    ecxi_table_insert(&c->pending, &x->pnode);
+    x->in_pending = true;
+    pthread_mutex_unlock(&c->pmu);
+}
+
+static void pending_leave(ecxi_consumer *c, xfer *x)
+{
+    if (!x->in_pending) return;
+    pthread_mutex_lock(&c->pmu);
+    ecxi_table_remove(&c->pending, &x->pnode);
+    pthread_mutex_unlock(&c->pmu);
+    x->in_pending = false;
+}
+
+bool ecxi_consumer_pending(ecxi_consumer *c, const char *mm_hash, size_t hash_len)
+{
+    if (!mm_hash || hash_len == 0 || hash_len > ECX_MM_HASH_MAX) return false;
+    pthread_mutex_lock(&c->pmu);
+    bool found = ecxi_table_find(&c->pending, mm_hash, hash_len) != NULL;
+    pthread_mutex_unlock(&c->pmu);
+    return found;
+}
+
 static xfer *xfer_find(const ecxi_consumer *c, const char *hash, size_t len)
 {
     ecxi_table_node *n = ecxi_table_find(&c->xfers, hash, len);
@@ -137,6 +176,7 @@ static xfer *xfer_new(ecxi_consumer *c, const char *hash, size_t len)
 
 static void xfer_delete(ecxi_consumer *c, xfer *x)
 {
+    pending_leave(c, x);
     ecxi_table_remove(&c->xfers, &x->node);
     if (x->prev)
         x->prev->next = x->next;
@@ -166,10 +206,22 @@ static void tombstone(ecxi_consumer *c, xfer *x, int reason, int64_t now)
         x->dx = NULL;
     }
     free_blocks(c, x);
+    pending_leave(c, x);
     x->state = TOMBSTONE;
     x->reason = reason;
     x->s = NULL;
     x->deadline_ms = now + c->o.tombstone_ttl_ms;
+}
+
+/* A READ that overran its deadline, or whose producer was lost: its blocks
+ * stay held until the READ has ended (docs/PROTOCOL.md §5). */
+static void quarantine(ecxi_consumer *c, xfer *x, int64_t now)
+{
+    pending_leave(c, x);
+    x->state = QUARANTINED;
+    x->reason = ECX_REASON_QUARANTINED;
+    x->deadline_ms = now + c->o.quarantine_ms;
+    c->st.quarantines++;
 }
 
 /* NOT_READY, a lost producer before its ack, or (version 2, as vLLM >=
@@ -200,10 +252,7 @@ static void session_close(ecxi_consumer *c, session *s, int64_t now)
         if (x->state == WAITING_ACK) {
             retry_later(c, x, now, ECX_REASON_NOT_READY_TIMEOUT);
         } else if (x->state == READING) {
-            x->state = QUARANTINED;
-            x->reason = ECX_REASON_QUARANTINED;
-            x->deadline_ms = now + c->o.quarantine_ms;
-            c->st.quarantines++;
+            quarantine(c, x, now);
         }
         x->s = NULL;
     }
@@ -635,10 +684,7 @@ static int advance(ecxi_consumer *c, xfer *x, int64_t now)
         if (now < x->deadline_ms) return 0;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: READ of %.*s overran; quarantined",
                             (int)x->hash_len, x->hash);
-        x->state = QUARANTINED;
-        x->reason = ECX_REASON_QUARANTINED;
-        x->deadline_ms = now + c->o.quarantine_ms;
-        c->st.quarantines++;
+        quarantine(c, x, now);
         return 1;
     case QUARANTINED:
         if (ecxi_data_read_poll(x->dx) != ECX_XFER_RUNNING) {
@@ -785,6 +831,7 @@ int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, 
         xfer_delete(c, x);
         return local(c, why, reason);
     }
+    pending_enter(c, x);
     return ECX_FETCH_PENDING;
 }
 
@@ -866,14 +913,20 @@ int ecxi_consumer_new(ecxi_cache *cache, ecxi_data *data, const ecxi_consumer_op
                             : (uint64_t)ECX_CACHE_MAX_BLOCKS * c->o.block_bytes - 1;
     int rc = ecxi_table_init(&c->xfers);
     if (!rc && (rc = ecxi_table_init(&c->sessions))) ecxi_table_fini(&c->xfers);
+    if (!rc && (rc = ecxi_table_init(&c->pending))) {
+        ecxi_table_fini(&c->xfers);
+        ecxi_table_fini(&c->sessions);
+    }
     if (!rc && (rc = grow_scratch(c, 256))) {
         ecxi_table_fini(&c->xfers);
         ecxi_table_fini(&c->sessions);
+        ecxi_table_fini(&c->pending);
     }
     if (rc) {
         free(c->idx), free(c->remote), free(c->local), free(c);
         return rc;
     }
+    pthread_mutex_init(&c->pmu, NULL);
     msgpack_sbuffer_init(&c->out);
     *out = c;
     return 0;
@@ -897,6 +950,8 @@ void ecxi_consumer_free(ecxi_consumer *c)
         n = x->next, free(x);
     ecxi_table_fini(&c->xfers);
     ecxi_table_fini(&c->sessions);
+    ecxi_table_fini(&c->pending);
+    pthread_mutex_destroy(&c->pmu);
     msgpack_sbuffer_destroy(&c->out);
     free(c->idx), free(c->remote), free(c->local);
     free(c);

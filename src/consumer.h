@@ -162,6 +162,13 @@ void ecxi_consumer_free(ecxi_consumer *c);
 int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, const char *json,
                         const ecx_announcement *from, uint64_t expected_size, int *reason);
 
+/* True if mm_hash is pending (a request sent or to be sent again, or a READ
+ * running): ecxi_consumer_fetch would answer ECX_FETCH_PENDING and change
+ * nothing. The one call that may be made without the lock that serialises
+ * every other call here (it takes only the pending set's own, held for a
+ * lookup), so that the engine's per-step question never waits on a poll. */
+bool ecxi_consumer_pending(ecxi_consumer *c, const char *mm_hash, size_t hash_len);
+
 /* Receive acks, advance READs and timers. Never blocks; returns the number
  * of events handled. */
 int ecxi_consumer_poll(ecxi_consumer *c);

@@ -2,8 +2,11 @@
  * `ecx serve` processes on loopback: many items byte-exact through each data
  * path, NOT_READY then ready, a miss, a wrong compatibility hash, a producer
  * killed with SIGKILL while a READ is in flight (every consumer block must
- * come back), a producer that restarts on the same port, and the longest
- * mm_hash end to end (in one process). */
+ * come back), a producer that restarts on the same port, the longest
+ * mm_hash end to end (in one process), and the engine's per-step question
+ * about a pending item answered while the context's lock is held. */
+#include <netinet/in.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -13,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -393,6 +397,73 @@ static void test_mm_hash_limit(void **state)
     ecx_free(prod);
 }
 
+/* connector.c's test seam: hold the context's lock as a busy progress
+ * thread would. */
+void ecxi_ctx_hold_lock(ecx_ctx *ctx, bool hold);
+
+typedef struct {
+    ecx_ctx *ctx;
+    const char *hash, *ann;
+    int st;
+    _Atomic bool done;
+} fetch_call;
+
+static void *fetch_thread(void *arg)
+{
+    fetch_call *f = arg;
+    int reason;
+    f->st = ecx_fetch(f->ctx, f->hash, f->ann, 0, &reason);
+    f->done = true;
+    return NULL;
+}
+
+static bool wait_done(fetch_call *f, double seconds)
+{
+    for (double end = now_s() + seconds; !f->done && now_s() < end;)
+        usleep(1000);
+    return f->done;
+}
+
+/* Issue 26: the engine asks about a pending item every step; that answer
+ * must not wait for the context's lock, which the progress thread holds
+ * while it copies (a 256 MB READ's slices, say). The producer here listens
+ * and never answers, so the item stays pending. A new item's fetch does
+ * take the lock (it sends a request): the control that shows the seam
+ * really holds it. */
+static void test_pending_fetch_takes_no_lock(void **state)
+{
+    (void)state;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 8), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &al), 0);
+    char ann[160];
+    snprintf(ann, sizeof ann, "{\"peer_host\":\"127.0.0.1\",\"peer_port\":%d,\"size_bytes\":4096}",
+             ntohs(a.sin_port));
+    ecx_ctx *ctx = consumer("tcp", NULL, 64 << 20);
+    int reason;
+    assert_int_equal(ecx_fetch(ctx, "silent-1", ann, 0, &reason), ECX_FETCH_PENDING);
+    ecxi_ctx_hold_lock(ctx, true);
+    fetch_call pending = {ctx, "silent-1", ann, -1, false};
+    fetch_call fresh = {ctx, "silent-2", ann, -1, false};
+    pthread_t t1, t2;
+    assert_int_equal(pthread_create(&t1, NULL, fetch_thread, &pending), 0);
+    bool answered = wait_done(&pending, 5);
+    assert_int_equal(pthread_create(&t2, NULL, fetch_thread, &fresh), 0);
+    bool fresh_waited = !wait_done(&fresh, 0.3);
+    ecxi_ctx_hold_lock(ctx, false);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    assert_true(answered);
+    assert_int_equal(pending.st, ECX_FETCH_PENDING);
+    assert_true(fresh_waited); /* the control: the seam held the lock */
+    assert_int_equal(fresh.st, ECX_FETCH_PENDING);
+    ecx_free(ctx);
+    close(lfd);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -409,7 +480,7 @@ int main(void)
         cmocka_unit_test(test_many_items_shm),           cmocka_unit_test(test_many_items_ucx),
         cmocka_unit_test(test_not_ready_then_ready),     cmocka_unit_test(test_miss_and_incompat),
         cmocka_unit_test(test_producer_killed_mid_read), cmocka_unit_test(test_producer_restart),
-        cmocka_unit_test(test_mm_hash_limit),
+        cmocka_unit_test(test_mm_hash_limit),            cmocka_unit_test(test_pending_fetch_takes_no_lock),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int i = 0; i < n_children; i++)
