@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# make wheel-test (issue 24): the self-contained binary wheel on a machine that
+# has none of ecx's libraries.
+#   tests/test_wheel.sh BUILD_DIR
+# 1. scripts/wheel.sh BUILD_DIR/wheel: sdist, wheel, auditwheel repair; prints
+#    `auditwheel show`, the wheel's tag and size and every library inside.
+# 2. A fresh venv, BUILD_DIR/wheel/venv, with that wheel (and pytest, numpy).
+# 3. In a private mount namespace (unshare --mount, so root) the system's copy
+#    of every library the wheel carries (and of msgpack-c) and UCX's module
+#    directory are covered by an empty file / directory, then, from the venv:
+#    every ELF file of the installed package resolves its libraries (ldd) only
+#    inside the package or among the manylinux policy's system libraries;
+#    `ecx --help`; a ucx transfer that loads UCX's module from the wheel;
+#    `ecx serve --data nixl` with its helper ecx-nixl-agent running on the
+#    wheel's libraries; python/tests (pytest); `python -m ecx demo`; and, where
+#    a python with the real nixl package exists (tests/nixl/find_python.sh,
+#    the venv make unit builds), tests/test_nixl_serve.sh on the wheel's CLI.
+# 4. The sdist on a machine without the -dev packages (pkg-config finds
+#    nothing): pip stops with the message naming the Debian packages.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+
+if [ "${1:-}" = --hidden ]; then
+  # ---- inside the mount namespace: $2 the wheel dir, $3 the venv -------------
+  w=$2 venv=$3 build=$4
+  fails=0
+  fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+  pass() { echo "ok: $*"; }
+  : >"$w/empty"
+  mkdir -p "$w/emptydir"
+  while IFS= read -r f; do
+    if [ -d "$f" ]; then mount --bind "$w/emptydir" "$f"; else mount --bind "$w/empty" "$f"; fi
+  done <"$w/hide.txt"
+  # The hiding works: the system's loader finds no libzmq, python3-zmq fails.
+  if /usr/bin/python3 -c 'import ctypes; ctypes.CDLL("libzmq.so.5")' 2>/dev/null ||
+     /usr/bin/python3 -c 'import ctypes; ctypes.CDLL("libucp.so.0")' 2>/dev/null; then
+    echo "FAIL: the system's libzmq / libucp still load: nothing is hidden"; exit 1
+  fi
+  pass "the system's copies are hidden ($(wc -l <"$w/hide.txt") files and directories)"
+
+  py=$venv/bin/python
+  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
+  # Every ELF file of the package: each library ldd resolves is inside the
+  # package, or a system library the wheel's manylinux policy allows.
+  tag=$(basename "$(ls "$w"/wheelhouse/ecx-*.whl)" .whl); tag=${tag##*-}; tag=${tag%%.*}
+  allowed=$("$w/tools/bin/python" - "$tag" <<'EOF'
+import importlib.resources, json, sys
+tag = sys.argv[1].rsplit("_", 1)[0] if not sys.argv[1].startswith("manylinux_") else \
+      "_".join(sys.argv[1].split("_")[:3])
+pols = json.loads((importlib.resources.files("auditwheel.policy") / "manylinux-policy.json").read_text())
+pol = [p for p in pols if p["name"] == tag or tag in p["aliases"]]
+if not pol:
+    sys.exit(f"no manylinux policy {tag!r}")
+print(" ".join(pol[0]["lib_whitelist"]))
+EOF
+) || { echo "FAIL: the policy's library list: $allowed"; exit 1; }
+  n=0
+  while IFS= read -r -d '' f; do
+    [ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" = '177ELF' ] || continue
+    n=$((n + 1))
+    out=$(ldd "$f" 2>&1) || { fail "ldd $f: $out"; continue; }
+    while read -r lib arrow path _; do
+      [ "$arrow" = "=>" ] || continue
+      [ "$path" = not ] && { fail "${f#"$site"/}: $lib not found"; continue; }
+      case "$path" in
+        "$site"/ecx/* | "$site"/ecx.libs/*) ;;
+        *) case " $allowed " in *" $lib "*) ;; *) fail "${f#"$site"/}: $lib => $path";; esac;;
+      esac
+    done <<<"$out"
+  done < <(find "$site/ecx" "$site/ecx.libs" -type f -print0)
+  [ "$n" -ge 5 ] || fail "only $n ELF files in the package"
+  pass "ldd: $n ELF files resolve inside the package or to: $allowed"
+
+  # The CLI from the venv's script.
+  "$venv/bin/ecx" --help >"$w/help.out" 2>&1 && grep -q "usage: ecx" "$w/help.out" \
+    && pass "ecx --help" || fail "ecx --help: $(head -5 "$w/help.out")"
+
+  # UCX's transport module comes from the wheel (the system's directory is empty).
+  if "$py" - "$site" >"$w/ucx.out" 2>&1 <<'EOF'
+import ecx, os, sys
+site = sys.argv[1]
+with ecx.Context("producer", listen="127.0.0.1:0", data="ucx") as p, \
+     ecx.Context("consumer", data="ucx") as c:
+    data = os.urandom(3_000_000)
+    p.save("w1", data)
+    ann = p.announce("w1")
+    for _ in range(500):
+        r = c.fetch("w1", ann)
+        if r.state != "pending":
+            break
+        c.poll(10)
+    assert r.state == "ready", r
+    assert c.read("w1") == data
+maps = open("/proc/self/maps").read()
+mods = {l.split()[-1] for l in maps.splitlines() if "/ucx/libuct_" in l}
+assert mods == {site + "/ecx.libs/ucx/libuct_cma.so.0.0.0"}, mods
+ucx = {l.split()[-1] for l in maps.splitlines() if "/libuc" in l}
+assert all(m.startswith(site + "/ecx.libs/") for m in ucx), ucx
+print("ucx transfer ok; UCX from", sorted(os.path.basename(m) for m in ucx))
+EOF
+  then pass "$(tail -1 "$w/ucx.out")"; else fail "ucx from the wheel: $(tail -5 "$w/ucx.out")"; fi
+
+  # ecx serve --data nixl starts its helper, ecx-nixl-agent from the package,
+  # which runs on the wheel's UCX.
+  mkdir -p "$w/items" && head -c 100000 /dev/urandom >"$w/items/item"
+  rm -f "$w/ann.json"
+  "$venv/bin/ecx" serve --data nixl --preload "$w/items" --listen 127.0.0.1:0 \
+    --announce-out "$w/ann.json" >"$w/serve.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 100); do [ -s "$w/ann.json" ] && break; kill -0 $spid 2>/dev/null || break; sleep 0.1; done
+  helper=$(pgrep -P $spid -x ecx-nixl-agent || true)
+  if [ -s "$w/ann.json" ] && [ -n "$helper" ] &&
+     [ "$(readlink "/proc/$helper/exe")" = "$site/ecx/ecx-nixl-agent" ] &&
+     grep -q "$site/ecx.libs/libucp-" "/proc/$helper/maps"; then
+    pass "ecx serve --data nixl: helper $site/ecx/ecx-nixl-agent runs on the wheel's UCX"
+  else
+    fail "ecx serve --data nixl and its helper: $(tail -5 "$w/serve.log")"
+  fi
+  kill $spid 2>/dev/null; wait $spid 2>/dev/null || true
+
+  # The package's tests, as make pytest runs them, but against the wheel.
+  (cd "$root/python/tests" && timeout 900 "$py" -m pytest -q -p no:cacheprovider .) \
+    && pass "python/tests" || fail "python/tests"
+  timeout 600 "$py" -m ecx demo >"$w/demo.out" 2>&1 && pass "python -m ecx demo" \
+    || fail "python -m ecx demo: $(tail -20 "$w/demo.out")"
+  tail -12 "$w/demo.out"
+
+  # A real nixl agent against the wheel's `ecx serve --data nixl` (needs the venv
+  # tests/nixl/venv.sh builds, which make unit makes; otherwise said and skipped).
+  rc=0
+  bash "$here/test_nixl_serve.sh" "$venv/bin/ecx" "$build" >"$w/nixl.out" 2>&1 || rc=$?
+  case $rc in
+    0) pass "test_nixl_serve.sh on the wheel's CLI";;
+    77) echo "SKIPPED: test_nixl_serve.sh: $(tail -1 "$w/nixl.out")";;
+    *) fail "test_nixl_serve.sh on the wheel's CLI: $(tail -15 "$w/nixl.out")";;
+  esac
+  [ $fails -eq 0 ] || { echo "wheel-test: $fails failed"; exit 1; }
+  exit 0
+fi
+
+# ---- outside: build, repair, install -----------------------------------------
+[ $# -eq 1 ] || { echo "usage: tests/test_wheel.sh BUILD_DIR" >&2; exit 2; }
+mkdir -p "$1"
+build=$(cd "$1" && pwd)
+w=$build/wheel
+[ "$(id -u)" -eq 0 ] && command -v unshare >/dev/null ||
+  { echo "wheel-test: needs root and unshare (util-linux) to hide the system's libraries" >&2; exit 1; }
+
+bash "$root/scripts/wheel.sh" "$w" /usr/bin/python3
+whl=$(ls "$w"/wheelhouse/ecx-*.whl)
+PATH=$w/tools/bin:$PATH auditwheel show "$whl"
+echo "== wheel: $(basename "$whl"), $(stat -c %s "$whl") bytes"
+echo "== libraries inside:"
+"$w/tools/bin/python" - "$whl" <<'EOF'
+import sys, zipfile
+for i in zipfile.ZipFile(sys.argv[1]).infolist():
+    if ".so" in i.filename:
+        print(f"  {i.filename}  {i.file_size}")
+EOF
+
+venv=$w/venv
+rm -rf "$venv"
+/usr/bin/python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check pytest numpy
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "$whl"
+
+# What to hide: the system's file of every library the wheel carries (its name
+# there without auditwheel's -HASH), the C libraries ecx links, UCX's modules.
+libdir=$(pkg-config --variable=libdir libzmq)
+{
+  for n in $("$w/tools/bin/python" -c 'import re, sys, zipfile
+for f in zipfile.ZipFile(sys.argv[1]).namelist():
+    if re.fullmatch(r"ecx\.libs/[^/]+\.so[.0-9]*", f):
+        print(re.sub(r"-[0-9a-f]{8}\.", ".", f.split("/")[1], count=1))' "$whl"); do
+    [ -e "$libdir/$n" ] || { echo "wheel-test: no $libdir/$n to hide" >&2; exit 1; }
+    realpath "$libdir/$n"
+  done
+  for l in libzmq libsodium libucp libuct libucs libucm libjansson libmsgpackc libxxhash libmicrohttpd; do
+    for f in "$libdir/$l".so.*; do [ -e "$f" ] && realpath "$f"; done
+  done
+  echo "$libdir/ucx"
+} | sort -u >"$w/hide.txt"
+
+unshare --mount --propagation private bash "$0" --hidden "$w" "$venv" "$build"
+
+# The sdist where no -dev package is found: one message naming them, before any compiler.
+sdist=$(ls "$w"/dist/ecx-*.tar.gz)
+mkdir -p "$w/nopc"
+if PKG_CONFIG_LIBDIR=$w/nopc PKG_CONFIG_PATH= "$venv/bin/python" -m pip wheel --no-deps \
+     --disable-pip-version-check -w "$w/nopc" "$sdist" >"$w/nopc.log" 2>&1; then
+  echo "FAIL: the sdist built without any -dev package"; exit 1
+fi
+for p in libzmq3-dev libmsgpack-dev libsodium-dev libjansson-dev libucx-dev libxxhash-dev libmicrohttpd-dev; do
+  grep -q "  $p (pkg-config: " "$w/nopc.log" || { echo "FAIL: sdist without -dev packages: no '$p' in:"; tail -30 "$w/nopc.log"; exit 1; }
+done
+if grep -qE "error: .*\.h: No such file|fatal error:" "$w/nopc.log"; then
+  echo "FAIL: the sdist without -dev packages reached the compiler"; exit 1
+fi
+echo "ok: the sdist without -dev packages stops naming them:"
+grep -A9 "C libraries missing" "$w/nopc.log" | head -10
+echo "wheel-test: PASS ($(basename "$whl"), $(stat -c %s "$whl") bytes)"
