@@ -10,7 +10,8 @@
 #    directory are covered by an empty file / directory, then, from the venv:
 #    every ELF file of the installed package resolves its libraries (ldd) only
 #    inside the package or among the manylinux policy's system libraries;
-#    `ecx --help`; a ucx transfer that loads UCX's module from the wheel;
+#    `ecx --help`; a ucx transfer that loads UCX's modules from the wheel
+#    (cma, ib and rdmacm; with the host's rdma-core hidden too, only cma);
 #    `ecx serve --data nixl` with its helper ecx-nixl-agent running on the
 #    wheel's libraries; python/tests (pytest); `python -m ecx demo`; and, where
 #    a python with the real nixl package exists (tests/nixl/find_python.sh,
@@ -55,7 +56,11 @@ if not pol:
 print(" ".join(pol[0]["lib_whitelist"]))
 EOF
 ) || { echo "FAIL: the policy's library list: $allowed"; exit 1; }
-  n=0
+  # rdma-core, which the ib and rdmacm modules may take from the host: its
+  # libraries and what they link.
+  rdma="libibverbs.so.1 librdmacm.so.1 libmlx5.so.1 $(xargs ldd <"$w/rdma.txt" |
+    awk '$2 == "=>" { print $1 }' | sort -u | tr '\n' ' ')"
+  n=0 before=$fails
   while IFS= read -r -d '' f; do
     [ "$(head -c 4 "$f" | od -An -c | tr -d ' ')" = '177ELF' ] || continue
     n=$((n + 1))
@@ -65,21 +70,29 @@ EOF
       [ "$path" = not ] && { fail "${f#"$site"/}: $lib not found"; continue; }
       case "$path" in
         "$site"/ecx/* | "$site"/ecx.libs/*) ;;
-        *) case " $allowed " in *" $lib "*) ;; *) fail "${f#"$site"/}: $lib => $path";; esac;;
+        *) case " $allowed " in
+             *" $lib "*) ;;
+             *) case "${f#"$site"/}: $rdma " in  # the host's rdma-core (scripts/wheel.sh)
+                  ecx.libs/ucx/libuct_ib.*" $lib "* | ecx.libs/ucx/libuct_rdmacm.*" $lib "*) ;;
+                  *) fail "${f#"$site"/}: $lib => $path";;
+                esac;;
+           esac;;
       esac
     done <<<"$out"
   done < <(find "$site/ecx" "$site/ecx.libs" -type f -print0)
   [ "$n" -ge 5 ] || fail "only $n ELF files in the package"
-  pass "ldd: $n ELF files resolve inside the package or to: $allowed"
+  [ $fails -eq "$before" ] && pass "ldd: $n ELF files resolve inside the package, to the policy's libraries ($allowed) or, UCX's ib and rdmacm modules, to rdma-core"
 
   # The CLI from the venv's script.
   "$venv/bin/ecx" --help >"$w/help.out" 2>&1 && grep -q "usage: ecx" "$w/help.out" \
     && pass "ecx --help" || fail "ecx --help: $(head -5 "$w/help.out")"
 
-  # UCX's transport module comes from the wheel (the system's directory is empty).
-  if "$py" - "$site" >"$w/ucx.out" 2>&1 <<'EOF'
+  # A ucx transfer; UCX's modules come from the wheel (the system's directory is
+  # empty): all of them with the host's rdma-core, only cma without it (hidden
+  # in a nested namespace), and the transfer works either way.
+  cat >"$w/ucx_check.py" <<'EOF'
 import ecx, os, sys
-site = sys.argv[1]
+site, want = sys.argv[1], sys.argv[2].split(",")
 with ecx.Context("producer", listen="127.0.0.1:0", data="ucx") as p, \
      ecx.Context("consumer", data="ucx") as c:
     data = os.urandom(3_000_000)
@@ -92,14 +105,20 @@ with ecx.Context("producer", listen="127.0.0.1:0", data="ucx") as p, \
         c.poll(10)
     assert r.state == "ready", r
     assert c.read("w1") == data
-maps = open("/proc/self/maps").read()
-mods = {l.split()[-1] for l in maps.splitlines() if "/ucx/libuct_" in l}
-assert mods == {site + "/ecx.libs/ucx/libuct_cma.so.0.0.0"}, mods
-ucx = {l.split()[-1] for l in maps.splitlines() if "/libuc" in l}
+maps = [l.split()[-1] for l in open("/proc/self/maps").read().splitlines() if "/" in l]
+mods = {m for m in maps if "/ucx/libuct_" in m}
+assert mods == {f"{site}/ecx.libs/ucx/libuct_{m}.so.0.0.0" for m in want}, mods
+ucx = {m for m in maps if os.path.basename(m).startswith("libuc")}
 assert all(m.startswith(site + "/ecx.libs/") for m in ucx), ucx
-print("ucx transfer ok; UCX from", sorted(os.path.basename(m) for m in ucx))
+print("ucx transfer ok; UCX from", " ".join(sorted(os.path.basename(m) for m in ucx)))
 EOF
-  then pass "$(tail -1 "$w/ucx.out")"; else fail "ucx from the wheel: $(tail -5 "$w/ucx.out")"; fi
+  if "$py" "$w/ucx_check.py" "$site" cma,ib,rdmacm >"$w/ucx.out" 2>&1; then
+    pass "with rdma-core: $(tail -1 "$w/ucx.out")"
+  else fail "ucx from the wheel, with rdma-core: $(tail -5 "$w/ucx.out")"; fi
+  if unshare --mount bash -c 'while IFS= read -r f; do mount --bind "$1/empty" "$f"; done <"$1/rdma.txt"
+       exec "$2" "$1/ucx_check.py" "$3" cma' _ "$w" "$py" "$site" >"$w/ucx-nordma.out" 2>&1; then
+    pass "without rdma-core: $(tail -1 "$w/ucx-nordma.out")"
+  else fail "ucx from the wheel, without rdma-core: $(tail -5 "$w/ucx-nordma.out")"; fi
 
   # ecx serve --data nixl starts its helper, ecx-nixl-agent from the package,
   # which runs on the wheel's UCX.
@@ -181,6 +200,7 @@ for f in zipfile.ZipFile(sys.argv[1]).namelist():
   done
   echo "$libdir/ucx"
 } | sort -u >"$w/hide.txt"
+for l in libibverbs.so.1 librdmacm.so.1 libmlx5.so.1; do realpath "$libdir/$l"; done >"$w/rdma.txt"
 
 unshare --mount --propagation private bash "$0" --hidden "$w" "$venv" "$build"
 
