@@ -13,9 +13,10 @@
 #    `ecx --help`; a ucx transfer that loads UCX's modules from the wheel
 #    (cma, ib and rdmacm; with the host's rdma-core hidden too, only cma);
 #    `ecx serve --data nixl` with its helper ecx-nixl-agent running on the
-#    wheel's libraries; python/tests (pytest); `python -m ecx demo`; and, where
-#    a python with the real nixl package exists (tests/nixl/find_python.sh,
-#    the venv make unit builds), tests/test_nixl_serve.sh on the wheel's CLI.
+#    wheel's libraries; python/tests (pytest); `python -m ecx demo`. Then, in
+#    a namespace where ecx's own libraries are hidden and where a python with
+#    the real nixl package exists (tests/nixl/find_python.sh, the venv make
+#    unit builds), tests/test_nixl_serve.sh on the wheel's CLI.
 # 4. The sdist on a machine without the -dev packages (pkg-config finds
 #    nothing): pip stops with the message naming the Debian packages.
 set -euo pipefail
@@ -23,8 +24,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 
 if [ "${1:-}" = --hidden ]; then
-  # ---- inside the mount namespace: $2 the wheel dir, $3 the venv -------------
-  w=$2 venv=$3 build=$4
+  # ---- inside a mount namespace: $2 what to run (checks, nixl), $3 the wheel
+  # dir, $4 the venv, $5 the build dir --------------------------------------
+  what=$2 w=$3 venv=$4 build=$5
   fails=0
   fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
   pass() { echo "ok: $*"; }
@@ -32,13 +34,24 @@ if [ "${1:-}" = --hidden ]; then
   mkdir -p "$w/emptydir"
   while IFS= read -r f; do
     if [ -d "$f" ]; then mount --bind "$w/emptydir" "$f"; else mount --bind "$w/empty" "$f"; fi
-  done <"$w/hide.txt"
+  done <"$w/hide-$what.txt"
+  if [ "$what" = nixl ]; then
+    # A real nixl agent against the wheel's `ecx serve --data nixl` (needs the
+    # venv tests/nixl/venv.sh builds, which make unit makes; else said and skipped).
+    rc=0
+    bash "$here/test_nixl_serve.sh" "$venv/bin/ecx" "$build" >"$w/nixl.out" 2>&1 || rc=$?
+    case $rc in
+      0) pass "test_nixl_serve.sh on the wheel's CLI, ecx's libraries hidden"; exit 0;;
+      77) echo "SKIPPED: test_nixl_serve.sh: $(tail -1 "$w/nixl.out")"; exit 0;;
+      *) fail "test_nixl_serve.sh on the wheel's CLI: $(tail -15 "$w/nixl.out")"; exit 1;;
+    esac
+  fi
   # The hiding works: the system's loader finds no libzmq, python3-zmq fails.
   if /usr/bin/python3 -c 'import ctypes; ctypes.CDLL("libzmq.so.5")' 2>/dev/null ||
      /usr/bin/python3 -c 'import ctypes; ctypes.CDLL("libucp.so.0")' 2>/dev/null; then
     echo "FAIL: the system's libzmq / libucp still load: nothing is hidden"; exit 1
   fi
-  pass "the system's copies are hidden ($(wc -l <"$w/hide.txt") files and directories)"
+  pass "the system's copies are hidden ($(wc -l <"$w/hide-checks.txt") files and directories)"
 
   py=$venv/bin/python
   site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
@@ -145,15 +158,6 @@ EOF
     || fail "python -m ecx demo: $(tail -20 "$w/demo.out")"
   tail -12 "$w/demo.out"
 
-  # A real nixl agent against the wheel's `ecx serve --data nixl` (needs the venv
-  # tests/nixl/venv.sh builds, which make unit makes; otherwise said and skipped).
-  rc=0
-  bash "$here/test_nixl_serve.sh" "$venv/bin/ecx" "$build" >"$w/nixl.out" 2>&1 || rc=$?
-  case $rc in
-    0) pass "test_nixl_serve.sh on the wheel's CLI";;
-    77) echo "SKIPPED: test_nixl_serve.sh: $(tail -1 "$w/nixl.out")";;
-    *) fail "test_nixl_serve.sh on the wheel's CLI: $(tail -15 "$w/nixl.out")";;
-  esac
   [ $fails -eq 0 ] || { echo "wheel-test: $fails failed"; exit 1; }
   exit 0
 fi
@@ -184,10 +188,20 @@ rm -rf "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check pytest numpy
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "$whl"
 
-# What to hide: the system's file of every library the wheel carries (its name
-# there without auditwheel's -HASH), the C libraries ecx links, UCX's modules.
+# What to hide: for the checks, the system's file of every library the wheel
+# carries (its name there without auditwheel's -HASH); for them and for the
+# nixl test, the C libraries ecx links and UCX's modules (only those there: the
+# nixl agent's side is the system's python, whose ctypes needs libffi, which the
+# wheel carries too, for gnutls).
 libdir=$(pkg-config --variable=libdir libzmq)
 {
+  for l in libzmq libsodium libucp libuct libucs libucm libjansson libmsgpackc libxxhash libmicrohttpd; do
+    for f in "$libdir/$l".so.*; do [ -e "$f" ] && realpath "$f"; done
+  done
+  echo "$libdir/ucx"
+} | sort -u >"$w/hide-nixl.txt"
+{
+  cat "$w/hide-nixl.txt"
   for n in $("$w/tools/bin/python" -c 'import re, sys, zipfile
 for f in zipfile.ZipFile(sys.argv[1]).namelist():
     if re.fullmatch(r"ecx\.libs/[^/]+\.so[.0-9]*", f):
@@ -195,14 +209,12 @@ for f in zipfile.ZipFile(sys.argv[1]).namelist():
     [ -e "$libdir/$n" ] || { echo "wheel-test: no $libdir/$n to hide" >&2; exit 1; }
     realpath "$libdir/$n"
   done
-  for l in libzmq libsodium libucp libuct libucs libucm libjansson libmsgpackc libxxhash libmicrohttpd; do
-    for f in "$libdir/$l".so.*; do [ -e "$f" ] && realpath "$f"; done
-  done
-  echo "$libdir/ucx"
-} | sort -u >"$w/hide.txt"
+} | sort -u >"$w/hide-checks.txt"
 for l in libibverbs.so.1 librdmacm.so.1 libmlx5.so.1; do realpath "$libdir/$l"; done >"$w/rdma.txt"
 
-unshare --mount --propagation private bash "$0" --hidden "$w" "$venv" "$build"
+failed=0
+unshare --mount --propagation private bash "$0" --hidden checks "$w" "$venv" "$build" || failed=1
+unshare --mount --propagation private bash "$0" --hidden nixl "$w" "$venv" "$build" || failed=1
 
 # The sdist where no -dev package is found: one message naming them, before any compiler.
 sdist=$(ls "$w"/dist/ecx-*.tar.gz)
@@ -219,4 +231,5 @@ if grep -qE "error: .*\.h: No such file|fatal error:" "$w/nopc.log"; then
 fi
 echo "ok: the sdist without -dev packages stops naming them:"
 grep -A9 "C libraries missing" "$w/nopc.log" | head -10
+[ $failed -eq 0 ] || { echo "wheel-test: FAILED (above)"; exit 1; }
 echo "wheel-test: PASS ($(basename "$whl"), $(stat -c %s "$whl") bytes)"
