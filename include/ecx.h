@@ -52,6 +52,12 @@
  *   - With progress_thread = 0, nothing runs in the background: work
  *     advances inside the calls, chiefly ecx_poll(), which steps for at
  *     most about 0.5 ms per call; a large READ then needs many polls.
+ *   - Whatever progress_thread says, while any consumer session exists the
+ *     process runs one watchdog thread (shared by all contexts) that checks
+ *     every 20 ms how much each
+ *     producer connection has queued inside ZeroMQ, and shuts down one that
+ *     floods; it logs nothing and makes no ZeroMQ call. Each context's
+ *     ZeroMQ context runs ZeroMQ's two threads (one I/O thread, a reaper).
  *   - The UCX data path, if chosen, also runs UCX's own internal threads.
  *     The nixl data path runs no UCX in this process: its NIXL agent is a
  *     helper process (ecx-nixl-agent) that the context starts, talks to
