@@ -20,9 +20,11 @@
  *
  * Threading (the rule for every call on a context):
  *   - Every call on an ecx_ctx may be made from any thread. Calls on one
- *     context are serialised by the context's lock; ecx_poll() with a
- *     timeout waits *without* holding it, so other threads may fetch, load
- *     or save while one thread waits in ecx_poll().
+ *     context are serialised by the context's lock, held only for
+ *     bookkeeping: ecx_poll() with a timeout waits *without* holding it, so
+ *     other threads may fetch, load or save while one thread waits in
+ *     ecx_poll(), and work proportional to an item (ecx_save()'s copy, a
+ *     commit's checksum) runs outside it.
  *   - ecx_free() must be the last call on a context: no other thread may be
  *     inside, or later enter, a call on it.
  *   - Segments returned by ecx_save_begin() / ecx_load() may be read and
@@ -456,11 +458,15 @@ typedef struct ecx_segment {
  * if size_bytes is not whole blocks (version 2 announces whole rows). */
 ECX_API int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes,
                            const ecx_segment **segs, size_t *n_segs);
-/* The bytes are written: the entry becomes ready (and servable). */
+/* The bytes are written: the entry becomes ready (and servable). The
+ * item's checksum is computed here, without the context's lock (other
+ * calls and the progress thread go on meanwhile); a second commit or an
+ * abort of the same item during it gets ECX_ECACHE_STATE. */
 ECX_API int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash);
 /* Give up a save that was begun (not yet committed). */
 ECX_API int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash);
-/* begin + copy + commit in one call. */
+/* begin + copy + commit in one call; the copy and the checksum run without
+ * the context's lock, as with the three calls. */
 ECX_API int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size_bytes);
 
 /* Where a held item can be fetched from: what the orchestrator passes from
