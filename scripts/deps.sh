@@ -8,7 +8,7 @@ PKGS=(
   libzmq3-dev libmsgpack-dev libsodium-dev libjansson-dev libcmocka-dev
   libucx-dev ucx-utils libxxhash-dev iproute2 libmicrohttpd-dev
   python3 python3-zmq python3-msgpack python3-dev python3-venv python3-pip
-  valgrind
+  valgrind procps util-linux
 )
 
 missing=()

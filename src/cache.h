@@ -3,8 +3,11 @@
  * (docs/PROTOCOL.md §2, §4.1). It owns the bookkeeping only, never the bytes: the
  * region holds those, and whoever reserves an entry writes into its blocks.
  * Producer and consumer both keep one, over their own region; in ec_both
- * mode one cache is shared by both roles, so every call takes an internal
- * mutex.
+ * mode one cache is shared by both roles. Every call takes an internal
+ * mutex, so that the cache is safe on its own (test_cache drives it from
+ * four threads). Inside the library every call is already made under the
+ * context's lock (connector.c), so there it is never contended and costs
+ * an uncontended lock / unlock per call.
  *
  * An entry is keyed by its mm_hash (any bytes, 1..ECX_MM_HASH_MAX long)
  * and is *not ready* (reserved, being written; never evicted), *ready*, and

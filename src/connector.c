@@ -57,6 +57,7 @@ typedef struct open_item {
     ecxi_table_node node;
     char key[ECX_MM_HASH_MAX];
     uint32_t holds; /* 1 for a save; one per unreleased load */
+    bool committing; /* a save's checksum is being computed outside mu */
     size_t n;
     ecx_segment segs[];
 } open_item;
@@ -114,6 +115,17 @@ static void lock(ecx_ctx *ctx)
 }
 
 static void unlock(ecx_ctx *ctx) { pthread_mutex_unlock(&ctx->mu); }
+
+/* Test seam (tests/test_integration.c, test_pending_fetch_takes_no_lock):
+ * hold or release mu from the caller's thread, as a progress thread busy
+ * with a long step would hold it. Not exported. */
+void ecxi_ctx_hold_lock(ecx_ctx *ctx, bool hold)
+{
+    if (hold)
+        lock(ctx);
+    else
+        unlock(ctx);
+}
 
 static int start_thread(ecx_ctx *ctx);
 static void stop_thread(ecx_ctx *ctx);
@@ -753,7 +765,7 @@ static int open_hold(ecx_ctx *ctx, const char *h, uint64_t size, open_item **out
     if (!it) return ECX_ENOMEM;
     memcpy(it->key, h, hl);
     it->node.key = it->key, it->node.key_len = hl;
-    it->holds = 1, it->n = n;
+    it->holds = 1, it->n = n, it->committing = false;
     uint8_t *base = ecxi_region_base(ctx->region);
     uint64_t left = size;
     for (size_t i = 0; i < n; i++) {
@@ -813,33 +825,48 @@ int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes,
     return rc;
 }
 
-static int save_commit(ecx_ctx *ctx, const char *h)
+/* A save begun and not yet committed, aborted or being committed; NULL
+ * with *rc the reason (no entry; ECX_ECACHE_STATE: ready, being committed,
+ * or reserved but not by ecx_save_begin). */
+static open_item *open_save(ecx_ctx *ctx, const char *h, int *rc)
 {
     size_t hl = strlen(h);
     ecxi_cache_info info;
-    int rc = ecxi_cache_lookup(ctx->cache, h, hl, &info);
-    if (rc) return rc;
-    if (info.state == ECX_CACHE_READY) return ECX_ECACHE_STATE;
+    if ((*rc = ecxi_cache_lookup(ctx->cache, h, hl, &info))) return NULL;
     ecxi_table_node *node = ecxi_table_find(&ctx->open, h, hl);
-    if (!node) return ECX_ECACHE_STATE; /* reserved, but not by ecx_save_begin */
-    /* The item's checksum travels in every grant of it (checksum.h). */
-    const open_item *it = ECX_CONTAINER_OF(node, open_item, node);
-    ecxi_sum sum;
-    ecxi_sum_reset(&sum);
-    for (size_t i = 0; i < it->n; i++) ecxi_sum_update(&sum, it->segs[i].ptr, it->segs[i].len);
-    if ((rc = ecxi_cache_set_checksum(ctx->cache, h, hl, ecxi_sum_digest(&sum)))) return rc;
-    if ((rc = ecxi_cache_mark_ready(ctx->cache, h, hl))) return rc;
-    ecxi_events_stored(ctx->events, h, hl, info.size_bytes, info.n_blocks);
-    open_drop(ctx, h);
-    return 0;
+    open_item *it = node ? ECX_CONTAINER_OF(node, open_item, node) : NULL;
+    if (info.state != ECX_CACHE_READY && it && !it->committing) return it;
+    *rc = ECX_ECACHE_STATE;
+    return NULL;
 }
 
+/* The item's checksum travels in every grant of it (checksum.h). It is
+ * computed without mu (work proportional to the item must not hold up the
+ * progress thread or other callers): the entry is not ready, so nothing
+ * else reads or frees its blocks, and `committing` keeps another commit or
+ * an abort of it off meanwhile. */
 int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EDATA_ROLE;
     lock(ctx);
-    int rc = save_commit(ctx, mm_hash);
+    int rc;
+    open_item *it = open_save(ctx, mm_hash, &rc);
+    if (it) it->committing = true;
+    unlock(ctx);
+    if (!it) return rc;
+    ecxi_sum sum;
+    ecxi_sum_reset(&sum);
+    for (size_t i = 0; i < it->n; i++) ecxi_sum_update(&sum, it->segs[i].ptr, it->segs[i].len);
+    size_t hl = strlen(mm_hash);
+    lock(ctx);
+    it->committing = false;
+    rc = ecxi_cache_set_checksum(ctx->cache, mm_hash, hl, ecxi_sum_digest(&sum));
+    if (!rc) rc = ecxi_cache_mark_ready(ctx->cache, mm_hash, hl);
+    ecxi_cache_info info;
+    if (!rc && ctx->events && !ecxi_cache_lookup(ctx->cache, mm_hash, hl, &info))
+        ecxi_events_stored(ctx->events, mm_hash, hl, info.size_bytes, info.n_blocks);
+    if (!rc) open_drop(ctx, mm_hash);
     unlock(ctx);
     return rc;
 }
@@ -849,12 +876,9 @@ int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash)
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EDATA_ROLE;
     lock(ctx);
-    size_t hl = strlen(mm_hash);
-    ecxi_cache_info info;
-    int rc = ecxi_cache_lookup(ctx->cache, mm_hash, hl, &info);
-    if (!rc && (info.state == ECX_CACHE_READY || !ecxi_table_find(&ctx->open, mm_hash, hl)))
-        rc = ECX_ECACHE_STATE; /* committed, or not begun by ecx_save_begin */
-    if (!rc && !(rc = ecxi_cache_discard(ctx->cache, mm_hash, hl))) open_drop(ctx, mm_hash);
+    int rc;
+    if (open_save(ctx, mm_hash, &rc) && !(rc = ecxi_cache_discard(ctx->cache, mm_hash, strlen(mm_hash))))
+        open_drop(ctx, mm_hash);
     unlock(ctx);
     return rc;
 }
@@ -863,19 +887,18 @@ int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size
 {
     if (!ctx || !hash_ok(mm_hash) || size_bytes == 0 || !bytes) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EDATA_ROLE;
-    lock(ctx);
+    /* Begin, copy without mu (the entry is not ready: nothing else touches
+     * its blocks), commit. */
     const ecx_segment *segs;
     size_t n;
-    int rc = save_begin(ctx, mm_hash, size_bytes, &segs, &n);
-    if (!rc) {
-        const uint8_t *src = bytes;
-        for (size_t i = 0; i < n; i++) {
-            memcpy(segs[i].ptr, src, segs[i].len);
-            src += segs[i].len;
-        }
-        rc = save_commit(ctx, mm_hash);
+    int rc = ecx_save_begin(ctx, mm_hash, size_bytes, &segs, &n);
+    if (rc) return rc;
+    const uint8_t *src = bytes;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(segs[i].ptr, src, segs[i].len);
+        src += segs[i].len;
     }
-    unlock(ctx);
+    if ((rc = ecx_save_commit(ctx, mm_hash))) ecx_save_abort(ctx, mm_hash);
     return rc;
 }
 
@@ -975,6 +998,12 @@ static int fetch(ecx_ctx *ctx, const char *h, const char *json, const ecx_announ
 {
     if (!ctx || !reason) return ECX_EINVAL;
     if (!ctx->cons) return ECX_EDATA_ROLE;
+    /* The engine asks about a pending item every step: answer that without
+     * mu, which the progress thread holds while it works (issue 26). */
+    if (h && ecxi_consumer_pending(ctx->cons, h, strnlen(h, ECX_MM_HASH_MAX + 1))) {
+        *reason = ECX_REASON_NONE;
+        return ECX_FETCH_PENDING;
+    }
     lock(ctx);
     uint64_t before = ecxi_consumer_requests(ctx->cons);
     int st = ecxi_consumer_fetch(ctx->cons, h, h ? strnlen(h, ECX_MM_HASH_MAX + 1) : 0, json,
@@ -1042,24 +1071,22 @@ int ecx_release(ecx_ctx *ctx, const char *mm_hash)
 int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t cap)
 {
     if (!ctx || !hash_ok(mm_hash) || (!dst && cap)) return ECX_EINVAL;
-    lock(ctx);
+    /* load + copy without the lock (the item is pinned) + release. */
     const ecx_segment *segs;
     size_t n;
     uint64_t size;
-    int rc = load(ctx, mm_hash, &segs, &n, &size);
-    if (!rc) {
-        if (size > cap) {
-            rc = ECX_ERANGE;
-        } else {
-            uint8_t *d = dst;
-            for (size_t i = 0; i < n; i++) {
-                memcpy(d, segs[i].ptr, segs[i].len);
-                d += segs[i].len;
-            }
+    int rc = ecx_load(ctx, mm_hash, &segs, &n, &size);
+    if (rc) return rc;
+    if (size > cap) {
+        rc = ECX_ERANGE;
+    } else {
+        uint8_t *d = dst;
+        for (size_t i = 0; i < n; i++) {
+            memcpy(d, segs[i].ptr, segs[i].len);
+            d += segs[i].len;
         }
-        release(ctx, mm_hash);
     }
-    unlock(ctx);
+    ecx_release(ctx, mm_hash);
     return rc ? rc : (int64_t)size;
 }
 

@@ -4,6 +4,7 @@
  */
 #include "consumer.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,8 @@ typedef struct session session;
 
 typedef struct xfer {
     ecxi_table_node node;      /* by mm_hash */
+    ecxi_table_node pnode;     /* in pending while WAITING_ACK, READING or RETRY */
+    bool in_pending;
     struct xfer *prev, *next; /* every transfer; next = free list */
     session *s;               /* WAITING_ACK, READING, QUARANTINED; else NULL */
     int state;                /* enum xstate */
@@ -51,6 +54,7 @@ struct session {
     char key[ECXI_HOST_MAX + 8]; /* "host|port" */
     char host[ECXI_HOST_MAX + 1];
     int port;
+    int64_t opened_ms;
     int64_t last_used_ms; /* opened, sent on, got an ack, or seen busy */
     uint64_t requests, acks; /* sent on it; messages read from it */
     bool busy;            /* scratch of mark_busy() */
@@ -64,6 +68,11 @@ struct ecxi_consumer {
     ecxi_consumer_stats st;
     uint64_t max_item_bytes; /* the most an announcement may say: the cache's block limit */
     ecxi_table xfers, sessions;
+    /* The items that are pending (WAITING_ACK, READING, RETRY), under their
+     * own lock, so that asking again about one never waits for the lock
+     * that the poll's caller holds (ecxi_consumer_pending). */
+    pthread_mutex_t pmu;
+    ecxi_table pending;
     xfer *head, *free_xfers;
     session *sessions_list;
     size_t n_sessions;
@@ -108,6 +117,37 @@ static int grow_scratch(ecxi_consumer *c, size_t n)
 
 /* ---------- transfers ---------- */
 
+/* The pending set: entered once a new transfer has sent its request (or
+ * waits to), left on the first step out of WAITING_ACK / READING / RETRY
+ * (tombstone, quarantine, delete), never entered again. */
+static void pending_enter(ecxi_consumer *c, xfer *x)
+{
+    x->pnode.key = x->hash;
+    x->pnode.key_len = x->hash_len;
+    pthread_mutex_lock(&c->pmu);
+    ecxi_table_insert(&c->pending, &x->pnode);
+    x->in_pending = true;
+    pthread_mutex_unlock(&c->pmu);
+}
+
+static void pending_leave(ecxi_consumer *c, xfer *x)
+{
+    if (!x->in_pending) return;
+    pthread_mutex_lock(&c->pmu);
+    ecxi_table_remove(&c->pending, &x->pnode);
+    pthread_mutex_unlock(&c->pmu);
+    x->in_pending = false;
+}
+
+bool ecxi_consumer_pending(ecxi_consumer *c, const char *mm_hash, size_t hash_len)
+{
+    if (!mm_hash || hash_len == 0 || hash_len > ECX_MM_HASH_MAX) return false;
+    pthread_mutex_lock(&c->pmu);
+    bool found = ecxi_table_find(&c->pending, mm_hash, hash_len) != NULL;
+    pthread_mutex_unlock(&c->pmu);
+    return found;
+}
+
 static xfer *xfer_find(const ecxi_consumer *c, const char *hash, size_t len)
 {
     ecxi_table_node *n = ecxi_table_find(&c->xfers, hash, len);
@@ -136,6 +176,7 @@ static xfer *xfer_new(ecxi_consumer *c, const char *hash, size_t len)
 
 static void xfer_delete(ecxi_consumer *c, xfer *x)
 {
+    pending_leave(c, x);
     ecxi_table_remove(&c->xfers, &x->node);
     if (x->prev)
         x->prev->next = x->next;
@@ -165,10 +206,22 @@ static void tombstone(ecxi_consumer *c, xfer *x, int reason, int64_t now)
         x->dx = NULL;
     }
     free_blocks(c, x);
+    pending_leave(c, x);
     x->state = TOMBSTONE;
     x->reason = reason;
     x->s = NULL;
     x->deadline_ms = now + c->o.tombstone_ttl_ms;
+}
+
+/* A READ that overran its deadline, or whose producer was lost: its blocks
+ * stay held until the READ has ended (docs/PROTOCOL.md §5). */
+static void quarantine(ecxi_consumer *c, xfer *x, int64_t now)
+{
+    pending_leave(c, x);
+    x->state = QUARANTINED;
+    x->reason = ECX_REASON_QUARANTINED;
+    x->deadline_ms = now + c->o.quarantine_ms;
+    c->st.quarantines++;
 }
 
 /* NOT_READY, a lost producer before its ack, or (version 2, as vLLM >=
@@ -199,10 +252,7 @@ static void session_close(ecxi_consumer *c, session *s, int64_t now)
         if (x->state == WAITING_ACK) {
             retry_later(c, x, now, ECX_REASON_NOT_READY_TIMEOUT);
         } else if (x->state == READING) {
-            x->state = QUARANTINED;
-            x->reason = ECX_REASON_QUARANTINED;
-            x->deadline_ms = now + c->o.quarantine_ms;
-            c->st.quarantines++;
+            quarantine(c, x, now);
         }
         x->s = NULL;
     }
@@ -253,20 +303,38 @@ static int close_idle(ecxi_consumer *c, int64_t now)
     return closed;
 }
 
-/* At the cap: close the idle session unused the longest. Returns false if
- * every session is busy. Only idle sessions are closed, so no transfer
- * changes state (the caller may be walking the transfer list). */
+/* At the cap: close the idle session unused the longest; failing that, the
+ * unreached one opened the longest ago (consumer.h), whose waiting items
+ * fall back now. Returns false if neither exists. Transfers change state
+ * but none is deleted (the caller may be walking the transfer list). */
 static bool evict_one(ecxi_consumer *c, int64_t now)
 {
     mark_busy(c, now);
-    session *victim = NULL;
-    for (session *s = c->sessions_list; s; s = s->next)
+    session *victim = NULL, *unreached = NULL;
+    for (session *s = c->sessions_list; s; s = s->next) {
         if (!s->busy && (!victim || s->last_used_ms < victim->last_used_ms)) victim = s;
-    if (!victim) return false;
-    ecxi_log(ECX_LOG_DEBUG, "consumer: session cap (%d) reached; closed idle session to %s:%d",
-            c->o.max_sessions, victim->host, victim->port);
-    c->st.sessions_evicted++;
-    session_close(c, victim, now);
+        if (s->busy && now - s->opened_ms >= ECX_CONSUMER_UNREACHED_MS &&
+            (!unreached || s->opened_ms < unreached->opened_ms) &&
+            !ecxi_ctrl_peer_handshaken(s->peer))
+            unreached = s;
+    }
+    if (victim) {
+        ecxi_log(ECX_LOG_DEBUG, "consumer: session cap (%d) reached; closed idle session to %s:%d",
+                 c->o.max_sessions, victim->host, victim->port);
+        c->st.sessions_evicted++;
+        session_close(c, victim, now);
+        return true;
+    }
+    if (!unreached) return false;
+    ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                        "consumer: session cap (%d) reached; closed the session to %s:%d, "
+                        "no handshake in %lld ms (its items fall back: ACK_TIMEOUT)",
+                        c->o.max_sessions, unreached->host, unreached->port,
+                        (long long)(now - unreached->opened_ms));
+    c->st.sessions_unreached++;
+    for (xfer *x = c->head; x; x = x->next)
+        if (x->s == unreached && x->state == WAITING_ACK) tombstone(c, x, ECX_REASON_ACK_TIMEOUT, now);
+    session_close(c, unreached, now);
     return true;
 }
 
@@ -282,8 +350,12 @@ static bool retire_if_lost(ecxi_consumer *c, session *s, int64_t now)
     return true;
 }
 
-static session *session_get(ecxi_consumer *c, const char *host, int port, int64_t now)
+/* The session to host:port, opened if needed; NULL if it cannot be, with
+ * *at_cap set when the session cap is why. */
+static session *session_get(ecxi_consumer *c, const char *host, int port, int64_t now,
+                            bool *at_cap)
 {
+    *at_cap = false;
     char key[ECXI_HOST_MAX + 8];
     int kl = snprintf(key, sizeof key, "%s|%d", host, port);
     ecxi_table_node *n = ecxi_table_find(&c->sessions, key, (size_t)kl);
@@ -294,10 +366,7 @@ static session *session_get(ecxi_consumer *c, const char *host, int port, int64_
         return s;
     }
     if (c->n_sessions >= (size_t)c->o.max_sessions && !evict_one(c, now)) {
-        c->st.session_cap_refusals++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
-                            "consumer: %zu sessions open, all busy (cap %d); no session to %s:%d",
-                            c->n_sessions, c->o.max_sessions, host, port);
+        *at_cap = true;
         return NULL;
     }
     session *s = calloc(1, sizeof *s);
@@ -313,7 +382,7 @@ static session *session_get(ecxi_consumer *c, const char *host, int port, int64_
     memcpy(s->key, key, (size_t)kl + 1);
     snprintf(s->host, sizeof s->host, "%s", host);
     s->port = port;
-    s->last_used_ms = now;
+    s->opened_ms = s->last_used_ms = now;
     s->node.key = s->key;
     s->node.key_len = (size_t)kl;
     ecxi_table_insert(&c->sessions, &s->node);
@@ -322,6 +391,27 @@ static session *session_get(ecxi_consumer *c, const char *host, int port, int64_
     c->sessions_gen++;
     ecxi_log(ECX_LOG_DEBUG, "consumer: session %s to %s:%d", s->sid, host, port);
     return s;
+}
+
+/* Every session is busy at the cap: free the blocks and ask again shortly
+ * (RETRY), within the cap wait (consumer.h); past it, fall back. */
+static void wait_for_session(ecxi_consumer *c, xfer *x, int64_t now)
+{
+    int64_t limit = c->o.ack_timeout_ms < ECX_CONSUMER_CAP_WAIT_MS ? c->o.ack_timeout_ms
+                                                                   : ECX_CONSUMER_CAP_WAIT_MS;
+    if (now - x->first_ask_ms >= limit) {
+        c->st.session_cap_refusals++;
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                            "consumer: %zu sessions open, all busy (cap %d); no session to "
+                            "%s:%d within %lld ms",
+                            c->n_sessions, c->o.max_sessions, x->host, x->port, (long long)limit);
+        tombstone(c, x, ECX_REASON_SEND_FAILED, now);
+        return;
+    }
+    free_blocks(c, x);
+    c->st.session_cap_waits++;
+    x->state = RETRY;
+    x->deadline_ms = now + 50;
 }
 
 /* Reserve local blocks and send the XferReq. On failure the transfer is a
@@ -336,7 +426,12 @@ static void ask(ecxi_consumer *c, xfer *x, int64_t now)
         return;
     }
     x->holds_blocks = true;
-    session *s = session_get(c, x->host, x->port, now);
+    bool at_cap;
+    session *s = session_get(c, x->host, x->port, now, &at_cap);
+    if (!s && at_cap) {
+        wait_for_session(c, x, now);
+        return;
+    }
     if (!s) {
         tombstone(c, x, ECX_REASON_SEND_FAILED, now);
         return;
@@ -589,10 +684,7 @@ static int advance(ecxi_consumer *c, xfer *x, int64_t now)
         if (now < x->deadline_ms) return 0;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: READ of %.*s overran; quarantined",
                             (int)x->hash_len, x->hash);
-        x->state = QUARANTINED;
-        x->reason = ECX_REASON_QUARANTINED;
-        x->deadline_ms = now + c->o.quarantine_ms;
-        c->st.quarantines++;
+        quarantine(c, x, now);
         return 1;
     case QUARANTINED:
         if (ecxi_data_read_poll(x->dx) != ECX_XFER_RUNNING) {
@@ -739,6 +831,7 @@ int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, 
         xfer_delete(c, x);
         return local(c, why, reason);
     }
+    pending_enter(c, x);
     return ECX_FETCH_PENDING;
 }
 
@@ -820,14 +913,20 @@ int ecxi_consumer_new(ecxi_cache *cache, ecxi_data *data, const ecxi_consumer_op
                             : (uint64_t)ECX_CACHE_MAX_BLOCKS * c->o.block_bytes - 1;
     int rc = ecxi_table_init(&c->xfers);
     if (!rc && (rc = ecxi_table_init(&c->sessions))) ecxi_table_fini(&c->xfers);
+    if (!rc && (rc = ecxi_table_init(&c->pending))) {
+        ecxi_table_fini(&c->xfers);
+        ecxi_table_fini(&c->sessions);
+    }
     if (!rc && (rc = grow_scratch(c, 256))) {
         ecxi_table_fini(&c->xfers);
         ecxi_table_fini(&c->sessions);
+        ecxi_table_fini(&c->pending);
     }
     if (rc) {
         free(c->idx), free(c->remote), free(c->local), free(c);
         return rc;
     }
+    pthread_mutex_init(&c->pmu, NULL);
     msgpack_sbuffer_init(&c->out);
     *out = c;
     return 0;
@@ -851,6 +950,8 @@ void ecxi_consumer_free(ecxi_consumer *c)
         n = x->next, free(x);
     ecxi_table_fini(&c->xfers);
     ecxi_table_fini(&c->sessions);
+    ecxi_table_fini(&c->pending);
+    pthread_mutex_destroy(&c->pmu);
     msgpack_sbuffer_destroy(&c->out);
     free(c->idx), free(c->remote), free(c->local);
     free(c);

@@ -54,9 +54,17 @@
  * for an ack, reads, or is quarantined; one that has not been busy for
  * session_idle_ms is closed (idle close), and at most max_sessions are
  * open. When a new session is needed at the cap, the idle session unused
- * the longest is closed for it (eviction); if every session is busy, the
- * item falls back at once with SEND_FAILED (a cap refusal), and later
- * items get sessions as soon as some become idle. All three are counted.
+ * the longest is closed for it (eviction); failing that, the session that
+ * has waited the longest for a handshake, once it has waited
+ * ECX_CONSUMER_UNREACHED_MS (a producer that is not there: its waiting
+ * items fall back with ACK_TIMEOUT now rather than at their deadline).
+ * If every session is busy with a producer that answers (or was opened
+ * too recently to tell), the item waits for a session, up to
+ * ECX_CONSUMER_CAP_WAIT_MS (or its ack timeout, if shorter), then falls
+ * back with SEND_FAILED (a cap refusal). So a batch that names more dead
+ * producers than the cap holds a live producer's items up by about
+ * ECX_CONSUMER_UNREACHED_MS, not by the dead ones' ack timeout. Each is
+ * counted.
  */
 #ifndef ECX_CONSUMER_H
 #define ECX_CONSUMER_H
@@ -74,6 +82,15 @@ typedef struct ecxi_consumer ecxi_consumer;
 /* Acks a session takes beyond the requests sent on it (duplicates, junk)
  * before its producer counts as flooding. */
 #define ECX_CONSUMER_ACK_SLACK 64
+
+/* A session whose handshake has not completed this long after it was
+ * opened counts as unreached, and may be closed at the session cap. A
+ * handshake takes a few round trips; this also leaves room for one lost
+ * TCP SYN (retransmitted after 1 s). */
+#define ECX_CONSUMER_UNREACHED_MS 1500
+
+/* How long an item waits for a session at the cap (see above). */
+#define ECX_CONSUMER_CAP_WAIT_MS 3000
 
 typedef struct ecxi_consumer_opts {
     void *zctx;               /* ZeroMQ context for the sessions' sockets */
@@ -116,7 +133,9 @@ typedef struct ecxi_consumer_stats {
     uint64_t sessions_open;         /* gauge: sessions (sockets) open now */
     uint64_t sessions_idle_closed;  /* closed after session_idle_ms without a busy transfer */
     uint64_t sessions_evicted;      /* idle sessions closed early to make room at the cap */
-    uint64_t session_cap_refusals;  /* items that fell back: cap reached, no session idle */
+    uint64_t sessions_unreached;    /* closed at the cap: no handshake in ECX_CONSUMER_UNREACHED_MS */
+    uint64_t session_cap_waits;     /* times an item waited for a session at the cap */
+    uint64_t session_cap_refusals;  /* items that fell back: no session within the cap wait */
     uint64_t in_flight; /* transfers not yet settled */
     uint64_t waiting_ack, reading, retrying, quarantined, tombstones; /* in_flight by state */
     uint64_t latency_count[ECX_LATENCY_BUCKETS]; /* fetch latency, non-cumulative */
@@ -142,6 +161,13 @@ void ecxi_consumer_free(ecxi_consumer *c);
  */
 int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, const char *json,
                         const ecx_announcement *from, uint64_t expected_size, int *reason);
+
+/* True if mm_hash is pending (a request sent or to be sent again, or a READ
+ * running): ecxi_consumer_fetch would answer ECX_FETCH_PENDING and change
+ * nothing. The one call that may be made without the lock that serialises
+ * every other call here (it takes only the pending set's own, held for a
+ * lookup), so that the engine's per-step question never waits on a poll. */
+bool ecxi_consumer_pending(ecxi_consumer *c, const char *mm_hash, size_t hash_len);
 
 /* Receive acks, advance READs and timers. Never blocks; returns the number
  * of events handled. */

@@ -1061,6 +1061,12 @@ bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p)
     return p->lost;
 }
 
+bool ecxi_ctrl_peer_handshaken(ecxi_ctrl_peer *p)
+{
+    peer_events(p);
+    return p->handshaken;
+}
+
 int64_t ecxi_ctrl_server_next_timeout(const ecxi_ctrl_server *s) { return guard_due(&s->g); }
 int64_t ecxi_ctrl_peer_next_timeout(const ecxi_ctrl_peer *p)
 {

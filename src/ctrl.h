@@ -226,6 +226,8 @@ int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len);
  * timeout). A connection refused in its handshake is not lost: the
  * request just goes unanswered. Sticky. */
 bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p);
+/* True once a ZMTP (or CURVE) handshake with the producer has completed. */
+bool ecxi_ctrl_peer_handshaken(ecxi_ctrl_peer *p);
 void *ecxi_ctrl_peer_socket(const ecxi_ctrl_peer *p); /* for zmq_poll */
 /* The peer's inflow guard, as for the server above. */
 void *ecxi_ctrl_peer_monitor_socket(const ecxi_ctrl_peer *p);

@@ -180,8 +180,15 @@ static void consumer(out *o, const ecxi_consumer_stats *c)
             c->sessions_idle_closed);
     counter(o, "ecx_consumer_sessions_evicted_total",
             "Idle sessions closed early to make room at the session cap.", c->sessions_evicted);
+    counter(o, "ecx_consumer_sessions_unreached_total",
+            "Sessions closed at the session cap because no handshake completed in time "
+            "(their waiting items fell back: ACK_TIMEOUT).",
+            c->sessions_unreached);
+    counter(o, "ecx_consumer_session_cap_waits_total",
+            "Times an item waited for a session: cap reached and every session busy.",
+            c->session_cap_waits);
     counter(o, "ecx_consumer_session_cap_refusals_total",
-            "Items that fell back (SEND_FAILED): session cap reached and every session busy.",
+            "Items that fell back (SEND_FAILED): no session free within the cap wait.",
             c->session_cap_refusals);
     gauge(o, "ecx_consumer_in_flight", "Transfers not yet settled.", c->in_flight);
     put(o, "# HELP ecx_consumer_transfers Transfers by state.\n"

@@ -82,21 +82,30 @@ int64_t ecxi_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* Every call site's limiter is process-wide (a static in the macro), and
+ * the contexts' threads reach the same sites: one lock for them all. It is
+ * taken only on a path that is about to log, held for a few compares. */
+static pthread_mutex_t ratelimit_mu = PTHREAD_MUTEX_INITIALIZER;
+
 bool ecxi_ratelimit_allow(ecxi_ratelimit *rl, uint32_t burst, uint64_t *dropped)
 {
     int64_t now = ecxi_now_ms(NULL);
+    bool ok = false;
+    pthread_mutex_lock(&ratelimit_mu);
     if (now - rl->window_start_ms >= 1000) {
         rl->window_start_ms = now;
         rl->in_window = 0;
     }
     if (rl->in_window >= burst) {
         rl->dropped++;
-        return false;
+    } else {
+        rl->in_window++;
+        *dropped = rl->dropped;
+        rl->dropped = 0;
+        ok = true;
     }
-    rl->in_window++;
-    *dropped = rl->dropped;
-    rl->dropped = 0;
-    return true;
+    pthread_mutex_unlock(&ratelimit_mu);
+    return ok;
 }
 
 size_t ecxi_utf8_next(const uint8_t *s, size_t n, uint32_t *cp)

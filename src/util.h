@@ -23,7 +23,9 @@ int ecxi_log_level(void);
 void ecxi_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Log at most `burst` lines per second from one call site (anything a peer
- * can trigger), and say how many were suppressed when it resumes. */
+ * can trigger), and say how many were suppressed when it resumes. A call
+ * site's limit is shared by every context and thread of the process
+ * (ecxi_ratelimit_allow serialises them). */
 #define ECX_LOG_RATELIMITED(level, ...)                                                            \
     do {                                                                                           \
         static ecxi_ratelimit rl_;                                                                 \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_dead_producers — 2,000 producers that never answer leave a consumer
 # (the library, in a real process) able to reach a live one, with bounded
-# descriptors (issue 10, item 5). usage: test_dead_producers.sh ECX DEAD_PRODUCERS
+# descriptors (issue 10, item 5), and a live producer's item asked for in the
+# same batch as 300 dead ones is not held up by them (issue 20, item 6). usage: test_dead_producers.sh ECX DEAD_PRODUCERS
 set -u
 ECX=$1 PROG=$2
 . "$(dirname "$0")/lib.sh"
@@ -15,5 +16,12 @@ timeout 120 "$PROG" "$ANN" "$HASH" 2000 >"$T/out" 2>"$T/err"
 rc=$?
 check "2000 dead producers, then a live one (rc $rc): $(cat "$T/out") $(tail -3 "$T/err")" '[ $rc = 0 ]'
 check "the live item arrived" 'grep -q "live=ready bytes=1000000" "$T/out"'
+echo "  $(cat "$T/out")"
+# Issue 20, item 6: 300 dead producers (more than the 256-session cap) and a
+# live one in one batch; the live item must not wait for the dead ones' ack
+# timeout (10 s here), nor fall back.
+timeout 120 "$PROG" "$ANN" "$HASH" 300 batch >"$T/out" 2>"$T/err"
+rc=$?
+check "300 dead producers and a live one in one batch (rc $rc): $(cat "$T/out") $(tail -3 "$T/err")" '[ $rc = 0 ]'
 echo "  $(cat "$T/out")"
 finish

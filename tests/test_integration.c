@@ -2,8 +2,13 @@
  * `ecx serve` processes on loopback: many items byte-exact through each data
  * path, NOT_READY then ready, a miss, a wrong compatibility hash, a producer
  * killed with SIGKILL while a READ is in flight (every consumer block must
- * come back), a producer that restarts on the same port, and the longest
- * mm_hash end to end (in one process). */
+ * come back), a producer that restarts on the same port, the longest
+ * mm_hash end to end (in one process), and the engine's per-step question
+ * about a pending item answered while the context's lock is held, and other
+ * calls going on while a large save is committed. */
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -13,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -393,6 +399,141 @@ static void test_mm_hash_limit(void **state)
     ecx_free(prod);
 }
 
+/* connector.c's test seam: hold the context's lock as a busy progress
+ * thread would. */
+void ecxi_ctx_hold_lock(ecx_ctx *ctx, bool hold);
+
+typedef struct {
+    ecx_ctx *ctx;
+    const char *hash, *ann;
+    int st;
+    _Atomic bool done;
+} fetch_call;
+
+static void *fetch_thread(void *arg)
+{
+    fetch_call *f = arg;
+    int reason;
+    f->st = ecx_fetch(f->ctx, f->hash, f->ann, 0, &reason);
+    f->done = true;
+    return NULL;
+}
+
+static bool wait_done(fetch_call *f, double seconds)
+{
+    for (double end = now_s() + seconds; !f->done && now_s() < end;)
+        usleep(1000);
+    return f->done;
+}
+
+/* Issue 26: the engine asks about a pending item every step; that answer
+ * must not wait for the context's lock, which the progress thread holds
+ * while it copies (a 256 MB READ's slices, say). The producer here listens
+ * and never answers, so the item stays pending. A new item's fetch does
+ * take the lock (it sends a request): the control that shows the seam
+ * really holds it. */
+static void test_pending_fetch_takes_no_lock(void **state)
+{
+    (void)state;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 8), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &al), 0);
+    char ann[160];
+    snprintf(ann, sizeof ann, "{\"peer_host\":\"127.0.0.1\",\"peer_port\":%d,\"size_bytes\":4096}",
+             ntohs(a.sin_port));
+    ecx_ctx *ctx = consumer("tcp", NULL, 64 << 20);
+    int reason;
+    assert_int_equal(ecx_fetch(ctx, "silent-1", ann, 0, &reason), ECX_FETCH_PENDING);
+    ecxi_ctx_hold_lock(ctx, true);
+    fetch_call pending = {ctx, "silent-1", ann, -1, false};
+    fetch_call fresh = {ctx, "silent-2", ann, -1, false};
+    pthread_t t1, t2;
+    assert_int_equal(pthread_create(&t1, NULL, fetch_thread, &pending), 0);
+    bool answered = wait_done(&pending, 5);
+    assert_int_equal(pthread_create(&t2, NULL, fetch_thread, &fresh), 0);
+    bool fresh_waited = !wait_done(&fresh, 0.3);
+    ecxi_ctx_hold_lock(ctx, false);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    assert_true(answered);
+    assert_int_equal(pending.st, ECX_FETCH_PENDING);
+    assert_true(fresh_waited); /* the control: the seam held the lock */
+    assert_int_equal(fresh.st, ECX_FETCH_PENDING);
+    ecx_free(ctx);
+    close(lfd);
+}
+
+typedef struct {
+    ecx_ctx *ctx;
+    const char *hash;
+    int rc;
+    double t0, t1; /* the commit call's start and end */
+    _Atomic bool started, done;
+} commit_call;
+
+static void *commit_thread(void *arg)
+{
+    commit_call *c = arg;
+    c->t0 = now_s();
+    c->started = true;
+    c->rc = ecx_save_commit(c->ctx, c->hash);
+    c->t1 = now_s();
+    c->done = true;
+    return NULL;
+}
+
+/* Issue 22 item 2: a save's checksum (work proportional to the item) runs
+ * outside the context's lock, so other calls (here ecx_metrics, which takes
+ * it) go on while a 512 MB item is committed on another thread. Were the
+ * lock held for the whole hash, some call would wait out the hash, which is
+ * nearly all of the commit: the longest gap between two calls' ends would
+ * be most of the commit's time. Three tries (a loaded machine may preempt
+ * this thread); the best must show gaps under a third of the commit. */
+static void test_commit_hashes_without_lock(void **state)
+{
+    (void)state;
+    enum { SIZE = 512 << 20 };
+    ecx_config pc;
+    ecx_config_init(&pc);
+    pc.role = ECX_ROLE_PRODUCER;
+    pc.listen = "127.0.0.1:0";
+    pc.region_bytes = 2 * (uint64_t)SIZE;
+    ecx_ctx *prod;
+    assert_int_equal(ecx_new(&pc, &prod), 0);
+    static char text[1 << 16];
+    double best = 1;
+    for (int attempt = 0; attempt < 3 && best >= 1.0 / 3; attempt++) {
+        char h[16];
+        snprintf(h, sizeof h, "big-%d", attempt);
+        const ecx_segment *segs;
+        size_t n, len;
+        assert_int_equal(ecx_save_begin(prod, h, SIZE, &segs, &n), 0);
+        for (size_t i = 0; i < n; i++) memset(segs[i].ptr, 0x5a + attempt, segs[i].len);
+        commit_call c = {prod, h, -1, 0, 0, false, false};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, commit_thread, &c), 0);
+        while (!c.started) sched_yield();
+        double last = now_s(), gap = 0;
+        while (!c.done) {
+            assert_int_equal(ecx_metrics(prod, text, sizeof text, &len), 0);
+            double t_end = now_s();
+            if (t_end - last > gap) gap = t_end - last;
+            last = t_end;
+        }
+        pthread_join(t, NULL);
+        assert_int_equal(c.rc, 0);
+        double share = gap / (c.t1 - c.t0);
+        print_message("512 MB commit %.1f ms; longest wait between two other calls %.2f ms\n",
+                      (c.t1 - c.t0) * 1e3, gap * 1e3);
+        if (share < best) best = share;
+    }
+    assert_true(best < 1.0 / 3);
+    ecx_free(prod);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -409,7 +550,8 @@ int main(void)
         cmocka_unit_test(test_many_items_shm),           cmocka_unit_test(test_many_items_ucx),
         cmocka_unit_test(test_not_ready_then_ready),     cmocka_unit_test(test_miss_and_incompat),
         cmocka_unit_test(test_producer_killed_mid_read), cmocka_unit_test(test_producer_restart),
-        cmocka_unit_test(test_mm_hash_limit),
+        cmocka_unit_test(test_mm_hash_limit),            cmocka_unit_test(test_pending_fetch_takes_no_lock),
+        cmocka_unit_test(test_commit_hashes_without_lock),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int i = 0; i < n_children; i++)

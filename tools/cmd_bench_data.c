@@ -7,11 +7,12 @@
  *   1. the producer saves a fresh item of SIZE bytes under a new mm_hash
  *      (untimed; its region holds three items, so the oldest is evicted);
  *   2. the consumer fetches it: the clock runs from the first ecx_fetch_from()
- *      until it answers ECX_FETCH_READY, with ecx_poll() on the consumer in
- *      between, while a second thread polls the producer (ecx_poll(p, 0) in
- *      a loop, as a busy producer would). So the figure is fetch-to-ready:
- *      one control round trip (XferReq -> XferAck) plus the data-plane READ
- *      and its checksum check, as an engine sees it;
+ *      until it answers ECX_FETCH_READY, waiting in between in
+ *      ecx_poll(cons, 10) as an engine with nothing else to do waits (no
+ *      spinning: both contexts' progress threads do the work, and this
+ *      thread sleeps until the consumer's reports an event). So the figure
+ *      is fetch-to-ready: one control round trip (XferReq -> XferAck) plus
+ *      the data-plane READ and its checksum check, as an engine sees it;
  *   3. the bytes are loaded, compared with what was saved, and released
  *      (untimed; a mismatch fails the run).
  *
@@ -21,9 +22,6 @@
  * benchmark (no control plane, no cache), on the library's internals.
  */
 #include <errno.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,40 +37,6 @@
 #define FETCH_LIMIT_S 30.0 /* one fetch may take this long at most */
 #define SAVE_LIMIT_S 10.0  /* waiting for the producer's pins to lapse */
 
-/* Polls one producer context (or none) on its own thread. */
-typedef struct pump {
-    pthread_t th;
-    _Atomic(ecx_ctx *) ctx; /* the producer to poll; NULL: idle */
-    atomic_int busy;        /* inside ecx_poll */
-    atomic_int quit;
-} pump;
-
-static void *pump_main(void *arg)
-{
-    pump *p = arg;
-    while (!atomic_load(&p->quit)) {
-        ecx_ctx *c = atomic_load(&p->ctx);
-        if (!c) {
-            struct timespec ts = {0, 200000};
-            nanosleep(&ts, NULL);
-            continue;
-        }
-        atomic_store(&p->busy, 1);
-        if (atomic_load(&p->ctx) == c) ecx_poll(c, 0);
-        atomic_store(&p->busy, 0);
-    }
-    return NULL;
-}
-
-/* Poll c from now on (NULL: stop polling); returns once the thread is out
- * of any ecx_poll on the previous one. */
-static void pump_set(pump *p, ecx_ctx *c)
-{
-    atomic_store(&p->ctx, c);
-    while (atomic_load(&p->busy))
-        sched_yield();
-}
-
 typedef struct path {
     const char *name; /* "shm", "tcp", "ucx": the data path of both contexts */
     ecx_ctx *prod, *cons;
@@ -87,7 +51,6 @@ typedef struct bench {
     const ecx_config *base; /* compatibility factors, block size */
     uint8_t *expect, *dst;  /* the content; the memcpy baseline's destination */
     double *tm;             /* timed memcpys */
-    pump pump;
     uint64_t seq; /* makes every mm_hash new */
 } bench;
 
@@ -135,8 +98,7 @@ static void path_close(path *ph)
     memset(ph, 0, sizeof *ph);
 }
 
-/* Save a fresh item of `size` bytes at the producer (untimed; the pump is
- * paused meanwhile). Retries while the producer's region is still pinned
+/* Save a fresh item of `size` bytes at the producer (untimed). Retries while the producer's region is still pinned
  * by grants it has not yet seen finish. */
 static int save_fresh(path *ph, bench *b, uint64_t size, char *name, size_t cap)
 {
@@ -146,7 +108,6 @@ static int save_fresh(path *ph, bench *b, uint64_t size, char *name, size_t cap)
     for (;;) {
         const ecx_segment *segs;
         size_t n;
-        pump_set(&b->pump, NULL);
         int e = ecx_save_begin(ph->prod, name, size, &segs, &n);
         if (e == 0) {
             uint64_t off = 0;
@@ -157,7 +118,6 @@ static int save_fresh(path *ph, bench *b, uint64_t size, char *name, size_t cap)
             e = off == size ? ecx_save_commit(ph->prod, name) : ECX_ERANGE;
             if (e) ecx_save_abort(ph->prod, name);
         }
-        pump_set(&b->pump, ph->prod);
         if (e == 0) return 0;
         if (e != ECX_ECACHE_FULL || mono_s() > limit) {
             fprintf(stderr, "bench: %s path: cannot save %llu bytes: %s\n", ph->name,
@@ -179,7 +139,7 @@ static double path_fetch(path *ph, bench *b, uint64_t size)
     double t0 = mono_s(), limit = t0 + FETCH_LIMIT_S, t1;
     while ((st = ecx_fetch_from(ph->cons, name, &from, size, &reason)) == ECX_FETCH_PENDING &&
            mono_s() < limit)
-        ecx_poll(ph->cons, 0);
+        ecx_poll(ph->cons, 10);
     t1 = mono_s();
     if (st != ECX_FETCH_READY) {
         fprintf(stderr, "bench: %s fetch of %llu bytes: %s\n", ph->name, (unsigned long long)size,
@@ -231,7 +191,6 @@ static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
     path paths[3];
     memset(paths, 0, sizeof paths);
     int np = 0, ret = -1;
-    bool pumping = false;
     uint8_t *src = NULL;
     b->expect = malloc(max);
     b->dst = malloc(max);
@@ -254,14 +213,6 @@ static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
         }
         np++;
     }
-    atomic_init(&b->pump.ctx, NULL);
-    atomic_init(&b->pump.busy, 0);
-    atomic_init(&b->pump.quit, 0);
-    if (pthread_create(&b->pump.th, NULL, pump_main, &b->pump)) {
-        fprintf(stderr, "bench: cannot start the producer's thread\n");
-        goto done;
-    }
-    pumping = true;
     for (int s = 0; s < nsizes; s++) {
         uint64_t size = sizes[s];
         for (int it = 0; it < b->warmup + b->iters; it++) {
@@ -269,11 +220,9 @@ static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
             if (t < 0) goto done;
             if (it >= b->warmup) b->tm[it - b->warmup] = t;
             for (int k = 0; k < np; k++) {
-                pump_set(&b->pump, paths[k].prod);
                 if ((t = path_fetch(&paths[k], b, size)) < 0) goto done;
                 if (it >= b->warmup) paths[k].t[it - b->warmup] = t;
             }
-            pump_set(&b->pump, NULL);
         }
         double g[4] = {0, 0, 0, 0}, lat[4] = {0, 0, 0, 0}; /* memcpy, shm, ucx, tcp */
         lat[0] = bench_median(b->tm, b->iters);
@@ -296,11 +245,6 @@ static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
     }
     ret = 0;
 done:
-    if (pumping) {
-        pump_set(&b->pump, NULL);
-        atomic_store(&b->pump.quit, 1);
-        pthread_join(b->pump.th, NULL);
-    }
     for (int k = 0; k < np; k++)
         path_close(&paths[k]);
     free(b->expect), free(b->dst), free(src), free(b->tm);
