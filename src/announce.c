@@ -23,22 +23,6 @@ bool ecxi_announce_host_ok(const char *h)
     return true;
 }
 
-int ecxi_announce_elem_size(const char *dtype)
-{
-    static const struct {
-        const char *name;
-        int size;
-    } known[] = {{"float64", 8}, {"double", 8},       {"float32", 4},       {"float", 4},
-                 {"int32", 4},   {"float16", 2},      {"half", 2},          {"bfloat16", 2},
-                 {"int16", 2},   {"float8_e4m3fn", 1}, {"float8_e5m2", 1}, {"int8", 1},
-                 {"uint8", 1}};
-    if (!dtype) return 0;
-    if (!strncmp(dtype, "torch.", 6)) dtype += 6;
-    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-        if (!strcmp(dtype, known[i].name)) return known[i].size;
-    return 0;
-}
-
 #define HELD_FMT "{\"peer_host\":\"%s\",\"peer_port\":%d,\"size_bytes\":%llu,%s\"metadata\":{}}"
 #define NOT_HELD "{\"metadata\":{}}"
 

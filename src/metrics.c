@@ -233,6 +233,10 @@ static void cache(out *o, const ecxi_cache_stats *c, unsigned long long block_by
 int ecxi_metrics_render(const ecxi_metrics_src *m, char *buf, size_t cap, size_t *len)
 {
     out o = {buf, cap, 0, cap == 0};
+    if (m->info_labels)
+        put(&o, "# HELP ecx_info What this context is: the compatibility factors, their hash "
+                "and the protocol version (peers must agree on all).\n# TYPE ecx_info gauge\n"
+                "ecx_info{%s} 1\n", m->info_labels);
     if (m->producer) producer(&o, m->producer, m->ctrl, m->data);
     if (m->consumer) consumer(&o, m->consumer);
     if (m->cache) cache(&o, m->cache, m->block_bytes);

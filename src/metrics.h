@@ -24,6 +24,7 @@ typedef struct ecxi_metrics_src {
     const ecxi_consumer_stats *consumer; /* NULL if not a consumer */
     const ecxi_cache_stats *cache;
     unsigned long long block_bytes;
+    const char *info_labels;             /* ecx_info's labels (escaped), NULL: none */
 } ecxi_metrics_src;
 
 /* Render into buf; *len gets the text's full length (NUL excluded) always.

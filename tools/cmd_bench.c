@@ -535,6 +535,7 @@ static int cmd_bench_ctrl(int argc, char **argv)
     if (optind < argc)
         return usage_error("bench ctrl takes no arguments ('%s'); try 'ecx bench --help'",
                            argv[optind]);
+    if (common_finish(&cfg)) return EXIT_USAGE;
     if (!params) return usage_error("bench ctrl needs --params FILE; try 'ecx bench --help'");
     return run_ctrl(&o, &cfg, params);
 }

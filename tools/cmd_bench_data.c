@@ -361,6 +361,7 @@ int cmd_bench_data(int argc, char **argv, const char *help)
     if (optind < argc)
         return usage_error("bench data takes no arguments ('%s'); try 'ecx bench --help'",
                            argv[optind]);
+    if (common_finish(&cfg)) return EXIT_USAGE;
     if (nsizes == 0) sizes[nsizes++] = 4700000, sizes[nsizes++] = 28800000;
     b.bs = cfg.block_bytes;
     b.base = &cfg;

@@ -228,6 +228,7 @@ int cmd_get(int argc, char **argv)
         fprintf(stderr, "ecx: --peer needs exactly one --mm-hash and --size\n");
         goto usage;
     }
+    if (common_finish(&cfg)) goto usage;
     cfg.ack_timeout_ms = ack ? ack
                          : cfg.connector_version == 2 ? ECX_DEFAULT_ACK_TIMEOUT_V2_MS
                                                       : ECX_DEFAULT_ACK_TIMEOUT_MS;
@@ -300,7 +301,7 @@ int cmd_get(int argc, char **argv)
         goto done;
     }
     bool tty = isatty(2) && !json;
-    size_t finished = 0, fetched = 0, fell_back = 0;
+    size_t finished = 0, fetched = 0, fell_back = 0, incompat = 0;
     uint64_t bytes = 0;
     double start = mono_s();
     for (size_t i = 0; i < n_hashes; i++) ws[i].state = -1, ws[i].t0 = start;
@@ -329,6 +330,11 @@ int cmd_get(int argc, char **argv)
             } else {
                 fprintf(stderr, "%s%s: %s\n", tty ? "\n" : "", w->hash, ecx_reason_name(w->reason));
                 fell_back++;
+                if (w->reason == ECX_REASON_NACK_INCOMPAT && !incompat++) {
+                    print_factors("this consumer", &cfg);
+                    fprintf(stderr, "ecx: the producer's factors: its start-up line, the ecx_info "
+                            "metric on its /metrics, or `ecx ping HOST:PORT`\n");
+                }
             }
             if (json) {
                 json_t *o = json_pack("{s:s,s:s,s:s?,s:I,s:f,s:b}", "mm_hash", w->hash, "outcome",

@@ -211,24 +211,6 @@ static int load_file(const item *x, const ecx_segment *segs, size_t n)
     return rc;
 }
 
-/* Bytes per element of a torch dtype name, as the library counts them for
- * connector_version 2 (src/announce.c, ecxi_announce_elem_size; the library
- * checks the shape again in ecx_save_shape); 0 if unknown. */
-static int dtype_size(const char *dtype)
-{
-    static const struct {
-        const char *name;
-        int size;
-    } known[] = {{"float64", 8}, {"double", 8},        {"float32", 4},     {"float", 4},
-                 {"int32", 4},   {"float16", 2},       {"half", 2},        {"bfloat16", 2},
-                 {"int16", 2},   {"float8_e4m3fn", 1}, {"float8_e5m2", 1}, {"int8", 1},
-                 {"uint8", 1}};
-    if (!strncmp(dtype, "torch.", 6)) dtype += 6;
-    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-        if (!strcmp(dtype, known[i].name)) return known[i].size;
-    return 0;
-}
-
 /* --width: each preloaded file becomes rows of width elements of elem bytes,
  * stored in whole blocks; a file that is not whole rows is dropped. */
 static void apply_width(items *it, uint64_t width, int elem, uint64_t block)
@@ -637,13 +619,12 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "ecx: serve takes no arguments ('%s'); try 'ecx serve --help'\n", argv[optind]);
         goto usage;
     }
+    if (common_finish(&cfg)) goto usage;
     if (width && cfg.connector_version != 2) {
         fprintf(stderr, "ecx: --width needs --connector-version 2 (version 1 has no shape)\n");
         goto usage;
     }
-    /* An unknown dtype: ecx_new refuses it for version 2, below. */
-    if (width && dtype_size(cfg.dtype))
-        apply_width(&it, (uint64_t)width, dtype_size(cfg.dtype), cfg.block_bytes);
+    if (width) apply_width(&it, (uint64_t)width, ecx_dtype_size(cfg.dtype), cfg.block_bytes);
     if (curve_allow_path && !curve_secret_path) {
         fprintf(stderr, "ecx: --curve-allow needs --curve-secret\n");
         goto usage;
@@ -680,6 +661,7 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "ecx: cannot start the producer: %s\n", ecx_strerror(e));
         goto fail;
     }
+    print_factors("producer", &cfg);
     if (curve_secret_path)
         fprintf(stderr, "ecx: control plane encrypted (CURVE), %s\n",
                 curve_allow_path ? "clients checked against the allow-list"
