@@ -14,6 +14,7 @@ int cmd_compat_hash(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_get(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
+int cmd_ping(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 /* `ecx bench data` (tools/cmd_bench_data.c); help is `ecx bench --help`. */
 int cmd_bench_data(int argc, char **argv, const char *help);

@@ -15,6 +15,8 @@ static const char HELP[] =
     "commands:\n"
     "  serve          run a producer: serve files or synthetic encodings\n"
     "  get            run a consumer: fetch items into files\n"
+    "  ping HOST:PORT is a producer there, and would it serve these settings? (< 2 s;\n"
+    "                 the exit status says what is wrong)\n"
     "  demo           the main job: a producer and consumers on loopback, checked\n"
     "  bench ctrl     control-plane load against a producer (requests/s, p50, p99)\n"
     "  bench data     fetch-to-ready throughput through the API: shm, tcp and UCX\n"
@@ -58,6 +60,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "compat-hash")) return cmd_compat_hash(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "get")) return cmd_get(argc - 1, argv + 1);
+    if (!strcmp(cmd, "ping")) return cmd_ping(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "keygen")) return cmd_keygen(argc - 1, argv + 1);
