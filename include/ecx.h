@@ -212,7 +212,8 @@ enum ecx_fetch_state {
     X(QUARANTINED, "the READ overran its deadline")                                                \
     X(SEND_FAILED, "the request could not be sent")                                                \
     X(CORRUPT, "the bytes read do not match the producer's checksum")                              \
-    X(LEASE_EXPIRED, "the READ ended after the producer's pin lease could have")
+    X(LEASE_EXPIRED, "the READ ended after the producer's pin lease could have")                  \
+    X(REFUSED, "the producer's address refused the connection: nothing listening there")
 
 enum ecx_reason {
 #define ECX_REASON_ENUM_(name, meaning) ECX_REASON_##name,
@@ -336,8 +337,8 @@ typedef struct ecx_config {
     size_t size;
     int role;                   /* enum ecx_role; default consumer */
     const char *listen;         /* producer: "HOST:PORT" to bind (port 0: any free one) */
-    const char *advertise_host; /* producer: peer_host announced; NULL: the listen host,
-                                   or 127.0.0.1 when that is a wildcard */
+    const char *advertise_host; /* producer: peer_host announced; NULL: the listen host
+                                   (a wildcard listen host needs one: ECX_EINVAL) */
     uint64_t region_bytes;      /* rounded down to whole blocks */
     uint64_t block_bytes;
     const char *vllm_version;   /* compatibility factors: peers must agree */

@@ -276,10 +276,13 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
         return ECX_EINVAL;
     }
     const char *adv = cfg->advertise_host;
-    if (!adv) {
-        bool wild = !strcmp(host, "*") || !strcmp(host, "0.0.0.0") || !strcmp(host, "::");
-        adv = wild ? "127.0.0.1" : host;
+    if (!adv && (!strcmp(host, "*") || !strcmp(host, "0.0.0.0") || !strcmp(host, "::"))) {
+        /* Announcing 127.0.0.1 would make every consumer on another host dial itself. */
+        ecxi_log(ECX_LOG_ERROR, "listen address '%s' is a wildcard: set advertise_host to "
+                 "the address consumers reach this host at", cfg->listen);
+        return ECX_EINVAL;
     }
+    if (!adv) adv = host;
     if (!ecxi_announce_host_ok(adv)) {
         ecxi_log(ECX_LOG_ERROR, "advertised host '%s' is not a host name or address", adv);
         return ECX_EINVAL;

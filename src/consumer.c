@@ -282,6 +282,20 @@ static bool retire_if_lost(ecxi_consumer *c, session *s, int64_t now)
     return true;
 }
 
+/* Close a session whose producer's address refused the connection: its
+ * waiting transfers fall back at once (REFUSED), not after the ack timeout. A
+ * producer that accepts and stays silent still gets the timeouts. */
+static bool retire_if_refused(ecxi_consumer *c, session *s, int64_t now)
+{
+    if (!ecxi_ctrl_peer_refused(s->peer)) return false;
+    for (xfer *x = c->head; x; x = x->next)
+        if (x->s == s && x->state == WAITING_ACK) tombstone(c, x, ECX_REASON_REFUSED, now);
+    ecxi_log(ECX_LOG_WARN, "consumer: %s:%d refused the connection (nothing listening); "
+             "session closed", s->host, s->port);
+    session_close(c, s, now);
+    return true;
+}
+
 static session *session_get(ecxi_consumer *c, const char *host, int port, int64_t now)
 {
     char key[ECXI_HOST_MAX + 8];
@@ -641,7 +655,7 @@ int ecxi_consumer_poll(ecxi_consumer *c)
         next = s->next;
         /* The monitor first: an ack read after a disconnect may come from a
          * new producer that ZeroMQ reconnected to behind our back. */
-        if (retire_if_lost(c, s, now)) {
+        if (retire_if_lost(c, s, now) || retire_if_refused(c, s, now)) {
             events++;
             continue;
         }

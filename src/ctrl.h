@@ -226,6 +226,10 @@ int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len);
  * timeout). A connection refused in its handshake is not lost: the
  * request just goes unanswered. Sticky. */
 bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p);
+/* True if the last TCP connect failed at once (the socket monitor's CLOSED
+ * before CONNECTED: refused, nothing listening) and none has succeeded
+ * since. ctrl still dials again with its backoff. */
+bool ecxi_ctrl_peer_refused(ecxi_ctrl_peer *p);
 void *ecxi_ctrl_peer_socket(const ecxi_ctrl_peer *p); /* for zmq_poll */
 /* The peer's inflow guard, as for the server above. */
 void *ecxi_ctrl_peer_monitor_socket(const ecxi_ctrl_peer *p);

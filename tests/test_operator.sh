@@ -76,6 +76,20 @@ ping_case 5 "encrypts its control plane" "plaintext to a CURVE producer" "127.0.
 ping_case 5 "refused the CURVE handshake" "wrong server key" "127.0.0.1:$CPORT" --curve-server-key "$T/other.pub"
 ping_case 0 "can fetch from" "right server key" "127.0.0.1:$CPORT" --curve-server-key "$T/srv.pub"
 ping_case 5 "speaks plaintext" "a key for a plaintext producer" "127.0.0.1:$PORT" --curve-server-key "$T/srv.pub"
+
+# ---------- §2 a producer that is not there does not look like a slow one ----------
+for v in 1 2; do
+  timed "$ECX" get --connector-version "$v" --peer "127.0.0.1:$DEAD" --mm-hash h --size 1Mi --out "$T/x"
+  check "get v$v, nothing listening: REFUSED at once (exit $rc, $ms ms)" \
+    "[ $rc = 3 ] && grep -q '^h: REFUSED' '$T/cmd.stderr' && [ $ms -lt 1500 ]"
+done
+timed "$ECX" get --peer "127.0.0.1:$(cat "$T/mute")" --mm-hash h --size 10 --ack-timeout-ms 600 --out "$T/x"
+check "a producer that accepts and stays silent still gets the ack timeout (exit $rc, $ms ms)" \
+  "[ $rc = 3 ] && grep -q '^h: ACK_TIMEOUT' '$T/cmd.stderr' && [ $ms -ge 550 ]"
+check "an ack timeout points at ecx ping" "grep -q 'ecx ping HOST:PORT' '$T/cmd.stderr'"
+expect 2 "is a wildcard: give --advertise-host" "a wildcard --listen without --advertise-host" -- \
+  "$ECX" serve --listen 0.0.0.0:0 --synthetic 1:1K
+
 expect 2 "ping takes HOST:PORT" "ping: a bad address" -- "$ECX" ping nowhere
 expect 0 "" "ping --help" -- "$ECX" ping --help
 

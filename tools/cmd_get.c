@@ -301,7 +301,7 @@ int cmd_get(int argc, char **argv)
         goto done;
     }
     bool tty = isatty(2) && !json;
-    size_t finished = 0, fetched = 0, fell_back = 0, incompat = 0;
+    size_t finished = 0, fetched = 0, fell_back = 0, incompat = 0, timeouts = 0;
     uint64_t bytes = 0;
     double start = mono_s();
     for (size_t i = 0; i < n_hashes; i++) ws[i].state = -1, ws[i].t0 = start;
@@ -330,6 +330,10 @@ int cmd_get(int argc, char **argv)
             } else {
                 fprintf(stderr, "%s%s: %s\n", tty ? "\n" : "", w->hash, ecx_reason_name(w->reason));
                 fell_back++;
+                if (w->reason == ECX_REASON_ACK_TIMEOUT && !timeouts++)
+                    fprintf(stderr, "ecx: no ack in time: `ecx ping HOST:PORT` with these options "
+                            "tells whether the producer is a ZeroMQ peer, its CURVE, protocol "
+                            "version and compatibility\n");
                 if (w->reason == ECX_REASON_NACK_INCOMPAT && !incompat++) {
                     print_factors("this consumer", &cfg);
                     fprintf(stderr, "ecx: the producer's factors: its start-up line, the ecx_info "

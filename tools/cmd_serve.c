@@ -58,7 +58,7 @@ static const char HELP[] =
     "                         plaintext unless --curve-secret: anyone who reaches it\n"
     "                         can fetch items it knows the mm_hash of (trusted network)\n"
     "  --advertise-host HOST  peer_host written in announcements (default: the\n"
-    "                         listen host, or 127.0.0.1 for a wildcard)\n"
+    "                         listen host; required with a wildcard --listen)\n"
     "  --announce-out FILE    once listening, write {mm_hash: announcement} for\n"
     "                         everything served, atomically (scripts wait for it)\n"
     "  --metrics HOST:PORT    serve Prometheus text at http://HOST:PORT/metrics\n"
@@ -620,6 +620,15 @@ int cmd_serve(int argc, char **argv)
         goto usage;
     }
     if (common_finish(&cfg)) goto usage;
+    char lhost[256];
+    int lport;
+    if (!cfg.advertise_host && !parse_host_port(cfg.listen, lhost, &lport) &&
+        (!strcmp(lhost, "*") || !strcmp(lhost, "0.0.0.0") || !strcmp(lhost, "::"))) {
+        fprintf(stderr, "ecx: --listen %s is a wildcard: give --advertise-host with the "
+                "address consumers reach this host at (announcing 127.0.0.1 would make "
+                "consumers on other hosts dial themselves)\n", cfg.listen);
+        goto usage;
+    }
     if (width && cfg.connector_version != 2) {
         fprintf(stderr, "ecx: --width needs --connector-version 2 (version 1 has no shape)\n");
         goto usage;
