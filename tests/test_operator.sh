@@ -14,6 +14,7 @@ timed() {
   timeout 20 "$@" >"$T/cmd.stdout" 2>"$T/cmd.stderr"; rc=$?
   ms=$((($(date +%s%N) - t0) / 1000000))
 }
+ecx_help_has() { "$ECX" "$1" --help | grep -q -- "$2"; }
 port_of() { $PY -c 'import json,sys; a=json.load(open(sys.argv[1])); print(next(iter(a.values()))["peer_port"])' "$1"; }
 
 # ---------- §1 compatibility factors as vLLM gives them ----------
@@ -89,6 +90,42 @@ check "a producer that accepts and stays silent still gets the ack timeout (exit
 check "an ack timeout points at ecx ping" "grep -q 'ecx ping HOST:PORT' '$T/cmd.stderr'"
 expect 2 "is a wildcard: give --advertise-host" "a wildcard --listen without --advertise-host" -- \
   "$ECX" serve --listen 0.0.0.0:0 --synthetic 1:1K
+
+# ---------- §3 errors at the right time and with the right name ----------
+REQ0=$(metrics_of "$MPORT" | awk '$1 == "ecx_producer_requests_total" {print $2}')
+expect 1 "is not a directory this process can write to.*nothing was fetched" "--out DIR missing" -- \
+  "$ECX" get --params "$T/a.json" --out "$T/no/such/dir"
+expect 1 "its directory .* is not a directory" "--out FILE in a missing directory" -- \
+  "$ECX" get --peer "127.0.0.1:$PORT" --mm-hash "$H0" --size 64Ki --out "$T/no/such/file"
+REQ1=$(metrics_of "$MPORT" | awk '$1 == "ecx_producer_requests_total" {print $2}')
+check "a missing --out is found before any request ($REQ0 -> $REQ1)" "[ '$REQ0' = '$REQ1' ]"
+expect 0 "" "get --json" -- "$ECX" get --json --peer "127.0.0.1:$PORT" --mm-hash "$H0" --size 64Ki --out "$T/j"
+check "--json says written and what verified means" \
+  "grep -q '\"written\": *true' '$T/cmd.stdout' && grep -q '\"verified\": *false' '$T/cmd.stdout' && ecx_help_has get 'verified (compared with --verify-synthetic'"
+expect 1 "is a secret key .*--curve-server-key wants public keys" "a secret key as the server key" -- \
+  "$ECX" get --curve-server-key "$T/srv.key" --peer "127.0.0.1:$CPORT" --mm-hash h --size 1 --out "$T/k"
+expect 1 "'$T/srv.pub' is a public key.*--curve-secret wants a secret key" "a public key as one's own secret" -- \
+  "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1K --curve-secret "$T/srv.pub"
+expect 1 "is a secret key" "a secret key in the allow-list" -- \
+  "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1K --curve-secret "$T/srv.key" --curve-allow "$T/other.key"
+expect 0 "" "ecx --version" -- "$ECX" --version
+check "--version prints the version" "grep -qE '^ecx [0-9]+\.[0-9]+\.[0-9]+ ' '$T/cmd.stdout'"
+expect 2 "--listen takes HOST:PORT" "--listen with a port past 65535" -- "$ECX" serve --listen 127.0.0.1:99999
+expect 2 "--mm-hash nope is not in --params" "an --mm-hash the params file lacks" -- \
+  "$ECX" get --params "$T/a.json" --mm-hash nope --out "$T"
+expect 2 "fractions must come to whole bytes" "a size that is not whole bytes" -- \
+  "$ECX" get --peer "127.0.0.1:$PORT" --mm-hash h --size 1.5 --out "$T/x"
+check "compat-hash takes size suffixes" "[ \"\$('$ECX' compat-hash v m d 8Ki)\" = \"\$('$ECX' compat-hash v m d 8192)\" ]"
+printf '{"h":{"peer_host":"127.0.0.1","peer_port":"%s","size_bytes":10,"metadata":{}}}' "$PORT" >"$T/sp.json"
+expect 3 "peer_port is missing or not a JSON integer" "a string peer_port: INVALID, with why" -- \
+  "$ECX" get --params "$T/sp.json" --out "$T"
+check "a string peer_port is INVALID" "grep -q '^h: INVALID' '$T/cmd.stderr'"
+printf '{"h":"{not json"}' >"$T/bad.json"
+expect 3 "announcement is not (a )?JSON" "a malformed announcement: INVALID, with why" -- \
+  "$ECX" get --params "$T/bad.json" --out "$T"
+check "a malformed announcement is INVALID" "grep -q '^h: INVALID' '$T/cmd.stderr'"
+expect 0 "" "ecx --help" -- "$ECX" --help
+check "ecx --help names ECX_LOG" "grep -q ECX_LOG '$T/cmd.stdout'"
 
 expect 2 "ping takes HOST:PORT" "ping: a bad address" -- "$ECX" ping nowhere
 expect 0 "" "ping --help" -- "$ECX" ping --help

@@ -136,7 +136,7 @@ expect 2 "needs --connector-version 2" "--width in version 1" -- "$ECX" serve --
 expect 2 "width" "zero --width" -- "$ECX" serve --connector-version 2 --width 0
 expect 2 "one of auto, shm, tcp, ucx, nixl" "bad --data" -- "$ECX" serve --data rdma
 expect 2 "no arguments" "stray argument" -- "$ECX" serve extra
-expect 1 "not HOST:PORT|cannot start" "bad --listen" -- "$ECX" serve --listen nonsense
+expect 2 "takes HOST:PORT" "bad --listen" -- "$ECX" serve --listen nonsense
 expect 1 "preload" "missing --preload dir" -- "$ECX" serve --preload "$T/nope"
 expect 2 "exactly one of --params or --peer" "get without source" -- "$ECX" get --out "$T/x"
 expect 2 "--peer needs" "get --peer without --size" -- "$ECX" get --peer 127.0.0.1:1 --mm-hash h --out "$T/x"

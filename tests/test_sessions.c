@@ -1603,12 +1603,12 @@ static void test_announce_json(void **state)
     } cases[] = {
         {NULL, ECX_REASON_NO_PEER},
         {"{\"metadata\":{}}", ECX_REASON_NO_PEER},
-        {"not json", ECX_REASON_NO_PEER},
-        {"[1]", ECX_REASON_NO_PEER},
-        {"{\"peer_host\":5,\"peer_port\":1,\"size_bytes\":1}", ECX_REASON_NO_PEER},
+        {"not json", ECX_REASON_INVALID},
+        {"[1]", ECX_REASON_INVALID},
+        {"{\"peer_host\":5,\"peer_port\":1,\"size_bytes\":1}", ECX_REASON_INVALID},
         {"{\"peer_host\":\"\",\"peer_port\":1,\"size_bytes\":1}", ECX_REASON_NO_PEER},
         {"{\"peer_host\":\"h\",\"peer_port\":1,\"peer_port\":1,\"size_bytes\":1}",
-         ECX_REASON_NO_PEER}, /* duplicate keys: not JSON we take */
+         ECX_REASON_INVALID}, /* duplicate keys: not JSON we take */
         {"{\"peer_host\":\"h\"}", ECX_REASON_INVALID},
         {"{\"peer_host\":\"h\",\"peer_port\":0,\"size_bytes\":1}", ECX_REASON_INVALID},
         {"{\"peer_host\":\"h\",\"peer_port\":65536,\"size_bytes\":1}", ECX_REASON_INVALID},

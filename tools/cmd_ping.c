@@ -314,8 +314,8 @@ int cmd_ping(int argc, char **argv)
         return usage_error("ping takes HOST:PORT (port 1..65535), not '%s'", argv[optind]);
     if (secret_path && !server_path) return usage_error("--curve-secret needs --curve-server-key");
     if (common_finish(&o.cfg)) return EXIT_USAGE;
-    if (server_path && (key_file_read("--curve-server-key", server_path, o.pub) ||
-                        (secret_path && key_file_read("--curve-secret", secret_path, o.sec))))
+    if (server_path && (key_file_read("--curve-server-key", server_path, false, o.pub) ||
+                        (secret_path && key_file_read("--curve-secret", secret_path, true, o.sec))))
         return EXIT_FAIL;
     o.curve = server_path != NULL;
     o.own_secret = secret_path != NULL;

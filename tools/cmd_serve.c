@@ -622,7 +622,11 @@ int cmd_serve(int argc, char **argv)
     if (common_finish(&cfg)) goto usage;
     char lhost[256];
     int lport;
-    if (!cfg.advertise_host && !parse_host_port(cfg.listen, lhost, &lport) &&
+    if (parse_host_port(cfg.listen, lhost, &lport)) {
+        fprintf(stderr, "ecx: --listen takes HOST:PORT (port 0..65535), not '%s'\n", cfg.listen);
+        goto usage;
+    }
+    if (!cfg.advertise_host &&
         (!strcmp(lhost, "*") || !strcmp(lhost, "0.0.0.0") || !strcmp(lhost, "::"))) {
         fprintf(stderr, "ecx: --listen %s is a wildcard: give --advertise-host with the "
                 "address consumers reach this host at (announcing 127.0.0.1 would make "
@@ -639,7 +643,7 @@ int cmd_serve(int argc, char **argv)
         goto usage;
     }
     if (curve_secret_path) {
-        if (key_file_read("--curve-secret", curve_secret_path, curve_sec)) goto fail;
+        if (key_file_read("--curve-secret", curve_secret_path, true, curve_sec)) goto fail;
         cfg.curve_secret_key = curve_sec;
     }
     if (curve_allow_path) {

@@ -4,13 +4,14 @@
 #include <string.h>
 
 #include "cli.h"
+#include "ecx.h"
 #include "keys.h"
 
 static const char HELP[] =
     "usage: ecx COMMAND [ARGS]\n"
     "\n"
-    "ecx moves vision-encoder outputs between LLM serving instances\n"
-    "(protocol version 1 of vLLM's ECCPUConnector).\n"
+    "ecx moves vision-encoder outputs between LLM serving instances (vLLM's\n"
+    "ECCPUConnector protocol, versions 1 and 2: 2 is vLLM >= 0.34's).\n"
     "\n"
     "commands:\n"
     "  serve          run a producer: serve files or synthetic encodings\n"
@@ -31,7 +32,9 @@ static const char HELP[] =
     "                 decode one XferReq / XferAck frame and print it as JSON\n"
     "  proto encode   read that JSON on stdin and print the frame as hex\n"
     "\n"
-    "Run 'ecx COMMAND --help' for a command's options.\n"
+    "Run 'ecx COMMAND --help' for a command's options; 'ecx --version' for the version.\n"
+    "Environment: ECX_LOG=error|warn|info|debug sets the library's log level (default\n"
+    "warn); ECX_SHM_DIR the directory of region files (default /dev/shm).\n"
     "Exit status: 0 success, 1 failure, 2 usage error.\n";
 
 int usage_error(const char *fmt, ...)
@@ -54,6 +57,12 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         fputs(HELP, stdout);
+        return EXIT_OK;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
+        printf("ecx %s (library %s; protocol versions 1..%d, default the one --vllm-version "
+               "speaks; default vLLM %s)\n", ECX_VERSION_STRING, ecx_version(),
+               ECX_CONNECTOR_VERSION_MAX, ECX_DEFAULT_VLLM_VERSION);
         return EXIT_OK;
     }
     if (!strcmp(cmd, "proto")) return cmd_proto(argc - 1, argv + 1);
