@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 from typing import Callable, Literal, Union
 
 from . import _ecx
@@ -130,6 +131,25 @@ class Context(_ecx.Context):
 
 _LEVELS = {"error": 0, "warn": 1, "warning": 1, "info": 2, "debug": 3}
 _logger = logging.getLogger("ecx")
+
+
+class _Unconfigured(logging.Handler):
+    """Lines of logger "ecx" while the application has configured no logging
+    (the root logger has no handler): "ecx warn: ..." on stderr, as the
+    library itself writes them, rather than logging's bare last resort. Once
+    the root logger has a handler, it does nothing and the records propagate."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers:
+            return
+        tag = {"WARNING": "warn"}.get(record.levelname, record.levelname.lower())
+        try:
+            sys.stderr.write(f"ecx {tag}: {record.getMessage()}\n")
+        except Exception:
+            self.handleError(record)
+
+
+_logger.addHandler(_Unconfigured(logging.WARNING))
 
 
 def _to_logging(level: int, line: str) -> None:
