@@ -221,10 +221,14 @@ static void cache(out *o, const ecxi_cache_stats *c, unsigned long long block_by
     put(o, "ecx_region_blocks{state=\"ready\"} %llu\n", (unsigned long long)c->evictable_blocks);
     put(o, "ecx_region_blocks{state=\"pinned\"} %llu\n",
         (unsigned long long)(c->owned_blocks - c->not_ready_blocks - c->evictable_blocks));
-    put(o, "# HELP ecx_cache_entries Entries, by state.\n# TYPE ecx_cache_entries gauge\n");
+    /* Three disjoint states, as the blocks': not ready (pinned or not); ready
+     * and evictable; ready and pinned. */
+    put(o, "# HELP ecx_cache_entries Entries, by state (disjoint).\n"
+           "# TYPE ecx_cache_entries gauge\n");
     put(o, "ecx_cache_entries{state=\"not_ready\"} %llu\n", (unsigned long long)c->not_ready);
-    put(o, "ecx_cache_entries{state=\"ready\"} %llu\n", (unsigned long long)c->ready);
-    put(o, "ecx_cache_entries{state=\"pinned\"} %llu\n", (unsigned long long)c->pinned);
+    put(o, "ecx_cache_entries{state=\"ready\"} %llu\n", (unsigned long long)c->evictable);
+    put(o, "ecx_cache_entries{state=\"pinned\"} %llu\n",
+        (unsigned long long)(c->ready - c->evictable));
     counter(o, "ecx_cache_evictions_total", "Entries evicted to make room.", c->evictions);
     counter(o, "ecx_cache_reserve_full_total", "Reservations refused for lack of room.",
             c->reserve_full);

@@ -124,6 +124,10 @@ printf '{"h":"{not json"}' >"$T/bad.json"
 expect 3 "announcement is not (a )?JSON" "a malformed announcement: INVALID, with why" -- \
   "$ECX" get --params "$T/bad.json" --out "$T"
 check "a malformed announcement is INVALID" "grep -q '^h: INVALID' '$T/cmd.stderr'"
+check "/healthz answers ok" "[ \"\$($PY -c 'import urllib.request,sys; print(urllib.request.urlopen(\"http://127.0.0.1:%s/healthz\" % sys.argv[1], timeout=5).read().decode().strip())' $MPORT)\" = ok ]"
+expect 1 "^ecx: --metrics: Failed to bind" "a metrics port in use: every line has the ecx: prefix" -- \
+  "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1K --metrics "127.0.0.1:$MPORT"
+check "no unprefixed line on a metrics bind error" "! grep -v '^ecx: ' '$T/cmd.stderr'"
 expect 0 "" "ecx --help" -- "$ECX" --help
 check "ecx --help names ECX_LOG" "grep -q ECX_LOG '$T/cmd.stdout'"
 

@@ -5,6 +5,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <microhttpd.h>
@@ -61,7 +62,9 @@ static const char HELP[] =
     "                         listen host; required with a wildcard --listen)\n"
     "  --announce-out FILE    once listening, write {mm_hash: announcement} for\n"
     "                         everything served, atomically (scripts wait for it)\n"
-    "  --metrics HOST:PORT    serve Prometheus text at http://HOST:PORT/metrics\n"
+    "  --metrics HOST:PORT    serve Prometheus text at http://HOST:PORT/metrics (with\n"
+    "                         ecx_info: the compatibility factors, hash, protocol\n"
+    "                         version), and \"ok\" at /healthz\n"
     "                         (at most 8 connections per client address, 128 in all,\n"
     "                         the idlest of the heaviest address closed for a newcomer;\n"
     "                         closed 3 s idle, 5 s after accept or the last answer)\n"
@@ -454,8 +457,13 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     hconn *hc = si ? si->socket_context : NULL;
     if (hc && hc->conn == conn && live(hc)) hc->since = mono_s(); /* answered */
-    if (strcmp(method, "GET") || strcmp(url, "/metrics")) {
-        static const char nf[] = "not found: try GET /metrics\n";
+    if (!strcmp(method, "GET") && !strcmp(url, "/healthz")) {
+        /* Liveness: the serve loop is running (it answers this). */
+        static const char okb[] = "ok\n";
+        r = MHD_create_response_from_buffer(sizeof okb - 1, (void *)okb, MHD_RESPMEM_PERSISTENT);
+        status = MHD_HTTP_OK;
+    } else if (strcmp(method, "GET") || strcmp(url, "/metrics")) {
+        static const char nf[] = "not found: try GET /metrics or /healthz\n";
         r = MHD_create_response_from_buffer(sizeof nf - 1, (void *)nf, MHD_RESPMEM_PERSISTENT);
         status = MHD_HTTP_NOT_FOUND;
     } else {
@@ -497,6 +505,17 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     return ok;
 }
 
+/* libmicrohttpd's own messages ("Failed to bind ..."), with our prefix. */
+static void mhd_log(void *arg, const char *fmt, va_list ap)
+{
+    (void)arg;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && line[n - 1] == '\n') line[--n] = '\0';
+    fprintf(stderr, "ecx: --metrics: %s\n", line);
+}
+
 static struct MHD_Daemon *start_metrics(const char *addr, http_state *h)
 {
     char host[256];
@@ -518,7 +537,8 @@ static struct MHD_Daemon *start_metrics(const char *addr, http_state *h)
      * counters are read on the thread that writes them. Our caps are in
      * http_accept; libmicrohttpd's own are above them. */
     struct MHD_Daemon *d = MHD_start_daemon(
-        flags, (uint16_t)port, http_accept, h, on_http, h, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        flags, (uint16_t)port, http_accept, h, on_http, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        NULL, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
         MHD_OPTION_CONNECTION_LIMIT, METRICS_CONNS + METRICS_SLACK,
         MHD_OPTION_CONNECTION_TIMEOUT, METRICS_IDLE_S, MHD_OPTION_NOTIFY_CONNECTION,
         http_notify, h, MHD_OPTION_END);

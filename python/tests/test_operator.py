@@ -126,3 +126,18 @@ def test_malformed_announcements_are_invalid():
         assert c.fetch("x", dict(peer_host="127.0.0.1", peer_port="5601", size_bytes=10)) == \
             ("local", "INVALID")
         assert c.fetch("x", {"metadata": {}}) == ("local", "NO_PEER")
+
+
+def test_entry_states_are_disjoint():
+    def entries(text):
+        return {s: int(next(l.split()[1] for l in text.splitlines()
+                            if l.startswith(f'ecx_cache_entries{{state="{s}"}}')))
+                for s in ("not_ready", "ready", "pinned")}
+
+    with ecx.Context("producer", listen="127.0.0.1:0", **KW) as p:
+        p.save("a", b"1")
+        p.save("b", b"2")
+        assert entries(p.metrics()) == {"not_ready": 0, "ready": 2, "pinned": 0}
+        with p.load("a"):  # a load pins the entry
+            assert entries(p.metrics()) == {"not_ready": 0, "ready": 1, "pinned": 1}
+        assert entries(p.metrics()) == {"not_ready": 0, "ready": 2, "pinned": 0}
