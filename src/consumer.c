@@ -378,6 +378,23 @@ static void ask(ecxi_consumer *c, xfer *x, int64_t now)
 /* Validate an OK ack and post the READ; on any failure, tombstone. */
 static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, int64_t now)
 {
+    /* The descriptor is parsed here, once: the registration and the READ
+     * take the parsed form (its lease and checksum are kept below). */
+    const uint8_t *meta = (const uint8_t *)a->agent_metadata.p;
+    const uint8_t *desc = (const uint8_t *)a->mem_descriptor.p;
+    size_t ml = a->agent_metadata.n, dl = a->mem_descriptor.n;
+    ecxi_data_desc dd;
+    int rc = ecxi_data_ack_desc(c->data, desc, dl, x->size_bytes, &dd);
+    if (!rc && dd.has_ticket && dd.ticket.nbytes != x->size_bytes) {
+        /* The producer's item has another size than the one announced (or
+         * given): the announcement or the caller's size is wrong. */
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s from %s:%d is %llu bytes, not the "
+                            "%llu announced", (int)x->hash_len, x->hash, s->host, s->port,
+                            (unsigned long long)dd.ticket.nbytes,
+                            (unsigned long long)x->size_bytes);
+        tombstone(c, x, ECX_REASON_SIZE_MISMATCH, now);
+        return;
+    }
     if (a->n_indices != x->n_blocks) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: ack for %.*s has %zu blocks, reserved %llu",
                             (int)x->hash_len, x->hash, a->n_indices,
@@ -385,9 +402,6 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         tombstone(c, x, ECX_REASON_BAD_ACK, now);
         return;
     }
-    const uint8_t *meta = (const uint8_t *)a->agent_metadata.p;
-    const uint8_t *desc = (const uint8_t *)a->mem_descriptor.p;
-    size_t ml = a->agent_metadata.n, dl = a->mem_descriptor.n;
     if (s->dpeer && !ecxi_data_peer_same(s->dpeer, meta, ml)) {
         ecxi_log(ECX_LOG_WARN, "consumer: producer %s:%d restarted (new metadata); re-registering",
                 s->host, s->port);
@@ -396,10 +410,6 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         s->dpeer = NULL;
         c->st.peer_restarts++;
     }
-    /* The descriptor is parsed here, once: the registration and the READ
-     * take the parsed form (its lease and checksum are kept below). */
-    ecxi_data_desc dd;
-    int rc = ecxi_data_ack_desc(c->data, desc, dl, x->size_bytes, &dd);
     if (!rc && !dd.has_ticket) rc = ECX_EDATA_DESC;
     if (rc) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: unusable mem_descriptor from %s:%d: %s",

@@ -99,6 +99,9 @@ expect 1 "its directory .* is not a directory" "--out FILE in a missing director
   "$ECX" get --peer "127.0.0.1:$PORT" --mm-hash "$H0" --size 64Ki --out "$T/no/such/file"
 REQ1=$(metrics_of "$MPORT" | awk '$1 == "ecx_producer_requests_total" {print $2}')
 check "a missing --out is found before any request ($REQ0 -> $REQ1)" "[ '$REQ0' = '$REQ1' ]"
+expect 3 "is 65536 bytes, not the 65535 announced" "a wrong --size says so" -- \
+  "$ECX" get --peer "127.0.0.1:$PORT" --mm-hash "$H0" --size 65535 --out "$T/w"
+check "a wrong --size is SIZE_MISMATCH" "grep -q ': SIZE_MISMATCH$' '$T/cmd.stderr'"
 expect 0 "" "get --json" -- "$ECX" get --json --peer "127.0.0.1:$PORT" --mm-hash "$H0" --size 64Ki --out "$T/j"
 check "--json says written and what verified means" \
   "grep -q '\"written\": *true' '$T/cmd.stdout' && grep -q '\"verified\": *false' '$T/cmd.stdout' && ecx_help_has get 'verified (compared with --verify-synthetic'"

@@ -662,8 +662,11 @@ static void test_consumer_validates_acks(void **state)
     fakep f = fake_producer(w);
     size_t ml, dl;
     const uint8_t *meta = ecxi_data_agent_metadata(w->P.data, &ml);
-    uint8_t desc[ECX_DATA_DESC_MAX];
-    dl = (size_t)stub_layout(w->P.data, desc, sizeof desc);
+    uint8_t layout[ECX_DATA_DESC_MAX], desc[ECX_DATA_DESC_MAX];
+    long ll = stub_layout(w->P.data, layout, sizeof layout);
+    assert_true(ll > 0);
+    /* A grant of the size asked for, so each case fails its own check. */
+    dl = (size_t)stub_desc(layout, (size_t)ll, 2 * BLOCK, 0, desc, sizeof desc);
     int64_t two[2] = {0, 1}, oob[2] = {0, BLOCKS}, neg[2] = {0, -1};
     struct {
         const char *what;
@@ -678,6 +681,7 @@ static void test_consumer_validates_acks(void **state)
         {"negative index", neg, 2, NULL, 0, ECX_REASON_BAD_ACK},
         {"garbage metadata", two, 2, "\x00garbage", 8, ECX_REASON_BAD_ACK},
         {"empty metadata", two, 2, "", 0, ECX_REASON_BAD_ACK},
+        {"the producer's item has another size", two, 2, NULL, 0, ECX_REASON_SIZE_MISMATCH},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         ecx_ack a;
@@ -688,6 +692,8 @@ static void test_consumer_validates_acks(void **state)
         a.agent_metadata = cases[i].meta ? (ecx_span){cases[i].meta, cases[i].meta_len}
                                          : (ecx_span){(const char *)meta, ml};
         a.mem_descriptor = (ecx_span){(const char *)desc, dl};
+        if (cases[i].want == ECX_REASON_SIZE_MISMATCH) /* a grant of one byte */
+            a.mem_descriptor = (ecx_span){(const char *)layout, (size_t)ll};
         char hash[32];
         snprintf(hash, sizeof hash, "bad%zu", i);
         int reason;
