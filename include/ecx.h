@@ -221,7 +221,8 @@ enum ecx_fetch_state {
     X(QUARANTINED, "the READ overran its deadline")                                                \
     X(SEND_FAILED, "the request could not be sent")                                                \
     X(CORRUPT, "the bytes read do not match the producer's checksum")                              \
-    X(LEASE_EXPIRED, "the READ ended after the producer's pin lease could have")
+    X(LEASE_EXPIRED, "the READ ended after the producer's pin lease could have")                  \
+    X(REFUSED, "the producer's address refused the connection: nothing listening there")
 
 enum ecx_reason {
 #define ECX_REASON_ENUM_(name, meaning) ECX_REASON_##name,
@@ -271,6 +272,24 @@ ECX_API int ecx_compat_hash(const char *vllm_version, size_t vllm_version_len, c
                             size_t model_len, const char *dtype, size_t dtype_len,
                             int64_t block_size_bytes, char out[ECX_COMPAT_HASH_HEX + 1]);
 
+/*
+ * The dtype factor as vLLM hashes it, str(model_config.dtype): "torch.bfloat16" for
+ * "bfloat16", "bf16" and "torch.bfloat16" alike ("half" / "fp16" -> "torch.float16",
+ * "float" / "fp32" -> "torch.float32", ...). NULL if ecx does not know the dtype; then
+ * ecx_dtype_names() lists the accepted spellings. A context hashes this spelling
+ * (ecx_compat_hash itself hashes the bytes it is given, as the reference does).
+ */
+ECX_API const char *ecx_dtype_name(const char *dtype);
+/* Bytes per element of such a dtype; 0 if ecx does not know it. */
+ECX_API int ecx_dtype_size(const char *dtype);
+/* The dtypes ecx knows, "torch.float64, torch.float32, ..." (static text). */
+ECX_API const char *ecx_dtype_names(void);
+/*
+ * The protocol version a vLLM version speaks: 2 from 0.34 on, else 1 (also for a
+ * version string that is not MAJOR.MINOR...). ecx_config.connector_version 0 means this.
+ */
+ECX_API int ecx_protocol_version_of(const char *vllm_version);
+
 /* ======================================================================
  * The engine-facing context
  * ====================================================================== */
@@ -291,10 +310,14 @@ enum ecx_role { ECX_ROLE_PRODUCER = 1, ECX_ROLE_CONSUMER = 2, ECX_ROLE_BOTH = 3 
 #define ECX_DEFAULT_LISTEN "127.0.0.1:5601"
 #define ECX_DEFAULT_REGION_BYTES (1ull << 30)
 #define ECX_DEFAULT_BLOCK_BYTES (1ull << 20)
-#define ECX_DEFAULT_VLLM_VERSION "0.11.0"
+/* A vLLM that exists and that ecx supports (its protocol version is 1; see
+ * ecx_protocol_version_of), and dtype as that vLLM hashes it. */
+#define ECX_DEFAULT_VLLM_VERSION "0.32.0"
 #define ECX_DEFAULT_MODEL "llava-hf/llava-1.5-7b-hf"
-#define ECX_DEFAULT_DTYPE "bfloat16"
+#define ECX_DEFAULT_DTYPE "torch.bfloat16"
 #define ECX_DEFAULT_DATA "auto"
+/* Every ecx_config.data value, the one list messages and help print. */
+#define ECX_DATA_PATHS "auto, shm, tcp, ucx, nixl"
 #define ECX_DEFAULT_ACK_TIMEOUT_MS 2000
 #define ECX_DEFAULT_READ_TIMEOUT_MS 20000
 #define ECX_DEFAULT_QUARANTINE_MS 60000
@@ -307,7 +330,8 @@ enum ecx_role { ECX_ROLE_PRODUCER = 1, ECX_ROLE_CONSUMER = 2, ECX_ROLE_BOTH = 3 
 #define ECX_DEFAULT_MAX_CONN_GRANTS 1024
 #define ECX_DEFAULT_MAX_CONN_PIN_PCT 50
 #define ECX_DEFAULT_MAX_PIN_PCT 75
-#define ECX_DEFAULT_CONNECTOR_VERSION ECX_CONNECTOR_VERSION
+/* 0: the protocol version vllm_version speaks (ecx_protocol_version_of). */
+#define ECX_DEFAULT_CONNECTOR_VERSION 0
 /* How long a version-2 peer (vLLM >= 0.34) waits for an ack by default
  * (its consumer_ack_timeout_s = the 30 s pin lease). ecx_config_init keeps
  * ECX_DEFAULT_ACK_TIMEOUT_MS whatever the version; `ecx get
@@ -322,13 +346,13 @@ typedef struct ecx_config {
     size_t size;
     int role;                   /* enum ecx_role; default consumer */
     const char *listen;         /* producer: "HOST:PORT" to bind (port 0: any free one) */
-    const char *advertise_host; /* producer: peer_host announced; NULL: the listen host,
-                                   or 127.0.0.1 when that is a wildcard */
+    const char *advertise_host; /* producer: peer_host announced; NULL: the listen host
+                                   (a wildcard listen host needs one: ECX_EINVAL) */
     uint64_t region_bytes;      /* rounded down to whole blocks */
     uint64_t block_bytes;
     const char *vllm_version;   /* compatibility factors: peers must agree */
     const char *model;
-    const char *dtype;
+    const char *dtype;          /* any spelling ecx_dtype_name() knows; hashed as vLLM does */
     const char *data;           /* data path: "auto" (shm + tcp), "shm", "tcp", "ucx" or
                                    "nixl" (NIXL, to be a peer of vLLM's own connector;
                                    one-sided, trusted networks only; with ecx peers it
@@ -368,8 +392,9 @@ typedef struct ecx_config {
                                        any client that knows the producer's public key */
     size_t n_curve_allow;
 
-    /* Protocol version, 1 (default, ECX_DEFAULT_CONNECTOR_VERSION) or 2 (vLLM >= 0.34).
-     * Both ends of a transfer must use the same one: requests do not carry it (see
+    /* Protocol version, 1 or 2 (vLLM >= 0.34); 0 (the default) derives it from
+     * vllm_version (ecx_protocol_version_of), and 1 with a vllm_version of 0.34 or later
+     * is refused (ECX_EINVAL: no such vLLM). Both ends of a transfer must use the same one: requests do not carry it (see
      * docs/PROTOCOL.md). Version 2 announces an item's shape [rows, block_bytes /
      * element size of dtype] (or the one ecx_save_shape recorded for it) with
      * size_bytes in whole blocks, so it needs a dtype whose element size ecx

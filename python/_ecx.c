@@ -158,10 +158,28 @@ static int drain_pending(void *arg)
         if (atomic_load_explicit(&q_flag, memory_order_relaxed)) drain();                         \
     } while (0)
 
+/* Take the last queued line equal to text out of the queue. */
+static void unqueue(const char *text)
+{
+    pthread_mutex_lock(&q_mu);
+    log_line *prev = NULL, *hit = NULL, *hit_prev = NULL;
+    for (log_line *l = q_head; l; prev = l, l = l->next)
+        if (!strcmp(l->text, text)) hit = l, hit_prev = prev;
+    if (hit) {
+        if (hit_prev) hit_prev->next = hit->next;
+        else q_head = hit->next;
+        if (q_tail == hit) q_tail = hit_prev;
+        q_len--;
+        free(hit);
+    }
+    pthread_mutex_unlock(&q_mu);
+}
+
 /* Raise ecx.Error for rc; the thread's last logged line since seq0 is the
  * detail. Returns NULL. */
 static PyObject *raise_rc(int rc, unsigned seq0)
 {
+    if (tl_seq != seq0) unqueue(tl_last); /* it is the exception's detail: not logged too */
     DRAIN();
     PyObject *msg;
     if (tl_seq != seq0)
@@ -302,6 +320,7 @@ typedef struct Ctx {
     int closed;          /* no new calls */
     int threaded;        /* progress_thread */
     int inflight;        /* calls running without the GIL */
+    pid_t pid;           /* the process that made ctx: a forked child may not use it */
     Py_ssize_t pending;  /* holds whose release waits for exported buffers */
     PyObject *holds;     /* set of active Holds */
     PyObject *weakrefs;
@@ -342,8 +361,23 @@ static PyTypeObject CtxType, HoldType, SpanType;
     Py_END_ALLOW_THREADS                                                                           \
     (self)->inflight--;
 
+/* Made in another process: this is a fork()ed child, which has the memory
+ * but none of the library's threads; it must neither use nor free ctx. */
+static int ctx_forked(const Ctx *self)
+{
+    return self->ctx && self->pid != getpid();
+}
+
 static int ctx_ok(Ctx *self)
 {
+    if (ctx_forked(self)) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "ecx: this Context was made by process %d, and this is a fork()ed child "
+                     "(%d): fork copies no threads, so the child must make its own Context "
+                     "(or use the 'spawn' start method)",
+                     (int)self->pid, (int)getpid());
+        return -1;
+    }
     if (self->ctx && !self->closed) return 0;
     PyErr_SetString(PyExc_ValueError,
                     self->ctx || self->closed ? "ecx: the context is closed"
@@ -371,6 +405,7 @@ static int hold_act(Hold *h, bool nogil)
 {
     Ctx *c = h->ctx;
     int rc = 0;
+    if (ctx_forked(c)) h->action = -1; /* the parent's hold: nothing to do in a child */
     switch (h->action) {
     case ACT_RELEASE: rc = ecx_release(c->ctx, h->hash); break;
     case ACT_ABORT: rc = ecx_save_abort(c->ctx, h->hash); break;
@@ -907,6 +942,7 @@ static int ctx_init(Ctx *self, PyObject *args, PyObject *kw)
         return -1;
     }
     self->ctx = c;
+    self->pid = getpid();
     self->threaded = cfg.progress_thread;
     self->next = live, self->prev = NULL;
     if (live) live->prev = self;
@@ -926,6 +962,7 @@ static void ctx_unlink(Ctx *self)
 static PyObject *ctx_close(Ctx *self, PyObject *unused)
 {
     (void)unused;
+    if (ctx_forked(self)) self->ctx = NULL; /* the parent's: left alone (its region too) */
     if (self->closed || !self->ctx) {
         self->closed = 1;
         ctx_unlink(self);
@@ -969,7 +1006,7 @@ static void ctx_dealloc(Ctx *self)
     if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
     Py_CLEAR(self->holds); /* empty: every hold refers to its context */
     ctx_unlink(self);
-    if (self->ctx) {
+    if (self->ctx && !ctx_forked(self)) {
         ecx_ctx *c = self->ctx;
         self->ctx = NULL;
         Py_BEGIN_ALLOW_THREADS

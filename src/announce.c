@@ -23,22 +23,6 @@ bool ecxi_announce_host_ok(const char *h)
     return true;
 }
 
-int ecxi_announce_elem_size(const char *dtype)
-{
-    static const struct {
-        const char *name;
-        int size;
-    } known[] = {{"float64", 8}, {"double", 8},       {"float32", 4},       {"float", 4},
-                 {"int32", 4},   {"float16", 2},      {"half", 2},          {"bfloat16", 2},
-                 {"int16", 2},   {"float8_e4m3fn", 1}, {"float8_e5m2", 1}, {"int8", 1},
-                 {"uint8", 1}};
-    if (!dtype) return 0;
-    if (!strncmp(dtype, "torch.", 6)) dtype += 6;
-    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-        if (!strcmp(dtype, known[i].name)) return known[i].size;
-    return 0;
-}
-
 #define HELD_FMT "{\"peer_host\":\"%s\",\"peer_port\":%d,\"size_bytes\":%llu,%s\"metadata\":{}}"
 #define NOT_HELD "{\"metadata\":{}}"
 
@@ -117,7 +101,7 @@ static bool shape_bytes(const json_t *shape, const ecxi_announce_rows *rows, uin
  * (version 2, rows given) the bytes the shape takes: shape_size NULL = no
  * usable shape; for the struct, which has none, the caller passes size
  * rounded to whole blocks, so only whole blocks pass. */
-static int check(const char *host, long long port, bool size_given, long long size,
+static int check(const char *host, bool port_given, long long port, bool size_given, long long size,
                  uint64_t expected_size, uint64_t max_bytes, const ecxi_announce_rows *rows,
                  const uint64_t *shape_size, ecxi_announce_peer *out)
 {
@@ -125,12 +109,19 @@ static int check(const char *host, long long port, bool size_given, long long si
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_host is not a host name or address");
         return ECX_REASON_INVALID;
     }
+    if (!port_given) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_port is missing or not a JSON "
+                            "integer (a string?)");
+        return ECX_REASON_INVALID;
+    }
     if (port < 1 || port > 65535) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_port %lld is not a port", port);
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_port %lld is not a port (1..65535)",
+                            port);
         return ECX_REASON_INVALID;
     }
     if (!size_given || size <= 0) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: no usable size_bytes");
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: size_bytes is missing or not a "
+                            "positive JSON integer");
         return ECX_REASON_INVALID;
     }
     if (rows && !shape_size) {
@@ -167,27 +158,36 @@ int ecxi_announce_parse(const char *json, const ecx_announcement *from, uint64_t
          * refused as INVALID by max_bytes, or here when there is none. */
         long long size = from->size_bytes > (uint64_t)INT64_MAX ? -1 : (long long)from->size_bytes;
         uint64_t whole = rows && from->size_bytes % rows->block_bytes ? 0 : from->size_bytes;
-        return check(from->peer_host, from->peer_port, true, size, expected_size, max_bytes, rows,
+        return check(from->peer_host, true, from->peer_port, true, size, expected_size, max_bytes, rows,
                      &whole, out);
     }
     if (!json) return ECX_REASON_NO_PEER;
     json_error_t err;
     json_t *j = json_loads(json, JSON_REJECT_DUPLICATES, &err);
     int why;
-    if (!json_is_object(j)) {
+    if (!j) {
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement is not JSON: %s (column %d)", err.text,
+                            err.column);
+        why = ECX_REASON_INVALID;
+    } else if (!json_is_object(j)) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement is not a JSON object");
-        why = ECX_REASON_NO_PEER;
+        why = ECX_REASON_INVALID;
     } else {
         json_t *h = json_object_get(j, "peer_host"), *p = json_object_get(j, "peer_port"),
                *s = json_object_get(j, "size_bytes");
         uint64_t shape_size = 0;
         bool shape_ok = rows && shape_bytes(json_object_get(j, "shape"), rows, &shape_size);
-        if (!json_is_string(h) || json_string_length(h) == 0)
+        if (!h || (json_is_string(h) && json_string_length(h) == 0))
             why = ECX_REASON_NO_PEER; /* {"metadata":{}}: not held there */
+        else if (!json_is_string(h)) {
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_host is not a JSON string");
+            why = ECX_REASON_INVALID;
+        }
         else if (strlen(json_string_value(h)) != json_string_length(h))
             why = ECX_REASON_INVALID; /* a NUL inside */
         else
-            why = check(json_string_value(h), json_is_integer(p) ? json_integer_value(p) : -1,
+            why = check(json_string_value(h), json_is_integer(p),
+                        json_is_integer(p) ? json_integer_value(p) : -1,
                         json_is_integer(s), json_is_integer(s) ? json_integer_value(s) : 0,
                         expected_size, max_bytes, rows, shape_ok ? &shape_size : NULL, out);
     }

@@ -39,10 +39,6 @@ typedef struct ecxi_announce_rows {
     int elem_size;
 } ecxi_announce_rows;
 
-/* Bytes per element of a torch dtype name ("bfloat16", "torch.float32", ...),
- * 0 if ecx does not know it. */
-int ecxi_announce_elem_size(const char *dtype);
-
 /* The reference's JSON for a (NULL: the item is not held) into buf, with
  * snprintf's contract: *len gets the full length (NUL excluded) always;
  * if that does not fit cap bytes with the NUL, nothing is written and the

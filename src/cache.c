@@ -123,6 +123,7 @@ struct ecxi_cache {
     uint32_t root;
     uint64_t prio_seed;
     uint64_t free_blocks, free_runs, evictable_blocks;
+    uint64_t n_evictable; /* entries in the FIFO: ready, no pins */
 
     struct entry *ents; /* the pool, indexed by id */
     uint64_t *sums;     /* checksum per id, beside the pool to keep entries one line */
@@ -647,6 +648,7 @@ static void fifo_push(ecxi_cache *c, uint32_t id)
         c->fifo_head = id;
     c->fifo_tail = id;
     c->evictable_blocks += e->n_blocks;
+    c->n_evictable++;
 }
 
 static void fifo_remove(ecxi_cache *c, uint32_t id)
@@ -662,6 +664,7 @@ static void fifo_remove(ecxi_cache *c, uint32_t id)
         c->fifo_tail = e->prev;
     e->prev = e->next = NIL;
     c->evictable_blocks -= e->n_blocks;
+    c->n_evictable--;
 }
 
 /* ---- entries --------------------------------------------------------- */
@@ -1104,6 +1107,7 @@ void ecxi_cache_get_stats(ecxi_cache *c, ecxi_cache_stats *st)
         .not_ready = c->n_not_ready,
         .ready = c->n_ready,
         .pinned = c->n_pinned,
+        .evictable = c->n_evictable,
         .reserves = c->reserves,
         .reserve_full = c->reserve_full,
         .evictions = c->evictions,
@@ -1260,6 +1264,7 @@ int ecxi_cache_check(ecxi_cache *c)
         CHECK(++walked <= fifo_len, "FIFO longer than the evictable set");
     }
     CHECK(walked == fifo_len && back == c->fifo_tail, "FIFO length/tail wrong");
+    CHECK(c->n_evictable == fifo_len, "evictable count wrong");
 done:
     free(claimed);
     pthread_mutex_unlock(&c->mu);

@@ -91,7 +91,8 @@ typedef struct ecxi_cache_stats {
     uint64_t evictable_blocks; /* in ready, unpinned entries */
     uint64_t not_ready_blocks; /* in not-ready entries (pinned or not) */
     uint64_t free_runs;        /* fragments of free space */
-    uint64_t entries, not_ready, ready, pinned;
+    uint64_t entries, not_ready, ready, pinned; /* pinned: entries with pins, any state */
+    uint64_t evictable;                         /* ready entries without pins */
     uint64_t reserves, reserve_full, evictions; /* counters since creation */
 } ecxi_cache_stats;
 

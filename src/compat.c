@@ -9,10 +9,17 @@
  * space..'~' is escaped, the six short escapes \" \\ \n \r \t \b \f are used
  * where Python uses them, others become \u00XX / \uXXXX in lowercase hex,
  * with a UTF-16 surrogate pair above U+FFFF.
+ *
+ * Also the factors' spellings: the dtype table (every spelling ecx accepts,
+ * mapped to str(torch.dtype), which is what vLLM hashes, with its element
+ * size) and the protocol version a vLLM version speaks.
  */
 #include <inttypes.h>
 #include <sodium.h>
 #include <stdio.h>
+
+#include <stdlib.h>
+#include <string.h>
 
 #include "ecx.h"
 #include "util.h"
@@ -101,4 +108,68 @@ int ecx_compat_hash(const char *vllm_version, size_t vllm_version_len, const cha
     crypto_hash_sha256_final(&s.st, digest);
     ecxi_hex_encode(digest, sizeof digest, out);
     return 0;
+}
+
+/* str(torch.dtype) for each dtype, its element size, and the other names
+ * torch and vLLM's --dtype give it (each also with "torch." in front). */
+static const struct {
+    const char *name;
+    int size;
+    const char *aliases[3];
+} dtypes[] = {
+    {"torch.float64", 8, {"float64", "double"}},
+    {"torch.float32", 4, {"float32", "float", "fp32"}},
+    {"torch.float16", 2, {"float16", "half", "fp16"}},
+    {"torch.bfloat16", 2, {"bfloat16", "bf16"}},
+    {"torch.float8_e4m3fn", 1, {"float8_e4m3fn"}},
+    {"torch.float8_e5m2", 1, {"float8_e5m2"}},
+    {"torch.int64", 8, {"int64", "long"}},
+    {"torch.int32", 4, {"int32", "int"}},
+    {"torch.int16", 2, {"int16", "short"}},
+    {"torch.int8", 1, {"int8"}},
+    {"torch.uint8", 1, {"uint8"}},
+};
+#define N_DTYPES (sizeof dtypes / sizeof *dtypes)
+
+static int dtype_index(const char *d)
+{
+    if (!d) return -1;
+    const char *bare = strncmp(d, "torch.", 6) ? d : d + 6;
+    for (size_t i = 0; i < N_DTYPES; i++) {
+        if (!strcmp(d, dtypes[i].name)) return (int)i;
+        for (size_t a = 0; a < 3 && dtypes[i].aliases[a]; a++)
+            if (!strcmp(bare, dtypes[i].aliases[a])) return (int)i;
+    }
+    return -1;
+}
+
+const char *ecx_dtype_name(const char *dtype)
+{
+    int i = dtype_index(dtype);
+    return i < 0 ? NULL : dtypes[i].name;
+}
+
+int ecx_dtype_size(const char *dtype)
+{
+    int i = dtype_index(dtype);
+    return i < 0 ? 0 : dtypes[i].size;
+}
+
+const char *ecx_dtype_names(void)
+{
+    return "torch.float64 (float64, double), torch.float32 (float32, float, fp32), "
+           "torch.float16 (float16, half, fp16), torch.bfloat16 (bfloat16, bf16), "
+           "torch.float8_e4m3fn, torch.float8_e5m2, torch.int64 (long), torch.int32 (int), "
+           "torch.int16 (short), torch.int8, torch.uint8";
+}
+
+int ecx_protocol_version_of(const char *v)
+{
+    /* "0.34.0", "0.34.1rc2", "0.35.0.dev3+g1234": MAJOR.MINOR decide. */
+    if (!v || *v < '0' || *v > '9') return 1;
+    char *end;
+    long major = strtol(v, &end, 10);
+    if (*end != '.' || end[1] < '0' || end[1] > '9') return 1;
+    long minor = strtol(end + 1, NULL, 10);
+    return major > 0 || minor >= 34 ? 2 : 1;
 }

@@ -68,6 +68,7 @@ struct ecx_ctx {
     uint64_t block_bytes;
     ecxi_announce_rows rows; /* version 2's sizing; elem_size 0: version 1 */
     char compat[ECX_COMPAT_HASH_HEX + 1];
+    char *info_labels; /* the ecx_info metric's labels: the four factors, hash, version */
     char advertise[256];
     int port;
     void *zctx;
@@ -188,6 +189,64 @@ static int config_adopt(const ecx_config *in, ecx_config *out)
     return 0;
 }
 
+/* The factors as vLLM would give them: dtype in its hashed spelling, and
+ * connector_version 0 made the one vllm_version speaks. A dtype ecx does not
+ * know, or version 1 with a vLLM that speaks 2, is refused with a message. */
+static int config_factors(ecx_config *c)
+{
+    if (!c->vllm_version || !c->model || !c->dtype) return 0; /* config_check says so */
+    const char *dt = ecx_dtype_name(c->dtype);
+    if (!dt) {
+        ecxi_log(ECX_LOG_ERROR, "ecx_new: dtype '%s' is not one ecx knows; accepted: %s",
+                 c->dtype, ecx_dtype_names());
+        return ECX_EINVAL;
+    }
+    c->dtype = dt;
+    int spoken = ecx_protocol_version_of(c->vllm_version);
+    if (c->connector_version == 0) c->connector_version = spoken;
+    else if (c->connector_version == 1 && spoken == 2) {
+        ecxi_log(ECX_LOG_ERROR, "ecx_new: vLLM %s speaks protocol version 2, not the "
+                 "connector_version 1 configured; set 2, or 0 to follow vllm_version",
+                 c->vllm_version);
+        return ECX_EINVAL;
+    }
+    return 0;
+}
+
+/* "k=\"v\"" with v escaped as Prometheus label values are. */
+static void label(char **p, size_t *left, const char *k, const char *v, bool comma)
+{
+    int n = snprintf(*p, *left, "%s%s=\"", comma ? "," : "", k);
+    *p += n, *left -= (size_t)n;
+    for (; *v && *left > 3; v++) {
+        if (*v == '\\' || *v == '"' || *v == '\n') {
+            *(*p)++ = '\\', (*left)--;
+            *(*p)++ = *v == '\n' ? 'n' : *v, (*left)--;
+        } else {
+            *(*p)++ = *v, (*left)--;
+        }
+    }
+    n = snprintf(*p, *left, "\"");
+    *p += n, *left -= (size_t)n;
+}
+
+static char *info_labels(const ecx_config *c, const char *compat)
+{
+    size_t cap = 2 * (strlen(c->vllm_version) + strlen(c->model) + strlen(c->dtype)) + 256;
+    char *s = malloc(cap), *p = s, num[24];
+    if (!s) return NULL;
+    size_t left = cap;
+    label(&p, &left, "vllm_version", c->vllm_version, false);
+    label(&p, &left, "model", c->model, true);
+    label(&p, &left, "dtype", c->dtype, true);
+    snprintf(num, sizeof num, "%llu", (unsigned long long)c->block_bytes);
+    label(&p, &left, "block_bytes", num, true);
+    label(&p, &left, "compat_hash", compat, true);
+    snprintf(num, sizeof num, "%d", c->connector_version);
+    label(&p, &left, "protocol_version", num, true);
+    return s;
+}
+
 /* Every field in range, or the first that is not, logged. */
 static int config_check(const ecx_config *c)
 {
@@ -212,11 +271,9 @@ static int config_check(const ecx_config *c)
     else if (c->max_connections > 1000000) bad = "max_connections";
     else if (c->progress_thread != 0 && c->progress_thread != 1) bad = "progress_thread (0 or 1)";
     else if (c->connector_version < 1 || c->connector_version > ECX_CONNECTOR_VERSION_MAX)
-        bad = "connector_version (1 or 2)";
-    else if (c->connector_version == 2 && !ecxi_announce_elem_size(c->dtype))
-        bad = "dtype (connector_version 2 needs a torch dtype name, for the element size)";
+        bad = "connector_version (0, 1 or 2)";
     else if (c->connector_version == 2 &&
-             c->block_bytes % (uint64_t)ecxi_announce_elem_size(c->dtype))
+             c->block_bytes % (uint64_t)ecx_dtype_size(c->dtype))
         bad = "block_bytes (connector_version 2: whole elements of dtype)";
     else if ((c->events_endpoint || c->events_topic) && !(c->role & ECX_ROLE_PRODUCER))
         bad = "events_endpoint/events_topic (a producer's)";
@@ -235,10 +292,13 @@ static int start_producer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
         return ECX_EINVAL;
     }
     const char *adv = cfg->advertise_host;
-    if (!adv) {
-        bool wild = !strcmp(host, "*") || !strcmp(host, "0.0.0.0") || !strcmp(host, "::");
-        adv = wild ? "127.0.0.1" : host;
+    if (!adv && (!strcmp(host, "*") || !strcmp(host, "0.0.0.0") || !strcmp(host, "::"))) {
+        /* Announcing 127.0.0.1 would make every consumer on another host dial itself. */
+        ecxi_log(ECX_LOG_ERROR, "listen address '%s' is a wildcard: set advertise_host to "
+                 "the address consumers reach this host at", cfg->listen);
+        return ECX_EINVAL;
     }
+    if (!adv) adv = host;
     if (!ecxi_announce_host_ok(adv)) {
         ecxi_log(ECX_LOG_ERROR, "advertised host '%s' is not a host name or address", adv);
         return ECX_EINVAL;
@@ -336,10 +396,12 @@ int ecx_new(const ecx_config *in, ecx_ctx **out)
     if (!in || !out) return ECX_EINVAL;
     ecx_config c;
     int backend, rc;
-    if ((rc = config_adopt(in, &c)) || (rc = config_check(&c))) return rc;
+    if ((rc = config_adopt(in, &c)) || (rc = config_factors(&c)) || (rc = config_check(&c)))
+        return rc;
     const ecx_config *cfg = &c;
     if ((rc = ecxi_data_backend_parse(cfg->data ? cfg->data : ECX_DEFAULT_DATA, &backend))) {
-        ecxi_log(ECX_LOG_ERROR, "ecx_new: data path '%s' is not auto, shm, tcp or ucx", cfg->data);
+        ecxi_log(ECX_LOG_ERROR, "ecx_new: data path '%s' is not one of %s", cfg->data,
+                 ECX_DATA_PATHS);
         return rc;
     }
     ecx_ctx *ctx = calloc(1, sizeof *ctx);
@@ -349,7 +411,7 @@ int ecx_new(const ecx_config *in, ecx_ctx **out)
     ctx->role = cfg->role;
     ctx->block_bytes = cfg->block_bytes;
     if (cfg->connector_version == 2)
-        ctx->rows = (ecxi_announce_rows){cfg->block_bytes, ecxi_announce_elem_size(cfg->dtype)};
+        ctx->rows = (ecxi_announce_rows){cfg->block_bytes, ecx_dtype_size(cfg->dtype)};
     ecxi_log(ECX_LOG_INFO, "protocol version %d", cfg->connector_version);
     rc = ecxi_table_init(&ctx->open);
     if (!rc) rc = start_waiting(ctx);
@@ -357,6 +419,11 @@ int ecx_new(const ecx_config *in, ecx_ctx **out)
         rc = ecx_compat_hash(cfg->vllm_version, strlen(cfg->vllm_version), cfg->model,
                              strlen(cfg->model), cfg->dtype, strlen(cfg->dtype),
                              (int64_t)cfg->block_bytes, ctx->compat);
+    if (!rc && !(ctx->info_labels = info_labels(cfg, ctx->compat))) rc = ECX_ENOMEM;
+    if (!rc)
+        ecxi_log(ECX_LOG_INFO, "vLLM %s, model %s, dtype %s, block_bytes %llu: compat hash %s",
+                 cfg->vllm_version, cfg->model, cfg->dtype,
+                 (unsigned long long)cfg->block_bytes, ctx->compat);
     char instance[ECX_REGION_INSTANCE_ID_LEN + 1];
     const char *inst = cfg->instance;
     if (!rc && !inst && !(rc = ecxi_region_instance_id(instance))) inst = instance;
@@ -412,6 +479,7 @@ void ecx_free(ecx_ctx *ctx)
     free(ctx->watched);
     free(ctx->fds);
     free(ctx->items);
+    free(ctx->info_labels);
     sodium_memzero(ctx->curve_secret, sizeof ctx->curve_secret);
     pthread_mutex_destroy(&ctx->mu);
     free(ctx);
@@ -1100,7 +1168,8 @@ int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len)
     ecxi_cache_stats st;
     ecxi_data_stats ds = {0};
     ecxi_cache_get_stats(ctx->cache, &st);
-    ecxi_metrics_src m = {.cache = &st, .block_bytes = ctx->block_bytes};
+    ecxi_metrics_src m = {.cache = &st, .block_bytes = ctx->block_bytes,
+                          .info_labels = ctx->info_labels};
     if (ctx->prod) {
         ps = ecxi_producer_get_stats(ctx->prod);
         cs = ecxi_ctrl_server_stats(ctx->srv);

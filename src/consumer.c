@@ -350,6 +350,20 @@ static bool retire_if_lost(ecxi_consumer *c, session *s, int64_t now)
     return true;
 }
 
+/* Close a session whose producer's address refused the connection: its
+ * waiting transfers fall back at once (REFUSED), not after the ack timeout. A
+ * producer that accepts and stays silent still gets the timeouts. */
+static bool retire_if_refused(ecxi_consumer *c, session *s, int64_t now)
+{
+    if (!ecxi_ctrl_peer_refused(s->peer)) return false;
+    for (xfer *x = c->head; x; x = x->next)
+        if (x->s == s && x->state == WAITING_ACK) tombstone(c, x, ECX_REASON_REFUSED, now);
+    ecxi_log(ECX_LOG_WARN, "consumer: %s:%d refused the connection (nothing listening); "
+             "session closed", s->host, s->port);
+    session_close(c, s, now);
+    return true;
+}
+
 /* The session to host:port, opened if needed; NULL if it cannot be, with
  * *at_cap set when the session cap is why. */
 static session *session_get(ecxi_consumer *c, const char *host, int port, int64_t now,
@@ -459,6 +473,23 @@ static void ask(ecxi_consumer *c, xfer *x, int64_t now)
 /* Validate an OK ack and post the READ; on any failure, tombstone. */
 static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, int64_t now)
 {
+    /* The descriptor is parsed here, once: the registration and the READ
+     * take the parsed form (its lease and checksum are kept below). */
+    const uint8_t *meta = (const uint8_t *)a->agent_metadata.p;
+    const uint8_t *desc = (const uint8_t *)a->mem_descriptor.p;
+    size_t ml = a->agent_metadata.n, dl = a->mem_descriptor.n;
+    ecxi_data_desc dd;
+    int rc = ecxi_data_ack_desc(c->data, desc, dl, x->size_bytes, &dd);
+    if (!rc && dd.has_ticket && dd.ticket.nbytes != x->size_bytes) {
+        /* The producer's item has another size than the one announced (or
+         * given): the announcement or the caller's size is wrong. */
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s from %s:%d is %llu bytes, not the "
+                            "%llu announced", (int)x->hash_len, x->hash, s->host, s->port,
+                            (unsigned long long)dd.ticket.nbytes,
+                            (unsigned long long)x->size_bytes);
+        tombstone(c, x, ECX_REASON_SIZE_MISMATCH, now);
+        return;
+    }
     if (a->n_indices != x->n_blocks) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: ack for %.*s has %zu blocks, reserved %llu",
                             (int)x->hash_len, x->hash, a->n_indices,
@@ -466,9 +497,6 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         tombstone(c, x, ECX_REASON_BAD_ACK, now);
         return;
     }
-    const uint8_t *meta = (const uint8_t *)a->agent_metadata.p;
-    const uint8_t *desc = (const uint8_t *)a->mem_descriptor.p;
-    size_t ml = a->agent_metadata.n, dl = a->mem_descriptor.n;
     if (s->dpeer && !ecxi_data_peer_same(s->dpeer, meta, ml)) {
         ecxi_log(ECX_LOG_WARN, "consumer: producer %s:%d restarted (new metadata); re-registering",
                 s->host, s->port);
@@ -477,10 +505,6 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         s->dpeer = NULL;
         c->st.peer_restarts++;
     }
-    /* The descriptor is parsed here, once: the registration and the READ
-     * take the parsed form (its lease and checksum are kept below). */
-    ecxi_data_desc dd;
-    int rc = ecxi_data_ack_desc(c->data, desc, dl, x->size_bytes, &dd);
     if (!rc && !dd.has_ticket) rc = ECX_EDATA_DESC;
     if (rc) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: unusable mem_descriptor from %s:%d: %s",
@@ -733,7 +757,7 @@ int ecxi_consumer_poll(ecxi_consumer *c)
         next = s->next;
         /* The monitor first: an ack read after a disconnect may come from a
          * new producer that ZeroMQ reconnected to behind our back. */
-        if (retire_if_lost(c, s, now)) {
+        if (retire_if_lost(c, s, now) || retire_if_refused(c, s, now)) {
             events++;
             continue;
         }

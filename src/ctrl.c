@@ -63,6 +63,9 @@ struct ecxi_ctrl_peer {
     bool parts_open, lost;
     bool handshaken; /* a ZMTP handshake has succeeded */
     bool heard;      /* the monitor said something about the last dial */
+    bool connected;  /* the last dial's TCP connect succeeded */
+    bool refused;    /* a dial's TCP connect failed (refused), and none succeeded since */
+    bool curve;      /* CURVE on (a handshake can fail on keys) */
     int64_t dialed_ms, redial_ms; /* the last dial; the next one (0: none due) */
     int backoff_ms;
     char ep[300];
@@ -894,6 +897,7 @@ static int peer_dial(ecxi_ctrl_peer *p)
     zmq_disconnect(p->sock, p->ep); /* ENOENT when there is none, or libzmq ended it */
     p->dialed_ms = ecxi_now_ms(NULL);
     p->heard = false;
+    p->connected = false;
     p->redial_ms = 0;
     if (!zmq_connect(p->sock, p->ep)) {
         for (int i = 0; i < p->n_unsent; i++) /* queued for the new attempt */
@@ -953,8 +957,8 @@ int ecxi_ctrl_peer_new(void *zctx, const char *host, int port, const ecxi_ctrl_o
                    port, false, frame, opts))
         goto fail;
     watchdog_add(&p->g);
-    if (opts && opts->curve_server_key &&
-        (rc = curve_client(p->sock, opts->curve_server_key, opts->curve_secret_key))) {
+    p->curve = opts && opts->curve_server_key;
+    if (p->curve && (rc = curve_client(p->sock, opts->curve_server_key, opts->curve_secret_key))) {
         if (rc == ECX_EINVAL) ecxi_log(ECX_LOG_ERROR, "ctrl: a CURVE key is not Z85");
         goto fail;
     }
@@ -1012,11 +1016,16 @@ static void peer_events(ecxi_ctrl_peer *p)
     while (!p->lost && guard_event(&p->g, &ev, &v)) {
         if (ev == ZMQ_EVENT_CONNECTED) {
             guard_track(&p->g, (int)v, true);
+            p->connected = true;
+            p->refused = false;
         } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             p->handshaken = true;
             unsent_clear(p); /* libzmq delivers its queue now */
         } else if (ev == ZMQ_EVENT_CLOSED && !p->handshaken) {
-            peer_failed(p); /* the connect failed */
+            /* The connect failed (closed before it connected: refused, or
+             * no route); ctrl dials again, the caller may give up now. */
+            if (!p->connected) p->refused = true;
+            peer_failed(p);
         } else if (ev == ZMQ_EVENT_DISCONNECTED && !p->handshaken) {
             /* Refused in the handshake: the request stays unanswered and
              * the consumer times out, as with an unreachable peer (ctrl
@@ -1024,10 +1033,11 @@ static void peer_events(ecxi_ctrl_peer *p)
             guard_track(&p->g, (int)v, false);
             p->stats.handshake_failed++;
             peer_failed(p);
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
-                                "ctrl: handshake with a producer failed (wrong CURVE "
-                                "server key, not in its allow-list, or CURVE on "
-                                "one side only)");
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: handshake with %s failed: %s", p->ep,
+                                p->curve ? "wrong CURVE server key, not in its allow-list, "
+                                           "plaintext there, or not a ZeroMQ peer"
+                                         : "it encrypts (CURVE), or is not a ZeroMQ peer; "
+                                           "`ecx ping` tells which");
         } else if (ev == ZMQ_EVENT_DISCONNECTED) {
             p->lost = true;
         }
@@ -1053,6 +1063,12 @@ int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len)
         ecxi_log(ECX_LOG_DEBUG, "ctrl: dropped a reply with bad framing");
     }
     return 0; /* more may wait: the caller comes back (and may count bad_framing) */
+}
+
+bool ecxi_ctrl_peer_refused(ecxi_ctrl_peer *p)
+{
+    peer_events(p);
+    return p->refused;
 }
 
 bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p)

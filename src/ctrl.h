@@ -228,6 +228,10 @@ int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len);
 bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p);
 /* True once a ZMTP (or CURVE) handshake with the producer has completed. */
 bool ecxi_ctrl_peer_handshaken(ecxi_ctrl_peer *p);
+/* True if the last TCP connect failed at once (the socket monitor's CLOSED
+ * before CONNECTED: refused, nothing listening) and none has succeeded
+ * since. ctrl still dials again with its backoff. */
+bool ecxi_ctrl_peer_refused(ecxi_ctrl_peer *p);
 void *ecxi_ctrl_peer_socket(const ecxi_ctrl_peer *p); /* for zmq_poll */
 /* The peer's inflow guard, as for the server above. */
 void *ecxi_ctrl_peer_monitor_socket(const ecxi_ctrl_peer *p);

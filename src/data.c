@@ -116,19 +116,14 @@ void ecxi_data_peer_head_fini(ecxi_data_peer *p)
 int ecxi_data_backend_parse(const char *s, int *out)
 {
     if (!s || !out) return ECX_EINVAL;
-    if (strcmp(s, "auto") == 0)
-        *out = ECX_DATA_AUTO;
-    else if (strcmp(s, "shm") == 0)
-        *out = ECX_DATA_SHM;
-    else if (strcmp(s, "ucx") == 0)
-        *out = ECX_DATA_UCX;
-    else if (strcmp(s, "tcp") == 0)
-        *out = ECX_DATA_TCP;
-    else if (strcmp(s, "nixl") == 0)
-        *out = ECX_DATA_NIXL;
-    else
-        return ECX_EINVAL;
-    return 0;
+    static const int all[] = {ECX_DATA_AUTO, ECX_DATA_SHM, ECX_DATA_TCP, ECX_DATA_UCX,
+                              ECX_DATA_NIXL};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (!strcmp(s, ecxi_data_backend_name(all[i]))) {
+            *out = all[i];
+            return 0;
+        }
+    return ECX_EINVAL;
 }
 
 const char *ecxi_data_backend_name(int backend)

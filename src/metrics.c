@@ -228,10 +228,14 @@ static void cache(out *o, const ecxi_cache_stats *c, unsigned long long block_by
     put(o, "ecx_region_blocks{state=\"ready\"} %llu\n", (unsigned long long)c->evictable_blocks);
     put(o, "ecx_region_blocks{state=\"pinned\"} %llu\n",
         (unsigned long long)(c->owned_blocks - c->not_ready_blocks - c->evictable_blocks));
-    put(o, "# HELP ecx_cache_entries Entries, by state.\n# TYPE ecx_cache_entries gauge\n");
+    /* Three disjoint states, as the blocks': not ready (pinned or not); ready
+     * and evictable; ready and pinned. */
+    put(o, "# HELP ecx_cache_entries Entries, by state (disjoint).\n"
+           "# TYPE ecx_cache_entries gauge\n");
     put(o, "ecx_cache_entries{state=\"not_ready\"} %llu\n", (unsigned long long)c->not_ready);
-    put(o, "ecx_cache_entries{state=\"ready\"} %llu\n", (unsigned long long)c->ready);
-    put(o, "ecx_cache_entries{state=\"pinned\"} %llu\n", (unsigned long long)c->pinned);
+    put(o, "ecx_cache_entries{state=\"ready\"} %llu\n", (unsigned long long)c->evictable);
+    put(o, "ecx_cache_entries{state=\"pinned\"} %llu\n",
+        (unsigned long long)(c->ready - c->evictable));
     counter(o, "ecx_cache_evictions_total", "Entries evicted to make room.", c->evictions);
     counter(o, "ecx_cache_reserve_full_total", "Reservations refused for lack of room.",
             c->reserve_full);
@@ -261,6 +265,10 @@ static void events(out *o, const ecxi_events_stats *e)
 int ecxi_metrics_render(const ecxi_metrics_src *m, char *buf, size_t cap, size_t *len)
 {
     out o = {buf, cap, 0, cap == 0};
+    if (m->info_labels)
+        put(&o, "# HELP ecx_info What this context is: the compatibility factors, their hash "
+                "and the protocol version (peers must agree on all).\n# TYPE ecx_info gauge\n"
+                "ecx_info{%s} 1\n", m->info_labels);
     if (m->producer) producer(&o, m->producer, m->ctrl, m->data);
     if (m->consumer) consumer(&o, m->consumer);
     if (m->cache) cache(&o, m->cache, m->block_bytes);

@@ -141,7 +141,7 @@ static void test_config_growth(void **state)
         {offsetof(ecx_config, max_conn_pin_pct), sizeof c.max_conn_pin_pct, 101},
         {offsetof(ecx_config, max_conn_grants), sizeof c.max_conn_grants, 70000},
         {offsetof(ecx_config, block_bytes), sizeof c.block_bytes, 0},
-        {offsetof(ecx_config, connector_version), sizeof c.connector_version, 0},
+        {offsetof(ecx_config, connector_version), sizeof c.connector_version, -1},
         {offsetof(ecx_config, connector_version), sizeof c.connector_version, 3},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -190,12 +190,85 @@ static void test_config_growth(void **state)
     c.size = offsetof(ecx_config, events_endpoint);
     c.events_endpoint = "garbage past the caller's size";
     assert_int_equal(try_new(&c), 0);
-    /* A caller built before connector_version existed: version 1. */
+    /* A caller built before connector_version existed: the version its vllm_version
+     * speaks. */
     base_config(&c, ECX_ROLE_CONSUMER);
     assert_int_equal(c.connector_version, ECX_DEFAULT_CONNECTOR_VERSION);
     c.size = offsetof(ecx_config, connector_version);
     c.connector_version = 2;
     assert_int_equal(try_new(&c), 0);
+}
+
+/* ---------- the compatibility factors as vLLM gives them (issue 23 §1) ---------- */
+
+/* The ecx_info metric line of a producer made from c; "" if ecx_new failed. */
+static void info_line(const ecx_config *c, char *line, size_t cap)
+{
+    ecx_ctx *ctx = NULL;
+    line[0] = '\0';
+    if (ecx_new(c, &ctx)) return;
+    static char text[1 << 16];
+    size_t len;
+    assert_int_equal(ecx_metrics(ctx, text, sizeof text, &len), 0);
+    const char *at = strstr(text, "\necx_info{");
+    assert_non_null(at);
+    const char *end = strchr(at + 1, '\n');
+    snprintf(line, cap, "%.*s", (int)(end - at - 1), at + 1);
+    ecx_free(ctx);
+}
+
+static void test_factors(void **state)
+{
+    (void)state;
+    assert_string_equal(ecx_dtype_name("bfloat16"), "torch.bfloat16");
+    assert_string_equal(ecx_dtype_name("bf16"), "torch.bfloat16");
+    assert_string_equal(ecx_dtype_name("torch.bfloat16"), "torch.bfloat16");
+    assert_string_equal(ecx_dtype_name("half"), "torch.float16");
+    assert_string_equal(ecx_dtype_name("torch.float"), "torch.float32");
+    assert_null(ecx_dtype_name("mystery"));
+    assert_null(ecx_dtype_name("torch."));
+    assert_int_equal(ecx_dtype_size("bf16"), 2);
+    assert_int_equal(ecx_protocol_version_of("0.32.0"), 1);
+    assert_int_equal(ecx_protocol_version_of("0.34.0"), 2);
+    assert_int_equal(ecx_protocol_version_of("0.35.1rc2"), 2);
+    assert_int_equal(ecx_protocol_version_of("1.0"), 2);
+    assert_int_equal(ecx_protocol_version_of("0.4.0"), 1);
+    assert_int_equal(ecx_protocol_version_of("custom"), 1);
+    assert_int_equal(ecx_protocol_version_of(""), 1);
+
+    /* Every spelling of bfloat16 hashes what vLLM hashes: str(torch.bfloat16). */
+    char want[ECX_COMPAT_HASH_HEX + 1], a[1024], b[1024];
+    assert_int_equal(ecx_compat_hash("0.34.0", 6, "m", 1, "torch.bfloat16", 14, BLOCK, want), 0);
+    ecx_config c;
+    const char *spellings[] = {"bfloat16", "bf16", "torch.bfloat16"};
+    for (size_t i = 0; i < 3; i++) {
+        base_config(&c, ECX_ROLE_PRODUCER);
+        c.vllm_version = "0.34.0", c.model = "m", c.dtype = spellings[i];
+        info_line(&c, a, sizeof a);
+        assert_non_null(strstr(a, want));
+        assert_non_null(strstr(a, "dtype=\"torch.bfloat16\""));
+        /* 0.34 speaks version 2 unless told */
+        assert_non_null(strstr(a, "protocol_version=\"2\""));
+    }
+    /* The defaults: a vLLM that exists, dtype in vLLM's spelling, its version. */
+    base_config(&c, ECX_ROLE_PRODUCER);
+    info_line(&c, b, sizeof b);
+    assert_non_null(strstr(b, "vllm_version=\"" ECX_DEFAULT_VLLM_VERSION "\""));
+    assert_non_null(strstr(b, "dtype=\"torch.bfloat16\""));
+    assert_non_null(strstr(b, "protocol_version=\"1\""));
+    /* A model name is escaped as a Prometheus label value. */
+    c.model = "a\"b\\c\nd";
+    info_line(&c, b, sizeof b);
+    assert_non_null(strstr(b, "model=\"a\\\"b\\\\c\\nd\""));
+    /* A contradictory explicit pair, and a dtype ecx does not know: refused. */
+    base_config(&c, ECX_ROLE_CONSUMER);
+    c.vllm_version = "0.34.0", c.connector_version = 1;
+    assert_int_equal(try_new(&c), ECX_EINVAL);
+    c.connector_version = 2;
+    assert_int_equal(try_new(&c), 0);
+    base_config(&c, ECX_ROLE_CONSUMER);
+    c.dtype = "bfloat17";
+    assert_int_equal(try_new(&c), ECX_EINVAL);
 }
 
 /* ---------- protocol versions ---------- */
@@ -852,6 +925,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_version_and_names),
         cmocka_unit_test(test_config_growth),
+        cmocka_unit_test(test_factors),
         cmocka_unit_test(test_both_fetch_from_itself),
         cmocka_unit_test(test_connector_versions),
         cmocka_unit_test(test_logger),

@@ -87,13 +87,19 @@ t1=$(date +%s%N)
 err_has "0 of 210 requests answered" "unreachable producer"
 [ $(((t1 - t0) / 1000000)) -lt 5000 ] && ok || bad "unreachable producer took $(((t1 - t0) / 1000000)) ms"
 
-# 4. Help describes every option of both benchmarks.
-expect 0 "bench --help" -- "$ECX" bench --help
-for o in --params --requests --warmup --window --timeout-ms --session-id --require-ok --size \
-  --count --data --block-bytes --region-bytes --vllm-version --model --dtype; do
-  grep -q -- "$o" "$tmp/out" && ok || bad "bench --help lacks $o"
-done
+# 4. Each benchmark's help describes its options, and only its own.
 expect 0 "bench ctrl --help" -- "$ECX" bench ctrl --help
+for o in --params --requests --warmup --window --timeout-ms --session-id --require-ok \
+  --block-bytes --region-bytes --vllm-version --model --dtype; do
+  grep -q -- "$o" "$tmp/out" && ok || bad "bench ctrl --help lacks $o"
+done
+grep -q "bench data" "$tmp/out" && bad "bench ctrl --help describes bench data" || ok
+expect 0 "bench data --help" -- "$ECX" bench data --help
+for o in --size --count --warmup --data --block-bytes --region-bytes --vllm-version --model --dtype; do
+  grep -q -- "$o" "$tmp/out" && ok || bad "bench data --help lacks $o"
+done
+grep -q -- "--session-id" "$tmp/out" && bad "bench data --help describes bench ctrl" || ok
+expect 0 "bench --help" -- "$ECX" bench --help
 expect 0 "ecx --help" -- "$ECX" --help
 grep -q "bench ctrl" "$tmp/out" && grep -q "bench data" "$tmp/out" && ok || bad "ecx --help lacks bench"
 

@@ -64,7 +64,7 @@ run 2 "bad --consumers" --consumers 99
 run 2 "stray argument" extra
 run 0 "help" --help
 has "help" '--consumers N'
-has "help" '--data auto\|shm\|tcp\|ucx'
+has "help" 'auto, shm, tcp, ucx, nixl'
 
 echo "test_demo: $pass passed, $failed failed"
 [ "$failed" = 0 ]

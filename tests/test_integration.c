@@ -232,7 +232,7 @@ static void test_miss_and_incompat(void **state)
                      ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_INVALID);
     assert_int_equal(ecx_fetch(ctx, k, "not json", 0, &reason), ECX_FETCH_LOCAL);
-    assert_int_equal(reason, ECX_REASON_NO_PEER);
+    assert_int_equal(reason, ECX_REASON_INVALID);
     free(text);
     ecx_free(ctx);
     json_decref(ann);

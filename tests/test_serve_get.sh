@@ -134,9 +134,9 @@ expect 2 "COUNT:BYTES" "bad --synthetic" -- "$ECX" serve --synthetic 3
 expect 2 "COUNT" "zero --synthetic count" -- "$ECX" serve --synthetic 0:1M
 expect 2 "needs --connector-version 2" "--width in version 1" -- "$ECX" serve --width 4096
 expect 2 "width" "zero --width" -- "$ECX" serve --connector-version 2 --width 0
-expect 2 "auto, shm, tcp, ucx or nixl" "bad --data" -- "$ECX" serve --data rdma
+expect 2 "one of auto, shm, tcp, ucx, nixl" "bad --data" -- "$ECX" serve --data rdma
 expect 2 "no arguments" "stray argument" -- "$ECX" serve extra
-expect 1 "not HOST:PORT|cannot start" "bad --listen" -- "$ECX" serve --listen nonsense
+expect 2 "takes HOST:PORT" "bad --listen" -- "$ECX" serve --listen nonsense
 expect 1 "preload" "missing --preload dir" -- "$ECX" serve --preload "$T/nope"
 expect 2 "exactly one of --params or --peer" "get without source" -- "$ECX" get --out "$T/x"
 expect 2 "--peer needs" "get --peer without --size" -- "$ECX" get --peer 127.0.0.1:1 --mm-hash h --out "$T/x"
@@ -151,7 +151,7 @@ check "nothing written outside --out" '[ ! -e "$T/etc" ]'
 echo '{"h":{"metadata":{}}}' >"$T/nopeer.json"
 expect 3 "h: NO_PEER" "announcement without a peer" -- "$ECX" get --params "$T/nopeer.json" --out "$T/out"
 DEAD=$(free_port)
-expect 3 "h: ACK_TIMEOUT" "nobody listening" -- "$ECX" get --peer "127.0.0.1:$DEAD" --mm-hash h --size 10 \
+expect 3 "h: REFUSED" "nobody listening: REFUSED at once" -- "$ECX" get --peer "127.0.0.1:$DEAD" --mm-hash h --size 10 \
   --ack-timeout-ms 300 --out "$T/x"
 check "no region files left behind" '[ -z "$(ls "$SHM" | grep "\.mmap$")" ]'
 

@@ -662,8 +662,11 @@ static void test_consumer_validates_acks(void **state)
     fakep f = fake_producer(w);
     size_t ml, dl;
     const uint8_t *meta = ecxi_data_agent_metadata(w->P.data, &ml);
-    uint8_t desc[ECX_DATA_DESC_MAX];
-    dl = (size_t)stub_layout(w->P.data, desc, sizeof desc);
+    uint8_t layout[ECX_DATA_DESC_MAX], desc[ECX_DATA_DESC_MAX];
+    long ll = stub_layout(w->P.data, layout, sizeof layout);
+    assert_true(ll > 0);
+    /* A grant of the size asked for, so each case fails its own check. */
+    dl = (size_t)stub_desc(layout, (size_t)ll, 2 * BLOCK, 0, desc, sizeof desc);
     int64_t two[2] = {0, 1}, oob[2] = {0, BLOCKS}, neg[2] = {0, -1};
     struct {
         const char *what;
@@ -678,6 +681,7 @@ static void test_consumer_validates_acks(void **state)
         {"negative index", neg, 2, NULL, 0, ECX_REASON_BAD_ACK},
         {"garbage metadata", two, 2, "\x00garbage", 8, ECX_REASON_BAD_ACK},
         {"empty metadata", two, 2, "", 0, ECX_REASON_BAD_ACK},
+        {"the producer's item has another size", two, 2, NULL, 0, ECX_REASON_SIZE_MISMATCH},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         ecx_ack a;
@@ -688,6 +692,8 @@ static void test_consumer_validates_acks(void **state)
         a.agent_metadata = cases[i].meta ? (ecx_span){cases[i].meta, cases[i].meta_len}
                                          : (ecx_span){(const char *)meta, ml};
         a.mem_descriptor = (ecx_span){(const char *)desc, dl};
+        if (cases[i].want == ECX_REASON_SIZE_MISMATCH) /* a grant of one byte */
+            a.mem_descriptor = (ecx_span){(const char *)layout, (size_t)ll};
         char hash[32];
         snprintf(hash, sizeof hash, "bad%zu", i);
         int reason;
@@ -1202,8 +1208,8 @@ static void test_nixl_mode_forms(void **state)
 /* ---------- liveness ---------- */
 
 /* The producer goes away while a request waits for its ack: the transfer
- * is retried on a fresh session, times out there, and every block comes
- * back. */
+ * is retried on a fresh session, whose connect its closed port refuses
+ * (REFUSED, not a timeout), and every block comes back. */
 static void test_producer_lost(void **state)
 {
     (void)state;
@@ -1224,7 +1230,7 @@ static void test_producer_lost(void **state)
     assert_true(cs.retries >= 1);
     fake_now += 10000;
     assert_int_equal(fetch_wait(w, "x", 100, f.port, &reason), ECX_FETCH_LOCAL);
-    assert_int_equal(reason, ECX_REASON_ACK_TIMEOUT);
+    assert_int_equal(reason, ECX_REASON_REFUSED);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
     world_free(w);
 }
@@ -1313,6 +1319,9 @@ static int dead_port(int *fd)
     assert_int_equal(bind(*fd, (struct sockaddr *)&a, sizeof a), 0);
     socklen_t al = sizeof a;
     assert_int_equal(getsockname(*fd, (struct sockaddr *)&a, &al), 0);
+    /* Listening, never accepting: the kernel completes the connect and nothing
+     * answers (a port with no listener refuses, and falls back REFUSED at once). */
+    assert_int_equal(listen(*fd, 4), 0);
     return ntohs(a.sin_port);
 }
 
@@ -1607,12 +1616,12 @@ static void test_announce_json(void **state)
     } cases[] = {
         {NULL, ECX_REASON_NO_PEER},
         {"{\"metadata\":{}}", ECX_REASON_NO_PEER},
-        {"not json", ECX_REASON_NO_PEER},
-        {"[1]", ECX_REASON_NO_PEER},
-        {"{\"peer_host\":5,\"peer_port\":1,\"size_bytes\":1}", ECX_REASON_NO_PEER},
+        {"not json", ECX_REASON_INVALID},
+        {"[1]", ECX_REASON_INVALID},
+        {"{\"peer_host\":5,\"peer_port\":1,\"size_bytes\":1}", ECX_REASON_INVALID},
         {"{\"peer_host\":\"\",\"peer_port\":1,\"size_bytes\":1}", ECX_REASON_NO_PEER},
         {"{\"peer_host\":\"h\",\"peer_port\":1,\"peer_port\":1,\"size_bytes\":1}",
-         ECX_REASON_NO_PEER}, /* duplicate keys: not JSON we take */
+         ECX_REASON_INVALID}, /* duplicate keys: not JSON we take */
         {"{\"peer_host\":\"h\"}", ECX_REASON_INVALID},
         {"{\"peer_host\":\"h\",\"peer_port\":0,\"size_bytes\":1}", ECX_REASON_INVALID},
         {"{\"peer_host\":\"h\",\"peer_port\":65536,\"size_bytes\":1}", ECX_REASON_INVALID},

@@ -181,8 +181,9 @@ def near_kill(r): return any(r["t0"] < w1 and r["t1"] > w0 for w0, w1 in windows
 # a producer killed between its OK ack and the consumer's data-plane connect
 # reported as BAD_ACK, with UCX's "connect failed" on stdout (breaking
 # `ecx get --json`); both are fixed (READ_FAILED; UCX logs via ecx, stderr).
+# REFUSED: B is down between a kill and its restart, so its port refuses.
 B_REASONS = {"ACK_TIMEOUT", "READ_FAILED", "QUARANTINED", "LEASE_EXPIRED", "SEND_FAILED",
-             "NOT_READY_TIMEOUT"}
+             "NOT_READY_TIMEOUT", "REFUSED"}
 bad = Counter(); examples = {}
 cur = None
 def fail(what, ex):

@@ -86,7 +86,9 @@ pids+=($!)
 "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:80Ki "${V2[@]}" "${F[@]}" --ready-delay-ms 600000 \
   --announce-out "$T/slow.json" 2>"$T/slow.log" &
 pids+=($!)
-"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:80Ki "${F[@]}" --announce-out "$T/v1.json" 2>"$T/v1.log" &
+# A version-1 producer (a vLLM before 0.34 speaks 1; 0.34.0 with version 1 is refused):
+# its announcement has no shape, which vLLM 0.34's admission refuses before asking.
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:80Ki "${F[@]}" --vllm-version 0.32.0 --announce-out "$T/v1.json" 2>"$T/v1.log" &
 pids+=($!)
 for f in a slow v1; do wait_file "$T/$f.json" || { bad "ecx serve ($f) did not start: $(tail -3 "$T/$f.log")"; finish; exit; }; done
 read -r APORT AH0 AH1 < <(ann_keys "$T/a.json")
@@ -180,9 +182,12 @@ check "B: other model: NACK_INCOMPAT" "[ \"\$(field '$T/gi.out' $BH0 reason)\" =
 read -r VPORT VH < <(ann_keys "$T/bver.json")
 timeout 30 "${GET[@]}" --params "$T/bver.json" --out "$T/ov" >"$T/gv.out" 2>"$T/gv.err"
 check "B: vLLM's NACK_VERSION decoded by ecx" "[ \"\$(field '$T/gv.out' $VH reason)\" = NACK_VERSION ]"
+# A v1 request would omit the version, so vLLM (v2) would read it as 2: ecx refuses the
+# contradictory pair (vLLM 0.34 speaks 2) before sending anything.
 timeout 30 "$ECX" get --connector-version 1 "${F[@]}" "${DATA[@]}" --json --peer "127.0.0.1:$BPORT" --mm-hash "$BH1" --size 80Ki --out "$T/v1.bin" >"$T/gv1.out" 2>"$T/gv1.err"
-check "B: a v1 request omits the version, so vLLM (v2) reads it as 2 and grants it: the check cannot fire" \
-  "[ \"\$(field '$T/gv1.out' $BH1 reason)\" = BAD_ACK ] || [ \"\$(field '$T/gv1.out' $BH1 outcome)\" = ready ]"
+rc=$?
+check "B: --connector-version 1 with --vllm-version 0.34.0 is refused (exit $rc)" \
+  "[ $rc = 2 ] && grep -q 'speaks protocol version 2' '$T/gv1.err'"
 # not ready for 3 s after it announces; ecx get asks at once
 "$VPY" "$PEER" producer --synthetic 1:80Ki --announce-out "$T/bslow.json" --status-file "$T/bslow.st" --ready-delay-ms 3000 2>"$T/bslow.err" &
 pids+=($!)

@@ -15,9 +15,11 @@ int cmd_serve(int argc, char **argv);
 int cmd_get(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_events(int argc, char **argv);
+int cmd_ping(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
-/* `ecx bench data` (tools/cmd_bench_data.c); help is `ecx bench --help`. */
-int cmd_bench_data(int argc, char **argv, const char *help);
+/* `ecx bench data` (tools/cmd_bench_data.c); its help is help then help_tail
+ * (tools/cmd_bench.c). */
+int cmd_bench_data(int argc, char **argv, const char *help, const char *help_tail);
 /* `ecx bench stall` (tools/cmd_bench_stall.c), with its own --help. */
 int cmd_bench_stall(int argc, char **argv);
 

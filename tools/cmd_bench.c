@@ -36,10 +36,14 @@
 #include "ecx.h"
 #include "opts.h"
 
-static const char HELP[] =
+static const char COMMON_TAIL[] =
+    "\n"
+    "It accepts the options serve takes in common; those that do not apply\n"
+    "(--region-bytes, --data for ctrl) are accepted and ignored:\n" COMMON_HELP "\n"
+    "Exit status: 0 success, 1 failure, 2 usage error.\n";
+
+static const char CTRL_HELP[] =
     "usage: ecx bench ctrl --params FILE [--requests N] [--window W] [options]\n"
-    "       ecx bench data [--size SIZE]... [--count N] [--data all|shm|tcp|ucx] [options]\n"
-    "       ecx bench stall [--data LIST] [--size LIST] [--step-ms LIST] [--count N] [options]\n"
     "\n"
     "ecx bench ctrl: control-plane load against a producer (ecx serve, or any peer\n"
     "speaking protocol version 1). Sends XferReq frames for the items of FILE (as\n"
@@ -60,7 +64,10 @@ static const char HELP[] =
     "    requests=<n> ok=<n> nack=<n> window=<w> ack_bytes=<n> req_per_s=<n> p50_us=<n> "
     "p99_us=<n>\n"
     "  (ok / nack over the measured requests; ack_bytes is the mean ack size).\n"
-    "  Exit 0 when every request got a well-formed ack for its item in time.\n"
+    "  Exit 0 when every request got a well-formed ack for its item in time.\n";
+
+static const char DATA_HELP[] =
+    "usage: ecx bench data [--size SIZE]... [--count N] [--data all|shm|tcp|ucx] [options]\n"
     "\n"
     "ecx bench data: what a fetch costs an engine, through the public API. For each\n"
     "path, a producer and a consumer context in this process (their progress\n"
@@ -79,15 +86,18 @@ static const char HELP[] =
     "  Output: one line per size, the last being the last size:\n"
     "    size=<bytes> shm_gbps=<x> ucx_gbps=<x> memcpy_gbps=<x> shm_ratio=<x> ucx_ratio=<x>\n"
     "      tcp_gbps=<x> tcp_ratio=<x>   (on the same line)\n"
-    "  (a path not measured reads 0; UCX_TLS=tcp measures UCX over TCP).\n"
+    "  (a path not measured reads 0; UCX_TLS=tcp measures UCX over TCP).\n";
+
+static const char HELP[] =
+    "usage: ecx bench ctrl --params FILE [--requests N] [--window W] [options]\n"
+    "       ecx bench data [--size SIZE]... [--count N] [--data all|shm|tcp|ucx] [options]\n"
+    "       ecx bench stall [--data LIST] [--size LIST] [--step-ms LIST] [--count N] [options]\n"
     "\n"
-    "ecx bench stall: what fetching costs an engine's step: the longest ecx_poll\n"
-    "and ecx_fetch_from calls while an engine steps every S ms, time to ready against\n"
-    "continuous polling, and cold vs warm fetches against memcpy + one round trip.\n"
-    "Its options and output: ecx bench stall --help.\n"
+    "  ctrl    control-plane load against a producer (requests/s, p50, p99)\n"
+    "  data    fetch-to-ready throughput through the API against memcpy\n"
+    "  stall   what fetching costs an engine's step\n"
     "\n"
-    "Both ctrl and data accept the options serve takes in common; those that do not apply\n"
-    "(--region-bytes, and --data for ctrl) are accepted and ignored:\n" COMMON_HELP "\n"
+    "Each has its own help: ecx bench ctrl --help, and so on.\n"
     "Exit status: 0 success, 1 failure, 2 usage error.\n";
 
 static uint64_t now_ns(void)
@@ -514,7 +524,7 @@ static int cmd_bench_ctrl(int argc, char **argv)
         if (r < 0) return EXIT_USAGE;
         if (r > 0) continue;
         switch (c) {
-        case 'h': fputs(HELP, stdout); return EXIT_OK;
+        case 'h': fputs(CTRL_HELP, stdout); fputs(COMMON_TAIL, stdout); return EXIT_OK;
         case O_PARAMS: params = optarg; break;
         case O_REQUESTS:
             if (parse_int("--requests", optarg, 1, 10000000, &o.requests)) return EXIT_USAGE;
@@ -534,9 +544,10 @@ static int cmd_bench_ctrl(int argc, char **argv)
         }
     }
     if (optind < argc)
-        return usage_error("bench ctrl takes no arguments ('%s'); try 'ecx bench --help'",
+        return usage_error("bench ctrl takes no arguments ('%s'); try 'ecx bench ctrl --help'",
                            argv[optind]);
-    if (!params) return usage_error("bench ctrl needs --params FILE; try 'ecx bench --help'");
+    if (common_finish(&cfg)) return EXIT_USAGE;
+    if (!params) return usage_error("bench ctrl needs --params FILE; try 'ecx bench ctrl --help'");
     return run_ctrl(&o, &cfg, params);
 }
 
@@ -552,7 +563,7 @@ int cmd_bench(int argc, char **argv)
         return EXIT_OK;
     }
     if (!strcmp(sub, "ctrl")) return cmd_bench_ctrl(argc - 1, argv + 1);
-    if (!strcmp(sub, "data")) return cmd_bench_data(argc - 1, argv + 1, HELP);
+    if (!strcmp(sub, "data")) return cmd_bench_data(argc - 1, argv + 1, DATA_HELP, COMMON_TAIL);
     if (!strcmp(sub, "stall")) return cmd_bench_stall(argc - 1, argv + 1);
     return usage_error(
         "bench: unknown benchmark '%s' (ctrl, data or stall; try 'ecx bench --help')", sub);

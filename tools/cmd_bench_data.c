@@ -251,7 +251,7 @@ done:
     return ret;
 }
 
-int cmd_bench_data(int argc, char **argv, const char *help)
+int cmd_bench_data(int argc, char **argv, const char *help, const char *help_tail)
 {
     enum { O_SIZE = 2000, O_COUNT, O_WARMUP };
     static const struct option opts[] = {{"size", required_argument, 0, O_SIZE},
@@ -283,7 +283,7 @@ int cmd_bench_data(int argc, char **argv, const char *help)
         if (r < 0) return EXIT_USAGE;
         if (r > 0) continue;
         switch (c) {
-        case 'h': fputs(help, stdout); return EXIT_OK;
+        case 'h': fputs(help, stdout); fputs(help_tail, stdout); return EXIT_OK;
         case O_SIZE:
             if (nsizes == MAX_SIZES) return usage_error("--size: at most %d sizes", MAX_SIZES);
             if (parse_size("--size", optarg, &sizes[nsizes])) return EXIT_USAGE;
@@ -303,8 +303,9 @@ int cmd_bench_data(int argc, char **argv, const char *help)
         }
     }
     if (optind < argc)
-        return usage_error("bench data takes no arguments ('%s'); try 'ecx bench --help'",
+        return usage_error("bench data takes no arguments ('%s'); try 'ecx bench data --help'",
                            argv[optind]);
+    if (common_finish(&cfg)) return EXIT_USAGE;
     if (nsizes == 0) sizes[nsizes++] = 4700000, sizes[nsizes++] = 28800000;
     b.bs = cfg.block_bytes;
     b.base = &cfg;

@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "ecx.h"
+#include "opts.h"
 
 static const char HELP[] =
     "usage: ecx compat-hash VLLM_VERSION MODEL DTYPE BLOCK_SIZE_BYTES\n"
@@ -14,7 +15,10 @@ static const char HELP[] =
     "Print the lowercase hex SHA-256 that peers compare before a transfer:\n"
     "the hash of Python's json.dumps([VLLM_VERSION, MODEL, DTYPE,\n"
     "BLOCK_SIZE_BYTES], separators=(\",\", \":\")). The strings must be UTF-8;\n"
-    "BLOCK_SIZE_BYTES is a decimal integer (int64).\n";
+    "BLOCK_SIZE_BYTES is an int64, or a size with K/M/G or Ki/Mi/Gi (8Ki).\n"
+    "DTYPE is hashed as given, as the reference does. vLLM hashes str(torch.dtype),\n"
+    "e.g. torch.bfloat16, and so do serve and get for any spelling of it (bf16,\n"
+    "bfloat16): `ecx serve` prints the hash it uses at start.\n";
 
 int cmd_compat_hash(int argc, char **argv)
 {
@@ -27,8 +31,12 @@ int cmd_compat_hash(int argc, char **argv)
     char *end;
     errno = 0;
     long long bs = strtoll(num, &end, 10);
+    uint64_t size;
+    if (*end && *num != '-' && !parse_size_quiet(num, &size) && size <= INT64_MAX)
+        bs = (long long)size, end = "", errno = 0;
     if (!*num || (*num != '-' && (*num < '0' || *num > '9')) || *end || errno == ERANGE)
-        return usage_error("BLOCK_SIZE_BYTES must be a decimal int64, got '%s'", num);
+        return usage_error("BLOCK_SIZE_BYTES must be an int64 or a size like 8Ki, got '%s'",
+                           num);
     char hex[ECX_COMPAT_HASH_HEX + 1];
     int rc = ecx_compat_hash(argv[1], strlen(argv[1]), argv[2], strlen(argv[2]), argv[3],
                              strlen(argv[3]), (int64_t)bs, hex);

@@ -53,10 +53,12 @@ static const char HELP[] =
     "                         2..8)\n"
     "  --items N              encodings in the main load, every third 28.8 MB, the\n"
     "                         rest 4.7 MB (default 24, fewer if /dev/shm is small)\n"
-    "  --data auto|shm|tcp|ucx  data path for producers and consumers (default auto;\n"
-    "                         ucx: trusted networks only, see README's threat model)\n"
-    "  --ack-timeout-ms MS    consumer ack timeout (default 300; the killed producer\n"
-    "                         costs about this much)\n"
+    "  --data PATH            data path for producers and consumers: " ECX_DATA_PATHS "\n"
+    "                         (default auto; ucx and nixl: trusted networks only, see\n"
+    "                         README's threat model; nixl between ecx ends is auto's paths)\n"
+    "  --ack-timeout-ms MS    consumer ack timeout (default 300; a producer that\n"
+    "                         accepts and stays silent costs about this much, a killed\n"
+    "                         one's closed port falls back at once: REFUSED)\n"
     "  --ready-delay-ms MS    how long the second producer keeps items not ready\n"
     "                         (default 400)\n"
     "  --keep                 keep the work directory (announcements, child logs)\n"
@@ -510,9 +512,8 @@ int cmd_demo(int argc, char **argv)
             d->items = (int)v;
             break;
         case O_DATA:
-            if (strcmp(optarg, "auto") && strcmp(optarg, "shm") && strcmp(optarg, "tcp") &&
-                strcmp(optarg, "ucx"))
-                return usage_error("--data takes auto, shm, tcp or ucx, not '%s'", optarg);
+            if (!data_path_ok(optarg))
+                return usage_error("--data takes one of %s, not '%s'", ECX_DATA_PATHS, optarg);
             d->data = optarg;
             break;
         case O_ACK:

@@ -314,11 +314,11 @@ int cmd_events(int argc, char **argv)
             if (*end || for_ms < 0) return usage_error("--for-ms takes milliseconds");
             break;
         case O_CURVE:
-            if (key_file_read("--curve-server-key", optarg, key)) return EXIT_FAIL;
+            if (key_file_read("--curve-server-key", optarg, false, key)) return EXIT_FAIL;
             s.curve = key;
             break;
         case O_SECRET:
-            if (key_file_read("--curve-secret", optarg, secret)) return EXIT_FAIL;
+            if (key_file_read("--curve-secret", optarg, true, secret)) return EXIT_FAIL;
             s.secret = secret;
             break;
         default: return usage_error("try 'ecx events --help'");

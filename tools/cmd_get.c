@@ -36,7 +36,11 @@ static const char HELP[] =
     "                         --curve-server-key (trusted network)\n"
     "  --size SIZE            announced size of the --peer item\n"
     "  --out DIR|FILE         where the bytes go (files created mode 0600)\n"
-    "  --json                 print one JSON result object per item on stdout\n"
+    "  --json                 print one JSON result object per item on stdout:\n"
+    "                         mm_hash, outcome (ready|local), reason (if local),\n"
+    "                         size_bytes, latency_ms, written (the file holds it),\n"
+    "                         verified (compared with --verify-synthetic's content;\n"
+    "                         false without it: every fetch is checksum-checked anyway)\n"
     "  --verify-synthetic     check each item's bytes against `ecx serve --synthetic`\n"
     "  --ack-timeout-ms MS    wait this long for each ack (default 2000; 30000 with\n"
     "                         --connector-version 2, as vLLM >= 0.34 waits)\n"
@@ -67,6 +71,7 @@ typedef struct want {
     int state, reason;
     double t0, ms;
     bool bad; /* verify failed or output not written */
+    bool write_failed; /* output not written */
 } want;
 
 /* Write the item's segments to path atomically (temp file + rename) and,
@@ -124,9 +129,39 @@ static int store(ecx_ctx *ctx, want *w, const char *path, bool verify)
     if (rc) {
         fprintf(stderr, "ecx: cannot write %s: %s\n", path, strerror(errno));
         unlink(tmp);
-        w->bad = true;
+        w->bad = w->write_failed = true;
     }
     return rc;
+}
+
+/* 0 if out can take the output: a writable directory (dir) or a path in one. */
+static int out_ok(const char *out, bool file)
+{
+    char parent[4200];
+    const char *dir = out;
+    if (file) {
+        const char *slash = strrchr(out, '/');
+        if (!slash) dir = ".";
+        else if (snprintf(parent, sizeof parent, "%.*s", (int)(slash - out), out) >=
+                 (int)sizeof parent) {
+            fprintf(stderr, "ecx: --out %s: path too long\n", out);
+            return -1;
+        } else dir = slash == out ? "/" : parent;
+        struct stat st;
+        if (!stat(out, &st) && S_ISDIR(st.st_mode)) {
+            fprintf(stderr, "ecx: --out %s is a directory; with --peer it names the file\n", out);
+            return -1;
+        }
+    }
+    struct stat st;
+    errno = 0;
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode) || access(dir, W_OK | X_OK)) {
+        fprintf(stderr, "ecx: --out %s: %s%s is not a directory this process can write to "
+                "(%s); nothing was fetched\n", out, file ? "its directory " : "", dir,
+                errno ? strerror(errno) : "not a directory");
+        return -1;
+    }
+    return 0;
 }
 
 static void progress(size_t done, size_t total, uint64_t bytes)
@@ -228,6 +263,7 @@ int cmd_get(int argc, char **argv)
         fprintf(stderr, "ecx: --peer needs exactly one --mm-hash and --size\n");
         goto usage;
     }
+    if (common_finish(&cfg)) goto usage;
     cfg.ack_timeout_ms = ack ? ack
                          : cfg.connector_version == 2 ? ECX_DEFAULT_ACK_TIMEOUT_V2_MS
                                                       : ECX_DEFAULT_ACK_TIMEOUT_MS;
@@ -236,13 +272,20 @@ int cmd_get(int argc, char **argv)
         goto usage;
     }
     if (curve_server_path) {
-        if (key_file_read("--curve-server-key", curve_server_path, curve_pub) ||
-            (curve_secret_path && key_file_read("--curve-secret", curve_secret_path, curve_sec))) {
+        if (key_file_read("--curve-server-key", curve_server_path, false, curve_pub) ||
+            (curve_secret_path && key_file_read("--curve-secret", curve_secret_path, true, curve_sec))) {
             free(hashes);
             return EXIT_FAIL;
         }
         cfg.curve_server_key = curve_pub;
         if (curve_secret_path) cfg.curve_secret_key = curve_sec;
+    }
+
+    /* The output, before any network work: a directory for --params, a file
+     * in an existing directory for --peer. */
+    if (out_ok(out, peer != NULL)) {
+        free(hashes);
+        return EXIT_FAIL;
     }
 
     /* The items and their announcements. */
@@ -283,8 +326,13 @@ int cmd_get(int argc, char **argv)
             continue;
         }
         json_t *a = json_object_get(ann, hashes[i]);
+        if (!a) {
+            fprintf(stderr, "ecx: --mm-hash %s is not in --params %s\n", hashes[i], params);
+            rc = EXIT_USAGE;
+            goto done;
+        }
         json_t *s = json_object_get(a, "size_bytes");
-        if (a) ws[i].announcement = json_dumps(a, JSON_COMPACT);
+        ws[i].announcement = json_dumps(a, JSON_COMPACT | JSON_ENCODE_ANY);
         if (json_is_integer(s) && json_integer_value(s) > 0) {
             ws[i].size = (uint64_t)json_integer_value(s);
             need += (ws[i].size + cfg.block_bytes - 1) / cfg.block_bytes * cfg.block_bytes;
@@ -300,7 +348,7 @@ int cmd_get(int argc, char **argv)
         goto done;
     }
     bool tty = isatty(2) && !json;
-    size_t finished = 0, fetched = 0, fell_back = 0;
+    size_t finished = 0, fetched = 0, fell_back = 0, incompat = 0, timeouts = 0;
     uint64_t bytes = 0;
     double start = mono_s();
     for (size_t i = 0; i < n_hashes; i++) ws[i].state = -1, ws[i].t0 = start;
@@ -320,7 +368,7 @@ int cmd_get(int argc, char **argv)
                               : snprintf(path, sizeof path, "%s/%s", out, w->hash);
                 if (pl >= (int)sizeof path) {
                     fprintf(stderr, "ecx: output path too long\n");
-                    w->bad = true;
+                    w->bad = w->write_failed = true;
                 } else {
                     store(ctx, w, path, verify);
                 }
@@ -329,13 +377,26 @@ int cmd_get(int argc, char **argv)
             } else {
                 fprintf(stderr, "%s%s: %s\n", tty ? "\n" : "", w->hash, ecx_reason_name(w->reason));
                 fell_back++;
+                if (w->reason == ECX_REASON_ACK_TIMEOUT && !timeouts++)
+                    fprintf(stderr, "ecx: no ack in time: `ecx ping HOST:PORT` with these options "
+                            "tells whether the producer is a ZeroMQ peer, its CURVE, protocol "
+                            "version and compatibility\n");
+                if (w->reason == ECX_REASON_NACK_INCOMPAT && !incompat++) {
+                    print_factors("this consumer", &cfg);
+                    fprintf(stderr, "ecx: the producer's factors: its start-up line, the ecx_info "
+                            "metric on its /metrics, or `ecx ping HOST:PORT`\n");
+                }
             }
             if (json) {
-                json_t *o = json_pack("{s:s,s:s,s:s?,s:I,s:f,s:b}", "mm_hash", w->hash, "outcome",
-                                      w->state == ECX_FETCH_READY ? "ready" : "local", "reason",
-                                      w->state == ECX_FETCH_READY ? NULL : ecx_reason_name(w->reason),
-                                      "size_bytes", (json_int_t)w->size, "latency_ms", w->ms,
-                                      "verified", verify && !w->bad && w->state == ECX_FETCH_READY);
+                /* "written": the file holds the bytes; "verified": they were compared
+                 * with --verify-synthetic's content (checksums are checked always). */
+                bool ready = w->state == ECX_FETCH_READY;
+                json_t *o = json_pack("{s:s,s:s,s:s?,s:I,s:f,s:b,s:b}", "mm_hash", w->hash,
+                                      "outcome", ready ? "ready" : "local", "reason",
+                                      ready ? NULL : ecx_reason_name(w->reason), "size_bytes",
+                                      (json_int_t)w->size, "latency_ms", w->ms, "written",
+                                      ready && !w->write_failed, "verified",
+                                      verify && !w->bad && ready);
                 char *t = json_dumps(o, JSON_COMPACT);
                 if (t) puts(t);
                 free(t);
@@ -346,11 +407,13 @@ int cmd_get(int argc, char **argv)
         if (finished < n_hashes) ecx_poll(ctx, 10);
     }
     bool any_bad = false;
-    for (size_t i = 0; i < n_hashes; i++) any_bad |= ws[i].bad;
+    size_t unwritten = 0;
+    for (size_t i = 0; i < n_hashes; i++) any_bad |= ws[i].bad, unwritten += ws[i].write_failed;
     double secs = mono_s() - start;
     if (!json)
-        fprintf(stderr, "ecx: %zu fetched, %zu fell back, %.1f MB in %.3f s\n", fetched, fell_back,
-                bytes / 1e6, secs);
+        fprintf(stderr, "ecx: %zu fetched, %zu fell back, %.1f MB in %.3f s\n", fetched,
+                fell_back, bytes / 1e6, secs);
+    if (unwritten) fprintf(stderr, "ecx: %zu fetched item(s) NOT written (above)\n", unwritten);
     rc = any_bad ? EXIT_FAIL : fell_back ? 3 : EXIT_OK;
     ecx_free(ctx);
 done:

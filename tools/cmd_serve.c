@@ -5,6 +5,7 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <microhttpd.h>
@@ -58,10 +59,12 @@ static const char HELP[] =
     "                         plaintext unless --curve-secret: anyone who reaches it\n"
     "                         can fetch items it knows the mm_hash of (trusted network)\n"
     "  --advertise-host HOST  peer_host written in announcements (default: the\n"
-    "                         listen host, or 127.0.0.1 for a wildcard)\n"
+    "                         listen host; required with a wildcard --listen)\n"
     "  --announce-out FILE    once listening, write {mm_hash: announcement} for\n"
     "                         everything served, atomically (scripts wait for it)\n"
-    "  --metrics HOST:PORT    serve Prometheus text at http://HOST:PORT/metrics\n"
+    "  --metrics HOST:PORT    serve Prometheus text at http://HOST:PORT/metrics (with\n"
+    "                         ecx_info: the compatibility factors, hash, protocol\n"
+    "                         version), and \"ok\" at /healthz\n"
     "                         (at most 8 connections per client address, 128 in all,\n"
     "                         the idlest of the heaviest address closed for a newcomer;\n"
     "                         closed 3 s idle, 5 s after accept or the last answer)\n"
@@ -213,24 +216,6 @@ static int load_file(const item *x, const ecx_segment *segs, size_t n)
     }
     if (fd >= 0) close(fd);
     return rc;
-}
-
-/* Bytes per element of a torch dtype name, as the library counts them for
- * connector_version 2 (src/announce.c, ecxi_announce_elem_size; the library
- * checks the shape again in ecx_save_shape); 0 if unknown. */
-static int dtype_size(const char *dtype)
-{
-    static const struct {
-        const char *name;
-        int size;
-    } known[] = {{"float64", 8}, {"double", 8},        {"float32", 4},     {"float", 4},
-                 {"int32", 4},   {"float16", 2},       {"half", 2},        {"bfloat16", 2},
-                 {"int16", 2},   {"float8_e4m3fn", 1}, {"float8_e5m2", 1}, {"int8", 1},
-                 {"uint8", 1}};
-    if (!strncmp(dtype, "torch.", 6)) dtype += 6;
-    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-        if (!strcmp(dtype, known[i].name)) return known[i].size;
-    return 0;
 }
 
 /* --width: each preloaded file becomes rows of width elements of elem bytes,
@@ -476,8 +461,13 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     hconn *hc = si ? si->socket_context : NULL;
     if (hc && hc->conn == conn && live(hc)) hc->since = mono_s(); /* answered */
-    if (strcmp(method, "GET") || strcmp(url, "/metrics")) {
-        static const char nf[] = "not found: try GET /metrics\n";
+    if (!strcmp(method, "GET") && !strcmp(url, "/healthz")) {
+        /* Liveness: the serve loop is running (it answers this). */
+        static const char okb[] = "ok\n";
+        r = MHD_create_response_from_buffer(sizeof okb - 1, (void *)okb, MHD_RESPMEM_PERSISTENT);
+        status = MHD_HTTP_OK;
+    } else if (strcmp(method, "GET") || strcmp(url, "/metrics")) {
+        static const char nf[] = "not found: try GET /metrics or /healthz\n";
         r = MHD_create_response_from_buffer(sizeof nf - 1, (void *)nf, MHD_RESPMEM_PERSISTENT);
         status = MHD_HTTP_NOT_FOUND;
     } else {
@@ -519,6 +509,17 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     return ok;
 }
 
+/* libmicrohttpd's own messages ("Failed to bind ..."), with our prefix. */
+static void mhd_log(void *arg, const char *fmt, va_list ap)
+{
+    (void)arg;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && line[n - 1] == '\n') line[--n] = '\0';
+    fprintf(stderr, "ecx: --metrics: %s\n", line);
+}
+
 static struct MHD_Daemon *start_metrics(const char *addr, http_state *h)
 {
     char host[256];
@@ -540,7 +541,8 @@ static struct MHD_Daemon *start_metrics(const char *addr, http_state *h)
      * counters are read on the thread that writes them. Our caps are in
      * http_accept; libmicrohttpd's own are above them. */
     struct MHD_Daemon *d = MHD_start_daemon(
-        flags, (uint16_t)port, http_accept, h, on_http, h, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+        flags, (uint16_t)port, http_accept, h, on_http, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+        NULL, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
         MHD_OPTION_CONNECTION_LIMIT, METRICS_CONNS + METRICS_SLACK,
         MHD_OPTION_CONNECTION_TIMEOUT, METRICS_IDLE_S, MHD_OPTION_NOTIFY_CONNECTION,
         http_notify, h, MHD_OPTION_END);
@@ -645,19 +647,31 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "ecx: serve takes no arguments ('%s'); try 'ecx serve --help'\n", argv[optind]);
         goto usage;
     }
+    if (common_finish(&cfg)) goto usage;
+    char lhost[256];
+    int lport;
+    if (parse_host_port(cfg.listen, lhost, &lport)) {
+        fprintf(stderr, "ecx: --listen takes HOST:PORT (port 0..65535), not '%s'\n", cfg.listen);
+        goto usage;
+    }
+    if (!cfg.advertise_host &&
+        (!strcmp(lhost, "*") || !strcmp(lhost, "0.0.0.0") || !strcmp(lhost, "::"))) {
+        fprintf(stderr, "ecx: --listen %s is a wildcard: give --advertise-host with the "
+                "address consumers reach this host at (announcing 127.0.0.1 would make "
+                "consumers on other hosts dial themselves)\n", cfg.listen);
+        goto usage;
+    }
     if (width && cfg.connector_version != 2) {
         fprintf(stderr, "ecx: --width needs --connector-version 2 (version 1 has no shape)\n");
         goto usage;
     }
-    /* An unknown dtype: ecx_new refuses it for version 2, below. */
-    if (width && dtype_size(cfg.dtype))
-        apply_width(&it, (uint64_t)width, dtype_size(cfg.dtype), cfg.block_bytes);
+    if (width) apply_width(&it, (uint64_t)width, ecx_dtype_size(cfg.dtype), cfg.block_bytes);
     if (curve_allow_path && !curve_secret_path) {
         fprintf(stderr, "ecx: --curve-allow needs --curve-secret\n");
         goto usage;
     }
     if (curve_secret_path) {
-        if (key_file_read("--curve-secret", curve_secret_path, curve_sec)) goto fail;
+        if (key_file_read("--curve-secret", curve_secret_path, true, curve_sec)) goto fail;
         cfg.curve_secret_key = curve_sec;
     }
     if (curve_allow_path) {
@@ -688,6 +702,7 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "ecx: cannot start the producer: %s\n", ecx_strerror(e));
         goto fail;
     }
+    print_factors("producer", &cfg);
     if (curve_secret_path)
         fprintf(stderr, "ecx: control plane encrypted (CURVE), %s\n",
                 curve_allow_path ? "clients checked against the allow-list"

@@ -4,18 +4,21 @@
 #include <string.h>
 
 #include "cli.h"
+#include "ecx.h"
 #include "keys.h"
 
 static const char HELP[] =
     "usage: ecx COMMAND [ARGS]\n"
     "\n"
-    "ecx moves vision-encoder outputs between LLM serving instances\n"
-    "(protocol version 1 of vLLM's ECCPUConnector).\n"
+    "ecx moves vision-encoder outputs between LLM serving instances (vLLM's\n"
+    "ECCPUConnector protocol, versions 1 and 2: 2 is vLLM >= 0.34's).\n"
     "\n"
     "commands:\n"
     "  serve          run a producer: serve files or synthetic encodings\n"
     "  get            run a consumer: fetch items into files\n"
     "  events HOST:PORT  print a producer's encoder-cache events (docs/EVENTS.md)\n"
+    "  ping HOST:PORT is a producer there, and would it serve these settings? (< 2 s;\n"
+    "                 the exit status says what is wrong)\n"
     "  demo           the main job: a producer and consumers on loopback, checked\n"
     "  bench ctrl     control-plane load against a producer (requests/s, p50, p99)\n"
     "  bench data     fetch-to-ready throughput through the API: shm, tcp and UCX\n"
@@ -30,7 +33,9 @@ static const char HELP[] =
     "                 decode one XferReq / XferAck frame and print it as JSON\n"
     "  proto encode   read that JSON on stdin and print the frame as hex\n"
     "\n"
-    "Run 'ecx COMMAND --help' for a command's options.\n"
+    "Run 'ecx COMMAND --help' for a command's options; 'ecx --version' for the version.\n"
+    "Environment: ECX_LOG=error|warn|info|debug sets the library's log level (default\n"
+    "warn); ECX_SHM_DIR the directory of region files (default /dev/shm).\n"
     "Exit status: 0 success, 1 failure, 2 usage error.\n";
 
 int usage_error(const char *fmt, ...)
@@ -55,10 +60,17 @@ int main(int argc, char **argv)
         fputs(HELP, stdout);
         return EXIT_OK;
     }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
+        printf("ecx %s (library %s; protocol versions 1..%d, default the one --vllm-version "
+               "speaks; default vLLM %s)\n", ECX_VERSION_STRING, ecx_version(),
+               ECX_CONNECTOR_VERSION_MAX, ECX_DEFAULT_VLLM_VERSION);
+        return EXIT_OK;
+    }
     if (!strcmp(cmd, "proto")) return cmd_proto(argc - 1, argv + 1);
     if (!strcmp(cmd, "compat-hash")) return cmd_compat_hash(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "get")) return cmd_get(argc - 1, argv + 1);
+    if (!strcmp(cmd, "ping")) return cmd_ping(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "keygen")) return cmd_keygen(argc - 1, argv + 1);

@@ -63,10 +63,15 @@ static char *trim(char *line)
     return *line && *line != '#' ? line : NULL;
 }
 
+/* The comment `ecx keygen` heads each file with, by role. */
+#define SECRET_HEADER "# ecx CURVE secret key"
+#define PUBLIC_HEADER "# ecx CURVE public key"
+
 /* Read path's keys (at most max bytes): each non-comment line must be one
  * Z85 key. Calls take(key, arg) for each; returns the count, or -1 (message
- * printed). */
-static int read_keys(const char *opt, const char *path, size_t max,
+ * printed). A file whose keygen header names the other role (secret: a
+ * secret key is expected) is refused, naming the file. */
+static int read_keys(const char *opt, const char *path, size_t max, bool secret,
                      int (*take)(const char *, void *), void *arg)
 {
     size_t len;
@@ -78,6 +83,13 @@ static int read_keys(const char *opt, const char *path, size_t max,
         if (!end) end = text + len; /* the last line, without a newline */
         *end = '\0';
         lineno++;
+        if (!strncmp(line, secret ? PUBLIC_HEADER : SECRET_HEADER, strlen(PUBLIC_HEADER))) {
+            fprintf(stderr, "ecx: %s: '%s' is a %s key (`ecx keygen`'s %s); %s wants %s\n", opt,
+                    path, secret ? "public" : "secret", secret ? ".pub" : ".key", opt,
+                    secret ? "a secret key (.key)" : "public keys (.pub)");
+            rc = -1;
+            break;
+        }
         char *k = trim(line);
         if (!k) continue;
         if (!key_z85_ok(k)) {
@@ -104,10 +116,10 @@ static int take_one(const char *k, void *arg)
     return 0;
 }
 
-int key_file_read(const char *opt, const char *path, char out[KEY_Z85_LEN + 1])
+int key_file_read(const char *opt, const char *path, bool secret, char out[KEY_Z85_LEN + 1])
 {
     out[0] = '\0';
-    int n = read_keys(opt, path, FILE_MAX_KEY, take_one, out);
+    int n = read_keys(opt, path, FILE_MAX_KEY, secret, take_one, out);
     if (n != 1) {
         if (n == 0 || out[0])
             fprintf(stderr, "ecx: %s: '%s' must hold exactly one key\n", opt, path);
@@ -130,7 +142,7 @@ static int take_many(const char *k, void *arg)
 
 int allow_file_read(const char *opt, const char *path, key_list *out)
 {
-    int n = read_keys(opt, path, FILE_MAX_ALLOW, take_many, out);
+    int n = read_keys(opt, path, FILE_MAX_ALLOW, false, take_many, out);
     if (n == 0) fprintf(stderr, "ecx: %s: '%s' holds no key\n", opt, path);
     return n > 0 ? 0 : -1;
 }
@@ -191,12 +203,12 @@ int cmd_keygen(int argc, char **argv)
         return EXIT_FAIL;
     }
     char text[200];
-    snprintf(text, sizeof text, "# ecx CURVE secret key: keep private\n%s\n", sec);
+    snprintf(text, sizeof text, SECRET_HEADER ": keep private\n%s\n", sec);
     int rc = write_new(key_path, 0600, text);
     sodium_memzero(sec, sizeof sec);
     sodium_memzero(text, sizeof text);
     if (rc) return EXIT_FAIL;
-    snprintf(text, sizeof text, "# ecx CURVE public key\n%s\n", pub);
+    snprintf(text, sizeof text, PUBLIC_HEADER "\n%s\n", pub);
     if (write_new(pub_path, 0644, text)) {
         unlink(key_path);
         return EXIT_FAIL;

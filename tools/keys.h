@@ -20,10 +20,11 @@ typedef struct key_list {
     size_t n;
 } key_list;
 
-/* Read the one Z85 key in path into out. 0, or -1 with a message on stderr
- * naming opt and path (never the key). */
-int key_file_read(const char *opt, const char *path, char out[KEY_Z85_LEN + 1]);
-/* Read one or more keys, one per line; 0 or -1 (message printed). */
+/* Read the one Z85 key in path into out: a secret key (secret) or a public
+ * one; a file `ecx keygen` wrote for the other role is refused. 0, or -1 with
+ * a message on stderr naming opt and path (never the key). */
+int key_file_read(const char *opt, const char *path, bool secret, char out[KEY_Z85_LEN + 1]);
+/* Read one or more public keys, one per line; 0 or -1 (message printed). */
 int allow_file_read(const char *opt, const char *path, key_list *out);
 void key_list_free(key_list *l);
 

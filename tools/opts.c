@@ -10,6 +10,14 @@
 
 int parse_size(const char *opt, const char *s, uint64_t *out)
 {
+    if (!parse_size_quiet(s, out)) return 0;
+    fprintf(stderr, "ecx: %s: '%s' is not a size (e.g. 4096, 64Ki, 4.7M, 1Gi; fractions must "
+            "come to whole bytes)\n", opt, s);
+    return -1;
+}
+
+int parse_size_quiet(const char *s, uint64_t *out)
+{
     const char *p = s;
     uint64_t whole = 0, frac = 0, frac_div = 1;
     bool digits = false;
@@ -51,7 +59,6 @@ int parse_size(const char *opt, const char *s, uint64_t *out)
     *out = v;
     return 0;
 bad:
-    fprintf(stderr, "ecx: %s: '%s' is not a size (e.g. 4096, 64Ki, 4.7M, 1Gi)\n", opt, s);
     return -1;
 }
 
@@ -84,23 +91,63 @@ int common_opt(int c, const char *arg, ecx_config *cfg, bool *region_given)
         return parse_size("--region-bytes", arg, &cfg->region_bytes) ? -1 : 1;
     case OPT_VLLM_VERSION: cfg->vllm_version = arg; return 1;
     case OPT_MODEL: cfg->model = arg; return 1;
-    case OPT_DTYPE: cfg->dtype = arg; return 1;
+    case OPT_DTYPE:
+        if (!ecx_dtype_name(arg)) {
+            fprintf(stderr, "ecx: --dtype '%s' is not one ecx knows; accepted: %s\n", arg,
+                    ecx_dtype_names());
+            return -1;
+        }
+        cfg->dtype = arg;
+        return 1;
     case OPT_CONNECTOR_VERSION: {
         int64_t v;
-        if (parse_int("--connector-version", arg, 1, ECX_CONNECTOR_VERSION_MAX, &v)) return -1;
+        if (parse_int("--connector-version", arg, 0, ECX_CONNECTOR_VERSION_MAX, &v)) return -1;
         cfg->connector_version = (int)v;
         return 1;
     }
     case OPT_DATA:
-        if (strcmp(arg, "auto") && strcmp(arg, "shm") && strcmp(arg, "tcp") && strcmp(arg, "ucx") &&
-            strcmp(arg, "nixl")) {
-            fprintf(stderr, "ecx: --data takes auto, shm, tcp, ucx or nixl, not '%s'\n", arg);
+        if (!data_path_ok(arg)) {
+            fprintf(stderr, "ecx: --data takes one of %s, not '%s'\n", ECX_DATA_PATHS, arg);
             return -1;
         }
         cfg->data = arg;
         return 1;
     }
     return 0;
+}
+
+bool data_path_ok(const char *s)
+{
+    static const char all[] = ECX_DATA_PATHS;
+    size_t n = strlen(s);
+    for (const char *p = all; n && (p = strstr(p, s)); p += n)
+        if ((p == all || p[-1] == ' ') && (p[n] == ',' || p[n] == '\0')) return true;
+    return false;
+}
+
+int common_finish(ecx_config *cfg)
+{
+    int spoken = ecx_protocol_version_of(cfg->vllm_version);
+    if (cfg->connector_version == 0) cfg->connector_version = spoken;
+    if (cfg->connector_version == 1 && spoken == 2) {
+        fprintf(stderr, "ecx: --vllm-version %s speaks protocol version 2, not the "
+                "--connector-version 1 given: drop --connector-version, or give 2\n",
+                cfg->vllm_version);
+        return -1;
+    }
+    return 0;
+}
+
+void print_factors(const char *who, const ecx_config *cfg)
+{
+    const char *dt = ecx_dtype_name(cfg->dtype);
+    char h[ECX_COMPAT_HASH_HEX + 1] = "?";
+    if (dt)
+        ecx_compat_hash(cfg->vllm_version, strlen(cfg->vllm_version), cfg->model,
+                        strlen(cfg->model), dt, strlen(dt), (int64_t)cfg->block_bytes, h);
+    fprintf(stderr, "ecx: %s: vllm-version %s, model %s, dtype %s, block-bytes %llu, protocol "
+            "version %d, compat hash %s\n", who, cfg->vllm_version, cfg->model, dt ? dt : "?",
+            (unsigned long long)cfg->block_bytes, cfg->connector_version, h);
 }
 
 bool item_name_ok(const char *s)

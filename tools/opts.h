@@ -17,6 +17,8 @@
 /* "4096", "1Mi", "4.7M", "2G". 0 and an error message on stderr if s is
  * not a size; *out receives the bytes. Fractions must come to whole bytes. */
 int parse_size(const char *opt, const char *s, uint64_t *out);
+/* The same, without a message: -1 if s is not a size. */
+int parse_size_quiet(const char *s, uint64_t *out);
 /* A decimal integer in [lo, hi]. */
 int parse_int(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
 
@@ -43,12 +45,15 @@ enum {
     "  --block-bytes SIZE     block size (default 1Mi); peers must agree\n"                       \
     "  --vllm-version TEXT    compatibility factor (default " ECX_DEFAULT_VLLM_VERSION ")\n"      \
     "  --model TEXT           compatibility factor (default " ECX_DEFAULT_MODEL ")\n"             \
-    "  --dtype TEXT           compatibility factor (default " ECX_DEFAULT_DTYPE ")\n"             \
-    "  --connector-version 1|2  protocol version (default 1); 2 speaks to vLLM >= 0.34:\n"      \
+    "  --dtype NAME           compatibility factor (default " ECX_DEFAULT_DTYPE "), hashed\n" \
+    "                         as vLLM does: bfloat16, bf16, torch.bfloat16 are one dtype\n" \
+    "  --connector-version 1|2  protocol version (default: the one --vllm-version\n" \
+    "                         speaks, 2 from vLLM 0.34 on, else 1); 2 speaks to vLLM >= 0.34:\n" \
     "                         announcements carry shape [rows, block-bytes / element\n"         \
     "                         size of --dtype] (serve: or [rows, --width]) and items are\n"     \
     "                         whole blocks; peers must agree\n"                                 \
-    "  --data auto|shm|tcp|ucx|nixl  data path (default auto: shm on the same host,\n"         \
+    "  --data PATH            data path: " ECX_DATA_PATHS " (default auto: shm\n" \
+    "                         on the same host,\n" \
     "                         else tcp). tcp moves the bytes unencrypted: trusted network\n"      \
     "                         or IPsec/WireGuard. ucx (RDMA fabrics): trusted network ONLY,\n"    \
     "                         UCX's tcp transport lets any peer write producer memory.\n"         \
@@ -60,6 +65,16 @@ enum {
 /* Apply one common option to cfg. Returns 1 if c was one of them, 0 if
  * not, -1 on a bad value (message printed). */
 int common_opt(int c, const char *arg, ecx_config *cfg, bool *region_given);
+
+/* After the options: connector_version 0 made the one --vllm-version speaks;
+ * -1 (message printed: a usage error) if --connector-version 1 was given with a
+ * vLLM that speaks 2. */
+int common_finish(ecx_config *cfg);
+/* True if s is one of ECX_DATA_PATHS. */
+bool data_path_ok(const char *s);
+/* "ecx: WHO: vllm-version V, model M, dtype D, block-bytes B, protocol version P,
+ * compat hash H" on stderr: what a peer must match. */
+void print_factors(const char *who, const ecx_config *cfg);
 
 /* An mm_hash that can be a file name as is: 1..ECX_MM_HASH_MAX (255) of
  * [A-Za-z0-9._-], not "." or "..". serve --preload and get --out DIR use it. */

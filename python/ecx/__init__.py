@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 from typing import Callable, Literal, Union
 
 from . import _ecx
@@ -45,13 +46,20 @@ __version__: str = _ecx.VERSION
 _Z85 = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
 
 
-def _read_keys(path: Union[str, "os.PathLike[str]"], what: str) -> list[str]:
+def _read_keys(path: Union[str, "os.PathLike[str]"], what: str, secret: bool = False) -> list[str]:
     """Keys of a key file as `ecx keygen` writes them: one Z85 key (40
-    characters) a line; blank lines and lines starting with '#' skipped."""
+    characters) a line; blank lines and lines starting with '#' skipped. A
+    file whose keygen header names the other role (a .pub where a secret key
+    is expected, a .key where public keys are) is refused."""
     with open(path, encoding="ascii", errors="strict") as f:
         text = f.read(1 << 20)
     keys = []
+    wrong = "# ecx CURVE public key" if secret else "# ecx CURVE secret key"
     for lineno, line in enumerate(text.split("\n"), 1):
+        if line.startswith(wrong):
+            raise ValueError(f"{what}: {os.fspath(path)!r} is a {'public' if secret else 'secret'} "
+                             f"key (ecx keygen's {'.pub' if secret else '.key'}); {what} wants "
+                             f"{'a secret key (.key)' if secret else 'public keys (.pub)'}")
         k = line.strip(" \t\r\n")
         if not k or k.startswith("#"):
             continue
@@ -62,8 +70,8 @@ def _read_keys(path: Union[str, "os.PathLike[str]"], what: str) -> list[str]:
     return keys
 
 
-def _read_key(path: Union[str, "os.PathLike[str]"], what: str) -> str:
-    keys = _read_keys(path, what)
+def _read_key(path: Union[str, "os.PathLike[str]"], what: str, secret: bool) -> str:
+    keys = _read_keys(path, what, secret)
     if len(keys) != 1:
         raise ValueError(f"{what}: {os.fspath(path)!r} must hold exactly one key")
     return keys[0]
@@ -100,7 +108,8 @@ class Context(_ecx.Context):
                 raise TypeError(f"give {name} or {name}_file, not both")
             if not isinstance(path, (str, os.PathLike)):
                 raise TypeError(f"{name}_file must be a path")
-            config[name] = _read_keys(path, name + "_file") if many else _read_key(path, name + "_file")
+            config[name] = (_read_keys(path, name + "_file") if many else
+                            _read_key(path, name + "_file", name == "curve_secret_key"))
             if many and not config[name]:
                 raise ValueError(f"{name}_file: {os.fspath(path)!r} holds no key")
         super().__init__(role, **config)
@@ -123,6 +132,25 @@ class Context(_ecx.Context):
 
 _LEVELS = {"error": 0, "warn": 1, "warning": 1, "info": 2, "debug": 3}
 _logger = logging.getLogger("ecx")
+
+
+class _Unconfigured(logging.Handler):
+    """Lines of logger "ecx" while the application has configured no logging
+    (the root logger has no handler): "ecx warn: ..." on stderr, as the
+    library itself writes them, rather than logging's bare last resort. Once
+    the root logger has a handler, it does nothing and the records propagate."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if logging.getLogger().handlers:
+            return
+        tag = {"WARNING": "warn"}.get(record.levelname, record.levelname.lower())
+        try:
+            sys.stderr.write(f"ecx {tag}: {record.getMessage()}\n")
+        except Exception:
+            self.handleError(record)
+
+
+_logger.addHandler(_Unconfigured(logging.WARNING))
 
 
 def _to_logging(level: int, line: str) -> None:

@@ -190,13 +190,20 @@ class ECXConnectorStats(ECConnectorStats):  # type: ignore[misc]
 # ---------------------------------------------------------------------------
 
 
-def _engine_protocol_version() -> int:
+def _engine_protocol_version(vllm_version: str) -> int:
+    """The engine's own ECCPUConnector's protocol version; without its module,
+    the one that vLLM version speaks (2 from 0.34 on, as ecx derives it)."""
     try:
         from vllm.distributed.ec_transfer.ec_connector.cpu import protocol
 
         return int(protocol.EC_CONNECTOR_VERSION)
     except Exception:
-        return 1
+        parts = str(vllm_version).split(".")
+        try:
+            major, minor = int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+        except (IndexError, ValueError):
+            return 1
+        return 2 if major > 0 or minor >= 34 else 1
 
 
 def _settings(vllm_config: "VllmConfig") -> dict:
@@ -215,7 +222,7 @@ def _settings(vllm_config: "VllmConfig") -> dict:
                  else mc.get_hidden_size())
     from vllm import __version__ as vllm_version
 
-    version = int(extra.get("connector_version", _engine_protocol_version()))
+    version = int(extra.get("connector_version", _engine_protocol_version(vllm_version)))
     ack_s = float(extra.get("consumer_ack_timeout_s", 30.0 if version >= 2 else 2.0))
     data = str(extra.get("data", "nixl" if _as_bool(extra.get("ec_enable_nixl", False))
                          else "auto"))

@@ -5,6 +5,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -201,22 +202,40 @@ def test_metrics_region_info_fd():
         assert c.poll(0) >= 0
 
 
+def _refused_fetch():
+    """A fetch from a port nothing listens on: the library logs a warning."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with ecx.Context("consumer", region_bytes=4 << 20, block_bytes=1 << 20) as c:
+        ann = dict(peer_host="127.0.0.1", peer_port=port, size_bytes=10)
+        assert wait_fetch(c, "h", ann) == ("local", "REFUSED")
+    return port
+
+
 def test_logger_routes_lines():
     lines = []
     ecx.set_logger(lambda level, line: lines.append((level, line)))
     try:
-        with pytest.raises(ecx.Error):
+        with pytest.raises(ecx.Error, match="max_conn_pin_pct"):
             ecx.Context(max_conn_pin_pct=0)
-        assert (logging.ERROR, "ecx_new: config field max_conn_pin_pct (1..100) is out of range") in lines
+        port = _refused_fetch()
+        assert (logging.WARNING, f"consumer: 127.0.0.1:{port} refused the connection (nothing "
+                                 "listening); session closed") in lines
+        # the raised error is the exception's message, not also a log line
+        assert not [l for l in lines if "max_conn_pin_pct" in l[1]]
     finally:
         ecx.set_logger()
 
 
 def test_logging_default(caplog):
     with caplog.at_level(logging.INFO, logger="ecx"):
-        with pytest.raises(ecx.Error):
+        with pytest.raises(ecx.Error, match="lease_ms"):
             ecx.Context(lease_ms=0)
-    assert any(r.name == "ecx" and "lease_ms" in r.getMessage() for r in caplog.records)
+        _refused_fetch()
+    assert any(r.name == "ecx" and "refused the connection" in r.getMessage() for r in caplog.records)
+    assert not any("lease_ms" in r.getMessage() for r in caplog.records)
     ecx.set_log_level("info")
     ecx.set_log_level(logging.WARNING)
     with pytest.raises(ValueError):

@@ -117,7 +117,7 @@ def test_fallback_reasons(peer):
     with ecx.Context("consumer", ack_timeout_ms=300) as c:
         assert c.fetch("x", None) == ("local", "NO_PEER")
         assert c.fetch("x", {"metadata": {}}) == ("local", "NO_PEER")
-        assert c.fetch("x", "{not json") == ("local", "NO_PEER")
+        assert c.fetch("x", "{not json") == ("local", "INVALID")
         assert c.fetch("y", dict(ann, peer_port=99999)) == ("local", "INVALID")
         assert c.fetch("y", dict(ann, peer_port="5601")) == ("local", "INVALID")
         assert c.fetch(h, ann, 4999) == ("local", "SIZE_MISMATCH")
