@@ -155,6 +155,7 @@ typedef struct conn {
 
 typedef struct request {
     conn *c;
+    bool asked; /* the grant check said ECX_DATA_GRANT_ASKED: wait for its answer */
     uint64_t tag;
     uint8_t token[ECX_DATA_TOKEN_LEN];
     uint16_t key_len;
@@ -444,7 +445,7 @@ static int ucx_setup(ucx_data *u, bool producer, const char *ifname)
     return 0;
 }
 
-static int producer_setup(ucx_data *u, ecxi_region *r, const char *bind_host)
+static int producer_setup(ucx_data *u, ecxi_region *r, const char *bind_host, uint16_t port)
 {
     struct sockaddr_storage ss, bind; /* published; listened on */
     bool any;
@@ -464,12 +465,20 @@ static int producer_setup(ucx_data *u, ecxi_region *r, const char *bind_host)
         memcpy(&ss, &v4, sizeof v4);
         bind = ss;
     }
+    if (port) { /* network order, as published */
+        if (bind.ss_family == AF_INET6) ((struct sockaddr_in6 *)&bind)->sin6_port = port;
+        else ((struct sockaddr_in *)&bind)->sin_port = port;
+    }
     if ((rc = ucx_setup(u, true, have_if ? ifname : NULL))) return rc;
 
+    /* Read only: the UCX process maps a producer's region read-only
+     * (ucx_proc.h); a send only reads it. */
     ucp_mem_map_params_t mp = {
-        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_PROT,
         .address = ecxi_region_base(r),
         .length = ecxi_region_size(r),
+        .prot = UCP_MEM_MAP_PROT_LOCAL_READ,
     };
     ucs_status_t st = ucp_mem_map(u->ctx, &mp, &u->memh);
     if (st != UCS_OK) return ucx_err("mem_map", st);
@@ -497,11 +506,11 @@ static int producer_setup(ucx_data *u, ecxi_region *r, const char *bind_host)
     ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
     st = ucp_listener_query(u->listener, &la);
     if (st != UCS_OK) return ucx_err("listener_query", st);
-    uint16_t port = la.sockaddr.ss_family == AF_INET6
-                        ? ((struct sockaddr_in6 *)&la.sockaddr)->sin6_port
-                        : ((struct sockaddr_in *)&la.sockaddr)->sin_port;
+    uint16_t bound = la.sockaddr.ss_family == AF_INET6
+                         ? ((struct sockaddr_in6 *)&la.sockaddr)->sin6_port
+                         : ((struct sockaddr_in *)&la.sockaddr)->sin_port;
     u->addr[0] = ADDR_VERSION;
-    memcpy(u->addr + 2, &port, 2); /* network order */
+    memcpy(u->addr + 2, &bound, 2); /* network order */
     if (ss.ss_family == AF_INET6) {
         u->addr[1] = 6;
         memcpy(u->addr + 4, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
@@ -527,13 +536,12 @@ static ucx_data *ucx_alloc(ecxi_region *r)
     return u;
 }
 
-int ecxi_data_ucx_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data_meta *m,
-                              ecxi_data_desc *dd, ecxi_data **out)
+int ecxi_data_ucx_new_producer(ecxi_region *r, const char *bind_host, uint16_t port,
+                               ecxi_data_meta *m, ecxi_data **out)
 {
-    (void)dd; /* no UCX section in the descriptor: nothing to publish */
     ucx_data *u = ucx_alloc(r);
     if (!u) return ECX_ENOMEM;
-    int rc = producer_setup(u, r, opts ? opts->bind_host : NULL);
+    int rc = producer_setup(u, r, bind_host, port);
     if (rc) {
         ucx_free(&u->base);
         return rc;
@@ -541,6 +549,7 @@ int ecxi_data_ucx_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_
     m->has_ucx = true;
     m->ucx_addr = u->addr;
     m->ucx_addr_len = u->addr_len;
+    u->base.role = ECX_DATA_PRODUCER;
     *out = &u->base;
     return 0;
 }
@@ -554,6 +563,7 @@ int ecxi_data_ucx_new_consumer(ecxi_region *r, ecxi_data **out)
         ucx_free(&u->base);
         return rc;
     }
+    u->base.role = ECX_DATA_CONSUMER;
     *out = &u->base;
     return 0;
 }
@@ -719,6 +729,7 @@ static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_lengt
     }
     request *q = &u->queue[u->nqueued++];
     q->c = c;
+    q->asked = false;
     q->tag = get_le64(b + 8);
     memcpy(q->token, b + 16, ECX_DATA_TOKEN_LEN);
     q->key_len = (uint16_t)(length - REQ_HDR);
@@ -763,6 +774,15 @@ static psend *send_get(ucx_data *u, conn *c)
     s->running = false;
     s->fail = 0;
     return s;
+}
+
+/* Undo a send_get whose send was never posted. */
+static void send_unget(ucx_data *u, psend *s)
+{
+    s->c->sends--, s->c->h->sends--;
+    u->nsends--;
+    s->next = u->free_sends;
+    u->free_sends = s;
 }
 
 static void send_put(ucx_data *u, psend *s)
@@ -844,6 +864,13 @@ static bool serve(ucx_data *u, request *q)
     if (!s) return false;
     ecxi_data_grant g;
     int rc = ecxi_data_grant_check(&u->base, q->key, q->key_len, q->token, ECX_DATA_GRANT_CLAIM, &g);
+    if (rc == ECX_DATA_GRANT_ASKED) {
+        /* The answer comes later (the session is in another process:
+         * ucx_proc.h): the request waits for it in the queue. */
+        send_unget(u, s);
+        q->asked = true;
+        return false;
+    }
     size_t count = 0;
     if (rc == 0) {
         memcpy(s->token, q->token, ECX_DATA_TOKEN_LEN);
@@ -967,7 +994,8 @@ static int ucx_arm(ecxi_data *d)
     /* Queued requests wait for a send to end, which wakes the fd. */
     if (u->nqueued && u->nsends < MAX_SENDS) {
         for (unsigned i = 0; i < u->nqueued; i++)
-            if (u->queue[i].c->failed || (u->queue[i].c->sends < MAX_SENDS_PER_CONN &&
+            if (u->queue[i].c->failed || (!u->queue[i].asked &&
+                                          u->queue[i].c->sends < MAX_SENDS_PER_CONN &&
                                           u->queue[i].c->h->sends < MAX_SENDS_PER_HOST))
                 return 1;
     }
