@@ -359,6 +359,26 @@ static void reads_ended(void)
     }
 }
 
+/* The path's counters to the parent, at most once a second, if changed. */
+static void stats(void)
+{
+    static int64_t last_ms;
+    static ecxi_data_counts last;
+    int64_t now = ecxi_now_ms(NULL);
+    if (now - last_ms < 1000) return;
+    last_ms = now;
+    ecxi_data_stats st = {0};
+    ecxi_data_get_stats(g.d, &st);
+    const ecxi_data_counts *c = &st.path[ECX_DATA_UCX];
+    if (!memcmp(c, &last, sizeof last)) return;
+    last = *c;
+    uint8_t *b = out(ECX_UCX_H_STATS, 0, 32);
+    ecxi_put_le64(b, c->conns_refused);
+    ecxi_put_le64(b + 8, c->conns_evicted);
+    ecxi_put_le64(b + 16, c->conns_dropped);
+    ecxi_put_le64(b + 24, c->requests_dropped);
+}
+
 /* ---- the loop -------------------------------------------------------------- */
 
 /* Everything the parent sent: false on EOF. */
@@ -468,6 +488,7 @@ int main(int argc, char **argv)
             if (ecxi_data_progress(g.d, ECX_DATA_SLICE_NS, &more) < 0) bye("UCX failed");
             reads_ended();
         }
+        stats();
         flush();
         if (getppid() != parent) break;
         int busy = more ? 1 : ecxi_data_arm(g.d);

@@ -74,6 +74,7 @@ typedef struct ucxp {
     uint64_t add_id;
     bool add_answered;
     int add_rc;
+    ecxi_data_counts counts, helper_counts; /* of the helpers gone; of the current one */
 } ucxp;
 
 static const struct ecxi_data_ops ucxp_ops;
@@ -123,6 +124,11 @@ static void die(ucxp *p, const char *what)
                         (int)p->pid, why, what ? ": " : "", what ? what : "", nx, nc);
     p->pid = 0;
     p->gen = 0;
+    p->counts.conns_refused += p->helper_counts.conns_refused;
+    p->counts.conns_evicted += p->helper_counts.conns_evicted;
+    p->counts.conns_dropped += p->helper_counts.conns_dropped;
+    p->counts.requests_dropped += p->helper_counts.requests_dropped;
+    memset(&p->helper_counts, 0, sizeof p->helper_counts);
 }
 
 /* Send one message, waiting (bounded) while the socket is full; the
@@ -344,6 +350,11 @@ static void handle(ucxp *p, const uint8_t *m, size_t len)
         p->add_answered = true;
         p->add_rc = (int32_t)ecxi_get_le32(b);
         return;
+    case ECX_UCX_H_STATS:
+        if (n != 32) break;
+        p->helper_counts = (ecxi_data_counts){ecxi_get_le64(b), ecxi_get_le64(b + 8),
+                                              ecxi_get_le64(b + 16), ecxi_get_le64(b + 24)};
+        return;
     case ECX_UCX_H_READ_END: {
         int32_t st = n == 4 ? (int32_t)ecxi_get_le32(b) : -1;
         if (p->producer || id == 0 || id > p->next_id ||
@@ -469,7 +480,13 @@ static void ucxp_free(ecxi_data *d)
 
 static void ucxp_stats(const ecxi_data *d, ecxi_data_stats *st)
 {
-    st->ucx_agent_restarts += ((const ucxp *)d)->restarts;
+    const ucxp *p = (const ucxp *)d;
+    ecxi_data_counts *c = &st->path[ECX_DATA_UCX];
+    c->conns_refused += p->counts.conns_refused + p->helper_counts.conns_refused;
+    c->conns_evicted += p->counts.conns_evicted + p->helper_counts.conns_evicted;
+    c->conns_dropped += p->counts.conns_dropped + p->helper_counts.conns_dropped;
+    c->requests_dropped += p->counts.requests_dropped + p->helper_counts.requests_dropped;
+    st->ucx_agent_restarts += p->restarts;
 }
 
 /* ---- ops: consumer ------------------------------------------------------ */

@@ -52,6 +52,8 @@
  *     END      i32 status, 16B token, key (a claimed send ended)
  *     ADDED    id = peer; i32 rc
  *     READ_END id = xfer; i32 state (enum ecxi_xfer_state)
+ *     STATS    u64 x 4: its path counters (data.h, ecxi_data_counts), at
+ *              most once a second when they changed
  * The helper's messages are untrusted: anything out of bounds or not
  * asked for (an END of no claim) is handled like its death.
  * A grant or READ of more than ECX_UCX_PROC_RUNS runs of blocks does not
@@ -88,6 +90,7 @@ enum {
     ECX_UCX_H_END,
     ECX_UCX_H_ADDED,
     ECX_UCX_H_READ_END,
+    ECX_UCX_H_STATS,
 };
 enum { ECX_UCX_ROLE_PRODUCER = 1, ECX_UCX_ROLE_CONSUMER = 2 };
 

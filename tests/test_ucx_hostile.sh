@@ -81,8 +81,9 @@ unset UCX_TLS
 export ECX_SHM_DIR=$DIR
 mkdir -p "$DIR/in"
 head -c 200000 /dev/urandom >"$DIR/in/good"
+MPORT=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$ECX" serve --listen 127.0.0.1:0 --preload "$DIR/in" --block-bytes 64Ki --data ucx \
-    --announce-out "$DIR/ann.json" 2>"$DIR/serve.log" &
+    --metrics 127.0.0.1:$MPORT --announce-out "$DIR/ann.json" 2>"$DIR/serve.log" &
 SERVE=$!
 trap 'kill -9 $SERVE 2>/dev/null; cleanup' EXIT
 for _ in $(seq 100); do [ -s "$DIR/ann.json" ] && break; sleep 0.1; done
@@ -137,9 +138,11 @@ PY
     [ "$helper" -lt 600 ] || fail "$mode: its UCX process grew to $helper MiB"
 done
 
-# (b) 300 UCX connections from one address against `ecx serve --data ucx`
-# (an assertion in UCX 1.13.1's TCP connection manager aborted serve in 1-2
-# of 3 runs): serve lives, and a well-behaved consumer is served after.
+# (b) 300 UCX connections from one address against `ecx serve --data ucx`,
+# three times (an assertion in UCX 1.13.1's TCP connection manager aborted
+# serve in 1-2 of 3 runs; now it aborts serve's UCX process, which starts
+# again on the same port): serve lives, the per-address bound (32) refused
+# the rest, and a well-behaved consumer is served after.
 echo "== 300 UCX connections from one address at ecx serve"
 COMPAT=$("$ECX" compat-hash 0.11.0 llava-hf/llava-1.5-7b-hf bfloat16 65536)
 META=$($PY - "$APORT" "$COMPAT" <<'PY'
@@ -165,5 +168,12 @@ for _ in 1 2 3; do # a UCX process that died is started again within a second
 done
 [ -n "$ok" ] || fail "a well-behaved consumer was not served after the flood: $(tail -5 "$DIR/get.log")"
 echo "    a well-behaved consumer was served; serve lives"
+# the per-address bound held in the UCX process, and its counters reach serve's metrics
+metric() { $PY -c 'import urllib.request,sys; print(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode())' "$MPORT" |
+           sed -n "s/^$1 //p"; }
+refused=$(metric 'ecx_producer_data_connections_refused_total{path="ucx"}')
+echo "    connections refused: ${refused:-?}; UCX processes restarted: $(metric ecx_ucx_agent_restarts_total)"
+# (a UCX process that aborts takes its last second's counts with it)
+[ "${refused:-0}" -gt 0 ] || fail "the UCX process refused no connections past 32 of 300"
 kill $SERVE; wait $SERVE 2>/dev/null
 echo "PASS"
