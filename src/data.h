@@ -26,9 +26,10 @@
  *         answers a request that names a live grant with its bytes, over
  *         a plain TCP connection it fully controls. Unencrypted: trusted
  *         networks, or IPsec / WireGuard.
- *   ucx   UCX (data_ucx.c): for RDMA fabrics on trusted networks only,
- *         chosen explicitly (UCX 1.13's own tcp transport lets a peer
- *         write the producer's memory; see data_ucx.c).
+ *   ucx   UCX (data_ucx.c), run in a helper process (ucx_proc.h): for
+ *         RDMA fabrics on trusted networks only, chosen explicitly (UCX
+ *         1.13's own tcp transport lets a peer write that process's
+ *         memory; see data_ucx.c).
  *   shm   same host (data_shm.c): the producer hands its region's
  *         descriptor to a consumer holding a grant; the consumer copies.
  *   auto  (default) a producer publishes shm and tcp; a consumer uses shm

@@ -1,6 +1,7 @@
 /*
  * data_ucx — the data path over UCX, in which the producer decides what
- * leaves it (issue 9).
+ * leaves it (issue 9). It runs in the UCX process only (ucx_proc.h: the
+ * library's ucx path drives it there), and in tests.
  *
  * The threat: the earlier design published the producer's worker address
  * and an rkey for its whole region in every ack, and the consumer did
@@ -79,8 +80,11 @@
  * endpoint ids with the low bit clear as raw pointers. A peer that speaks
  * UCT/UCP's wire protocol directly can therefore still crash the producer
  * at will, and write its memory where it knows an address (we publish
- * none: see above). Only running UCX in a process that holds nothing else
- * (or not using UCX's tcp transport) closes that.
+ * none: see above). So this file runs only in the UCX process
+ * (ucx_proc.h), which holds nothing else of ecx's and maps only the
+ * region (a producer's read-only): a crash there is a restart, and such a
+ * write reaches neither the engine's memory nor a producer's region,
+ * though it can still steer what that process sends.
  *
  * agent_metadata UCX bytes (the front adds its digest):
  *   u8 version (1) | u8 family (4 / 6) | u16 port (BE) | 4 / 16 address bytes
