@@ -468,6 +468,7 @@ int main(int argc, char **argv)
         return 2;
     }
     limit_memory();
+    dup2(STDERR_FILENO, STDOUT_FILENO); /* whatever UCX prints never mixes into the parent's output */
     signal(SIGPIPE, SIG_IGN);
     if (sodium_init() < 0) bye("libsodium");
     /* a new helper listens on its predecessor's port, past the closed

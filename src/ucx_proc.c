@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include "data_impl.h"
@@ -61,6 +62,7 @@ typedef struct ucxp {
     uint8_t addr[ADDR_MAX]; /* a producer's published UCX address */
     size_t addr_len;
     int epfd, sock; /* sock: -1 while down */
+    int tfd;        /* a producer's: fires when a helper may start again */
     pid_t pid;
     uint64_t gen, gens, restarts;
     ecxi_helper_starts starts;
@@ -233,12 +235,18 @@ static int start(ucxp *p)
     return 0;
 }
 
-/* Start one if down and the bound allows: 0 when up. */
+/* Start one if down and the bound allows: 0 when up. A producer's
+ * timer wakes its caller when the bound allows the next start. */
 static int ensure_up(ucxp *p)
 {
     if (p->sock >= 0) return 0;
     int64_t now = ecxi_now_ms(NULL);
     int64_t left = ecxi_helper_may_start(&p->starts, now);
+    if (left && p->tfd >= 0) {
+        struct itimerspec ts = {.it_value = {.tv_sec = left / 1000,
+                                             .tv_nsec = (left % 1000) * 1000000 + 1}};
+        (void)timerfd_settime(p->tfd, 0, &ts, NULL);
+    }
     if (left) {
         if (now - p->down_logged_ms >= 1000) {
             p->down_logged_ms = now;
@@ -408,6 +416,9 @@ static int ucxp_progress(ecxi_data *d, ecxi_slice *sl)
     ucxp *p = (ucxp *)d;
     int n = drain(p, PROGRESS_MSGS);
     if (n < 0) n = 1; /* the death was an event */
+    uint64_t fired;
+    if (p->tfd >= 0 && read(p->tfd, &fired, sizeof fired) < 0) { /* EAGAIN: not yet */
+    }
     if (p->sock < 0 && p->producer) (void)ensure_up(p);
     return n;
 }
@@ -420,7 +431,8 @@ static int ucxp_fd(ecxi_data *d)
 static int ucxp_arm(ecxi_data *d)
 {
     ucxp *p = (ucxp *)d;
-    return p->ends != NULL || (p->producer && p->sock < 0);
+    return p->ends != NULL ||
+           (p->producer && p->sock < 0 && !ecxi_helper_may_start(&p->starts, ecxi_now_ms(NULL)));
 }
 
 static int ucxp_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb, void *arg)
@@ -471,6 +483,7 @@ static void ucxp_free(ecxi_data *d)
     for (up_peer *x = p->peers, *n; x; x = n) n = x->next, free(x);
     for (up_xfer *x = p->xfers; x; x = x->next) x->state = ECX_XFER_FAILED, x->prev = NULL;
     if (p->epfd >= 0) close(p->epfd);
+    if (p->tfd >= 0) close(p->tfd);
     if (p->region_fd >= 0) close(p->region_fd);
     free(p->bind_host);
     free(p->rx);
@@ -654,9 +667,18 @@ static int ucxp_new(ecxi_region *r, bool producer, const char *bind_host, ucxp *
     p->base.region = r;
     p->base.role = producer ? ECX_DATA_PRODUCER : ECX_DATA_CONSUMER;
     p->producer = producer;
-    p->sock = -1;
+    p->sock = p->tfd = -1;
     p->ends_tail = &p->ends;
     p->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (producer && p->epfd >= 0) {
+        p->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+        struct epoll_event ev = {.events = EPOLLIN, .data.fd = p->tfd};
+        if (p->tfd < 0 || epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->tfd, &ev) != 0) {
+            ecxi_log(ECX_LOG_ERROR, "data ucx: timerfd: %s", strerror(errno));
+            close(p->epfd);
+            p->epfd = -1;
+        }
+    }
     p->region_fd = open(ecxi_region_path(r), (producer ? O_RDONLY : O_RDWR) | O_CLOEXEC);
     if (p->region_fd >= 0 && p->region_fd < 10) {
         int fd = fcntl(p->region_fd, F_DUPFD_CLOEXEC, 10);
