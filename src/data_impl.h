@@ -178,6 +178,9 @@ int ecxi_data_ucx_new_consumer(ecxi_region *r, ecxi_data **out);
 int ecxi_ucx_proc_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data_meta *m,
                                ecxi_data **out);
 int ecxi_ucx_proc_new_consumer(ecxi_region *r, ecxi_data **out);
+/* The pid of a ucx context's UCX process (0 while none runs, or for
+ * another context), for tests and logs. */
+int ecxi_ucx_proc_pid(const ecxi_data *d);
 int ecxi_data_tcp_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data_meta *m,
                               ecxi_data **out);
 int ecxi_data_tcp_new_consumer(ecxi_region *r, ecxi_data **out);

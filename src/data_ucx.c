@@ -218,6 +218,7 @@ struct ucx_peer {
     ucp_ep_h ep;
     unsigned refs; /* 1 while registered, +1 per xfer */
     bool broken;
+    bool failed_reads; /* its receives were cancelled after its connection failed */
 };
 
 typedef struct closing {
@@ -979,6 +980,15 @@ static int ucx_progress(ecxi_data *d, ecxi_slice *sl)
         }
     }
     if (u->verify_head) n += verify_some(u, sl);
+    /* A producer connection that failed sends nothing more: its READs
+     * fail now, not at their lease (receives are the worker's, not the
+     * endpoint's). */
+    for (ucx_peer *p = u->peers; p; p = p->all_next)
+        if (p->broken && !p->failed_reads) {
+            p->failed_reads = true;
+            for (ucx_xfer *x = u->all_xfers; x; x = x->all_next)
+                if (x->peer == p && x->req) ucp_request_cancel(u->worker, x->req), n++;
+        }
     if (u->naccepts) n += accept_conns(u);
     if (u->nqueued) n += serve_queue(u);
     if (u->conns) reap_conns(u);
@@ -1126,7 +1136,7 @@ static void ucx_peer_drop(ecxi_data_peer *hp)
         if (x->peer == p && x->req) ucp_request_cancel(u->worker, x->req);
     close_ep(u, p->ep, true);
     p->ep = NULL;
-    p->broken = true;
+    p->broken = p->failed_reads = true;
     peer_unref(p);
 }
 

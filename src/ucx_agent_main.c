@@ -56,6 +56,8 @@ typedef struct hpeer {
     struct hpeer *next;
     uint64_t id;
     ecxi_data_peer *p;
+    uint8_t addr[64]; /* the producer's UCX address, to connect again */
+    size_t addr_len;
 } hpeer;
 
 typedef struct hxfer {
@@ -263,11 +265,21 @@ static hpeer *peer_of(uint64_t id, hpeer ***where)
     return NULL;
 }
 
+static int connect_peer(hpeer *h)
+{
+    ecxi_data_meta m = {.has_ucx = true, .ucx_addr = h->addr, .ucx_addr_len = h->addr_len};
+    return g.d->ops->peer_add(g.d, &m, NULL, &h->p);
+}
+
 static void on_add(uint64_t id, const uint8_t *b, size_t n)
 {
-    ecxi_data_meta m = {.has_ucx = true, .ucx_addr = b, .ucx_addr_len = n};
-    hpeer *h = calloc(1, sizeof *h);
-    int rc = h ? g.d->ops->peer_add(g.d, &m, NULL, &h->p) : ECX_ENOMEM;
+    hpeer *h = n <= sizeof h->addr ? calloc(1, sizeof *h) : NULL;
+    int rc = n > sizeof h->addr ? ECX_EDATA_META : !h ? ECX_ENOMEM : 0;
+    if (!rc) {
+        memcpy(h->addr, b, n);
+        h->addr_len = n;
+        rc = connect_peer(h);
+    }
     if (rc) free(h);
     else h->id = id, h->next = g.peers, g.peers = h;
     ecxi_put_le32(out(ECX_UCX_H_ADDED, id, 4), (uint32_t)rc);
@@ -279,7 +291,7 @@ static void on_drop(uint64_t id)
     hpeer *h = peer_of(id, &pp);
     if (!h) return;
     *pp = h->next;
-    g.d->ops->peer_drop(h->p);
+    if (h->p) g.d->ops->peer_drop(h->p);
     free(h);
 }
 
@@ -318,9 +330,19 @@ static void on_read(uint64_t id, const uint8_t *b, size_t n)
     hxfer *x = h ? calloc(1, sizeof *x) : NULL;
     if (!rc && !h) rc = ECX_EDATA_PEER;
     if (!rc && !x) rc = ECX_ENOMEM;
+    if (!rc && !h->p) rc = connect_peer(h); /* its last reconnect failed */
     if (!rc)
         rc = g.d->ops->read_post(h->p, &t, g.local, g.local, total, t.nbytes,
                                  (const char *)b + fixed, key_len, &x->x);
+    if (rc == ECX_EDATA_PEER && h->p) {
+        /* Its connection failed (the producer's UCX process was started
+         * again, on the same address: ucx_proc.h): connect again, once. */
+        g.d->ops->peer_drop(h->p);
+        h->p = NULL;
+        if (!(rc = connect_peer(h)))
+            rc = g.d->ops->read_post(h->p, &t, g.local, g.local, total, t.nbytes,
+                                     (const char *)b + fixed, key_len, &x->x);
+    }
     if (rc) {
         free(x);
         ecxi_put_le32(out(ECX_UCX_H_READ_END, id, 4), (uint32_t)ECX_XFER_FAILED);

@@ -716,6 +716,12 @@ int ecxi_ucx_proc_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_
     return 0;
 }
 
+int ecxi_ucx_proc_pid(const ecxi_data *d)
+{
+    const ucxp *p = (const ucxp *)d;
+    return d && d->ops == &ucxp_ops && p->sock >= 0 ? (int)p->pid : 0;
+}
+
 int ecxi_ucx_proc_new_consumer(ecxi_region *r, ecxi_data **out)
 {
     ucxp *p;
