@@ -33,6 +33,15 @@
  *     raw UCT tcp put of 8 bytes at the producer's block BLOCK, to its tcp
  *     interface port PORT (a UCX 1.13 hole: see data_ucx.c). Prints what
  *     UCT said.
+ * attack and uct-put aim at the region's address in the producer, or,
+ * with HOSTILE_UCX_BASE (hex) set, at that one: its UCX process's mapping.
+ *   ucx_hostile evil-ucx FILE MODE SIZE SECONDS
+ *     a hostile UCX producer: floods the consumer that asks it for a READ
+ *     with active messages or 1 GiB of eager messages (issue 20 #5; see
+ *     evil_ucx below).
+ *   ucx_hostile conns META_HEX N ROUNDS
+ *     N UCX connections from one address at a producer, held 2 s and
+ *     force-closed, ROUNDS times (issue 20 #5).
  *   ucx_hostile tcp-attack FILE
  *     a raw TCP client of a tcp producer holding only grant g5's ticket:
  *     a wrong token, another grant's key, g5 (served once), its replay,
@@ -268,6 +277,8 @@ static int load(const char *file)
             meta_len = (size_t)ecxi_hex_decode(h, strlen(h), meta_b);
         } else if (!strcmp(w, "base")) {
             base_addr = (uintptr_t)strtoull(strtok_r(NULL, " \n", &save), NULL, 16);
+            const char *ucx_base = getenv("HOSTILE_UCX_BASE"); /* the UCX process's mapping */
+            if (ucx_base && *ucx_base) base_addr = (uintptr_t)strtoull(ucx_base, NULL, 16);
             strtok_r(NULL, " \n", &save);
             secret_addr = (uintptr_t)strtoull(strtok_r(NULL, " \n", &save), NULL, 16);
         } else if (!strcmp(w, "grant")) {
