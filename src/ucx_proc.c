@@ -661,6 +661,7 @@ static const struct ecxi_data_ops ucxp_ops = {
 static int ucxp_new(ecxi_region *r, bool producer, const char *bind_host, ucxp **out)
 {
     if (sodium_init() < 0) return ECX_ECRYPTO;
+    if (bind_host && strlen(bind_host) > 255) return ECX_EINVAL; /* no host name is longer */
     ucxp *p = calloc(1, sizeof *p);
     if (!p) return ECX_ENOMEM;
     p->base.ops = &ucxp_ops;
