@@ -236,13 +236,15 @@ static void on_cut(const uint8_t *b, size_t n)
     const char *key = (const char *)b + ECX_DATA_TOKEN_LEN;
     size_t key_len = n - ECX_DATA_TOKEN_LEN;
     if (ecxi_data_cut(g.d, key, key_len, token)) return; /* its END follows */
-    ask **pp;
-    ask *a = ask_find(key, key_len, token, &pp);
-    if (a && a->answered) { /* claimed, not sent yet: it ends now */
-        *pp = a->next;
-        g.nasks--;
-        if (a->rc == 0) send_end(ECX_EDATA_PEER, a->token, a->key, a->key_len);
-        ask_free(a);
+    ask *a = ask_find(key, key_len, token, NULL);
+    if (a && a->answered && a->rc == 0) {
+        /* claimed, not sent yet: it ends now, and the request waiting for
+         * it is refused (asking again would claim it anew) */
+        send_end(ECX_EDATA_PEER, a->token, a->key, a->key_len);
+        a->rc = ECX_EDATA_GRANT;
+        free(a->blocks);
+        a->blocks = NULL;
+        a->n = 0;
     }
     /* else its send has ended and its END is queued or sent */
 }

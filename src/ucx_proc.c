@@ -51,7 +51,21 @@ typedef struct up_xfer {
     struct up_xfer *prev, *next; /* running */
     uint64_t id;
     int state;
+    uint64_t peer_key; /* suspect_key of its peer's address */
 } up_xfer;
+
+/* A consumer's suspects: a producer whose READs alone were in flight when
+ * its UCX process died, SUSPECT_DEATHS times within SUSPECT_MS, is refused
+ * (ECX_EDATA_PEER, no READ reaches a helper) for the rest of that time, so
+ * one hostile producer cannot spend the restart bound of every other. */
+#define SUSPECTS 16
+#define SUSPECT_DEATHS 2
+#define SUSPECT_MS 60000
+typedef struct suspect {
+    uint64_t key;
+    int deaths;
+    int64_t first_ms;
+} suspect;
 
 typedef struct ucxp {
     ecxi_data base;
@@ -77,7 +91,32 @@ typedef struct ucxp {
     bool add_answered;
     int add_rc;
     ecxi_data_counts counts, helper_counts; /* of the helpers gone; of the current one */
+    suspect suspects[SUSPECTS];
 } ucxp;
+
+static uint64_t suspect_key(const uint8_t *addr, size_t len)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a: a table key, not a defence */
+    for (size_t i = 0; i < len; i++) h = (h ^ addr[i]) * 0x100000001b3ull;
+    return h | 1;
+}
+
+static suspect *suspect_of(ucxp *p, uint64_t key, bool add)
+{
+    int64_t now = ecxi_now_ms(NULL);
+    suspect *free_slot = NULL, *oldest = &p->suspects[0];
+    for (size_t i = 0; i < SUSPECTS; i++) {
+        suspect *s = &p->suspects[i];
+        if (s->key && now - s->first_ms >= SUSPECT_MS) s->key = 0; /* expired */
+        if (s->key == key && key) return s;
+        if (!s->key && !free_slot) free_slot = s;
+        if (s->first_ms < oldest->first_ms) oldest = s;
+    }
+    if (!add) return NULL;
+    suspect *s = free_slot ? free_slot : oldest;
+    *s = (suspect){.key = key, .first_ms = now};
+    return s;
+}
 
 static const struct ecxi_data_ops ucxp_ops;
 
@@ -108,6 +147,14 @@ static void die(ucxp *p, const char *what)
     char why[128];
     ecxi_helper_reap(p->pid, what != NULL, REAP_WAIT_MS, why, sizeof why);
     unsigned nx = 0, nc = 0;
+    uint64_t only = p->xfers ? p->xfers->peer_key : 0;
+    for (up_xfer *x = p->xfers; x; x = x->next)
+        if (x->peer_key != only) only = 0;
+    suspect *s = only ? suspect_of(p, only, true) : NULL;
+    if (s && ++s->deaths == SUSPECT_DEATHS)
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a producer's READs were the only ones in "
+                            "flight at %d deaths of the UCX process: it is refused for %d s",
+                            SUSPECT_DEATHS, SUSPECT_MS / 1000);
     for (up_xfer *x = p->xfers, *n; x; x = n) {
         n = x->next;
         x->state = ECX_XFER_FAILED;
@@ -286,6 +333,7 @@ static void on_ask(ucxp *p, uint64_t id, const uint8_t *b, size_t n)
         memcpy(c->key, key, key_len);
         c->key_len = (uint16_t)key_len;
         uint8_t *run = t + ECX_HELPER_HDR + 16;
+        if (g.n == 0) rc = ECX_EDATA_COUNT;
         for (size_t i = 0; i < g.n && rc == 0;) {
             size_t k = 1;
             while (i + k < g.n && g.blocks[i + k] == g.blocks[i] + k) k++;
@@ -299,8 +347,9 @@ static void on_ask(ucxp *p, uint64_t id, const uint8_t *b, size_t n)
             i += k;
         }
         if (rc) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a grant of more than %u runs of "
-                                "blocks cannot go through the UCX process (%s)",
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a grant that is empty, outside the "
+                                "region or of more than %u runs of blocks cannot go through "
+                                "the UCX process (%s)",
                                 (unsigned)ECX_UCX_PROC_RUNS, ecx_strerror(rc));
             end_claim(p, c, rc); /* claimed, never sent: it ends now */
             nruns = 0;
@@ -394,8 +443,8 @@ static int drain(ucxp *p, int max)
         ssize_t k = recv(p->sock, p->rx, ECX_UCX_PROC_MSG_MAX, MSG_DONTWAIT | MSG_TRUNC);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0 && errno == EAGAIN) break;
-        if (k <= 0) {
-            die(p, k < 0 ? strerror(errno) : NULL);
+        if (k <= 0) { /* EOF, or a reset: it ended by itself */
+            die(p, k < 0 && errno != ECONNRESET ? strerror(errno) : NULL);
             return -1;
         }
         if (k > (ssize_t)ECX_UCX_PROC_MSG_MAX) {
@@ -580,6 +629,9 @@ static int ucxp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const u
     up_peer *x = (up_peer *)hp;
     ucxp *p = (ucxp *)hp->owner;
     int rc;
+    uint64_t skey = suspect_key(x->addr, x->addr_len);
+    suspect *s = suspect_of(p, skey, false);
+    if (s && s->deaths >= SUSPECT_DEATHS) return ECX_EDATA_PEER;
     if ((p->sock < 0 || x->gen != p->gen) && (rc = add_in_helper(p, x))) return rc;
     uint8_t *b = p->tx;
     size_t fixed = ECX_HELPER_HDR + 8 * 3 + ECX_DATA_TOKEN_LEN + 8;
@@ -597,6 +649,7 @@ static int ucxp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const u
     up_xfer *u = calloc(1, sizeof *u);
     if (!u) return ECX_ENOMEM;
     u->id = ++p->next_id;
+    u->peer_key = skey;
     hdr_put(b, ECX_UCX_P_READ, u->id);
     uint8_t *f = b + ECX_HELPER_HDR;
     ecxi_put_le64(f, x->id);

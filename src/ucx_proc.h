@@ -27,6 +27,10 @@
  * connection, the consumer checks length and checksum (in the helper,
  * over the same shared pages).
  *
+ * A consumer refuses a producer whose READs alone were in flight at two
+ * deaths of its helper within a minute, for the rest of that minute: one
+ * hostile producer cannot spend the restart bound of every other one.
+ *
  * A producer's helper listens on the port of the first one (so its
  * agent_metadata never changes; UCX_TCP_CM_REUSEADDR and
  * UCX_RDMA_CM_REUSEADDR let the new listener bind past the old one's

@@ -1155,13 +1155,39 @@ static int pump_ends(pair *p, ecxi_data_xfer *x, ends *e, int want)
     return st;
 }
 
+/* A whole-region READ, then the consumer's UCX process killed under it:
+ * the READ fails. */
+static void kill_cons_mid_read(pair *p, const uint64_t *all)
+{
+    ecxi_data_xfer *x = NULL;
+    ends e = {0};
+    assert_int_equal(post(p, all, all, BIG_NB, 0, &x), 0);
+    for (int i = 0; i < 20; i++) {
+        assert_true(ecxi_data_progress(p->cons, 0, NULL) >= 0);
+        assert_true(ecxi_data_poll_notifs(p->prod, on_end, &e) >= 0);
+    }
+    int pid = ecxi_ucx_proc_pid(p->cons);
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    int st = ECX_XFER_RUNNING;
+    for (int64_t end = ecxi_now_ms(NULL) + 5000;
+         st == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < end;) {
+        assert_true(ecxi_data_progress(p->cons, ECX_DATA_SLICE_NS, NULL) >= 0);
+        assert_true(ecxi_data_poll_notifs(p->prod, on_end, &e) >= 0);
+        st = ecxi_data_read_poll(x);
+    }
+    assert_int_equal(st, ECX_XFER_FAILED);
+    ecxi_data_read_release(x);
+}
+
 /* UCX runs in a process of its own: killed (what a UCX crash does) in the
  * middle of a 64 MiB send, the producer's fails the READ and reports the
  * claim's end as failed (only then may the session unpin), and a new one
  * starts, on the same address (the metadata is the same bytes), and
  * serves the same registration; the consumer's, killed in the middle of a
- * READ, fails it, and the next READ on the same peer is exact. Neither
- * death touches this process. */
+ * READ, fails it, and the next READ on the same peer is exact; killed so
+ * a second time, its producer is refused. Neither death touches this
+ * process. */
 static void test_ucx_process_killed(void **state)
 {
     (void)state;
@@ -1208,23 +1234,7 @@ static void test_ucx_process_killed(void **state)
     }
     assert_int_equal(st, ECX_XFER_DONE);
     /* the consumer's, mid-READ */
-    assert_int_equal(post(&p, all, all, BIG_NB, 0, &x), 0);
-    for (int i = 0; i < 20; i++) {
-        assert_true(ecxi_data_progress(p.cons, 0, NULL) >= 0);
-        assert_true(ecxi_data_poll_notifs(p.prod, on_end, &e) >= 0);
-    }
-    pid = ecxi_ucx_proc_pid(p.cons);
-    assert_true(pid > 0);
-    assert_int_equal(kill(pid, SIGKILL), 0);
-    st = ECX_XFER_RUNNING;
-    for (int64_t end = ecxi_now_ms(NULL) + 5000;
-         st == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < end;) {
-        assert_true(ecxi_data_progress(p.cons, ECX_DATA_SLICE_NS, NULL) >= 0);
-        assert_true(ecxi_data_poll_notifs(p.prod, on_end, &e) >= 0);
-        st = ecxi_data_read_poll(x);
-    }
-    assert_int_equal(st, ECX_XFER_FAILED);
-    ecxi_data_read_release(x);
+    kill_cons_mid_read(&p, all);
     e = (ends){0};
     assert_int_equal(post(&p, all, all, BIG_NB, 0, &x), 0);
     assert_int_equal(pump_ends(&p, x, &e, 1), ECX_XFER_DONE);
@@ -1232,6 +1242,11 @@ static void test_ucx_process_killed(void **state)
     ecxi_data_read_release(x);
     assert_memory_equal(ecxi_region_base(p.cr), ecxi_region_base(p.pr), ecxi_region_size(p.pr));
     assert_int_equal(stats_of(p.cons).ucx_agent_restarts, 1);
+    /* killed again under READs of this producer alone: it is the suspect
+     * (ucx_proc.h), refused at once, no READ reaching the new process */
+    kill_cons_mid_read(&p, all);
+    assert_int_equal(post(&p, all, all, 4, 0, &x), ECX_EDATA_PEER);
+    assert_int_equal(stats_of(p.cons).ucx_agent_restarts, 1); /* none started for it */
     pair_close(&p);
 }
 
