@@ -3,8 +3,9 @@
  * data_ucx.c context serving its parent, the library, over the socket on
  * fd 3, with the region file on fd 4. Started by libecx only.
  *
- * Its private memory is bounded first thing (RLIMIT_DATA,
- * ECX_UCX_AGENT_DATA_MB or $ECX_UCX_AGENT_DATA_MB), before UCX starts.
+ * Its private memory is bounded first thing, before UCX starts:
+ * RLIMIT_DATA at what it has mapped then plus ECX_UCX_AGENT_DATA_MB (or
+ * $ECX_UCX_AGENT_DATA_MB; 0: none).
  * It never blocks on its parent: what it sends waits in a queue until
  * the socket takes it, and it reads everything the parent sends at every
  * turn. A producer's grant checks go to the parent (ASK) and the request
@@ -473,13 +474,27 @@ static void hello(void)
     if (rc) bye(NULL);
 }
 
-/* RLIMIT_DATA, before UCX allocates anything. */
+/* The private memory mapped so far (VmData, bytes), 0 if unknown. */
+static uint64_t vm_data(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[128];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmData: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kb << 10;
+}
+
+/* RLIMIT_DATA, before UCX allocates anything: what is mapped now (the
+ * libraries; a sanitizer's shadow, in such a build) plus the bound. */
 static void limit_memory(void)
 {
     const char *e = getenv("ECX_UCX_AGENT_DATA_MB");
     long mb = e && *e ? atol(e) : ECX_UCX_AGENT_DATA_MB;
     if (mb <= 0) return; /* 0: no bound (an operator's choice) */
-    struct rlimit rl = {.rlim_cur = (rlim_t)mb << 20, .rlim_max = (rlim_t)mb << 20};
+    rlim_t lim = (rlim_t)vm_data() + ((rlim_t)mb << 20);
+    struct rlimit rl = {.rlim_cur = lim, .rlim_max = lim};
     if (setrlimit(RLIMIT_DATA, &rl) != 0)
         ecxi_log(ECX_LOG_WARN, "ucx agent process: setrlimit(RLIMIT_DATA): %s", strerror(errno));
 }

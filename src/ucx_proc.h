@@ -17,7 +17,8 @@
  * (helper_proc.h: at most ECX_HELPER_RESTARTS per ECX_HELPER_WINDOW_MS).
  * The helper's memory is bounded: RLIMIT_DATA (private memory: UCX's
  * heap, queues and pools; the region mapping is shared and not counted)
- * of ECX_UCX_AGENT_DATA_MB, $ECX_UCX_AGENT_DATA_MB if set; past it UCX's
+ * at what it maps at start plus ECX_UCX_AGENT_DATA_MB
+ * ($ECX_UCX_AGENT_DATA_MB if set; 0: no bound); past it UCX's
  * allocations fail and UCX drops what it cannot hold, or the helper dies.
  *
  * What stays as data_ucx.c describes: no rkey published, the producer
