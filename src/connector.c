@@ -1188,6 +1188,7 @@ int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len)
     ecxi_data_stats cds = {0};
     ecxi_data_get_stats(ctx->cdata, &cds);
     m.nixl_agent_restarts = ds.nixl_agent_restarts + cds.nixl_agent_restarts;
+    m.ucx_agent_restarts = ds.ucx_agent_restarts + cds.ucx_agent_restarts;
     unlock(ctx);
     return ecxi_metrics_render(&m, buf, cap, len);
 }

@@ -164,8 +164,8 @@ int ecxi_data_start(int backend, ecxi_region *region, const ecxi_data_opts *opts
                : ecxi_data_tcp_new_consumer(region, out);
         break;
     case ECX_DATA_UCX:
-        rc = p ? ecxi_data_ucx_new_producer(region, opts, m, dd, out)
-               : ecxi_data_ucx_new_consumer(region, out);
+        rc = p ? ecxi_ucx_proc_new_producer(region, opts, m, out)
+               : ecxi_ucx_proc_new_consumer(region, out);
         break;
     case ECX_DATA_NIXL:
         rc = p ? ecxi_data_nixl_new_producer(region, opts, out)

@@ -26,9 +26,10 @@
  *         answers a request that names a live grant with its bytes, over
  *         a plain TCP connection it fully controls. Unencrypted: trusted
  *         networks, or IPsec / WireGuard.
- *   ucx   UCX (data_ucx.c): for RDMA fabrics on trusted networks only,
- *         chosen explicitly (UCX 1.13's own tcp transport lets a peer
- *         write the producer's memory; see data_ucx.c).
+ *   ucx   UCX (data_ucx.c), run in a helper process (ucx_proc.h): for
+ *         RDMA fabrics on trusted networks only, chosen explicitly (UCX
+ *         1.13's own tcp transport lets a peer write that process's
+ *         memory; see data_ucx.c).
  *   shm   same host (data_shm.c): the producer hands its region's
  *         descriptor to a consumer holding a grant; the consumer copies.
  *   auto  (default) a producer publishes shm and tcp; a consumer uses shm
@@ -174,11 +175,15 @@ typedef struct ecxi_data_grant {
  * send on request (ecxi_data_cut). The session keeps the blocks pinned
  * until then, whatever the lease says. */
 #define ECX_DATA_GRANT_CLAIM 1
+/* The grant check's "asked, answer later" (positive: not an error). */
+#define ECX_DATA_GRANT_ASKED 1
 
 /* The producer session's answer to "may this leave?": 0 and *g if key
  * ("{session_id}:{mm_hash}") names a live grant with exactly this token
  * (and, with ECX_DATA_GRANT_CLAIM, not claimed before: it is now);
- * ECX_EDATA_GRANT otherwise. g->blocks stays valid until the grant is
+ * ECX_EDATA_GRANT otherwise. In the UCX process (ucx_proc.h), whose
+ * session is its parent's, the check may also say ECX_DATA_GRANT_ASKED:
+ * the question went to the parent, ask again once its answer is in. g->blocks stays valid until the grant is
  * released. Backends call it only from progress / poll_notifs. */
 typedef int (*ecxi_data_grant_fn)(void *arg, const char *key, size_t key_len,
                                  const uint8_t token[ECX_DATA_TOKEN_LEN], int flags,
@@ -342,6 +347,7 @@ typedef struct ecxi_data_stats {
     uint64_t slices_cut;      /* calls that stopped at their budget, work left */
     uint64_t slice_max_ns;    /* the longest call (informational, not a bound) */
     uint64_t nixl_agent_restarts; /* NIXL agent processes started again (nixl_proc.h) */
+    uint64_t ucx_agent_restarts;  /* UCX processes started again (ucx_proc.h) */
 } ecxi_data_stats;
 
 /* Add the context's counters (every path it runs) to *st (the slice

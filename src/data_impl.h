@@ -167,9 +167,20 @@ int ecxi_data_auto_new(ecxi_region *region, const ecxi_data_opts *opts, int role
  * their part of *m and *dd; pointers they set stay valid until free. */
 int ecxi_data_shm_new_producer(ecxi_region *r, ecxi_data_meta *m, ecxi_data_desc *dd, ecxi_data **out);
 int ecxi_data_shm_new_consumer(ecxi_region *r, ecxi_data **out);
-int ecxi_data_ucx_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data_meta *m,
-                              ecxi_data_desc *dd, ecxi_data **out);
+/* UCX in this process (data_ucx.c): only the UCX process (ucx_proc.h) and
+ * tests start one; the library's ucx path is ucx_proc.c's. The producer
+ * listens on bind_host's address and port (network order; 0: any free
+ * one), and fills m's UCX part. */
+int ecxi_data_ucx_new_producer(ecxi_region *r, const char *bind_host, uint16_t port,
+                               ecxi_data_meta *m, ecxi_data **out);
 int ecxi_data_ucx_new_consumer(ecxi_region *r, ecxi_data **out);
+/* The ucx path: UCX in its own process (ucx_proc.c). */
+int ecxi_ucx_proc_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data_meta *m,
+                               ecxi_data **out);
+int ecxi_ucx_proc_new_consumer(ecxi_region *r, ecxi_data **out);
+/* The pid of a ucx context's UCX process (0 while none runs, or for
+ * another context), for tests and logs. */
+int ecxi_ucx_proc_pid(const ecxi_data *d);
 int ecxi_data_tcp_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data_meta *m,
                               ecxi_data **out);
 int ecxi_data_tcp_new_consumer(ecxi_region *r, ecxi_data **out);

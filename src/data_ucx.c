@@ -1,6 +1,7 @@
 /*
  * data_ucx — the data path over UCX, in which the producer decides what
- * leaves it (issue 9).
+ * leaves it (issue 9). It runs in the UCX process only (ucx_proc.h: the
+ * library's ucx path drives it there), and in tests.
  *
  * The threat: the earlier design published the producer's worker address
  * and an rkey for its whole region in every ack, and the consumer did
@@ -79,8 +80,11 @@
  * endpoint ids with the low bit clear as raw pointers. A peer that speaks
  * UCT/UCP's wire protocol directly can therefore still crash the producer
  * at will, and write its memory where it knows an address (we publish
- * none: see above). Only running UCX in a process that holds nothing else
- * (or not using UCX's tcp transport) closes that.
+ * none: see above). So this file runs only in the UCX process
+ * (ucx_proc.h), which holds nothing else of ecx's and maps only the
+ * region (a producer's read-only): a crash there is a restart, and such a
+ * write reaches neither the engine's memory nor a producer's region,
+ * though it can still steer what that process sends.
  *
  * agent_metadata UCX bytes (the front adds its digest):
  *   u8 version (1) | u8 family (4 / 6) | u16 port (BE) | 4 / 16 address bytes
@@ -155,6 +159,7 @@ typedef struct conn {
 
 typedef struct request {
     conn *c;
+    bool asked; /* the grant check said ECX_DATA_GRANT_ASKED: wait for its answer */
     uint64_t tag;
     uint8_t token[ECX_DATA_TOKEN_LEN];
     uint16_t key_len;
@@ -213,6 +218,7 @@ struct ucx_peer {
     ucp_ep_h ep;
     unsigned refs; /* 1 while registered, +1 per xfer */
     bool broken;
+    bool failed_reads; /* its receives were cancelled after its connection failed */
 };
 
 typedef struct closing {
@@ -444,7 +450,7 @@ static int ucx_setup(ucx_data *u, bool producer, const char *ifname)
     return 0;
 }
 
-static int producer_setup(ucx_data *u, ecxi_region *r, const char *bind_host)
+static int producer_setup(ucx_data *u, ecxi_region *r, const char *bind_host, uint16_t port)
 {
     struct sockaddr_storage ss, bind; /* published; listened on */
     bool any;
@@ -464,12 +470,20 @@ static int producer_setup(ucx_data *u, ecxi_region *r, const char *bind_host)
         memcpy(&ss, &v4, sizeof v4);
         bind = ss;
     }
+    if (port) { /* network order, as published */
+        if (bind.ss_family == AF_INET6) ((struct sockaddr_in6 *)&bind)->sin6_port = port;
+        else ((struct sockaddr_in *)&bind)->sin_port = port;
+    }
     if ((rc = ucx_setup(u, true, have_if ? ifname : NULL))) return rc;
 
+    /* Read only: the UCX process maps a producer's region read-only
+     * (ucx_proc.h); a send only reads it. */
     ucp_mem_map_params_t mp = {
-        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_PROT,
         .address = ecxi_region_base(r),
         .length = ecxi_region_size(r),
+        .prot = UCP_MEM_MAP_PROT_LOCAL_READ,
     };
     ucs_status_t st = ucp_mem_map(u->ctx, &mp, &u->memh);
     if (st != UCS_OK) return ucx_err("mem_map", st);
@@ -497,11 +511,11 @@ static int producer_setup(ucx_data *u, ecxi_region *r, const char *bind_host)
     ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
     st = ucp_listener_query(u->listener, &la);
     if (st != UCS_OK) return ucx_err("listener_query", st);
-    uint16_t port = la.sockaddr.ss_family == AF_INET6
-                        ? ((struct sockaddr_in6 *)&la.sockaddr)->sin6_port
-                        : ((struct sockaddr_in *)&la.sockaddr)->sin_port;
+    uint16_t bound = la.sockaddr.ss_family == AF_INET6
+                         ? ((struct sockaddr_in6 *)&la.sockaddr)->sin6_port
+                         : ((struct sockaddr_in *)&la.sockaddr)->sin_port;
     u->addr[0] = ADDR_VERSION;
-    memcpy(u->addr + 2, &port, 2); /* network order */
+    memcpy(u->addr + 2, &bound, 2); /* network order */
     if (ss.ss_family == AF_INET6) {
         u->addr[1] = 6;
         memcpy(u->addr + 4, &((struct sockaddr_in6 *)&ss)->sin6_addr, 16);
@@ -527,13 +541,12 @@ static ucx_data *ucx_alloc(ecxi_region *r)
     return u;
 }
 
-int ecxi_data_ucx_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_data_meta *m,
-                              ecxi_data_desc *dd, ecxi_data **out)
+int ecxi_data_ucx_new_producer(ecxi_region *r, const char *bind_host, uint16_t port,
+                               ecxi_data_meta *m, ecxi_data **out)
 {
-    (void)dd; /* no UCX section in the descriptor: nothing to publish */
     ucx_data *u = ucx_alloc(r);
     if (!u) return ECX_ENOMEM;
-    int rc = producer_setup(u, r, opts ? opts->bind_host : NULL);
+    int rc = producer_setup(u, r, bind_host, port);
     if (rc) {
         ucx_free(&u->base);
         return rc;
@@ -541,6 +554,7 @@ int ecxi_data_ucx_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi_
     m->has_ucx = true;
     m->ucx_addr = u->addr;
     m->ucx_addr_len = u->addr_len;
+    u->base.role = ECX_DATA_PRODUCER;
     *out = &u->base;
     return 0;
 }
@@ -554,6 +568,7 @@ int ecxi_data_ucx_new_consumer(ecxi_region *r, ecxi_data **out)
         ucx_free(&u->base);
         return rc;
     }
+    u->base.role = ECX_DATA_CONSUMER;
     *out = &u->base;
     return 0;
 }
@@ -719,6 +734,7 @@ static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_lengt
     }
     request *q = &u->queue[u->nqueued++];
     q->c = c;
+    q->asked = false;
     q->tag = get_le64(b + 8);
     memcpy(q->token, b + 16, ECX_DATA_TOKEN_LEN);
     q->key_len = (uint16_t)(length - REQ_HDR);
@@ -763,6 +779,15 @@ static psend *send_get(ucx_data *u, conn *c)
     s->running = false;
     s->fail = 0;
     return s;
+}
+
+/* Undo a send_get whose send was never posted. */
+static void send_unget(ucx_data *u, psend *s)
+{
+    s->c->sends--, s->c->h->sends--;
+    u->nsends--;
+    s->next = u->free_sends;
+    u->free_sends = s;
 }
 
 static void send_put(ucx_data *u, psend *s)
@@ -844,6 +869,13 @@ static bool serve(ucx_data *u, request *q)
     if (!s) return false;
     ecxi_data_grant g;
     int rc = ecxi_data_grant_check(&u->base, q->key, q->key_len, q->token, ECX_DATA_GRANT_CLAIM, &g);
+    if (rc == ECX_DATA_GRANT_ASKED) {
+        /* The answer comes later (the session is in another process:
+         * ucx_proc.h): the request waits for it in the queue. */
+        send_unget(u, s);
+        q->asked = true;
+        return false;
+    }
     size_t count = 0;
     if (rc == 0) {
         memcpy(s->token, q->token, ECX_DATA_TOKEN_LEN);
@@ -948,6 +980,15 @@ static int ucx_progress(ecxi_data *d, ecxi_slice *sl)
         }
     }
     if (u->verify_head) n += verify_some(u, sl);
+    /* A producer connection that failed sends nothing more: its READs
+     * fail now, not at their lease (receives are the worker's, not the
+     * endpoint's). */
+    for (ucx_peer *p = u->peers; p; p = p->all_next)
+        if (p->broken && !p->failed_reads) {
+            p->failed_reads = true;
+            for (ucx_xfer *x = u->all_xfers; x; x = x->all_next)
+                if (x->peer == p && x->req) ucp_request_cancel(u->worker, x->req), n++;
+        }
     if (u->naccepts) n += accept_conns(u);
     if (u->nqueued) n += serve_queue(u);
     if (u->conns) reap_conns(u);
@@ -967,7 +1008,8 @@ static int ucx_arm(ecxi_data *d)
     /* Queued requests wait for a send to end, which wakes the fd. */
     if (u->nqueued && u->nsends < MAX_SENDS) {
         for (unsigned i = 0; i < u->nqueued; i++)
-            if (u->queue[i].c->failed || (u->queue[i].c->sends < MAX_SENDS_PER_CONN &&
+            if (u->queue[i].c->failed || (!u->queue[i].asked &&
+                                          u->queue[i].c->sends < MAX_SENDS_PER_CONN &&
                                           u->queue[i].c->h->sends < MAX_SENDS_PER_HOST))
                 return 1;
     }
@@ -1094,7 +1136,7 @@ static void ucx_peer_drop(ecxi_data_peer *hp)
         if (x->peer == p && x->req) ucp_request_cancel(u->worker, x->req);
     close_ep(u, p->ep, true);
     p->ep = NULL;
-    p->broken = true;
+    p->broken = p->failed_reads = true;
     peer_unref(p);
 }
 

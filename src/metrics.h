@@ -22,6 +22,7 @@ typedef struct ecxi_metrics_src {
     const ecxi_ctrl_stats *ctrl;         /* the producer's ROUTER */
     const ecxi_data_stats *data;         /* the producer's data plane */
     uint64_t nixl_agent_restarts;        /* both data planes' (nixl) */
+    uint64_t ucx_agent_restarts;         /* both data planes' (ucx) */
     const ecxi_consumer_stats *consumer; /* NULL if not a consumer */
     const ecxi_cache_stats *cache;
     const ecxi_events_stats *events;     /* NULL if events are off */

@@ -4,26 +4,22 @@
  */
 #include "nixl_proc.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <sodium.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "helper_proc.h"
 #include "util.h"
-
-extern char **environ;
 
 #define HELPER_NAME "ecx-nixl-agent"
 #define VERDICTS 16
@@ -57,8 +53,7 @@ struct ecxi_nixl_proc {
     size_t meta_len;
     uint64_t base;
     uint64_t restarts;
-    int64_t start_ms[ECX_NIXL_PROC_RESTARTS]; /* ring of the latest starts */
-    size_t starts;
+    ecxi_helper_starts starts;
     int64_t down_logged_ms;
     uint8_t *rx, *tx;
     uint64_t next_id;
@@ -77,73 +72,12 @@ struct ecxi_nixl_proc {
 
 void ecxi_nixl_proc_hdr_put(uint8_t *b, uint16_t type, uint64_t id)
 {
-    ecxi_put_le32(b, ECX_NIXL_PROC_MAGIC);
-    ecxi_put_le16(b + 4, ECX_NIXL_PROC_VERSION);
-    ecxi_put_le16(b + 6, type);
-    ecxi_put_le64(b + 8, id);
+    ecxi_helper_hdr_put(b, ECX_NIXL_PROC_MAGIC, ECX_NIXL_PROC_VERSION, type, id);
 }
 
 int ecxi_nixl_proc_hdr_get(const uint8_t *b, size_t len, uint16_t *type, uint64_t *id)
 {
-    if (len < ECX_NIXL_PROC_HDR || ecxi_get_le32(b) != ECX_NIXL_PROC_MAGIC ||
-        ecxi_get_le16(b + 4) != ECX_NIXL_PROC_VERSION)
-        return ECX_EDATA_PEER;
-    *type = ecxi_get_le16(b + 6);
-    *id = ecxi_get_le64(b + 8);
-    return 0;
-}
-
-/* ---- finding the helper ------------------------------------------------- */
-
-/* Where the helper may be: $ECX_NIXL_AGENT alone if set; else next to the
- * object holding this code (libecx.so, or a program linking it
- * statically), in its install's libexec (ECX_NIXL_AGENT_RELDIR, relative
- * to the library's directory), next to the program. */
-static int helper_paths(char (*out)[PATH_MAX], int max)
-{
-    const char *env = getenv("ECX_NIXL_AGENT");
-    if (env && *env) return snprintf(out[0], PATH_MAX, "%s", env) < PATH_MAX;
-    char dirs[2][PATH_MAX];
-    int nd = 0, n = 0;
-    Dl_info di;
-    if (dladdr((void *)ecxi_nixl_proc_new, &di) && di.dli_fname && strchr(di.dli_fname, '/') &&
-        realpath(di.dli_fname, dirs[nd]))
-        nd++;
-    ssize_t k = readlink("/proc/self/exe", dirs[nd], PATH_MAX - 1);
-    if (k > 0) dirs[nd][k] = 0, nd++;
-    for (int i = 0; i < nd; i++) {
-        char *slash = strrchr(dirs[i], '/');
-        if (!slash) continue;
-        *slash = 0;
-        if (i == 1 && !strcmp(dirs[0], dirs[1])) continue; /* the program's dir is the library's */
-        /* (a path too long for PATH_MAX is skipped) */
-        if (n < max && snprintf(out[n], PATH_MAX, "%s/" HELPER_NAME, dirs[i]) < PATH_MAX) n++;
-#ifdef ECX_NIXL_AGENT_RELDIR
-        if (i == 0 && n < max &&
-            snprintf(out[n], PATH_MAX, "%s/" ECX_NIXL_AGENT_RELDIR "/" HELPER_NAME, dirs[i]) <
-                PATH_MAX)
-            n++;
-#endif
-    }
-    return n;
-}
-
-static int find_helper(char *path)
-{
-    char cand[4][PATH_MAX], tried[1024] = "";
-    int n = helper_paths(cand, 4);
-    for (int i = 0; i < n; i++) {
-        if (access(cand[i], X_OK) == 0) {
-            memcpy(path, cand[i], PATH_MAX);
-            return 0;
-        }
-        size_t l = strlen(tried);
-        if (snprintf(tried + l, sizeof tried - l, "%s%s", l ? ", " : "", cand[i]) < 0) break;
-    }
-    ECX_LOG_RATELIMITED(ECX_LOG_ERROR, "nixl: the NIXL agent process's program " HELPER_NAME
-                        " not found or not executable (tried %s; set ECX_NIXL_AGENT to its "
-                        "path): the nixl data path cannot start", n ? tried : "nothing");
-    return ECX_EDATA_NOPATH;
+    return ecxi_helper_hdr_get(b, len, ECX_NIXL_PROC_MAGIC, ECX_NIXL_PROC_VERSION, type, id);
 }
 
 /* ---- the helper's life ---------------------------------------------------- */
@@ -155,35 +89,6 @@ static void epoll_set(ecxi_nixl_proc *p, int op)
         ecxi_log(ECX_LOG_WARN, "nixl: epoll_ctl: %s", strerror(errno));
 }
 
-/* Reap the helper: up to wait_ms for it to end by itself (its status says
- * why), then SIGKILL. Writes what happened into why. */
-static void reap(pid_t pid, bool kill_first, int64_t wait_ms, char *why, size_t cap)
-{
-    int st = 0;
-    pid_t r = 0;
-    if (pid <= 0) { /* never kill(0) or kill(-1) */
-        snprintf(why, cap, "no process");
-        return;
-    }
-    if (kill_first) kill(pid, SIGKILL);
-    for (int64_t end = ecxi_now_ms(NULL) + wait_ms; ecxi_now_ms(NULL) < end;) {
-        r = waitpid(pid, &st, WNOHANG);
-        if (r != 0 && !(r < 0 && errno == EINTR)) break;
-        usleep(2000);
-    }
-    if (r == 0) {
-        kill(pid, SIGKILL);
-        while ((r = waitpid(pid, &st, 0)) < 0 && errno == EINTR)
-            ;
-        snprintf(why, cap, "killed (it did not end)");
-        return;
-    }
-    if (r < 0) snprintf(why, cap, "status unknown (%s)", strerror(errno)); /* SIGCHLD ignored */
-    else if (WIFSIGNALED(st)) snprintf(why, cap, "signal %d (%s)%s", WTERMSIG(st),
-                                       strsignal(WTERMSIG(st)), kill_first ? ", sent by ecx" : "");
-    else snprintf(why, cap, "exit status %d", WEXITSTATUS(st));
-}
-
 /* The helper is gone or no longer trusted: kill, reap, fail what it held. */
 static void die(ecxi_nixl_proc *p, const char *what)
 {
@@ -193,7 +98,7 @@ static void die(ecxi_nixl_proc *p, const char *what)
     p->sock = -1;
     char why[128];
     /* a violation or a hang: kill it at once; EOF: it is ending */
-    reap(p->pid, what != NULL, REAP_WAIT_MS, why, sizeof why);
+    ecxi_helper_reap(p->pid, what != NULL, REAP_WAIT_MS, why, sizeof why);
     ecxi_log(ECX_LOG_WARN, "nixl: the NIXL agent process (pid %d, agent %s) ended: %s%s%s; its "
              "READs in flight fail, its peers are forgotten; a new one starts",
              (int)p->pid, p->name, why, what ? ": " : "", what ? what : "");
@@ -218,37 +123,6 @@ static void agent_name(char *out)
         snprintf(out + 4 + 2 * i, 3, "%02x", r[i]);
 }
 
-static int spawn(ecxi_nixl_proc *p, const char *path, int sock)
-{
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t at;
-    sigset_t none, all;
-    sigemptyset(&none);
-    sigfillset(&all);
-    if (posix_spawn_file_actions_init(&fa)) return ECX_ENOMEM;
-    if (posix_spawnattr_init(&at)) {
-        posix_spawn_file_actions_destroy(&fa);
-        return ECX_ENOMEM;
-    }
-    /* sock and region_fd are >= 10 (F_DUPFD_CLOEXEC): the dup2s cannot
-     * clobber each other; everything else is close-on-exec. */
-    posix_spawn_file_actions_adddup2(&fa, sock, ECX_NIXL_PROC_SOCK_FD);
-    posix_spawn_file_actions_adddup2(&fa, p->region_fd, ECX_NIXL_PROC_REGION_FD);
-    posix_spawnattr_setsigmask(&at, &none);
-    posix_spawnattr_setsigdefault(&at, &all);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    char *argv[] = {(char *)path, "--ecx-nixl-agent", NULL};
-    int e = posix_spawn(&p->pid, path, &fa, &at, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
-    if (e) {
-        ECX_LOG_RATELIMITED(ECX_LOG_ERROR, "nixl: cannot start %s: %s", path, strerror(e));
-        p->pid = 0;
-        return ECX_EDATA_NOPATH;
-    }
-    return 0;
-}
-
 /* Wait for one datagram until end_ms: its length, 0 on EOF, -1 on error
  * or timeout. */
 static long recv_wait(ecxi_nixl_proc *p, int64_t end_ms)
@@ -269,29 +143,15 @@ static long recv_wait(ecxi_nixl_proc *p, int64_t end_ms)
 static int start(ecxi_nixl_proc *p)
 {
     char path[PATH_MAX];
-    int rc = find_helper(path);
+    int rc = ecxi_helper_find(HELPER_NAME, "ECX_NIXL_AGENT", path);
     if (rc) return rc;
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv)) {
-        ecxi_log(ECX_LOG_ERROR, "nixl: socketpair: %s", strerror(errno));
-        return ECX_ESYS;
-    }
-    int child = fcntl(sv[1], F_DUPFD_CLOEXEC, 10);
-    close(sv[1]);
-    if (child < 0) {
-        close(sv[0]);
-        return ECX_ESYS;
-    }
-    p->sock = sv[0];
     agent_name(p->name);
-    rc = spawn(p, path, child);
-    close(child);
-    if (rc) {
-        close(p->sock);
+    if ((rc = ecxi_helper_spawn(path, "--ecx-nixl-agent", p->region_fd, &p->sock, &p->pid))) {
         p->sock = -1;
+        p->pid = 0;
         return rc;
     }
-    p->start_ms[p->starts++ % ECX_NIXL_PROC_RESTARTS] = ecxi_now_ms(NULL);
+    ecxi_helper_started(&p->starts, ecxi_now_ms(NULL));
     size_t nl = strlen(p->name);
     uint8_t hello[ECX_NIXL_PROC_HDR + 12 + ECX_NIXL_NAME_MAX];
     ecxi_nixl_proc_hdr_put(hello, ECX_NIXL_P_HELLO, p->gens + 1); /* its generation */
@@ -315,7 +175,7 @@ static int start(ecxi_nixl_proc *p)
         char why[128];
         close(p->sock);
         p->sock = -1;
-        reap(p->pid, true, REAP_WAIT_MS, why, sizeof why);
+        ecxi_helper_reap(p->pid, true, REAP_WAIT_MS, why, sizeof why);
         ecxi_log(ECX_LOG_ERROR, "nixl: the NIXL agent process %s did not start (%s)", path,
                  n < 0 ? "no answer" : "a bad answer");
         p->pid = 0;
@@ -332,7 +192,7 @@ static int start(ecxi_nixl_proc *p)
             char why[128];
             close(p->sock);
             p->sock = -1;
-            reap(p->pid, true, REAP_WAIT_MS, why, sizeof why);
+            ecxi_helper_reap(p->pid, true, REAP_WAIT_MS, why, sizeof why);
             p->pid = 0;
             ecxi_log(ECX_LOG_ERROR, "nixl: the NIXL agent process sent bad metadata");
             return ECX_EDATA_UCX;
@@ -356,18 +216,15 @@ static int ensure_up(ecxi_nixl_proc *p)
 {
     if (p->sock >= 0) return 0;
     int64_t now = ecxi_now_ms(NULL);
-    if (p->starts >= ECX_NIXL_PROC_RESTARTS) {
-        int64_t oldest = p->start_ms[p->starts % ECX_NIXL_PROC_RESTARTS];
-        if (now - oldest < ECX_NIXL_PROC_WINDOW_MS) {
-            if (now - p->down_logged_ms >= 1000) {
-                p->down_logged_ms = now;
-                ecxi_log(ECX_LOG_WARN, "nixl: the NIXL agent process was started %d times in "
-                         "%d s: NIXL fetches fail for %lld ms more",
-                         ECX_NIXL_PROC_RESTARTS, ECX_NIXL_PROC_WINDOW_MS / 1000,
-                         (long long)(oldest + ECX_NIXL_PROC_WINDOW_MS - now));
-            }
-            return ECX_EDATA_PEER;
+    int64_t left = ecxi_helper_may_start(&p->starts, now);
+    if (left) {
+        if (now - p->down_logged_ms >= 1000) {
+            p->down_logged_ms = now;
+            ecxi_log(ECX_LOG_WARN, "nixl: the NIXL agent process was started %d times in "
+                     "%d s: NIXL fetches fail for %lld ms more",
+                     ECX_HELPER_RESTARTS, ECX_HELPER_WINDOW_MS / 1000, (long long)left);
         }
+        return ECX_EDATA_PEER;
     }
     int rc = start(p);
     if (!rc) p->restarts++;
@@ -510,7 +367,7 @@ void ecxi_nixl_proc_free(ecxi_nixl_proc *p)
     if (p->sock >= 0) {
         close(p->sock); /* EOF: the helper ends */
         char why[128];
-        reap(p->pid, false, FREE_WAIT_MS, why, sizeof why);
+        ecxi_helper_reap(p->pid, false, FREE_WAIT_MS, why, sizeof why);
     }
     for (ecxi_nixl_proc_read *x = p->reads; x; x = x->next)
         x->state = ECX_EDATA_PEER, x->prev = NULL; /* their owner releases them */

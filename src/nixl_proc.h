@@ -7,12 +7,10 @@
  * §5, §6); in the helper such an abort costs the READs in flight, not the
  * host. This file is the protocol between the two and the parent's side.
  *
- * Start: socketpair(AF_UNIX, SOCK_SEQPACKET, CLOEXEC), posix_spawn of the
- * helper with the socket as fd 3 and the region file as fd 4 (nothing
- * else is inherited). The helper is found at $ECX_NIXL_AGENT, else next
- * to the library (or program) holding this code, else in its install's
- * libexec (ecxi_nixl_proc_helper_path); not found: ECX_EDATA_NOPATH and a
- * log line naming what was tried.
+ * Start: helper_proc.h (spawn, fds 3 and 4, the restart bound), the
+ * helper found by ecxi_helper_find at $ECX_NIXL_AGENT, else next to the
+ * library (or program) holding this code, else in its install's libexec;
+ * not found: ECX_EDATA_NOPATH and a log line naming what was tried.
  *
  * Protocol (one message per datagram, every field little-endian, every
  * length checked against the datagram; ECX_NIXL_PROC_VERSION):
@@ -62,6 +60,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "helper_proc.h"
 #include "nixl_format.h"
 
 #define ECX_NIXL_PROC_VERSION 1
@@ -73,16 +72,16 @@
     ((ECX_NIXL_PROC_MSG_MAX - ECX_NIXL_PROC_HDR - 20 - ECX_NIXL_MSG_MAX) / 24)
 /* Pieces in one READ, all messages together. */
 #define ECX_NIXL_PROC_PIECES_MAX (1u << 22)
-#define ECX_NIXL_PROC_RESTARTS 5
-#define ECX_NIXL_PROC_WINDOW_MS 10000
+#define ECX_NIXL_PROC_RESTARTS ECX_HELPER_RESTARTS
+#define ECX_NIXL_PROC_WINDOW_MS ECX_HELPER_WINDOW_MS
 /* The helper's start (UCX set up, HELLO answered) and an ADD's answer. */
 #define ECX_NIXL_PROC_START_MS 10000
 #define ECX_NIXL_PROC_ADD_MS 5000
 /* A message the helper does not take within this is a hang. */
 #define ECX_NIXL_PROC_SEND_MS 5000
 /* The helper's fds. */
-#define ECX_NIXL_PROC_SOCK_FD 3
-#define ECX_NIXL_PROC_REGION_FD 4
+#define ECX_NIXL_PROC_SOCK_FD ECX_HELPER_SOCK_FD
+#define ECX_NIXL_PROC_REGION_FD ECX_HELPER_REGION_FD
 
 enum {
     ECX_NIXL_P_HELLO = 1,

@@ -437,6 +437,35 @@ int ecxi_region_join(const char *instance, int rank, uint64_t block_bytes, ecxi_
     return ecxi_region_join_in(NULL, instance, rank, block_bytes, out);
 }
 
+int ecxi_region_map_fd(int fd, uint64_t block_bytes, bool writable, ecxi_region **out)
+{
+    struct stat st;
+    if (!out || fd < 0 || block_bytes == 0) return ECX_EINVAL;
+    *out = NULL;
+    if (fstat(fd, &st) != 0) return ECX_ESYS;
+    if (!S_ISREG(st.st_mode) || st.st_size <= 0 || (uint64_t)st.st_size % block_bytes ||
+        (uint64_t)st.st_size / block_bytes > ECX_REGION_MAX_BLOCKS ||
+        (uint64_t)st.st_size > SIZE_MAX)
+        return ECX_EREGION_SIZE;
+    ecxi_region *r = calloc(1, sizeof *r);
+    if (!r) return ECX_ENOMEM;
+    r->fd = r->dirfd = -1;
+    r->size = (uint64_t)st.st_size;
+    r->block_bytes = block_bytes;
+    r->num_blocks = r->size / block_bytes;
+    r->dev = st.st_dev;
+    r->ino = st.st_ino;
+    void *p = mmap(NULL, (size_t)r->size, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                   MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        free(r);
+        return ECX_ENOMEM;
+    }
+    r->base = p;
+    *out = r;
+    return 0;
+}
+
 void ecxi_region_free(ecxi_region *r)
 {
     if (!r) return;

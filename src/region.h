@@ -85,6 +85,12 @@ int ecxi_region_join(const char *instance, int rank, uint64_t block_bytes, ecxi_
 int ecxi_region_join_in(const char *dir, const char *instance, int rank, uint64_t block_bytes,
                        ecxi_region **out);
 
+/* Map the region file open on fd (a helper process's: helper_proc.h),
+ * read-only or read-write, without a lock or a name: its size must be a
+ * whole non-zero number of block_bytes blocks (ECX_EREGION_SIZE). The
+ * caller may close fd after. */
+int ecxi_region_map_fd(int fd, uint64_t block_bytes, bool writable, ecxi_region **out);
+
 /* Unmap and release the lock; the creator also unlinks the file (only if
  * the name still refers to its file). NULL is a no-op. */
 void ecxi_region_free(ecxi_region *r);

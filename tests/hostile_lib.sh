@@ -2,6 +2,8 @@
 # a private dir ($DIR, $G the grants file), the producer process
 # (tests/ucx_hostile.c's `produce`, which HOSTILE_DATA points at a path)
 # started, watched and always killed, and well-behaved READs through it.
+# $NET is the process that holds the producer's sockets: the producer, or
+# for ucx its UCX process (ecx-ucx-agent, src/ucx_proc.h).
 # Source it with BIN and the dir prefix set: BIN=... PREFIX=ecx-x . hostile_lib.sh
 DIR=$(mktemp -d "/dev/shm/$PREFIX.XXXXXX")
 G=$DIR/grants
@@ -23,7 +25,9 @@ start_producer() {
     TPID=$!
     for _ in $(seq 100); do
         PROD=$(pgrep -P $TPID)
-        [ -n "$PROD" ] && [ -s "$G" ] && return 0
+        NET=$PROD
+        [ -n "$PROD" ] && [ "${HOSTILE_DATA:-ucx}" = ucx ] && NET=$(pgrep -P "$PROD" -x ecx-ucx-agent)
+        [ -n "$PROD" ] && [ -n "$NET" ] && [ -s "$G" ] && return 0
         sleep 0.1
     done
     fail "producer did not start"
@@ -39,7 +43,7 @@ consume() { # FIRST COUNT LAYOUT EXPECT TIMEOUT_MS
 listens_on_lo_only() {
     command -v ss >/dev/null || return 0
     local socks
-    socks=$(ss -ltnp 2>/dev/null | grep "pid=$PROD," | awk '{print $4}')
+    socks=$(ss -ltnp 2>/dev/null | grep "pid=$NET," | awk '{print $4}')
     [ -n "$socks" ] || fail "$1: no listening socket seen"
     ! echo "$socks" | grep -vq '^127\.0\.0\.1:' || fail "$1: listening beyond lo: $socks"
 }

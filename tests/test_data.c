@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1128,6 +1129,127 @@ static void test_ucx_drop_and_release_in_flight(void **state)
     pair_close(&p);
 }
 
+/* ---- the UCX process (ucx_proc.h, issue 20 #5) ------------------------- */
+
+typedef struct ends {
+    int n, status;
+} ends;
+
+static void on_end(void *arg, const char *msg, size_t len, const uint8_t *token, int status)
+{
+    (void)msg, (void)len, (void)token;
+    ((ends *)arg)->n++;
+    ((ends *)arg)->status = status;
+}
+
+/* Drive both sides until x ends and *e has want ends (10 s at most). */
+static int pump_ends(pair *p, ecxi_data_xfer *x, ends *e, int want)
+{
+    int st = ECX_XFER_RUNNING;
+    for (int64_t end = ecxi_now_ms(NULL) + 10000; ecxi_now_ms(NULL) < end;) {
+        assert_true(ecxi_data_progress(p->cons, ECX_DATA_SLICE_NS, NULL) >= 0);
+        assert_true(ecxi_data_poll_notifs(p->prod, on_end, e) >= 0);
+        st = ecxi_data_read_poll(x);
+        if (st != ECX_XFER_RUNNING && e->n >= want) break;
+    }
+    return st;
+}
+
+/* A whole-region READ, then the consumer's UCX process killed under it:
+ * the READ fails. */
+static void kill_cons_mid_read(pair *p, const uint64_t *all)
+{
+    ecxi_data_xfer *x = NULL;
+    ends e = {0};
+    assert_int_equal(post(p, all, all, BIG_NB, 0, &x), 0);
+    for (int i = 0; i < 20; i++) {
+        assert_true(ecxi_data_progress(p->cons, 0, NULL) >= 0);
+        assert_true(ecxi_data_poll_notifs(p->prod, on_end, &e) >= 0);
+    }
+    int pid = ecxi_ucx_proc_pid(p->cons);
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    int st = ECX_XFER_RUNNING;
+    for (int64_t end = ecxi_now_ms(NULL) + 5000;
+         st == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < end;) {
+        assert_true(ecxi_data_progress(p->cons, ECX_DATA_SLICE_NS, NULL) >= 0);
+        assert_true(ecxi_data_poll_notifs(p->prod, on_end, &e) >= 0);
+        st = ecxi_data_read_poll(x);
+    }
+    assert_int_equal(st, ECX_XFER_FAILED);
+    ecxi_data_read_release(x);
+}
+
+/* UCX runs in a process of its own: killed (what a UCX crash does) in the
+ * middle of a 64 MiB send, the producer's fails the READ and reports the
+ * claim's end as failed (only then may the session unpin), and a new one
+ * starts, on the same address (the metadata is the same bytes), and
+ * serves the same registration; the consumer's, killed in the middle of a
+ * READ, fails it, and the next READ on the same peer is exact; killed so
+ * a second time, its producer is refused. Neither death touches this
+ * process. */
+static void test_ucx_process_killed(void **state)
+{
+    (void)state;
+    pair p;
+    big_open(&p, ECX_DATA_UCX);
+    static uint64_t all[BIG_NB];
+    for (unsigned i = 0; i < BIG_NB; i++)
+        all[i] = i;
+    size_t ml;
+    const uint8_t *m = ecxi_data_agent_metadata(p.prod, &ml);
+    uint8_t meta[ECX_DATA_META_MAX];
+    memcpy(meta, m, ml);
+    /* the producer's, mid-send */
+    ecxi_data_xfer *x = NULL;
+    assert_int_equal(post(&p, all, all, BIG_NB, 0, &x), 0);
+    ends e = {0};
+    for (int64_t end = ecxi_now_ms(NULL) + 5000; !p.grants.served && ecxi_now_ms(NULL) < end;) {
+        assert_true(ecxi_data_progress(p.cons, 0, NULL) >= 0);
+        assert_true(ecxi_data_poll_notifs(p.prod, on_end, &e) >= 0);
+    }
+    assert_int_equal(p.grants.served, 1); /* claimed: the send runs */
+    int pid = ecxi_ucx_proc_pid(p.prod);
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(pump_ends(&p, x, &e, 1), ECX_XFER_FAILED);
+    assert_int_equal(e.n, 1);
+    assert_true(e.status < 0);
+    ecxi_data_read_release(x);
+    for (int64_t end = ecxi_now_ms(NULL) + 5000;
+         !ecxi_ucx_proc_pid(p.prod) && ecxi_now_ms(NULL) < end;)
+        assert_true(ecxi_data_poll_notifs(p.prod, on_end, &e) >= 0);
+    assert_true(ecxi_ucx_proc_pid(p.prod) > 0 && ecxi_ucx_proc_pid(p.prod) != pid);
+    assert_int_equal(stats_of(p.prod).ucx_agent_restarts, 1);
+    m = ecxi_data_agent_metadata(p.prod, &ml);
+    assert_memory_equal(m, meta, ml);
+    /* the registration serves on: at most one READ fails on its dead
+     * connection, the next is exact */
+    int st = ECX_XFER_FAILED;
+    for (int i = 0; i < 2 && st != ECX_XFER_DONE; i++) {
+        e = (ends){0};
+        assert_int_equal(post(&p, all, all, 16, 0, &x), 0);
+        st = pump_ends(&p, x, &e, 1);
+        ecxi_data_read_release(x);
+    }
+    assert_int_equal(st, ECX_XFER_DONE);
+    /* the consumer's, mid-READ */
+    kill_cons_mid_read(&p, all);
+    e = (ends){0};
+    assert_int_equal(post(&p, all, all, BIG_NB, 0, &x), 0);
+    assert_int_equal(pump_ends(&p, x, &e, 1), ECX_XFER_DONE);
+    assert_int_equal(e.status, 0);
+    ecxi_data_read_release(x);
+    assert_memory_equal(ecxi_region_base(p.cr), ecxi_region_base(p.pr), ecxi_region_size(p.pr));
+    assert_int_equal(stats_of(p.cons).ucx_agent_restarts, 1);
+    /* killed again under READs of this producer alone: it is the suspect
+     * (ucx_proc.h), refused at once, no READ reaching the new process */
+    kill_cons_mid_read(&p, all);
+    assert_int_equal(post(&p, all, all, 4, 0, &x), ECX_EDATA_PEER);
+    assert_int_equal(stats_of(p.cons).ucx_agent_restarts, 1); /* none started for it */
+    pair_close(&p);
+}
+
 /* ---- faults ------------------------------------------------------------ */
 
 static void test_fault(void **state)
@@ -1207,6 +1329,7 @@ int main(void)
         cmocka_unit_test(test_sliced_tcp),
         cmocka_unit_test(test_cut_tcp),
         cmocka_unit_test(test_cut_ucx),
+        cmocka_unit_test(test_ucx_process_killed),
         cmocka_unit_test(test_sliced_release_shm),
         cmocka_unit_test(test_sliced_release_tcp),
         cmocka_unit_test(test_sliced_drop_shm),

@@ -5,7 +5,8 @@
 # path into the source or build tree), against the shared library and
 # against the static one, and run. When the CLI links libecx.so (CLI_SHARED
 # 1), the installed `ecx` must need libecx.so.1 and find it by its RPATH,
-# and its `serve --data nixl` must find the installed ecx-nixl-agent.
+# and its `serve --data nixl` / `--data ucx` must find the installed
+# ecx-nixl-agent / ecx-ucx-agent.
 # usage: test_install.sh BUILD_DIR SMOKE_C CC CLI_SHARED(0|1)
 set -euo pipefail
 BUILD=$1 SMOKE=$2 CC=$3 CLI_SHARED=$4
@@ -107,6 +108,21 @@ elif [ -n "$cli" ] && [ "$CLI_SHARED" = 1 ]; then
   for _ in $(seq 100); do grep -q "offers the whole region" "$T/nixl.log" && break; sleep 0.1; done
   grep -q "offers the whole region" "$T/nixl.log" ||
     bad "installed ecx serve --data nixl did not start its NIXL agent process: $(head -c 400 "$T/nixl.log")"
+  kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
+fi
+
+# The ucx path's UCX process (src/ucx_proc.h), found the same way: an
+# installed `ecx serve --data ucx` starts only once it runs.
+uagent=$(find "$STAGE" -path '*/libexec/ecx/ecx-ucx-agent' -type f | head -1)
+if [ -z "$uagent" ] || [ ! -x "$uagent" ]; then
+  bad "libexec/ecx/ecx-ucx-agent not installed"
+elif [ -n "$cli" ] && [ "$CLI_SHARED" = 1 ]; then
+  env -u LD_LIBRARY_PATH -u ECX_UCX_AGENT "$cli" serve --data ucx --listen 127.0.0.1:0 \
+    --block-bytes 64Ki --synthetic 1:1000 --announce-out "$T/ucx.json" >"$T/ucx.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 100); do [ -s "$T/ucx.json" ] && break; sleep 0.1; done
+  [ -s "$T/ucx.json" ] ||
+    bad "installed ecx serve --data ucx did not start its UCX process: $(head -c 400 "$T/ucx.log")"
   kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
 fi
 

@@ -33,6 +33,15 @@
  *     raw UCT tcp put of 8 bytes at the producer's block BLOCK, to its tcp
  *     interface port PORT (a UCX 1.13 hole: see data_ucx.c). Prints what
  *     UCT said.
+ * attack and uct-put aim at the region's address in the producer, or,
+ * with HOSTILE_UCX_BASE (hex) set, at that one: its UCX process's mapping.
+ *   ucx_hostile evil-ucx FILE MODE SIZE SECONDS
+ *     a hostile UCX producer: floods the consumer that asks it for a READ
+ *     with active messages or 1 GiB of eager messages (issue 20 #5; see
+ *     evil_ucx below).
+ *   ucx_hostile conns META_HEX N ROUNDS
+ *     N UCX connections from one address at a producer, held 2 s and
+ *     force-closed, ROUNDS times (issue 20 #5).
  *   ucx_hostile tcp-attack FILE
  *     a raw TCP client of a tcp producer holding only grant g5's ticket:
  *     a wrong token, another grant's key, g5 (served once), its replay,
@@ -268,6 +277,8 @@ static int load(const char *file)
             meta_len = (size_t)ecxi_hex_decode(h, strlen(h), meta_b);
         } else if (!strcmp(w, "base")) {
             base_addr = (uintptr_t)strtoull(strtok_r(NULL, " \n", &save), NULL, 16);
+            const char *ucx_base = getenv("HOSTILE_UCX_BASE"); /* the UCX process's mapping */
+            if (ucx_base && *ucx_base) base_addr = (uintptr_t)strtoull(ucx_base, NULL, 16);
             strtok_r(NULL, " \n", &save);
             secret_addr = (uintptr_t)strtoull(strtok_r(NULL, " \n", &save), NULL, 16);
         } else if (!strcmp(w, "grant")) {
@@ -1076,6 +1087,254 @@ static int tcp_evil(const char *dir)
     return bad ? 1 : 0;
 }
 
+/* ---- a hostile UCX producer, and a connection flood (issue 20 #5) -------- */
+
+static volatile int evil_out; /* sends in flight */
+static bool evil_ep_failed;
+#define EVIL_EPS 64
+static struct {
+    ucp_listener_h l;
+    ucp_worker_h w;
+    ucp_ep_h eps[EVIL_EPS];
+    int neps;
+    ucp_ep_h req_ep; /* the consumer's request came on it */
+    uint64_t tag;
+    bool have_req;
+} E;
+
+static void evil_err(void *arg, ucp_ep_h ep, ucs_status_t st)
+{
+    (void)arg, (void)ep, (void)st;
+    evil_ep_failed = true;
+}
+
+static void evil_conn(ucp_conn_request_h req, void *arg)
+{
+    (void)arg;
+    if (E.neps == EVIL_EPS) {
+        ucp_listener_reject(E.l, req);
+        return;
+    }
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                          .conn_request = req,
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                          .err_handler = {.cb = evil_err}};
+    if (ucp_ep_create(E.w, &ep, &E.eps[E.neps]) == UCS_OK) E.neps++;
+}
+
+static ucs_status_t evil_am(void *arg, const void *h, size_t hl, void *data, size_t len,
+                            const ucp_am_recv_param_t *prm)
+{
+    (void)arg, (void)h, (void)hl;
+    if (len >= 16 && (prm->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) && !E.have_req) {
+        E.req_ep = prm->reply_ep;
+        memcpy(&E.tag, (const uint8_t *)data + 8, 8); /* little-endian, as sent */
+        E.have_req = true;
+    }
+    return UCS_OK;
+}
+
+static void evil_sent(void *req, ucs_status_t st, void *arg)
+{
+    (void)arg;
+    if (st != UCS_OK) evil_ep_failed = true;
+    ucp_request_free(req);
+    evil_out--;
+}
+
+/* Keep what a nbx call returned in flight (at most 256 at once). */
+static bool evil_track(void *r)
+{
+    if (UCS_PTR_IS_ERR(r)) {
+        evil_ep_failed = true;
+        return false;
+    }
+    if (r) evil_out++;
+    while (evil_out >= 256 && !evil_ep_failed) ucp_worker_progress(E.w);
+    return !evil_ep_failed;
+}
+
+/*   ucx_hostile evil-ucx FILE MODE SIZE SECONDS
+ *     a hostile UCX producer on 127.0.0.1: writes "meta HEX" and "desc HEX"
+ *     (a grant of SIZE bytes in 64 KiB blocks, random token and checksum)
+ *     to FILE, then answers the first READ request: MODE am-flood: active
+ *     messages of every kind (random ids, headers, sizes, reply / eager /
+ *     rendezvous flags) for SECONDS; eager-flood: 1 GiB of eager tagged
+ *     messages (64 KiB) under random tags. Then a 0-byte reply under the
+ *     request's tag, and it waits SECONDS for more requests (ignored).
+ *     Prints what it sent. */
+static int evil_ucx(const char *file, const char *mode, uint64_t size, int seconds)
+{
+    bool eager = !strcmp(mode, "eager-flood");
+    if (!eager && strcmp(mode, "am-flood")) return 2;
+    if (eager) setenv("UCX_RNDV_THRESH", "inf", 1); /* every tagged send eager */
+    ucp_config_t *cfg;
+    ucp_context_h ctx;
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) return 1;
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                      .features = UCP_FEATURE_AM | UCP_FEATURE_TAG};
+    if (ucp_init(&p, cfg, &ctx) != UCS_OK) return 1;
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    if (ucp_worker_create(ctx, &wp, &E.w) != UCS_OK) return 1;
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                               UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                               UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+                                 .id = AM_REQ_ID,
+                                 .flags = UCP_AM_FLAG_WHOLE_MSG,
+                                 .cb = evil_am};
+    if (ucp_worker_set_am_recv_handler(E.w, &hp) != UCS_OK) return 1;
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ucp_listener_params_t lp = {.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR |
+                                              UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+                                .sockaddr = {.addr = (struct sockaddr *)&sa, .addrlen = sizeof sa},
+                                .conn_handler = {.cb = evil_conn}};
+    if (ucp_listener_create(E.w, &lp, &E.l) != UCS_OK) return 1;
+    ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+    if (ucp_listener_query(E.l, &la) != UCS_OK) return 1;
+    uint8_t addr[8] = {1, 4};
+    memcpy(addr + 2, &((struct sockaddr_in *)&la.sockaddr)->sin_port, 2);
+    memcpy(addr + 4, &sa.sin_addr, 4);
+    ecxi_data_meta m = {.has_ucx = true, .ucx_addr = addr, .ucx_addr_len = 8};
+    randombytes_buf(&m.nonce, sizeof m.nonce);
+    ecxi_data_desc dd = {.nonce = m.nonce, .block_bytes = BS, .num_blocks = NB, .has_ticket = true,
+                        .ticket = {.nbytes = size, .lease_ms = 30000}};
+    randombytes_buf(dd.ticket.token, sizeof dd.ticket.token);
+    randombytes_buf(&dd.ticket.checksum, sizeof dd.ticket.checksum);
+    uint8_t mb[ECX_DATA_META_MAX], db[ECX_DATA_DESC_MAX];
+    long ml = ecxi_data_meta_encode(&m, mb, sizeof mb), dl = ecxi_data_desc_encode(&dd, db, sizeof db);
+    if (ml < 0 || dl < 0) return fprintf(stderr, "encode: %ld %ld\n", ml, dl), 1;
+    char mh[2 * ECX_DATA_META_MAX + 1], dh[2 * ECX_DATA_DESC_MAX + 1], tmp[4096];
+    ecxi_hex_encode(mb, (size_t)ml, mh);
+    ecxi_hex_encode(db, (size_t)dl, dh);
+    snprintf(tmp, sizeof tmp, "%s.tmp", file);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return perror(tmp), 1;
+    fprintf(f, "meta %s\ndesc %s\n", mh, dh);
+    fclose(f);
+    if (rename(tmp, file)) return perror("rename"), 1;
+    printf("evil producer ready\n");
+    int64_t end = ecxi_now_ms(NULL) + 60000;
+    while (!E.have_req && ecxi_now_ms(NULL) < end) {
+        ucp_worker_progress(E.w);
+        usleep(100);
+    }
+    if (!E.have_req) return printf("no request came\n"), 1;
+    static uint8_t buf[256 << 10];
+    randombytes_buf(buf, sizeof buf);
+    uint64_t sent = 0, msgs = 0;
+    int64_t stop = ecxi_now_ms(NULL) + (int64_t)seconds * 1000;
+    while (!evil_ep_failed && ecxi_now_ms(NULL) < stop) {
+        void *r;
+        ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                                                  UCP_OP_ATTR_FIELD_FLAGS,
+                                  .cb.send = evil_sent};
+        size_t len;
+        if (eager) {
+            if (sent >= (1ull << 30)) break;
+            uint64_t t;
+            do randombytes_buf(&t, sizeof t); while (t == E.tag);
+            len = 64 << 10;
+            rp.op_attr_mask &= ~(uint32_t)UCP_OP_ATTR_FIELD_FLAGS;
+            r = ucp_tag_send_nbx(E.req_ep, buf, len, t, &rp);
+        } else {
+            uint32_t x = randombytes_random();
+            static const uint32_t fl[] = {0, UCP_AM_SEND_FLAG_REPLY, UCP_AM_SEND_FLAG_EAGER,
+                                          UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
+                                          UCP_AM_SEND_FLAG_RNDV,
+                                          UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_RNDV};
+            rp.flags = fl[x % 6];
+            unsigned id = (x >> 3) % 4 == 0 ? AM_REQ_ID : (x >> 5) & 0xffff;
+            size_t hl = (x >> 21) % 4 == 0 ? (x >> 23) % 64 : 0;
+            len = (x >> 25) % 4 == 0 ? sizeof buf : (x >> 27) % 2 ? 16 : randombytes_uniform(9000);
+            r = ucp_am_send_nbx(E.req_ep, id, buf, hl, buf, len, &rp);
+        }
+        if (!evil_track(r)) break;
+        sent += len;
+        msgs++;
+    }
+    int64_t drain = ecxi_now_ms(NULL) + 5000;
+    while (evil_out > 0 && !evil_ep_failed && ecxi_now_ms(NULL) < drain) ucp_worker_progress(E.w);
+    printf("%s: %" PRIu64 " messages, %" PRIu64 " MiB sent%s\n", mode, msgs, sent >> 20,
+           evil_ep_failed ? " (the consumer's connection failed)" : "");
+    if (!evil_ep_failed) {
+        ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK, .cb.send = evil_sent};
+        evil_track(ucp_tag_send_nbx(E.req_ep, buf, 0, E.tag, &rp));
+    }
+    end = ecxi_now_ms(NULL) + (int64_t)seconds * 1000;
+    while (ecxi_now_ms(NULL) < end) {
+        ucp_worker_progress(E.w);
+        usleep(200);
+    }
+    return 0; /* the process exit closes everything */
+}
+
+/*   ucx_hostile conns META_HEX N ROUNDS
+ *     N UCX connections from one address (127.0.0.1) at the producer whose
+ *     agent_metadata is META_HEX, held 2 s, then all force-closed; ROUNDS
+ *     times. Prints how many connected and failed per round. */
+static int conns(const char *meta_hex, int n, int rounds)
+{
+    static uint8_t mb[ECX_DATA_META_MAX];
+    long ml = ecxi_hex_decode(meta_hex, strlen(meta_hex), mb);
+    ecxi_data_meta m;
+    if (ml <= 0 || ecxi_data_meta_decode(mb, (size_t)ml, &m) || !m.has_ucx || m.ucx_addr_len != 8)
+        return fprintf(stderr, "conns: no IPv4 UCX address in the metadata\n"), 1;
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    memcpy(&sa.sin_port, m.ucx_addr + 2, 2);
+    memcpy(&sa.sin_addr, m.ucx_addr + 4, 4);
+    ucp_config_t *cfg;
+    ucp_context_h ctx;
+    ucp_worker_h w;
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) return 1;
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                      .features = UCP_FEATURE_AM | UCP_FEATURE_TAG};
+    if (ucp_init(&p, cfg, &ctx) != UCS_OK) return 1;
+    ucp_config_release(cfg);
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    if (ucp_worker_create(ctx, &wp, &w) != UCS_OK) return 1;
+    ucp_ep_h *eps = calloc((size_t)n, sizeof *eps);
+    if (!eps) return 1;
+    for (int round = 0; round < rounds; round++) {
+        int made = 0;
+        evil_ep_failed = false;
+        for (int i = 0; i < n; i++) {
+            ucp_ep_params_t ep = {
+                .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                              UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+                .sockaddr = {.addr = (struct sockaddr *)&sa, .addrlen = sizeof sa},
+                .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                .err_handler = {.cb = evil_err}};
+            eps[i] = NULL;
+            if (ucp_ep_create(w, &ep, &eps[i]) == UCS_OK) made++;
+            ucp_worker_progress(w);
+        }
+        int64_t end = ecxi_now_ms(NULL) + 2000;
+        while (ecxi_now_ms(NULL) < end) ucp_worker_progress(w);
+        printf("round %d: %d of %d endpoints created%s\n", round + 1, made, n,
+               evil_ep_failed ? ", some failed (refused)" : "");
+        for (int i = 0; i < n; i++) {
+            if (!eps[i]) continue;
+            ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                       .flags = UCP_EP_CLOSE_FLAG_FORCE};
+            void *r = ucp_ep_close_nbx(eps[i], &prm);
+            if (r && !UCS_PTR_IS_ERR(r)) {
+                int64_t e2 = ecxi_now_ms(NULL) + 100;
+                while (ucp_request_check_status(r) == UCS_INPROGRESS && ecxi_now_ms(NULL) < e2)
+                    ucp_worker_progress(w);
+                if (ucp_request_check_status(r) != UCS_INPROGRESS) ucp_request_free(r);
+            }
+        }
+    }
+    return 0; /* the process exit closes the rest */
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1088,6 +1347,9 @@ int main(int argc, char **argv)
     if (argc == 5 && !strcmp(argv[1], "uct-put")) return uct_put(argv[2], atoi(argv[3]), atoi(argv[4]));
     if (argc == 3 && !strcmp(argv[1], "tcp-attack")) return tcp_attack(argv[2]);
     if (argc == 3 && !strcmp(argv[1], "tcp-evil")) return tcp_evil(argv[2]);
+    if (argc == 6 && !strcmp(argv[1], "evil-ucx"))
+        return evil_ucx(argv[2], argv[3], strtoull(argv[4], NULL, 10), atoi(argv[5]));
+    if (argc == 5 && !strcmp(argv[1], "conns")) return conns(argv[2], atoi(argv[3]), atoi(argv[4]));
     fprintf(stderr, "usage: see the top of tests/ucx_hostile.c\n");
     return 2;
 }

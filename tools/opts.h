@@ -56,7 +56,8 @@ enum {
     "                         on the same host,\n" \
     "                         else tcp). tcp moves the bytes unencrypted: trusted network\n"      \
     "                         or IPsec/WireGuard. ucx (RDMA fabrics): trusted network ONLY,\n"    \
-    "                         UCX's tcp transport lets any peer write producer memory.\n"         \
+    "                         UCX's tcp transport lets any peer write the memory of\n"          \
+    "                         ecx's UCX process (ecx-ucx-agent; it maps the region).\n"         \
     "                         nixl: auto for ecx peers, NIXL's one-sided data plane for\n"      \
     "                         vLLM's own connector; trusted network ONLY: a NIXL peer can\n"     \
     "                         read the whole region and more, no checksum (docs/NIXL.md)\n"      \
