@@ -72,7 +72,7 @@ def main():
     ap.add_argument("--announce-out", metavar="FILE")
     ap.add_argument("--block-bytes", type=parse_size, default=1 << 20)
     ap.add_argument("--lease-ms", type=int, default=30000)
-    ap.add_argument("--vllm-version", default="0.32.0")
+    ap.add_argument("--vllm-version", default="0.31.0")  # ecx serve's default
     ap.add_argument("--model", default="llava-hf/llava-1.5-7b-hf")
     ap.add_argument("--dtype", default="torch.bfloat16")
     ap.add_argument("--seconds", type=float, default=600, help="exit after this long")

@@ -98,7 +98,7 @@ extern "C" {
 #define ECX_ABI_VERSION 1
 
 /* Protocol versions (docs/PROTOCOL.md, "Versions"): 1 is the reference's
- * ECCPUConnector before vLLM 0.34, 2 that of vLLM >= 0.34 (the same
+ * ECCPUConnector before vLLM 0.32, 2 that of vLLM >= 0.32 (the same
  * messages; the announcement carries the item's shape and whole blocks).
  * ECX_CONNECTOR_VERSION is the default, and the version of the wire
  * functions without _v. */
@@ -285,7 +285,7 @@ ECX_API int ecx_dtype_size(const char *dtype);
 /* The dtypes ecx knows, "torch.float64, torch.float32, ..." (static text). */
 ECX_API const char *ecx_dtype_names(void);
 /*
- * The protocol version a vLLM version speaks: 2 from 0.34 on, else 1 (also for a
+ * The protocol version a vLLM version speaks: 2 from 0.32 on, else 1 (also for a
  * version string that is not MAJOR.MINOR...). ecx_config.connector_version 0 means this.
  */
 ECX_API int ecx_protocol_version_of(const char *vllm_version);
@@ -310,9 +310,11 @@ enum ecx_role { ECX_ROLE_PRODUCER = 1, ECX_ROLE_CONSUMER = 2, ECX_ROLE_BOTH = 3 
 #define ECX_DEFAULT_LISTEN "127.0.0.1:5601"
 #define ECX_DEFAULT_REGION_BYTES (1ull << 30)
 #define ECX_DEFAULT_BLOCK_BYTES (1ull << 20)
-/* A vLLM that exists and that ecx supports (its protocol version is 1; see
- * ecx_protocol_version_of), and dtype as that vLLM hashes it. */
-#define ECX_DEFAULT_VLLM_VERSION "0.32.0"
+/* A vLLM release that exists, the newest that speaks protocol version 1
+ * (ecx_protocol_version_of; version 2 saves only whole blocks, which would
+ * not suit a default), and dtype as vLLM hashes it. A consumer or producer
+ * facing vLLM >= 0.32 sets vllm_version to that engine's. */
+#define ECX_DEFAULT_VLLM_VERSION "0.31.0"
 #define ECX_DEFAULT_MODEL "llava-hf/llava-1.5-7b-hf"
 #define ECX_DEFAULT_DTYPE "torch.bfloat16"
 #define ECX_DEFAULT_DATA "auto"
@@ -332,7 +334,7 @@ enum ecx_role { ECX_ROLE_PRODUCER = 1, ECX_ROLE_CONSUMER = 2, ECX_ROLE_BOTH = 3 
 #define ECX_DEFAULT_MAX_PIN_PCT 75
 /* 0: the protocol version vllm_version speaks (ecx_protocol_version_of). */
 #define ECX_DEFAULT_CONNECTOR_VERSION 0
-/* How long a version-2 peer (vLLM >= 0.34) waits for an ack by default
+/* How long a version-2 peer (vLLM >= 0.32) waits for an ack by default
  * (its consumer_ack_timeout_s = the 30 s pin lease). ecx_config_init keeps
  * ECX_DEFAULT_ACK_TIMEOUT_MS whatever the version; `ecx get
  * --connector-version 2` uses this one. */
@@ -392,8 +394,8 @@ typedef struct ecx_config {
                                        any client that knows the producer's public key */
     size_t n_curve_allow;
 
-    /* Protocol version, 1 or 2 (vLLM >= 0.34); 0 (the default) derives it from
-     * vllm_version (ecx_protocol_version_of), and 1 with a vllm_version of 0.34 or later
+    /* Protocol version, 1 or 2 (vLLM >= 0.32); 0 (the default) derives it from
+     * vllm_version (ecx_protocol_version_of), and 1 with a vllm_version of 0.32 or later
      * is refused (ECX_EINVAL: no such vLLM). Both ends of a transfer must use the same one: requests do not carry it (see
      * docs/PROTOCOL.md). Version 2 announces an item's shape [rows, block_bytes /
      * element size of dtype] (or the one ecx_save_shape recorded for it) with

@@ -9,7 +9,7 @@
  * reader, and every check a consumer makes before it asks a producer sits
  * in one function: whether there is a peer at all (NO_PEER), whether the
  * announcement is usable (INVALID), and whether its size is the one the
- * engine expects (SIZE_MISMATCH). Protocol version 2 (vLLM >= 0.34) adds
+ * engine expects (SIZE_MISMATCH). Protocol version 2 (vLLM >= 0.32) adds
  * the item's "shape" [rows, width] and announces size_bytes in whole blocks
  * of one row each (docs/PROTOCOL.md, "Versions"). The consumer session calls it only for
  * an item it has never heard of; the connector only passes text or struct

@@ -165,11 +165,12 @@ const char *ecx_dtype_names(void)
 
 int ecx_protocol_version_of(const char *v)
 {
-    /* "0.34.0", "0.34.1rc2", "0.35.0.dev3+g1234": MAJOR.MINOR decide. */
+    /* "0.32.0", "0.34.1rc2", "0.35.0.dev3+g1234": MAJOR.MINOR decide. vLLM's
+     * ECCPUConnector speaks 1 in 0.30 and 0.31, 2 from 0.32 on (PROTOCOL.md §3.7). */
     if (!v || *v < '0' || *v > '9') return 1;
     char *end;
     long major = strtol(v, &end, 10);
     if (*end != '.' || end[1] < '0' || end[1] > '9') return 1;
     long minor = strtol(end + 1, NULL, 10);
-    return major > 0 || minor >= 34 ? 2 : 1;
+    return major > 0 || minor >= 32 ? 2 : 1;
 }

@@ -228,7 +228,8 @@ static void test_factors(void **state)
     assert_null(ecx_dtype_name("mystery"));
     assert_null(ecx_dtype_name("torch."));
     assert_int_equal(ecx_dtype_size("bf16"), 2);
-    assert_int_equal(ecx_protocol_version_of("0.32.0"), 1);
+    assert_int_equal(ecx_protocol_version_of("0.31.0"), 1);
+    assert_int_equal(ecx_protocol_version_of("0.32.0"), 2);
     assert_int_equal(ecx_protocol_version_of("0.34.0"), 2);
     assert_int_equal(ecx_protocol_version_of("0.35.1rc2"), 2);
     assert_int_equal(ecx_protocol_version_of("1.0"), 2);
@@ -319,7 +320,7 @@ static void test_both_fetch_from_itself(void **state)
     ecx_free(c);
 }
 
-/* Version 2 (vLLM >= 0.34): the announcement's shape and whole blocks, the
+/* Version 2 (vLLM >= 0.32): the announcement's shape and whole blocks, the
  * consumer's checks of them, and what a peer of the other version sees. */
 static void test_connector_versions(void **state)
 {

@@ -19,7 +19,7 @@ spid=$!
 pids+=($spid)
 wait_file "$T/ann.json" || { echo "FAIL: serve did not start" >&2; cat "$T/serve.log" >&2; exit 1; }
 PORT=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["item"]["peer_port"])' "$T/ann.json")
-COMPAT=$("$ECX" compat-hash 0.32.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 65536)
+COMPAT=$("$ECX" compat-hash 0.31.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 65536)
 
 timeout 20 $PY "$(dirname "$0")/grant_forger.py" "$PORT" "$COMPAT" item >"$T/forger.out" 2>&1
 rc=$?

@@ -25,7 +25,7 @@ else:
     print("missing")
 PY
 }
-COMPAT=$("$ECX" compat-hash 0.32.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 1048576)
+COMPAT=$("$ECX" compat-hash 0.31.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 1048576)
 
 # ---------- A. Python consumer against ecx serve ----------
 MPORT=$(free_port)

@@ -25,12 +25,12 @@ pids+=($!)
 wait_file "$T/a.json" || { echo "FAIL: serve did not start" >&2; cat "$T/serve.log" >&2; exit 1; }
 PORT=$(port_of "$T/a.json")
 H0=$($PY -c 'import json,sys; print(sorted(json.load(open(sys.argv[1])))[0])' "$T/a.json")
-WANT=$("$ECX" compat-hash 0.32.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 1Mi)
+WANT=$("$ECX" compat-hash 0.31.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 1Mi)
 check "serve prints its factors, hash and protocol version at start" \
-  "grep -q 'producer: vllm-version 0.32.0, model llava-hf/llava-1.5-7b-hf, dtype torch.bfloat16, block-bytes 1048576, protocol version 1, compat hash $WANT' '$T/serve.log'"
+  "grep -q 'producer: vllm-version 0.31.0, model llava-hf/llava-1.5-7b-hf, dtype torch.bfloat16, block-bytes 1048576, protocol version 1, compat hash $WANT' '$T/serve.log'"
 metrics_of "$MPORT" >"$T/m.txt"
 check "/metrics has ecx_info with the four factors, the hash and the version" \
-  "grep -q '^ecx_info{vllm_version=\"0.32.0\",model=\"llava-hf/llava-1.5-7b-hf\",dtype=\"torch.bfloat16\",block_bytes=\"1048576\",compat_hash=\"$WANT\",protocol_version=\"1\"} 1$' '$T/m.txt'"
+  "grep -q '^ecx_info{vllm_version=\"0.31.0\",model=\"llava-hf/llava-1.5-7b-hf\",dtype=\"torch.bfloat16\",block_bytes=\"1048576\",compat_hash=\"$WANT\",protocol_version=\"1\"} 1$' '$T/m.txt'"
 # bfloat16, bf16 and torch.bfloat16 are one dtype: each fetches.
 for d in bfloat16 bf16 torch.bfloat16; do
   expect 0 "" "get --dtype $d from serve --dtype torch.bfloat16" -- \
@@ -42,7 +42,7 @@ expect 2 "vllm-version 0.34.0 speaks protocol version 2, not the --connector-ver
   "a contradictory --vllm-version / --connector-version pair is refused" -- \
   "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1Mi --vllm-version 0.34.0 --connector-version 1
 # A NACK_INCOMPAT names this side's factors and where the producer's are.
-expect 3 "this consumer: vllm-version 0.32.0, model other/model, dtype torch.bfloat16.*compat hash [0-9a-f]{64}" \
+expect 3 "this consumer: vllm-version 0.31.0, model other/model, dtype torch.bfloat16.*compat hash [0-9a-f]{64}" \
   "NACK_INCOMPAT prints the consumer's factors" -- \
   "$ECX" get --model other/model --peer "127.0.0.1:$PORT" --mm-hash "$H0" --size 64Ki --out "$T/o"
 check "NACK_INCOMPAT says where to read the producer's factors" "grep -q 'ecx_info' '$T/cmd.stderr' && grep -q 'NACK_INCOMPAT' '$T/cmd.stderr'"
@@ -60,7 +60,7 @@ ping_case 0 "can fetch from" "compatible, dtype alias" "127.0.0.1:$PORT" --dtype
 ping_case 3 "nothing listening" "nothing listening" "127.0.0.1:$DEAD"
 ping_case 4 "not a ZeroMQ peer" "the metrics port (HTTP)" "127.0.0.1:$MPORT"
 ping_case 6 "another protocol version" "protocol version differs" "127.0.0.1:$PORT" --connector-version 2
-ping_case 7 "this side: vllm-version 0.33.0" "compat hash differs" "127.0.0.1:$PORT" --vllm-version 0.33.0
+ping_case 7 "this side: vllm-version 0.30.0" "compat hash differs" "127.0.0.1:$PORT" --vllm-version 0.30.0
 # A port that accepts and never speaks: not a ZeroMQ peer, still under 2 s.
 $PY -c 'import socket,time; s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen(); open("'"$T"'/mute","w").write(str(s.getsockname()[1])); c=[]; t=time.time()
 while time.time()-t<30: c.append(s.accept())' &

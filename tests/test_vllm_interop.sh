@@ -86,9 +86,9 @@ pids+=($!)
 "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:80Ki "${V2[@]}" "${F[@]}" --ready-delay-ms 600000 \
   --announce-out "$T/slow.json" 2>"$T/slow.log" &
 pids+=($!)
-# A version-1 producer (a vLLM before 0.34 speaks 1; 0.34.0 with version 1 is refused):
+# A version-1 producer (a vLLM before 0.32 speaks 1; 0.34.0 with version 1 is refused):
 # its announcement has no shape, which vLLM 0.34's admission refuses before asking.
-"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:80Ki "${F[@]}" --vllm-version 0.32.0 --announce-out "$T/v1.json" 2>"$T/v1.log" &
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:80Ki "${F[@]}" --vllm-version 0.31.0 --announce-out "$T/v1.json" 2>"$T/v1.log" &
 pids+=($!)
 for f in a slow v1; do wait_file "$T/$f.json" || { bad "ecx serve ($f) did not start: $(tail -3 "$T/$f.log")"; finish; exit; }; done
 read -r APORT AH0 AH1 < <(ann_keys "$T/a.json")

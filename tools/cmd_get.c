@@ -43,7 +43,7 @@ static const char HELP[] =
     "                         false without it: every fetch is checksum-checked anyway)\n"
     "  --verify-synthetic     check each item's bytes against `ecx serve --synthetic`\n"
     "  --ack-timeout-ms MS    wait this long for each ack (default 2000; 30000 with\n"
-    "                         --connector-version 2, as vLLM >= 0.34 waits)\n"
+    "                         --connector-version 2, as vLLM >= 0.32 waits)\n"
     "  --region-bytes SIZE    local region (default: what the items need)\n"
     "  --curve-server-key FILE  talk to producers over ZeroMQ CURVE (encrypted); FILE\n"
     "                         holds their public key (`ecx keygen`'s .pub; key files\n"

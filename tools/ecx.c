@@ -11,7 +11,7 @@ static const char HELP[] =
     "usage: ecx COMMAND [ARGS]\n"
     "\n"
     "ecx moves vision-encoder outputs between LLM serving instances (vLLM's\n"
-    "ECCPUConnector protocol, versions 1 and 2: 2 is vLLM >= 0.34's).\n"
+    "ECCPUConnector protocol, versions 1 and 2: 2 is vLLM >= 0.32's).\n"
     "\n"
     "commands:\n"
     "  serve          run a producer: serve files or synthetic encodings\n"

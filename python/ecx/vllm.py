@@ -192,7 +192,7 @@ class ECXConnectorStats(ECConnectorStats):  # type: ignore[misc]
 
 def _engine_protocol_version(vllm_version: str) -> int:
     """The engine's own ECCPUConnector's protocol version; without its module,
-    the one that vLLM version speaks (2 from 0.34 on, as ecx derives it)."""
+    the one that vLLM version speaks (2 from 0.32 on, as ecx derives it)."""
     try:
         from vllm.distributed.ec_transfer.ec_connector.cpu import protocol
 

@@ -134,7 +134,7 @@ def test_save_into_aborted_by_an_exception_leaves_nothing():
 
 
 def test_connector_version_2():
-    """vLLM >= 0.34's protocol: the announcement carries the shape, whole rows only."""
+    """vLLM >= 0.32's protocol: the announcement carries the shape, whole rows only."""
     kw = dict(listen="127.0.0.1:0", region_bytes=4 << 20, block_bytes=8192, dtype="bfloat16",
               connector_version=2)
     with ecx.Context("producer", **kw) as p, ecx.Context("consumer", **kw) as c:
