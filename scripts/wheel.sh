@@ -2,7 +2,7 @@
 # Build ecx's self-contained binary wheel (make wheel; tests/test_wheel.sh):
 #   scripts/wheel.sh OUTDIR [PYTHON]
 # 1. From the checkout's tracked files: the sdist, and a wheel built from it
-#    (libecx, the CLI, ecx-nixl-agent and the extension, linked against this
+#    (libecx, the CLI, ecx-nixl-agent, ecx-ucx-agent and the extension, linked against this
 #    machine's libzmq, libsodium, UCX, ...).
 # 2. UCX's transport modules (cma, ib, rdmacm) added to it: libucs dlopen()s
 #    them at run time from `ucx/` in its own directory, named

@@ -106,6 +106,26 @@ EOF
   cat >"$w/ucx_check.py" <<'EOF'
 import ecx, os, sys
 site, want = sys.argv[1], sys.argv[2].split(",")
+
+
+def maps_of(pid):
+    return [l.split()[-1] for l in open(f"/proc/{pid}/maps").read().splitlines() if "/" in l]
+
+
+def agents():  # this process's ecx-ucx-agent children: UCX runs there, not here
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            if not d.isdigit():
+                continue
+            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            if ppid == os.getpid() and os.readlink(f"/proc/{d}/exe") == f"{site}/ecx/ecx-ucx-agent":
+                out.append(d)
+        except OSError:
+            pass
+    return out
+
+
 with ecx.Context("producer", listen="127.0.0.1:0", data="ucx") as p, \
      ecx.Context("consumer", data="ucx") as c:
     data = os.urandom(3_000_000)
@@ -118,12 +138,16 @@ with ecx.Context("producer", listen="127.0.0.1:0", data="ucx") as p, \
         c.poll(10)
     assert r.state == "ready", r
     assert c.read("w1") == data
-maps = [l.split()[-1] for l in open("/proc/self/maps").read().splitlines() if "/" in l]
+    helpers = agents()
+    assert len(helpers) == 2, helpers  # the producer's and the consumer's
+    maps = [m for h in helpers for m in maps_of(h)]
+assert not [m for m in maps_of("self") if os.path.basename(m).startswith("libuc")], "UCX in the engine"
 mods = {m for m in maps if "/ucx/libuct_" in m}
 assert mods == {f"{site}/ecx.libs/ucx/libuct_{m}.so.0.0.0" for m in want}, mods
 ucx = {m for m in maps if os.path.basename(m).startswith("libuc")}
 assert all(m.startswith(site + "/ecx.libs/") for m in ucx), ucx
-print("ucx transfer ok; UCX from", " ".join(sorted(os.path.basename(m) for m in ucx)))
+print("ucx transfer ok; its ecx-ucx-agent helpers run UCX from",
+      " ".join(sorted({os.path.basename(m) for m in ucx})))
 EOF
   if "$py" "$w/ucx_check.py" "$site" cma,ib,rdmacm >"$w/ucx.out" 2>&1; then
     pass "with rdma-core: $(tail -1 "$w/ucx.out")"

@@ -30,7 +30,7 @@ ACK = msgspec.msgpack.Decoder(XferAck)
 
 def compat_hash(bs):
     # ecx's defaults (include/ecx.h) and the reference's hash (tests/pyref/ref_wire.py)
-    factors = json.dumps(["0.32.0", "llava-hf/llava-1.5-7b-hf", "torch.bfloat16", bs],
+    factors = json.dumps(["0.31.0", "llava-hf/llava-1.5-7b-hf", "torch.bfloat16", bs],
                          separators=(",", ":"))
     return hashlib.sha256(factors.encode()).hexdigest()
 
