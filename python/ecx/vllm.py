@@ -203,7 +203,7 @@ def _engine_protocol_version(vllm_version: str) -> int:
             major, minor = int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
         except (IndexError, ValueError):
             return 1
-        return 2 if major > 0 or minor >= 34 else 1
+        return 2 if major > 0 or minor >= 32 else 1  # as ecx_protocol_version_of
 
 
 def _settings(vllm_config: "VllmConfig") -> dict:
