@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -179,4 +180,18 @@ int64_t ecxi_helper_may_start(const ecxi_helper_starts *s, int64_t now_ms)
 void ecxi_helper_started(ecxi_helper_starts *s, int64_t now_ms)
 {
     s->ms[s->n++ % ECX_HELPER_RESTARTS] = now_ms;
+}
+
+long ecxi_helper_recv_wait(int sock, void *buf, size_t cap, int64_t end_ms)
+{
+    for (;;) {
+        ssize_t n = recv(sock, buf, cap, MSG_DONTWAIT | MSG_TRUNC);
+        if (n > (ssize_t)cap) return -1;
+        if (n >= 0) return n;
+        if (errno != EAGAIN && errno != EINTR) return -1;
+        int64_t left = end_ms - ecxi_now_ms(NULL);
+        if (left <= 0) return -1;
+        struct pollfd q = {.fd = sock, .events = POLLIN};
+        (void)poll(&q, 1, left > 100 ? 100 : (int)left);
+    }
 }

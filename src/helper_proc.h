@@ -49,6 +49,11 @@ int ecxi_helper_find(const char *prog, const char *env, char *path);
  * blocking) and *pid; ECX_ESYS, ECX_ENOMEM, ECX_EDATA_NOPATH. */
 int ecxi_helper_spawn(const char *path, const char *arg, int region_fd, int *sock, pid_t *pid);
 
+/* Wait for one datagram on sock into buf (cap bytes) until end_ms: its
+ * length, 0 on EOF, -1 on an error, a datagram longer than cap, or the
+ * time passing. */
+long ecxi_helper_recv_wait(int sock, void *buf, size_t cap, int64_t end_ms);
+
 /* Reap pid: SIGKILL first if kill_first, else up to wait_ms for it to end
  * by itself, then SIGKILL. What happened goes into why. */
 void ecxi_helper_reap(pid_t pid, bool kill_first, int64_t wait_ms, char *why, size_t cap);

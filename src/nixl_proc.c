@@ -123,22 +123,6 @@ static void agent_name(char *out)
         snprintf(out + 4 + 2 * i, 3, "%02x", r[i]);
 }
 
-/* Wait for one datagram until end_ms: its length, 0 on EOF, -1 on error
- * or timeout. */
-static long recv_wait(ecxi_nixl_proc *p, int64_t end_ms)
-{
-    for (;;) {
-        ssize_t n = recv(p->sock, p->rx, ECX_NIXL_PROC_MSG_MAX, MSG_DONTWAIT | MSG_TRUNC);
-        if (n > (ssize_t)ECX_NIXL_PROC_MSG_MAX) return -1;
-        if (n >= 0) return n;
-        if (errno != EAGAIN && errno != EINTR) return -1;
-        int64_t left = end_ms - ecxi_now_ms(NULL);
-        if (left <= 0) return -1;
-        struct pollfd q = {.fd = p->sock, .events = POLLIN};
-        (void)poll(&q, 1, left > 100 ? 100 : (int)left);
-    }
-}
-
 /* Start a helper and wait for its HELLO. */
 static int start(ecxi_nixl_proc *p)
 {
@@ -161,7 +145,9 @@ static int start(ecxi_nixl_proc *p)
     memcpy(hello + ECX_NIXL_PROC_HDR + 12, p->name, nl);
     /* a fresh socket takes it at once, unless the helper is already gone */
     ssize_t sent = send(p->sock, hello, ECX_NIXL_PROC_HDR + 12 + nl, MSG_NOSIGNAL | MSG_DONTWAIT);
-    long n = sent < 0 ? -1 : recv_wait(p, ecxi_now_ms(NULL) + ECX_NIXL_PROC_START_MS);
+    long n = sent < 0 ? -1
+                      : ecxi_helper_recv_wait(p->sock, p->rx, ECX_NIXL_PROC_MSG_MAX,
+                                              ecxi_now_ms(NULL) + ECX_NIXL_PROC_START_MS);
     uint16_t type;
     uint64_t id;
     const uint8_t *b = p->rx + ECX_NIXL_PROC_HDR;

@@ -202,22 +202,6 @@ static int send_msg(ucxp *p, size_t len)
     return ECX_EDATA_PEER;
 }
 
-/* Wait for one datagram until end_ms: its length, 0 on EOF, -1 on error
- * or timeout. */
-static long recv_wait(ucxp *p, int64_t end_ms)
-{
-    for (;;) {
-        ssize_t n = recv(p->sock, p->rx, ECX_UCX_PROC_MSG_MAX, MSG_DONTWAIT | MSG_TRUNC);
-        if (n > (ssize_t)ECX_UCX_PROC_MSG_MAX) return -1;
-        if (n >= 0) return n;
-        if (errno != EAGAIN && errno != EINTR) return -1;
-        int64_t left = end_ms - ecxi_now_ms(NULL);
-        if (left <= 0) return -1;
-        struct pollfd q = {.fd = p->sock, .events = POLLIN};
-        (void)poll(&q, 1, left > 100 ? 100 : (int)left);
-    }
-}
-
 /* Start a helper and wait for its HELLO. */
 static int start(ucxp *p)
 {
@@ -238,7 +222,9 @@ static int start(ucxp *p)
     memcpy(b + ECX_HELPER_HDR + 12, &p->port, 2);
     if (hl) memcpy(b + ECX_HELPER_HDR + 14, p->bind_host, hl);
     ssize_t sent = send(p->sock, b, ECX_HELPER_HDR + 14 + hl, MSG_NOSIGNAL | MSG_DONTWAIT);
-    long n = sent < 0 ? -1 : recv_wait(p, ecxi_now_ms(NULL) + ECX_UCX_PROC_START_MS);
+    long n = sent < 0 ? -1
+                      : ecxi_helper_recv_wait(p->sock, p->rx, ECX_UCX_PROC_MSG_MAX,
+                                              ecxi_now_ms(NULL) + ECX_UCX_PROC_START_MS);
     uint16_t type;
     uint64_t id;
     const uint8_t *r = p->rx + ECX_HELPER_HDR;
