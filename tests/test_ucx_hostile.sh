@@ -155,7 +155,7 @@ done
 # again on the same port): serve lives, the per-address bound (32) refused
 # the rest, and a well-behaved consumer is served after.
 echo "== 300 UCX connections from one address at ecx serve"
-COMPAT=$("$ECX" compat-hash 0.11.0 llava-hf/llava-1.5-7b-hf bfloat16 65536)
+COMPAT=$("$ECX" compat-hash 0.31.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 65536) # serve's defaults
 META=$($PY - "$APORT" "$COMPAT" <<'PY'
 import sys, msgpack, zmq
 s = zmq.Context().socket(zmq.DEALER)

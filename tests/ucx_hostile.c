@@ -446,6 +446,20 @@ static size_t req_msg(uint8_t *m, uint64_t tag, const uint8_t *token, const char
     return 32 + kl;
 }
 
+/* A UCP context with `features` and one single-threaded worker; 0 or 1. */
+static int ucp_open(uint64_t features, ucp_context_h *ctx, ucp_worker_h *w)
+{
+    ucp_config_t *cfg;
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) return 1;
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = features};
+    ucs_status_t st = ucp_init(&p, cfg, ctx);
+    ucp_config_release(cfg);
+    if (st != UCS_OK) return 1;
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    return ucp_worker_create(*ctx, &wp, w) != UCS_OK;
+}
+
 static int attack(const char *file, int timeout_ms)
 {
     if (load(file)) return 1;
@@ -454,15 +468,7 @@ static int attack(const char *file, int timeout_ms)
     struct sockaddr_in sa = {.sin_family = AF_INET};
     memcpy(&sa.sin_port, m.ucx_addr + 2, 2);
     memcpy(&sa.sin_addr, m.ucx_addr + 4, 4);
-    ucp_config_t *cfg;
-    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) return 1;
-    ucp_params_t pp = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                       .features = UCP_FEATURE_AM | UCP_FEATURE_TAG | UCP_FEATURE_RMA};
-    if (ucp_init(&pp, cfg, &ctx) != UCS_OK) return 1;
-    ucp_config_release(cfg);
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    if (ucp_worker_create(ctx, &wp, &wk) != UCS_OK) return 1;
+    if (ucp_open(UCP_FEATURE_AM | UCP_FEATURE_TAG | UCP_FEATURE_RMA, &ctx, &wk)) return 1;
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLER,
@@ -1170,16 +1176,8 @@ static int evil_ucx(const char *file, const char *mode, uint64_t size, int secon
     bool eager = !strcmp(mode, "eager-flood");
     if (!eager && strcmp(mode, "am-flood")) return 2;
     if (eager) setenv("UCX_RNDV_THRESH", "inf", 1); /* every tagged send eager */
-    ucp_config_t *cfg;
     ucp_context_h ctx;
-    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) return 1;
-    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                      .features = UCP_FEATURE_AM | UCP_FEATURE_TAG};
-    if (ucp_init(&p, cfg, &ctx) != UCS_OK) return 1;
-    ucp_config_release(cfg);
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    if (ucp_worker_create(ctx, &wp, &E.w) != UCS_OK) return 1;
+    if (ucp_open(UCP_FEATURE_AM | UCP_FEATURE_TAG, &ctx, &E.w)) return 1;
     ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
                                                UCP_AM_HANDLER_PARAM_FIELD_CB |
                                                UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
@@ -1287,17 +1285,9 @@ static int conns(const char *meta_hex, int n, int rounds)
     struct sockaddr_in sa = {.sin_family = AF_INET};
     memcpy(&sa.sin_port, m.ucx_addr + 2, 2);
     memcpy(&sa.sin_addr, m.ucx_addr + 4, 4);
-    ucp_config_t *cfg;
     ucp_context_h ctx;
     ucp_worker_h w;
-    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) return 1;
-    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                      .features = UCP_FEATURE_AM | UCP_FEATURE_TAG};
-    if (ucp_init(&p, cfg, &ctx) != UCS_OK) return 1;
-    ucp_config_release(cfg);
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    if (ucp_worker_create(ctx, &wp, &w) != UCS_OK) return 1;
+    if (ucp_open(UCP_FEATURE_AM | UCP_FEATURE_TAG, &ctx, &w)) return 1;
     ucp_ep_h *eps = calloc((size_t)n, sizeof *eps);
     if (!eps) return 1;
     for (int round = 0; round < rounds; round++) {
