@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The commands the README tells people to type. Each installs missing Debian
 # packages first (scripts/deps.sh, idempotent), then drives CMake.
 BUILD      ?= build

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_cache — cache operations per second with a small and a large
  * number of live entries, to show the cost does not grow with the cache.
  *

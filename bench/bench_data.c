@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_data — the data-plane benchmark as its own program: throughput of
  * the same-host (shm), tcp and UCX paths against a plain memcpy of the same
  * sizes, measured in the same run. The benchmark itself lives in

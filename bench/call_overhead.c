@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * call_overhead — the C side of bench/py_overhead.py (issue 14): what the
  * calls an engine makes every step cost from C, through the public API and

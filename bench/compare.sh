@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # compare — ecx's producer against a minimal Python producer with the
 # reference's behaviour (bench/py_producer.py), under the same `ecx bench
 # ctrl` load: window 64 (throughput) and window 1 (latency).

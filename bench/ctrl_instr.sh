@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ctrl_instr — producer CPU per control request, in instructions: ecx's
 # producer (build/ctrl_serve: a producer context holding ready items,
 # driven by ecx_poll) next to a bare ZeroMQ ROUTER that answers every frame

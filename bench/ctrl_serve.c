@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ctrl_serve — the ecx producer as bench/ctrl_instr.sh measures it: a
  * producer context (public API, the same as `ecx serve` runs) holding COUNT

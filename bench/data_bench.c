@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* data_bench — the body of build/bench_data, the internal data-plane
  * benchmark (bench/data_bench.h; `ecx bench data` is its public-API
  * counterpart, tools/cmd_bench_data.c).

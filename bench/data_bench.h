@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data_bench — the data-plane benchmark behind `build/bench_data` (`ecx
  * bench data` measures through the public API instead): throughput of

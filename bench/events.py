@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """bench/events.py — what encoder-cache events (docs/EVENTS.md) cost a producer.
 
 usage: bench/events.py BUILD_DIR [--saves N] [--size BYTES] [--paced N]

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * grant_stub — grants for data-plane tests and benchmarks that run the data
  * plane without a producer session (test_data, data_peer, bench_data).

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """What the Python binding adds to the engine's calls (issue 14).
 
     python bench/py_overhead.py BUILD/call_overhead [--rounds R] [--calls N]

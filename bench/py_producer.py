@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """py_producer — a minimal producer with the Python reference's control-plane
 behaviour, to measure `ecx serve` against under the same `ecx bench ctrl`
 load (bench/compare.sh). Run with /usr/bin/python3 (python3-zmq,

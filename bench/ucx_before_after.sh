@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ucx_before_after — the ucx path's fetch-to-ready throughput of two builds
 # in one run: BEFORE (UCX in the engine's process) and AFTER (UCX in
 # ecx-ucx-agent, src/ucx_proc.h), `ecx bench data --data ucx` alternating

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zmq_echo — the floor bench/ctrl_instr.sh compares ecx's producer with: a
  * bare ZeroMQ ROUTER that answers each [identity, "", payload] message with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ecx.h — the one public header of libecx: peer-to-peer encoder-cache
  * transfer for disaggregated multimodal LLM serving.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * _ecx — the CPython extension behind `import ecx`: a thin layer over the
  * public API (include/ecx.h only, like the CLI), linked to the libecx.so

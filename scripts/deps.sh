@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Install the Debian 12 packages ecx needs, if any are missing. Idempotent:
 # when everything is present it only checks and exits 0.
 set -euo pipefail

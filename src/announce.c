@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * announce — the reference's announcement JSON, written and read, and the
  * consumer's checks on an announcement (announce.h).

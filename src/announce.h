@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * announce — the announcement of one item (SPEC §4.2, §5): what the
  * orchestrator carries from a producer to a consumer, in the reference's

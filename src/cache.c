@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cache — the mm_hash -> blocks bookkeeping: a block allocator (treap of
  * free runs + boundary tags), a key table (open addressing, keyed XXH3), an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cache — which mm_hash owns which blocks of a region, and in what state
  * (docs/PROTOCOL.md §2, §4.1). It owns the bookkeeping only, never the bytes: the

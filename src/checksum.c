@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* checksum — XXH3-64 of an item, whole or streamed; see checksum.h. */
 #include "checksum.h"
 

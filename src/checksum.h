@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * checksum — the end-to-end integrity check of an item (issue 9): a fast
  * 64-bit XXH3 of the item's bytes, computed by the producer when the item

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * compat — the peer-compatibility hash (docs/PROTOCOL.md §3): SHA-256 over Python's
  * json.dumps([vllm_version, model, dtype, block_size_bytes],

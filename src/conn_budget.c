@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* conn_budget — the shared admission policy of connection slots; see conn_budget.h. */
 #include "conn_budget.h"
 

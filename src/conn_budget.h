@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * conn_budget — who gets a connection slot when a listener is at one of its
  * bounds (issue 20): the data plane's tcp listener and the control plane's

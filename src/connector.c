@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * connector — the engine-facing context (include/ecx.h): one per engine,
  * owning the region, the cache, the data plane, the control-plane socket

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * consumer — sessions and per-transfer state machines; see consumer.h for
  * the states and the rules, this file for their mechanics.

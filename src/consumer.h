@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * consumer — the consumer sessions (docs/PROTOCOL.md §5): one session per producer
  * address, and one state machine per transfer.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ctrl — ZeroMQ ROUTER / DEALER sockets with the framing, size caps,
  * heartbeats and disconnect monitor of the control plane, and the opt-in

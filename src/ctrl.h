@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ctrl — the control plane's sockets (docs/PROTOCOL.md §3, §5): one ROUTER per producer,
  * one DEALER per (consumer, producer) pair, and nothing else.

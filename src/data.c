@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data — the data-plane front: the calls of data.h, which check what is
  * common to every backend and then dispatch through the vtable

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data — the data plane: moving one granted item from a producer's blocks
  * into the consumer's blocks, and the completion back (docs/PROTOCOL.md §2, §6).

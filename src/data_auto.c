@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data_auto — the "auto" backend (the default): a wrapper over the real
  * paths. A producer publishes shm and tcp (UCX only when asked for by

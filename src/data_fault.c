@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* data_fault — the fault-injecting wrapper backend (tests only); see
  * data_fault.h for what each fault does. Not in any hot path, so it simply
  * allocates per peer and per xfer. */

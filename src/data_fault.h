@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data_fault — a data-plane backend for tests only: it wraps a real
  * context and makes chosen READs misbehave, so the session tests can drive

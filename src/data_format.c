@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data_format — the agent_metadata / mem_descriptor codec (data_format.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data_format — the two blobs the data plane puts in an XferAck, and their
  * codec: agent_metadata (how to reach a producer context: its paths) and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data_impl — what the data-plane backends share and nobody else needs:
  * the vtable every backend fills, the common head of contexts / peers /

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data_nixl — the `nixl` data path: ecx as a peer of vLLM's
  * ECCPUConnector on NIXL's data plane (docs/NIXL.md), with our own UCX and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data_shm — the same-host data path. The producer hands its region file,
  * as a read-only descriptor, to a consumer that proves it holds a live

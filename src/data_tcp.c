@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data_tcp — the data path across hosts that ecx controls end to end
  * (issue 9): plain TCP sockets, no third-party wire protocol. The producer

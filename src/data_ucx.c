@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data_ucx — the data path over UCX, in which the producer decides what
  * leaves it (issue 9). It runs in the UCX process only (ucx_proc.h: the

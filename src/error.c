@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* error — names of error codes, ack statuses and fallback reasons, generated
  * from the one list of each in include/ecx.h. */
 #include "ecx.h"

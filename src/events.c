@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * events — encoder-cache events (see events.h; the wire format is
  * docs/EVENTS.md, which this file must match byte for byte).

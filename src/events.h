@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * events — encoder-cache events for routers (docs/EVENTS.md): what a
  * producer holds, published on a ZeroMQ XPUB socket in vLLM's KV-events

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * helper_proc — starting, finding and ending the library's helper
  * processes (helper_proc.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * helper_proc — what the library's helper processes share: the NIXL agent
  * process (nixl_proc.h, `ecx-nixl-agent`) and the UCX process of the ucx

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics — renders a context's counters as Prometheus text (exposition
  * format 0.0.4): the producer's grants, NACKs by status, malformed frames,

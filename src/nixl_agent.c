@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nixl_agent — a NIXL peer made with our own UCX (nixl_agent.h; the bytes
  * are docs/NIXL.md's, the codec nixl_format.c).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nixl_agent — a NIXL peer (UCX backend) made with our own UCX (Debian's
  * 1.13.1), no NIXL library: it publishes NIXL agent metadata for a memory

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ecx-nixl-agent — the NIXL agent process (nixl_proc.h): one NIXL agent
  * (nixl_agent.c, Debian's UCX) serving its parent, the library, over the

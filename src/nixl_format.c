@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nixl_format — NIXL's agent metadata, vLLM's descriptor list and NIXL's
  * notification (nixl_format.h; the layouts are docs/NIXL.md's).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nixl_format — the bytes a NIXL peer (vLLM's ECCPUConnector, NIXL's UCX
  * backend) exchanges with us, and their codec (docs/NIXL.md):

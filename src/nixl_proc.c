@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nixl_proc — the NIXL agent process, the parent's side and the protocol
  * (nixl_proc.h; the helper's loop is nixl_agent_main.c).

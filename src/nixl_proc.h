@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nixl_proc — the NIXL agent process: ecx's NIXL peer (nixl_agent.c, on
  * Debian's UCX 1.13.1) runs in a helper executable, `ecx-nixl-agent`

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * producer — grants, leases and completion notifications of the producer
  * session. See producer.h for the rules; this file is their mechanics.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * producer — the producer session (docs/PROTOCOL.md §4.3–§4.5): answers each XferReq,
  * holds the pins it grants, and lets them go.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * region — create, join, open read-only, reap and clean up the /dev/shm
  * block files (see region.h for the lifetime rules this file implements).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * region — the shared-memory block file that holds encodings (docs/PROTOCOL.md §2).
  *

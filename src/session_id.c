@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * session_id — ecx's marked UUID4 session ids (session_id.h).
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * session_id — the consumer's session ids (docs/PROTOCOL.md, "session_id").
  *

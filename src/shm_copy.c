@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* shm_copy — guarded, verified copy out of a producer's region; see shm_copy.h. */
 #include "shm_copy.h"
 

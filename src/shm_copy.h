@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * shm_copy — the same-host copy of one item out of a producer's region
  * file into the consumer's blocks, with the item's XXH3-64 computed over

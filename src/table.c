@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* table — intrusive hash table under a keyed XXH3; see table.h. */
 #include "table.h"
 

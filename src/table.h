@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * table — an intrusive hash table keyed by byte strings, for the sessions'
  * own indexes (the producer's grants and connections, the consumer's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ecx-ucx-agent — the UCX process of the ucx data path (ucx_proc.h): one
  * data_ucx.c context serving its parent, the library, over the socket on

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ucx_proc — the ucx data path, the parent's side: an ecxi_data whose
  * UCX runs in the helper process ecx-ucx-agent (ucx_proc.h; the helper's

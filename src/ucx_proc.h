@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ucx_proc — the ucx data path with UCX in its own process (issue 20 #5).
  *

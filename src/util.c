@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* util — logging, UTF-8 validation and hex helpers shared by every layer. */
 #include "util.h"
 

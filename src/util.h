@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * util — small helpers every layer uses: logging, UTF-8 validation, hex.
  *

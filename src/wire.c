@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * wire — XferReq / XferAck encoding (msgpack-c's packer for requests, the
  * ack's fixed layout by hand) and a strict, allocation-free decoder. See

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * wire — the XferReq / XferAck codec of protocol versions 1 and 2 (docs/PROTOCOL.md §3,
  * "Versions": only XferReq's connector_version default differs).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """conn_hog — a peer that holds a listener's connection slots the cheap way
 (issue 20), from many loopback source addresses, for a bounded time, and
 opens a new connection whenever the producer closes one.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* data_peer — one side of a data-plane transfer in its own process, for
  * test_data_procs.sh and test_data_netns.sh (producer and consumer in two
  * processes, possibly two network namespaces). The two exchange

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dead_producers — issue 10's "sessions to dead producers never close", as
  * an engine would meet it, through the public API in one real process: ask
  * for items from 2,000 producers that never answer (ports on 127.0.0.1 that

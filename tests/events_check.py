@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """events_check — test_events' driver: real producer processes
 (events_producer) and subscribers (python/ecx/events.py, loaded by path, so
 the shipped client is what is tested).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * events_producer — a real producer driven line by line on stdin, for
  * test_events and bench/events.sh: it saves, evicts (a small region) and

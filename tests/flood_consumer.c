@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* flood_consumer — a library consumer (the public API, one real process)
  * that asks a hostile producer for one item while it is slow: the producer
  * (tests/flood_peer.py) answers with a flood of acks nobody asked for, and

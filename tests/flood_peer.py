@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """flood_peer — a hostile producer for tests/test_ack_flood.sh: a ZeroMQ
 ROUTER on 127.0.0.1 that answers every request with COUNT acks nobody asked
 for (junk mm_hashes with the asker's session id), each carrying PAD bytes of

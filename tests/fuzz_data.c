@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_data — libFuzzer target for the data plane's formats (data_format.c):
  * the agent_metadata and mem_descriptor a producer puts in every ack, which
  * a consumer parses from whatever a peer sent. The first input byte picks

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_nixl — libFuzzer target for NIXL's formats (src/nixl_format.c): the
  * agent metadata and vLLM's descriptor list a NIXL peer puts in its acks,
  * and the notification it sends, all parsed from whatever a peer sent. The

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Run a libFuzzer target for a bounded time. The wire decoder's is seeded
 # with every frame in tests/vectors/wire.json (and its dictionary); another
 # target with the hex lines of SEEDS. Exits non-zero if libFuzzer finds

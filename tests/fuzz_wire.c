@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_wire — libFuzzer target for the wire decoder. Every input is decoded
  * as both XferReq and XferAck; a frame that decodes is re-encoded and must
  * decode again to the same fields (and, if it was already canonical, to the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """grant_forger — a third process that knows another consumer's session id
 (say, from a log) and tries to use it: re-request that consumer's grant from
 its own connection, and release it with forged completion notifications on

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # hostile_lib.sh — what test_ucx_hostile.sh and test_tcp_hostile.sh share:
 # a private dir ($DIR, $G the grants file), the producer process
 # (tests/ucx_hostile.c's `produce`, which HOSTILE_DATA points at a path)

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """hostile_peer — a raw ZMTP 3.0 peer that sends one multipart message that
 never ends (1 MiB frames, each flagged "more"), for tests/test_hostile_local.sh.
 

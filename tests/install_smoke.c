@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* install_smoke — a program built as a user of an installed libecx would
  * build it: only <ecx.h> and `pkg-config ecx`. One process holds a producer
  * and a consumer context; an item of ~300 KB is saved, announced, fetched

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # lib.sh — what the shell tests that run ecx processes share: pass/fail
 # counters and checks, a private temp dir ($T), an optional private region
 # dir ($SHM, exported as ECX_SHM_DIR), and child processes (pids+=($!))

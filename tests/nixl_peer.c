@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nixl_peer — ecx's NIXL peer (src/nixl_agent.c, Debian's UCX) against a
  * real nixl agent (tests/nixl/nixl_peer.py), for tests/test_nixl_peer.sh.

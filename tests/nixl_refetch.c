@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nixl_refetch — one nixl consumer context (public API only) fetching
  * items one after the other, for tests/test_nixl_agent_proc.sh:

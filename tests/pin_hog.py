@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """pin_hog — consumers that pin all they can and never read (issue 20, item
 4): N connections (DEALER sockets, each its own routing id) each ask for
 every item in DIR/ann.json (connection k starting at item 4k, so that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pin_saver — a busy encoder for the pin tests (issue 20, items 1 and 4): a
  * producer context on the public API that keeps saving new items while

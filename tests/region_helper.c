@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* region_helper — a second (and third) real process for test_region.
  *
  *   region_helper create DIR INSTANCE RANK TOTAL BLOCK

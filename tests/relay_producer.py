@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """relay_producer — a hostile producer that owns no region: it answers each
 request by asking a real producer (UPSTREAM) for an item in the
 requesting consumer's own session id, and relays that producer's genuine

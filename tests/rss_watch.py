@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """rss_watch — the peak RSS (MiB) of a process and of its children named
 NAME, sampled every 50 ms until it exits or SECONDS pass (for
 tests/test_ucx_hostile.sh: `ecx get` and its UCX process, ecx-ucx-agent).

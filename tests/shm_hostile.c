@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* shm_hostile — the parts of test_shm_hostile.sh: real and hostile
  * same-host producers, and consumers that report how each READ ended.
  *

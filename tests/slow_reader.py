@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """slow_reader — a consumer that holds one grant and reads it slowly over the
 tcp data path, past its lease, while the producer (tests/pin_saver.c churn)
 saves new items (issue 20, item 1). Speaks the reference's wire format and

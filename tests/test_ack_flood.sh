@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_ack_flood — a hostile producer floods a slow library consumer with
 # acks nobody asked for (tests/flood_peer.py, tests/flood_consumer.c, real
 # processes on loopback). With a receive HWM on the consumer's DEALER,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_api — the public API as an engine sees it: only <ecx.h>, real
  * contexts, real sockets on loopback. Covers what issue 11 sealed: config

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_bench — `ecx bench ctrl` against `ecx serve`: every request answered,
 # the last line's format, the NACK path, and bad input (missing or bad
 # --params, window 0, an unreachable producer) failing fast with a clear

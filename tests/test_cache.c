@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_cache — the block cache: hand-worked cases for the allocation
  * policy, FIFO eviction and every misuse; a randomized run of 1,000,000
  * operations against a deliberately naive reference model written here

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_cli — run the ecx command as a user would: every wire vector through
 # `ecx proto`, `ecx compat-hash` against the hash vectors and against
 # /usr/bin/python3, and bad input with its exit code and message.

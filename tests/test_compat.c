@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_compat — the compatibility hash against the Python-made vectors, and
  * a property test of 10,000 random rows checked against /usr/bin/python3
  * (json.dumps + hashlib) in the same run. */

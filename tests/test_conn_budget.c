@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_conn_budget — the shared connection admission policy (conn_budget.h):
  * keys and prefixes, admission below the caps, eviction from the heaviest
  * prefix and address, own-idle replacement, refusal, and tiers. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_ctrl — the control-plane sockets on real ZeroMQ over loopback:
  * request/reply round trips on IPv4, IPv6 and host names; bad framings
  * dropped and counted; oversized frames refused; a producer killed with

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_ctrl_idle — issue 20 item 3: idle control-plane connections do not
 # lock consumers out of `ecx serve` at the default descriptor limit. The
 # producer runs under `ulimit -n 1024`; an attacker opens 1000 ZeroMQ

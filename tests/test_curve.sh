@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_curve — the opt-in CURVE control plane with real `ecx serve` / `ecx
 # get` processes: keygen files and modes; an allowed consumer fetches
 # byte-exact; a consumer outside the allow-list, one with the wrong server

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_data — the data plane in one process: the metadata / descriptor
  * codec (round trip, every truncation, malformed fields, random
  * mutations), READs of every shape through the shm, tcp and UCX paths (one

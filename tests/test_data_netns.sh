@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_data_netns — the data plane across two network namespaces joined by
 # a veth pair this test creates (10.213.0.1/24 and 10.213.0.2/24, inside
 # those namespaces only): producer in one, consumer in the other. Runs tcp,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_data_procs — producer and consumer of the data plane in two
 # processes on this host, through each path: shm, tcp, UCX as UCX likes
 # it, UCX over TCP only, auto (which must pick shm here), and an auto

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_dead_producers — 2,000 producers that never answer leave a consumer
 # (the library, in a real process) able to reach a live one, with bounded
 # descriptors (issue 10, item 5), and a live producer's item asked for in the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_demo — `ecx demo` as `make demo` runs it, small: it passes and prints
 # its table; over UCX too; a byte flipped on purpose (--tamper) makes it
 # fail with exit 1; bad options exit 2; and it leaves nothing of its own in

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_events — encoder-cache events (issue 25, docs/EVENTS.md) with real
 # processes: two producers and subscribers; saves, evictions and a restart
 # arrive in order without gaps; late, restarted and slow subscribers end with

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_exports — libecx.so exports exactly the API include/ecx.h declares:
 # the dynamic symbol table's defined names equal the names declared with
 # ECX_API (no ecxi_ internals, nothing missing), the SONAME is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_fd_limit — a producer whose descriptors would run out under a flood of
 # connections (issue 10: libzmq used to spin at 100% CPU at fd exhaustion
 # until peers left). With a 128-descriptor limit, 300 idle TCP connections

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_grant_forgery — issue 9's "grants belong to the connection that asked",
 # with real processes: a third process that knows a consumer's session id
 # cannot take its grant over from another connection, nor release it with

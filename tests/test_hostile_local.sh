@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_hostile_local — bounds against hostile peers and careless operators,
 # with real processes on loopback: a multipart message that never ends
 # against `ecx serve` (its RSS stays bounded, a well-behaved `ecx get` is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_huge_pages — regions on a tmpfs that has huge pages are backed by
 # them, and a consumer's fetch through such a region is byte-exact (the
 # cold-fetch-at-memory-speed setup of issue 12; README "Limits"). For each

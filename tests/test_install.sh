@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_install — what `make install` puts on a machine is usable on its own:
 # `cmake --install` of this build tree into a temporary DESTDIR, then
 # tests/install_smoke.c built with only <ecx.h> and `pkg-config ecx` (no

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_integration — the engine-facing API (include/ecx.h) against real
  * `ecx serve` processes on loopback: many items byte-exact through each data
  * path, NOT_READY then ready, a miss, a wrong compatibility hash, a producer

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_integrity — end-to-end integrity with real processes: a byte of a
 # committed item changed in the producer's region (as corruption in memory or
 # in transit would) makes `ecx get` fall back with CORRUPT on every data path,

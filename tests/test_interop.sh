@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_interop — ecx against a Python peer that speaks the reference's wire
 # format (tests/pyref, python3-zmq + python3-msgpack under /usr/bin/python3):
 #   A. the Python peer as a consumer against `ecx serve`: every NACK status,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_metrics_idle — issue 20 item 6 (/metrics): 200 connections to
 # `ecx serve --metrics` from 25 loopback addresses (8 each, the per-address
 # cap) that send half an HTTP request and then drip a header byte a second,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The NIXL agent process (src/nixl_proc.h, docs/NIXL.md §5): UCX 1.13.1's
 # abort, which the real bug cannot produce on demand, injected by name
 # (ECX_NIXL_AGENT_FAULT, in the helper) or from outside (a signal to the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_nixl_format — src/nixl_format.c against blobs the real nixl package
  * wrote at test time (tests/nixl/nixl_blobs.py, run by

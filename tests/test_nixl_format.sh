@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # NIXL's formats against the real nixl package: tests/nixl/nixl_blobs.py
 # writes agent metadata (real agents, UCX with its default transports and
 # with tcp only) and vLLM's descriptor lists (msgspec), then

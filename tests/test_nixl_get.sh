@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `ecx get --data nixl` from a real nixl agent serving the way vLLM's
 # ECCPUConnector producer does (tests/nixl/nixl_producer.py: XferAcks with
 # NIXL agent metadata and vLLM's descriptor list over ZeroMQ):

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ecx's NIXL peer (tests/nixl_peer.c over src/nixl_agent.c, Debian's UCX)
 # against a real nixl agent (tests/nixl/nixl_peer.py, the nixl package's own
 # UCX), over loopback, every byte checked:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `ecx serve --data nixl` serves both kinds of consumer (docs/NIXL.md §8).
 # 1. A real nixl agent, the way vLLM's ECCPUConnector fetches
 #    (tests/nixl/nixl_fetch.py): XferReq over ZeroMQ with a plain uuid4

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_operator — a new operator's first hour (issue 23): each mistake made
 # on purpose with the real ecx command, and what the operator is told checked
 # (message, exit code, reason, time).

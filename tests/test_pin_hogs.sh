@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_pin_hogs — issue 20, item 4, with real processes on loopback: three
 # consumer connections pin every item of a full region (8 x 8 MiB) and never
 # read, then the encoder (tests/pin_saver.c fill) saves 8 new items. Under the

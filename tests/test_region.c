@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_region — the /dev/shm block file: create, join from a second real
  * process, SIGKILL the creator, reclaim its file on the next start; clean
  * shutdown unlinks; sizes, modes, names, symlinks and the reaper's limits.

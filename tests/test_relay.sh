@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_relay — a registration serves only the control-plane peer that first
 # sent it (issue 20, item 6): a hostile producer B that owns no region
 # relays a real producer A's genuine acks (asked of A in the consumer's own

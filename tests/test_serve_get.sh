@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_serve_get — `ecx serve` and `ecx get` run as a user would: --preload
 # of a directory with files, links and bad names; byte-exact output files;
 # --metrics over HTTP; bad options and inputs with their exit codes and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_sessions — producer and consumer sessions driven through every
  * transition of docs/PROTOCOL.md §4–§5, in one process: real ZeroMQ sockets on
  * loopback, real regions in a private /dev/shm directory, the real

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_shm_copy — the same-host copy (shm_copy.h) on its own: the one-pass
  * copy+hash gives XXH3-64 exactly (ecxi_checksum of the bytes written) for
  * every length and split into runs, as pread does; a source truncated

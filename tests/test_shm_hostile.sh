@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_shm_hostile — the same-host path against hostile producers and
 # consumers, real processes (issue 9): the consumer reads nothing but the
 # region the producer at the other end of its socket hands over, and no

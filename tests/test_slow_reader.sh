@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_slow_reader — issue 20, item 1, on the tcp path, with real processes
 # on loopback: a consumer holds one grant of a 16 MiB item and reads it over
 # a 4 KiB receive buffer, 64 KiB every 20 ms, past its 1 s lease, while a

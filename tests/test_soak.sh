@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_soak — SOAK_SECONDS (default 60) of real processes on loopback:
 # producer A (never killed, short leases, items not ready for the first
 # seconds) and producer B (SIGKILLed and restarted on the same port every few

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_table — the sessions' keyed hash table: find / insert / remove
  * through growth, the hashed calls, and a chain driven past
  * ECXI_TABLE_CHAIN_MAX (keys picked with the table's own secret, as a

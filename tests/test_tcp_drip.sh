@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_tcp_drip — issue 20 item 2: connections that hold the tcp data plane's
 # slots cheaply do not lock a well-behaved consumer out. From many loopback
 # addresses (all of 127/8 is lo), for 12 s each: 32 connections from each of

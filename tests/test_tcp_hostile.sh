@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # test_tcp_hostile.sh UCX_HOSTILE — the tcp data path (data_tcp.c) with real
 # processes on loopback: well-behaved READs of every shape are byte-exact;
 # a replayed grant fails fast; a raw TCP client holding one grant's ticket

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # test_ucx_hostile.sh UCX_HOSTILE — the UCX data path (data_ucx.c) with
 # real processes on loopback, under UCX's default transports and
 # UCX_TLS=tcp: well-behaved READs of every shape are byte-exact; a replayed

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_vllm_interop — ecx against vLLM 0.34.0's own ECCPUConnector code
 # (tests/nixl/vllm_peer.py: vLLM's session / ZeroMQ control / NIXL data layers,
 # real NIXL over UCX, in the venv tests/nixl/venv.sh builds):

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # make wheel-test (issue 24): the self-contained binary wheel on a machine that
 # has none of ecx's libraries.
 #   tests/test_wheel.sh BUILD_DIR

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_wire — the wire codec against the Python-made vectors, plus hostile
  * frames the vectors do not cover (huge claimed lengths, deep nesting,
  * every truncation of every valid frame). */

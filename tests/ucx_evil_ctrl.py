@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ucx_evil_ctrl — the control plane of a hostile UCX producer (issue 20 #5,
 tests/test_ucx_hostile.sh): it answers a request for BAD with an OK ack
 whose agent_metadata and mem_descriptor are those `ucx_hostile evil-ucx`

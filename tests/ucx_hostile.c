@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ucx_hostile — the UCX and tcp data paths against well-behaved and hostile
  * peers, each side in its own process (driven by test_ucx_hostile.sh and
  * test_tcp_hostile.sh). produce / consume use the backend named by

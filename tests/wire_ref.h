@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* wire_ref — the XferAck encoded with msgpack-c's packer, the way wire.c
  * encoded it before the ack was written by hand: the reference that
  * test_wire and fuzz_wire hold the hand-written encoder to, byte for byte.

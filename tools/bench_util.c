@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_util — helpers the bench subcommands share; see bench_util.h. */
 #include "bench_util.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * bench_util — what `ecx bench data` and `ecx bench stall` share: medians,
  * block rounding, the content every benchmark item carries (and its check,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cli — what the ecx subcommands share: exit codes and the entry points
  * that tools/ecx.c dispatches to.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ecx bench — load generators that print one machine-readable line.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ecx bench data — what a fetch costs an engine, through the public API
  * alone: for each data path asked for (shm, tcp, ucx), a producer context

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ecx bench stall — what fetching costs an inference engine's step, through
  * the public API alone (issue 12's measurements).

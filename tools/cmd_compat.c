@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ecx compat-hash — print the peer-compatibility hash of four factors. */
 #include <errno.h>
 #include <inttypes.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ecx demo — the main job in one command: a real producer (`ecx serve`,
  * exec'd from this binary) and several consumer processes on loopback move

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ecx events — print a producer's encoder-cache events as they come
  * (docs/EVENTS.md), starting from a snapshot of what it holds, filling gaps

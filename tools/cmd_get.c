@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ecx get — a consumer: fetch items from producers by their announcements
  * (or one item from a named peer) into files, all items in flight at once.

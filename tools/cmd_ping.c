@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ecx ping — is a producer there, and would it serve this consumer? Answers
  * within 2 s which of: nothing listening, not a ZeroMQ peer, CURVE mismatch,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ecx proto — decode and encode single XferReq / XferAck frames, for
  * debugging peers and for scripts. The JSON shape is the same both ways:

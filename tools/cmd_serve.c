@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ecx serve — a producer daemon: serves a directory of files or synthetic
  * encodings, writes their announcements for consumers, exposes Prometheus

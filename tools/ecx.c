@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ecx — the command line: dispatches to one subcommand per file. */
 #include <stdarg.h>
 #include <stdio.h>

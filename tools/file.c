@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* file — regular files of bounded size for the command line; see file.h. */
 #include "file.h"
 

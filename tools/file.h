@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * file — opening the files an operator names (keys, allow-lists, params,
  * preloaded items) as what they claim to be: regular files of a bounded

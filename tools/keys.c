@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * keys — CURVE key files for the command line (docs/PROTOCOL.md §8's authenticated
  * control plane): `ecx keygen` writes a keypair, and serve / get read a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * keys — CURVE key files for the command line: `ecx keygen`, and reading
  * the key and allow files that serve and get take. See keys.c.

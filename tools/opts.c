@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* opts — shared option parsing and synthetic content; see opts.h. */
 #include "opts.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * opts — option parsing the ecx subcommands share: sizes with K/M/G
  * (powers of 1000) and Ki/Mi/Gi (powers of 1024) suffixes, bounded

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ecx: peer-to-peer encoder-cache transfer for disaggregated multimodal LLM serving.
 
 The Python face of libecx (which ships inside this package). A producer keeps

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """python -m ecx ARGS: the ecx command line (serve, get, demo, bench, ...).
 
 Runs the CLI program bundled in the package in place of this process, so its

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Types of the C core (python/_ecx.c); use it through `import ecx`."""
 from typing import Any, Mapping, Optional, Union
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ecx.events — subscribe to a producer's encoder-cache events (docs/EVENTS.md).
 
 Pure Python on pyzmq and msgpack (``pip install ecx[events]``); it does not

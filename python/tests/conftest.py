@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures: a private region directory, peers in other processes."""
 import json
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One side of a test transfer, as its own process.
 
   peer.py produce SEED SIZES DATA   save items SEED/i of the comma-separated

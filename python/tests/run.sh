@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # make pytest: install the package as a newcomer would, into a fresh venv, from
 # the checkout's tracked files only, then run the Python tests.
 #   python/tests/run.sh VENV [PYTHON]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The package's surface: install, names, argument errors, views, logging."""
 import hashlib
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ecx.events against a real producer Context with events on (docs/EVENTS.md):
 the snapshot, live saves and evictions, the async iterator, the metrics."""
 import asyncio

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Contexts dropped with work in flight leak nothing: no region file (so no
 blocks), no file descriptors; exported buffers keep memory valid."""
 import gc

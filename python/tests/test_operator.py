@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A new operator's mistakes from Python (issue 23): each made on purpose, and
 what the operator is told checked."""
 import logging

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The pieces an engine with separate scheduler and worker processes needs:
 a save reserved in one process, filled by another through ecx.Region, then
 committed and fetched by a consumer; a load pinned in one process and read

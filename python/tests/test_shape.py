@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Context.save_shape: a version-2 item announced with its true shape."""
 import numpy as np
 import pytest

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Threads: some poll (without the GIL) while another fetches, as the
 library's threading rule allows; with and without the progress thread."""
 import threading

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Items between processes, byte-exact: Python to Python over every data
 path, Python against the ecx CLI both ways, and the fallback reasons."""
 import json

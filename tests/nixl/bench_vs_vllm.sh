@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench_vs_vllm.sh ECX BUILD_DIR [ITEMS] [SIZE] [ROUNDS] — NIXL fetch rates on loopback, in one
 # run: vLLM 0.34.0's own consumer and producer (tests/nixl/vllm_peer.py, the reference) and
 # ecx (`--data nixl`) in every pairing, ITEMS items of SIZE bytes (default 32 x 4.7M, rounded

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # env.sh — source it before running NIXL (Python or ecx's nixl path) on a CPU-only host.
 # Every setting keeps a value the caller already exported.
 #

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced by the NIXL tests: sets NIXL_PY to a python that imports the real
 # nixl package (nixl_cu12) and msgspec, or exits 77 (ctest: skipped) saying
 # why. Looks at $ECX_NIXL_PYTHON, then BUILD_DIR/nixl-venv/bin/python (what

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the NIXL test peers share: the nixl package's API module and vLLM's
 control-plane structs (msgspec tagged structs, as vLLM 0.34.0 encodes them)."""
 import msgspec

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A real nixl agent fetching from `ecx serve --data nixl`, the way vLLM's
 ECCPUConnector consumer does (tests/test_nixl_serve.sh).
 

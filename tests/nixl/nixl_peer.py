@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A real nixl agent as the peer of tests/nixl_peer.c (tests/test_nixl_peer.sh).
 
   nixl_peer.py serve DIR NB BS SECONDS

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A real nixl agent as a producer the way vLLM's ECCPUConnector is one, for
 `ecx get --data nixl` (tests/test_nixl_get.sh).
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # venv.sh BUILD_DIR — create (once) BUILD_DIR/nixl-venv: the Python side of the vLLM
 # peer harness (tests/nixl/vllm_peer.py) and of the NIXL wire checks. Idempotent: when the
 # venv is complete it only checks a stamp. Prints the venv's python on stdout; progress

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """vllm_peer.py — vLLM 0.34.0's own ECCPUConnector as a peer, without an engine.
 
 Runs vLLM's real modules from vllm/distributed/ec_transfer/ec_connector/cpu/ (unpacked by

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ref_peer — a small Python peer speaking the reference's wire format, to
 test ecx against (run with /usr/bin/python3; needs python3-zmq and
 python3-msgpack).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ref_wire — the Python reference's wire format, rebuilt with python3-msgpack.
 
 vLLM's ECCPUConnector encodes XferReq / XferAck with msgspec (tagged structs,

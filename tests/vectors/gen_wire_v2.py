@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """gen_wire_v2.py VLLM_SRC > wire_v2.json — protocol-version vectors made with the real msgspec
 and vLLM 0.34.0's own protocol.py (VLLM_SRC: the venv's vllm-src from tests/nixl/venv.sh).
 

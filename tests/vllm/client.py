@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Stdlib-only client helpers for the ecx vLLM tests (urllib + json, no requests).
 
     import client

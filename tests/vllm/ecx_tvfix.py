@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Make PyPI's torchvision importable next to a CPU-only torch build.
 
 torchvision's compiled ops (_C.so) fail to load beside torch+cpu, and then

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Shared bash helpers for tests/vllm/*.sh (source it; needs $WORK and $PY set).
 # Servers run in their own process group (setsid) so one kill takes the API
 # server, EngineCore and the worker together; cleanup runs from an EXIT trap.

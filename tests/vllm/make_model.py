@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Write a tiny, randomly initialised Qwen2-VL model directory (no hub access).
 
     python make_model.py OUT_DIR [--seed N] [--poison-vision SEED]

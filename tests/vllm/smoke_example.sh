@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Smoke test of the harness with vLLM's in-tree ECExampleConnector (disk store).
 #
 #   tests/vllm/smoke_example.sh            # python from $ECX_VLLM_PYTHON, else venv.sh

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Build a CPU-only vLLM venv for the ecx vLLM tests.
 #   tests/vllm/venv.sh DIR   ->  creates DIR/venv, prints DIR/venv/bin/python on stdout
 # Idempotent: a stamp file (DIR/venv/.ecx-vllm-stamp) marks a finished build;
