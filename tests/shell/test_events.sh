@@ -25,4 +25,4 @@ while len(out) < 3:
 print(*out)
 PY
 )
-timeout 240 $PY "$(dirname "$0")/events_check.py" "$1" "$2" "$3" $ports
+timeout 240 $PY "$(dirname "$0")/../support/events_check.py" "$1" "$2" "$3" $ports

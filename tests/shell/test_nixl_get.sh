@@ -20,13 +20,13 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 ecx=$1
-. "$here/nixl/find_python.sh" "$2"
+. "$here/../nixl/find_python.sh" "$2"
 . "$here/lib.sh"
 tmp=$(mktemp -d /tmp/ecx-nixl-get.XXXXXX)
 pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
 port=$(free_port)
-timeout 300 "$NIXL_PY" "$here/nixl/nixl_producer.py" "$tmp" "$port" 1048576 8 280 \
+timeout 300 "$NIXL_PY" "$here/../nixl/nixl_producer.py" "$tmp" "$port" 1048576 8 280 \
   >"$tmp/prod.out" 2>"$tmp/prod.err" &
 pid=$!
 for _ in $(seq 300); do [ -f "$tmp/announce.json" ] && break; sleep 0.1; done

@@ -15,7 +15,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 ecx=$1
-. "$here/nixl/find_python.sh" "$2"
+. "$here/../nixl/find_python.sh" "$2"
 . "$here/lib.sh"
 tmp=$(mktemp -d /tmp/ecx-nixl-serve.XXXXXX)
 shm=$(mktemp -d /dev/shm/ecx-nixl-serve.XXXXXX) # the shm path wants tmpfs
@@ -32,7 +32,7 @@ ECX_SHM_DIR=$shm "$ecx" serve --data nixl --preload "$tmp/items" --listen "127.0
 pid=$!
 for _ in $(seq 200); do [ -f "$tmp/ann.json" ] && break; sleep 0.05; done
 [ -f "$tmp/ann.json" ] || { cat "$tmp/serve.log" >&2; exit 1; }
-timeout 120 "$NIXL_PY" "$here/nixl/nixl_fetch.py" "$tmp/ann.json" "$tmp/items" 1048576 \
+timeout 120 "$NIXL_PY" "$here/../nixl/nixl_fetch.py" "$tmp/ann.json" "$tmp/items" 1048576 \
   2>"$tmp/py.log" | grep -v "NIXL INFO" || { cat "$tmp/py.log" "$tmp/serve.log" >&2; exit 1; }
 metrics() { /usr/bin/python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://127.0.0.1:$mport/metrics"; }
 # ecx get, nixl mode then auto: ecx's form, over shm, checksums verified

@@ -22,7 +22,7 @@
 #    nothing): pip stops with the message naming the Debian packages.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/.." && pwd)
+root=$(cd "$here/../.." && pwd)
 
 if [ "${1:-}" = --hidden ]; then
   # ---- inside a mount namespace: $2 what to run (checks, nixl), $3 the wheel

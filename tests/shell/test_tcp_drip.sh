@@ -15,7 +15,7 @@ set -u
 ECX=$1
 . "$(dirname "$0")/lib.sh"
 private_shm
-HOG="$(dirname "$0")/conn_hog.py"
+HOG="$(dirname "$0")/../support/conn_hog.py"
 MPORT=$(free_port)
 "$ECX" serve --listen 127.0.0.1:0 --synthetic 4:300K --block-bytes 64Ki --data tcp \
   --announce-out "$T/ann.json" --metrics "127.0.0.1:$MPORT" 2>"$T/serve.log" &

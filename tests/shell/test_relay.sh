@@ -29,7 +29,7 @@ APORT=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["x"]["peer_p
 
 for data in shm tcp; do
   rm -f "$T/B.port"
-  $PY "$(dirname "$0")/relay_producer.py" "$T/B.port" "$APORT" "y=y@0.3,w=x@0.6" \
+  $PY "$(dirname "$0")/../support/relay_producer.py" "$T/B.port" "$APORT" "y=y@0.3,w=x@0.6" \
     2>"$T/relay-$data.log" &
   rpid=$!
   pids+=($rpid)

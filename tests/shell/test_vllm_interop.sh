@@ -23,9 +23,9 @@ ECX=$1
 VDIR=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/lib.sh"
-. "$HERE/nixl/env.sh"
-VPY=$(bash "$HERE/nixl/venv.sh" "$VDIR") || { echo "FAIL: tests/nixl/venv.sh $VDIR" >&2; exit 1; }
-PEER="$HERE/nixl/vllm_peer.py"
+. "$HERE/../nixl/env.sh"
+VPY=$(bash "$HERE/../nixl/venv.sh" "$VDIR") || { echo "FAIL: tests/nixl/venv.sh $VDIR" >&2; exit 1; }
+PEER="$HERE/../nixl/vllm_peer.py"
 HIDDEN=4096 BLOCK=8192      # bfloat16 rows of 4096: block_size_bytes = hidden x 2
 F=(--vllm-version 0.34.0 --model llava-hf/llava-1.5-7b-hf --dtype torch.bfloat16 --block-bytes $BLOCK)
 V2=(--connector-version 2)

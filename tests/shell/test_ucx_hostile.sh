@@ -116,7 +116,7 @@ for mode in am-flood eager-flood; do
     EVIL=$!
     for _ in $(seq 100); do [ -s "$DIR/evil" ] && break; sleep 0.1; done
     [ -s "$DIR/evil" ] || fail "$mode: the hostile producer did not start"
-    $PY "$HERE/ucx_evil_ctrl.py" "$DIR/ctrl.port" "$DIR/evil" "$APORT" bad good 12 \
+    $PY "$HERE/../support/ucx_evil_ctrl.py" "$DIR/ctrl.port" "$DIR/evil" "$APORT" bad good 12 \
         2>"$DIR/ctrl.log" &
     CTRL=$!
     for _ in $(seq 100); do [ -s "$DIR/ctrl.port" ] && break; sleep 0.1; done
@@ -131,7 +131,7 @@ PY
     "$ECX" get --params "$DIR/params.json" --out "$DIR/out" --block-bytes 64Ki \
         --data ucx --json --ack-timeout-ms 30000 >"$DIR/get.json" 2>"$DIR/get.log" &
     GET=$!
-    $PY "$HERE/rss_watch.py" $GET ecx-ucx-agent 90 >"$DIR/rss.txt" # until it ends, 90 s at most
+    $PY "$HERE/../support/rss_watch.py" $GET ecx-ucx-agent 90 >"$DIR/rss.txt" # until it ends, 90 s at most
     kill -9 $GET 2>/dev/null
     wait $GET
     rc=$?

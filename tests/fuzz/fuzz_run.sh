@@ -20,7 +20,7 @@ if [ -n "$seeds" ]; then
   done <"$seeds"
 else
   dict=(-dict="$here/fuzz_wire.dict")
-  /usr/bin/python3 - "$here/vectors/wire.json" "$corpus" <<'PY'
+  /usr/bin/python3 - "$here/../vectors/wire.json" "$corpus" <<'PY'
 import json, sys, os
 v = json.load(open(sys.argv[1]))
 for group in ("encode", "decode_ok", "decode_reject"):

@@ -18,11 +18,11 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$1
-. "$here/nixl/find_python.sh" "$2"
+. "$here/../nixl/find_python.sh" "$2"
 tmp=$(mktemp -d /tmp/ecx-nixl-peer.XXXXXX)
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"' EXIT
-py() { timeout 60 "$NIXL_PY" "$here/nixl/nixl_peer.py" "$@" 2>>"$tmp/py.log"; }
+py() { timeout 60 "$NIXL_PY" "$here/../nixl/nixl_peer.py" "$@" 2>>"$tmp/py.log"; }
 
 for bs in 4096 1048576; do
   d="$tmp/a$bs"; mkdir -p "$d"

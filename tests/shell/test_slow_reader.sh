@@ -19,7 +19,7 @@ spid=$!
 pids+=($spid)
 wait_file "$T/ann.json" || { echo "FAIL: the producer did not start" >&2; cat "$T/saver.log" >&2; exit 1; }
 
-timeout 60 $PY "$(dirname "$0")/slow_reader.py" "$T" 20 >"$T/reader.out" 2>&1
+timeout 60 $PY "$(dirname "$0")/../support/slow_reader.py" "$T" 20 >"$T/reader.out" 2>&1
 rc=$?
 sed 's/^/    reader: /' "$T/reader.out"
 check "the slow reader got no byte of another item (rc $rc)" '[ $rc = 0 ]'

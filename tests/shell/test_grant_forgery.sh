@@ -22,7 +22,7 @@ wait_file "$T/ann.json" || { echo "FAIL: serve did not start" >&2; cat "$T/serve
 PORT=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["item"]["peer_port"])' "$T/ann.json")
 COMPAT=$("$ECX" compat-hash 0.31.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 65536)
 
-timeout 20 $PY "$(dirname "$0")/grant_forger.py" "$PORT" "$COMPAT" item >"$T/forger.out" 2>&1
+timeout 20 $PY "$(dirname "$0")/../support/grant_forger.py" "$PORT" "$COMPAT" item >"$T/forger.out" 2>&1
 rc=$?
 check "the forger ran every step (rc $rc: $(tr '\n' ' ' <"$T/forger.out"))" '[ $rc = 0 ] && grep -q "forged 2" "$T/forger.out"'
 check "another connection cannot take the grant over (NACK_INTERNAL)" 'grep -q "takeover status 4" "$T/forger.out"'

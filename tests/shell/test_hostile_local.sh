@@ -12,7 +12,7 @@ set -u
 ECX=$1
 . "$(dirname "$0")/lib.sh"
 private_shm
-HOSTILE="$(dirname "$0")/hostile_peer.py"
+HOSTILE="$(dirname "$0")/../support/hostile_peer.py"
 # Under ASan, freed memory waits in a quarantine: keep it small so RSS
 # shows what is held, not what was freed.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=16"
