@@ -10,7 +10,8 @@
  *   tcp_gbps=<x> tcp_ratio=<x>  (on the same line)
  *
  *   bench_data [--size BYTES]... [--iters N] [--warmup N] [--block-bytes B]
- *              [--path shm|tcp|ucx|both|all]   (both: shm and ucx, as before)
+ *              [--path shm|tcp|ucx|both|all]   (both: shm and ucx, as before;
+ *                                               all and both: ucx if built in)
  *              [--cold]   (shm first fetches on fresh contexts, and after
  *                          idle pre-fault: data_bench.h)
  * Defaults: sizes 4700000 and 28800000, 30 iterations, 3 warm-up,
@@ -24,6 +25,7 @@
 #include <errno.h>
 #include <stdint.h>
 
+#include "data.h"
 #include "data_bench.h"
 
 static int usage(void)
@@ -66,7 +68,7 @@ int main(int argc, char **argv)
             bool all = strcmp(v, "all") == 0, both = strcmp(v, "both") == 0;
             o.shm = all || both || strcmp(v, "shm") == 0;
             o.tcp = all || strcmp(v, "tcp") == 0;
-            o.ucx = all || both || strcmp(v, "ucx") == 0;
+            o.ucx = ((all || both) && ecxi_data_backend_built(ECX_DATA_UCX)) || strcmp(v, "ucx") == 0;
             if (!o.shm && !o.tcp && !o.ucx) return usage();
         } else
             return usage();

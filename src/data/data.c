@@ -117,11 +117,9 @@ void ecxi_data_peer_head_fini(ecxi_data_peer *p)
 int ecxi_data_backend_parse(const char *s, int *out)
 {
     if (!s || !out) return ECX_EINVAL;
-    static const int all[] = {ECX_DATA_AUTO, ECX_DATA_SHM, ECX_DATA_TCP, ECX_DATA_UCX,
-                              ECX_DATA_NIXL};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        if (!strcmp(s, ecxi_data_backend_name(all[i]))) {
-            *out = all[i];
+    for (int i = 0; i < (int)(sizeof ecxi_data_paths / sizeof *ecxi_data_paths); i++)
+        if (!strcmp(s, ecxi_data_paths[i].name)) {
+            *out = i;
             return 0;
         }
     return ECX_EINVAL;
@@ -129,14 +127,15 @@ int ecxi_data_backend_parse(const char *s, int *out)
 
 const char *ecxi_data_backend_name(int backend)
 {
-    switch (backend) {
-    case ECX_DATA_AUTO: return "auto";
-    case ECX_DATA_SHM: return "shm";
-    case ECX_DATA_UCX: return "ucx";
-    case ECX_DATA_TCP: return "tcp";
-    case ECX_DATA_NIXL: return "nixl";
-    }
-    return "unknown";
+    if (backend < 0 || backend >= (int)(sizeof ecxi_data_paths / sizeof *ecxi_data_paths))
+        return "unknown";
+    return ecxi_data_paths[backend].name;
+}
+
+bool ecxi_data_backend_built(int backend)
+{
+    return backend >= 0 && backend < (int)(sizeof ecxi_data_paths / sizeof *ecxi_data_paths) &&
+           ecxi_data_paths[backend].start;
 }
 
 static int random_nonce(uint64_t *out)
@@ -148,32 +147,19 @@ static int random_nonce(uint64_t *out)
     return n == (ssize_t)sizeof *out ? 0 : ECX_ESYS;
 }
 
-/* Start one real backend (shm, tcp or ucx) for role; the producer ones
- * fill their part of *m and *dd. */
+/* Start one backend for role through the registration table (paths.c);
+ * the producer ones fill their part of *m and *dd. */
 int ecxi_data_start(int backend, ecxi_region *region, const ecxi_data_opts *opts, int role,
                     ecxi_data_meta *m, ecxi_data_desc *dd, ecxi_data **out)
 {
-    bool p = role == ECX_DATA_PRODUCER;
-    int rc;
-    switch (backend) {
-    case ECX_DATA_SHM:
-        rc = p ? ecxi_data_shm_new_producer(region, m, dd, out)
-               : ecxi_data_shm_new_consumer(region, out);
-        break;
-    case ECX_DATA_TCP:
-        rc = p ? ecxi_data_tcp_new_producer(region, opts, m, out)
-               : ecxi_data_tcp_new_consumer(region, out);
-        break;
-    case ECX_DATA_UCX:
-        rc = p ? ecxi_ucx_proc_new_producer(region, opts, m, out)
-               : ecxi_ucx_proc_new_consumer(region, out);
-        break;
-    case ECX_DATA_NIXL:
-        rc = p ? ecxi_data_nixl_new_producer(region, opts, out)
-               : ecxi_data_nixl_new_consumer(region, opts, out);
-        break;
-    default: return ECX_EINVAL;
+    if (backend < 0 || backend >= (int)(sizeof ecxi_data_paths / sizeof *ecxi_data_paths))
+        return ECX_EINVAL;
+    if (!ecxi_data_paths[backend].start) {
+        ECX_LOG_RATELIMITED(ECX_LOG_ERROR, "data: %s is not built in (this libecx was built "
+                            "without it: ECX_WITH_UCX, ECX_WITH_NIXL)", ecxi_data_paths[backend].name);
+        return ECX_EDATA_NOPATH;
     }
+    int rc = ecxi_data_paths[backend].start(region, opts, role, m, dd, out);
     if (rc) return rc;
     (*out)->role = role;
     (*out)->region = region;
@@ -196,10 +182,7 @@ static int new_ctx(ecxi_region *region, const ecxi_data_opts *opts, int role, ec
         dd.num_blocks = ecxi_region_num_blocks(region);
     }
     ecxi_data *d = NULL;
-    rc = backend == ECX_DATA_AUTO ? ecxi_data_auto_new(region, opts, role, &m, &dd, &d)
-                                  : ecxi_data_start(backend, region, opts, role, &m, &dd, &d);
-    if (rc) return rc;
-    d->background = opts && opts->background; /* auto's own, for the paths it starts later */
+    if ((rc = ecxi_data_start(backend, region, opts, role, &m, &dd, &d))) return rc;
     /* (nixl publishes NIXL's metadata, made by the backend) */
     if (role == ECX_DATA_PRODUCER && !d->meta) {
         uint8_t mb[ECX_DATA_META_MAX];

@@ -127,9 +127,12 @@ typedef struct ecxi_data_opts {
                               first READ, slice by slice (data_shm.c) */
 } ecxi_data_opts;
 
-/* Parse "auto" / "shm" / "tcp" / "ucx" / "nixl" into enum ecxi_data_backend; ECX_EINVAL else. */
+/* Parse "auto" / "shm" / "tcp" / "ucx" / "nixl" into enum ecxi_data_backend; ECX_EINVAL else.
+ * A path this libecx is built without parses: starting it says it is not built in. */
 int ecxi_data_backend_parse(const char *s, int *out);
 const char *ecxi_data_backend_name(int backend);
+/* True if this libecx is built with that path (ucx: ECX_WITH_UCX, nixl: ECX_WITH_NIXL). */
+bool ecxi_data_backend_built(int backend);
 
 /* ---- producer ---------------------------------------------------------- */
 

@@ -153,9 +153,23 @@ static inline size_t ecxi_data_run_len(const uint64_t *remote, const uint64_t *l
 /* The bytes of /proc/sys/kernel/random/boot_id as 16 raw bytes. */
 int ecxi_data_boot_id(uint8_t out[16]);
 
-/* Start one real backend (ECX_DATA_SHM / _TCP / _UCX) for role, with the
- * head's role and region filled (data.c); ECX_EINVAL for another value.
- * A producer fills its part of *m and *dd (a consumer may pass NULL). */
+/* One data path as the front knows it. The registration table (paths.c)
+ * is the one place that names the paths' constructors: it lists every path
+ * ecx knows, indexed by enum ecxi_data_backend, with start NULL for one this
+ * libecx is built without (ECX_WITH_UCX, ECX_WITH_NIXL). start is called by
+ * ecxi_data_start only. */
+typedef struct ecxi_data_path {
+    const char *name; /* as --data takes it */
+    int (*start)(ecxi_region *region, const ecxi_data_opts *opts, int role, ecxi_data_meta *m,
+                 ecxi_data_desc *dd, ecxi_data **out);
+} ecxi_data_path;
+extern const ecxi_data_path ecxi_data_paths[ECX_DATA_NIXL + 1];
+
+/* Start one backend (ECX_DATA_AUTO / _SHM / _TCP / _UCX / _NIXL) for role,
+ * with the head's role and region filled (data.c); ECX_EINVAL for another
+ * value, ECX_EDATA_NOPATH (logged: "ucx is not built in") for one this
+ * libecx is built without. A producer fills its part of *m and *dd (a
+ * consumer may pass NULL). */
 int ecxi_data_start(int backend, ecxi_region *region, const ecxi_data_opts *opts, int role,
                     ecxi_data_meta *m, ecxi_data_desc *dd, ecxi_data **out);
 /* The "auto" backend over them (data_auto.c): a producer starts shm and

@@ -2,22 +2,18 @@
 # SPDX-License-Identifier: Apache-2.0
 # test_install — what `make install` puts on a machine is usable on its own:
 # `cmake --install` of this build tree into a temporary DESTDIR, then
-# tests/install_smoke.c built with only <ecx.h> and `pkg-config ecx` (no
+# tests/abi/install_smoke.c built with only <ecx.h> and `pkg-config ecx` (no
 # path into the source or build tree), against the shared library and
 # against the static one, and run. When the CLI links libecx.so (CLI_SHARED
 # 1), the installed `ecx` must need libecx.so.1 and find it by its RPATH,
 # and its `serve --data nixl` / `--data ucx` must find the installed
-# ecx-nixl-agent / ecx-ucx-agent.
+# ecx-nixl-agent / ecx-ucx-agent (a build without them installs neither).
 # usage: test_install.sh BUILD_DIR SMOKE_C CC CLI_SHARED(0|1)
 set -euo pipefail
 BUILD=$1 SMOKE=$2 CC=$3 CLI_SHARED=$4
-T=$(mktemp -d /tmp/ecx-test-install.XXXXXX)
-SHM=$(mktemp -d /dev/shm/ecx-test-install.XXXXXX)
-trap 'rm -rf "$T" "$SHM"' EXIT
-export ECX_SHM_DIR=$SHM  # the smoke program's regions go here
+. "$(dirname "$0")/../shell/lib.sh"  # $T, bad, built, finish
+private_shm  # the smoke program's regions go to $SHM
 STAGE=$T/stage
-failed=0
-bad() { failed=1; echo "FAIL: $*" >&2; }
 # loads_installed_lib BINARY: ldd resolves its libecx.so.1 to the installed file.
 loads_installed_lib() {
   local got
@@ -100,7 +96,9 @@ fi
 # (LIBEXECDIR/ecx, relative to LIBDIR; docs/NIXL.md §5): an installed
 # `ecx serve --data nixl` starts it, with no ECX_NIXL_AGENT and no build tree.
 agent=$(find "$STAGE" -path '*/libexec/ecx/ecx-nixl-agent' -type f | head -1)
-if [ -z "$agent" ] || [ ! -x "$agent" ]; then
+if ! built nixl; then
+  [ -z "$agent" ] || bad "ecx-nixl-agent installed by a build without the nixl path"
+elif [ -z "$agent" ] || [ ! -x "$agent" ]; then
   bad "libexec/ecx/ecx-nixl-agent not installed"
 elif [ -n "$cli" ] && [ "$CLI_SHARED" = 1 ]; then
   env -u LD_LIBRARY_PATH -u ECX_NIXL_AGENT "$cli" serve --data nixl --listen 127.0.0.1:0 \
@@ -112,10 +110,12 @@ elif [ -n "$cli" ] && [ "$CLI_SHARED" = 1 ]; then
   kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
 fi
 
-# The ucx path's UCX process (src/ucx_proc.h), found the same way: an
+# The ucx path's UCX process (src/data/ucx/ucx_proc.h), found the same way: an
 # installed `ecx serve --data ucx` starts only once it runs.
 uagent=$(find "$STAGE" -path '*/libexec/ecx/ecx-ucx-agent' -type f | head -1)
-if [ -z "$uagent" ] || [ ! -x "$uagent" ]; then
+if ! built ucx; then
+  [ -z "$uagent" ] || bad "ecx-ucx-agent installed by a build without the ucx path"
+elif [ -z "$uagent" ] || [ ! -x "$uagent" ]; then
   bad "libexec/ecx/ecx-ucx-agent not installed"
 elif [ -n "$cli" ] && [ "$CLI_SHARED" = 1 ]; then
   env -u LD_LIBRARY_PATH -u ECX_UCX_AGENT "$cli" serve --data ucx --listen 127.0.0.1:0 \
@@ -128,4 +128,4 @@ elif [ -n "$cli" ] && [ "$CLI_SHARED" = 1 ]; then
 fi
 
 [ "$failed" = 0 ] && echo "install: ok ($LIBDIR)"
-exit $failed
+finish

@@ -6,17 +6,7 @@
 # usage: test_cli.sh PATH_TO_ECX VECTORS_DIR
 set -u
 ECX=$1 VEC=$2
-pass=0 failed=0
-TMP=$(mktemp -d /tmp/ecx-cli.XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
-ok() { pass=$((pass + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-# expect CODE DESCRIPTION -- CMD...: run CMD, check its exit status.
-expect() {
-  local want=$1 what=$2; shift 3
-  "$@" >$TMP/out 2>$TMP/err; local got=$?
-  if [ "$got" = "$want" ]; then ok; else bad "$what: exit $got, want $want; stderr: $(head -c 300 $TMP/err)"; fi
-}
+. "$(dirname "$0")/lib.sh"
 
 # 1. Every encode vector: decode gives the fields (defaults filled in), and
 #    encoding those fields gives the same bytes back.
@@ -35,10 +25,10 @@ print("yes" if got == full else "no: %r != %r" % (got, full))' "$out" "$fields")
     back=$(printf '%s' "$out" | "$ECX" proto encode) || { bad "encode $name"; continue; }
     [ "$back" = "$hex" ] && ok || bad "re-encode $name: $back != $hex" ;;
   decode_ok)
-    expect 0 "decode_ok $name" -- "$ECX" proto decode --as "$fields" "$hex" ;;
+    expect 0 "" "decode_ok $name" -- "$ECX" proto decode --as "$fields" "$hex" ;;
   decode_reject)
-    expect 1 "decode_reject $name" -- "$ECX" proto decode --as "$fields" "$hex"
-    grep -q '^error: ' $TMP/err && ok || bad "decode_reject $name: no 'error:' line" ;;
+    expect 1 "" "decode_reject $name" -- "$ECX" proto decode --as "$fields" "$hex"
+    grep -q '^error: ' "$T/cmd.stderr" && ok || bad "decode_reject $name: no 'error:' line" ;;
   esac
 done < <(/usr/bin/python3 -c '
 import json, sys
@@ -64,24 +54,24 @@ for r in json.load(open(sys.argv[1] + "/compat_hash.json")):
         print(r["vllm_version"], r["model"], r["dtype"], r["block_size_bytes"], r["sha256"], sep="\x1f")' "$VEC")
 
 # 4. Bad input: clear message, right exit code.
-expect 1 "odd hex" -- "$ECX" proto decode abc
-expect 1 "non-hex" -- "$ECX" proto decode zz
-expect 2 "bad --as" -- "$ECX" proto decode --as foo 80
-expect 2 "two frames" -- "$ECX" proto decode 80 80
-expect 2 "unknown command" -- "$ECX" frobnicate
-expect 2 "no command" -- "$ECX"
-expect 2 "proto without sub" -- "$ECX" proto
-expect 2 "serve --connector-version 3" -- "$ECX" serve --connector-version 3
-expect 2 "get --connector-version 3" -- "$ECX" get --connector-version 3 --peer 127.0.0.1:1 --mm-hash h --size 1 --out /dev/null
-expect 2 "serve with a dtype ecx does not know" -- "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1Mi --connector-version 2 --dtype mystery
-expect 1 "serve v2 with items that are not whole blocks" -- "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1000 --connector-version 2
-expect 2 "compat-hash arg count" -- "$ECX" compat-hash a b c
-expect 2 "compat-hash bad number" -- "$ECX" compat-hash a b c 12x
-expect 2 "compat-hash number too big" -- "$ECX" compat-hash a b c 9223372036854775808
-expect 1 "compat-hash invalid utf-8" -- "$ECX" compat-hash a "$(printf '\xff')" c 1
+expect 1 "" "odd hex" -- "$ECX" proto decode abc
+expect 1 "" "non-hex" -- "$ECX" proto decode zz
+expect 2 "" "bad --as" -- "$ECX" proto decode --as foo 80
+expect 2 "" "two frames" -- "$ECX" proto decode 80 80
+expect 2 "" "unknown command" -- "$ECX" frobnicate
+expect 2 "" "no command" -- "$ECX"
+expect 2 "" "proto without sub" -- "$ECX" proto
+expect 2 "" "serve --connector-version 3" -- "$ECX" serve --connector-version 3
+expect 2 "" "get --connector-version 3" -- "$ECX" get --connector-version 3 --peer 127.0.0.1:1 --mm-hash h --size 1 --out /dev/null
+expect 2 "" "serve with a dtype ecx does not know" -- "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1Mi --connector-version 2 --dtype mystery
+expect 1 "" "serve v2 with items that are not whole blocks" -- "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1000 --connector-version 2
+expect 2 "" "compat-hash arg count" -- "$ECX" compat-hash a b c
+expect 2 "" "compat-hash bad number" -- "$ECX" compat-hash a b c 12x
+expect 2 "" "compat-hash number too big" -- "$ECX" compat-hash a b c 9223372036854775808
+expect 1 "" "compat-hash invalid utf-8" -- "$ECX" compat-hash a "$(printf '\xff')" c 1
 encode_fails() { # JSON on stdin that must be refused with exit 1
-  printf '%s' "$1" | "$ECX" proto encode >/dev/null 2>$TMP/err; local got=$?
-  [ $got = 1 ] && grep -q '^error: ' $TMP/err && ok || bad "encode '$1': exit $got"
+  printf '%s' "$1" | "$ECX" proto encode >/dev/null 2>"$T/cmd.stderr"; local got=$?
+  [ $got = 1 ] && grep -q '^error: ' "$T/cmd.stderr" && ok || bad "encode '$1': exit $got"
 }
 encode_fails 'not json'
 encode_fails '[1,2]'
@@ -96,17 +86,16 @@ encode_fails '{"type":"ack","mm_hash":"h","status":0,"agent_metadata":"abc"}'
 encode_fails '{"type":"ack","mm_hash":"h","status":0,"mem_descriptor":"zz"}'
 encode_fails '{"type":"ack","mm_hash":"h","status":0,"status":1}'
 # A frame claiming 4 GB of entries is refused at once.
-expect 1 "huge map claim" -- "$ECX" proto decode dfffffffff
+expect 1 "" "huge map claim" -- "$ECX" proto decode dfffffffff
 # More than 64 MiB on stdin is refused, not buffered without bound.
-head -c $((65 << 20)) /dev/zero | "$ECX" proto decode >/dev/null 2>$TMP/err
-[ $? = 1 ] && grep -q 'larger than 64 MiB' $TMP/err && ok || bad "oversized stdin not refused"
+head -c $((65 << 20)) /dev/zero | "$ECX" proto decode >/dev/null 2>"$T/cmd.stderr"
+[ $? = 1 ] && grep -q 'larger than 64 MiB' "$T/cmd.stderr" && ok || bad "oversized stdin not refused"
 
 # 5. Help exists for every command and names every option.
-expect 0 "--help" -- "$ECX" --help
-grep -q "compat-hash" $TMP/out && grep -q "proto decode" $TMP/out && ok || bad "--help incomplete"
-expect 0 "proto --help" -- "$ECX" proto decode --help
-grep -q -- "--as" $TMP/out && ok || bad "proto --help lacks --as"
-expect 0 "compat-hash --help" -- "$ECX" compat-hash --help
+expect 0 "" "--help" -- "$ECX" --help
+grep -q "compat-hash" "$T/cmd.stdout" && grep -q "proto decode" "$T/cmd.stdout" && ok || bad "--help incomplete"
+expect 0 "" "proto --help" -- "$ECX" proto decode --help
+grep -q -- "--as" "$T/cmd.stdout" && ok || bad "proto --help lacks --as"
+expect 0 "" "compat-hash --help" -- "$ECX" compat-hash --help
 
-echo "$pass passed, $failed failed"
-[ "$failed" = 0 ]
+finish

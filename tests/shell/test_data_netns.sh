@@ -17,14 +17,15 @@ if ! command -v ip >/dev/null || ! ip netns list >/dev/null 2>&1; then
     echo "SKIP: ip netns unavailable"; exit 77
 fi
 A=ecxdA$$ B=ecxdB$$ VA=ecxva$$ VB=ecxvb$$
-work=$(mktemp -d /dev/shm/ecx-test-netns-XXXXXX 2>/dev/null || mktemp -d)
-cleanup() {
+. "$(dirname "$0")/lib.sh" # built; $SHM, removed on exit
+private_shm
+work=$SHM
+cleanup_netns() {
     ip netns del "$A" 2>/dev/null
     ip netns del "$B" 2>/dev/null
     ip link del "$VA" 2>/dev/null
-    rm -rf "$work"
 }
-trap cleanup EXIT
+trap 'cleanup_netns; cleanup' EXIT
 set -e
 if ! ip netns add "$A" 2>/dev/null; then echo "SKIP: cannot create a network namespace"; exit 77; fi
 ip netns add "$B"
@@ -62,9 +63,11 @@ run() { # name pbackend cbackend want_path [env...]
 }
 
 run tcp tcp tcp tcp
-run ucx-tcp ucx ucx ucx UCX_TLS=tcp
-run ucx-default ucx ucx ucx
+if built ucx; then
+    run ucx-tcp ucx ucx ucx UCX_TLS=tcp
+    run ucx-default ucx ucx ucx
+fi
 run auto auto auto tcp
-run auto-ucx ucx auto ucx
-run nixl nixl nixl tcp # ecx to ecx in nixl mode: its auto paths (docs/NIXL.md §8)
+built ucx && run auto-ucx ucx auto ucx
+built nixl && run nixl nixl nixl tcp # ecx to ecx in nixl mode: its auto paths (docs/NIXL.md §8)
 exit $fail

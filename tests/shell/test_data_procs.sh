@@ -8,8 +8,9 @@
 set -u
 HELPER=$1
 TMO=${TMO:-20000}
-work=$(mktemp -d /dev/shm/ecx-test-procs-XXXXXX 2>/dev/null || mktemp -d)
-trap 'rm -rf "$work"' EXIT
+. "$(dirname "$0")/lib.sh" # built; $SHM, removed on exit
+private_shm
+work=$SHM
 fail=0
 
 run() { # name pbackend cbackend want_path [env...]
@@ -35,8 +36,10 @@ run() { # name pbackend cbackend want_path [env...]
 run shm shm shm shm
 run tcp tcp tcp tcp
 run auto-tcp tcp auto tcp
-run ucx ucx ucx ucx
-run ucx-tcp ucx ucx ucx UCX_TLS=tcp
+if built ucx; then
+    run ucx ucx ucx ucx
+    run ucx-tcp ucx ucx ucx UCX_TLS=tcp
+fi
 run auto auto auto shm
-run nixl nixl nixl shm # ecx to ecx in nixl mode: its auto paths (docs/NIXL.md §8)
+built nixl && run nixl nixl nixl shm # ecx to ecx in nixl mode: its auto paths (docs/NIXL.md §8)
 exit $fail

@@ -51,5 +51,5 @@ PY
 }
 
 producer auto shm tcp auto # an auto producer publishes shm and tcp
-producer ucx ucx auto      # UCX only when asked for
+built ucx && producer ucx ucx auto # UCX only when asked for
 finish

@@ -71,8 +71,10 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#ifdef ECX_WITH_UCX
 #include <ucp/api/ucp.h>
 #include <uct/api/uct.h>
+#endif
 #include <unistd.h>
 
 #include "checksum.h"
@@ -376,7 +378,8 @@ static int consume(const char *dir, const char *file, int first, int count, cons
     return bad ? 2 : 0;
 }
 
-/* ---- the attacker ------------------------------------------------------- */
+/* ---- the attacker (the ucx path's, built with it) ------------------------ */
+#ifdef ECX_WITH_UCX
 
 static ucp_context_h ctx;
 static ucp_worker_h wk;
@@ -725,6 +728,8 @@ static int uct_put(const char *file, int port, int block)
     }
     return 1;
 }
+
+#endif /* ECX_WITH_UCX */
 
 /* ---- the tcp path, spoken by hand ---------------------------------------- */
 
@@ -1095,6 +1100,7 @@ static int tcp_evil(const char *dir)
 }
 
 /* ---- a hostile UCX producer, and a connection flood (issue 20 #5) -------- */
+#ifdef ECX_WITH_UCX
 
 static volatile int evil_out; /* sends in flight */
 static bool evil_ep_failed;
@@ -1325,6 +1331,7 @@ static int conns(const char *meta_hex, int n, int rounds)
     }
     return 0; /* the process exit closes the rest */
 }
+#endif /* ECX_WITH_UCX */
 
 int main(int argc, char **argv)
 {
@@ -1333,14 +1340,18 @@ int main(int argc, char **argv)
     if (argc == 5 && !strcmp(argv[1], "produce")) return produce(argv[2], argv[3], atoi(argv[4]));
     if (argc == 9 && !strcmp(argv[1], "consume"))
         return consume(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argv[6], argv[7], atoi(argv[8]));
+#ifdef ECX_WITH_UCX
     if (argc == 4 && !strcmp(argv[1], "attack")) return attack(argv[2], atoi(argv[3]));
     if (argc == 5 && !strcmp(argv[1], "mutate")) return mutate(argv[2], argv[3], atoi(argv[4]));
     if (argc == 5 && !strcmp(argv[1], "uct-put")) return uct_put(argv[2], atoi(argv[3]), atoi(argv[4]));
+#endif
     if (argc == 3 && !strcmp(argv[1], "tcp-attack")) return tcp_attack(argv[2]);
     if (argc == 3 && !strcmp(argv[1], "tcp-evil")) return tcp_evil(argv[2]);
+#ifdef ECX_WITH_UCX
     if (argc == 6 && !strcmp(argv[1], "evil-ucx"))
         return evil_ucx(argv[2], argv[3], strtoull(argv[4], NULL, 10), atoi(argv[5]));
     if (argc == 5 && !strcmp(argv[1], "conns")) return conns(argv[2], atoi(argv[3]), atoi(argv[4]));
-    fprintf(stderr, "usage: see the top of tests/ucx_hostile.c\n");
+#endif
+    fprintf(stderr, "usage: see the top of tests/support/ucx_hostile.c\n");
     return 2;
 }

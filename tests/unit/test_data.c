@@ -517,6 +517,7 @@ static void test_fetch_shm(void **state)
     run_cases(ECX_DATA_SHM, ECX_DATA_SHM, "shm");
 }
 
+#ifdef ECX_WITH_UCX
 static void test_fetch_ucx(void **state)
 {
     (void)state;
@@ -530,6 +531,7 @@ static void test_fetch_ucx_tcp(void **state)
     run_cases(ECX_DATA_UCX, ECX_DATA_UCX, "ucx");
     unsetenv("UCX_TLS");
 }
+#endif
 
 static void test_fetch_tcp(void **state)
 {
@@ -543,7 +545,9 @@ static void test_auto_choice(void **state)
     run_cases(ECX_DATA_AUTO, ECX_DATA_AUTO, "shm"); /* same host: memcpy path */
     run_cases(ECX_DATA_AUTO, ECX_DATA_TCP, "tcp");  /* forced */
     run_cases(ECX_DATA_TCP, ECX_DATA_AUTO, "tcp");  /* producer offers only tcp */
+#ifdef ECX_WITH_UCX
     run_cases(ECX_DATA_UCX, ECX_DATA_AUTO, "ucx");  /* producer offers only ucx */
+#endif
     /* An auto producer publishes shm and tcp, never UCX. */
     pair p;
     pair_open(&p, ECX_DATA_AUTO, ECX_DATA_AUTO, BS);
@@ -554,9 +558,12 @@ static void test_auto_choice(void **state)
     assert_true(m.has_shm && m.has_tcp && !m.has_ucx);
     pair_close(&p);
     /* Nothing in common: no path. */
-    static const int none[][2] = {{ECX_DATA_SHM, ECX_DATA_UCX},
+    static const int none[][2] = {
+#ifdef ECX_WITH_UCX
+                                  {ECX_DATA_SHM, ECX_DATA_UCX},
                                   {ECX_DATA_AUTO, ECX_DATA_UCX},
                                   {ECX_DATA_UCX, ECX_DATA_TCP},
+#endif
                                   {ECX_DATA_TCP, ECX_DATA_SHM}};
     for (size_t i = 0; i < sizeof none / sizeof none[0]; i++) {
         pair_open(&p, none[i][0], none[i][1], BS);
@@ -978,11 +985,13 @@ static void test_cut_tcp(void **state)
     cut_send(ECX_DATA_TCP);
 }
 
+#ifdef ECX_WITH_UCX
 static void test_cut_ucx(void **state)
 {
     (void)state;
     cut_send(ECX_DATA_UCX);
 }
+#endif
 
 static void sliced_stop(int backend, bool drop)
 {
@@ -1091,6 +1100,7 @@ static void test_sliced_corrupt_tcp(void **state)
 }
 
 /* ---- UCX lifetimes ------------------------------------------------------ */
+#ifdef ECX_WITH_UCX
 
 static void test_ucx_drop_and_release_in_flight(void **state)
 {
@@ -1251,6 +1261,47 @@ static void test_ucx_process_killed(void **state)
     pair_close(&p);
 }
 
+#endif /* ECX_WITH_UCX */
+
+/* ---- paths not built in ------------------------------------------------ */
+
+/* A libecx built without UCX (or NIXL) still knows the paths' names, and
+ * starting one of them fails with ECX_EDATA_NOPATH (logged: "ucx is not
+ * built in"); a built one starts. */
+static void test_paths_built(void **state)
+{
+    (void)state;
+    static const struct { int backend; bool built; } paths[] = {
+        {ECX_DATA_AUTO, true}, {ECX_DATA_SHM, true}, {ECX_DATA_TCP, true},
+#ifdef ECX_WITH_UCX
+        {ECX_DATA_UCX, true},
+#else
+        {ECX_DATA_UCX, false},
+#endif
+#ifdef ECX_WITH_NIXL
+        {ECX_DATA_NIXL, true},
+#else
+        {ECX_DATA_NIXL, false},
+#endif
+    };
+    ecxi_region *r = mkregion(NB, BS);
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+        int b = -1;
+        assert_int_equal(ecxi_data_backend_parse(ecxi_data_backend_name(paths[i].backend), &b), 0);
+        assert_int_equal(b, paths[i].backend);
+        assert_int_equal(ecxi_data_backend_built(b), paths[i].built);
+        for (int role = 0; role < 2; role++) {
+            ecxi_data_opts o = {.backend = b};
+            ecxi_data *d = NULL;
+            int rc = role ? ecxi_data_new_consumer(r, &o, &d) : ecxi_data_new_producer(r, &o, &d);
+            assert_int_equal(rc, paths[i].built ? 0 : ECX_EDATA_NOPATH);
+            assert_true(paths[i].built ? d != NULL : d == NULL);
+            ecxi_data_free(d);
+        }
+    }
+    ecxi_region_free(r);
+}
+
 /* ---- faults ------------------------------------------------------------ */
 
 static void test_fault(void **state)
@@ -1319,18 +1370,24 @@ int main(void)
         cmocka_unit_test(test_codec_truncated_and_flipped),
         cmocka_unit_test(test_codec_malformed),
         cmocka_unit_test(test_fetch_shm),
+#ifdef ECX_WITH_UCX
         cmocka_unit_test(test_fetch_ucx),
         cmocka_unit_test(test_fetch_ucx_tcp),
+#endif
         cmocka_unit_test(test_fetch_tcp),
         cmocka_unit_test(test_auto_choice),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_peer_add_mutations),
+#ifdef ECX_WITH_UCX
         cmocka_unit_test(test_ucx_drop_and_release_in_flight),
+#endif
         cmocka_unit_test(test_sliced_shm),
         cmocka_unit_test(test_sliced_tcp),
         cmocka_unit_test(test_cut_tcp),
+#ifdef ECX_WITH_UCX
         cmocka_unit_test(test_cut_ucx),
         cmocka_unit_test(test_ucx_process_killed),
+#endif
         cmocka_unit_test(test_sliced_release_shm),
         cmocka_unit_test(test_sliced_release_tcp),
         cmocka_unit_test(test_sliced_drop_shm),
@@ -1340,6 +1397,7 @@ int main(void)
         cmocka_unit_test(test_prefault_background),
         cmocka_unit_test(test_prefault_background_drop),
         cmocka_unit_test(test_prefault_foreground),
+        cmocka_unit_test(test_paths_built),
         cmocka_unit_test(test_fault),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

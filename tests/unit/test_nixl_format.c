@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * test_nixl_format — src/nixl_format.c against blobs the real nixl package
+ * test_nixl_format — src/data/nixl/nixl_format.c against blobs the real nixl package
  * wrote at test time (tests/nixl/nixl_blobs.py, run by
- * tests/test_nixl_format.sh under a python with nixl; each argument is one
+ * tests/shell/test_nixl_format.sh under a python with nixl; each argument is one
  * such JSON file):
  *   - every agent metadata parses, to the name and ranges the agent was
  *     given, and our encoder writes back the very same bytes;

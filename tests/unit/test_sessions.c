@@ -4,7 +4,7 @@
  * loopback, real regions in a private /dev/shm directory, the real
  * same-host data path, and a fake clock for the timeouts. Faults the real
  * data path cannot produce on demand (a READ that fails or never ends) come
- * from the fault backend (src/data_fault.c); misbehaving producers are raw
+ * from the fault backend (tests/support/data_fault.c); misbehaving producers are raw
  * ROUTER sockets scripted here. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,7 +28,9 @@
 #include "data_fault.h"
 #include "data_impl.h"
 #include "grant_stub.h"
+#ifdef ECX_WITH_NIXL
 #include "nixl_agent.h"
+#endif
 #include "producer.h"
 #include "region.h"
 #include "session_id.h"
@@ -1095,6 +1097,7 @@ static void test_session_id_marker(void **state)
     assert_false(ecxi_session_id_is_ecx(c, 36));
 }
 
+#ifdef ECX_WITH_NIXL
 /* Ask for item on a fresh connection with session sid; the OK ack's
  * metadata and descriptor into meta / desc (returns the metadata length). */
 static size_t nixl_ask(world *w, const char *sid, uint8_t *buf, size_t cap, ecx_ack *ack)
@@ -1205,6 +1208,7 @@ static void test_nixl_mode_forms(void **state)
     assert_int_equal(ps.completions, 2);
     world_free(w);
 }
+#endif /* ECX_WITH_NIXL */
 
 /* ---------- liveness ---------- */
 
@@ -1678,7 +1682,9 @@ int main(void)
         cmocka_unit_test(test_read_after_lease),
         cmocka_unit_test(test_grant_belongs_to_connection),
         cmocka_unit_test(test_session_id_marker),
+#ifdef ECX_WITH_NIXL
         cmocka_unit_test(test_nixl_mode_forms),
+#endif
         cmocka_unit_test(test_producer_lost),
         cmocka_unit_test(test_producer_restart),
         cmocka_unit_test(test_fetch_refusals),

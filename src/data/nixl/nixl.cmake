@@ -8,6 +8,7 @@ target_sources(ecx_obj PRIVATE ${CMAKE_CURRENT_LIST_DIR}/nixl_format.c
   ${CMAKE_CURRENT_LIST_DIR}/nixl_proc.c ${CMAKE_CURRENT_LIST_DIR}/data_nixl.c)
 target_include_directories(ecx_obj PRIVATE ${CMAKE_CURRENT_LIST_DIR})
 target_compile_definitions(ecx_obj PRIVATE ECX_WITH_NIXL)
+target_compile_definitions(ecx_private PUBLIC ECX_WITH_NIXL)  # the tests ask it too
 target_include_directories(ecx_private PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 
 add_library(ecx_nixl_inproc STATIC ${CMAKE_CURRENT_LIST_DIR}/nixl_agent.c)

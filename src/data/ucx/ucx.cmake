@@ -6,6 +6,7 @@
 target_sources(ecx_obj PRIVATE ${CMAKE_CURRENT_LIST_DIR}/ucx_proc.c)
 target_include_directories(ecx_obj PRIVATE ${CMAKE_CURRENT_LIST_DIR})
 target_compile_definitions(ecx_obj PRIVATE ECX_WITH_UCX)
+target_compile_definitions(ecx_private PUBLIC ECX_WITH_UCX)  # the tests ask it too
 target_include_directories(ecx_private PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 
 add_library(ecx_ucx_inproc STATIC ${CMAKE_CURRENT_LIST_DIR}/data_ucx.c)

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# test_formats — the benchmarks' tiny runs: each exits as it should and
+# prints every line and key its readers (BENCHMARKS.md, bench/compare.sh,
+# people) rely on. Behaviour and format only, never the figures.
+# usage: test_formats.sh CASE PROGRAM... (the cases below, one per ctest test)
+set -u
+. "$(dirname "$0")/lib.sh"
+case=$1
+shift
+
+# in_order DESCRIPTION FILE ERE...: the first line matching each ERE comes
+# after the first line matching the one before it.
+in_order() {
+  local what=$1 file=$2 last=0 n; shift 2
+  for re in "$@"; do
+    n=$(grep -nE -- "$re" "$file" | head -1 | cut -d: -f1)
+    if [ -z "$n" ] || [ "$n" -le "$last" ]; then bad "$what: '$re' not after line $last"; return; fi
+    last=$n
+  done
+  ok
+}
+
+case $case in
+bench_data) # bench_data BENCH_DATA: the summary line, every path built in measured
+  expect 0 "" "bench_data tiny" -- "$1" --size 300000 --iters 3 --warmup 1 --block-bytes 65536
+  has_line "bench_data's summary" "$T/cmd.stdout" size=300000 shm_gbps=NUM ucx_gbps=NUM \
+    memcpy_gbps=NUM shm_ratio=NUM ucx_ratio=NUM tcp_gbps=NUM tcp_ratio=NUM ;;
+
+call_overhead) # call_overhead CALL_OVERHEAD: the C baseline's one line
+  expect 0 "" "call_overhead tiny" -- "$1" --calls 2000 --items 10 --size 3000000 --xfer-iters 2
+  has_line "call_overhead's line" "$T/cmd.stdout" c fetch_pending_ns=NUM poll0_ns=NUM \
+    poll0_nothread_ns=NUM size=3000000 save_ms=NUM fetch_ms=NUM read_ms=NUM xfer_ms=NUM ;;
+
+ctrl_instr) # ctrl_instr SOURCE_DIR BUILD_DIR: instructions per request (77: no valgrind)
+  timeout 280 env CTRL_N1=40 CTRL_N2=120 CTRL_ITEMS=4 CTRL_REPEAT=1 \
+    bash "$1/bench/ctrl_instr.sh" "$2" >"$T/cmd.stdout" 2>"$T/cmd.stderr"
+  rc=$?
+  [ $rc = 77 ] && { cat "$T/cmd.stdout" "$T/cmd.stderr"; exit 77; }
+  check "ctrl_instr.sh exit 0 (got $rc): $(tail -3 "$T/cmd.stderr")" '[ $rc = 0 ]'
+  has_line "ctrl_instr's summary" "$T/cmd.stdout" ecx_instr_per_req=INT echo_instr_per_req=INT ratio=NUM ;;
+
+bench_vllm) # bench_vllm SOURCE_DIR ECX VENV_DIR: vLLM's own NIXL fetch rate, in our format
+  EXPECT_TIMEOUT=280 expect 0 "" "bench_vs_vllm.sh tiny" -- bash "$1/tests/nixl/bench_vs_vllm.sh" "$2" "$3" 2 64Ki 2
+  has_line "vLLM to vLLM" "$T/cmd.stdout" pair=vllm-consumer:vllm-producer items=2 size=65536 \
+    cold_items_s=NUM cold_gbps=NUM best_items_s=NUM best_gbps=NUM
+  has_line "vLLM to vLLM over UCX's tcp" "$T/cmd.stdout" pair=vllm-consumer:vllm-producer:ucx-tcp items=2
+  in_order "the default transport first" "$T/cmd.stdout" '^pair=vllm-consumer:vllm-producer ' \
+    '^pair=vllm-consumer:vllm-producer:ucx-tcp ' ;;
+
+bench_data_cli) # bench_data_cli ECX: `ecx bench data --data all`
+  EXPECT_TIMEOUT=120 expect 0 "" "ecx bench data tiny" -- "$1" bench data --size 300K --count 3 \
+    --warmup 1 --block-bytes 64Ki --data all
+  has_line "bench data's line" "$T/cmd.stdout" size=300000 shm_gbps=NUM ucx_gbps=NUM memcpy_gbps=NUM \
+    shm_ratio=NUM ucx_ratio=NUM tcp_gbps=NUM tcp_ratio=NUM ;;
+
+bench_stall) # bench_stall ECX: every line and key of `ecx bench stall`, shm then tcp
+  EXPECT_TIMEOUT=120 expect 0 "" "ecx bench stall tiny" -- "$1" bench stall --size 300K --count 2 \
+    --warmup 1 --block-bytes 64Ki --data shm,tcp --step-ms 0,5
+  o=$T/cmd.stdout
+  for p in shm tcp; do
+    has_line "$p: the fetch line" "$o" path=$p size=300000 memcpy_ms=NUM rtt_ms=NUM cold_ms=NUM \
+      warm_ms=NUM cold_ratio=NUM warm_ratio=NUM after_idle_ms=NUM after_idle_ratio=NUM after_idle_minflt=INT
+    # polling without pause is the reference: its ratios are 1
+    has_line "$p: step 0" "$o" path=$p size=300000 step_ms=0 polls=INT poll_max_ms=NUM \
+      poll_p999_ms=NUM poll_p50_ms=NUM fetch_max_ms=NUM ready_ms=NUM \
+      ready_ratio_vs_continuous=1.000 ready_floor_ratio=1.000
+    has_line "$p: step 5" "$o" path=$p size=300000 step_ms=5 polls=INT poll_max_ms=NUM \
+      poll_p999_ms=NUM poll_p50_ms=NUM fetch_max_ms=NUM ready_ms=NUM \
+      ready_ratio_vs_continuous=NUM ready_floor_ratio=NUM
+  done
+  in_order "shm's lines, then tcp's" "$o" '^path=shm .* memcpy_ms=' '^path=shm .* step_ms=0 ' \
+    '^path=shm .* step_ms=5 ' '^path=tcp .* memcpy_ms=' '^path=tcp .* step_ms=0 ' '^path=tcp .* step_ms=5 ' ;;
+
+bench_stall_bad_args) # bench_stall_bad_args ECX: usage errors, exit 2 and the message
+  expect 0 "" "bench stall --help" -- "$1" bench stall --help
+  check "--help says its usage" 'grep -q "usage: ecx bench stall" "$T/cmd.stdout"'
+  expect 2 "--size: '2Gi' is not 1 byte to 1Gi" "size too large" -- "$1" bench stall --size 2Gi
+  expect 2 "--step-ms: '1001' is not an integer" "step too long" -- "$1" bench stall --step-ms 5,1001
+  expect 2 "--data takes all, shm, tcp or ucx.*'foo'" "unknown path" -- "$1" bench stall --data shm,foo
+  expect 2 "--count: '0' is not an integer" "count 0" -- "$1" bench stall --count 0
+  expect 2 "takes no arguments .'extra'" "stray argument" -- "$1" bench stall extra ;;
+
+bench_compare) # bench_compare SOURCE_DIR ECX: bench/compare.sh quick, both producers and the ratios
+  EXPECT_TIMEOUT=280 COMPARE_QUICK=1 expect 0 "" "compare.sh quick" -- bash "$1/bench/compare.sh" "$2"
+  has_line "ecx's line" "$T/cmd.stdout" producer=ecx window=64
+  has_line "python's line" "$T/cmd.stdout" producer=python window=64
+  has_line "the ratios" "$T/cmd.stdout" ratio_req_per_s_w64=NUM ratio_p50_w1=NUM
+  in_order "ecx, python, then the ratios" "$T/cmd.stdout" '^producer=ecx window=64 ' \
+    '^producer=python window=64 ' 'ratio_req_per_s_w64=' ;;
+
+*) echo "test_formats: no case '$case'" >&2; exit 2 ;;
+esac
+finish
