@@ -24,7 +24,7 @@ int cmd_bench_data(int argc, char **argv, const char *help, const char *help_tai
 /* `ecx bench stall` (tools/cmd_bench_stall.c), with its own --help. */
 int cmd_bench_stall(int argc, char **argv);
 
-/* Print "ecx: <msg>" to stderr and return EXIT_USAGE. */
+/* Print "ecx: <msg>" to stderr and return EXIT_USAGE (tools/opts.c). */
 int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

@@ -1,6 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* ecx — the command line: dispatches to one subcommand per file. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -39,16 +38,15 @@ static const char HELP[] =
     "warn); ECX_SHM_DIR the directory of region files (default /dev/shm).\n"
     "Exit status: 0 success, 1 failure, 2 usage error.\n";
 
-int usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("ecx: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs("\n", stderr);
-    va_end(ap);
-    return EXIT_USAGE;
-}
+/* The commands, each a file of its own (cli.h): the one list of them. */
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+} COMMANDS[] = {
+    {"serve", cmd_serve},   {"get", cmd_get},     {"events", cmd_events},
+    {"ping", cmd_ping},     {"demo", cmd_demo},   {"bench", cmd_bench},
+    {"keygen", cmd_keygen}, {"proto", cmd_proto}, {"compat-hash", cmd_compat_hash},
+};
 
 int main(int argc, char **argv)
 {
@@ -67,14 +65,7 @@ int main(int argc, char **argv)
                ECX_CONNECTOR_VERSION_MAX, ECX_DEFAULT_VLLM_VERSION);
         return EXIT_OK;
     }
-    if (!strcmp(cmd, "proto")) return cmd_proto(argc - 1, argv + 1);
-    if (!strcmp(cmd, "compat-hash")) return cmd_compat_hash(argc - 1, argv + 1);
-    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
-    if (!strcmp(cmd, "get")) return cmd_get(argc - 1, argv + 1);
-    if (!strcmp(cmd, "ping")) return cmd_ping(argc - 1, argv + 1);
-    if (!strcmp(cmd, "demo")) return cmd_demo(argc - 1, argv + 1);
-    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
-    if (!strcmp(cmd, "keygen")) return cmd_keygen(argc - 1, argv + 1);
-    if (!strcmp(cmd, "events")) return cmd_events(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof *COMMANDS; i++)
+        if (!strcmp(cmd, COMMANDS[i].name)) return COMMANDS[i].run(argc - 1, argv + 1);
     return usage_error("unknown command '%s' (try 'ecx --help')", cmd);
 }

@@ -3,11 +3,25 @@
 #include "opts.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "cli.h"
+
+int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("ecx: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs("\n", stderr);
+    va_end(ap);
+    return EXIT_USAGE;
+}
 
 int parse_size(const char *opt, const char *s, uint64_t *out)
 {
