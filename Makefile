@@ -43,8 +43,9 @@ sanitize: deps
 
 # The code that runs on several threads: the cache (test_cache hammers it
 # from 4 threads) and the context's lock and unlocked wait (test_api polls
-# on one thread while others save and fetch). UCX's
-# memory hooks (linked in via libecx) crash under TSan, so they are off here.
+# on one thread while others save and fetch). UCX's memory hooks (the tests'
+# internal library carries the in-process UCX code) crash under TSan, so they
+# are off here.
 tsan: deps
 	@cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DECX_TSAN=ON >/dev/null
 	@cmake --build $(BUILD)-tsan -j $(JOBS) --target test_cache test_api

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # ucx_before_after — the ucx path's fetch-to-ready throughput of two builds
 # in one run: BEFORE (UCX in the engine's process) and AFTER (UCX in
-# ecx-ucx-agent, src/ucx_proc.h), `ecx bench data --data ucx` alternating
+# ecx-ucx-agent, src/data/ucx/ucx_proc.h), `ecx bench data --data ucx` alternating
 # between them RUNS times, so drift on a shared machine hits both alike.
 #
 # usage: bench/ucx_before_after.sh BEFORE_ECX AFTER_ECX

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Build ecx's self-contained binary wheel (make wheel; tests/test_wheel.sh):
+# Build ecx's self-contained binary wheel (make wheel; tests/shell/test_wheel.sh):
 #   scripts/wheel.sh OUTDIR [PYTHON]
 # 1. From the checkout's tracked files: the sdist, and a wheel built from it
 #    (libecx, the CLI, ecx-nixl-agent, ecx-ucx-agent and the extension, linked against this

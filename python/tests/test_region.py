@@ -125,7 +125,7 @@ def test_write_zeroes_the_rest_of_the_places():
 
 try:
     import torch
-except ImportError:  # the package does not need it; tests/test_vllm_connector.sh has it
+except ImportError:  # the package does not need it; tests/shell/test_vllm_connector.sh has it
     torch = None
 
 

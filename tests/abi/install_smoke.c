@@ -3,7 +3,7 @@
  * build it: only <ecx.h> and `pkg-config ecx`. One process holds a producer
  * and a consumer context; an item of ~300 KB is saved, announced, fetched
  * over the data plane, loaded and compared byte for byte. Exit 0 on success.
- * Run by tests/test_install.sh. */
+ * Run by tests/abi/test_install.sh. */
 #define _POSIX_C_SOURCE 200809L
 #include <ecx.h>
 

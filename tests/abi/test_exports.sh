@@ -46,7 +46,7 @@ soname=$(readelf -d "$SO" | sed -nE 's/.*\(SONAME\).*\[(.*)\].*/\1/p')
 [ -n "$abi" ] || bad "no ECX_ABI_VERSION in $HDR"
 [ "$soname" = "libecx.so.$abi" ] || bad "SONAME is '$soname', want libecx.so.$abi"
 
-# The fault backend (src/data_fault.c) is for tests only.
+# The fault backend (tests/support/data_fault.c) is for tests only.
 if nm "$SO" 2>/dev/null | grep -q 'ecxi_data_fault'; then
   bad "libecx.so contains the test-only fault backend (ecxi_data_fault*)"
 fi

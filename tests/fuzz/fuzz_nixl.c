@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* fuzz_nixl — libFuzzer target for NIXL's formats (src/nixl_format.c): the
+/* fuzz_nixl — libFuzzer target for NIXL's formats (src/data/nixl/nixl_format.c): the
  * agent metadata and vLLM's descriptor list a NIXL peer puts in its acks,
  * and the notification it sends, all parsed from whatever a peer sent. The
  * first input byte picks which (0: metadata, 1: descriptor list, 2:
  * notification); the rest is the blob. A blob that decodes is encoded
- * again and must decode to the same fields. Seeded (tests/fuzz_nixl.seeds)
+ * again and must decode to the same fields. Seeded (tests/fuzz/fuzz_nixl.seeds)
  * with blobs a real nixl_cu12 1.5.1 agent wrote. ASan/UBSan catch any read
  * outside the blob. */
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Blobs written by the real nixl package, for tests/test_nixl_format.c.
+"""Blobs written by the real nixl package, for tests/unit/test_nixl_format.c.
 
 Usage: nixl_blobs.py OUT.json   (run with a python that has nixl_cu12 and msgspec)
 

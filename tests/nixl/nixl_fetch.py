@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """A real nixl agent fetching from `ecx serve --data nixl`, the way vLLM's
-ECCPUConnector consumer does (tests/test_nixl_serve.sh).
+ECCPUConnector consumer does (tests/shell/test_nixl_serve.sh).
 
 Usage: nixl_fetch.py ANNOUNCE_JSON ITEMS_DIR BLOCK_BYTES
 

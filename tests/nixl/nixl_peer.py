@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A real nixl agent as the peer of tests/nixl_peer.c (tests/test_nixl_peer.sh).
+"""A real nixl agent as the peer of tests/support/nixl_peer.c (tests/shell/test_nixl_peer.sh).
 
   nixl_peer.py serve DIR NB BS SECONDS
       a producer the way vLLM's NixlDataTransport is one: NB blocks of BS bytes

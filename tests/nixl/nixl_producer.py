@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """A real nixl agent as a producer the way vLLM's ECCPUConnector is one, for
-`ecx get --data nixl` (tests/test_nixl_get.sh).
+`ecx get --data nixl` (tests/shell/test_nixl_get.sh).
 
 Usage: nixl_producer.py DIR PORT BLOCK_BYTES NUM_BLOCKS SECONDS
 

@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # hostile_lib.sh — what test_ucx_hostile.sh and test_tcp_hostile.sh share:
 # a private dir ($DIR, $G the grants file), the producer process
-# (tests/ucx_hostile.c's `produce`, which HOSTILE_DATA points at a path)
+# (tests/support/ucx_hostile.c's `produce`, which HOSTILE_DATA points at a path)
 # started, watched and always killed, and well-behaved READs through it.
 # $NET is the process that holds the producer's sockets: the producer, or
-# for ucx its UCX process (ecx-ucx-agent, src/ucx_proc.h).
+# for ucx its UCX process (ecx-ucx-agent, src/data/ucx/ucx_proc.h).
 # Source it with BIN and the dir prefix set: BIN=... PREFIX=ecx-x . hostile_lib.sh
 DIR=$(mktemp -d "/dev/shm/$PREFIX.XXXXXX")
 G=$DIR/grants

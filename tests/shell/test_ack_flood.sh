@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # test_ack_flood — a hostile producer floods a slow library consumer with
-# acks nobody asked for (tests/flood_peer.py, tests/flood_consumer.c, real
+# acks nobody asked for (tests/support/flood_peer.py, tests/support/flood_consumer.c, real
 # processes on loopback). With a receive HWM on the consumer's DEALER,
 # libzmq 4.3.4 aborted the consumer: a connection stopped by the full pipe
 # died on its heartbeat timeout and the reconnected one was told to restart

@@ -4,7 +4,7 @@
 # processes: two producers and subscribers; saves, evictions and a restart
 # arrive in order without gaps; late, restarted and slow subscribers end with
 # exactly the producers' contents; a subscriber that never reads does not
-# grow the producer; hostile replay requests get errors. tests/events_check.py
+# grow the producer; hostile replay requests get errors. tests/support/events_check.py
 # does the work.
 # usage: test_events.sh PATH_TO_EVENTS_PRODUCER PATH_TO_ECX SRC_DIR
 set -u

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The NIXL agent process (src/nixl_proc.h, docs/NIXL.md §5): UCX 1.13.1's
+# The NIXL agent process (src/data/nixl/nixl_proc.h, docs/NIXL.md §5): UCX 1.13.1's
 # abort, which the real bug cannot produce on demand, injected by name
 # (ECX_NIXL_AGENT_FAULT, in the helper) or from outside (a signal to the
 # helper's pid), never reaches ecx:
@@ -10,12 +10,12 @@
 #      SIGABRT, between fetches. Each time ecx serve lives, the helper is
 #      restarted (ecx_nixl_agent_restarts_total), and a new fetch reads every
 #      byte right with the new metadata (a new agent name each time).
-#   B. one nixl consumer context (tests/nixl_refetch.c) fetching from a real
+#   B. one nixl consumer context (tests/support/nixl_refetch.c) fetching from a real
 #      nixl producer (tests/nixl/nixl_producer.py), item after item: the
 #      helper aborts on the second READ (that item falls back, READ_FAILED),
 #      the third is fetched byte-exact through the new helper; the same with
 #      SIGKILL and SIGABRT sent from outside before the second item.
-#   C. the restart bound (tests/nixl_peer.c bound): helpers that abort on
+#   C. the restart bound (tests/support/nixl_peer.c bound): helpers that abort on
 #      every first READ are started 5 times in 10 s, then READs fail at
 #      once (logged) until the window has passed.
 #   D. ECX_NIXL_AGENT=/nonexistent: ecx serve --data nixl exits non-zero

@@ -3,7 +3,7 @@
 # NIXL's formats against the real nixl package: tests/nixl/nixl_blobs.py
 # writes agent metadata (real agents, UCX with its default transports and
 # with tcp only) and vLLM's descriptor lists (msgspec), then
-# test_nixl_format checks src/nixl_format.c against them.
+# test_nixl_format checks src/data/nixl/nixl_format.c against them.
 # usage: test_nixl_format.sh TEST_BINARY BUILD_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# ecx's NIXL peer (tests/nixl_peer.c over src/nixl_agent.c, Debian's UCX)
+# ecx's NIXL peer (tests/support/nixl_peer.c over src/data/nixl/nixl_agent.c, Debian's UCX)
 # against a real nixl agent (tests/nixl/nixl_peer.py, the nixl package's own
 # UCX), over loopback, every byte checked:
 #   1. a real agent READs blocks from ecx (ecx's metadata and descriptor

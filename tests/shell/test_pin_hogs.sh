@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # test_pin_hogs — issue 20, item 4, with real processes on loopback: three
 # consumer connections pin every item of a full region (8 x 8 MiB) and never
-# read, then the encoder (tests/pin_saver.c fill) saves 8 new items. Under the
+# read, then the encoder (tests/support/pin_saver.c fill) saves 8 new items. Under the
 # library's defaults (50 % per connection, 75 % for all together) every save
 # finds room, the pins past 75 % were answered NOT_READY and counted, and a
 # well-behaved consumer is served (its NOT_READY retries succeed once the

@@ -3,7 +3,7 @@
 # test_slow_reader — issue 20, item 1, on the tcp path, with real processes
 # on loopback: a consumer holds one grant of a 16 MiB item and reads it over
 # a 4 KiB receive buffer, 64 KiB every 20 ms, past its 1 s lease, while a
-# busy producer (tests/pin_saver.c churn) saves a new 4 MiB item every 20 ms
+# busy producer (tests/support/pin_saver.c churn) saves a new 4 MiB item every 20 ms
 # into whatever is unpinned. The slow reader must get the granted item's own
 # bytes or a cut connection, never another item's bytes; the producer must
 # cut the send (its lease expired) rather than unpin under it, keep saving,

@@ -13,7 +13,7 @@
 # 1.13 leaves open (a raw UCT tcp put writes where it says) and that it
 # cannot write the region: UCX's process maps it read-only (the put faults
 # that process, a new one serves, the region stays intact). Then UCX's own failures, contained in its process (ecx-ucx-agent,
-# src/ucx_proc.h; issue 20 #5): a hostile UCX producer floods `ecx get
+# src/data/ucx/ucx_proc.h; issue 20 #5): a hostile UCX producer floods `ecx get
 # --data ucx` with active messages or 1 GiB of eager messages (ecx get
 # lives and stays small, the item falls back, the next one is exact), and
 # 300 UCX connections from one address hit `ecx serve --data ucx` three

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # make wheel-test (issue 24): the self-contained binary wheel on a machine that
 # has none of ecx's libraries.
-#   tests/test_wheel.sh BUILD_DIR
+#   tests/shell/test_wheel.sh BUILD_DIR
 # 1. scripts/wheel.sh BUILD_DIR/wheel: sdist, wheel, auditwheel repair; prints
 #    `auditwheel show`, the wheel's tag and size and every library inside.
 # 2. A fresh venv, BUILD_DIR/wheel/venv, with that wheel (and pytest, numpy).
@@ -17,7 +17,7 @@
 #    wheel's libraries; python/tests (pytest); `python -m ecx demo`. Then, in
 #    a namespace where ecx's own libraries are hidden and where a python with
 #    the real nixl package exists (tests/nixl/find_python.sh, the venv make
-#    unit builds), tests/test_nixl_serve.sh on the wheel's CLI.
+#    unit builds), tests/shell/test_nixl_serve.sh on the wheel's CLI.
 # 4. The sdist on a machine without the -dev packages (pkg-config finds
 #    nothing): pip stops with the message naming the Debian packages.
 set -euo pipefail
@@ -188,7 +188,7 @@ EOF
 fi
 
 # ---- outside: build, repair, install -----------------------------------------
-[ $# -eq 1 ] || { echo "usage: tests/test_wheel.sh BUILD_DIR" >&2; exit 2; }
+[ $# -eq 1 ] || { echo "usage: tests/shell/test_wheel.sh BUILD_DIR" >&2; exit 2; }
 mkdir -p "$1"
 build=$(cd "$1" && pwd)
 w=$build/wheel

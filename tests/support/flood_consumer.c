@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* flood_consumer — a library consumer (the public API, one real process)
  * that asks a hostile producer for one item while it is slow: the producer
- * (tests/flood_peer.py) answers with a flood of acks nobody asked for, and
+ * (tests/support/flood_peer.py) answers with a flood of acks nobody asked for, and
  * this consumer stalls for STALL_MS, longer than the control plane's
  * heartbeat timeout, either in the middle of reading them (its log callback
  * sleeps on the first ignored ack, as a consumer busy with each ack would)

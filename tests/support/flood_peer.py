@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
-"""flood_peer — a hostile producer for tests/test_ack_flood.sh: a ZeroMQ
+"""flood_peer — a hostile producer for tests/shell/test_ack_flood.sh: a ZeroMQ
 ROUTER on 127.0.0.1 that answers every request with COUNT acks nobody asked
 for (junk mm_hashes with the asker's session id), each carrying PAD bytes of
 padding, and never the ack that was asked for.

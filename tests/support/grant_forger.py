@@ -3,7 +3,7 @@
 (say, from a log) and tries to use it: re-request that consumer's grant from
 its own connection, and release it with forged completion notifications on
 the same-host path. Speaks the reference's wire format and ecx's shm
-protocol (src/data_shm.c) by hand.
+protocol (src/data/shm/data_shm.c) by hand.
 
 usage: grant_forger.py PORT COMPAT_HASH MM_HASH
 Prints one line per step ("victim granted", "takeover status N",

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
 """hostile_peer — a raw ZMTP 3.0 peer that sends one multipart message that
-never ends (1 MiB frames, each flagged "more"), for tests/test_hostile_local.sh.
+never ends (1 MiB frames, each flagged "more"), for tests/shell/test_hostile_local.sh.
 
   hostile_peer.py dealer PORT SECONDS   connect to a ROUTER on 127.0.0.1:PORT
   hostile_peer.py router PORTFILE SECONDS

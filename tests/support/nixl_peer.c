@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * nixl_peer — ecx's NIXL peer (src/nixl_agent.c, Debian's UCX) against a
- * real nixl agent (tests/nixl/nixl_peer.py), for tests/test_nixl_peer.sh.
+ * nixl_peer — ecx's NIXL peer (src/data/nixl/nixl_agent.c, Debian's UCX) against a
+ * real nixl agent (tests/nixl/nixl_peer.py), for tests/shell/test_nixl_peer.sh.
  *
  *   nixl_peer serve DIR NB BS SECONDS
  *       NB blocks of BS bytes (byte i = (i * 7 + 3) & 255) offered as one
@@ -16,7 +16,7 @@
  *       every proper prefix and every one-byte mutation (xor 0xff, 0x01) of
  *       the metadata in DIR/nixl.md (a live real agent's), the UCX worker
  *       address and rkeys included, added through the NIXL agent process
- *       (src/nixl_proc.c): each is refused (ECX_EDATA_META: by NIXL's
+ *       (src/data/nixl/nixl_proc.c): each is refused (ECX_EDATA_META: by NIXL's
  *       format, by UCX, or because UCX 1.13.1 aborted the helper on it,
  *       docs/NIXL.md §6) or is added as a peer, never a crash of this
  *       program. Prints the counts and the helper restarts; then the same
@@ -210,7 +210,7 @@ static int proc_wait(ecxi_nixl_proc *p, ecxi_nixl_proc_read *x)
     return ecxi_nixl_proc_read_poll(x);
 }
 
-/* The mutants go through the NIXL agent process (src/nixl_proc.c), as the
+/* The mutants go through the NIXL agent process (src/data/nixl/nixl_proc.c), as the
  * nixl data path's do: a mutant on which UCX 1.13.1 aborts ends a helper,
  * not this program; a new one starts, and the bytes are remembered. */
 static int mutate(const char *dir, size_t nb, size_t bs, const char *text, char **idx, size_t nidx)
@@ -348,6 +348,6 @@ int main(int argc, char **argv)
     if (argc >= 7 && !strcmp(argv[1], "mutate"))
         return mutate(argv[2], strtoul(argv[3], NULL, 10), strtoul(argv[4], NULL, 10), argv[5],
                       argv + 6, (size_t)argc - 6);
-    fprintf(stderr, "usage: see tests/nixl_peer.c\n");
+    fprintf(stderr, "usage: see tests/support/nixl_peer.c\n");
     return 2;
 }

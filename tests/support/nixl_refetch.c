@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nixl_refetch — one nixl consumer context (public API only) fetching
- * items one after the other, for tests/test_nixl_agent_proc.sh:
+ * items one after the other, for tests/shell/test_nixl_agent_proc.sh:
  *
  *   nixl_refetch PARAMS.json OUTDIR [--kill SIG@K] HASH...
  *
@@ -46,7 +46,7 @@ static void kill_children(int sig)
 
 int main(int argc, char **argv)
 {
-    if (argc < 4) return fprintf(stderr, "usage: see tests/nixl_refetch.c\n"), 2;
+    if (argc < 4) return fprintf(stderr, "usage: see tests/support/nixl_refetch.c\n"), 2;
     json_t *all = json_load_file(argv[1], 0, NULL);
     if (!json_is_object(all)) return fprintf(stderr, "%s: not a JSON object\n", argv[1]), 2;
     int kill_sig = 0, kill_at = -1, first = 3;

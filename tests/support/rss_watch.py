@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """rss_watch — the peak RSS (MiB) of a process and of its children named
 NAME, sampled every 50 ms until it exits or SECONDS pass (for
-tests/test_ucx_hostile.sh: `ecx get` and its UCX process, ecx-ucx-agent).
+tests/shell/test_ucx_hostile.sh: `ecx get` and its UCX process, ecx-ucx-agent).
 
 usage: rss_watch.py PID NAME SECONDS
 Prints "parent PEAK_MIB children PEAK_MIB seen N" (N: children seen).

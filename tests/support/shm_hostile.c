@@ -459,6 +459,6 @@ int main(int argc, char **argv)
         return consume(argv[2], argv[3], sock_of, argv + i, argc - i);
     }
     if (argc == 3 && strcmp(argv[1], "raw") == 0) return raw(argv[2]);
-    fprintf(stderr, "usage: see the comment at the top of tests/shm_hostile.c\n");
+    fprintf(stderr, "usage: see the comment at the top of tests/support/shm_hostile.c\n");
     return 2;
 }

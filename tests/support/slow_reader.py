@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """slow_reader — a consumer that holds one grant and reads it slowly over the
-tcp data path, past its lease, while the producer (tests/pin_saver.c churn)
+tcp data path, past its lease, while the producer (tests/support/pin_saver.c churn)
 saves new items (issue 20, item 1). Speaks the reference's wire format and
-ecx's tcp data protocol (src/data_tcp.c) by hand, with a 4 KiB receive
+ecx's tcp data protocol (src/data/tcp/data_tcp.c) by hand, with a 4 KiB receive
 buffer, reading 64 KiB every 20 ms.
 
 usage: slow_reader.py DIR [SECONDS]

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """ucx_evil_ctrl — the control plane of a hostile UCX producer (issue 20 #5,
-tests/test_ucx_hostile.sh): it answers a request for BAD with an OK ack
+tests/shell/test_ucx_hostile.sh): it answers a request for BAD with an OK ack
 whose agent_metadata and mem_descriptor are those `ucx_hostile evil-ucx`
 wrote to EVIL_FILE (its UCX listener, a grant of its own), and a request
 for GOOD with a real producer's (UPSTREAM) genuine ack for GOOD, asked in

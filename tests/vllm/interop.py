@@ -6,7 +6,7 @@ Drives the connector's scheduler and worker halves in one process the way an eng
 (as tests/vllm/call_orders.py), with a real VllmConfig of the tiny model and a real ecx
 context (ZeroMQ control plane, NIXL / shm / tcp data plane), against a peer in another
 process: vLLM's own ECCPUConnector code (tests/nixl/vllm_peer.py) or another ECXConnector.
-tests/test_vllm_connector_interop.sh runs it.
+tests/shell/test_vllm_connector_interop.sh runs it.
 
   interop.py produce MODEL_DIR --announce-out FILE --status-file FILE [--items N] [--max-s S]
       ec_producer: for each of N items (16 rows of the model's width, float32, the content
