@@ -504,7 +504,7 @@ int main(int argc, char **argv)
 {
     if (argc != 2 || strcmp(argv[1], "--ecx-ucx-agent")) {
         fprintf(stderr, "ecx-ucx-agent: the UCX process of libecx's ucx data path; started by "
-                        "the library only (src/ucx_proc.h)\n");
+                        "the library only (src/data/ucx/ucx_proc.h)\n");
         return 2;
     }
     limit_memory();

@@ -118,7 +118,7 @@ static void lock(ecx_ctx *ctx)
 
 static void unlock(ecx_ctx *ctx) { pthread_mutex_unlock(&ctx->mu); }
 
-/* Test seam (tests/test_integration.c, test_pending_fetch_takes_no_lock):
+/* Test seam (tests/unit/test_integration.c, test_pending_fetch_takes_no_lock):
  * hold or release mu from the caller's thread, as a progress thread busy
  * with a long step would hold it. Not exported. */
 void ecxi_ctx_hold_lock(ecx_ctx *ctx, bool hold)

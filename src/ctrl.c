@@ -871,7 +871,7 @@ int ecxi_ctrl_server_reply(ecxi_ctrl_server *s, ecxi_ctrl_msg *m, const void *pa
  * stopped (`_input_stopped`, :417, zeromq/libzmq#3937). A producer that
  * floods acks at a consumer slower than them, and then hangs up or just
  * waits for the heartbeat timeout, could abort it either way
- * (tests/test_ack_flood.sh). Without the HWM, reading never stops, so
+ * (tests/shell/test_ack_flood.sh). Without the HWM, reading never stops, so
  * neither can happen, and heartbeats keep working while the application is
  * slow. What bounds what a producer can make a consumer hold instead: the
  * inflow guard (bytes not yet read as whole messages; checked by the

@@ -278,7 +278,7 @@ int ecxi_metrics_render(const ecxi_metrics_src *m, char *buf, size_t cap, size_t
             "NIXL agent processes started again after one died (--data nixl; docs/NIXL.md §5).",
             m->nixl_agent_restarts);
     counter(&o, "ecx_ucx_agent_restarts_total",
-            "UCX processes started again after one died (--data ucx; src/ucx_proc.h).",
+            "UCX processes started again after one died (--data ucx; src/data/ucx/ucx_proc.h).",
             m->ucx_agent_restarts);
     *len = o.len;
     if (!o.full) return 0;

@@ -91,7 +91,7 @@ static int check_ack(const ecx_ack *a)
  * The ack is encoded by hand: one pass to size it, one to write it, with
  * no packer callbacks (a producer sends one per request). The forms are
  * the ones msgpack-c's packer picks, so the bytes are the same as
- * encode_req's would be for the same layout (tests/test_wire.c checks this
+ * encode_req's would be for the same layout (tests/unit/test_wire.c checks this
  * against msgpack-c on random acks, and tests/vectors against msgspec).
  */
 

@@ -4,7 +4,7 @@
  *
  * Kept on its own because it is the one place where bytes from a peer
  * become data-plane structures: the front (data.c) and every backend see
- * only the parsed, validated forms, and the fuzz target (tests/fuzz_data.c)
+ * only the parsed, validated forms, and the fuzz target (tests/fuzz/fuzz_data.c)
  * runs exactly this file's parser and encoder against each other.
  */
 #include "data_format.h"

@@ -6,7 +6,7 @@
  * is the data plane's wire contract between producer and consumer builds,
  * so it lives apart from both the front (data.c) and the backends: one
  * file says what the bytes are, one encoder writes them, one strict parser
- * reads them, and the fuzzer (tests/fuzz_data.c) targets exactly that.
+ * reads them, and the fuzzer (tests/fuzz/fuzz_data.c) targets exactly that.
  *
  * Both formats are versioned (ECX_DATA_FORMAT_VERSION), length-checked and
  * a few hundred bytes at most whatever the region size; data_format.c

@@ -2,8 +2,8 @@
 /*
  * data_nixl — the `nixl` data path: ecx as a peer of vLLM's
  * ECCPUConnector on NIXL's data plane (docs/NIXL.md), with our own UCX and
- * no NIXL library (src/nixl_agent.c), run in the NIXL agent process
- * (src/nixl_proc.c): a UCX abort there costs READs, not this process.
+ * no NIXL library (src/data/nixl/nixl_agent.c), run in the NIXL agent process
+ * (src/data/nixl/nixl_proc.c): a UCX abort there costs READs, not this process.
  *
  * Producer: one NIXL agent whose metadata offers the whole region
  * as one DRAM range (the helper's mapping of it, read-only); every OK ack

@@ -8,7 +8,7 @@
  * Runs only in the NIXL agent process (ecx-nixl-agent, nixl_agent_main.c;
  * the `nixl` data path talks to it through nixl_proc.c), never inside
  * libecx's host process: UCX 1.13.1 aborts the process on some peer
- * behaviour (docs/NIXL.md §5, §6). Also used by tests/nixl_peer.c (both
+ * behaviour (docs/NIXL.md §5, §6). Also used by tests/support/nixl_peer.c (both
  * sides, against real nixl agents).
  *
  * UCX settings (docs/NIXL.md §5): the context uses UCX's tcp transport

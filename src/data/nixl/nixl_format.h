@@ -10,7 +10,7 @@
  *   - the notification a READ ends with (a nixlSerDes of the sender's agent
  *     name and the text "{session_id}:{mm_hash}").
  * One file says what the bytes are, one encoder writes them, one strict
- * parser reads them, and the fuzzer (tests/fuzz_nixl.c) targets exactly
+ * parser reads them, and the fuzzer (tests/fuzz/fuzz_nixl.c) targets exactly
  * that. Everything parsed comes from a peer: malformed input is
  * ECX_EDATA_META / ECX_EDATA_DESC / ECX_EDATA_NOTIF, never a crash; every
  * length is checked against the bytes received before anything is read,

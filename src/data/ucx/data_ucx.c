@@ -12,7 +12,7 @@
  * address, kill it. Here no rkey is ever packed or published and the
  * producer's context has no UCP_FEATURE_RMA, so UCP never even registers
  * its software GET/PUT handlers: a crafted rkey with ucp_get/ucp_put gets
- * nothing (tests/ucx_hostile.c).
+ * nothing (tests/support/ucx_hostile.c).
  *
  * Connection: the producer runs a UCP listener bound to the advertised
  * host (opts->bind_host) and limits its transports to that host's
