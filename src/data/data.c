@@ -2,8 +2,9 @@
 /*
  * data — the data-plane front: the calls of data.h, which check what is
  * common to every backend and then dispatch through the vtable
- * (data_impl.h), the constructors that pick a backend, and the helpers the
- * backends share (peer head, boot id, bind address).
+ * (data_impl.h), the constructors, which reach each path through the
+ * registration table (paths.c), and the helpers the backends share (peer
+ * head, boot id, bind address).
  *
  * What lives elsewhere, and why: the agent_metadata / mem_descriptor codec
  * is data_format.c (the wire contract, fuzzed on its own); the "auto"
@@ -114,10 +115,18 @@ void ecxi_data_peer_head_fini(ecxi_data_peer *p)
 
 /* ---- constructors ---------------------------------------------------- */
 
+enum { N_PATHS = sizeof ecxi_data_paths / sizeof *ecxi_data_paths };
+
+/* The table's entry for backend, or NULL for a number no path has. */
+static const ecxi_data_path *path_of(int backend)
+{
+    return backend >= 0 && backend < N_PATHS ? &ecxi_data_paths[backend] : NULL;
+}
+
 int ecxi_data_backend_parse(const char *s, int *out)
 {
     if (!s || !out) return ECX_EINVAL;
-    for (int i = 0; i < (int)(sizeof ecxi_data_paths / sizeof *ecxi_data_paths); i++)
+    for (int i = 0; i < N_PATHS; i++)
         if (!strcmp(s, ecxi_data_paths[i].name)) {
             *out = i;
             return 0;
@@ -127,15 +136,14 @@ int ecxi_data_backend_parse(const char *s, int *out)
 
 const char *ecxi_data_backend_name(int backend)
 {
-    if (backend < 0 || backend >= (int)(sizeof ecxi_data_paths / sizeof *ecxi_data_paths))
-        return "unknown";
-    return ecxi_data_paths[backend].name;
+    const ecxi_data_path *p = path_of(backend);
+    return p ? p->name : "unknown";
 }
 
 bool ecxi_data_backend_built(int backend)
 {
-    return backend >= 0 && backend < (int)(sizeof ecxi_data_paths / sizeof *ecxi_data_paths) &&
-           ecxi_data_paths[backend].start;
+    const ecxi_data_path *p = path_of(backend);
+    return p && p->start;
 }
 
 static int random_nonce(uint64_t *out)
@@ -152,14 +160,14 @@ static int random_nonce(uint64_t *out)
 int ecxi_data_start(int backend, ecxi_region *region, const ecxi_data_opts *opts, int role,
                     ecxi_data_meta *m, ecxi_data_desc *dd, ecxi_data **out)
 {
-    if (backend < 0 || backend >= (int)(sizeof ecxi_data_paths / sizeof *ecxi_data_paths))
-        return ECX_EINVAL;
-    if (!ecxi_data_paths[backend].start) {
+    const ecxi_data_path *p = path_of(backend);
+    if (!p) return ECX_EINVAL;
+    if (!p->start) {
         ECX_LOG_RATELIMITED(ECX_LOG_ERROR, "data: %s is not built in (this libecx was built "
-                            "without it: ECX_WITH_UCX, ECX_WITH_NIXL)", ecxi_data_paths[backend].name);
+                            "without it: ECX_WITH_UCX, ECX_WITH_NIXL)", p->name);
         return ECX_EDATA_NOPATH;
     }
-    int rc = ecxi_data_paths[backend].start(region, opts, role, m, dd, out);
+    int rc = p->start(region, opts, role, m, dd, out);
     if (rc) return rc;
     (*out)->role = role;
     (*out)->region = region;
