@@ -1,71 +1,23 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * consumer — the consumer sessions (docs/PROTOCOL.md §5): one session per producer
- * address, and one state machine per transfer.
+ * consumer — the consumer sessions: one session (a DEALER with a fresh
+ * session id) per producer address, and one state machine per transfer,
+ * from the request to a ready entry or to "encode locally" with a reason.
+ * It owns ack validation, the timers (they run before acks in every poll,
+ * so a late ack is stale), the tombstones that carry a reason to the
+ * engine's next fetch, and the bounds on sessions and on what a producer
+ * can make us read. No reserved block is ever lost: every path frees it,
+ * at the latest when the quarantine limit passes. The rules:
+ * docs/PROTOCOL.md §5 (fetch §5.1, the machine §5.2, acks §5.3, sessions
+ * and their bounds §5.4).
  *
- *   WAITING_ACK --OK ack, valid--> READING --read done, verified--> DONE (entry ready)
- *        |  NACK_NOT_READY: free blocks, RETRY (ask again after a backoff,
- *        |      within the per-item wait) -- no tombstone
+ *   WAITING_ACK --OK ack, valid--> READING --done, verified--> DONE (ready)
+ *        |  NACK_NOT_READY: free blocks, RETRY after a backoff (no tombstone)
  *        |  other NACK, bad ack, ack timeout: tombstone, free blocks
- *   READING --read failed--> tombstone READ_FAILED, free blocks
- *        --bytes do not match the ticket's checksum--> tombstone CORRUPT
- *        --done only after the lease could have expired--> tombstone
- *          LEASE_EXPIRED (the producer may have reused the blocks)
+ *   READING --failed--> READ_FAILED | --checksum differs--> CORRUPT
+ *        --done after the lease could have ended--> LEASE_EXPIRED
  *        --deadline passed--> QUARANTINED: tombstone now, keep the blocks
- *   QUARANTINED --read ends, or the quarantine limit passes--> SETTLED:
- *        free the blocks (at the limit, the data peer is dropped first so
- *        nothing can still write into them)
- *
- * Timers run before acks in every poll: an ack that arrives after its
- * transfer's deadline is dropped as stale. The lease clock starts when the
- * ack is read: receipt + the ticket's lease - a margin (a tenth of it, at
- * most 1 s) bounds the READ's deadline, and a READ done later than that is
- * not used.
- *
- * A tombstone answers the engine's next fetch of that item with
- * "encode locally" and the reason, and is then gone. Every ack is
- * validated before a READ is posted: the session id must be echoed, the
- * block count must equal the reservation, every index must be in the
- * producer's range (the data plane checks that against its descriptor),
- * and its metadata must register. An OK ack whose agent_metadata differs
- * from the registered one means the producer restarted: the old
- * registration is dropped and the new one made. A registration belongs to
- * the session that first made it: metadata leading to a data plane another
- * open session registered (ecxi_data_peer_overlaps) is another producer's,
- * relayed, and the ack is BAD_ACK (relayed_registrations).
- *
- * A session is a DEALER with heartbeats and a disconnect monitor, and a
- * random UUID4 session_id. When the producer is lost, transfers waiting for
- * an ack become retryable, transfers reading are quarantined (and, since
- * the data peer is dropped with the session, settle at once), and the
- * session is closed: the next contact opens a fresh socket and session id.
- * No reserved block is ever lost: every path frees it, at the latest when
- * the quarantine limit passes.
- *
- * Acks are bounded too: a producer answers each request once, so one that
- * sends more than ECX_CONSUMER_ACK_SLACK acks (or badly framed replies)
- * beyond the requests sent on its session floods (or is broken): its waiting transfers tombstone
- * (BAD_ACK) and the session is closed unread (counted in ack_floods). With
- * the control plane's inflow guard (ctrl.h), that bounds what a producer
- * can make a polling consumer read and hold.
- *
- * Sessions are bounded: a producer that never answers (or is gone without
- * a completed handshake, which the monitor cannot report as lost) must not
- * hold a socket forever. A session is busy while any transfer on it waits
- * for an ack, reads, or is quarantined; one that has not been busy for
- * session_idle_ms is closed (idle close), and at most max_sessions are
- * open. When a new session is needed at the cap, the idle session unused
- * the longest is closed for it (eviction); failing that, the session that
- * has waited the longest for a handshake, once it has waited
- * ECX_CONSUMER_UNREACHED_MS (a producer that is not there: its waiting
- * items fall back with ACK_TIMEOUT now rather than at their deadline).
- * If every session is busy with a producer that answers (or was opened
- * too recently to tell), the item waits for a session, up to
- * ECX_CONSUMER_CAP_WAIT_MS (or its ack timeout, if shorter), then falls
- * back with SEND_FAILED (a cap refusal). So a batch that names more dead
- * producers than the cap holds a live producer's items up by about
- * ECX_CONSUMER_UNREACHED_MS, not by the dead ones' ack timeout. Each is
- * counted.
+ *   QUARANTINED --read ends, or the quarantine limit--> SETTLED: free them
  */
 #ifndef ECX_CONSUMER_H
 #define ECX_CONSUMER_H

@@ -1,64 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * ctrl — the control plane's sockets (docs/PROTOCOL.md §3, §5): one ROUTER per producer,
- * one DEALER per (consumer, producer) pair, and nothing else.
- *
- * It owns framing and liveness, not meaning: the producer's ROUTER accepts
- * exactly [identity, "", payload] and drops (and counts) any other framing;
- * the consumer's DEALER sends ["", payload] and accepts exactly ["", payload]
- * back. Payloads are handed up as views into zmq messages, so nothing is
- * allocated per request.
- *
- * Memory a peer can make us hold is bounded per connection and in total.
- * Every socket caps inbound frame size (ZMQ_MAXMSGSIZE; libzmq drops the
- * connection on a bigger frame). That alone bounds nothing: libzmq buffers
- * the frames of a multipart message until its last one arrives, however
- * many there are, and no socket option limits that. So ctrl watches each
- * TCP connection (socket monitor for its fd, TCP_INFO for the bytes that
- * arrived, ZMQ_SRCFD for the whole messages read from it) and shuts down a
- * connection holding more than max_pending_bytes not yet delivered as whole
- * messages, and the heaviest one while all together hold more than
- * max_pending_total; it looks every ECX_CTRL_GUARD_IVL_MS, in the receive
- * calls and, for DEALERs, on a watchdog thread too (libzmq reads while the
- * application is busy elsewhere). A connection that only sends heartbeats counts them as undelivered
- * too (a PING is 9 bytes every 2 s, ~390 KB a day): an idle connection
- * reaches the producer's 2 MiB cap after about five days and is dropped
- * and reconnected; ecx consumers close sessions idle for 30 s long
- * before. The server also budgets connections (the monitor's accepted fd,
- * getpeername): max_connections in all, ECX_CTRL_MAX_PER_PREFIX per /24 or
- * /64, ECX_CTRL_MAX_PER_ADDR per address; a newcomer at a cap shuts down
- * the idlest connection of a heavier holder, or is itself shut down
- * (conn_budget.h). The default total leaves descriptors to the data plane,
- * and libzmq does not spin on a failed accept at the fd limit. All of it is
- * counted in ecxi_ctrl_stats.
- *
- * DEALERs carry ZMQ heartbeats
- * (2000 / 4000 / 8000 ms) and a socket monitor, so a dead producer shows up
- * as a disconnect event the consumer session can act on. They have no
- * receive HWM: libzmq 4.3.4 can abort on a connection that stopped reading
- * (ctrl.c, "a DEALER never stops reading").
- *
- * Addresses are "HOST:PORT" with HOST an IPv4 or IPv6 address ([::1] or
- * ::1), or a host name. Binding resolves names here (libzmq binds only to
- * numeric addresses and interfaces); connecting leaves the name to libzmq,
- * which resolves it on its own I/O thread, so the caller never blocks on DNS.
- *
- * Authentication (opt-in, docs/PROTOCOL.md §8): with CURVE keys in the options the
- * ROUTER is a ZeroMQ CURVE server and every DEALER a CURVE client, so the
- * control plane is encrypted and the consumer knows it talks to the key it
- * was given; the frames inside are the same bytes as in plaintext. Clients
- * are checked against an allow-list by a ZAP handler: a REP socket on
- * inproc://zeromq.zap.01 that the server owns and answers from
- * ecxi_ctrl_server_recv() — no thread; put ecxi_ctrl_server_zap_socket() in
- * the zmq_poll set so handshakes finish promptly. Without an allow-list any
- * client that knows the server's public key gets in. A failed handshake
- * (wrong server key, client not allowed, plaintext against CURVE) drops the
- * connection before any request passes; a DEALER does not report that as
- * lost (lost means a producer that completed a handshake went away) but
- * counts it, and ctrl dials again (DEALERs do not reconnect through libzmq:
- * ctrl.c, "peer"), so the consumer's request goes
- * unanswered and times out, as with an unreachable producer. Keys are Z85
- * text, 40 characters, as zmq_curve_keypair makes.
+ * ctrl — the control plane's sockets: one ROUTER per producer, one DEALER
+ * per (consumer, producer) pair, and nothing else. It owns framing,
+ * liveness and the bounds on what a peer can make us hold (frames,
+ * unfinished messages, connections), not meaning: payloads go up as views
+ * into zmq messages, so nothing is allocated per request. Threads: a
+ * watchdog for DEALERs' inflow (libzmq reads while the application is
+ * busy). The rules, bounds and CURVE: docs/PROTOCOL.md §3.8, the DEALER's
+ * socket options and re-dial §5.4, the constants §7.
  */
 #ifndef ECX_CTRL_H
 #define ECX_CTRL_H

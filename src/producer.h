@@ -1,78 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * producer — the producer session (docs/PROTOCOL.md §4.3–§4.5): answers each XferReq,
- * holds the pins it grants, and lets them go.
+ * producer — the producer session: answers each XferReq in the order of
+ * docs/PROTOCOL.md §4.3, holds the pins it grants under their lease, and
+ * lets them go on a completion with the grant's token, at lease end, or
+ * when a bound makes room (§4.4); a grant let go while a path still sends
+ * from its blocks waits, still pinned, on a draining list until the path
+ * reports the cut send's end. It owns the grant table and the per-
+ * connection and region-wide bounds that keep one peer from costing
+ * everyone (§4.4, §7).
  *
- * A request is checked in the order of docs/PROTOCOL.md §4.3: connector_version not ours →
- * NACK_VERSION; compatibility hash differs → NACK_INCOMPAT; empty
- * session_id → NACK_INTERNAL (grants are keyed by session_id:mm_hash, so
- * an empty id would alias two consumers); no entry (an mm_hash longer than
- * ECX_MM_HASH_MAX never has one) → NACK_MISSING; not
- * ready → NACK_NOT_READY; otherwise the entry is pinned and the ack carries
- * all its block indices, the data plane's agent_metadata and
- * mem_descriptor, and the echoed session_id. A NACK carries only mm_hash
- * and status, as the reference's does.
- *
- * Grants are keyed "{session_id}:{mm_hash}", the same string the consumer
- * sends as its completion notification, so a notification releases its
- * grant by exact lookup. Each grant holds one pin under a lease (lease_ms); a
- * lease that expires unpins with a warning.
- *
- * A pin outlives the send that reads its blocks (issue 20). The tcp and ucx
- * paths claim a grant and send straight from the region until they report
- * the send's end; a grant let go before that (lease expired, replaced,
- * evicted, or completed by another path) has its send cut (ecxi_data_cut:
- * the path closes that connection) and waits, off the table and its lease,
- * on a draining list, still pinned, until the path reports the cut send's
- * end; then it is unpinned. So no save can reuse blocks a send still
- * reads, and the lease still bounds how long a consumer holds them (a send
- * is cut, not waited for). A repeated request for a key
- * already granted (the consumer timed out and asked again) releases the old
- * pin before taking the new one.
- *
- * A grant belongs to the connection that asked (issue 9): it records the
- * ZeroMQ routing id, and only that connection may replace it; it carries a
- * random 16-byte token that travels only in the ack to that connection
- * (in the mem_descriptor's ticket, with the item's checksum and size). The
- * data plane serves a grant's bytes only to a request presenting key and
- * token, once (grant_check), and a completion releases the grant only with
- * the right token: knowing a session id (which is never logged at the
- * default level) gains a third party nothing. Frames that do not decode get no reply and
- * are counted. Since the lease is the same for every grant, grants expire
- * in the order they were made: a list in grant order is the expiry queue.
- *
- * Limits, so a hostile peer cannot grow us without bound: a grant key
- * longer than ECX_DATA_NOTIF_MAX, or a grant beyond max_grants, is refused
- * with NACK_INTERNAL. Grant records come from a pool that grows to its peak
- * and is reused; the grant table is hashed with a random SipHash key.
- *
- * Per connection (routing id), so that hitting a bound costs that peer and
- * not everyone (issue 10):
- *  - a connection holding max_conn_grants grants is refused
- *    (NACK_INTERNAL, refused_conn_grants);
- *  - when the shared table (max_grants) is full, a connection holding at
- *    least its fair share, max_grants / (connections holding grants, the
- *    asker included), is refused; one holding less gets its grant, and
- *    the oldest grant of the connection holding the most is released to
- *    make room (evicted_grants; that peer's later read or completion
- *    finds no grant). A full table with an asker below the average
- *    always has a connection above it, so a well-behaved consumer is
- *    served during any flood, however many connections the flood uses;
- *  - a connection's pins may cover at most max_conn_pin_pct of the
- *    region's blocks: a grant that would pass that is refused
- *    (NACK_INTERNAL, refused_conn_pins), unless the connection holds no
- *    pin (one item, however big, can always be served).
- * And for all connections together, so that the encoder's own saves always
- * find room whatever consumers pin (issue 20): the region's pinned blocks
- * may cover at most max_pin_pct of it. A grant that would pin an entry not
- * pinned yet past that is refused with NACK_NOT_READY (refused_pins): the
- * condition is transient (pins drain as sends complete and leases end) and
- * consumers retry NOT_READY with a backoff, where NACK_INTERNAL would send
- * every consumer to encode locally. An entry pinned already costs no room,
- * and when nothing else is pinned one item, however big, is granted.
- * The heaviest connection is found in O(1): connections are listed by
- * their grant count (1..max_conn_grants). Connection records are pooled
- * like grants.
+ * How: grants are keyed "{session_id}:{mm_hash}" in a table hashed with a
+ * random SipHash key; since every grant has the same lease, a list in
+ * grant order is the expiry queue; connections are listed by their grant
+ * count, so the heaviest is found in O(1); grant and connection records
+ * come from pools that grow to their peak and are reused.
  */
 #ifndef ECX_PRODUCER_H
 #define ECX_PRODUCER_H

@@ -1,58 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nixl_proc — the NIXL agent process: ecx's NIXL peer (nixl_agent.c, on
- * Debian's UCX 1.13.1) runs in a helper executable, `ecx-nixl-agent`
- * (tools/nixl_agent_main.c), never inside the process that uses the
- * library. UCX 1.13.1 aborts the whole process on some peer behaviour (a
- * peer that dies mid-wireup, some malformed worker addresses: docs/NIXL.md
- * §5, §6); in the helper such an abort costs the READs in flight, not the
- * host. This file is the protocol between the two and the parent's side.
- *
- * Start: helper_proc.h (spawn, fds 3 and 4, the restart bound), the
- * helper found by ecxi_helper_find at $ECX_NIXL_AGENT, else next to the
- * library (or program) holding this code, else in its install's libexec;
- * not found: ECX_EDATA_NOPATH and a log line naming what was tried.
- *
- * Protocol (one message per datagram, every field little-endian, every
- * length checked against the datagram; ECX_NIXL_PROC_VERSION):
- *   header: u32 magic "ENXP", u16 version, u16 type, u64 id
- *   parent -> helper
- *     HELLO    id = its generation (1, 2, ...), u32 role (1 producer,
- *              2 consumer), u64 region bytes, agent name
- *     ADD      metadata bytes                         -> ADDED
- *     DROP     id = remote handle
- *     READ     u64 handle, u32 flags (1 = more pieces follow in another
- *              READ of this id), u32 n, u32 msg_len, n x (u64 remote addr,
- *              u64 local offset, u64 len), msg (last message only) -> READ_END
- *     RELEASE  id = a READ that is no longer wanted
- *   helper -> parent
- *     HELLO    i32 rc, u64 base of its mapping, metadata bytes (producer)
- *     ADDED    i32 rc, u64 handle
- *     READ_END i32 rc (0 done: read, notified; else failed)
- *     NOTIF    u32 name_len, u32 msg_len, name, msg
- * The helper's messages are untrusted like a peer's (it parses peer
- * input): anything out of bounds or unexpected is a protocol violation,
- * handled like its death.
- *
- * Death (EOF, an error on the socket, a violation, a deadline missed):
- * the helper is killed (SIGKILL) and reaped (waitpid of its pid only; no
- * signal handler is installed), every READ in flight fails
- * (ECX_EDATA_PEER), every remote handle becomes invalid (handles carry
- * the helper's generation), and a new helper is started: at most
- * ECX_NIXL_PROC_RESTARTS starts per ECX_NIXL_PROC_WINDOW_MS; beyond that
- * the proc is down, its calls fail fast (ECX_EDATA_PEER) with a log line,
- * until the window has passed (then the next call starts one). A
- * producer's new helper publishes new metadata and a new base: the
- * generation tells the caller to take them again.
- *
- * Verdicts: metadata whose ADD was pending when the helper died (or hung)
- * is remembered by the XXH3 of its UCX worker address and rkeys (16, least
- * recently used replaced); an ADD of such bytes is refused
- * (ECX_EDATA_META) without reaching a helper, so one hostile producer
- * cannot cause a restart storm.
- *
- * Single-threaded like nixl_agent.h: every call from one thread (the data
- * context's, under its lock). Waits are bounded.
+ * Debian's UCX 1.13.1, which aborts the whole process on some peer
+ * behaviour) runs in a helper program, `ecx-nixl-agent`
+ * (nixl_agent_main.c), never in the process that uses the library. This
+ * file owns the parent's side and the messages between the two; helper_proc.h
+ * finds, starts and reaps the helper and bounds its restarts. Its start,
+ * death, restarts and the verdicts on metadata that killed one:
+ * docs/NIXL.md §5. Single-threaded like nixl_agent.h: every call from one
+ * thread (the data context's, under its lock); every wait is bounded.
  */
 #ifndef ECX_NIXL_PROC_H
 #define ECX_NIXL_PROC_H
@@ -84,6 +40,25 @@
 #define ECX_NIXL_PROC_SOCK_FD ECX_HELPER_SOCK_FD
 #define ECX_NIXL_PROC_REGION_FD ECX_HELPER_REGION_FD
 
+/* Messages (helper_proc.h's header "ENXP"; one per datagram, every field
+ * little-endian, every length checked against the datagram). The helper's
+ * messages are untrusted like a peer's (it parses peer input): anything
+ * out of bounds or unexpected is handled like its death.
+ *   parent -> helper
+ *     HELLO    id = its generation (1, 2, ...), u32 role (1 producer,
+ *              2 consumer), u64 region bytes, agent name
+ *     ADD      metadata bytes                         -> ADDED
+ *     DROP     id = remote handle
+ *     READ     u64 handle, u32 flags (ECX_NIXL_READ_MORE: more pieces follow
+ *              in another READ of this id), u32 n, u32 msg_len, n x (u64
+ *              remote addr, u64 local offset, u64 len), msg (last message
+ *              only)                                  -> READ_END
+ *     RELEASE  id = a READ that is no longer wanted
+ *   helper -> parent
+ *     HELLO    i32 rc, u64 base of its mapping, metadata bytes (producer)
+ *     ADDED    i32 rc, u64 handle
+ *     READ_END i32 rc (0 done: read, notified; else failed)
+ *     NOTIF    u32 name_len, u32 msg_len, name, msg */
 enum {
     ECX_NIXL_P_HELLO = 1,
     ECX_NIXL_P_ADD,

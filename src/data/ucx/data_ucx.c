@@ -1,101 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data_ucx — the data path over UCX, in which the producer decides what
- * leaves it (issue 9). It runs in the UCX process only (ucx_proc.h: the
- * library's ucx path drives it there), and in tests.
- *
- * The threat: the earlier design published the producer's worker address
- * and an rkey for its whole region in every ack, and the consumer did
- * ucp_get. Over TCP, UCP emulates get/put with active messages that read
- * or write any address a peer names: one ack let a peer read blocks never
- * granted to it, the producer's heap (its CURVE key) and, at an unmapped
- * address, kill it. Here no rkey is ever packed or published and the
- * producer's context has no UCP_FEATURE_RMA, so UCP never even registers
- * its software GET/PUT handlers: a crafted rkey with ucp_get/ucp_put gets
- * nothing (tests/support/ucx_hostile.c).
- *
- * Connection: the producer runs a UCP listener bound to the advertised
- * host (opts->bind_host) and limits its transports to that host's
- * interface (UCX_NET_DEVICES, unless the operator set it). Its
- * agent_metadata carries only that socket address, in our own strict
- * format (below): the consumer never hands UCX a peer's packed worker
- * address, so no byte string in an ack reaches UCX's address parser.
- * Every endpoint the producer sends on is one it created from a connection
- * request, with its own error handler: UCX never frees it behind our back
- * (the reply endpoint of an AM from a peer UCP created by itself can be
- * destroyed as soon as that peer fails).
- *
- * One READ: the consumer posts ucp_tag_recv_nbx into its blocks (one run
- * contiguously, else an IOV over the runs) under a random 64-bit tag (a
- * peer cannot guess it to slip bytes in), then sends the
- * producer a request AM (eager, with a reply endpoint):
- *   u8 version (1) | u8 0 | u16 key_len | u32 0 | u64 tag | 16B token |
- *   key ("{session_id}:{mm_hash}", key_len bytes)            (little-endian)
- * The AM handler only copies the request into a bounded queue. Progress
- * then asks the producer session (grant_fn, ECX_DATA_GRANT_CLAIM): a live,
- * unclaimed grant with that key and token is sent with ucp_tag_send_nbx
- * from its blocks in the region (contiguous when one run, else an IOV), to
- * the requesting endpoint, under the consumer's tag; anything else gets a
- * 0-byte message with that tag (so the consumer fails at once) and is
- * counted. When the send ends, poll_notifs hands (key, token, status) to
- * the session, which releases the grant: 0 = sent, negative = failed.
- * The consumer checks the received length and the XXH3-64 of what landed
- * in its blocks against the ticket: DONE, else CORRUPT.
- *
- * A send reads the region until UCX ends it (a rendezvous send, when the
- * consumer's receive is matched, however late), so the grant's pin must
- * outlive it: the claim keeps it (data.h), and when the session lets the
- * grant go first (its lease expired, say), ucx_cut force-closes that
- * connection's endpoint, which ends the send with an error; the session
- * unpins only when that end is reported. A consumer never receives
- * blocks saved after its grant was let go.
- *
- * Bounds (what a peer can make the producer hold): connections, queued
- * requests and sends in flight (with completions not yet collected), each
- * in total, per client address and per connection (MAX_* below). Past
- * them a request waits in the queue or is dropped, and a connection
- * request is rejected; a connection whose sends stall for SEND_STALL_MS
- * (a peer that stops reading) is closed, failing its sends.
- *
- * Rendezvous: the producer pins UCX_RNDV_SCHEME=put_zcopy and the classic
- * protocols (PROTO_ENABLE=n). By default (auto) UCX 1.13 puts the send
- * buffer's address and an rkey for its registration (here: the whole
- * region) in every RTS; pinned, an RTS carries neither: the consumer's RTR
- * names its receive buffer and the producer puts exactly the buffer being
- * sent (an IOV on either side streams it as active messages instead). Nor
- * does the put pipeline run, whose offsets come from the peer's RTR. So no
- * consumer learns an address of ours or gets an rkey, over TCP or RDMA.
- * Both sides use 64 KiB TCP segments unless UCX_TCP_*_SEG_SIZE are set
- * (fragmented data moves ~2.5x faster; BENCHMARKS.md).
- *
- * Logging: UCX itself warns, with a backtrace and no limit, about each
- * stray message a peer sends (a ucp_get at us, say); unless UCX_LOG_LEVEL
- * is set we keep UCX (process-wide) to errors. What UCX still logs goes
- * through ecx's logger (stderr, rate-limited), never to UCX's default
- * stdout, where it would break `ecx get --json`.
- *
- * What this does NOT close (UCX 1.13 itself; README, threat model):
- * UCT's tcp transport writes a PUT request's payload to whatever address
- * the request names, whatever the receiver's features or
- * UCX_TCP_PUT_ENABLE; and UCP dereferences peer-supplied request and
- * endpoint ids with the low bit clear as raw pointers. A peer that speaks
- * UCT/UCP's wire protocol directly can therefore still crash the producer
- * at will, and write its memory where it knows an address (we publish
- * none: see above). So this file runs only in the UCX process
- * (ucx_proc.h), which holds nothing else of ecx's and maps only the
- * region (a producer's read-only): a crash there is a restart, and such a
- * write reaches neither the engine's memory nor a producer's region,
- * though it can still steer what that process sends.
- *
- * agent_metadata UCX bytes (the front adds its digest):
- *   u8 version (1) | u8 family (4 / 6) | u16 port (BE) | 4 / 16 address bytes
- * (a unicast address; anything else is ECX_EDATA_META).
- *
- * Lifetimes (consumer): an xfer lives until it is released AND its receive
- * request has ended; a peer lives until it is dropped AND no xfer refers to
- * it. Dropping a peer cancels its receives and force-closes its endpoint.
- * Endpoint closes run in the background of progress; ecxi_data_free()
- * waits for them a bounded time.
+ * leaves it: the consumer posts a tagged receive into its blocks and asks
+ * by grant key and token; the producer sends a live grant's blocks from
+ * its region under that tag, and nothing else. No rkey is ever packed or
+ * published and the producer's context has no RMA feature, so no peer can
+ * name an address of ours (tests/support/ucx_hostile.c). This file owns both
+ * sides: the listener, its connections and bounds (MAX_* below), the
+ * request queue, sends and their cuts at lease end, and the consumer's
+ * peers, READs and checksums. UCX 1.13's tcp transport is still open to a
+ * peer that speaks UCT/UCP directly, so this file runs only in the UCX
+ * helper process (ucx_proc.h), never in an engine. The wire formats, the
+ * bounds and what is left open: docs/PROTOCOL.md §6.8.
  */
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -370,8 +286,12 @@ static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_lengt
                               size_t length, const ucp_am_recv_param_t *param);
 static void conn_req_cb(ucp_conn_request_h req, void *arg);
 
-/* UCX's log lines, through ours. UCX calls the handler pushed last first;
- * STOP keeps its default handler from printing them to stdout. */
+/* UCX's log lines, through ours (stderr, rate-limited), never to UCX's
+ * default stdout, where they would break `ecx get --json`. UCX warns, with
+ * a backtrace and no limit, about each stray message a peer sends (a
+ * ucp_get at us, say): unless UCX_LOG_LEVEL is set, UCX (process-wide) is
+ * kept to errors. UCX calls the handler pushed last first; STOP keeps its
+ * default handler from printing. */
 static ucs_log_func_rc_t ucx_log(const char *file, unsigned line, const char *function,
                                  ucs_log_level_t level, const ucs_log_component_config_t *cc,
                                  const char *fmt, va_list ap)
@@ -1040,6 +960,12 @@ static int ucx_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb, 
 
 /* ---- consumer: peers --------------------------------------------------- */
 
+/* Lifetimes: an xfer lives until it is released AND its receive request
+ * has ended; a peer lives until it is dropped AND no xfer refers to it.
+ * Dropping a peer cancels its receives and force-closes its endpoint.
+ * Endpoint closes run in the background of progress; ucx_free waits for
+ * them CLOSE_WAIT_MS at most. */
+
 static void peer_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     (void)ep;
@@ -1049,8 +975,12 @@ static void peer_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
                         ucs_status_string(status));
 }
 
-/* The producer's listener address, from our own format (top of file):
- * a unicast address and a port, else ECX_EDATA_META. */
+/* The producer's listener address, from our own format (PROTOCOL.md §6.2,
+ * the ucx section, after the front's digest): u8 version (1) | u8 family
+ * (4 / 6) | u16 port (BE) | 4 / 16 address bytes; a unicast address and
+ * a port, else ECX_EDATA_META. The consumer never hands UCX a peer's
+ * packed worker address, so no byte string in an ack reaches UCX's
+ * address parser. */
 static int parse_addr(const uint8_t *b, size_t len, struct sockaddr_storage *ss, socklen_t *sl)
 {
     memset(ss, 0, sizeof *ss);
