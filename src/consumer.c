@@ -474,23 +474,8 @@ static void ask(ecxi_consumer *c, xfer *x, int64_t now)
 /* Validate an OK ack and post the READ; on any failure, tombstone. */
 static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, int64_t now)
 {
-    /* The descriptor is parsed here, once: the registration and the READ
-     * take the parsed form (its lease and checksum are kept below). */
     const uint8_t *meta = (const uint8_t *)a->agent_metadata.p;
-    const uint8_t *desc = (const uint8_t *)a->mem_descriptor.p;
-    size_t ml = a->agent_metadata.n, dl = a->mem_descriptor.n;
-    ecxi_data_desc dd;
-    int rc = ecxi_data_ack_desc(c->data, desc, dl, x->size_bytes, &dd);
-    if (!rc && dd.has_ticket && dd.ticket.nbytes != x->size_bytes) {
-        /* The producer's item has another size than the one announced (or
-         * given): the announcement or the caller's size is wrong. */
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s from %s:%d is %llu bytes, not the "
-                            "%llu announced", (int)x->hash_len, x->hash, s->host, s->port,
-                            (unsigned long long)dd.ticket.nbytes,
-                            (unsigned long long)x->size_bytes);
-        tombstone(c, x, ECX_REASON_SIZE_MISMATCH, now);
-        return;
-    }
+    size_t ml = a->agent_metadata.n;
     if (a->n_indices != x->n_blocks) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: ack for %.*s has %zu blocks, reserved %llu",
                             (int)x->hash_len, x->hash, a->n_indices,
@@ -505,13 +490,6 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         ecxi_data_peer_drop(s->dpeer);
         s->dpeer = NULL;
         c->st.peer_restarts++;
-    }
-    if (!rc && !dd.has_ticket) rc = ECX_EDATA_DESC;
-    if (rc) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: unusable mem_descriptor from %s:%d: %s",
-                            s->host, s->port, ecx_strerror(rc));
-        tombstone(c, x, ECX_REASON_BAD_ACK, now);
-        return;
     }
     /* A registration serves only the control-plane peer that first sent
      * it: metadata leading to a data plane another session registered is
@@ -530,16 +508,33 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
             return;
         }
     }
-    if (!s->dpeer && (rc = ecxi_data_peer_add(c->data, meta, ml, &dd, &s->dpeer))) {
-        /* Metadata we cannot use is a bad ack; a producer we cannot reach
-         * with good metadata (it died after acking, say) is a failed READ. */
+    /* The data plane parses the descriptor, once (the READ takes the
+     * parsed form; its lease and checksum are kept below), and registers
+     * the producer if this session has not. */
+    const ecxi_data_ack da = {meta, ml, (const uint8_t *)a->mem_descriptor.p,
+                              a->mem_descriptor.n, false};
+    ecxi_data_desc dd;
+    int rc = ecxi_data_ack_register(c->data, &da, x->size_bytes, &dd, &s->dpeer);
+    if (rc) {
+        /* A descriptor or metadata we cannot use is a bad ack; a producer
+         * we cannot reach with good ones (it died after acking, say) is a
+         * failed READ. */
         bool bad = rc == ECX_EDATA_META || rc == ECX_EDATA_DESC || rc == ECX_EDATA_VERSION ||
                    rc == ECX_EDATA_MISMATCH || rc == ECX_EINVAL;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %s %s:%d: %s",
-                            bad ? "unusable metadata from" : "cannot reach the data path of",
+                            bad ? "unusable ack from" : "cannot reach the data path of",
                             s->host, s->port, ecx_strerror(rc));
-        s->dpeer = NULL;
         tombstone(c, x, bad ? ECX_REASON_BAD_ACK : ECX_REASON_READ_FAILED, now);
+        return;
+    }
+    if (dd.ticket.nbytes != x->size_bytes) {
+        /* The producer's item has another size than the one announced (or
+         * given): the announcement or the caller's size is wrong. */
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s from %s:%d is %llu bytes, not the "
+                            "%llu announced", (int)x->hash_len, x->hash, s->host, s->port,
+                            (unsigned long long)dd.ticket.nbytes,
+                            (unsigned long long)x->size_bytes);
+        tombstone(c, x, ECX_REASON_SIZE_MISMATCH, now);
         return;
     }
     size_t n = (size_t)x->n_blocks, got = 0;
