@@ -1419,7 +1419,8 @@ static PyObject *ctx_next_timeout(Ctx *self, PyObject *unused)
     unsigned seq0 = tl_seq;
     int t = ecx_next_timeout(self->ctx);
     DRAIN();
-    if (t < -1) return raise_rc(t, seq0);
+    if (t == ECX_NO_TIMEOUT) return PyLong_FromLong(-1); /* Python's "none": errors raise */
+    if (t < 0) return raise_rc(t, seq0);
     return PyLong_FromLong(t);
 }
 

@@ -489,7 +489,7 @@ void ecx_free(ecx_ctx *ctx)
 int ecx_listen_port(const ecx_ctx *ctx)
 {
     if (!ctx) return ECX_EINVAL;
-    return ctx->srv ? ctx->port : ECX_EDATA_ROLE;
+    return ctx->srv ? ctx->port : ECX_EROLE;
 }
 
 int ecx_region_info(const ecx_ctx *ctx, ecx_region_layout *out)
@@ -789,12 +789,12 @@ int ecx_fd(ecx_ctx *ctx)
 int ecx_next_timeout(ecx_ctx *ctx)
 {
     if (!ctx) return ECX_EINVAL;
-    if (ctx->threaded) return -1; /* the thread keeps the timers */
+    if (ctx->threaded) return ECX_NO_TIMEOUT; /* the thread keeps the timers */
     lock(ctx);
     bool nothing;
     int64_t w = wait_ms(ctx, -1, &nothing);
     unlock(ctx);
-    return w > INT32_MAX ? INT32_MAX : (int)w;
+    return w < 0 || w > ECX_NO_TIMEOUT ? ECX_NO_TIMEOUT : (int)w; /* -1: no timer */
 }
 
 /* ---------- items ---------- */
@@ -887,7 +887,7 @@ int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes,
                    const ecx_segment **segs, size_t *n_segs)
 {
     if (!ctx || !hash_ok(mm_hash) || size_bytes == 0 || !segs || !n_segs) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     lock(ctx);
     int rc = save_begin(ctx, mm_hash, size_bytes, segs, n_segs);
     unlock(ctx);
@@ -917,7 +917,7 @@ static open_item *open_save(ecx_ctx *ctx, const char *h, int *rc)
 int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     lock(ctx);
     int rc;
     open_item *it = open_save(ctx, mm_hash, &rc);
@@ -943,7 +943,7 @@ int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
 int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     lock(ctx);
     int rc;
     if (open_save(ctx, mm_hash, &rc) && !(rc = ecxi_cache_discard(ctx->cache, mm_hash, strlen(mm_hash))))
@@ -955,7 +955,7 @@ int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash)
 int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size_bytes)
 {
     if (!ctx || !hash_ok(mm_hash) || size_bytes == 0 || !bytes) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     /* Begin, copy without mu (the entry is not ready: nothing else touches
      * its blocks), commit. */
     const ecx_segment *segs;
@@ -985,7 +985,7 @@ static int announce_info(ecx_ctx *ctx, const char *h, ecx_announcement *out, uin
 int ecx_announce_info(ecx_ctx *ctx, const char *mm_hash, ecx_announcement *out)
 {
     if (!ctx || !hash_ok(mm_hash) || !out) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     lock(ctx);
     int rc = announce_info(ctx, mm_hash, out, NULL);
     unlock(ctx);
@@ -995,7 +995,7 @@ int ecx_announce_info(ecx_ctx *ctx, const char *mm_hash, ecx_announcement *out)
 int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap, size_t *len)
 {
     if (!ctx || !hash_ok(mm_hash) || (!buf && cap) || !len) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     ecx_announcement a;
     uint64_t shape[2] = {0, 0};
     lock(ctx);
@@ -1036,7 +1036,7 @@ static int save_shape(ecx_ctx *ctx, const char *h, uint64_t rows, uint64_t width
 int ecx_save_shape(ecx_ctx *ctx, const char *mm_hash, uint64_t rows, uint64_t width)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     if (!ctx->rows.elem_size) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: connector_version 1 announces no shape");
         return ECX_EINVAL;
@@ -1066,7 +1066,7 @@ static int fetch(ecx_ctx *ctx, const char *h, const char *json, const ecx_announ
                  uint64_t expected_size, int *reason)
 {
     if (!ctx || !reason) return ECX_EINVAL;
-    if (!ctx->cons) return ECX_EDATA_ROLE;
+    if (!ctx->cons) return ECX_EROLE;
     /* The engine asks about a pending item every step: answer that without
      * mu, which the progress thread holds while it works (issue 26). */
     if (h && ecxi_consumer_pending(ctx->cons, h, strnlen(h, ECX_MM_HASH_MAX + 1))) {

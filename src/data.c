@@ -265,7 +265,7 @@ long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, u
                                size_t cap)
 {
     if (!d || !t || !buf) return ECX_EINVAL;
-    if (d->role != ECX_DATA_PRODUCER) return ECX_EDATA_ROLE;
+    if (d->role != ECX_DATA_PRODUCER) return ECX_EROLE;
     ecxi_data_desc dd = d->layout;
     dd.has_ticket = true;
     dd.ticket = *t;
@@ -275,7 +275,8 @@ long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, u
 int ecxi_data_grant_ack(const ecxi_data *d, bool ecx_peer, const ecxi_data_ticket *t,
                         uint8_t *buf, size_t cap, ecxi_data_ack *out)
 {
-    if (!d || !t || !buf || !out || d->role != ECX_DATA_PRODUCER) return ECX_EINVAL;
+    if (!d || !t || !buf || !out) return ECX_EINVAL;
+    if (d->role != ECX_DATA_PRODUCER) return ECX_EROLE;
     if (d->ops->grant_ack) return d->ops->grant_ack(d, ecx_peer, t, buf, cap, out);
     long dl = ecxi_data_grant_descriptor(d, t, buf, cap);
     if (dl < 0) return (int)dl;
@@ -322,7 +323,7 @@ static void slice_end(ecxi_data *d, const ecxi_slice *sl)
 int ecxi_data_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
 {
     if (!d || !cb) return ECX_EINVAL;
-    if (d->role != ECX_DATA_PRODUCER) return ECX_EDATA_ROLE;
+    if (d->role != ECX_DATA_PRODUCER) return ECX_EROLE;
     ecxi_slice sl;
     ecxi_slice_start(&sl, ECX_DATA_SLICE_NS);
     int rc = d->ops->poll_notifs(d, &sl, cb, arg);
@@ -335,7 +336,7 @@ int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
 {
     if (!d || !out) return ECX_EINVAL;
     *out = NULL;
-    if (d->role != ECX_DATA_CONSUMER) return ECX_EDATA_ROLE;
+    if (d->role != ECX_DATA_CONSUMER) return ECX_EROLE;
     if (!desc || desc->unverified) return ECX_EDATA_DESC;
     ecxi_data_meta m;
     int rc = ecxi_data_meta_decode(meta, meta_len, &m);
@@ -357,7 +358,8 @@ int ecxi_data_ack_register_ecx(ecxi_data *d, const ecxi_data_ack *a, ecxi_data_d
 int ecxi_data_ack_register(ecxi_data *d, const ecxi_data_ack *a, uint64_t nbytes,
                            ecxi_data_desc *dd, ecxi_data_peer **peer)
 {
-    if (!d || !a || !dd || !peer || d->role != ECX_DATA_CONSUMER) return ECX_EINVAL;
+    if (!d || !a || !dd || !peer) return ECX_EINVAL;
+    if (d->role != ECX_DATA_CONSUMER) return ECX_EROLE;
     if (d->ops->ack_register) return d->ops->ack_register(d, a, nbytes, dd, peer);
     return ecxi_data_ack_register_ecx(d, a, dd, peer);
 }

@@ -615,11 +615,11 @@ static void test_validation(void **state)
     ecxi_data_read_release(x);
 
     /* Roles. */
-    assert_int_equal(ecxi_data_poll_notifs(p.cons, on_notif, &ns), ECX_EDATA_ROLE);
+    assert_int_equal(ecxi_data_poll_notifs(p.cons, on_notif, &ns), ECX_EROLE);
     size_t ml;
     const uint8_t *m = ecxi_data_agent_metadata(p.prod, &ml);
     ecxi_data_peer *q = NULL;
-    assert_int_equal(ecxi_data_peer_add(p.prod, m, ml, &gd, &q), ECX_EDATA_ROLE);
+    assert_int_equal(ecxi_data_peer_add(p.prod, m, ml, &gd, &q), ECX_EROLE);
     assert_int_equal(ecxi_data_peer_add(p.cons, m, ml, NULL, &q), ECX_EDATA_DESC);
     assert_true(ml < 512 && gl < 256); /* a few hundred bytes, whatever the region */
 

@@ -22,7 +22,7 @@ def test_installed_package():
     assert ecx.__version__ == ecx.library_version()
     d = os.path.dirname(ecx.__file__)
     assert os.path.exists(os.path.join(d, "py.typed"))
-    assert os.path.exists(os.path.join(d, "libecx.so.1"))
+    assert os.path.exists(os.path.join(d, "libecx.so.2"))
     r = subprocess.run([sys.executable, "-m", "ecx", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "usage: ecx" in r.stdout
     r = subprocess.run([sys.executable, "-m", "ecx", "serve", "--help"], capture_output=True, text=True)
@@ -56,10 +56,10 @@ def test_errors_and_names():
         assert e.value.name == "ECX_ECACHE_MISSING"
         with pytest.raises(ecx.Error) as e:
             p.fetch("a")  # a producer is not a consumer
-        assert e.value.name == "ECX_EDATA_ROLE"
+        assert e.value.name == "ECX_EROLE"
     with ecx.Context() as c, pytest.raises(ecx.Error) as e:
         c.port
-    assert e.value.name == "ECX_EDATA_ROLE"
+    assert e.value.name == "ECX_EROLE"
     with pytest.raises(ecx.Error) as e:
         ecx.Context(data="carrier-pigeon")
     assert e.value.code == ecx.ERRORS["ECX_EINVAL"]
