@@ -662,8 +662,7 @@ int ecxi_producer_poll(ecxi_producer *p)
 {
     int events = 0;
     int64_t now = ecxi_now_ms(p->o.clock);
-    /* Bounded per call so one flooding peer cannot starve the engine loop. */
-    for (int i = 0; i < 4096 && ecxi_ctrl_server_recv(p->srv, &p->msg) == 1; i++, events++) {
+    for (int i = 0; i < ECX_PRODUCER_REQUESTS_PER_POLL && ecxi_ctrl_server_recv(p->srv, &p->msg) == 1; i++, events++) {
         p->st.requests++;
         ecx_req r;
         int rc = ecx_wire_decode_req_v(p->msg.payload, p->msg.payload_len,
