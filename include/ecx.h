@@ -319,7 +319,8 @@ enum ecx_role { ECX_ROLE_PRODUCER = 1, ECX_ROLE_CONSUMER = 2, ECX_ROLE_BOTH = 3 
 #define ECX_DEFAULT_MODEL "llava-hf/llava-1.5-7b-hf"
 #define ECX_DEFAULT_DTYPE "torch.bfloat16"
 #define ECX_DEFAULT_DATA "auto"
-/* Every ecx_config.data value, the one list messages and help print. */
+/* Every ecx_config.data value, the one list messages and help print (the
+ * library's own list, src/data.h, is checked against it by a test). */
 #define ECX_DATA_PATHS "auto, shm, tcp, ucx, nixl"
 #define ECX_DEFAULT_ACK_TIMEOUT_MS 2000
 #define ECX_DEFAULT_READ_TIMEOUT_MS 20000

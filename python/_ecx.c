@@ -1734,6 +1734,7 @@ PyMODINIT_FUNC PyInit__ecx(void)
         PyModule_AddObjectRef(m, "FetchResult", (PyObject *)FetchResult) < 0 ||
         PyModule_AddObjectRef(m, "RegionInfo", (PyObject *)RegionInfo) < 0 ||
         PyModule_AddStringConstant(m, "VERSION", ECX_VERSION_STRING) < 0 ||
+        PyModule_AddStringConstant(m, "DATA_PATHS", ECX_DATA_PATHS) < 0 ||
         PyModule_AddIntConstant(m, "MM_HASH_MAX", ECX_MM_HASH_MAX) < 0)
         goto fail;
     /* The lists of ecx.h, as Python values. */

@@ -136,24 +136,20 @@ void ecxi_data_ops_check(const struct ecxi_data_ops *ops, bool peer)
 int ecxi_data_backend_parse(const char *s, int *out)
 {
     if (!s || !out) return ECX_EINVAL;
-    static const int all[] = {ECX_DATA_AUTO, ECX_DATA_SHM, ECX_DATA_TCP, ECX_DATA_UCX,
-                              ECX_DATA_NIXL};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        if (!strcmp(s, ecxi_data_backend_name(all[i]))) {
-            *out = all[i];
-            return 0;
-        }
+#define PARSE_(name, v, str)                                                                       \
+    if (!strcmp(s, str)) return *out = ECX_DATA_##name, 0;
+    ECX_DATA_BACKENDS(PARSE_)
+#undef PARSE_
     return ECX_EINVAL;
 }
 
 const char *ecxi_data_backend_name(int backend)
 {
     switch (backend) {
-    case ECX_DATA_AUTO: return "auto";
-    case ECX_DATA_SHM: return "shm";
-    case ECX_DATA_UCX: return "ucx";
-    case ECX_DATA_TCP: return "tcp";
-    case ECX_DATA_NIXL: return "nixl";
+#define NAME_(name, v, str)                                                                        \
+    case ECX_DATA_##name: return str;
+        ECX_DATA_BACKENDS(NAME_)
+#undef NAME_
     }
     return "unknown";
 }

@@ -96,16 +96,26 @@ typedef struct ecxi_data ecxi_data;
 typedef struct ecxi_data_peer ecxi_data_peer;
 typedef struct ecxi_data_xfer ecxi_data_xfer;
 
-/* Which path moves the bytes (`--data auto|shm|tcp|ucx|nixl`). nixl
- * (data_nixl.c): NIXL's one-sided data plane, to be a peer of vLLM's own
- * connector; never chosen by auto. */
+/* Which path moves the bytes: X(NAME, value, "name"), the one list of
+ * them, in the order of ecx.h's ECX_DATA_PATHS, which prints it (the
+ * order of the values is older; tests/test_data.c checks that the two
+ * agree). nixl (data_nixl.c): NIXL's one-sided data plane, to be a peer
+ * of vLLM's own connector; never chosen by auto. */
+#define ECX_DATA_BACKENDS(X)                                                                       \
+    X(AUTO, 0, "auto")                                                                             \
+    X(SHM, 1, "shm")                                                                               \
+    X(TCP, 3, "tcp")                                                                               \
+    X(UCX, 2, "ucx")                                                                               \
+    X(NIXL, 4, "nixl")
 enum ecxi_data_backend {
-    ECX_DATA_AUTO = 0,
-    ECX_DATA_SHM = 1,
-    ECX_DATA_UCX = 2,
-    ECX_DATA_TCP = 3,
-    ECX_DATA_NIXL = 4,
+#define ECX_DATA_ENUM_(name, v, s) ECX_DATA_##name = v,
+    ECX_DATA_BACKENDS(ECX_DATA_ENUM_)
+#undef ECX_DATA_ENUM_
 };
+/* How many: the values are 0 .. ECX_DATA_BACKEND_COUNT - 1. */
+#define ECX_DATA_COUNT_(name, v, s) +1
+enum { ECX_DATA_BACKEND_COUNT = 0 ECX_DATA_BACKENDS(ECX_DATA_COUNT_) };
+#undef ECX_DATA_COUNT_
 
 /* State of a posted READ. CORRUPT: the bytes arrived but their checksum is
  * not the ticket's (the item must not become ready). */
@@ -131,7 +141,8 @@ typedef struct ecxi_data_opts {
                               first READ, slice by slice (data_shm.c) */
 } ecxi_data_opts;
 
-/* Parse "auto" / "shm" / "tcp" / "ucx" / "nixl" into enum ecxi_data_backend; ECX_EINVAL else. */
+/* Parse a name of ECX_DATA_BACKENDS into enum ecxi_data_backend;
+ * ECX_EINVAL else. The name of a value ("unknown" for none). */
 int ecxi_data_backend_parse(const char *s, int *out);
 const char *ecxi_data_backend_name(int backend);
 
@@ -361,7 +372,7 @@ typedef struct ecxi_data_counts {
     uint64_t requests_dropped; /* malformed requests, or past a queue bound */
 } ecxi_data_counts;
 typedef struct ecxi_data_stats {
-    ecxi_data_counts path[5];
+    ecxi_data_counts path[ECX_DATA_BACKEND_COUNT];
     /* Slices (ecxi_data_progress / poll_notifs calls that moved bytes). */
     uint64_t slices;
     uint64_t slice_bytes;     /* bytes they moved (ucx: bytes verified) */

@@ -660,6 +660,18 @@ static void test_validation(void **state)
     assert_int_equal(b, ECX_DATA_TCP);
     assert_string_equal(ecxi_data_backend_name(ECX_DATA_TCP), "tcp");
     assert_int_equal(ecxi_data_backend_parse("rdma", &b), ECX_EINVAL);
+    /* ecx.h's printed list is data.h's, in its order; every value has a
+     * name that parses back to it. */
+    char list[64] = "";
+    for (int k = 0; k < ECX_DATA_BACKEND_COUNT; k++) {
+        assert_int_equal(ecxi_data_backend_parse(ecxi_data_backend_name(k), &b), 0);
+        assert_int_equal(b, k);
+    }
+#define JOIN_(name, v, str) strcat(strcat(list, *list ? ", " : ""), str);
+    ECX_DATA_BACKENDS(JOIN_)
+#undef JOIN_
+    assert_string_equal(list, ECX_DATA_PATHS);
+    assert_string_equal(ecxi_data_backend_name(ECX_DATA_BACKEND_COUNT), "unknown");
     ecxi_data_opts bad = {.backend = 9};
     ecxi_data *bd = NULL;
     ecxi_region *r = mkregion(2, BS);

@@ -36,13 +36,17 @@ from ._ecx import (
 
 __all__ = [
     "Context", "Region", "tensor_view", "Error", "FetchResult", "Hold", "RegionInfo",
-    "ERRORS", "REASONS",
+    "ERRORS", "REASONS", "DATA_PATHS",
     "compat_hash", "errname", "strerror", "library_version", "reap_regions",
     "set_logger", "set_log_level", "cli_path", "__version__",
 ]
 
 #: The version of the package and of the libecx inside it.
 __version__: str = _ecx.VERSION
+
+#: Every value of ``Context(data=...)``, in the library's order (its
+#: ``ECX_DATA_PATHS``).
+DATA_PATHS: "tuple[str, ...]" = tuple(_ecx.DATA_PATHS.split(", "))
 
 _Z85 = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
 

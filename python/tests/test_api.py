@@ -264,3 +264,16 @@ def test_curve_key_files(tmp_path):
     bad.write_text("not a key\n")
     with pytest.raises(ValueError):
         ecx.Context(curve_server_key_file=bad)
+
+
+def test_docs_list_every_data_path():
+    # The library's list of data paths (ECX_DATA_PATHS) is the one the READMEs print.
+    assert ecx.DATA_PATHS[0] == "auto" and "nixl" in ecx.DATA_PATHS
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "README.md")) as f:
+        m = re.search(r"`data` \(one of\s+((?:`\"\w+\"`[,\s]*)+)", f.read())
+    assert m, "python/README.md names no `data` (one of ...) list"
+    assert tuple(re.findall(r'"(\w+)"', m.group(1))) == ecx.DATA_PATHS
+    with open(os.path.join(here, "..", "..", "README.md")) as f:
+        top = " ".join(f.read().split())
+    assert "`--data` (one of " + ", ".join(ecx.DATA_PATHS) + ")" in top
