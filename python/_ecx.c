@@ -1761,6 +1761,14 @@ PyMODINIT_FUNC PyInit__ecx(void)
     if (!rt || PyModule_AddObject(m, "ERRORS", errors) < 0 ||
         PyModule_AddObject(m, "REASONS", rt) < 0)
         goto fail;
+    /* The keyword arguments Context takes: fields[], the one list. */
+    PyObject *cf = PyTuple_New(sizeof fields / sizeof *fields);
+    for (size_t i = 0; cf && i < sizeof fields / sizeof *fields; i++) {
+        PyObject *v = PyUnicode_FromString(fields[i].name);
+        if (!v) Py_CLEAR(cf);
+        else PyTuple_SET_ITEM(cf, (Py_ssize_t)i, v);
+    }
+    if (!cf || PyModule_AddObject(m, "CONFIG_FIELDS", cf) < 0) goto fail;
     return m;
 fail:
     Py_DECREF(m);

@@ -91,7 +91,7 @@ class Context(_ecx.Context):
     ``progress_thread``, ``instance``, ``rank``, ``ack_timeout_ms``,
     ``read_timeout_ms``, ``quarantine_ms``, ``item_wait_ms``,
     ``tombstone_ttl_ms``, ``session_idle_ms``, ``max_sessions``, ``lease_ms``,
-    ``max_grants``, ``max_conn_grants``, ``max_conn_pin_pct``,
+    ``max_grants``, ``max_conn_grants``, ``max_conn_pin_pct``, ``max_pin_pct``,
     ``max_connections``, ``curve_secret_key``, ``curve_server_key``,
     ``curve_allow``, ``connector_version``, ``events_endpoint``, ``events_topic``: encoder-cache
     events, docs/EVENTS.md; subscribe with ``ecx.events``); omitted ones keep the library's defaults. CURVE keys

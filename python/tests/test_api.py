@@ -277,3 +277,17 @@ def test_docs_list_every_data_path():
     with open(os.path.join(here, "..", "..", "README.md")) as f:
         top = " ".join(f.read().split())
     assert "`--data` (one of " + ", ".join(ecx.DATA_PATHS) + ")" in top
+
+
+def test_docs_list_every_config_field():
+    # Context's keyword arguments are the binding's one table (ecx._ecx.CONFIG_FIELDS):
+    # the README and Context's docstring name each of them.
+    fields = ecx._ecx.CONFIG_FIELDS
+    assert "listen" in fields and "events_topic" in fields
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "README.md")) as f:
+        readme = f.read()
+    para = readme[readme.index("`ecx.Context(role="):readme.index("| call | what it does |")]
+    doc = ecx.Context.__doc__
+    assert [n for n in fields if "`%s`" % n not in para] == []
+    assert [n for n in fields if "``%s``" % n not in doc] == []
