@@ -136,6 +136,25 @@ static void stop_thread(ecx_ctx *ctx);
  * the least a caller may pass. */
 #define CONFIG_SIZE_V1 offsetof(ecx_config, connector_version)
 
+/* The numeric fields that have a default and a range of their own:
+ * X(field, default, lo, hi), the one list ecx_config_init and
+ * config_check read (roles, strings, and the rules between fields are
+ * written out there). */
+#define CONFIG_RANGED(X)                                                                           \
+    X(progress_thread, 1, 0, 1)                                                                    \
+    X(ack_timeout_ms, ECX_DEFAULT_ACK_TIMEOUT_MS, 1, INT64_MAX)                                    \
+    X(read_timeout_ms, ECX_DEFAULT_READ_TIMEOUT_MS, 1, INT64_MAX)                                  \
+    X(quarantine_ms, ECX_DEFAULT_QUARANTINE_MS, 1, INT64_MAX)                                      \
+    X(item_wait_ms, ECX_DEFAULT_ITEM_WAIT_MS, 1, INT64_MAX)                                        \
+    X(tombstone_ttl_ms, ECX_DEFAULT_TOMBSTONE_TTL_MS, 1, INT64_MAX)                                \
+    X(session_idle_ms, ECX_DEFAULT_SESSION_IDLE_MS, 1, INT64_MAX)                                  \
+    X(max_sessions, ECX_DEFAULT_MAX_SESSIONS, 1, 65536)                                            \
+    X(lease_ms, ECX_DEFAULT_LEASE_MS, 1, UINT32_MAX)                                               \
+    X(max_grants, ECX_DEFAULT_MAX_GRANTS, 1, UINT32_MAX)                                           \
+    X(max_conn_pin_pct, ECX_DEFAULT_MAX_CONN_PIN_PCT, 1, 100)                                      \
+    X(max_pin_pct, ECX_DEFAULT_MAX_PIN_PCT, 1, 100)                                                \
+    X(max_connections, 0, 0, 1000000)
+
 void ecx_config_init(ecx_config *c)
 {
     if (!c) return;
@@ -149,20 +168,11 @@ void ecx_config_init(ecx_config *c)
     c->model = ECX_DEFAULT_MODEL;
     c->dtype = ECX_DEFAULT_DTYPE;
     c->data = ECX_DEFAULT_DATA;
-    c->progress_thread = 1;
-    c->ack_timeout_ms = ECX_DEFAULT_ACK_TIMEOUT_MS;
-    c->read_timeout_ms = ECX_DEFAULT_READ_TIMEOUT_MS;
-    c->quarantine_ms = ECX_DEFAULT_QUARANTINE_MS;
-    c->item_wait_ms = ECX_DEFAULT_ITEM_WAIT_MS;
-    c->tombstone_ttl_ms = ECX_DEFAULT_TOMBSTONE_TTL_MS;
-    c->session_idle_ms = ECX_DEFAULT_SESSION_IDLE_MS;
-    c->max_sessions = ECX_DEFAULT_MAX_SESSIONS;
-    c->lease_ms = ECX_DEFAULT_LEASE_MS;
-    c->max_grants = ECX_DEFAULT_MAX_GRANTS;
+#define DEFAULT_(field, dflt, lo, hi) c->field = dflt;
+    CONFIG_RANGED(DEFAULT_)
+#undef DEFAULT_
     c->max_conn_grants = ECX_DEFAULT_MAX_CONN_GRANTS;
-    c->max_conn_pin_pct = ECX_DEFAULT_MAX_CONN_PIN_PCT;
     c->connector_version = ECX_DEFAULT_CONNECTOR_VERSION;
-    c->max_pin_pct = ECX_DEFAULT_MAX_PIN_PCT;
 }
 
 /* The caller's config as this library's ecx_config: fields past its size
@@ -252,25 +262,17 @@ static char *info_labels(const ecx_config *c, const char *compat)
 static int config_check(const ecx_config *c)
 {
     const char *bad = NULL;
+    int64_t lo = 0, hi = 0;
     if (c->role < ECX_ROLE_PRODUCER || c->role > ECX_ROLE_BOTH) bad = "role";
     else if (!c->vllm_version || !c->model || !c->dtype) bad = "vllm_version/model/dtype (NULL)";
     else if (c->block_bytes == 0 || c->block_bytes > INT64_MAX) bad = "block_bytes";
     else if (c->region_bytes < c->block_bytes) bad = "region_bytes (less than one block)";
-    else if (c->ack_timeout_ms <= 0) bad = "ack_timeout_ms";
-    else if (c->read_timeout_ms <= 0) bad = "read_timeout_ms";
-    else if (c->quarantine_ms <= 0) bad = "quarantine_ms";
-    else if (c->item_wait_ms <= 0) bad = "item_wait_ms";
-    else if (c->tombstone_ttl_ms <= 0) bad = "tombstone_ttl_ms";
-    else if (c->session_idle_ms <= 0) bad = "session_idle_ms";
-    else if (c->max_sessions == 0 || c->max_sessions > 65536) bad = "max_sessions (1..65536)";
-    else if (c->lease_ms <= 0 || c->lease_ms > UINT32_MAX) bad = "lease_ms";
-    else if (c->max_grants == 0) bad = "max_grants";
+#define RANGE_(field, dflt, l, h)                                                                  \
+    else if ((int64_t)c->field < (l) || (int64_t)c->field > (h)) bad = #field, lo = l, hi = h;
+    CONFIG_RANGED(RANGE_)
+#undef RANGE_
     else if (c->max_conn_grants == 0 || c->max_conn_grants > c->max_grants)
         bad = "max_conn_grants (1..max_grants)";
-    else if (c->max_conn_pin_pct == 0 || c->max_conn_pin_pct > 100) bad = "max_conn_pin_pct (1..100)";
-    else if (c->max_pin_pct == 0 || c->max_pin_pct > 100) bad = "max_pin_pct (1..100)";
-    else if (c->max_connections > 1000000) bad = "max_connections";
-    else if (c->progress_thread != 0 && c->progress_thread != 1) bad = "progress_thread (0 or 1)";
     else if (c->connector_version < 1 || c->connector_version > ECX_CONNECTOR_VERSION_MAX)
         bad = "connector_version (0, 1 or 2)";
     else if (c->connector_version == 2 &&
@@ -279,7 +281,14 @@ static int config_check(const ecx_config *c)
     else if ((c->events_endpoint || c->events_topic) && !(c->role & ECX_ROLE_PRODUCER))
         bad = "events_endpoint/events_topic (a producer's)";
     if (!bad) return 0;
-    ecxi_log(ECX_LOG_ERROR, "ecx_new: config field %s is out of range", bad);
+    if (lo < hi && hi == INT64_MAX)
+        ecxi_log(ECX_LOG_ERROR, "ecx_new: config field %s is out of range (at least %lld)", bad,
+                 (long long)lo);
+    else if (lo < hi)
+        ecxi_log(ECX_LOG_ERROR, "ecx_new: config field %s is out of range (%lld..%lld)", bad,
+                 (long long)lo, (long long)hi);
+    else
+        ecxi_log(ECX_LOG_ERROR, "ecx_new: config field %s is out of range", bad);
     return ECX_EINVAL;
 }
 
