@@ -300,7 +300,7 @@ bool ecxi_data_peer_same(const ecxi_data_peer *p, const uint8_t *meta, size_t me
  * refused when registered). */
 bool ecxi_data_peer_overlaps(const ecxi_data_peer *p, const uint8_t *meta, size_t meta_len);
 
-/* Name of the path the peer uses ("shm" / "tcp" / "ucx"). */
+/* Name of the path the peer uses ("shm" / "tcp" / "ucx" / "nixl"). */
 const char *ecxi_data_peer_backend(const ecxi_data_peer *p);
 
 /* Drop a registration. READs still running on it are failed (their xfers

@@ -8,8 +8,8 @@
  *
  * Dispatch: every ecxi_data, ecxi_data_peer and ecxi_data_xfer starts with
  * the head below; the public calls in data.c follow x->owner->ops. A
- * wrapper (auto, fault) may hand out its inner backend's peers and xfers
- * or its own, as it likes: each object names its real owner.
+ * wrapper (auto, nixl, fault) may hand out its inner backend's peers and
+ * xfers or its own, as it likes: each object names its real owner.
  */
 #ifndef ECX_DATA_IMPL_H
 #define ECX_DATA_IMPL_H
@@ -118,7 +118,7 @@ static inline int ecxi_data_grant_check(ecxi_data *d, const char *key, size_t ke
 /* Head of every peer: its owner, and what it was registered from. */
 struct ecxi_data_peer {
     ecxi_data *owner;
-    const char *backend;  /* "shm" / "tcp" / "ucx" */
+    const char *backend;  /* "shm" / "tcp" / "ucx" / "nixl" */
     uint64_t num_blocks;  /* of the remote region */
     uint64_t nonce;       /* of the producer context */
     uint8_t *meta;        /* the agent_metadata bytes */
