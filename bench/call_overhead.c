@@ -112,7 +112,7 @@ int main(int argc, char **argv)
     if (argc % 2 == 0 || calls < 1 || items < 1 || items > 10000 || iters < 1 || iters > 1000 ||
         size < 1) {
         fprintf(stderr, "usage: call_overhead [--calls N] [--items K] [--size BYTES] "
-                        "[--xfer-iters M] [--data auto|shm|tcp|ucx]\n");
+                        "[--xfer-iters M] [--data PATH]\nPATH: one of " ECX_DATA_PATHS "\n");
         return 2;
     }
 

@@ -26,9 +26,9 @@
 
 #define STUB_MAX_BLOCKS 65536
 
-static const uint8_t STUB_TOKEN[ECX_DATA_TOKEN_LEN] = {0x5e, 0xc7, 0x01, 0x02, 0x03, 0x04,
-                                                       0x05, 0x06, 0x07, 0x08, 0x09, 0x0a,
-                                                       0x0b, 0x0c, 0x0d, 0x0e};
+#define STUB_TOKEN_BYTES                                                                           \
+    {0x5e, 0xc7, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e}
+static const uint8_t STUB_TOKEN[ECX_DATA_TOKEN_LEN] = STUB_TOKEN_BYTES;
 
 typedef struct stub_grants {
     uint64_t blocks[STUB_MAX_BLOCKS]; /* of the last grant served */
@@ -111,12 +111,13 @@ static __attribute__((unused)) long stub_desc(const uint8_t *layout, size_t layo
     return ecxi_data_desc_encode(&dd, buf, cap);
 }
 
-/* A producer's layout descriptor (a stub ticket for one byte). */
+/* A stub ticket for one byte, and a producer's layout descriptor with it. */
+static __attribute__((unused)) const ecxi_data_ticket stub_ticket = {
+    .token = STUB_TOKEN_BYTES, .nbytes = 1, .lease_ms = 30000};
+
 static __attribute__((unused)) long stub_layout(const ecxi_data *prod, uint8_t *buf, size_t cap)
 {
-    ecxi_data_ticket t = {.nbytes = 1, .lease_ms = 30000};
-    memcpy(t.token, STUB_TOKEN, ECX_DATA_TOKEN_LEN);
-    return ecxi_data_grant_descriptor(prod, &t, buf, cap);
+    return ecxi_data_grant_descriptor(prod, &stub_ticket, buf, cap);
 }
 
 #endif

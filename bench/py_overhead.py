@@ -117,7 +117,7 @@ def main():
     ap.add_argument("--items", type=int, default=100)
     ap.add_argument("--size", type=int, default=28_800_000)
     ap.add_argument("--xfer-iters", type=int, default=10)
-    ap.add_argument("--data", default="auto", choices=["auto", "shm", "tcp", "ucx"])
+    ap.add_argument("--data", default="auto", choices=ecx.DATA_PATHS)
     o = ap.parse_args()
     cs, ps = [], []
     for _ in range(o.rounds):

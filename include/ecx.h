@@ -44,7 +44,7 @@
  *     pending does not take it at all. ecx_poll() has nothing to drive: it reports the events
  *     the thread handled (waiting up to timeout_ms for some), ecx_fd()
  *     becomes readable when the thread handled events, and
- *     ecx_next_timeout() is -1. The thread touches the context's sockets,
+ *     ecx_next_timeout() is ECX_NO_TIMEOUT. The thread touches the context's sockets,
  *     region and cache only while holding the lock; it never calls the
  *     logger with the lock of another context held, and stops in ecx_free().
  *     On the same-host path it also maps in the rest of a producer's region
@@ -92,11 +92,11 @@ extern "C" {
  * ====================================================================== */
 
 #define ECX_VERSION_MAJOR 0
-#define ECX_VERSION_MINOR 2
+#define ECX_VERSION_MINOR 3
 #define ECX_VERSION_PATCH 0
-#define ECX_VERSION_STRING "0.2.0"
+#define ECX_VERSION_STRING "0.3.0"
 /* Bumped on every incompatible ABI change; the SONAME's number. */
-#define ECX_ABI_VERSION 1
+#define ECX_ABI_VERSION 2
 
 /* Protocol versions (docs/PROTOCOL.md, "Versions"): 1 is the reference's
  * ECCPUConnector before vLLM 0.32, 2 that of vLLM >= 0.32 (the same
@@ -125,6 +125,7 @@ ECX_API const char *ecx_version(void);
     X(EUTF8, -4, "string is not valid UTF-8")                                                      \
     X(ECRYPTO, -5, "crypto library failure")                                                       \
     X(ESYS, -6, "system call failed")                                                              \
+    X(EROLE, -7, "call not valid for this context's role")                                         \
     /* Wire decoding: why a frame was refused. */                                                  \
     X(EWIRE_EMPTY, -20, "empty frame")                                                             \
     X(EWIRE_TRUNCATED, -21, "frame truncated inside a value")                                      \
@@ -161,7 +162,6 @@ ECX_API const char *ecx_version(void);
     X(EDATA_UCX, -67, "UCX call failed")                                                           \
     X(EDATA_PEER, -68, "data-plane peer unreachable or broken")                                    \
     X(EDATA_FAULT, -69, "injected data-plane fault")                                               \
-    X(EDATA_ROLE, -70, "call not valid for this context's role")                                   \
     X(EDATA_NOTIF, -71, "notification empty or too long")                                          \
     X(EDATA_GRANT, -72, "no live grant with that key and token")
 
@@ -319,7 +319,8 @@ enum ecx_role { ECX_ROLE_PRODUCER = 1, ECX_ROLE_CONSUMER = 2, ECX_ROLE_BOTH = 3 
 #define ECX_DEFAULT_MODEL "llava-hf/llava-1.5-7b-hf"
 #define ECX_DEFAULT_DTYPE "torch.bfloat16"
 #define ECX_DEFAULT_DATA "auto"
-/* Every ecx_config.data value, the one list messages and help print. */
+/* Every ecx_config.data value, the one list messages and help print (the
+ * library's own list, src/data.h, is checked against it by a test). */
 #define ECX_DATA_PATHS "auto, shm, tcp, ucx, nixl"
 #define ECX_DEFAULT_ACK_TIMEOUT_MS 2000
 #define ECX_DEFAULT_READ_TIMEOUT_MS 20000
@@ -452,10 +453,14 @@ ECX_API int ecx_poll(ecx_ctx *ctx, int timeout_ms);
  * ecx_poll(ctx, 0). Valid until ecx_free(). */
 ECX_API int ecx_fd(ecx_ctx *ctx);
 /* Milliseconds until ecx_poll() must run even if ecx_fd() stays quiet: 0
- * if it has work now, -1 if nothing is pending. */
+ * if it has work now, ECX_NO_TIMEOUT if nothing is pending (always, with
+ * the progress thread), a negative error (ECX_EINVAL: ctx NULL). */
 ECX_API int ecx_next_timeout(ecx_ctx *ctx);
+/* ecx_next_timeout()'s "nothing pending": INT_MAX, which no error and no
+ * timer has (wait as long as you like; poll(2)'s -1 is the same). */
+#define ECX_NO_TIMEOUT 0x7fffffff
 
-/* The producer's bound port (useful with port 0); ECX_EDATA_ROLE for a
+/* The producer's bound port (useful with port 0); ECX_EROLE for a
  * consumer-only context. */
 ECX_API int ecx_listen_port(const ecx_ctx *ctx);
 

@@ -1419,7 +1419,8 @@ static PyObject *ctx_next_timeout(Ctx *self, PyObject *unused)
     unsigned seq0 = tl_seq;
     int t = ecx_next_timeout(self->ctx);
     DRAIN();
-    if (t < -1) return raise_rc(t, seq0);
+    if (t == ECX_NO_TIMEOUT) return PyLong_FromLong(-1); /* Python's "none": errors raise */
+    if (t < 0) return raise_rc(t, seq0);
     return PyLong_FromLong(t);
 }
 
@@ -1733,6 +1734,7 @@ PyMODINIT_FUNC PyInit__ecx(void)
         PyModule_AddObjectRef(m, "FetchResult", (PyObject *)FetchResult) < 0 ||
         PyModule_AddObjectRef(m, "RegionInfo", (PyObject *)RegionInfo) < 0 ||
         PyModule_AddStringConstant(m, "VERSION", ECX_VERSION_STRING) < 0 ||
+        PyModule_AddStringConstant(m, "DATA_PATHS", ECX_DATA_PATHS) < 0 ||
         PyModule_AddIntConstant(m, "MM_HASH_MAX", ECX_MM_HASH_MAX) < 0)
         goto fail;
     /* The lists of ecx.h, as Python values. */
@@ -1759,6 +1761,14 @@ PyMODINIT_FUNC PyInit__ecx(void)
     if (!rt || PyModule_AddObject(m, "ERRORS", errors) < 0 ||
         PyModule_AddObject(m, "REASONS", rt) < 0)
         goto fail;
+    /* The keyword arguments Context takes: fields[], the one list. */
+    PyObject *cf = PyTuple_New(sizeof fields / sizeof *fields);
+    for (size_t i = 0; cf && i < sizeof fields / sizeof *fields; i++) {
+        PyObject *v = PyUnicode_FromString(fields[i].name);
+        if (!v) Py_CLEAR(cf);
+        else PyTuple_SET_ITEM(cf, (Py_ssize_t)i, v);
+    }
+    if (!cf || PyModule_AddObject(m, "CONFIG_FIELDS", cf) < 0) goto fail;
     return m;
 fail:
     Py_DECREF(m);

@@ -136,6 +136,25 @@ static void stop_thread(ecx_ctx *ctx);
  * the least a caller may pass. */
 #define CONFIG_SIZE_V1 offsetof(ecx_config, connector_version)
 
+/* The numeric fields that have a default and a range of their own:
+ * X(field, default, lo, hi), the one list ecx_config_init and
+ * config_check read (roles, strings, and the rules between fields are
+ * written out there). */
+#define CONFIG_RANGED(X)                                                                           \
+    X(progress_thread, 1, 0, 1)                                                                    \
+    X(ack_timeout_ms, ECX_DEFAULT_ACK_TIMEOUT_MS, 1, INT64_MAX)                                    \
+    X(read_timeout_ms, ECX_DEFAULT_READ_TIMEOUT_MS, 1, INT64_MAX)                                  \
+    X(quarantine_ms, ECX_DEFAULT_QUARANTINE_MS, 1, INT64_MAX)                                      \
+    X(item_wait_ms, ECX_DEFAULT_ITEM_WAIT_MS, 1, INT64_MAX)                                        \
+    X(tombstone_ttl_ms, ECX_DEFAULT_TOMBSTONE_TTL_MS, 1, INT64_MAX)                                \
+    X(session_idle_ms, ECX_DEFAULT_SESSION_IDLE_MS, 1, INT64_MAX)                                  \
+    X(max_sessions, ECX_DEFAULT_MAX_SESSIONS, 1, 65536)                                            \
+    X(lease_ms, ECX_DEFAULT_LEASE_MS, 1, UINT32_MAX)                                               \
+    X(max_grants, ECX_DEFAULT_MAX_GRANTS, 1, UINT32_MAX)                                           \
+    X(max_conn_pin_pct, ECX_DEFAULT_MAX_CONN_PIN_PCT, 1, 100)                                      \
+    X(max_pin_pct, ECX_DEFAULT_MAX_PIN_PCT, 1, 100)                                                \
+    X(max_connections, 0, 0, 1000000)
+
 void ecx_config_init(ecx_config *c)
 {
     if (!c) return;
@@ -149,20 +168,11 @@ void ecx_config_init(ecx_config *c)
     c->model = ECX_DEFAULT_MODEL;
     c->dtype = ECX_DEFAULT_DTYPE;
     c->data = ECX_DEFAULT_DATA;
-    c->progress_thread = 1;
-    c->ack_timeout_ms = ECX_DEFAULT_ACK_TIMEOUT_MS;
-    c->read_timeout_ms = ECX_DEFAULT_READ_TIMEOUT_MS;
-    c->quarantine_ms = ECX_DEFAULT_QUARANTINE_MS;
-    c->item_wait_ms = ECX_DEFAULT_ITEM_WAIT_MS;
-    c->tombstone_ttl_ms = ECX_DEFAULT_TOMBSTONE_TTL_MS;
-    c->session_idle_ms = ECX_DEFAULT_SESSION_IDLE_MS;
-    c->max_sessions = ECX_DEFAULT_MAX_SESSIONS;
-    c->lease_ms = ECX_DEFAULT_LEASE_MS;
-    c->max_grants = ECX_DEFAULT_MAX_GRANTS;
+#define DEFAULT_(field, dflt, lo, hi) c->field = dflt;
+    CONFIG_RANGED(DEFAULT_)
+#undef DEFAULT_
     c->max_conn_grants = ECX_DEFAULT_MAX_CONN_GRANTS;
-    c->max_conn_pin_pct = ECX_DEFAULT_MAX_CONN_PIN_PCT;
     c->connector_version = ECX_DEFAULT_CONNECTOR_VERSION;
-    c->max_pin_pct = ECX_DEFAULT_MAX_PIN_PCT;
 }
 
 /* The caller's config as this library's ecx_config: fields past its size
@@ -252,25 +262,17 @@ static char *info_labels(const ecx_config *c, const char *compat)
 static int config_check(const ecx_config *c)
 {
     const char *bad = NULL;
+    int64_t lo = 0, hi = 0;
     if (c->role < ECX_ROLE_PRODUCER || c->role > ECX_ROLE_BOTH) bad = "role";
     else if (!c->vllm_version || !c->model || !c->dtype) bad = "vllm_version/model/dtype (NULL)";
     else if (c->block_bytes == 0 || c->block_bytes > INT64_MAX) bad = "block_bytes";
     else if (c->region_bytes < c->block_bytes) bad = "region_bytes (less than one block)";
-    else if (c->ack_timeout_ms <= 0) bad = "ack_timeout_ms";
-    else if (c->read_timeout_ms <= 0) bad = "read_timeout_ms";
-    else if (c->quarantine_ms <= 0) bad = "quarantine_ms";
-    else if (c->item_wait_ms <= 0) bad = "item_wait_ms";
-    else if (c->tombstone_ttl_ms <= 0) bad = "tombstone_ttl_ms";
-    else if (c->session_idle_ms <= 0) bad = "session_idle_ms";
-    else if (c->max_sessions == 0 || c->max_sessions > 65536) bad = "max_sessions (1..65536)";
-    else if (c->lease_ms <= 0 || c->lease_ms > UINT32_MAX) bad = "lease_ms";
-    else if (c->max_grants == 0) bad = "max_grants";
+#define RANGE_(field, dflt, l, h)                                                                  \
+    else if ((int64_t)c->field < (l) || (int64_t)c->field > (h)) bad = #field, lo = l, hi = h;
+    CONFIG_RANGED(RANGE_)
+#undef RANGE_
     else if (c->max_conn_grants == 0 || c->max_conn_grants > c->max_grants)
         bad = "max_conn_grants (1..max_grants)";
-    else if (c->max_conn_pin_pct == 0 || c->max_conn_pin_pct > 100) bad = "max_conn_pin_pct (1..100)";
-    else if (c->max_pin_pct == 0 || c->max_pin_pct > 100) bad = "max_pin_pct (1..100)";
-    else if (c->max_connections > 1000000) bad = "max_connections";
-    else if (c->progress_thread != 0 && c->progress_thread != 1) bad = "progress_thread (0 or 1)";
     else if (c->connector_version < 1 || c->connector_version > ECX_CONNECTOR_VERSION_MAX)
         bad = "connector_version (0, 1 or 2)";
     else if (c->connector_version == 2 &&
@@ -279,7 +281,14 @@ static int config_check(const ecx_config *c)
     else if ((c->events_endpoint || c->events_topic) && !(c->role & ECX_ROLE_PRODUCER))
         bad = "events_endpoint/events_topic (a producer's)";
     if (!bad) return 0;
-    ecxi_log(ECX_LOG_ERROR, "ecx_new: config field %s is out of range", bad);
+    if (lo < hi && hi == INT64_MAX)
+        ecxi_log(ECX_LOG_ERROR, "ecx_new: config field %s is out of range (at least %lld)", bad,
+                 (long long)lo);
+    else if (lo < hi)
+        ecxi_log(ECX_LOG_ERROR, "ecx_new: config field %s is out of range (%lld..%lld)", bad,
+                 (long long)lo, (long long)hi);
+    else
+        ecxi_log(ECX_LOG_ERROR, "ecx_new: config field %s is out of range", bad);
     return ECX_EINVAL;
 }
 
@@ -489,7 +498,7 @@ void ecx_free(ecx_ctx *ctx)
 int ecx_listen_port(const ecx_ctx *ctx)
 {
     if (!ctx) return ECX_EINVAL;
-    return ctx->srv ? ctx->port : ECX_EDATA_ROLE;
+    return ctx->srv ? ctx->port : ECX_EROLE;
 }
 
 int ecx_region_info(const ecx_ctx *ctx, ecx_region_layout *out)
@@ -789,12 +798,12 @@ int ecx_fd(ecx_ctx *ctx)
 int ecx_next_timeout(ecx_ctx *ctx)
 {
     if (!ctx) return ECX_EINVAL;
-    if (ctx->threaded) return -1; /* the thread keeps the timers */
+    if (ctx->threaded) return ECX_NO_TIMEOUT; /* the thread keeps the timers */
     lock(ctx);
     bool nothing;
     int64_t w = wait_ms(ctx, -1, &nothing);
     unlock(ctx);
-    return w > INT32_MAX ? INT32_MAX : (int)w;
+    return w < 0 || w > ECX_NO_TIMEOUT ? ECX_NO_TIMEOUT : (int)w; /* -1: no timer */
 }
 
 /* ---------- items ---------- */
@@ -887,7 +896,7 @@ int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes,
                    const ecx_segment **segs, size_t *n_segs)
 {
     if (!ctx || !hash_ok(mm_hash) || size_bytes == 0 || !segs || !n_segs) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     lock(ctx);
     int rc = save_begin(ctx, mm_hash, size_bytes, segs, n_segs);
     unlock(ctx);
@@ -917,7 +926,7 @@ static open_item *open_save(ecx_ctx *ctx, const char *h, int *rc)
 int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     lock(ctx);
     int rc;
     open_item *it = open_save(ctx, mm_hash, &rc);
@@ -943,7 +952,7 @@ int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
 int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     lock(ctx);
     int rc;
     if (open_save(ctx, mm_hash, &rc) && !(rc = ecxi_cache_discard(ctx->cache, mm_hash, strlen(mm_hash))))
@@ -955,7 +964,7 @@ int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash)
 int ecx_save(ecx_ctx *ctx, const char *mm_hash, const void *bytes, uint64_t size_bytes)
 {
     if (!ctx || !hash_ok(mm_hash) || size_bytes == 0 || !bytes) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     /* Begin, copy without mu (the entry is not ready: nothing else touches
      * its blocks), commit. */
     const ecx_segment *segs;
@@ -985,7 +994,7 @@ static int announce_info(ecx_ctx *ctx, const char *h, ecx_announcement *out, uin
 int ecx_announce_info(ecx_ctx *ctx, const char *mm_hash, ecx_announcement *out)
 {
     if (!ctx || !hash_ok(mm_hash) || !out) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     lock(ctx);
     int rc = announce_info(ctx, mm_hash, out, NULL);
     unlock(ctx);
@@ -995,7 +1004,7 @@ int ecx_announce_info(ecx_ctx *ctx, const char *mm_hash, ecx_announcement *out)
 int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap, size_t *len)
 {
     if (!ctx || !hash_ok(mm_hash) || (!buf && cap) || !len) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     ecx_announcement a;
     uint64_t shape[2] = {0, 0};
     lock(ctx);
@@ -1036,7 +1045,7 @@ static int save_shape(ecx_ctx *ctx, const char *h, uint64_t rows, uint64_t width
 int ecx_save_shape(ecx_ctx *ctx, const char *mm_hash, uint64_t rows, uint64_t width)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
-    if (!ctx->prod) return ECX_EDATA_ROLE;
+    if (!ctx->prod) return ECX_EROLE;
     if (!ctx->rows.elem_size) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: connector_version 1 announces no shape");
         return ECX_EINVAL;
@@ -1066,7 +1075,7 @@ static int fetch(ecx_ctx *ctx, const char *h, const char *json, const ecx_announ
                  uint64_t expected_size, int *reason)
 {
     if (!ctx || !reason) return ECX_EINVAL;
-    if (!ctx->cons) return ECX_EDATA_ROLE;
+    if (!ctx->cons) return ECX_EROLE;
     /* The engine asks about a pending item every step: answer that without
      * mu, which the progress thread holds while it works (issue 26). */
     if (h && ecxi_consumer_pending(ctx->cons, h, strnlen(h, ECX_MM_HASH_MAX + 1))) {

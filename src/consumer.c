@@ -51,7 +51,7 @@ struct session {
     session *next;
     ecxi_ctrl_peer *peer;
     ecxi_data_peer *dpeer; /* registered from the first OK ack */
-    char sid[37];         /* UUID4 text */
+    char sid[ECX_SESSION_ID_LEN + 1]; /* UUID4 text */
     char key[ECXI_HOST_MAX + 8]; /* "host|port" */
     char host[ECXI_HOST_MAX + 1];
     int port;
@@ -237,8 +237,8 @@ static void retry_later(ecxi_consumer *c, xfer *x, int64_t now, int reason)
         tombstone(c, x, reason, now);
         return;
     }
-    x->backoff_ms = x->backoff_ms ? x->backoff_ms * 2 : 20;
-    if (x->backoff_ms > 500) x->backoff_ms = 500;
+    x->backoff_ms = x->backoff_ms ? x->backoff_ms * 2 : ECX_CONSUMER_BACKOFF_MIN_MS;
+    if (x->backoff_ms > ECX_CONSUMER_BACKOFF_MAX_MS) x->backoff_ms = ECX_CONSUMER_BACKOFF_MAX_MS;
     x->state = RETRY;
     x->deadline_ms = now + x->backoff_ms;
     c->st.retries++;
@@ -426,7 +426,7 @@ static void wait_for_session(ecxi_consumer *c, xfer *x, int64_t now)
     free_blocks(c, x);
     c->st.session_cap_waits++;
     x->state = RETRY;
-    x->deadline_ms = now + 50;
+    x->deadline_ms = now + ECX_CONSUMER_CAP_RETRY_MS;
 }
 
 /* Reserve local blocks and send the XferReq. On failure the transfer is a
@@ -455,7 +455,7 @@ static void ask(ecxi_consumer *c, xfer *x, int64_t now)
     ecx_req_init(&r);
     r.mm_hash = (ecx_span){x->hash, x->hash_len};
     r.compatibility_hash = (ecx_span){c->compat, strlen(c->compat)};
-    r.session_id = (ecx_span){s->sid, 36};
+    r.session_id = (ecx_span){s->sid, ECX_SESSION_ID_LEN};
     r.connector_version = c->o.connector_version;
     if ((rc = ecxi_wire_encode_req(&r, c->o.connector_version, &c->out)) ||
         (rc = ecxi_ctrl_peer_send(s->peer, c->out.data, c->out.size))) {
@@ -474,23 +474,8 @@ static void ask(ecxi_consumer *c, xfer *x, int64_t now)
 /* Validate an OK ack and post the READ; on any failure, tombstone. */
 static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, int64_t now)
 {
-    /* The descriptor is parsed here, once: the registration and the READ
-     * take the parsed form (its lease and checksum are kept below). */
     const uint8_t *meta = (const uint8_t *)a->agent_metadata.p;
-    const uint8_t *desc = (const uint8_t *)a->mem_descriptor.p;
-    size_t ml = a->agent_metadata.n, dl = a->mem_descriptor.n;
-    ecxi_data_desc dd;
-    int rc = ecxi_data_ack_desc(c->data, desc, dl, x->size_bytes, &dd);
-    if (!rc && dd.has_ticket && dd.ticket.nbytes != x->size_bytes) {
-        /* The producer's item has another size than the one announced (or
-         * given): the announcement or the caller's size is wrong. */
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s from %s:%d is %llu bytes, not the "
-                            "%llu announced", (int)x->hash_len, x->hash, s->host, s->port,
-                            (unsigned long long)dd.ticket.nbytes,
-                            (unsigned long long)x->size_bytes);
-        tombstone(c, x, ECX_REASON_SIZE_MISMATCH, now);
-        return;
-    }
+    size_t ml = a->agent_metadata.n;
     if (a->n_indices != x->n_blocks) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: ack for %.*s has %zu blocks, reserved %llu",
                             (int)x->hash_len, x->hash, a->n_indices,
@@ -505,13 +490,6 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         ecxi_data_peer_drop(s->dpeer);
         s->dpeer = NULL;
         c->st.peer_restarts++;
-    }
-    if (!rc && !dd.has_ticket) rc = ECX_EDATA_DESC;
-    if (rc) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: unusable mem_descriptor from %s:%d: %s",
-                            s->host, s->port, ecx_strerror(rc));
-        tombstone(c, x, ECX_REASON_BAD_ACK, now);
-        return;
     }
     /* A registration serves only the control-plane peer that first sent
      * it: metadata leading to a data plane another session registered is
@@ -530,16 +508,33 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
             return;
         }
     }
-    if (!s->dpeer && (rc = ecxi_data_peer_add(c->data, meta, ml, &dd, &s->dpeer))) {
-        /* Metadata we cannot use is a bad ack; a producer we cannot reach
-         * with good metadata (it died after acking, say) is a failed READ. */
+    /* The data plane parses the descriptor, once (the READ takes the
+     * parsed form; its lease and checksum are kept below), and registers
+     * the producer if this session has not. */
+    const ecxi_data_ack da = {meta, ml, (const uint8_t *)a->mem_descriptor.p,
+                              a->mem_descriptor.n, false};
+    ecxi_data_desc dd;
+    int rc = ecxi_data_ack_register(c->data, &da, x->size_bytes, &dd, &s->dpeer);
+    if (rc) {
+        /* A descriptor or metadata we cannot use is a bad ack; a producer
+         * we cannot reach with good ones (it died after acking, say) is a
+         * failed READ. */
         bool bad = rc == ECX_EDATA_META || rc == ECX_EDATA_DESC || rc == ECX_EDATA_VERSION ||
                    rc == ECX_EDATA_MISMATCH || rc == ECX_EINVAL;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %s %s:%d: %s",
-                            bad ? "unusable metadata from" : "cannot reach the data path of",
+                            bad ? "unusable ack from" : "cannot reach the data path of",
                             s->host, s->port, ecx_strerror(rc));
-        s->dpeer = NULL;
         tombstone(c, x, bad ? ECX_REASON_BAD_ACK : ECX_REASON_READ_FAILED, now);
+        return;
+    }
+    if (dd.ticket.nbytes != x->size_bytes) {
+        /* The producer's item has another size than the one announced (or
+         * given): the announcement or the caller's size is wrong. */
+        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s from %s:%d is %llu bytes, not the "
+                            "%llu announced", (int)x->hash_len, x->hash, s->host, s->port,
+                            (unsigned long long)dd.ticket.nbytes,
+                            (unsigned long long)x->size_bytes);
+        tombstone(c, x, ECX_REASON_SIZE_MISMATCH, now);
         return;
     }
     size_t n = (size_t)x->n_blocks, got = 0;
@@ -581,7 +576,9 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
      * counts from before we saw the ack: the bytes must be in, and
      * verified, by our receipt + lease - a margin, or they are not used. */
     const ecxi_data_ticket *t = &dd.ticket;
-    int64_t margin = t->lease_ms / 10 < 1000 ? t->lease_ms / 10 : 1000;
+    int64_t margin = t->lease_ms / 10 < ECX_CONSUMER_LEASE_MARGIN_MAX_MS
+                         ? t->lease_ms / 10
+                         : ECX_CONSUMER_LEASE_MARGIN_MAX_MS;
     x->lease_end_ms = now + (int64_t)t->lease_ms - margin;
     x->checksum = t->checksum;
     x->unverified = dd.unverified;
@@ -605,7 +602,8 @@ static void on_ack(ecxi_consumer *c, session *s, const void *payload, size_t len
     /* A NACK may leave session_id out (the reference's do); an OK ack must
      * echo ours. */
     bool sid_ok = a.session_id.n == 0 ? a.status != ECX_STATUS_OK
-                                      : a.session_id.n == 36 && !memcmp(a.session_id.p, s->sid, 36);
+                                      : a.session_id.n == ECX_SESSION_ID_LEN &&
+                                            !memcmp(a.session_id.p, s->sid, ECX_SESSION_ID_LEN);
     if (!x || x->s != s || x->state != WAITING_ACK || !sid_ok) {
         c->st.stale_acks++;
         ECX_LOG_RATELIMITED(ECX_LOG_INFO, "consumer: ignored an ack for no waiting transfer");
@@ -764,7 +762,7 @@ int ecxi_consumer_poll(ecxi_consumer *c)
         }
         const void *pl;
         size_t len;
-        for (int i = 0; i < 4096; i++) {
+        for (int i = 0; i < ECX_CONSUMER_ACKS_PER_POLL; i++) {
             int got = ecxi_ctrl_peer_recv(s->peer, &pl, &len);
             s->acks += got == 1;
             /* Badly framed replies count too: ctrl drops them unseen. */

@@ -42,8 +42,24 @@ typedef struct ecxi_consumer ecxi_consumer;
  * TCP SYN (retransmitted after 1 s). */
 #define ECX_CONSUMER_UNREACHED_MS 1500
 
-/* How long an item waits for a session at the cap (see above). */
+/* How long an item waits for a session at the cap (see above), and how
+ * soon it asks again meanwhile. */
 #define ECX_CONSUMER_CAP_WAIT_MS 3000
+#define ECX_CONSUMER_CAP_RETRY_MS 50
+
+/* An item asked for again (NOT_READY, or an ack timeout on protocol 2)
+ * waits this long first, doubling per try up to the maximum. */
+#define ECX_CONSUMER_BACKOFF_MIN_MS 20
+#define ECX_CONSUMER_BACKOFF_MAX_MS 500
+
+/* A READ's bytes must be in this far before the producer's lease ends
+ * (counted from our receipt of the ack): a tenth of the lease, at most
+ * the maximum. */
+#define ECX_CONSUMER_LEASE_MARGIN_MAX_MS 1000
+
+/* Acks read from one session per poll: one flooding producer cannot
+ * starve the engine's loop. */
+#define ECX_CONSUMER_ACKS_PER_POLL 4096
 
 typedef struct ecxi_consumer_opts {
     void *zctx;               /* ZeroMQ context for the sessions' sockets */

@@ -939,9 +939,12 @@ int ecxi_ctrl_peer_new(void *zctx, const char *host, int port, const ecxi_ctrl_o
     if (!p) return ECX_ENOMEM;
     zmq_msg_init(&p->parts[0]);
     zmq_msg_init(&p->parts[1]);
-    int ivl = opts && opts->heartbeat_ivl_ms > 0 ? opts->heartbeat_ivl_ms : 2000;
-    int tmo = opts && opts->heartbeat_timeout_ms > 0 ? opts->heartbeat_timeout_ms : 4000;
-    int ttl = opts && opts->heartbeat_ttl_ms > 0 ? opts->heartbeat_ttl_ms : 8000;
+    int ivl = opts && opts->heartbeat_ivl_ms > 0 ? opts->heartbeat_ivl_ms
+                                                 : ECX_CTRL_HEARTBEAT_IVL_MS;
+    int tmo = opts && opts->heartbeat_timeout_ms > 0 ? opts->heartbeat_timeout_ms
+                                                     : ECX_CTRL_HEARTBEAT_TIMEOUT_MS;
+    int ttl = opts && opts->heartbeat_ttl_ms > 0 ? opts->heartbeat_ttl_ms
+                                                 : ECX_CTRL_HEARTBEAT_TTL_MS;
     memcpy(p->ep, ep, sizeof p->ep);
     p->backoff_ms = ECX_CTRL_REDIAL_MIN_MS;
     p->sock = zmq_socket(zctx, ZMQ_DEALER);

@@ -17,15 +17,20 @@
 #include <stdint.h>
 #include <zmq.h>
 
+/* Heartbeats are the control plane's own (no ecx_config knob, so no
+ * ECX_DEFAULT_* in ecx.h): a DEALER pings every IVL ms, gives up on a peer
+ * silent for TIMEOUT ms, and asks the other end to give up after TTL ms. */
+#define ECX_CTRL_HEARTBEAT_IVL_MS 2000
+#define ECX_CTRL_HEARTBEAT_TIMEOUT_MS 4000
+#define ECX_CTRL_HEARTBEAT_TTL_MS 8000
+
 /* Socket options both ends share; zero fields take the defaults of docs/PROTOCOL.md §7. */
 typedef struct ecxi_ctrl_opts {
     int64_t max_frame_bytes;  /* inbound frame cap; default ECX_CTRL_MAX_REQUEST (server),
                                  ECX_CTRL_MAX_FRAME (peer) */
-    /* Heartbeats are the control plane's own (no ecx_config knob, so no
-     * ECX_DEFAULT_* in ecx.h); their defaults live in ctrl.c. */
-    int heartbeat_ivl_ms;     /* DEALER only; default 2000 */
-    int heartbeat_timeout_ms; /* default 4000 */
-    int heartbeat_ttl_ms;     /* default 8000 */
+    int heartbeat_ivl_ms;     /* DEALER only; default ECX_CTRL_HEARTBEAT_IVL_MS */
+    int heartbeat_timeout_ms; /* default ECX_CTRL_HEARTBEAT_TIMEOUT_MS */
+    int heartbeat_ttl_ms;     /* default ECX_CTRL_HEARTBEAT_TTL_MS */
     int64_t max_pending_bytes; /* per connection, bytes of unfinished messages; default
                                   twice the frame cap */
     int64_t max_pending_total; /* all connections of the socket; ECX_CTRL_MAX_PENDING_TOTAL */

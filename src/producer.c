@@ -514,7 +514,6 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     grant *g = NULL;
     ecxi_cache_info info;
     uint32_t ref = 0;
-    long dl = 0;
     int rc = pin_blocks(p, r->mm_hash, &info, &n, &ref);
     if (rc == ECX_ECACHE_MISSING || rc == ECX_EINVAL) {
         nack(p, r->mm_hash, ECX_STATUS_NACK_MISSING, "not held");
@@ -563,33 +562,28 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     if (!c) c = conn_get(p);
     if (c) g = grant_add(p, c, r->session_id, r->mm_hash, kh, n, info.size_bytes, ref, now);
     if (c && !g) conn_put(p, c); /* a record created for nothing goes back */
-    /* A tokenless path (nixl) has one descriptor for every grant; a nixl
-     * producer answers an ecx consumer in ecx's own form (ecxi_data_form). */
-    const ecxi_data *form =
-        ecxi_data_form(p->data, ecxi_session_id_is_ecx(r->session_id.p, r->session_id.n));
-    size_t sl;
-    const uint8_t *desc = ecxi_data_shared_descriptor(form, &sl);
-    if (g) g->tokenless = desc != NULL;
-    if (g && desc) {
-        dl = (long)sl;
-        p->st.nixl_grants++;
-    } else if (g) {
+    /* What the ack carries: a nixl producer answers an ecx consumer in
+     * ecx's own form, anyone else tokenless (data.h, ecxi_data_grant_ack). */
+    ecxi_data_ack da;
+    rc = ECX_ENOMEM;
+    if (g) {
         ecxi_data_ticket t = {.checksum = info.checksum,
                              .nbytes = info.size_bytes,
                              .lease_ms = (uint32_t)p->o.lease_ms};
         memcpy(t.token, g->token, sizeof t.token);
-        dl = ecxi_data_grant_descriptor(form, &t, p->desc, sizeof p->desc);
-        desc = p->desc;
+        bool ecx_peer = ecxi_session_id_is_ecx(r->session_id.p, r->session_id.n);
+        rc = ecxi_data_grant_ack(p->data, ecx_peer, &t, p->desc, sizeof p->desc, &da);
     }
-    if (!g || dl < 0) {
+    if (rc) {
         if (g)
             grant_release(p, g);
         else
             ecxi_cache_unpin_ref(p->cache, ref);
-        rc = dl < 0 ? (int)dl : ECX_ENOMEM;
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, ecx_strerror(rc));
         return;
     }
+    g->tokenless = da.tokenless;
+    p->st.nixl_grants += da.tokenless;
     ecx_ack a;
     ecx_ack_init(&a);
     a.mm_hash = r->mm_hash;
@@ -597,10 +591,8 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     a.session_id = r->session_id;
     a.n_indices = n;
     a.indices = p->idx;
-    size_t ml;
-    const uint8_t *meta = ecxi_data_agent_metadata(form, &ml);
-    a.agent_metadata = (ecx_span){(const char *)meta, ml};
-    a.mem_descriptor = (ecx_span){(const char *)desc, (size_t)dl};
+    a.agent_metadata = (ecx_span){(const char *)da.meta, da.meta_len};
+    a.mem_descriptor = (ecx_span){(const char *)da.desc, da.desc_len};
     uint64_t failed_before = p->st.reply_failed;
     reply(p, &a);
     if (p->st.reply_failed != failed_before) {
@@ -670,8 +662,7 @@ int ecxi_producer_poll(ecxi_producer *p)
 {
     int events = 0;
     int64_t now = ecxi_now_ms(p->o.clock);
-    /* Bounded per call so one flooding peer cannot starve the engine loop. */
-    for (int i = 0; i < 4096 && ecxi_ctrl_server_recv(p->srv, &p->msg) == 1; i++, events++) {
+    for (int i = 0; i < ECX_PRODUCER_REQUESTS_PER_POLL && ecxi_ctrl_server_recv(p->srv, &p->msg) == 1; i++, events++) {
         p->st.requests++;
         ecx_req r;
         int rc = ecx_wire_decode_req_v(p->msg.payload, p->msg.payload_len,

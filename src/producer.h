@@ -27,6 +27,10 @@
 
 typedef struct ecxi_producer ecxi_producer;
 
+/* Requests read per poll: one flooding peer cannot starve the engine's
+ * loop. */
+#define ECX_PRODUCER_REQUESTS_PER_POLL 4096
+
 typedef struct ecxi_producer_opts {
     const char *compat_hash; /* ours: requests with another one get NACK_INCOMPAT */
     /* 0: the ECX_DEFAULT_* of ecx.h */

@@ -36,13 +36,17 @@ from ._ecx import (
 
 __all__ = [
     "Context", "Region", "tensor_view", "Error", "FetchResult", "Hold", "RegionInfo",
-    "ERRORS", "REASONS",
+    "ERRORS", "REASONS", "DATA_PATHS",
     "compat_hash", "errname", "strerror", "library_version", "reap_regions",
     "set_logger", "set_log_level", "cli_path", "__version__",
 ]
 
 #: The version of the package and of the libecx inside it.
 __version__: str = _ecx.VERSION
+
+#: Every value of ``Context(data=...)``, in the library's order (its
+#: ``ECX_DATA_PATHS``).
+DATA_PATHS: "tuple[str, ...]" = tuple(_ecx.DATA_PATHS.split(", "))
 
 _Z85 = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#")
 
@@ -87,7 +91,7 @@ class Context(_ecx.Context):
     ``progress_thread``, ``instance``, ``rank``, ``ack_timeout_ms``,
     ``read_timeout_ms``, ``quarantine_ms``, ``item_wait_ms``,
     ``tombstone_ttl_ms``, ``session_idle_ms``, ``max_sessions``, ``lease_ms``,
-    ``max_grants``, ``max_conn_grants``, ``max_conn_pin_pct``,
+    ``max_grants``, ``max_conn_grants``, ``max_conn_pin_pct``, ``max_pin_pct``,
     ``max_connections``, ``curve_secret_key``, ``curve_server_key``,
     ``curve_allow``, ``connector_version``, ``events_endpoint``, ``events_topic``: encoder-cache
     events, docs/EVENTS.md; subscribe with ``ecx.events``); omitted ones keep the library's defaults. CURVE keys

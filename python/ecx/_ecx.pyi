@@ -5,6 +5,8 @@ from typing import Any, Mapping, Optional, Union
 from typing_extensions import Buffer, Literal, Self
 
 VERSION: str
+DATA_PATHS: str
+CONFIG_FIELDS: tuple[str, ...]
 MM_HASH_MAX: int
 ERRORS: dict[str, int]
 REASONS: tuple[str, ...]

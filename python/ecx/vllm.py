@@ -76,8 +76,8 @@ EXTRA_CONFIG: "OrderedDict[str, str]" = OrderedDict([
     ("side_channel_port", "producer: port to listen on (default $VLLM_EC_SIDE_CHANNEL_PORT, "
                           "else 5601)"),
     ("advertise_host", "producer: peer_host announced to consumers (default the listen host)"),
-    ("data", "data path: auto (default: shm on the same host, tcp across hosts), shm, tcp, ucx, "
-             "nixl"),
+    ("data", "data path: one of " + ", ".join(ecx.DATA_PATHS) + " (default auto: shm on the same "
+             "host, tcp across hosts)"),
     ("connector_version", "protocol version 1 or 2 (default: the engine's own)"),
     ("lease_s", "producer: seconds a granted item stays pinned at most (default 30)"),
     ("item_wait_s", "consumer: seconds an item may wait in all, retries included (default 60)"),

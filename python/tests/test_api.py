@@ -22,7 +22,7 @@ def test_installed_package():
     assert ecx.__version__ == ecx.library_version()
     d = os.path.dirname(ecx.__file__)
     assert os.path.exists(os.path.join(d, "py.typed"))
-    assert os.path.exists(os.path.join(d, "libecx.so.1"))
+    assert os.path.exists(os.path.join(d, "libecx.so.2"))
     r = subprocess.run([sys.executable, "-m", "ecx", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "usage: ecx" in r.stdout
     r = subprocess.run([sys.executable, "-m", "ecx", "serve", "--help"], capture_output=True, text=True)
@@ -56,10 +56,10 @@ def test_errors_and_names():
         assert e.value.name == "ECX_ECACHE_MISSING"
         with pytest.raises(ecx.Error) as e:
             p.fetch("a")  # a producer is not a consumer
-        assert e.value.name == "ECX_EDATA_ROLE"
+        assert e.value.name == "ECX_EROLE"
     with ecx.Context() as c, pytest.raises(ecx.Error) as e:
         c.port
-    assert e.value.name == "ECX_EDATA_ROLE"
+    assert e.value.name == "ECX_EROLE"
     with pytest.raises(ecx.Error) as e:
         ecx.Context(data="carrier-pigeon")
     assert e.value.code == ecx.ERRORS["ECX_EINVAL"]
@@ -264,3 +264,30 @@ def test_curve_key_files(tmp_path):
     bad.write_text("not a key\n")
     with pytest.raises(ValueError):
         ecx.Context(curve_server_key_file=bad)
+
+
+def test_docs_list_every_data_path():
+    # The library's list of data paths (ECX_DATA_PATHS) is the one the READMEs print.
+    assert ecx.DATA_PATHS[0] == "auto" and "nixl" in ecx.DATA_PATHS
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "README.md")) as f:
+        m = re.search(r"`data` \(one of\s+((?:`\"\w+\"`[,\s]*)+)", f.read())
+    assert m, "python/README.md names no `data` (one of ...) list"
+    assert tuple(re.findall(r'"(\w+)"', m.group(1))) == ecx.DATA_PATHS
+    with open(os.path.join(here, "..", "..", "README.md")) as f:
+        top = " ".join(f.read().split())
+    assert "`--data` (one of " + ", ".join(ecx.DATA_PATHS) + ")" in top
+
+
+def test_docs_list_every_config_field():
+    # Context's keyword arguments are the binding's one table (ecx._ecx.CONFIG_FIELDS):
+    # the README and Context's docstring name each of them.
+    fields = ecx._ecx.CONFIG_FIELDS
+    assert "listen" in fields and "events_topic" in fields
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "README.md")) as f:
+        readme = f.read()
+    para = readme[readme.index("`ecx.Context(role="):readme.index("| call | what it does |")]
+    doc = ecx.Context.__doc__
+    assert [n for n in fields if "`%s`" % n not in para] == []
+    assert [n for n in fields if "``%s``" % n not in doc] == []

@@ -9,8 +9,9 @@
  * What lives elsewhere, and why: the agent_metadata / mem_descriptor codec
  * is data_format.c (the wire contract, fuzzed on its own); the "auto"
  * backend is data_auto.c (a policy over the real paths, not dispatch); the
- * real paths are data_shm.c, data_tcp.c, data_ucx.c, and data_fault.c
- * wraps any of them for tests.
+ * "nixl" one is data_nixl.c (a wrapper over auto that answers and reads
+ * NIXL's form of an ack itself); the real paths are data_shm.c,
+ * data_tcp.c, data_ucx.c, and data_fault.c wraps any of them for tests.
  *
  * Why the checks live here: every backend gets the same guarantees (counts
  * equal and non-zero, every index below both block counts, block sizes
@@ -95,22 +96,40 @@ int ecxi_data_bind_addr(const char *host, struct sockaddr_storage *bind,
 
 /* ---- peer head ------------------------------------------------------- */
 
-int ecxi_data_peer_head_init(ecxi_data_peer *p, const ecxi_data_desc *desc, const uint8_t *meta,
-                            size_t meta_len)
+int ecxi_data_peer_done(int rc, const ecxi_data_desc *desc, const uint8_t *meta, size_t meta_len,
+                        ecxi_data_peer **out)
 {
+    if (rc) return rc;
+    ecxi_data_peer *p = *out;
+    ecxi_data_ops_check(p->owner->ops, true);
     p->num_blocks = desc->num_blocks;
     p->nonce = desc->nonce;
     p->meta = malloc(meta_len ? meta_len : 1);
-    if (!p->meta) return ECX_ENOMEM;
+    if (!p->meta) {
+        p->owner->ops->peer_drop(p);
+        *out = NULL;
+        return ECX_ENOMEM;
+    }
     if (meta_len) memcpy(p->meta, meta, meta_len);
     p->meta_len = meta_len;
+    ecxi_log(ECX_LOG_DEBUG, "data: producer registered, path %s", p->backend);
     return 0;
 }
 
-void ecxi_data_peer_head_fini(ecxi_data_peer *p)
+/* ---- the vtable ------------------------------------------------------ */
+
+void ecxi_data_ops_check(const struct ecxi_data_ops *ops, bool peer)
 {
-    free(p->meta);
-    p->meta = NULL;
+#define CONTEXT_SLOTS(X) X(name) X(free) X(progress) X(fd) X(arm) X(poll_notifs) X(peer_add)
+#define PEER_SLOTS(X) X(peer_drop) X(read_post) X(read_poll) X(read_release)
+#define MISSING(slot) !ops->slot ? #slot:
+    const char *gap = peer ? PEER_SLOTS(MISSING) NULL : CONTEXT_SLOTS(MISSING) NULL;
+#undef MISSING
+#undef PEER_SLOTS
+#undef CONTEXT_SLOTS
+    if (!gap) return;
+    ecxi_log(ECX_LOG_ERROR, "data: backend %s lacks its %s", ops->name ? ops->name : "?", gap);
+    abort();
 }
 
 /* ---- constructors ---------------------------------------------------- */
@@ -126,18 +145,22 @@ static const ecxi_data_path *path_of(int backend)
 int ecxi_data_backend_parse(const char *s, int *out)
 {
     if (!s || !out) return ECX_EINVAL;
-    for (int i = 0; i < N_PATHS; i++)
-        if (!strcmp(s, ecxi_data_paths[i].name)) {
-            *out = i;
-            return 0;
-        }
+#define PARSE_(name, v, str)                                                                       \
+    if (!strcmp(s, str)) return *out = ECX_DATA_##name, 0;
+    ECX_DATA_BACKENDS(PARSE_)
+#undef PARSE_
     return ECX_EINVAL;
 }
 
 const char *ecxi_data_backend_name(int backend)
 {
-    const ecxi_data_path *p = path_of(backend);
-    return p ? p->name : "unknown";
+    switch (backend) {
+#define NAME_(name, v, str)                                                                        \
+    case ECX_DATA_##name: return str;
+        ECX_DATA_BACKENDS(NAME_)
+#undef NAME_
+    }
+    return "unknown";
 }
 
 bool ecxi_data_backend_built(int backend)
@@ -164,11 +187,13 @@ int ecxi_data_start(int backend, ecxi_region *region, const ecxi_data_opts *opts
     if (!p) return ECX_EINVAL;
     if (!p->start) {
         ECX_LOG_RATELIMITED(ECX_LOG_ERROR, "data: %s is not built in (this libecx was built "
-                            "without it: ECX_WITH_UCX, ECX_WITH_NIXL)", p->name);
+                            "without it: ECX_WITH_UCX, ECX_WITH_NIXL)",
+                            ecxi_data_backend_name(backend));
         return ECX_EDATA_NOPATH;
     }
     int rc = p->start(region, opts, role, m, dd, out);
     if (rc) return rc;
+    ecxi_data_ops_check((*out)->ops, false);
     (*out)->role = role;
     (*out)->region = region;
     (*out)->background = opts && opts->background;
@@ -235,27 +260,23 @@ long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, u
                                size_t cap)
 {
     if (!d || !t || !buf) return ECX_EINVAL;
-    if (d->role != ECX_DATA_PRODUCER) return ECX_EDATA_ROLE;
+    if (d->role != ECX_DATA_PRODUCER) return ECX_EROLE;
     ecxi_data_desc dd = d->layout;
     dd.has_ticket = true;
     dd.ticket = *t;
     return ecxi_data_desc_encode(&dd, buf, cap);
 }
 
-const uint8_t *ecxi_data_shared_descriptor(const ecxi_data *d, size_t *len)
+int ecxi_data_grant_ack(const ecxi_data *d, bool ecx_peer, const ecxi_data_ticket *t,
+                        uint8_t *buf, size_t cap, ecxi_data_ack *out)
 {
-    *len = 0;
-    if (!d || d->role != ECX_DATA_PRODUCER || !d->ops->shared_descriptor) return NULL;
-    return d->ops->shared_descriptor(d, len);
-}
-
-const ecxi_data *ecxi_data_form(const ecxi_data *d, bool ecx_peer)
-{
-    if (d && ecx_peer && d->ops->ecx_form) {
-        const ecxi_data *e = d->ops->ecx_form(d);
-        if (e) return e;
-    }
-    return d;
+    if (!d || !t || !buf || !out) return ECX_EINVAL;
+    if (d->role != ECX_DATA_PRODUCER) return ECX_EROLE;
+    if (d->ops->grant_ack) return d->ops->grant_ack(d, ecx_peer, t, buf, cap, out);
+    long dl = ecxi_data_grant_descriptor(d, t, buf, cap);
+    if (dl < 0) return (int)dl;
+    *out = (ecxi_data_ack){d->meta, d->meta_len, buf, (size_t)dl, false};
+    return 0;
 }
 
 int ecxi_data_cut(ecxi_data *d, const char *key, size_t key_len,
@@ -297,7 +318,7 @@ static void slice_end(ecxi_data *d, const ecxi_slice *sl)
 int ecxi_data_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
 {
     if (!d || !cb) return ECX_EINVAL;
-    if (d->role != ECX_DATA_PRODUCER) return ECX_EDATA_ROLE;
+    if (d->role != ECX_DATA_PRODUCER) return ECX_EROLE;
     ecxi_slice sl;
     ecxi_slice_start(&sl, ECX_DATA_SLICE_NS);
     int rc = d->ops->poll_notifs(d, &sl, cb, arg);
@@ -310,49 +331,39 @@ int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
 {
     if (!d || !out) return ECX_EINVAL;
     *out = NULL;
-    if (d->role != ECX_DATA_CONSUMER) return ECX_EDATA_ROLE;
-    if (!desc) return ECX_EDATA_DESC;
-    int rc;
-    /* A nixl context registers ecx's own metadata through its ecx paths
-     * (ops->peer_add), anything else as NIXL's; the descriptor must be of
-     * the same form (ecx's carries a checked ticket, NIXL's is unverified). */
-    if (d->ops->peer_add_raw && !ecxi_data_meta_is_ecx(meta, meta_len)) {
-        if (desc->block_bytes != ecxi_region_block_bytes(d->region)) return ECX_EDATA_MISMATCH;
-        rc = d->ops->peer_add_raw(d, meta, meta_len, desc, out);
-    } else {
-        if (desc->unverified || !d->ops->peer_add) return ECX_EDATA_DESC;
-        ecxi_data_meta m;
-        if ((rc = ecxi_data_meta_decode(meta, meta_len, &m))) return rc;
-        if (m.nonce != desc->nonce || desc->block_bytes != ecxi_region_block_bytes(d->region))
-            return ECX_EDATA_MISMATCH;
-        rc = d->ops->peer_add(d, &m, desc, out);
-    }
-    if (rc == 0) {
-        ecxi_data_peer *p = *out;
-        rc = ecxi_data_peer_head_init(p, desc, meta, meta_len);
-        if (rc) {
-            p->owner->ops->peer_drop(p);
-            *out = NULL;
-        } else {
-            ecxi_log(ECX_LOG_DEBUG, "data: producer registered, path %s", p->backend);
-        }
-    }
-    return rc;
+    if (d->role != ECX_DATA_CONSUMER) return ECX_EROLE;
+    if (!desc || desc->unverified) return ECX_EDATA_DESC;
+    ecxi_data_meta m;
+    int rc = ecxi_data_meta_decode(meta, meta_len, &m);
+    if (rc) return rc;
+    if (m.nonce != desc->nonce || desc->block_bytes != ecxi_region_block_bytes(d->region))
+        return ECX_EDATA_MISMATCH;
+    return ecxi_data_peer_done(d->ops->peer_add(d, &m, desc, out), desc, meta, meta_len, out);
 }
 
-int ecxi_data_ack_desc(const ecxi_data *d, const uint8_t *buf, size_t len, uint64_t nbytes,
-                       ecxi_data_desc *dd)
+int ecxi_data_ack_register_ecx(ecxi_data *d, const ecxi_data_ack *a, ecxi_data_desc *dd,
+                               ecxi_data_peer **peer)
 {
-    if (!d || !dd) return ECX_EINVAL;
-    if (d->role != ECX_DATA_CONSUMER) return ECX_EDATA_ROLE;
-    if (d->ops->ack_desc && !ecxi_data_desc_is_ecx(buf, len))
-        return d->ops->ack_desc(d, buf, len, nbytes, dd);
-    return ecxi_data_desc_decode(buf, len, dd);
+    int rc = ecxi_data_desc_decode(a->desc, a->desc_len, dd);
+    if (!rc && !dd->has_ticket) rc = ECX_EDATA_DESC; /* an ack's carries its grant's */
+    if (rc || *peer) return rc;
+    return ecxi_data_peer_add(d, a->meta, a->meta_len, dd, peer);
+}
+
+int ecxi_data_ack_register(ecxi_data *d, const ecxi_data_ack *a, uint64_t nbytes,
+                           ecxi_data_desc *dd, ecxi_data_peer **peer)
+{
+    if (!d || !a || !dd || !peer) return ECX_EINVAL;
+    if (d->role != ECX_DATA_CONSUMER) return ECX_EROLE;
+    if (d->ops->ack_register) return d->ops->ack_register(d, a, nbytes, dd, peer);
+    return ecxi_data_ack_register_ecx(d, a, dd, peer);
 }
 
 bool ecxi_data_read_checksum(const ecxi_data_xfer *x, uint64_t *sum)
 {
-    return x && sum && x->owner->ops->read_checksum && x->owner->ops->read_checksum(x, sum);
+    if (!x || !sum || !x->has_sum) return false;
+    *sum = x->sum;
+    return true;
 }
 
 bool ecxi_data_peer_same(const ecxi_data_peer *p, const uint8_t *meta, size_t meta_len)
@@ -388,8 +399,9 @@ const char *ecxi_data_peer_backend(const ecxi_data_peer *p)
 void ecxi_data_peer_drop(ecxi_data_peer *p)
 {
     if (!p) return;
-    /* The head's copies go first: the backend frees the peer itself. */
-    ecxi_data_peer_head_fini(p);
+    /* The head's copy goes first: the backend frees the peer itself. */
+    free(p->meta);
+    p->meta = NULL;
     p->owner->ops->peer_drop(p);
 }
 

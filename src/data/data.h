@@ -37,6 +37,10 @@
  *         when the producer has our boot id, its socket answers (same
  *         network namespace) and its process has our uid, else tcp if
  *         published, else ucx if published (data_auto.c).
+ *   nixl  NIXL's one-sided data plane, to be a peer of vLLM's own
+ *         connector (data_nixl.c): a wrapper over an auto context that
+ *         picks the form of every ack itself (ecxi_data_grant_ack,
+ *         ecxi_data_ack_register); never chosen by auto.
  *   fault tests only: wraps another context and injects failures
  *         (data_fault.h).
  *
@@ -92,16 +96,26 @@ typedef struct ecxi_data ecxi_data;
 typedef struct ecxi_data_peer ecxi_data_peer;
 typedef struct ecxi_data_xfer ecxi_data_xfer;
 
-/* Which path moves the bytes (`--data auto|shm|tcp|ucx|nixl`). nixl
- * (data_nixl.c): NIXL's one-sided data plane, to be a peer of vLLM's own
- * connector; never chosen by auto. */
+/* Which path moves the bytes: X(NAME, value, "name"), the one list of
+ * them, in the order of ecx.h's ECX_DATA_PATHS, which prints it (the
+ * order of the values is older; tests/test_data.c checks that the two
+ * agree). nixl (data_nixl.c): NIXL's one-sided data plane, to be a peer
+ * of vLLM's own connector; never chosen by auto. */
+#define ECX_DATA_BACKENDS(X)                                                                       \
+    X(AUTO, 0, "auto")                                                                             \
+    X(SHM, 1, "shm")                                                                               \
+    X(TCP, 3, "tcp")                                                                               \
+    X(UCX, 2, "ucx")                                                                               \
+    X(NIXL, 4, "nixl")
 enum ecxi_data_backend {
-    ECX_DATA_AUTO = 0,
-    ECX_DATA_SHM = 1,
-    ECX_DATA_UCX = 2,
-    ECX_DATA_TCP = 3,
-    ECX_DATA_NIXL = 4,
+#define ECX_DATA_ENUM_(name, v, s) ECX_DATA_##name = v,
+    ECX_DATA_BACKENDS(ECX_DATA_ENUM_)
+#undef ECX_DATA_ENUM_
 };
+/* How many: the values are 0 .. ECX_DATA_BACKEND_COUNT - 1. */
+#define ECX_DATA_COUNT_(name, v, s) +1
+enum { ECX_DATA_BACKEND_COUNT = 0 ECX_DATA_BACKENDS(ECX_DATA_COUNT_) };
+#undef ECX_DATA_COUNT_
 
 /* State of a posted READ. CORRUPT: the bytes arrived but their checksum is
  * not the ticket's (the item must not become ready). */
@@ -127,8 +141,9 @@ typedef struct ecxi_data_opts {
                               first READ, slice by slice (data_shm.c) */
 } ecxi_data_opts;
 
-/* Parse "auto" / "shm" / "tcp" / "ucx" / "nixl" into enum ecxi_data_backend; ECX_EINVAL else.
- * A path this libecx is built without parses: starting it says it is not built in. */
+/* Parse a name of ECX_DATA_BACKENDS into enum ecxi_data_backend;
+ * ECX_EINVAL else. The name of a value ("unknown" for none). A path this
+ * libecx is built without parses: starting it says it is not built in. */
 int ecxi_data_backend_parse(const char *s, int *out);
 const char *ecxi_data_backend_name(int backend);
 /* True if this libecx is built with that path (ucx: ECX_WITH_UCX, nixl: ECX_WITH_NIXL). */
@@ -141,29 +156,41 @@ bool ecxi_data_backend_built(int backend);
  * warning, and only if none starts is it an error). */
 int ecxi_data_new_producer(ecxi_region *region, const ecxi_data_opts *opts, ecxi_data **out);
 
-/* The agent_metadata to put in every OK ack; valid until ecxi_data_free(). */
+/* The parts of an ack in this context's own form (the sessions use
+ * ecxi_data_grant_ack, which picks the form): its agent_metadata, valid
+ * until ecxi_data_free(), and one grant's mem_descriptor, the layout plus
+ * the ticket, into buf (its length, or ECX_ERANGE if cap is too small:
+ * ECX_DATA_DESC_MAX always suffices). */
 const uint8_t *ecxi_data_agent_metadata(const ecxi_data *d, size_t *len);
-
-/* The mem_descriptor of one grant's ack into buf: the layout plus the
- * ticket. Returns its length, or ECX_ERANGE if cap is too small
- * (ECX_DATA_DESC_MAX always suffices). */
 long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, uint8_t *buf,
                                size_t cap);
 
-/* The mem_descriptor of every grant's ack, for a path whose descriptor
- * carries no ticket (nixl: vLLM's list of the region's blocks); NULL for
- * the others (use ecxi_data_grant_descriptor). Such a path is *tokenless*:
- * its completions come with a NULL token, and whoever can send one can
- * release the grant it names. Valid until ecxi_data_free(). */
-const uint8_t *ecxi_data_shared_descriptor(const ecxi_data *d, size_t *len);
+/* What an OK ack carries for the data plane: its agent_metadata and its
+ * mem_descriptor. */
+typedef struct ecxi_data_ack {
+    const uint8_t *meta;
+    size_t meta_len;
+    const uint8_t *desc;
+    size_t desc_len;
+    /* ecxi_data_grant_ack: the grant goes out *tokenless*: its descriptor
+     * carries no token and no checksum (nixl: vLLM's list of the region's
+     * blocks, the same for every grant), its completions come with a NULL
+     * token, and whoever can send one releases the grant it names. */
+    bool tokenless;
+} ecxi_data_ack;
 
-/* The context whose form an ack to this consumer takes: its agent_metadata,
- * its descriptors (shared or per grant). A nixl producer also runs ecx's own
- * paths (auto: shm and tcp): an ecx consumer (ecx_peer: its session id is
- * marked, session_id.h) gets those, with tickets, tokens and checksums;
- * anyone else NIXL's. Every other context answers for itself. The grant
- * check and completions of both forms come through d. */
-const ecxi_data *ecxi_data_form(const ecxi_data *d, bool ecx_peer);
+/* What an OK ack carries for one grant, into *out: the metadata and a
+ * descriptor (the layout plus the ticket t, written into buf; or a
+ * tokenless path's own, then out->tokenless). ecx_peer: the consumer is
+ * ecx (its session id is marked, session_id.h); a nixl producer answers
+ * it in the form of the ecx paths it also runs (auto: shm and tcp), with
+ * tickets, tokens and checksums, and anyone else in NIXL's. Every other
+ * context answers in its own form. The grant check and completions of
+ * both forms come through d. out's pointers stay valid until
+ * ecxi_data_free() (the metadata) or until buf is reused. ECX_ERANGE if
+ * cap is too small (ECX_DATA_DESC_MAX always suffices), ECX_EINVAL. */
+int ecxi_data_grant_ack(const ecxi_data *d, bool ecx_peer, const ecxi_data_ticket *t,
+                        uint8_t *buf, size_t cap, ecxi_data_ack *out);
 
 /* A grant as a producer backend needs it to serve the bytes. */
 typedef struct ecxi_data_grant {
@@ -212,7 +239,7 @@ int ecxi_data_cut(ecxi_data *d, const char *key, size_t key_len,
  * status 0: the grant's transfer is complete (the consumer said so, or the
  * producer's own send finished); negative: the producer's send failed. The
  * token is the one the completion presented: the session must check it;
- * NULL from a tokenless path (ecxi_data_shared_descriptor). */
+ * NULL from a tokenless path (ecxi_data_ack.tokenless). */
 typedef void (*ecxi_data_notif_cb)(void *arg, const char *key, size_t key_len,
                                   const uint8_t token[ECX_DATA_TOKEN_LEN], int status);
 
@@ -226,30 +253,35 @@ int ecxi_data_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg);
 /* A consumer context reading into `region` (which must outlive it). */
 int ecxi_data_new_consumer(ecxi_region *region, const ecxi_data_opts *opts, ecxi_data **out);
 
-/* Register the producer that sent an ack: its agent_metadata bytes and its
- * mem_descriptor, already parsed (ecxi_data_desc_decode). Errors:
- * ECX_EDATA_META (metadata malformed), ECX_EDATA_DESC (desc NULL, or of
- * the other form: ecx's metadata with a NIXL list or the reverse),
- * ECX_EDATA_VERSION, ECX_EDATA_MISMATCH (descriptor of another producer,
- * or block sizes differ), ECX_EDATA_NOPATH (no enabled backend reaches
- * it), ECX_EDATA_UCX. */
-int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
-                       const ecxi_data_desc *desc, ecxi_data_peer **out);
-
-/* Parse an ack's mem_descriptor the way this consumer context's path
- * needs it: ecx's format (ecxi_data_desc_decode, nbytes unused), or, for
- * a nixl context and a descriptor that is not ecx's (no "ECXD" magic: a
- * nixl context reads ecx producers through its auto paths, and registers
- * a peer by the same test on the metadata, ecxi_data_peer_add), vLLM's list, which must be uniform (base + i * our
- * block size, dev 0: what vLLM's build_block_descs writes) and is then
- * described as a grant of nbytes with no checksum (dd->unverified) and
- * ECX_NIXL_LEASE_MS. ECX_EDATA_DESC / ECX_EDATA_MISMATCH /
- * ECX_EDATA_VERSION. */
-int ecxi_data_ack_desc(const ecxi_data *d, const uint8_t *buf, size_t len, uint64_t nbytes,
-                       ecxi_data_desc *dd);
+/* Register what an OK ack brought: parse its mem_descriptor into *dd
+ * the way this context's path reads it (once: the READ takes the parsed
+ * form), and, if *peer is NULL, register the producer there (into
+ * *peer); a *peer already set is kept (the caller checked that it was
+ * registered from this metadata: ecxi_data_peer_same). ecx's form is
+ * ecxi_data_desc_decode's descriptor, which must carry a ticket, and
+ * ecxi_data_peer_add's registration. A nixl context registers ecx's own
+ * metadata (the "ECX" magic) that way, through its auto paths, and
+ * anything else as NIXL's: the descriptor is then vLLM's list, which must
+ * be uniform (base + i * our block size, dev 0: what vLLM's
+ * build_block_descs writes), and is described as a grant of nbytes with
+ * no checksum (dd->unverified: ecxi_data_read_checksum) and
+ * ECX_NIXL_LEASE_MS. Errors: ECX_EDATA_DESC, ECX_EDATA_MISMATCH,
+ * ECX_EDATA_VERSION (the descriptor), and ecxi_data_peer_add's. */
+int ecxi_data_ack_register(ecxi_data *d, const ecxi_data_ack *a, uint64_t nbytes,
+                           ecxi_data_desc *dd, ecxi_data_peer **peer);
 /* A NIXL ack names no lease: the consumer assumes this one (vLLM's pins
  * outlive it). */
 #define ECX_NIXL_LEASE_MS 30000
+
+/* Register a producer from its agent_metadata bytes and a descriptor of
+ * it in ecx's form, already parsed (ecxi_data_desc_decode): what
+ * ecxi_data_ack_register does for ecx's form. Errors: ECX_EDATA_META
+ * (metadata malformed), ECX_EDATA_DESC (desc NULL, or NIXL's), ECX_EDATA_VERSION,
+ * ECX_EDATA_MISMATCH (descriptor of another producer, or block sizes
+ * differ), ECX_EDATA_NOPATH (no enabled backend reaches it),
+ * ECX_EDATA_UCX. */
+int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
+                       const ecxi_data_desc *desc, ecxi_data_peer **out);
 
 /* For a READ whose grant carried no checksum (dd->unverified): the
  * XXH3-64 of what it wrote, once DONE. False otherwise. */
@@ -271,7 +303,7 @@ bool ecxi_data_peer_same(const ecxi_data_peer *p, const uint8_t *meta, size_t me
  * refused when registered). */
 bool ecxi_data_peer_overlaps(const ecxi_data_peer *p, const uint8_t *meta, size_t meta_len);
 
-/* Name of the path the peer uses ("shm" / "tcp" / "ucx"). */
+/* Name of the path the peer uses ("shm" / "tcp" / "ucx" / "nixl"). */
 const char *ecxi_data_peer_backend(const ecxi_data_peer *p);
 
 /* Drop a registration. READs still running on it are failed (their xfers
@@ -343,7 +375,7 @@ typedef struct ecxi_data_counts {
     uint64_t requests_dropped; /* malformed requests, or past a queue bound */
 } ecxi_data_counts;
 typedef struct ecxi_data_stats {
-    ecxi_data_counts path[5];
+    ecxi_data_counts path[ECX_DATA_BACKEND_COUNT];
     /* Slices (ecxi_data_progress / poll_notifs calls that moved bytes). */
     uint64_t slices;
     uint64_t slice_bytes;     /* bytes they moved (ucx: bytes verified) */

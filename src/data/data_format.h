@@ -69,7 +69,7 @@ typedef struct ecxi_data_desc {
     uint64_t block_bytes; /* > 0 */
     uint64_t num_blocks;  /* 1..ECX_REGION_MAX_BLOCKS, block_bytes * num_blocks fits size_t */
     bool has_ticket;      /* the grant this descriptor came with */
-    /* nixl only (data.h, ecxi_data_ack_desc; never encoded): vLLM's list,
+    /* nixl only (data.h, ecxi_data_ack_register; never encoded): vLLM's list,
      * base + i * block_bytes, and no checksum came with the grant (the
      * READ's own is the item's: ecxi_data_read_checksum) */
     bool unverified;

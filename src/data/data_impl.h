@@ -8,8 +8,8 @@
  *
  * Dispatch: every ecxi_data, ecxi_data_peer and ecxi_data_xfer starts with
  * the head below; the public calls in data.c follow x->owner->ops. A
- * wrapper (auto, fault) may hand out its inner backend's peers and xfers
- * or its own, as it likes: each object names its real owner.
+ * wrapper (auto, nixl, fault) may hand out its inner backend's peers and
+ * xfers or its own, as it likes: each object names its real owner.
  */
 #ifndef ECX_DATA_IMPL_H
 #define ECX_DATA_IMPL_H
@@ -40,6 +40,9 @@ static inline bool ecxi_slice_spent(ecxi_slice *sl)
     return true;
 }
 
+/* Every slot not marked optional is required: the context slots of every
+ * context, the peer slots (peer_drop .. read_release) of every backend
+ * whose peers are its own (ecxi_data_ops_check). */
 struct ecxi_data_ops {
     const char *name;
     void (*free)(ecxi_data *d);
@@ -66,30 +69,23 @@ struct ecxi_data_ops {
      * t->nbytes == nbytes; indices are already checked against both block
      * counts, n > 0, nbytes is in ((n-1) * block_bytes, n * block_bytes]
      * and 0 < key_len <= ECX_DATA_NOTIF_MAX. Before reporting DONE the
-     * backend checks what it wrote against t->checksum (CORRUPT if not). */
+     * backend checks what it wrote against t->checksum (CORRUPT if not),
+     * or, for a grant that carries none, sets the xfer head's sum. */
     int (*read_post)(ecxi_data_peer *p, const ecxi_data_ticket *t, const uint64_t *remote,
                      const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
                      size_t key_len, ecxi_data_xfer **out);
     int (*read_poll)(ecxi_data_xfer *x);
     void (*read_release)(ecxi_data_xfer *x);
-    /* optional, producer: the one mem_descriptor of every grant, for a
-     * path that carries no ticket (nixl); its completions carry no token
-     * (data.h, ecxi_data_shared_descriptor) */
-    const uint8_t *(*shared_descriptor)(const ecxi_data *d, size_t *len);
-    /* optional, consumer: a path whose agent_metadata is not ecx's format
-     * (nixl) registers the peer from the raw bytes; desc is its
-     * ecxi_data_ack_desc parse */
-    int (*peer_add_raw)(ecxi_data *d, const uint8_t *meta, size_t meta_len,
-                        const ecxi_data_desc *desc, ecxi_data_peer **out);
-    /* optional, consumer: the ack's descriptor, for such a path */
-    int (*ack_desc)(const ecxi_data *d, const uint8_t *buf, size_t len, uint64_t nbytes,
-                    ecxi_data_desc *dd);
-    /* optional: the checksum of what a DONE READ wrote, for a path whose
-     * grants carry none */
-    bool (*read_checksum)(const ecxi_data_xfer *x, uint64_t *sum);
-    /* optional, producer: the context that answers ecx consumers in ecx's
-     * own form (nixl: its inner auto context; data.h, ecxi_data_form) */
-    const ecxi_data *(*ecx_form)(const ecxi_data *d);
+    /* optional, producer: what an ack carries for one grant (data.h,
+     * ecxi_data_grant_ack), for a path with a form of its own (nixl);
+     * absent: ecx's form (this context's metadata, t's descriptor) */
+    int (*grant_ack)(const ecxi_data *d, bool ecx_peer, const ecxi_data_ticket *t,
+                     uint8_t *buf, size_t cap, ecxi_data_ack *out);
+    /* optional, consumer: parse and register what an ack brought (data.h,
+     * ecxi_data_ack_register), for a path with a form of its own (nixl);
+     * absent: ecx's form (ecxi_data_ack_register_ecx) */
+    int (*ack_register)(ecxi_data *d, const ecxi_data_ack *a, uint64_t nbytes,
+                        ecxi_data_desc *dd, ecxi_data_peer **peer);
 };
 
 /* Head of every context. The front (data.c) fills role, region, the
@@ -122,22 +118,41 @@ static inline int ecxi_data_grant_check(ecxi_data *d, const char *key, size_t ke
 /* Head of every peer: its owner, and what it was registered from. */
 struct ecxi_data_peer {
     ecxi_data *owner;
-    const char *backend;  /* "shm" / "tcp" / "ucx" */
+    const char *backend;  /* "shm" / "tcp" / "ucx" / "nixl" */
     uint64_t num_blocks;  /* of the remote region */
     uint64_t nonce;       /* of the producer context */
     uint8_t *meta;        /* the agent_metadata bytes */
     size_t meta_len;
 };
 
-/* Head of every xfer. */
+/* Head of every xfer. A path whose grants carry no checksum
+ * (ecxi_data_desc.unverified) sets sum and has_sum once the READ is DONE:
+ * the XXH3-64 of what it wrote (ecxi_data_read_checksum). */
 struct ecxi_data_xfer {
     ecxi_data *owner;
+    bool has_sum;
+    uint64_t sum;
 };
 
-/* Fill the peer head (copies the meta bytes); ECX_ENOMEM. */
-int ecxi_data_peer_head_init(ecxi_data_peer *p, const ecxi_data_desc *desc, const uint8_t *meta,
-                            size_t meta_len);
-void ecxi_data_peer_head_fini(ecxi_data_peer *p);
+/* Finish a registration: rc is the backend's peer_add (or its like);
+ * on 0, fill *out's head from desc and the meta bytes (a copy), dropping
+ * the peer if that fails (ECX_ENOMEM). Returns the outcome. */
+int ecxi_data_peer_done(int rc, const ecxi_data_desc *desc, const uint8_t *meta, size_t meta_len,
+                        ecxi_data_peer **out);
+
+/* Register what an ack brought in ecx's own form (agent_metadata and a
+ * mem_descriptor with a ticket): the default of ack_register, and what a
+ * wrapper (nixl) calls for its ecx peers, on its inner context. */
+int ecxi_data_ack_register_ecx(ecxi_data *d, const ecxi_data_ack *a, ecxi_data_desc *dd,
+                               ecxi_data_peer **peer);
+
+/* Check that ops fills every slot a context needs (peer false) or, peer
+ * true, every slot its peers and xfers need (a wrapper such as auto hands
+ * out its inner backends' peers, and needs none of those): a programming
+ * error, logged with the slot's name, then abort(), in every build. Every
+ * context is checked when it is made (data.c, data_fault.c), and every
+ * peer's owner when the peer is registered (ecxi_data_peer_done). */
+void ecxi_data_ops_check(const struct ecxi_data_ops *ops, bool peer);
 
 /* Length of the run of consecutive block pairs starting at i: the largest
  * k with remote[i+j] == remote[i]+j and local[i+j] == local[i]+j, j < k. */
@@ -155,15 +170,14 @@ int ecxi_data_boot_id(uint8_t out[16]);
 
 /* One data path as the front knows it. The registration table (paths.c)
  * is the one place that names the paths' constructors: it lists every path
- * ecx knows, indexed by enum ecxi_data_backend, with start NULL for one this
+ * of ECX_DATA_BACKENDS (data.h: their names), indexed by its value, with start NULL for one this
  * libecx is built without (ECX_WITH_UCX, ECX_WITH_NIXL). start is called by
  * ecxi_data_start only. */
 typedef struct ecxi_data_path {
-    const char *name; /* as --data takes it */
     int (*start)(ecxi_region *region, const ecxi_data_opts *opts, int role, ecxi_data_meta *m,
                  ecxi_data_desc *dd, ecxi_data **out);
 } ecxi_data_path;
-extern const ecxi_data_path ecxi_data_paths[ECX_DATA_NIXL + 1];
+extern const ecxi_data_path ecxi_data_paths[ECX_DATA_BACKEND_COUNT];
 
 /* Start one backend (ECX_DATA_AUTO / _SHM / _TCP / _UCX / _NIXL) for role,
  * with the head's role and region filled (data.c); ECX_EINVAL for another

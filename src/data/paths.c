@@ -49,10 +49,10 @@ static int nixl_start(ecxi_region *r, const ecxi_data_opts *opts, int role, ecxi
 #define nixl_start NULL
 #endif
 
-const ecxi_data_path ecxi_data_paths[ECX_DATA_NIXL + 1] = {
-    [ECX_DATA_AUTO] = {"auto", ecxi_data_auto_new},
-    [ECX_DATA_SHM] = {"shm", shm_start},
-    [ECX_DATA_UCX] = {"ucx", ucx_start},
-    [ECX_DATA_TCP] = {"tcp", tcp_start},
-    [ECX_DATA_NIXL] = {"nixl", nixl_start},
+const ecxi_data_path ecxi_data_paths[ECX_DATA_BACKEND_COUNT] = {
+    [ECX_DATA_AUTO] = {ecxi_data_auto_new},
+    [ECX_DATA_SHM] = {shm_start},
+    [ECX_DATA_UCX] = {ucx_start},
+    [ECX_DATA_TCP] = {tcp_start},
+    [ECX_DATA_NIXL] = {nixl_start},
 };

@@ -495,7 +495,7 @@ static void test_save_shape(void **state)
     assert_non_null(strstr(got.last, "overflows"));
     assert_int_equal(got.lines, 3);
     assert_int_equal(ecx_save_shape(p, "never", 3, 1000), ECX_ECACHE_MISSING);
-    assert_int_equal(ecx_save_shape(c2, "pad", 3, 1000), ECX_EDATA_ROLE);
+    assert_int_equal(ecx_save_shape(c2, "pad", 3, 1000), ECX_EROLE);
     assert_int_equal(ecx_save_shape(p, NULL, 3, 1000), ECX_EINVAL);
     assert_int_equal(ecx_announce(p, "pad", json, sizeof json, &len), 0);
     assert_non_null(strstr(json, "\"shape\":[3,1000],"));
@@ -631,12 +631,12 @@ static void test_region_and_segments(void **state)
 
     /* Role errors. */
     int reason;
-    assert_int_equal(ecx_fetch(p, "item", NULL, 0, &reason), ECX_EDATA_ROLE);
+    assert_int_equal(ecx_fetch(p, "item", NULL, 0, &reason), ECX_EROLE);
     ecx_ctx *c = make(ECX_ROLE_CONSUMER);
-    assert_int_equal(ecx_listen_port(c), ECX_EDATA_ROLE);
-    assert_int_equal(ecx_save(c, "x", "x", 1), ECX_EDATA_ROLE);
+    assert_int_equal(ecx_listen_port(c), ECX_EROLE);
+    assert_int_equal(ecx_save(c, "x", "x", 1), ECX_EROLE);
     ecx_announcement an;
-    assert_int_equal(ecx_announce_info(c, "x", &an), ECX_EDATA_ROLE);
+    assert_int_equal(ecx_announce_info(c, "x", &an), ECX_EROLE);
     ecx_free(c);
     ecx_free(p);
 }
@@ -647,7 +647,7 @@ static void test_foreign_loop(void **state)
 {
     g_thread = *state ? 1 : 0;
     ecx_ctx *p = make(ECX_ROLE_PRODUCER), *c = make(ECX_ROLE_CONSUMER);
-    assert_int_equal(ecx_next_timeout(c), -1); /* nothing pending, nothing to wait for */
+    assert_int_equal(ecx_next_timeout(c), ECX_NO_TIMEOUT); /* nothing pending */
     size_t size = 700000;
     uint8_t *bytes = malloc(size), *back = malloc(size);
     fill(bytes, size, 42);
@@ -667,7 +667,7 @@ static void test_foreign_loop(void **state)
     double end = now_s() + 10;
     while (st == ECX_FETCH_PENDING && now_s() < end) {
         int tp = ecx_next_timeout(p), tc = ecx_next_timeout(c);
-        int t = tp < 0 ? tc : tc < 0 ? tp : tp < tc ? tp : tc;
+        int t = tp < tc ? tp : tc;
         if (t < 0 || t > 100) t = 100;
         struct pollfd fds[2] = {{ecx_fd(p), POLLIN, 0}, {ecx_fd(c), POLLIN, 0}};
         if (poll(fds, 2, t) > 0) wakes++;
@@ -789,7 +789,7 @@ static void test_engine_never_polls(void **state)
     /* What the thread did is reported to the engine's poll. */
     assert_true(ecx_poll(c, 0) > 0);
     assert_int_equal(ecx_poll(c, 0), 0);
-    assert_int_equal(ecx_next_timeout(c), -1);
+    assert_int_equal(ecx_next_timeout(c), ECX_NO_TIMEOUT);
     free(bytes);
     free(back);
     ecx_free(c);

@@ -5,7 +5,7 @@
 # tests/abi/install_smoke.c built with only <ecx.h> and `pkg-config ecx` (no
 # path into the source or build tree), against the shared library and
 # against the static one, and run. When the CLI links libecx.so (CLI_SHARED
-# 1), the installed `ecx` must need libecx.so.1 and find it by its RPATH,
+# 1), the installed `ecx` must need its SONAME (libecx.so.ECX_ABI_VERSION) and find it by its RPATH,
 # and its `serve --data nixl` / `--data ucx` must find the installed
 # ecx-nixl-agent / ecx-ucx-agent (a build without them installs neither).
 # usage: test_install.sh BUILD_DIR SMOKE_C CC CLI_SHARED(0|1)
@@ -14,11 +14,11 @@ BUILD=$1 SMOKE=$2 CC=$3 CLI_SHARED=$4
 . "$(dirname "$0")/../shell/lib.sh"  # $T, bad, built, finish
 private_shm  # the smoke program's regions go to $SHM
 STAGE=$T/stage
-# loads_installed_lib BINARY: ldd resolves its libecx.so.1 to the installed file.
+# loads_installed_lib BINARY: ldd resolves its SONAME to the installed file.
 loads_installed_lib() {
   local got
-  got=$(ldd "$1" | awk '$1 == "libecx.so.1" { print $3 }')
-  [ -n "$got" ] && [ "$(realpath "$got")" = "$(realpath "$LIBDIR/libecx.so.1")" ]
+  got=$(ldd "$1" | awk -v n="$SONAME" '$1 == n { print $3 }')
+  [ -n "$got" ] && [ "$(realpath "$got")" = "$(realpath "$LIBDIR/$SONAME")" ]
 }
 
 DESTDIR=$STAGE cmake --install "$BUILD" >"$T/install.log" ||
@@ -30,10 +30,12 @@ hdr=$(find "$STAGE" -name ecx.h | head -1)
 so=$(find "$STAGE" -name 'libecx.so.*' -type f | head -1)
 [ -n "$pc" ] && [ -n "$hdr" ] && [ -n "$so" ] || { echo "FAIL: ecx.pc, ecx.h or libecx.so.* not installed:" >&2; cat "$T/install.log" >&2; exit 1; }
 LIBDIR=$(dirname "$so")
-for f in libecx.so libecx.so.1 libecx.a; do
+# The SONAME's number is the installed header's ECX_ABI_VERSION.
+SONAME=libecx.so.$(sed -nE 's/^#define ECX_ABI_VERSION ([0-9]+)$/\1/p' "$hdr")
+for f in libecx.so $SONAME libecx.a; do
   [ -e "$LIBDIR/$f" ] || bad "$LIBDIR/$f not installed"
 done
-[ "$(readlink "$LIBDIR/libecx.so")" = libecx.so.1 ] || bad "libecx.so does not link to libecx.so.1"
+[ "$(readlink "$LIBDIR/libecx.so")" = "$SONAME" ] || bad "libecx.so does not link to $SONAME"
 
 # pkg-config reads the staged ecx.pc; the sysroot maps its prefix (e.g.
 # /usr/local) into the stage, as for any staged install.
@@ -47,10 +49,10 @@ case " $cflags $libs " in *" -I$STAGE"*" -L$STAGE"*) ;; *) bad "pkg-config flags
 # Strict user flags: the public header must compile cleanly in user code.
 WARN=(-std=c11 -Wall -Wextra -Wpedantic -Werror)
 
-# Shared: needs libecx.so.1, runs against the installed copy.
+# Shared: needs libecx.so.2, runs against the installed copy.
 if $CC "${WARN[@]}" -o "$T/smoke" "$SMOKE" $cflags $libs 2>"$T/cc.log"; then
-  readelf -d "$T/smoke" | grep -q 'NEEDED.*\[libecx\.so\.1\]' || bad "smoke does not need libecx.so.1"
-  LD_LIBRARY_PATH=$LIBDIR loads_installed_lib "$T/smoke" || bad "smoke does not load the installed libecx.so.1"
+  readelf -d "$T/smoke" | grep NEEDED | grep -qF "[$SONAME]" || bad "smoke does not need $SONAME"
+  LD_LIBRARY_PATH=$LIBDIR loads_installed_lib "$T/smoke" || bad "smoke does not load the installed $SONAME"
   LD_LIBRARY_PATH=$LIBDIR timeout 30 "$T/smoke" || bad "install_smoke (shared) failed"
 else
   cat "$T/cc.log" >&2; bad "install_smoke does not build against the installed shared library"
@@ -83,10 +85,10 @@ cli=$(find "$STAGE" -path '*/bin/ecx' -type f | head -1)
 if [ -z "$cli" ]; then
   bad "bin/ecx not installed"
 elif [ "$CLI_SHARED" = 1 ]; then
-  readelf -d "$cli" | grep -q 'NEEDED.*\[libecx\.so\.1\]' || bad "installed ecx does not need libecx.so.1"
+  readelf -d "$cli" | grep NEEDED | grep -qF "[$SONAME]" || bad "installed ecx does not need $SONAME"
   # Found by its RPATH ($ORIGIN/../lib...), with no LD_LIBRARY_PATH.
   (unset LD_LIBRARY_PATH; loads_installed_lib "$cli") ||
-    bad "installed ecx does not load the installed libecx.so.1: $(ldd "$cli" | grep libecx || echo 'not found')"
+    bad "installed ecx does not load the installed $SONAME: $(ldd "$cli" | grep libecx || echo 'not found')"
   env -u LD_LIBRARY_PATH "$cli" --help >/dev/null 2>&1 || bad "installed ecx --help failed"
 else
   echo "note: the CLI is not linked against libecx.so yet (CLI_SHARED=0); its check is skipped"

@@ -42,6 +42,7 @@ int ecxi_data_fault_wrap(ecxi_data *inner, ecxi_data **out)
     fault_data *f = calloc(1, sizeof *f);
     if (!f) return ECX_ENOMEM;
     f->base.ops = &fault_ops;
+    ecxi_data_ops_check(f->base.ops, false);
     f->base.role = inner->role;
     f->base.region = inner->region;
     /* The published metadata moves to the wrapper, which frees it. */

@@ -65,14 +65,12 @@ static int produce(ecxi_region *r, ecxi_data_opts *o, const char *file, int want
     }
     static stub_grants grants;
     ecxi_data_set_grant_fn(d, stub_grant_check, &grants);
-    size_t ml;
     uint8_t ds[ECX_DATA_DESC_MAX];
     /* what an ecx consumer is sent (a nixl producer: its auto paths) */
-    const ecxi_data *e = ecxi_data_form(d, true);
-    const uint8_t *m = ecxi_data_agent_metadata(e, &ml);
-    long dl0 = stub_layout(e, ds, sizeof ds);
-    if (dl0 < 0) return 1;
-    size_t dl = (size_t)dl0;
+    ecxi_data_ack a;
+    if (ecxi_data_grant_ack(d, true, &stub_ticket, ds, sizeof ds, &a)) return 1;
+    const uint8_t *m = a.meta;
+    size_t ml = a.meta_len, dl = a.desc_len;
     char *mh = malloc(2 * ml + 1), *dh = malloc(2 * dl + 1);
     ecxi_hex_encode(m, ml, mh);
     ecxi_hex_encode(ds, dl, dh);

@@ -622,11 +622,11 @@ static void test_validation(void **state)
     ecxi_data_read_release(x);
 
     /* Roles. */
-    assert_int_equal(ecxi_data_poll_notifs(p.cons, on_notif, &ns), ECX_EDATA_ROLE);
+    assert_int_equal(ecxi_data_poll_notifs(p.cons, on_notif, &ns), ECX_EROLE);
     size_t ml;
     const uint8_t *m = ecxi_data_agent_metadata(p.prod, &ml);
     ecxi_data_peer *q = NULL;
-    assert_int_equal(ecxi_data_peer_add(p.prod, m, ml, &gd, &q), ECX_EDATA_ROLE);
+    assert_int_equal(ecxi_data_peer_add(p.prod, m, ml, &gd, &q), ECX_EROLE);
     assert_int_equal(ecxi_data_peer_add(p.cons, m, ml, NULL, &q), ECX_EDATA_DESC);
     assert_true(ml < 512 && gl < 256); /* a few hundred bytes, whatever the region */
 
@@ -667,6 +667,18 @@ static void test_validation(void **state)
     assert_int_equal(b, ECX_DATA_TCP);
     assert_string_equal(ecxi_data_backend_name(ECX_DATA_TCP), "tcp");
     assert_int_equal(ecxi_data_backend_parse("rdma", &b), ECX_EINVAL);
+    /* ecx.h's printed list is data.h's, in its order; every value has a
+     * name that parses back to it. */
+    char list[64] = "";
+    for (int k = 0; k < ECX_DATA_BACKEND_COUNT; k++) {
+        assert_int_equal(ecxi_data_backend_parse(ecxi_data_backend_name(k), &b), 0);
+        assert_int_equal(b, k);
+    }
+#define JOIN_(name, v, str) strcat(strcat(list, *list ? ", " : ""), str);
+    ECX_DATA_BACKENDS(JOIN_)
+#undef JOIN_
+    assert_string_equal(list, ECX_DATA_PATHS);
+    assert_string_equal(ecxi_data_backend_name(ECX_DATA_BACKEND_COUNT), "unknown");
     ecxi_data_opts bad = {.backend = 9};
     ecxi_data *bd = NULL;
     ecxi_region *r = mkregion(2, BS);

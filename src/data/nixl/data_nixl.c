@@ -9,17 +9,17 @@
  * as one DRAM range (the helper's mapping of it, read-only); every OK ack
  * carries that metadata as agent_metadata and vLLM's mem_descriptor (one
  * (addr, len, 0) per block, the helper's addresses) as the descriptor, the
- * same for every grant (ecxi_data_shared_descriptor). A new helper (after
+ * same for every grant (nixl_grant_ack: a tokenless grant). A new helper (after
  * one died) has a new worker address, name and mapping: both are taken
  * again (refresh), so later acks carry the new ones.
  * A consumer (vLLM's connector, or any NIXL agent) READs the granted blocks
  * one-sidedly and sends the NIXL notification "{session_id}:{mm_hash}",
  * which this path hands to the session as a completion without a token
- * (ecxi_data_tokenless): the grant is released.
+ * (ecxi_data_ack.tokenless): the grant is released.
  *
  * Consumer: an ack's agent_metadata is NIXL's (parsed and bounded by
  * nixl_format.c: ECX_EDATA_META) and its mem_descriptor vLLM's list
- * (ecxi_data_ack_desc: uniform, our block size, else ECX_EDATA_DESC /
+ * (nixl_ack_register: uniform, our block size, else ECX_EDATA_DESC /
  * ECX_EDATA_MISMATCH); both end as BAD_ACK in the session. The peer is a
  * NIXL remote agent (in the helper: an endpoint from its worker address,
  * its rkeys), whose ranges must cover the whole list. A READ is one
@@ -36,10 +36,12 @@
  * ecx to ecx (docs/NIXL.md §8): a nixl context also runs ecx's own paths,
  * an inner auto context (shm, tcp). A producer answers an ecx consumer
  * (marked session id, session_id.h) with that context's metadata and
- * tickets (ecxi_data_form), so its grants keep tokens and checksums and a
+ * tickets (nixl_grant_ack), so its grants keep tokens and checksums and a
  * same-host consumer copies over shm; a consumer registers an ack whose
- * metadata is ecx's through it (data.c routes by the magic). Both planes'
- * completions and progress run through this context.
+ * metadata is ecx's through it (nixl_ack_register routes by the magic).
+ * Both planes' completions and progress run through this context. This
+ * context is a wrapper, as auto is: the sessions see one data plane, and
+ * the choice of form is made here.
  *
  * What it gives up with NIXL peers (README, threat model): NIXL is one-sided, so the
  * producer decides nothing about what leaves it: a peer with the metadata
@@ -72,7 +74,6 @@ typedef struct nixl_xfer {
     ecxi_data_xfer head;
     ecxi_nixl_proc_read *rd;
     int state;
-    uint64_t checksum;
     uint64_t *blocks; /* local indices, for the checksum */
     ecxi_sum sum;     /* the checksum so far: blocks[0..hashed) */
     size_t hashed;
@@ -214,11 +215,6 @@ static void nixl_stats(const ecxi_data *d, ecxi_data_stats *st)
     ecxi_data_get_stats(x->ecx, st);
 }
 
-static const ecxi_data *nixl_ecx_form(const ecxi_data *d)
-{
-    return ((const nixl_data *)d)->ecx;
-}
-
 static int nixl_peer_add(ecxi_data *d, const ecxi_data_meta *m, const ecxi_data_desc *desc,
                          ecxi_data_peer **out)
 {
@@ -246,11 +242,16 @@ static int nixl_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb,
     return rc < 0 ? rc : n + rc;
 }
 
-static const uint8_t *nixl_shared_desc(const ecxi_data *d, size_t *len)
+/* An ecx consumer gets ecx's own form (with a ticket), from the auto
+ * context; anyone else NIXL's: our agent's metadata and the one list of
+ * every block, tokenless. */
+static int nixl_grant_ack(const ecxi_data *d, bool ecx_peer, const ecxi_data_ticket *t,
+                          uint8_t *buf, size_t cap, ecxi_data_ack *out)
 {
     const nixl_data *x = (const nixl_data *)d;
-    *len = x->desc_len;
-    return x->desc;
+    if (ecx_peer && x->ecx) return ecxi_data_grant_ack(x->ecx, true, t, buf, cap, out);
+    *out = (ecxi_data_ack){d->meta, d->meta_len, x->desc, x->desc_len, true};
+    return 0;
 }
 
 /* The helper over the region's file: read-only for a producer. */
@@ -291,8 +292,9 @@ int ecxi_data_nixl_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi
 
 /* ---- consumer ----------------------------------------------------------- */
 
-static int nixl_ack_desc(const ecxi_data *d, const uint8_t *buf, size_t len, uint64_t nbytes,
-                         ecxi_data_desc *dd)
+/* vLLM's list (buf) as a grant of nbytes: see the top. */
+static int nixl_desc(const ecxi_data *d, const uint8_t *buf, size_t len, uint64_t nbytes,
+                     ecxi_data_desc *dd)
 {
     memset(dd, 0, sizeof *dd);
     uint64_t bs = ecxi_region_block_bytes(d->region);
@@ -323,11 +325,11 @@ out:
     return rc;
 }
 
-static int nixl_peer_add_raw(ecxi_data *d, const uint8_t *meta, size_t meta_len,
-                             const ecxi_data_desc *desc, ecxi_data_peer **out)
+/* A peer from NIXL's metadata, for the list desc (nixl_desc's). */
+static int nixl_peer_new(ecxi_data *d, const uint8_t *meta, size_t meta_len,
+                         const ecxi_data_desc *desc, ecxi_data_peer **out)
 {
     nixl_data *x = (nixl_data *)d;
-    if (!desc->unverified) return ECX_EDATA_DESC;
     ecxi_nixl_meta m;
     if (ecxi_nixl_meta_decode(meta, meta_len, &m)) return ECX_EDATA_META;
     /* The blocks of the list must be what the metadata registered. */
@@ -348,6 +350,21 @@ static int nixl_peer_add_raw(ecxi_data *d, const uint8_t *meta, size_t meta_len,
     p->head.backend = "nixl";
     *out = &p->head;
     return 0;
+}
+
+/* An ack whose metadata is ecx's goes to ecx's own paths (the descriptor
+ * must then be ecx's too); anything else is NIXL's (and so must be the
+ * descriptor: vLLM's list). */
+static int nixl_ack_register(ecxi_data *d, const ecxi_data_ack *a, uint64_t nbytes,
+                             ecxi_data_desc *dd, ecxi_data_peer **peer)
+{
+    ecxi_data *e = ((nixl_data *)d)->ecx;
+    if (ecxi_data_meta_is_ecx(a->meta, a->meta_len))
+        return e ? ecxi_data_ack_register_ecx(e, a, dd, peer) : ECX_EDATA_NOPATH;
+    int rc = nixl_desc(d, a->desc, a->desc_len, nbytes, dd);
+    if (rc || *peer) return rc;
+    rc = nixl_peer_new(d, a->meta, a->meta_len, dd, peer);
+    return ecxi_data_peer_done(rc, dd, a->meta, a->meta_len, peer);
 }
 
 static void nixl_peer_drop(ecxi_data_peer *hp)
@@ -429,16 +446,9 @@ static int nixl_read_poll(ecxi_data_xfer *hx)
     }
     if (x->hashed < x->n) return ECX_XFER_RUNNING;
     x->hashing = false, d->hashing--;
-    x->checksum = ecxi_sum_digest(&x->sum);
+    hx->sum = ecxi_sum_digest(&x->sum);
+    hx->has_sum = true;
     return x->state = ECX_XFER_DONE;
-}
-
-static bool nixl_read_checksum(const ecxi_data_xfer *hx, uint64_t *sum)
-{
-    const nixl_xfer *x = (const nixl_xfer *)hx;
-    if (x->state != ECX_XFER_DONE) return false;
-    *sum = x->checksum;
-    return true;
 }
 
 static void nixl_read_release(ecxi_data_xfer *hx)
@@ -472,19 +482,16 @@ static const struct ecxi_data_ops nixl_ops = {
     .set_grant_fn = nixl_set_grant_fn,
     .cut = nixl_cut,
     .stats = nixl_stats,
-    .ecx_form = nixl_ecx_form,
     .peer_add = nixl_peer_add,
     .free = nixl_free,
     .progress = nixl_progress,
     .fd = nixl_fd,
     .arm = nixl_arm,
     .poll_notifs = nixl_poll_notifs,
-    .shared_descriptor = nixl_shared_desc,
-    .peer_add_raw = nixl_peer_add_raw,
-    .ack_desc = nixl_ack_desc,
+    .grant_ack = nixl_grant_ack,
+    .ack_register = nixl_ack_register,
     .peer_drop = nixl_peer_drop,
     .read_post = nixl_read_post,
     .read_poll = nixl_read_poll,
     .read_release = nixl_read_release,
-    .read_checksum = nixl_read_checksum,
 };
