@@ -119,6 +119,7 @@
 #define TCP_MAX_PER_HOST 32
 #define TCP_BACKLOG 128
 #define TCP_IN_MAX 4096           /* request bytes read ahead per connection */
+#define TCP_DECLINES_PER_STEP 256 /* 'C' requests handled per connection per call */
 #define TCP_HELLO_MS 10000        /* connected, no whole request yet; idle, none served */
 #define TCP_REQ_MS 5000           /* a started request, first byte to last */
 #define TCP_IDLE_MS 60000         /* between requests */
@@ -519,7 +520,7 @@ static long parse_request(tcp_conn *c, uint8_t *type, uint64_t *id, const uint8_
  * order, reading more only when no whole request is buffered. */
 static int conn_step(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
 {
-    int n = 0;
+    int n = 0, declines = 0;
     while (!c->dead) {
         int rc = conn_flush(t, c, now, sl);
         if (rc < 0) {
@@ -567,6 +568,7 @@ static int conn_step(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
                 queue_notif(t, dn);
             }
             t->c.declined++;
+            declines++;
             c->in_req = false;
             memmove(c->in, c->in + used, c->in_len - (size_t)used);
             c->in_len -= (size_t)used;
@@ -583,6 +585,13 @@ static int conn_step(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
             c->in_len -= (size_t)used;
             n++;
             continue;
+        }
+        /* Declines get no reply, so nothing holds back a peer that streams
+         * them: read on in the next progress call (the socket stays
+         * readable; no whole request is left in c->in here). */
+        if (declines >= TCP_DECLINES_PER_STEP) {
+            set_events(t, c->fd, &c->events, EPOLLIN, c);
+            break;
         }
         if (c->in_len && !c->in_req) { /* a request has started: TCP_REQ_MS from now */
             c->in_req = true;
