@@ -223,7 +223,8 @@ enum ecx_fetch_state {
     X(SEND_FAILED, "the request could not be sent")                                                \
     X(CORRUPT, "the bytes read do not match the producer's checksum")                              \
     X(LEASE_EXPIRED, "the READ ended after the producer's pin lease could have")                  \
-    X(REFUSED, "the producer's address refused the connection: nothing listening there")
+    X(REFUSED, "the producer's address refused the connection: nothing listening there")         \
+    X(NOT_ZMQ, "the producer's address is not a ZeroMQ peer: it sent no ZeroMQ greeting")
 
 enum ecx_reason {
 #define ECX_REASON_ENUM_(name, meaning) ECX_REASON_##name,

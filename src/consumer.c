@@ -365,6 +365,23 @@ static bool retire_if_refused(ecxi_consumer *c, session *s, int64_t now)
     return true;
 }
 
+/* Close a session whose producer's address is not a ZeroMQ peer (its TCP
+ * connection sent no ZeroMQ greeting within ECX_CTRL_GREETING_MS: an HTTP
+ * server, a metrics port): its waiting transfers fall back at once
+ * (NOT_ZMQ) rather than at the ack timeout (every try of it, on version
+ * 2). */
+static bool retire_if_silent(ecxi_consumer *c, session *s, int64_t now)
+{
+    if (!ecxi_ctrl_peer_silent(s->peer)) return false;
+    for (xfer *x = c->head; x; x = x->next)
+        if (x->s == s && x->state == WAITING_ACK) tombstone(c, x, ECX_REASON_NOT_ZMQ, now);
+    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %s:%d is not a ZeroMQ peer (no ZeroMQ greeting "
+                        "%d ms after connecting: a web server, a metrics port?); session closed",
+                        s->host, s->port, ECX_CTRL_GREETING_MS);
+    session_close(c, s, now);
+    return true;
+}
+
 /* The session to host:port, opened if needed; NULL if it cannot be, with
  * *at_cap set when the session cap is why. */
 static session *session_get(ecxi_consumer *c, const char *host, int port, int64_t now,
@@ -779,7 +796,8 @@ int ecxi_consumer_poll(ecxi_consumer *c)
         next = s->next;
         /* The monitor first: an ack read after a disconnect may come from a
          * new producer that ZeroMQ reconnected to behind our back. */
-        if (retire_if_lost(c, s, now) || retire_if_refused(c, s, now)) {
+        if (retire_if_lost(c, s, now) || retire_if_refused(c, s, now) ||
+            retire_if_silent(c, s, now)) {
             events++;
             continue;
         }

@@ -85,9 +85,22 @@ for v in 1 2; do
   check "get v$v, nothing listening: REFUSED at once (exit $rc, $ms ms)" \
     "[ $rc = 3 ] && grep -q '^h: REFUSED' '$T/cmd.stderr' && [ $ms -lt 1500 ]"
 done
-timed "$ECX" get --peer "127.0.0.1:$(cat "$T/mute")" --mm-hash h --size 10 --ack-timeout-ms 600 --out "$T/x"
-check "a producer that accepts and stays silent still gets the ack timeout (exit $rc, $ms ms)" \
-  "[ $rc = 3 ] && grep -q '^h: ACK_TIMEOUT' '$T/cmd.stderr' && [ $ms -ge 550 ]"
+# Not a ZeroMQ peer (no ZeroMQ greeting within 1 s of connecting): NOT_ZMQ then, not the ack
+# timeout (2 s on version 1, every try's on version 2: 60 s).
+for v in 1 2; do
+  for what in "the metrics port (HTTP):$MPORT" "a silent TCP server:$(cat "$T/mute")"; do
+    timed "$ECX" get --connector-version "$v" --peer "127.0.0.1:${what##*:}" --mm-hash h --size 1Mi --out "$T/x"
+    check "get v$v, ${what%:*}: NOT_ZMQ within ~1 s (exit $rc, $ms ms)" \
+      "[ $rc = 3 ] && grep -q '^h: NOT_ZMQ' '$T/cmd.stderr' && grep -q 'is not a ZeroMQ peer' '$T/cmd.stderr' && [ $ms -lt 2500 ]"
+  done
+done
+# A ZeroMQ peer that accepts the request and stays silent still gets the ack timeout.
+$PY -c 'import zmq,time; s=zmq.Context().socket(zmq.ROUTER); p=s.bind_to_random_port("tcp://127.0.0.1"); open("'"$T"'/zmute","w").write(str(p)); time.sleep(30)' &
+pids+=($!)
+wait_file "$T/zmute"
+timed "$ECX" get --peer "127.0.0.1:$(cat "$T/zmute")" --mm-hash h --size 10 --ack-timeout-ms 1500 --out "$T/x"
+check "a ZeroMQ producer that accepts and stays silent still gets the ack timeout (exit $rc, $ms ms)" \
+  "[ $rc = 3 ] && grep -q '^h: ACK_TIMEOUT' '$T/cmd.stderr' && [ $ms -ge 1400 ]"
 check "an ack timeout points at ecx ping" "grep -q 'ecx ping HOST:PORT' '$T/cmd.stderr'"
 expect 2 "is a wildcard: give --advertise-host" "a wildcard --listen without --advertise-host" -- \
   "$ECX" serve --listen 0.0.0.0:0 --synthetic 1:1K
