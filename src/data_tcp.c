@@ -266,6 +266,19 @@ static int make_runs(const uint64_t *blocks, size_t n, uint64_t bs, uint64_t nby
 
 /* ---- producer: connections ------------------------------------------- */
 
+/* A completion of (key, token), status 0; NULL without memory. */
+static tnotif *notif_new(const uint8_t *token, const char *key, size_t key_len)
+{
+    tnotif *n = malloc(sizeof *n);
+    if (!n) return NULL;
+    memcpy(n->token, token, ECX_DATA_TOKEN_LEN);
+    memcpy(n->key, key, key_len);
+    n->key[key_len] = 0;
+    n->key_len = key_len;
+    n->status = 0;
+    return n;
+}
+
 static void queue_notif(tcp_data *t, tnotif *n)
 {
     n->next = NULL;
@@ -466,19 +479,12 @@ static void conn_answer(tcp_data *t, tcp_conn *c, uint64_t id, const uint8_t *to
         return;
     }
     /* The grant is claimed: whatever happens now, the session hears of it. */
-    tnotif *n = malloc(sizeof *n);
+    tnotif *n = notif_new(token, key, key_len);
     uint64_t bs = ecxi_region_block_bytes(t->base.region);
     uint64_t nb = ecxi_region_num_blocks(t->base.region);
     bool sane = g.n > 0 && g.nbytes > (g.n - 1) * bs && g.nbytes <= g.n * bs;
     for (size_t i = 0; sane && i < g.n; i++)
         sane = g.blocks[i] < nb;
-    if (n) {
-        memcpy(n->token, token, ECX_DATA_TOKEN_LEN);
-        memcpy(n->key, key, key_len);
-        n->key[key_len] = 0;
-        n->key_len = key_len;
-        n->status = 0;
-    }
     if (!n || !sane || make_runs(g.blocks, g.n, bs, g.nbytes, &c->runs, &c->nruns) != 0) {
         if (!sane) ecxi_log(ECX_LOG_ERROR, "data tcp: the session granted blocks out of range");
         if (n) {
@@ -558,15 +564,8 @@ static int conn_step(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
             break;
         }
         if (used > 0 && type == TCP_DECLINE) {
-            tnotif *dn = malloc(sizeof *dn); /* lost if not: the lease releases it */
-            if (dn) {
-                memcpy(dn->token, token, ECX_DATA_TOKEN_LEN);
-                memcpy(dn->key, key, key_len);
-                dn->key[key_len] = 0;
-                dn->key_len = key_len;
-                dn->status = 0;
-                queue_notif(t, dn);
-            }
+            tnotif *dn = notif_new(token, key, key_len); /* lost if not: the lease releases it */
+            if (dn) queue_notif(t, dn);
             t->c.declined++;
             declines++;
             c->in_req = false;
