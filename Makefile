@@ -90,12 +90,13 @@ demo: build
 	$(BUILD)/ecx demo
 
 # Install libecx.so (+ its SONAME and dev links), libecx.a, ecx.h, ecx.pc and
-# the ecx CLI under PREFIX, staged under DESTDIR if set. What was installed
+# the ecx CLI under PREFIX, staged under DESTDIR if set; only what it installs
+# is built (CMakeLists.txt's ecx_installed: the targets of its install()). What was installed
 # is recorded, DESTDIR included, for uninstall (CMake's install_manifest.txt
 # omits DESTDIR, and test_install's own temporary installs overwrite it).
 install: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@cmake --build $(BUILD) -j $(JOBS) --target ecx_installed
 	DESTDIR="$(DESTDIR)" cmake --install $(BUILD)
 	@sed 's|^|$(DESTDIR)|; $$a\' $(BUILD)/install_manifest.txt >$(BUILD)/make_install_manifest.txt
 

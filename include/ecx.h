@@ -223,7 +223,8 @@ enum ecx_fetch_state {
     X(SEND_FAILED, "the request could not be sent")                                                \
     X(CORRUPT, "the bytes read do not match the producer's checksum")                              \
     X(LEASE_EXPIRED, "the READ ended after the producer's pin lease could have")                  \
-    X(REFUSED, "the producer's address refused the connection: nothing listening there")
+    X(REFUSED, "the producer's address refused the connection: nothing listening there")         \
+    X(NOT_ZMQ, "the producer's address is not a ZeroMQ peer: it sent no ZeroMQ greeting")
 
 enum ecx_reason {
 #define ECX_REASON_ENUM_(name, meaning) ECX_REASON_##name,
@@ -497,7 +498,10 @@ typedef struct ecx_segment {
  * by the library, valid until ecx_save_commit() or ecx_save_abort().
  * ECX_ECACHE_FULL if there is no room even after evicting,
  * ECX_ECACHE_EXISTS if it is already held, ECX_EINVAL with connector_version 2
- * if size_bytes is not whole blocks (version 2 announces whole rows). */
+ * if size_bytes is not whole blocks (version 2 announces whole rows),
+ * ECX_EREGION_NOSPC if the region's directory has no room left for the
+ * blocks (it filled up after ecx_new(), which takes the region's memory
+ * afterwards: docs/API.md §2). */
 ECX_API int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes,
                            const ecx_segment **segs, size_t *n_segs);
 /* The bytes are written: the entry becomes ready (and servable). The

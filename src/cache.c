@@ -143,6 +143,8 @@ struct ecxi_cache {
     uint64_t since_rekey;                     /* reserves since it was drawn */
     ecxi_cache_evict_fn on_evict;
     void *evict_arg;
+    ecxi_cache_alloc_fn on_alloc;
+    void *alloc_arg;
     uint64_t reserves, reserve_full, evictions;
 };
 
@@ -749,6 +751,8 @@ int ecxi_cache_new(const ecxi_cache_opts *opts, ecxi_cache **out)
     c->fifo_head = c->fifo_tail = c->free_ent = NIL;
     c->on_evict = opts->on_evict;
     c->evict_arg = opts->evict_arg;
+    c->on_alloc = opts->on_alloc;
+    c->alloc_arg = opts->alloc_arg;
     /* One free run: all the blocks. */
     c->root = NIL;
     c->b[0].len = n;
@@ -825,6 +829,11 @@ static int reserve_as(ecxi_cache *c, const char *key, size_t key_len, uint64_t n
     c->n_entries++;
     c->n_not_ready++;
     c->not_ready_blocks += n_blocks;
+    for (uint32_t s = e->head; c->on_alloc && s != NIL; s = c->b[s].next)
+        if ((rc = c->on_alloc(c->alloc_arg, s, c->b[s].len))) {
+            entry_remove(c, id, h);
+            goto out;
+        }
     c->reserves++;
     /* At most one rehash per n_entries reserves: O(1) amortised. */
     if (++c->since_rekey >= c->n_entries && probe > CACHE_PROBE_MAX) tab_rekey(c);

@@ -69,11 +69,20 @@ typedef struct ecxi_cache_run {
  * must not call back into the cache. key is valid only during the call. */
 typedef void (*ecxi_cache_evict_fn)(void *arg, const char *key, size_t key_len, uint64_t n_blocks);
 
+/* Called, with the cache locked, for each run of blocks a reserve has just
+ * taken, before the reserve returns (the region backs them: region.h
+ * ecxi_region_back). It must not call back into the cache. Non-zero fails
+ * the reserve with that code: the entry is gone again (what was evicted
+ * for it stays evicted). */
+typedef int (*ecxi_cache_alloc_fn)(void *arg, uint64_t start, uint64_t n_blocks);
+
 typedef struct ecxi_cache_opts {
     uint64_t num_blocks;         /* 1..ECX_CACHE_MAX_BLOCKS */
     size_t expected_entries;     /* sizing hint for the table; 0: a default */
     ecxi_cache_evict_fn on_evict; /* optional */
     void *evict_arg;
+    ecxi_cache_alloc_fn on_alloc; /* optional */
+    void *alloc_arg;
 } ecxi_cache_opts;
 
 typedef struct ecxi_cache_info {
@@ -103,7 +112,8 @@ void ecxi_cache_free(ecxi_cache *c);
 /* Reserve n_blocks (>= 1) for a new, not-ready entry, evicting as
  * described above. ECX_EINVAL (bad key, n_blocks 0), ECX_ECACHE_EXISTS,
  * ECX_ECACHE_FULL (n_blocks > free + evictable; nothing changed),
- * ECX_ENOMEM (growing the table failed; nothing changed). */
+ * ECX_ENOMEM (growing the table failed; nothing changed), or on_alloc's
+ * code. */
 int ecxi_cache_reserve(ecxi_cache *c, const char *key, size_t key_len, uint64_t n_blocks);
 /* The same for an entry this process's consumer fetches: not ready as any
  * other, except that the producer's grant (ecxi_cache_pin_ready_blocks)

@@ -356,6 +356,12 @@ static void on_evict(void *arg, const char *key, size_t key_len, uint64_t n_bloc
     ecxi_events_removed(((ecx_ctx *)arg)->events, key, key_len, "evicted");
 }
 
+/* The cache's reservations take blocks the region has not backed yet. */
+static int on_alloc(void *region, uint64_t start, uint64_t n_blocks)
+{
+    return ecxi_region_back(region, start, n_blocks);
+}
+
 static int start_consumer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
 {
     /* With the progress thread, the data plane may keep it busy with work
@@ -442,7 +448,9 @@ int ecx_new(const ecx_config *in, ecx_ctx **out)
     if (!rc) {
         ecxi_cache_opts co = {.num_blocks = ecxi_region_num_blocks(ctx->region),
                               .on_evict = on_evict,
-                              .evict_arg = ctx};
+                              .evict_arg = ctx,
+                              .on_alloc = on_alloc,
+                              .alloc_arg = ctx->region};
         rc = ecxi_cache_new(&co, &ctx->cache);
     }
     if (!rc && !(ctx->zctx = zmq_ctx_new())) rc = ECX_ESYS;

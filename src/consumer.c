@@ -365,6 +365,23 @@ static bool retire_if_refused(ecxi_consumer *c, session *s, int64_t now)
     return true;
 }
 
+/* Close a session whose producer's address is not a ZeroMQ peer (its TCP
+ * connection sent no ZeroMQ greeting within ECX_CTRL_GREETING_MS: an HTTP
+ * server, a metrics port): its waiting transfers fall back at once
+ * (NOT_ZMQ) rather than at the ack timeout (every try of it, on version
+ * 2). */
+static bool retire_if_silent(ecxi_consumer *c, session *s, int64_t now)
+{
+    if (!ecxi_ctrl_peer_silent(s->peer)) return false;
+    for (xfer *x = c->head; x; x = x->next)
+        if (x->s == s && x->state == WAITING_ACK) tombstone(c, x, ECX_REASON_NOT_ZMQ, now);
+    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %s:%d is not a ZeroMQ peer (no ZeroMQ greeting "
+                        "%d ms after connecting: a web server, a metrics port?); session closed",
+                        s->host, s->port, ECX_CTRL_GREETING_MS);
+    session_close(c, s, now);
+    return true;
+}
+
 /* The session to host:port, opened if needed; NULL if it cannot be, with
  * *at_cap set when the session cap is why. */
 static session *session_get(ecxi_consumer *c, const char *host, int port, int64_t now,
@@ -471,17 +488,36 @@ static void ask(ecxi_consumer *c, xfer *x, int64_t now)
 
 /* ---------- acks ---------- */
 
-/* Validate an OK ack and post the READ; on any failure, tombstone. */
+/* The producer granted x and we will not read it: say so on the data
+ * plane (ecxi_data_decline), so that it releases the grant now rather than
+ * at the lease's end, then tombstone x with why. */
+static void decline(ecxi_consumer *c, session *s, xfer *x, const ecxi_data_desc *dd, int why,
+                    int64_t now)
+{
+    char key[ECX_DATA_NOTIF_MAX];
+    int kl = snprintf(key, sizeof key, "%s:%.*s", s->sid, (int)x->hash_len, x->hash);
+    int rc = ecxi_data_decline(s->dpeer, dd, key, (size_t)kl);
+    if (rc && rc != ECX_EDATA_NOPATH)
+        ECX_LOG_RATELIMITED(ECX_LOG_INFO, "consumer: could not tell %s:%d that %.*s will not be "
+                            "read (%s); its lease releases it",
+                            s->host, s->port, (int)x->hash_len, x->hash, ecx_strerror(rc));
+    tombstone(c, x, why, now);
+}
+
+/* Validate an OK ack and post the READ; on any failure, tombstone (and,
+ * once the producer's data plane is registered, decline the grant). */
 static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, int64_t now)
 {
     const uint8_t *meta = (const uint8_t *)a->agent_metadata.p;
     size_t ml = a->agent_metadata.n;
+    /* An ack that does not fit what we asked for: not read, but its grant
+     * is declined once the data plane is registered (below). */
+    int unfit = 0;
     if (a->n_indices != x->n_blocks) {
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: ack for %.*s has %zu blocks, reserved %llu",
                             (int)x->hash_len, x->hash, a->n_indices,
                             (unsigned long long)x->n_blocks);
-        tombstone(c, x, ECX_REASON_BAD_ACK, now);
-        return;
+        unfit = ECX_REASON_BAD_ACK;
     }
     if (s->dpeer && !ecxi_data_peer_same(s->dpeer, meta, ml)) {
         ecxi_log(ECX_LOG_WARN, "consumer: producer %s:%d restarted (new metadata); re-registering",
@@ -504,7 +540,7 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
                                 "(relayed?); its item falls back; %llu so far",
                                 s->host, s->port, o->host, o->port,
                                 (unsigned long long)c->st.relayed_registrations);
-            tombstone(c, x, ECX_REASON_BAD_ACK, now);
+            tombstone(c, x, unfit ? unfit : ECX_REASON_BAD_ACK, now);
             return;
         }
     }
@@ -524,37 +560,42 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %s %s:%d: %s",
                             bad ? "unusable ack from" : "cannot reach the data path of",
                             s->host, s->port, ecx_strerror(rc));
-        tombstone(c, x, bad ? ECX_REASON_BAD_ACK : ECX_REASON_READ_FAILED, now);
+        s->dpeer = NULL;
+        tombstone(c, x, unfit ? unfit : bad ? ECX_REASON_BAD_ACK : ECX_REASON_READ_FAILED, now);
         return;
     }
     if (dd.ticket.nbytes != x->size_bytes) {
         /* The producer's item has another size than the one announced (or
-         * given): the announcement or the caller's size is wrong. */
+         * given): the announcement or the caller's size is wrong. That is
+         * the reason, also when the block count differs with it. */
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s from %s:%d is %llu bytes, not the "
                             "%llu announced", (int)x->hash_len, x->hash, s->host, s->port,
                             (unsigned long long)dd.ticket.nbytes,
                             (unsigned long long)x->size_bytes);
-        tombstone(c, x, ECX_REASON_SIZE_MISMATCH, now);
+        unfit = ECX_REASON_SIZE_MISMATCH;
+    }
+    if (unfit) {
+        decline(c, s, x, &dd, unfit, now);
         return;
     }
     size_t n = (size_t)x->n_blocks, got = 0;
     if (grow_scratch(c, n)) {
-        tombstone(c, x, ECX_REASON_READ_FAILED, now);
+        decline(c, s, x, &dd, ECX_REASON_READ_FAILED, now);
         return;
     }
     if (ecx_wire_ack_indices(a, c->idx, n) != n) {
-        tombstone(c, x, ECX_REASON_BAD_ACK, now);
+        decline(c, s, x, &dd, ECX_REASON_BAD_ACK, now);
         return;
     }
     for (size_t i = 0; i < n; i++) {
         if (c->idx[i] < 0) {
-            tombstone(c, x, ECX_REASON_BAD_ACK, now);
+            decline(c, s, x, &dd, ECX_REASON_BAD_ACK, now);
             return;
         }
         c->remote[i] = (uint64_t)c->idx[i];
     }
     if (ecxi_cache_blocks(c->cache, x->hash, x->hash_len, c->idx, n, &got) || got != n) {
-        tombstone(c, x, ECX_REASON_READ_FAILED, now);
+        decline(c, s, x, &dd, ECX_REASON_READ_FAILED, now);
         return;
     }
     for (size_t i = 0; i < n; i++)
@@ -569,7 +610,7 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
                             x->hash, ecx_strerror(rc));
         bool bad = rc == ECX_EDATA_INDEX || rc == ECX_EDATA_COUNT || rc == ECX_EDATA_DESC ||
                    rc == ECX_EDATA_VERSION || rc == ECX_EDATA_MISMATCH;
-        tombstone(c, x, bad ? ECX_REASON_BAD_ACK : ECX_REASON_READ_FAILED, now);
+        decline(c, s, x, &dd, bad ? ECX_REASON_BAD_ACK : ECX_REASON_READ_FAILED, now);
         return;
     }
     /* The producer may reuse the blocks once its lease runs out, which it
@@ -756,7 +797,8 @@ int ecxi_consumer_poll(ecxi_consumer *c)
         next = s->next;
         /* The monitor first: an ack read after a disconnect may come from a
          * new producer that ZeroMQ reconnected to behind our back. */
-        if (retire_if_lost(c, s, now) || retire_if_refused(c, s, now)) {
+        if (retire_if_lost(c, s, now) || retire_if_refused(c, s, now) ||
+            retire_if_silent(c, s, now)) {
             events++;
             continue;
         }

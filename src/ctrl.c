@@ -68,6 +68,7 @@ struct ecxi_ctrl_peer {
     bool refused;    /* a dial's TCP connect failed (refused), and none succeeded since */
     bool curve;      /* CURVE on (a handshake can fail on keys) */
     int64_t dialed_ms, redial_ms; /* the last dial; the next one (0: none due) */
+    int64_t greeting_by_ms;       /* TCP up, no handshake yet: its deadline (0: none) */
     int backoff_ms;
     char ep[300];
     /* Copies of what was sent before a completed handshake: a re-dial drops
@@ -899,6 +900,7 @@ static int peer_dial(ecxi_ctrl_peer *p)
     p->dialed_ms = ecxi_now_ms(NULL);
     p->heard = false;
     p->connected = false;
+    p->greeting_by_ms = 0;
     p->redial_ms = 0;
     if (!zmq_connect(p->sock, p->ep)) {
         for (int i = 0; i < p->n_unsent; i++) /* queued for the new attempt */
@@ -1022,15 +1024,19 @@ static void peer_events(ecxi_ctrl_peer *p)
             guard_track(&p->g, (int)v, true);
             p->connected = true;
             p->refused = false;
+            if (!p->handshaken) p->greeting_by_ms = ecxi_now_ms(NULL) + ECX_CTRL_GREETING_MS;
         } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             p->handshaken = true;
+            p->greeting_by_ms = 0;
             unsent_clear(p); /* libzmq delivers its queue now */
         } else if (ev == ZMQ_EVENT_CLOSED && !p->handshaken) {
+            p->greeting_by_ms = 0;
             /* The connect failed (closed before it connected: refused, or
              * no route); ctrl dials again, the caller may give up now. */
             if (!p->connected) p->refused = true;
             peer_failed(p);
         } else if (ev == ZMQ_EVENT_DISCONNECTED && !p->handshaken) {
+            p->greeting_by_ms = 0; /* it answered, and hung up: a CURVE mismatch, say */
             /* Refused in the handshake: the request stays unanswered and
              * the consumer times out, as with an unreachable peer (ctrl
              * dials again, so a fixed key heals). */
@@ -1075,6 +1081,12 @@ bool ecxi_ctrl_peer_refused(ecxi_ctrl_peer *p)
     return p->refused;
 }
 
+bool ecxi_ctrl_peer_silent(ecxi_ctrl_peer *p)
+{
+    peer_events(p);
+    return p->greeting_by_ms && !p->handshaken && ecxi_now_ms(NULL) >= p->greeting_by_ms;
+}
+
 bool ecxi_ctrl_peer_lost(ecxi_ctrl_peer *p)
 {
     peer_events(p);
@@ -1091,6 +1103,8 @@ int64_t ecxi_ctrl_server_next_timeout(const ecxi_ctrl_server *s) { return guard_
 int64_t ecxi_ctrl_peer_next_timeout(const ecxi_ctrl_peer *p)
 {
     int64_t due = guard_due(&p->g), at = peer_redial_at(p);
+    if (p->greeting_by_ms && !p->handshaken && (at < 0 || p->greeting_by_ms < at))
+        at = p->greeting_by_ms;
     if (at < 0) return due;
     at -= ecxi_now_ms(NULL);
     if (at < 0) at = 0;

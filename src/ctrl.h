@@ -75,6 +75,12 @@ int ecxi_ctrl_key_parse(const char *z85, uint8_t out[32]);
  * a failed attempt, doubling up to the max (ctrl.c). */
 #define ECX_CTRL_REDIAL_MIN_MS 100
 #define ECX_CTRL_REDIAL_MAX_MS 5000
+/* A TCP connection to a producer that has not completed the ZeroMQ
+ * handshake this long after it connected: the peer sent no ZeroMQ
+ * greeting (an HTTP server, a metrics port, a silent TCP server); a
+ * ZeroMQ peer's I/O thread answers in a round trip, whatever its
+ * application does. */
+#define ECX_CTRL_GREETING_MS 1000
 /* Requests a DEALER keeps copies of until its first handshake, to send
  * again after a re-dial (beyond it, the rest go with the failed attempt). */
 #define ECX_CTRL_UNSENT_MAX 256
@@ -187,6 +193,10 @@ bool ecxi_ctrl_peer_handshaken(ecxi_ctrl_peer *p);
  * before CONNECTED: refused, nothing listening) and none has succeeded
  * since. ctrl still dials again with its backoff. */
 bool ecxi_ctrl_peer_refused(ecxi_ctrl_peer *p);
+/* True if the last dial's TCP connection has been up ECX_CTRL_GREETING_MS
+ * without a ZMTP handshake (and no handshake ever completed): not a
+ * ZeroMQ peer. ecxi_ctrl_peer_next_timeout() includes that moment. */
+bool ecxi_ctrl_peer_silent(ecxi_ctrl_peer *p);
 void *ecxi_ctrl_peer_socket(const ecxi_ctrl_peer *p); /* for zmq_poll */
 /* The peer's inflow guard, as for the server above. */
 void *ecxi_ctrl_peer_monitor_socket(const ecxi_ctrl_peer *p);

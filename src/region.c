@@ -16,6 +16,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +42,20 @@ struct ecxi_region {
     ino_t ino;
     char name[NAME_MAX + 1];
     char path[PATH_MAX];
+    /* The creator's record of which FILL_CHUNK pieces of the file are
+     * allocated and faulted in (1), and its background filler; NULL and
+     * false in a joiner's or a helper's mapping. */
+    _Atomic uint8_t *backed;
+    uint64_t n_chunks;
+    pthread_t filler;
+    bool filling;
+    pid_t filler_pid; /* the process the filler runs in (not a forked child) */
+    atomic_bool stop;
 };
+
+/* The unit of backing: a 2 MiB piece of the file (a huge page where the
+ * file system has them; the mapping is placed at a 2 MiB boundary then). */
+#define FILL_CHUNK ((uint64_t)2 << 20)
 
 static const char TMP_INFIX[] = ".mmap.tmp.";
 
@@ -191,30 +207,101 @@ static void want_huge(void *p, size_t len)
 #endif
 }
 
-/* The creator's mapping, fully faulted in before the region is published,
- * so that neither the producer's first writes into a block nor a local
- * consumer's copy into it pay page faults (zeroing, and a page-table entry
- * per 4 KiB page where there are no huge pages: writes into fresh blocks
- * then run 3-8x slower). MADV_HUGEPAGE first, so that a huge=advise tmpfs
- * allocates huge pages. False only if MADV_POPULATE_WRITE is not there
- * (Linux < 5.14); any other failure (no room: fallocate says so next; no
- * memory) leaves the rest to be faulted in on first use. */
-static bool populate_write(void *p, size_t len)
+/* Back bytes [off, off + len) of the creator's mapping: allocate them in
+ * the file and fault them in for writing, so that neither the producer's
+ * first writes into a block nor a local consumer's copy into it pay page
+ * faults (zeroing, and a page-table entry per 4 KiB page where there are
+ * no huge pages: writes into fresh blocks then run 3-8x slower), and so
+ * that no write into them can ever raise SIGBUS for want of room.
+ * MADV_POPULATE_WRITE does both in one call, through the mapping (so a
+ * huge=advise tmpfs allocates huge pages: the mapping has MADV_HUGEPAGE).
+ * Where it fails (EINVAL: Linux < 5.14; EFAULT / ENOMEM: no room),
+ * fallocate says whether the room is there (ENOSPC if not) and the pages
+ * are then written one by one, as MAP_POPULATE would have. 0 or an errno. */
+static int back_range(ecxi_region *r, uint64_t off, uint64_t len)
 {
-    want_huge(p, len);
-    if (madvise(p, len, MADV_POPULATE_WRITE) == 0 || errno != EINVAL) return true;
-    return false;
-}
-
-/* Fallback for populate_write: write each page of the fresh, zero-filled,
- * not yet published file (its room is allocated, so no SIGBUS), as
- * MAP_POPULATE would have. */
-static void touch_pages(void *p, size_t len)
-{
+    uint8_t *p = r->base + off;
+    if (madvise(p, (size_t)len, MADV_POPULATE_WRITE) == 0) return 0;
+    if (fallocate(r->fd, 0, (off_t)off, (off_t)len) != 0) {
+        if (errno != EOPNOTSUPP && errno != ENOSYS) return errno;
+        /* Neither call there: nothing can tell whether the room is; write
+         * as ever, as a file system without both always did. */
+    }
     long pg = sysconf(_SC_PAGESIZE);
     if (pg <= 0) pg = 4096;
-    for (size_t off = 0; off < len; off += (size_t)pg)
-        ((volatile uint8_t *)p)[off] = 0;
+    for (uint64_t o = 0; o < len; o += (uint64_t)pg)
+        /* An atomic add of 0: a write fault that cannot undo a concurrent
+         * writer's byte (the filler runs beside the writers). */
+        __atomic_fetch_add((volatile uint8_t *)p + o, 0, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static int back_chunk(ecxi_region *r, uint64_t i)
+{
+    if (atomic_load_explicit(&r->backed[i], memory_order_acquire)) return 0;
+    uint64_t off = i * FILL_CHUNK, len = r->size - off < FILL_CHUNK ? r->size - off : FILL_CHUNK;
+    int e = back_range(r, off, len);
+    if (!e) atomic_store_explicit(&r->backed[i], 1, memory_order_release);
+    return e;
+}
+
+int ecxi_region_back(ecxi_region *r, uint64_t first_block, uint64_t n_blocks)
+{
+    if (!r || !n_blocks) return 0;
+    if (first_block > r->num_blocks || n_blocks > r->num_blocks - first_block) return ECX_ERANGE;
+    if (!r->backed) return 0; /* a joiner's mapping: its creator backs the blocks */
+    uint64_t lo = first_block * r->block_bytes, hi = (first_block + n_blocks) * r->block_bytes;
+    for (uint64_t i = lo / FILL_CHUNK; i <= (hi - 1) / FILL_CHUNK; i++) {
+        int e = back_chunk(r, i);
+        if (e) {
+            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                                "region: cannot back blocks %llu..%llu of %s: %s; the save or "
+                                "fetch that needs them fails",
+                                (unsigned long long)first_block,
+                                (unsigned long long)(first_block + n_blocks - 1), r->path,
+                                strerror(e));
+            return errno_to_ecx(e);
+        }
+    }
+    return 0;
+}
+
+/* The creator's background filler: backs the region piece by piece, from
+ * its start (where the cache's first reservations land), until done, told
+ * to stop, or out of room (then the rest is backed as blocks are reserved,
+ * and a reservation that finds no room fails: ecxi_region_back()). */
+static void *fill_main(void *arg)
+{
+    ecxi_region *r = arg;
+    for (uint64_t i = 0; i < r->n_chunks && !atomic_load(&r->stop); i++) {
+        int e = back_chunk(r, i);
+        if (e) {
+            ecxi_log(ECX_LOG_INFO,
+                     "region: background fault-in of %s stopped at byte %llu: %s; the rest is "
+                     "backed as blocks are reserved",
+                     r->path, (unsigned long long)(i * FILL_CHUNK), strerror(e));
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* Start the filler, unless ECX_PREFAULT=0. Its signals are blocked, so
+ * the process's handlers run on its own threads. A filler that cannot
+ * start only leaves the backing to the reservations. */
+static void start_filler(ecxi_region *r)
+{
+    const char *env = getenv("ECX_PREFAULT");
+    if (env && !strcmp(env, "0")) return;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    r->filling = pthread_create(&r->filler, NULL, fill_main, r) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (r->filling) {
+        r->filler_pid = getpid();
+        pthread_setname_np(r->filler, "ecx-prefault");
+    }
 }
 
 /* Create the temporary file under a shared lock. Returns the fd, or a
@@ -296,9 +383,10 @@ int ecxi_region_create_in(const char *dir, const char *instance, int rank, uint6
     if (fchmod(fd, 0600) != 0) goto fail_sys;
     step = "ftruncate";
     if (ftruncate(fd, (off_t)size) != 0) goto fail_sys;
-    /* Refuse a region the file system cannot hold before faulting any of
-     * it in (fallocate below would refuse it at once, but populating comes
-     * first and would fill the directory up to its limit). */
+    /* Refuse a region the file system cannot hold now. Its room is taken
+     * later, piece by piece (the filler, and ecxi_region_back() for each
+     * reservation), so a directory that fills up in between fails a save
+     * or a fetch with ECX_EREGION_NOSPC, never a write with SIGBUS. */
     step = "fstatvfs";
     struct statvfs sv;
     if (fstatvfs(fd, &sv) != 0) goto fail_sys;
@@ -313,20 +401,20 @@ int ecxi_region_create_in(const char *dir, const char *instance, int rank, uint6
     r->base = p;
     /* Huge pages where the directory's file system has them (a tmpfs
      * mounted huge=always|within_size; huge=advise needs this hint, given
-     * before the pages are allocated, since fallocate has no mapping to
-     * take it from). The kernel already places a shmem mapping at a 2 MiB
-     * boundary when its mount can use huge pages, so no alignment here. */
-    bool populated = populate_write(p, (size_t)size);
-    /* Allocate whatever is left now: on tmpfs this fails with ENOSPC if the
-     * region cannot be backed, instead of a SIGBUS on first touch (a
-     * populate that ran out of room failed quietly and leaves that here). */
-    step = "fallocate";
-    bool allocated = fallocate(fd, 0, 0, (off_t)size) == 0;
-    if (!allocated && errno != EOPNOTSUPP && errno != ENOSYS) goto fail_sys;
-    if (!populated && allocated) touch_pages(p, (size_t)size);
+     * before the pages are allocated, through the mapping: back_range).
+     * The kernel already places a shmem mapping at a 2 MiB boundary when
+     * its mount can use huge pages, so no alignment here. */
+    want_huge(p, (size_t)size);
+    step = "calloc";
+    r->n_chunks = (size - 1) / FILL_CHUNK + 1;
+    if (!(r->backed = calloc((size_t)r->n_chunks, sizeof *r->backed))) {
+        errno = ENOMEM;
+        goto fail_sys;
+    }
     step = "link";
     if (linkat(r->dirfd, tmp, r->dirfd, name, 0) != 0) goto fail_sys;
     if (name_is(r->dirfd, tmp, &st)) unlinkat(r->dirfd, tmp, 0);
+    start_filler(r);
     *out = r;
     ecxi_log(ECX_LOG_INFO, "region: created %s (%llu blocks of %llu bytes)", r->path,
             (unsigned long long)num_blocks, (unsigned long long)block_bytes);
@@ -340,6 +428,7 @@ fail_sys : {
     if (r->base) munmap(r->base, (size_t)size);
     if (name_is(r->dirfd, tmp, &st)) unlinkat(r->dirfd, tmp, 0);
     close(r->fd);
+    free((void *)r->backed);
 }
 fail_dir:
     close(r->dirfd);
@@ -470,6 +559,11 @@ int ecxi_region_map_fd(int fd, uint64_t block_bytes, bool writable, ecxi_region 
 void ecxi_region_free(ecxi_region *r)
 {
     if (!r) return;
+    if (r->filling && r->filler_pid == getpid()) { /* a forked child has no filler */
+        atomic_store(&r->stop, true);
+        pthread_join(r->filler, NULL);
+    }
+    free((void *)r->backed);
     if (r->base) munmap(r->base, (size_t)r->size);
     if (r->owner && r->dirfd >= 0) {
         /* Unlink while we still hold our lock, and only our own file. */

@@ -11,12 +11,17 @@
  *
  * Lifetime. The creator publishes the file atomically: it creates a
  * temporary name (`<name>.tmp.<pid>.<random>`), takes a shared flock, sizes
- * it, maps it, asks for huge pages (MADV_HUGEPAGE: a tmpfs mounted
- * huge=advise uses them then; huge=always|within_size does anyway) and
- * faults the whole mapping in (MADV_POPULATE_WRITE), allocates the rest
- * with fallocate (so a /dev/shm too small to back it fails now, not as a
- * SIGBUS later), and only then links it to its final name (link(2) refuses
- * to replace an existing file). Every process
+ * it (refusing a size the directory's file system has no room for now),
+ * maps it, asks for huge pages (MADV_HUGEPAGE: a tmpfs mounted
+ * huge=advise uses them then; huge=always|within_size does anyway), and
+ * links it to its final name (link(2) refuses to replace an existing
+ * file). Creating costs no page faults: the file's memory is allocated
+ * and faulted in afterwards, 2 MiB at a time, by a background thread of
+ * the creator (from the start of the region; ECX_PREFAULT=0 turns it
+ * off) and, before anything writes into them, for the blocks of every
+ * reservation (ecxi_region_back(), which the cache calls): a directory
+ * that has filled up meanwhile fails that reservation with
+ * ECX_EREGION_NOSPC instead of a write with SIGBUS. Every process
  * that maps the region read-write (creator and joiners) holds a shared
  * flock on it for as long as it is mapped; the creator unlinks it in
  * ecxi_region_free(). A process killed with SIGKILL leaves its file behind
@@ -103,6 +108,16 @@ uint64_t ecxi_region_num_blocks(const ecxi_region *r);
 uint64_t ecxi_region_size(const ecxi_region *r); /* num_blocks × block_bytes */
 const char *ecxi_region_path(const ecxi_region *r);
 bool ecxi_region_is_owner(const ecxi_region *r);    /* true for the creator */
+
+/* Make blocks [first_block, first_block + n_blocks) of the creator's
+ * region safe and fast to write: allocated in the file and faulted in
+ * (see Lifetime), unless that is done already (then it costs a load per
+ * 2 MiB). Safe beside the background filler and beside writers of other
+ * blocks. 0; ECX_ERANGE (not blocks of the region); ECX_EREGION_NOSPC (the
+ * directory's file system has no room: logged, nothing may write there);
+ * ECX_ENOMEM; ECX_ESYS. A joiner's or helper's mapping: 0, nothing done
+ * (its creator backs what it reserves). */
+int ecxi_region_back(ecxi_region *r, uint64_t first_block, uint64_t n_blocks);
 
 /* Reclaim orphaned region files (and leftover temporaries) of this user in
  * dir (NULL: ecxi_region_default_dir()). Returns how many were removed, or

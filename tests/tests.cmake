@@ -44,7 +44,8 @@ if(NOT ECX_SANITIZE AND NOT ECX_TSAN)
     set(ECX_CLI_SHARED 0)
   endif()
   add_test(NAME test_install COMMAND bash ${CMAKE_SOURCE_DIR}/tests/abi/test_install.sh
-    ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR}/tests/abi/install_smoke.c ${CMAKE_C_COMPILER} ${ECX_CLI_SHARED})
+    ${CMAKE_BINARY_DIR} ${CMAKE_SOURCE_DIR}/tests/abi/install_smoke.c ${CMAKE_C_COMPILER} ${ECX_CLI_SHARED}
+    ${CMAKE_SOURCE_DIR})
 endif()
 
 # ---- unit: the library's parts, white-box ---------------------------------
@@ -182,6 +183,11 @@ set_tests_properties(bench_cache_smoke PROPERTIES PASS_REGULAR_EXPRESSION "ratio
 add_executable(call_overhead bench/call_overhead.c)
 target_link_libraries(call_overhead PRIVATE ecx)
 ecx_format_test(call_overhead_smoke call_overhead $<TARGET_FILE:call_overhead>)
+# What a new context costs before its first item is in (bench/startup.c;
+# bench/startup_before_after.sh builds it against two builds).
+add_executable(startup bench/startup.c)
+target_link_libraries(startup PRIVATE ecx)
+ecx_format_test(startup_smoke startup $<TARGET_FILE:startup>)
 # Control-plane instructions per request: ecx's producer next to a bare
 # ZeroMQ echo, under callgrind (bench/ctrl_instr.sh; skipped without valgrind).
 add_executable(ctrl_serve bench/ctrl_serve.c)

@@ -35,7 +35,9 @@ static const char HELP[] =
     "\n"
     "Run 'ecx COMMAND --help' for a command's options; 'ecx --version' for the version.\n"
     "Environment: ECX_LOG=error|warn|info|debug sets the library's log level (default\n"
-    "warn); ECX_SHM_DIR the directory of region files (default /dev/shm).\n"
+    "warn); ECX_SHM_DIR the directory of region files (default /dev/shm);\n"
+    "ECX_PREFAULT=0 takes a region's memory as its blocks are first used, not in\n"
+    "the background.\n"
     "Exit status: 0 success, 1 failure, 2 usage error.\n";
 
 /* The commands, each a file of its own (cli.h): the one list of them. */

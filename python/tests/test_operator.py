@@ -25,6 +25,22 @@ def dead_port() -> int:
     return port
 
 
+def test_not_a_zeromq_peer_with_its_own_reason():
+    assert "NOT_ZMQ" in ecx.REASONS
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    try:
+        with ecx.Context("consumer", **KW) as c:
+            t0 = time.monotonic()
+            ann = dict(peer_host="127.0.0.1", peer_port=srv.getsockname()[1], size_bytes=10)
+            assert wait_fetch(c, "h", ann) == ("local", "NOT_ZMQ")
+            assert time.monotonic() - t0 < 1.9  # the greeting's 1 s, not the 2 s ack timeout
+            assert 'ecx_consumer_fetches_total{outcome="NOT_ZMQ"} 1' in c.metrics()
+    finally:
+        srv.close()
+
+
 def test_refused_at_once_with_its_own_reason():
     assert "REFUSED" in ecx.REASONS
     with ecx.Context("consumer", **KW) as c:

@@ -430,6 +430,19 @@ int ecxi_data_read_post(ecxi_data_peer *p, const ecxi_data_desc *desc, const uin
     return p->owner->ops->read_post(p, &desc->ticket, remote, local, n, nbytes, key, key_len, out);
 }
 
+int ecxi_data_decline(ecxi_data_peer *p, const ecxi_data_desc *desc, const char *key,
+                      size_t key_len)
+{
+    if (!p || (key_len && !key)) return ECX_EINVAL;
+    if (!desc || !desc->has_ticket) return ECX_EDATA_DESC;
+    if (desc->nonce != p->nonce || desc->num_blocks != p->num_blocks ||
+        desc->block_bytes != ecxi_region_block_bytes(p->owner->region))
+        return ECX_EDATA_MISMATCH;
+    if (key_len == 0 || key_len > ECX_DATA_NOTIF_MAX) return ECX_EDATA_NOTIF;
+    if (!p->owner->ops->decline) return ECX_EDATA_NOPATH;
+    return p->owner->ops->decline(p, &desc->ticket, key, key_len);
+}
+
 int ecxi_data_read_poll(ecxi_data_xfer *x)
 {
     if (!x) return ECX_EINVAL;

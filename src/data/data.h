@@ -326,6 +326,19 @@ int ecxi_data_read_post(ecxi_data_peer *p, const ecxi_data_desc *desc, const uin
                         const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
                         size_t key_len, ecxi_data_xfer **out);
 
+/* Tell the producer that the grant desc's ticket and key name (its ack
+ * was read, its bytes will not be: the ack did not fit the item asked
+ * for) is done with, so that it releases the grant now rather than at the
+ * lease's end: on shm the consumer's 'D' (the one it sends after every
+ * READ), on tcp a 'C' request (data_tcp.c). Nothing is read or written;
+ * the message goes out from this call or the progress calls after it,
+ * best effort (a failure leaves the grant to its lease). 0 if said or
+ * queued; ECX_EDATA_NOPATH on a path that cannot say it (ucx, nixl: the
+ * lease releases the grant); ECX_EDATA_DESC, ECX_EDATA_MISMATCH,
+ * ECX_EDATA_NOTIF as read_post; ECX_ENOMEM, ECX_EDATA_PEER. */
+int ecxi_data_decline(ecxi_data_peer *p, const ecxi_data_desc *desc, const char *key,
+                      size_t key_len);
+
 /* enum ecxi_xfer_state. Cheap; call ecxi_data_progress() to move things on
  * (a READ is never DONE when read_post returns: its bytes move in the
  * progress calls after it). */

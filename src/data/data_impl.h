@@ -74,6 +74,8 @@ struct ecxi_data_ops {
     int (*read_post)(ecxi_data_peer *p, const ecxi_data_ticket *t, const uint64_t *remote,
                      const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
                      size_t key_len, ecxi_data_xfer **out);
+    /* optional, consumer: ecxi_data_decline (arguments checked as read_post's) */
+    int (*decline)(ecxi_data_peer *p, const ecxi_data_ticket *t, const char *key, size_t key_len);
     int (*read_poll)(ecxi_data_xfer *x);
     void (*read_release)(ecxi_data_xfer *x);
     /* optional, producer: what an ack carries for one grant (data.h,

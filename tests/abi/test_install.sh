@@ -8,9 +8,12 @@
 # 1), the installed `ecx` must need its SONAME (libecx.so.ECX_ABI_VERSION) and find it by its RPATH,
 # and its `serve --data nixl` / `--data ucx` must find the installed
 # ecx-nixl-agent / ecx-ucx-agent (a build without them installs neither).
-# usage: test_install.sh BUILD_DIR SMOKE_C CC CLI_SHARED(0|1)
+# Then `make install` itself, as the README has it, into a fresh build dir
+# and a DESTDIR: it installs the same files and builds only what it installs
+# (no test or bench program in that build dir).
+# usage: test_install.sh BUILD_DIR SMOKE_C CC CLI_SHARED(0|1) [SOURCE_DIR]
 set -euo pipefail
-BUILD=$1 SMOKE=$2 CC=$3 CLI_SHARED=$4
+BUILD=$1 SMOKE=$2 CC=$3 CLI_SHARED=$4 SRC=${5:-}
 . "$(dirname "$0")/../shell/lib.sh"  # $T, bad, built, finish
 private_shm  # the smoke program's regions go to $SHM
 STAGE=$T/stage
@@ -37,14 +40,24 @@ for f in libecx.so $SONAME libecx.a; do
 done
 [ "$(readlink "$LIBDIR/libecx.so")" = "$SONAME" ] || bad "libecx.so does not link to $SONAME"
 
-# pkg-config reads the staged ecx.pc; the sysroot maps its prefix (e.g.
-# /usr/local) into the stage, as for any staged install.
-export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR=$STAGE
+# pkg-config reads the staged ecx.pc with nothing else set, as the README
+# says (its prefix is relative to where it lies); and the same with the
+# sysroot set, as for other staged packages.
+export PKG_CONFIG_PATH=$(dirname "$pc")
 [ "$(pkg-config --modversion ecx)" = "$(sed -nE 's/^#define ECX_VERSION_STRING "(.*)"/\1/p' "$hdr")" ] ||
   bad "ecx.pc version $(pkg-config --modversion ecx) differs from the installed ecx.h"
 cflags=$(pkg-config --cflags ecx) libs=$(pkg-config --libs ecx)
 echo "pkg-config --cflags --libs ecx: $cflags $libs"
 case " $cflags $libs " in *" -I$STAGE"*" -L$STAGE"*) ;; *) bad "pkg-config flags do not point into the install: $cflags $libs" ;; esac
+[ "$(PKG_CONFIG_SYSROOT_DIR=$STAGE pkg-config --cflags --libs ecx)" = "$(pkg-config --cflags --libs ecx)" ] ||
+  bad "with PKG_CONFIG_SYSROOT_DIR the flags differ: $(PKG_CONFIG_SYSROOT_DIR=$STAGE pkg-config --cflags --libs ecx)"
+# ecx.h includes only the C library's headers: no include path of a dependency.
+for w in $cflags; do
+  case $w in
+    -I"$STAGE"*) ;;
+    -I* | -isystem* | -idirafter* | /*) bad "pkg-config --cflags ecx adds $w (another package's include path)" ;;
+  esac
+done
 
 # Strict user flags: the public header must compile cleanly in user code.
 WARN=(-std=c11 -Wall -Wextra -Wpedantic -Werror)
@@ -127,6 +140,23 @@ elif [ -n "$cli" ] && [ "$CLI_SHARED" = 1 ]; then
   [ -s "$T/ucx.json" ] ||
     bad "installed ecx serve --data ucx did not start its UCX process: $(head -c 400 "$T/ucx.log")"
   kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
+fi
+
+# `make install` into a fresh build dir: the same files, and nothing built that it does not
+# install.
+if [ -n "$SRC" ]; then
+  if make -C "$SRC" install BUILD="$T/mbuild" DESTDIR="$T/mstage" >"$T/make.log" 2>&1; then
+    (cd "$STAGE" && find . -type f | sort) >"$T/files.cmake"
+    (cd "$T/mstage" && find . -type f | sort) >"$T/files.make"
+    cmp -s "$T/files.cmake" "$T/files.make" ||
+      bad "make install installs other files than cmake --install: $(diff "$T/files.cmake" "$T/files.make" | head -5 | tr '\n' ' ')"
+    extra=$(find "$T/mbuild" -maxdepth 1 -type f -executable \( -name 'test_*' -o -name 'bench_*' -o -name 'fuzz_*' -o -name '*_peer' -o -name startup \) | head -3)
+    [ -z "$extra" ] || bad "make install built what it does not install: $extra"
+    [ -x "$T/mbuild/ecx" ] || bad "make install did not build the CLI"
+    echo "make install: $(wc -l <"$T/files.make") files, as cmake --install; built $(find "$T/mbuild" -maxdepth 1 -type f -executable | wc -l) executable files"
+  else
+    tail -20 "$T/make.log" >&2; bad "make install failed"
+  fi
 fi
 
 [ "$failed" = 0 ] && echo "install: ok ($LIBDIR)"

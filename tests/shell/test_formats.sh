@@ -32,6 +32,11 @@ call_overhead) # call_overhead CALL_OVERHEAD: the C baseline's one line
   has_line "call_overhead's line" "$T/cmd.stdout" c fetch_pending_ns=NUM poll0_ns=NUM \
     poll0_nothread_ns=NUM size=3000000 save_ms=NUM fetch_ms=NUM read_ms=NUM xfer_ms=NUM ;;
 
+startup) # startup STARTUP: what a new context costs before its first item is in, one line
+  expect 0 "" "startup tiny" -- "$1" --rounds 1 --size 3000000 --idle-ms 0
+  has_line "startup's line" "$T/cmd.stdout" create_ms=NUM first_save_ms=NUM held_ms=NUM \
+    idle_save_ms=NUM free_ms=NUM size=3000000 rounds=1 ;;
+
 ctrl_instr) # ctrl_instr SOURCE_DIR BUILD_DIR: instructions per request (77: no valgrind)
   timeout 280 env CTRL_N1=40 CTRL_N2=120 CTRL_ITEMS=4 CTRL_REPEAT=1 \
     bash "$1/bench/ctrl_instr.sh" "$2" >"$T/cmd.stdout" 2>"$T/cmd.stderr"

@@ -3,7 +3,7 @@
 # test_grant_forgery — issue 9's "grants belong to the connection that asked",
 # with real processes: a third process that knows a consumer's session id
 # cannot take its grant over from another connection, nor release it with
-# forged completions on the same-host path; both are counted; nothing is
+# forged completions on the same-host path or forged declines on tcp; all are counted; nothing is
 # released; and `ecx serve` never logs a session id at the default level.
 # usage: test_grant_forgery.sh PATH_TO_ECX
 set -u
@@ -24,11 +24,12 @@ COMPAT=$("$ECX" compat-hash 0.31.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 65536
 
 timeout 20 $PY "$(dirname "$0")/../support/grant_forger.py" "$PORT" "$COMPAT" item >"$T/forger.out" 2>&1
 rc=$?
-check "the forger ran every step (rc $rc: $(tr '\n' ' ' <"$T/forger.out"))" '[ $rc = 0 ] && grep -q "forged 2" "$T/forger.out"'
+check "the forger ran every step (rc $rc: $(tr '\n' ' ' <"$T/forger.out"))" '[ $rc = 0 ] && grep -q "forged 2" "$T/forger.out" && grep -q "declined 2" "$T/forger.out"'
+for _ in $(seq 10); do metrics_of "$MPORT" | grep -q "^ecx_producer_forged_notifications_total 4$" && break; sleep 0.1; done
 check "another connection cannot take the grant over (NACK_INTERNAL)" 'grep -q "takeover status 4" "$T/forger.out"'
 check "a grant holder gets the region descriptor" 'grep -q "shm F" "$T/forger.out"'
 m=$(metrics_of "$MPORT")
-check "both forged completions counted" 'echo "$m" | grep -q "^ecx_producer_forged_notifications_total 2$"'
+check "the forged completions (shm 'D', tcp 'C') counted" 'echo "$m" | grep -q "^ecx_producer_forged_notifications_total 4$"'
 check "the takeover counted" 'echo "$m" | grep -q "^ecx_producer_foreign_requests_total 1$"'
 check "nothing released: both grants still held" 'echo "$m" | grep -q "^ecx_producer_active_grants 2$"'
 check "no completion counted" 'echo "$m" | grep -q "^ecx_producer_completions_total 0$"'

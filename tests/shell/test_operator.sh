@@ -85,9 +85,22 @@ for v in 1 2; do
   check "get v$v, nothing listening: REFUSED at once (exit $rc, $ms ms)" \
     "[ $rc = 3 ] && grep -q '^h: REFUSED' '$T/cmd.stderr' && [ $ms -lt 1500 ]"
 done
-timed "$ECX" get --peer "127.0.0.1:$(cat "$T/mute")" --mm-hash h --size 10 --ack-timeout-ms 600 --out "$T/x"
-check "a producer that accepts and stays silent still gets the ack timeout (exit $rc, $ms ms)" \
-  "[ $rc = 3 ] && grep -q '^h: ACK_TIMEOUT' '$T/cmd.stderr' && [ $ms -ge 550 ]"
+# Not a ZeroMQ peer (no ZeroMQ greeting within 1 s of connecting): NOT_ZMQ then, not the ack
+# timeout (2 s on version 1, every try's on version 2: 60 s).
+for v in 1 2; do
+  for what in "the metrics port (HTTP):$MPORT" "a silent TCP server:$(cat "$T/mute")"; do
+    timed "$ECX" get --connector-version "$v" --peer "127.0.0.1:${what##*:}" --mm-hash h --size 1Mi --out "$T/x"
+    check "get v$v, ${what%:*}: NOT_ZMQ within ~1 s (exit $rc, $ms ms)" \
+      "[ $rc = 3 ] && grep -q '^h: NOT_ZMQ' '$T/cmd.stderr' && grep -q 'is not a ZeroMQ peer' '$T/cmd.stderr' && [ $ms -lt 2500 ]"
+  done
+done
+# A ZeroMQ peer that accepts the request and stays silent still gets the ack timeout.
+$PY -c 'import zmq,time; s=zmq.Context().socket(zmq.ROUTER); p=s.bind_to_random_port("tcp://127.0.0.1"); open("'"$T"'/zmute","w").write(str(p)); time.sleep(30)' &
+pids+=($!)
+wait_file "$T/zmute"
+timed "$ECX" get --peer "127.0.0.1:$(cat "$T/zmute")" --mm-hash h --size 10 --ack-timeout-ms 1500 --out "$T/x"
+check "a ZeroMQ producer that accepts and stays silent still gets the ack timeout (exit $rc, $ms ms)" \
+  "[ $rc = 3 ] && grep -q '^h: ACK_TIMEOUT' '$T/cmd.stderr' && [ $ms -ge 1400 ]"
 check "an ack timeout points at ecx ping" "grep -q 'ecx ping HOST:PORT' '$T/cmd.stderr'"
 expect 2 "is a wildcard: give --advertise-host" "a wildcard --listen without --advertise-host" -- \
   "$ECX" serve --listen 0.0.0.0:0 --synthetic 1:1K
@@ -103,6 +116,16 @@ check "a missing --out is found before any request ($REQ0 -> $REQ1)" "[ '$REQ0' 
 expect 3 "is 65536 bytes, not the 65535 announced" "a wrong --size says so" -- \
   "$ECX" get --peer "127.0.0.1:$PORT" --mm-hash "$H0" --size 65535 --out "$T/w"
 check "a wrong --size is SIZE_MISMATCH" "grep -q ': SIZE_MISMATCH$' '$T/cmd.stderr'"
+# The consumer will not read what it was granted: it says so on the data plane and the
+# producer lets the grant go now, not at the end of its 30 s lease (ucx, nixl: the lease).
+active_grants() { metrics_of "$MPORT" | awk '$1 == "ecx_producer_active_grants" {print $2}'; }
+for d in shm tcp; do
+  expect 3 "SIZE_MISMATCH" "a wrong --size over $d" -- \
+    "$ECX" get --data "$d" --peer "127.0.0.1:$PORT" --mm-hash "$H0" --size 65535 --out "$T/w"
+  for _ in $(seq 20); do [ "$(active_grants)" = 0 ] && break; sleep 0.1; done
+  check "$d: the producer released the grant the consumer declined (active $(active_grants))" \
+    "[ '$(active_grants)' = 0 ] && metrics_of $MPORT | grep -q '^ecx_producer_expired_leases_total 0$'"
+done
 expect 0 "" "get --json" -- "$ECX" get --json --peer "127.0.0.1:$PORT" --mm-hash "$H0" --size 64Ki --out "$T/j"
 check "--json says written and what verified means" \
   "grep -q '\"written\": *true' '$T/cmd.stdout' && grep -q '\"verified\": *false' '$T/cmd.stdout' && ecx_help_has get 'verified (compared with --verify-synthetic'"

@@ -2,12 +2,14 @@
 """grant_forger — a third process that knows another consumer's session id
 (say, from a log) and tries to use it: re-request that consumer's grant from
 its own connection, and release it with forged completion notifications on
-the same-host path. Speaks the reference's wire format and ecx's shm
-protocol (src/data/shm/data_shm.c) by hand.
+the same-host path and forged declines on tcp. Speaks the reference's wire
+format and ecx's shm and tcp protocols (src/data/shm/data_shm.c,
+src/data/tcp/data_tcp.c) by
+hand.
 
 usage: grant_forger.py PORT COMPAT_HASH MM_HASH
 Prints one line per step ("victim granted", "takeover status N",
-"attacker granted", "shm F", "forged 2", then what became of garbage sent
+"attacker granted", "shm F", "forged 2", "declined 2", then what became of garbage sent
 to the shm and tcp listeners) and exits 0 if every step ran.
 """
 import os
@@ -84,10 +86,18 @@ g.close()
 tcp = sections(m["agent_metadata"], 24)[4]
 family, tport = tcp[0], struct.unpack_from("<H", tcp, 1)[0]
 host = socket.inet_ntop(socket.AF_INET if family == 4 else socket.AF_INET6, tcp[3:])
+# On tcp, declines ('C': "I will not read it") of the victim's grant, with
+# a guessed token and with the attacker's own: counted as forged, released
+# nothing.
+d = socket.create_connection((host, tport), timeout=5)
+for tok in (os.urandom(16), token):
+    d.sendall(b"\x01C" + bytes(8) + tok + struct.pack("<H", len(victim_key)) + victim_key)
+print("declined 2")
 t = socket.create_connection((host, tport), timeout=5)
 t.sendall(b"GET / HTTP/1.0\r\n\r\n")
 print("tcp garbage closed" if t.recv(64) == b"" else "tcp garbage answered")
 t.close()
+d.close()
 for s in (victim, thief, mine):
     s.close()
 ctx.term()

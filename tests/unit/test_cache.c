@@ -686,6 +686,59 @@ static void test_reserve_fetch(void **state)
     ecxi_cache_free(c);
 }
 
+/* on_alloc sees each run a reserve takes, in order, before the reserve
+ * returns; when it refuses, the reserve fails with its code and leaves no
+ * entry and no block taken. */
+struct allocs {
+    int n, fail_at; /* fail the fail_at-th call (1-based); 0: never */
+    uint64_t start[8], len[8];
+};
+
+static int on_alloc(void *arg, uint64_t start, uint64_t n_blocks)
+{
+    struct allocs *a = arg;
+    if (a->n < 8) a->start[a->n] = start, a->len[a->n] = n_blocks;
+    return ++a->n == a->fail_at ? ECX_EREGION_NOSPC : 0;
+}
+
+static void test_on_alloc(void **state)
+{
+    (void)state;
+    struct allocs a = {0};
+    ecxi_cache_opts o = {.num_blocks = 10, .on_alloc = on_alloc, .alloc_arg = &a};
+    ecxi_cache *c = NULL;
+    assert_int_equal(ecxi_cache_new(&o, &c), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("a"), 3), 0);
+    assert_int_equal(ecxi_cache_reserve(c, K("b"), 2), 0);
+    assert_int_equal(ecxi_cache_discard(c, K("a")), 0); /* free: 0-2 and 5-9 */
+    assert_int_equal(a.n, 2);
+    assert_int_equal(a.start[0], 0);
+    assert_int_equal(a.len[0], 3);
+    assert_int_equal(a.start[1], 3);
+    assert_int_equal(a.len[1], 2);
+    /* 7 blocks: the whole 5-9 run, then 0-1; the second run is refused. */
+    a = (struct allocs){.fail_at = 2};
+    assert_int_equal(ecxi_cache_reserve_fetch(c, K("c"), 7), ECX_EREGION_NOSPC);
+    assert_int_equal(a.n, 2);
+    assert_int_equal(a.start[0], 0);
+    assert_int_equal(a.len[0], 2);
+    assert_int_equal(a.start[1], 5);
+    assert_int_equal(a.len[1], 5);
+    assert_int_equal(ecxi_cache_lookup(c, K("c"), NULL), ECX_ECACHE_MISSING);
+    assert_int_equal(ecxi_cache_check(c), 0);
+    ecxi_cache_stats st;
+    ecxi_cache_get_stats(c, &st);
+    assert_int_equal(st.free_blocks, 8);
+    assert_int_equal(st.entries, 1);
+    assert_int_equal(st.not_ready_blocks, 2);
+    assert_int_equal(st.reserves, 2); /* the refused one does not count */
+    a = (struct allocs){0};
+    assert_int_equal(ecxi_cache_reserve(c, K("c"), 7), 0); /* room again */
+    assert_int_equal(a.n, 2);
+    assert_int_equal(ecxi_cache_check(c), 0);
+    ecxi_cache_free(c);
+}
+
 /* An entry's shape: recorded in any state, 0, 0 on every new reserve (a
  * reused id included), kept when the pool grows, given by lookup and grant. */
 static void test_shape(void **state)
@@ -855,6 +908,7 @@ int main(void)
         cmocka_unit_test(test_new_invalid),
         cmocka_unit_test(test_lifecycle),
         cmocka_unit_test(test_reserve_fetch),
+        cmocka_unit_test(test_on_alloc),
         cmocka_unit_test(test_allocation_policy),
         cmocka_unit_test(test_fifo_eviction),
         cmocka_unit_test(test_full_of_single_blocks),

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* test_region — the /dev/shm block file: create, join from a second real
  * process, SIGKILL the creator, reclaim its file on the next start; clean
- * shutdown unlinks; sizes, modes, names, symlinks and the reaper's limits.
+ * shutdown unlinks; sizes, modes, names, symlinks and the reaper's limits;
+ * backing (memory taken after creation, in the background or per
+ * reservation) and a directory that fills up after creation (root only).
  * Every test works in its own directory under /dev/shm, so it never sees
  * (let alone touches) other processes' files. */
 #include <dirent.h>
@@ -16,7 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/file.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -363,6 +367,129 @@ static void test_reaper_limits(void **state)
     assert_int_equal(ecxi_region_reap(path_of("no-such-dir")), ECX_ESYS);
 }
 
+/* Bytes of the file the file system holds (allocated), not its size. */
+static uint64_t held_bytes(const char *path)
+{
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    return (uint64_t)st.st_blocks * 512;
+}
+
+/* Creating takes no memory; a reservation's blocks are backed when asked
+ * (ecxi_region_back), whole 2 MiB pieces of the file at a time; without
+ * ECX_PREFAULT=0 the creator's filler backs the whole region by itself. */
+static void test_backing(void **state)
+{
+    (void)state;
+    const uint64_t bs = 64 * 1024, mib2 = 2u << 20;
+    ecxi_region *r;
+    setenv("ECX_PREFAULT", "0", 1);
+    assert_int_equal(ecxi_region_create_in(dir, "b", 0, 64 * bs, bs, &r), 0);
+    unsetenv("ECX_PREFAULT");
+    const char *path = ecxi_region_path(r);
+    assert_int_equal(held_bytes(path), 0);
+    assert_int_equal(ecxi_region_back(r, 0, 1), 0);
+    assert_int_equal(held_bytes(path), mib2); /* the first 2 MiB piece */
+    assert_int_equal(ecxi_region_back(r, 31, 1), 0); /* in it: nothing more */
+    assert_int_equal(held_bytes(path), mib2);
+    assert_int_equal(ecxi_region_back(r, 31, 2), 0); /* reaches the second */
+    assert_int_equal(held_bytes(path), 4 * (uint64_t)1 << 20);
+    assert_int_equal(ecxi_region_back(r, 64, 1), ECX_ERANGE);
+    assert_int_equal(ecxi_region_back(r, 63, 2), ECX_ERANGE);
+    assert_int_equal(ecxi_region_back(r, UINT64_MAX, 2), ECX_ERANGE);
+    assert_int_equal(ecxi_region_back(r, 5, 0), 0);
+    ecxi_region *j;
+    assert_int_equal(ecxi_region_join_in(dir, "b", 0, bs, &j), 0);
+    assert_int_equal(ecxi_region_back(j, 0, 64), 0); /* a joiner's: nothing to do */
+    ecxi_region_free(j);
+    ecxi_region_free(r);
+
+    /* The filler: a 64 MiB region is held whole within 20 s. */
+    const uint64_t big = 64u << 20;
+    assert_int_equal(ecxi_region_create_in(dir, "f", 0, big, 1u << 20, &r), 0);
+    uint64_t held = 0;
+    for (int i = 0; i < 2000 && (held = held_bytes(ecxi_region_path(r))) < big; i++)
+        usleep(10000);
+    assert_int_equal(held, big);
+    ecxi_region_free(r);
+    /* Freed while its filler runs (a 1 GiB region, at once): the filler
+     * stops and the file goes. */
+    assert_int_equal(ecxi_region_create_in(dir, "g", 0, 1u << 30, 1u << 20, &r), 0);
+    ecxi_region_free(r);
+    assert_int_equal(count_entries(), 0);
+}
+
+/* Fill an open directory's file system up: write until ENOSPC. */
+static int fill_up(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return -1;
+    static char chunk[65536];
+    for (int i = 0; i < 1 << 16; i++)
+        if (write(fd, chunk, sizeof chunk) < 0) break;
+    int e = errno;
+    close(fd);
+    return e == ENOSPC ? 0 : -1;
+}
+
+/* The child of test_full_dir, in a mount namespace of its own: a 16 MiB
+ * tmpfs, a context whose 8 MiB region fits it at creation, then the
+ * directory fills up. A save must fail with ECX_EREGION_NOSPC (never a
+ * SIGBUS), and work again once there is room. Exit 0, 77 (cannot mount),
+ * or the step that failed. */
+static int full_dir_child(const char *mnt)
+{
+    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mount("tmpfs", mnt, "tmpfs", 0, "size=16m,mode=0700") != 0)
+        return 77;
+    setenv("ECX_SHM_DIR", mnt, 1);
+    setenv("ECX_PREFAULT", "0", 1); /* else the filler may take the room first */
+    ecx_config cfg;
+    ecx_config_init(&cfg);
+    cfg.role = ECX_ROLE_PRODUCER;
+    cfg.listen = "127.0.0.1:0";
+    cfg.region_bytes = 8u << 20;
+    cfg.block_bytes = 1u << 20;
+    ecx_ctx *ctx;
+    if (ecx_new(&cfg, &ctx) != 0) return 1;
+    static uint8_t item[1u << 20];
+    memset(item, 7, sizeof item);
+    char filler[600];
+    snprintf(filler, sizeof filler, "%s/filler", mnt);
+    if (fill_up(filler) != 0) return 2;
+    int rc = ecx_save(ctx, "full-1", item, sizeof item);
+    if (rc != ECX_EREGION_NOSPC) {
+        fprintf(stderr, "save into a full directory: %s\n", ecx_errname(rc));
+        return 3;
+    }
+    const ecx_segment *segs;
+    size_t n_segs;
+    uint64_t size;
+    if (ecx_load(ctx, "full-1", &segs, &n_segs, &size) == 0) return 4; /* nothing was kept */
+    unlink(filler);
+    if (ecx_save(ctx, "full-1", item, sizeof item) != 0) return 5;
+    static uint8_t back[sizeof item];
+    if (ecx_read(ctx, "full-1", back, sizeof back) != (int64_t)sizeof item || memcmp(back, item, sizeof item))
+        return 6;
+    ecx_free(ctx);
+    return 0;
+}
+
+static void test_full_dir(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) skip();
+    char mnt[] = "/tmp/ecx-test-full-XXXXXX";
+    assert_non_null(mkdtemp(mnt));
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) _exit(full_dir_child(mnt));
+    int rc = wait_exit(pid);
+    rmdir(mnt);
+    if (rc == 77) skip();
+    assert_int_equal(rc, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -373,6 +500,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_mode_and_exists, setup, teardown),
         cmocka_unit_test_setup_teardown(test_symlinks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reaper_limits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_backing, setup, teardown),
+        cmocka_unit_test(test_full_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,8 +12,9 @@
  *   consumer -> producer   u8 version=1 | u8 type | 16B token | key
  *     'H' hello: the first message; token + key ("{session_id}:{mm_hash}")
  *         of a grant the consumer holds
- *     'D' done: after each READ of a grant, its token + key; the producer
- *         session releases the grant only if both match
+ *     'D' done: after each READ of a grant, or instead of it when the
+ *         consumer will not read it (ecxi_data_decline), its token + key;
+ *         the producer session releases the grant only if both match
  *   producer -> consumer   u8 version=1 | u8 type
  *     'F' the region, as an O_RDONLY descriptor (SCM_RIGHTS), sent once
  *     'R' refused; the producer closes the connection
@@ -902,9 +903,14 @@ static int shm_progress(ecxi_data *d, ecxi_slice *sl)
     return done;
 }
 
-static int shm_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *remote,
-                         const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                         size_t key_len, ecxi_data_xfer **out)
+/* A READ (read_post), or with decline only the grant's 'D': an xfer of
+ * no blocks, released from the start, that says 'D' at once (after a
+ * hello with its grant if nobody has said one: the producer reads the
+ * two in order, and answers the hello before it reads the 'D'), then
+ * goes; out is NULL then. */
+static int post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *remote,
+                const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
+                size_t key_len, bool decline, ecxi_data_xfer **out)
 {
     shm_peer *p = (shm_peer *)hp;
     shm_data *s = (shm_data *)hp->owner;
@@ -923,17 +929,23 @@ static int shm_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const ui
     memcpy(x->msg + 2, t->token, ECX_DATA_TOKEN_LEN);
     memcpy(x->msg + SHM_MSG_HEAD, key, key_len);
     x->msg_len = SHM_MSG_HEAD + key_len;
+    x->released = decline;
     if (p->state == PEER_READY) {
-        start_copy(s, p, x, remote, local);
-        *out = &x->head;
+        if (decline)
+            say_done(s, p, x);
+        else
+            start_copy(s, p, x, remote, local);
+        if (out) *out = &x->head;
         return 0;
     }
     /* The region is not here yet: wait for it, saying hello first if
      * nobody has. */
     int rc = ECX_ENOMEM;
-    if (!(x->idx = malloc(2 * n * sizeof *x->idx))) goto fail;
-    memcpy(x->idx, remote, n * sizeof *remote);
-    memcpy(x->idx + n, local, n * sizeof *local);
+    if (n) {
+        if (!(x->idx = malloc(2 * n * sizeof *x->idx))) goto fail;
+        memcpy(x->idx, remote, n * sizeof *remote);
+        memcpy(x->idx + n, local, n * sizeof *local);
+    }
     /* A connection that has said nothing yet may have been closed by the
      * producer (SHM_HELLO_MS) without our noticing: then connect again,
      * once. */
@@ -955,6 +967,10 @@ static int shm_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const ui
         p->hello_ns = ecxi_now_ns();
         p->hello_by_ms = ecxi_now_ms(NULL) + SHM_HANDSHAKE_MS;
     }
+    if (decline) {
+        say_done(s, p, x);
+        return 0;
+    }
     x->waiting = true;
     x->peer = p;
     x->state = ECX_XFER_RUNNING;
@@ -963,11 +979,24 @@ static int shm_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const ui
     else
         p->wait_head = x;
     p->wait_tail = x;
-    *out = &x->head;
+    if (out) *out = &x->head;
     return 0;
 fail:
     xfer_put(s, x);
     return rc;
+}
+
+static int shm_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *remote,
+                         const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
+                         size_t key_len, ecxi_data_xfer **out)
+{
+    return post(hp, t, remote, local, n, nbytes, key, key_len, false, out);
+}
+
+static int shm_decline(ecxi_data_peer *hp, const ecxi_data_ticket *t, const char *key,
+                       size_t key_len)
+{
+    return post(hp, t, NULL, NULL, 0, 0, key, key_len, true, NULL);
 }
 
 static int shm_read_poll(ecxi_data_xfer *hx)
@@ -1054,4 +1083,5 @@ static const struct ecxi_data_ops shm_ops = {
     .read_post = shm_read_post,
     .read_poll = shm_read_poll,
     .read_release = shm_read_release,
+    .decline = shm_decline,
 };

@@ -11,8 +11,13 @@
  * readable / writable, wakes the next call.
  *
  * Protocol (little-endian), on a connection from consumer to producer:
- *   request   u8 version=1 | u8 type='G' | u64 xfer id | 16B token |
+ *   request   u8 version=1 | u8 type | u64 xfer id | 16B token |
  *             u16 key_len (1..ECX_DATA_NOTIF_MAX) | key
+ *             type 'G': send me the grant's bytes (a reply follows)
+ *             type 'C': I will not read this grant (ecxi_data_decline):
+ *               no reply; the session hears (key, token, 0) as from a
+ *               finished send and releases the grant if the token is its
+ *               (an older producer closes the connection instead)
  *   reply     u64 xfer id | u8 status
  *               status 1 (refused): nothing follows
  *               status 0 (ok): u64 nbytes, then the item's nbytes bytes
@@ -98,6 +103,7 @@
 
 #define TCP_PROTO 1
 #define TCP_GET 'G'
+#define TCP_DECLINE 'C'
 #define TCP_OK 0
 #define TCP_REFUSED 1
 #define TCP_REQ_HEAD 28 /* version, type, id, token, key_len */
@@ -113,6 +119,7 @@
 #define TCP_MAX_PER_HOST 32
 #define TCP_BACKLOG 128
 #define TCP_IN_MAX 4096           /* request bytes read ahead per connection */
+#define TCP_DECLINES_PER_STEP 256 /* 'C' requests handled per connection per call */
 #define TCP_HELLO_MS 10000        /* connected, no whole request yet; idle, none served */
 #define TCP_REQ_MS 5000           /* a started request, first byte to last */
 #define TCP_IDLE_MS 60000         /* between requests */
@@ -134,7 +141,7 @@ typedef struct run {
 
 typedef struct tcp_counters {
     uint64_t accepted, conns_refused, evicted, served, refused, bad_requests, timeouts,
-        stalls, send_failures, bytes, cuts;
+        stalls, send_failures, bytes, cuts, declined;
 } tcp_counters;
 
 typedef struct tcp_conn tcp_conn;
@@ -258,6 +265,19 @@ static int make_runs(const uint64_t *blocks, size_t n, uint64_t bs, uint64_t nby
 }
 
 /* ---- producer: connections ------------------------------------------- */
+
+/* A completion of (key, token), status 0; NULL without memory. */
+static tnotif *notif_new(const uint8_t *token, const char *key, size_t key_len)
+{
+    tnotif *n = malloc(sizeof *n);
+    if (!n) return NULL;
+    memcpy(n->token, token, ECX_DATA_TOKEN_LEN);
+    memcpy(n->key, key, key_len);
+    n->key[key_len] = 0;
+    n->key_len = key_len;
+    n->status = 0;
+    return n;
+}
 
 static void queue_notif(tcp_data *t, tnotif *n)
 {
@@ -459,19 +479,12 @@ static void conn_answer(tcp_data *t, tcp_conn *c, uint64_t id, const uint8_t *to
         return;
     }
     /* The grant is claimed: whatever happens now, the session hears of it. */
-    tnotif *n = malloc(sizeof *n);
+    tnotif *n = notif_new(token, key, key_len);
     uint64_t bs = ecxi_region_block_bytes(t->base.region);
     uint64_t nb = ecxi_region_num_blocks(t->base.region);
     bool sane = g.n > 0 && g.nbytes > (g.n - 1) * bs && g.nbytes <= g.n * bs;
     for (size_t i = 0; sane && i < g.n; i++)
         sane = g.blocks[i] < nb;
-    if (n) {
-        memcpy(n->token, token, ECX_DATA_TOKEN_LEN);
-        memcpy(n->key, key, key_len);
-        n->key[key_len] = 0;
-        n->key_len = key_len;
-        n->status = 0;
-    }
     if (!n || !sane || make_runs(g.blocks, g.n, bs, g.nbytes, &c->runs, &c->nruns) != 0) {
         if (!sane) ecxi_log(ECX_LOG_ERROR, "data tcp: the session granted blocks out of range");
         if (n) {
@@ -491,15 +504,17 @@ static void conn_answer(tcp_data *t, tcp_conn *c, uint64_t id, const uint8_t *to
 
 /* Parse the request at the front of c->in: its length, 0 if incomplete,
  * negative if malformed (the caller closes). */
-static long parse_request(tcp_conn *c, uint64_t *id, const uint8_t **token, const char **key,
-                          size_t *key_len)
+static long parse_request(tcp_conn *c, uint8_t *type, uint64_t *id, const uint8_t **token,
+                          const char **key, size_t *key_len)
 {
     const uint8_t *b = c->in;
-    if (c->in_len >= 2 && (b[0] != TCP_PROTO || b[1] != TCP_GET)) return -1;
+    if (c->in_len >= 2 && (b[0] != TCP_PROTO || (b[1] != TCP_GET && b[1] != TCP_DECLINE)))
+        return -1;
     if (c->in_len < TCP_REQ_HEAD) return 0;
     size_t kl = (size_t)b[26] | (size_t)b[27] << 8;
     if (kl == 0 || kl > ECX_DATA_NOTIF_MAX) return -1;
     if (c->in_len < TCP_REQ_HEAD + kl) return 0;
+    *type = b[1];
     *id = ecxi_get_le64(b + 2);
     *token = b + 10;
     *key = (const char *)b + TCP_REQ_HEAD;
@@ -511,7 +526,7 @@ static long parse_request(tcp_conn *c, uint64_t *id, const uint8_t **token, cons
  * order, reading more only when no whole request is buffered. */
 static int conn_step(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
 {
-    int n = 0;
+    int n = 0, declines = 0;
     while (!c->dead) {
         int rc = conn_flush(t, c, now, sl);
         if (rc < 0) {
@@ -533,11 +548,12 @@ static int conn_step(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
         c->nruns = c->run_i = 0;
         c->hdr_len = c->hdr_off = 0;
 
+        uint8_t type = 0;
         uint64_t id;
         const uint8_t *token;
         const char *key;
         size_t key_len;
-        long used = parse_request(c, &id, &token, &key, &key_len);
+        long used = parse_request(c, &type, &id, &token, &key, &key_len);
         if (used < 0) {
             t->c.bad_requests++;
             ECX_LOG_RATELIMITED(ECX_LOG_WARN,
@@ -546,6 +562,17 @@ static int conn_step(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
                                 t->c.bad_requests);
             conn_close(t, c);
             break;
+        }
+        if (used > 0 && type == TCP_DECLINE) {
+            tnotif *dn = notif_new(token, key, key_len); /* lost if not: the lease releases it */
+            if (dn) queue_notif(t, dn);
+            t->c.declined++;
+            declines++;
+            c->in_req = false;
+            memmove(c->in, c->in + used, c->in_len - (size_t)used);
+            c->in_len -= (size_t)used;
+            n++;
+            continue;
         }
         if (used > 0) {
             conn_answer(t, c, id, token, key, key_len);
@@ -557,6 +584,13 @@ static int conn_step(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
             c->in_len -= (size_t)used;
             n++;
             continue;
+        }
+        /* Declines get no reply, so nothing holds back a peer that streams
+         * them: read on in the next progress call (the socket stays
+         * readable; no whole request is left in c->in here). */
+        if (declines >= TCP_DECLINES_PER_STEP) {
+            set_events(t, c->fd, &c->events, EPOLLIN, c);
+            break;
         }
         if (c->in_len && !c->in_req) { /* a request has started: TCP_REQ_MS from now */
             c->in_req = true;
@@ -958,13 +992,10 @@ static void tcp_peer_drop(ecxi_data_peer *hp)
     free(p);
 }
 
-static int tcp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *tk, const uint64_t *remote,
-                         const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                         size_t key_len, ecxi_data_xfer **out)
+/* Connect if need be and make room for a request of key_len at the end of
+ * p->out; 0, or an error (nothing queued). */
+static int request_room(tcp_data *t, tcp_peer *p, size_t key_len)
 {
-    (void)remote; /* the producer's grant decides what it sends */
-    tcp_peer *p = (tcp_peer *)hp;
-    tcp_data *t = (tcp_data *)hp->owner;
     int rc;
     if (p->fd < 0 && (rc = peer_connect(t, p))) return rc;
     size_t need = p->out_len + TCP_REQ_HEAD + key_len;
@@ -974,6 +1005,49 @@ static int tcp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *tk, const u
         if (!o) return ECX_ENOMEM;
         p->out = o, p->out_cap = cap;
     }
+    return 0;
+}
+
+/* Append a request (room made by request_room) to p->out. */
+static void request_put(tcp_peer *p, uint8_t type, uint64_t id, const uint8_t *token,
+                        const char *key, size_t key_len)
+{
+    uint8_t *b = p->out + p->out_len;
+    b[0] = TCP_PROTO;
+    b[1] = type;
+    ecxi_put_le64(b + 2, id);
+    memcpy(b + 10, token, ECX_DATA_TOKEN_LEN);
+    b[26] = (uint8_t)key_len;
+    b[27] = (uint8_t)(key_len >> 8);
+    memcpy(b + TCP_REQ_HEAD, key, key_len);
+    p->out_len += TCP_REQ_HEAD + key_len;
+}
+
+static int tcp_decline(ecxi_data_peer *hp, const ecxi_data_ticket *tk, const char *key,
+                       size_t key_len)
+{
+    tcp_peer *p = (tcp_peer *)hp;
+    tcp_data *t = (tcp_data *)hp->owner;
+    int rc = request_room(t, p, key_len);
+    if (rc) return rc;
+    request_put(p, TCP_DECLINE, 0, tk->token, key, key_len);
+    if (!peer_flush(p)) {
+        peer_fail(t, p, strerror(errno));
+        return ECX_EDATA_PEER;
+    }
+    peer_events(t, p);
+    return 0;
+}
+
+static int tcp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *tk, const uint64_t *remote,
+                         const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
+                         size_t key_len, ecxi_data_xfer **out)
+{
+    (void)remote; /* the producer's grant decides what it sends */
+    tcp_peer *p = (tcp_peer *)hp;
+    tcp_data *t = (tcp_data *)hp->owner;
+    int rc = request_room(t, p, key_len);
+    if (rc) return rc;
     tcp_xfer *x = calloc(1, sizeof *x);
     if (!x) return ECX_ENOMEM;
     if ((rc = make_runs(local, n, ecxi_region_block_bytes(t->base.region), nbytes, &x->runs,
@@ -988,15 +1062,7 @@ static int tcp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *tk, const u
     x->checksum = tk->checksum;
     x->deadline_ms = ecxi_now_ms(NULL) + tk->lease_ms;
     randombytes_buf(&x->id, sizeof x->id);
-    uint8_t *b = p->out + p->out_len;
-    b[0] = TCP_PROTO;
-    b[1] = TCP_GET;
-    ecxi_put_le64(b + 2, x->id);
-    memcpy(b + 10, tk->token, ECX_DATA_TOKEN_LEN);
-    b[26] = (uint8_t)key_len;
-    b[27] = (uint8_t)(key_len >> 8);
-    memcpy(b + TCP_REQ_HEAD, key, key_len);
-    p->out_len = need;
+    request_put(p, TCP_GET, x->id, tk->token, key, key_len);
     *p->q_tail = x;
     p->q_tail = &x->next;
     if (!p->q->next) p->last_ms = ecxi_now_ms(NULL); /* the first outstanding READ */
@@ -1078,10 +1144,11 @@ static void tcp_free(ecxi_data *d)
     if (t->c.accepted || t->c.conns_refused || t->c.bad_requests)
         ecxi_log(ECX_LOG_INFO,
                 "data tcp: %" PRIu64 " connections (%" PRIu64 " refused), %" PRIu64
-                " served, %" PRIu64 " refused, %" PRIu64 " malformed, %" PRIu64
-                " timed out, %" PRIu64 " stalled, %" PRIu64 " failed sends, %" PRIu64 " bytes",
-                t->c.accepted, t->c.conns_refused, t->c.served, t->c.refused, t->c.bad_requests,
-                t->c.timeouts, t->c.stalls, t->c.send_failures, t->c.bytes);
+                " served, %" PRIu64 " declined, %" PRIu64 " refused, %" PRIu64
+                " malformed, %" PRIu64 " timed out, %" PRIu64 " stalled, %" PRIu64
+                " failed sends, %" PRIu64 " bytes",
+                t->c.accepted, t->c.conns_refused, t->c.served, t->c.declined, t->c.refused,
+                t->c.bad_requests, t->c.timeouts, t->c.stalls, t->c.send_failures, t->c.bytes);
     free(t);
 }
 
@@ -1148,4 +1215,5 @@ static const struct ecxi_data_ops tcp_ops = {
     .read_post = tcp_read_post,
     .read_poll = tcp_read_poll,
     .read_release = tcp_read_release,
+    .decline = tcp_decline,
 };
