@@ -61,11 +61,17 @@
  *     producer connection has queued inside ZeroMQ, and shuts down one that
  *     floods; it logs nothing and makes no ZeroMQ call. Each context's
  *     ZeroMQ context runs ZeroMQ's two threads (one I/O thread, a reaper).
- *   - The UCX data path, if chosen, also runs UCX's own internal threads.
- *     The nixl data path runs no UCX in this process: its NIXL agent is a
- *     helper process (ecx-nixl-agent) that the context starts, talks to
- *     over a socket from its own calls / thread, restarts if it dies, and
- *     ends in ecx_free(); the library installs no signal handler for it.
+ *   - Each context faults its region's memory in on one more thread of its
+ *     own, 2 MiB at a time, from ecx_new() until it is all in or ecx_free()
+ *     (ECX_PREFAULT=0 in the environment: no such thread; a save then backs
+ *     its own blocks as it always does first). Its signals are blocked.
+ *   - A producer with events_endpoint set runs one more thread, which
+ *     publishes the events (docs/EVENTS.md).
+ *   - No UCX runs in this process: the ucx and nixl data paths run it in
+ *     helper processes (ecx-ucx-agent, ecx-nixl-agent) that the context
+ *     starts, talks to over a socket from its own calls / thread, restarts
+ *     if they die, and ends in ecx_free(); the library installs no signal
+ *     handler for them.
  *
  * ABI: ecx_config carries its own size (set by ecx_config_init), so fields
  * appended in later versions do not break programs built against this
@@ -244,8 +250,8 @@ enum ecx_log_level { ECX_LOG_ERROR = 0, ECX_LOG_WARN = 1, ECX_LOG_INFO = 2, ECX_
 
 /* Receives one log line (no trailing newline; at most 1023 bytes) at a
  * level. Calls are serialised by the library (fn need not be thread-safe)
- * and may come from any thread inside an ecx call or from UCX's internal
- * threads. fn must not call into ecx (a context, or ecx_set_logger). */
+ * and may come from any thread inside an ecx call or from the library's
+ * own threads (ecx.h's list above). fn must not call into ecx (a context, or ecx_set_logger). */
 typedef void (*ecx_log_fn)(void *arg, int level, const char *line);
 
 /* Route every log line to fn (NULL: back to stderr, "ecx LEVEL: line"). */
