@@ -12,11 +12,22 @@
  *   size=B memcpy_ms=X copy_ratio=X [copy_ratio_avx512=X copy_ratio_avx2=X
  *   copy_ratio_c=X hash_ratio=X xxh3_ratio=X]
  * (a ratio is time / memcpy time: 1.0 is memcpy's speed, lower is faster).
- *   bench_copy [--size BYTES]... [--iters N]   (default 4.7 MB, 28.8 MB,
- *   256 MB; 9 iterations)
+ * With --cold, three ways to copy out of pages this process has not mapped
+ * yet (a consumer's first fetch from a producer), the same iteration:
+ *   cold_map_ratio     a fresh mapping (mmap timed), the library's copy:
+ *                      each 4 KiB page faulted in as the copy reaches it
+ *   cold_pread_ratio   the library's pread way (page cache -> destination,
+ *                      each chunk hashed while in cache): no mapping at all
+ *   cold_ahead_ratio   a fresh mapping, copied 1 MiB a step while a second
+ *                      thread faults it in from the end (MADV_POPULATE_READ)
+ *                      down to where the copy has got
+ *   bench_copy [--size BYTES]... [--iters N] [--cold]   (default 4.7 MB,
+ *   28.8 MB, 256 MB; 9 iterations)
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +45,7 @@
 #endif
 
 #define MAX_SIZES 8
-#define NV 7 /* memcpy, library copy, avx512, avx2, c, fsum hash, xxh3 */
+#define NV 10 /* memcpy, library copy, avx512, avx2, c, fsum hash, xxh3, 3 cold ways */
 
 static double now_s(void)
 {
@@ -93,12 +104,73 @@ static int map_file(const char *dir, uint64_t len, bool rw, uint8_t **out)
     return fd;
 }
 
+/* The fault-ahead thread of cold_ahead: faults the mapping in from its
+ * end, 1 MiB at a time, down to where the copy has got. */
+typedef struct ahead {
+    const uint8_t *map;
+    uint64_t len;
+    atomic_uint_least64_t copied;
+} ahead;
+
+static void *fault_ahead(void *arg)
+{
+    ahead *a = arg;
+    uint64_t hi = a->len;
+    while (hi > atomic_load(&a->copied)) {
+        uint64_t lo = hi > (1u << 20) ? hi - (1u << 20) : 0;
+        ecxi_shm_populate(a->map + lo, hi - lo, false);
+        hi = lo;
+    }
+    return NULL;
+}
+
+/* One cold copy of size bytes (v: 7 fresh mapping, 8 pread, 9 fresh
+ * mapping + fault-ahead thread); the time, or < 0. */
+static double cold_once(int v, const ecxi_shm_src *s, uint8_t *dst, uint64_t size, uint64_t *sum)
+{
+    uint64_t blk = 0;
+    double t0 = now_s();
+    if (v == 8) {
+        if (ecxi_shm_copy(s, dst, size, &blk, &blk, 1, size, ECX_SHM_COPY_PREAD, sum)) return -1;
+        return now_s() - t0;
+    }
+    void *map = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, s->fd, 0);
+    if (map == MAP_FAILED) return -1;
+    ecxi_shm_src fresh = {.fd = s->fd, .map = map, .map_len = s->map_len};
+    int rc = 0;
+    if (v == 7) {
+        rc = ecxi_shm_copy(&fresh, dst, size, &blk, &blk, 1, size, 0, sum);
+    } else {
+        ahead a = {.map = map, .len = size};
+        atomic_init(&a.copied, 0);
+        pthread_t th;
+        ecxi_shm_job *j = NULL;
+        bool thread = pthread_create(&th, NULL, fault_ahead, &a) == 0;
+        rc = ecxi_shm_job_new(&fresh, size, &blk, &blk, 1, size, 0, &j);
+        uint64_t moved, done = 0;
+        while (rc == 0 && (rc = ecxi_shm_job_step(j, &fresh, dst, 1u << 20, &moved, sum)) == 0)
+            atomic_store(&a.copied, done += moved);
+        atomic_store(&a.copied, size);
+        if (thread) pthread_join(th, NULL);
+        if (j) ecxi_shm_job_free(j);
+        rc = rc == 1 ? 0 : -1;
+    }
+    double t = now_s() - t0;
+    munmap(map, s->map_len);
+    return rc ? -1 : t;
+}
+
 int main(int argc, char **argv)
 {
     uint64_t sizes[MAX_SIZES];
     int nsizes = 0, iters = 9;
+    bool cold = false;
     for (int i = 1; i < argc; i++) {
         char *end;
+        if (!strcmp(argv[i], "--cold")) {
+            cold = true;
+            continue;
+        }
         if (i + 1 >= argc) goto usage;
         errno = 0;
         unsigned long long v = strtoull(argv[i + 1], &end, 10);
@@ -135,6 +207,11 @@ int main(int argc, char **argv)
                 if (v == 0) {
                     memcpy(dst, src, size);
                     __asm__ __volatile__("" ::"r"(dst) : "memory");
+                } else if (v >= 7) {
+                    if (!cold) continue;
+                    double c = cold_once(v, &s, dst, size, &sum);
+                    if (c < 0) return 1;
+                    t0 = now_s() - c;
                 } else if (v == 1) {
                     if (ecxi_shm_copy(&s, dst, size, &blk, &blk, 1, size, 0, &sum)) return 1;
 #if HAVE_FSUM
@@ -155,7 +232,7 @@ int main(int argc, char **argv)
                     continue;
                 }
                 double t1 = now_s();
-                if (sum != want || (v <= 4 && memcmp(dst + size / 2, src + size / 2, 4096))) {
+                if (sum != want || ((v <= 4 || v >= 7) && memcmp(dst + size / 2, src + size / 2, 4096))) {
                     fprintf(stderr, "bench_copy: variant %d of %llu bytes: wrong result\n", v,
                             (unsigned long long)size);
                     return 1;
@@ -175,11 +252,15 @@ int main(int argc, char **argv)
         printf(" hash_ratio=%.3f xxh3_ratio=%.3f", median(t + 5 * iters, iters) / m,
                median(t + 6 * iters, iters) / m);
 #endif
+        if (cold)
+            printf(" cold_map_ratio=%.3f cold_pread_ratio=%.3f cold_ahead_ratio=%.3f",
+                   median(t + 7 * iters, iters) / m, median(t + 8 * iters, iters) / m,
+                   median(t + 9 * iters, iters) / m);
         printf("\n");
         fflush(stdout);
     }
     return 0;
 usage:
-    fprintf(stderr, "usage: bench_copy [--size BYTES]... [--iters N]\n");
+    fprintf(stderr, "usage: bench_copy [--size BYTES]... [--iters N] [--cold]\n");
     return 2;
 }
