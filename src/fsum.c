@@ -20,11 +20,6 @@
 
 #define STRIPES 16 /* per block: (default secret 192 - 64) / 8 */
 #define SCRAMBLE_SECRET (XXH3_kSecret + XXH_SECRET_DEFAULT_SIZE - 64)
-/* How far ahead of the loads the source is prefetched: past the next 4 KiB
- * page boundary, which the hardware prefetchers do not cross. */
-#ifndef FSUM_PREFETCH
-#define FSUM_PREFETCH 4096
-#endif
 
 enum { ST_HASH = 0, ST_STORE = 1, ST_STREAM = 2 };
 
@@ -41,7 +36,6 @@ static void kernel_c(uint64_t *acc, uint8_t *dst, const uint8_t *src, uint64_t n
     uint64_t a[8];
     memcpy(a, acc, sizeof a);
     for (; n; n--, k++, src += 64) {
-        __builtin_prefetch(src + FSUM_PREFETCH);
         const uint8_t *d = src;
         if (store != ST_HASH) { /* hash what was written, not the source again */
             memcpy(dst, src, 64);
@@ -78,7 +72,6 @@ __attribute__((target("avx2"))) static inline __m256i scramble256(__m256i a, con
 __attribute__((target("avx2"), always_inline)) static inline void
 stripe256(__m256i *a0, __m256i *a1, uint8_t *dst, const uint8_t *src, unsigned j, int store)
 {
-    _mm_prefetch((const char *)src + FSUM_PREFETCH, _MM_HINT_T0);
     __m256i d0 = _mm256_loadu_si256((const __m256i *)src);
     __m256i d1 = _mm256_loadu_si256((const __m256i *)(src + 32));
     if (store == ST_STREAM) {
@@ -97,16 +90,9 @@ run256(uint64_t *acc, uint8_t *dst, const uint8_t *src, uint64_t n, uint64_t k, 
 {
     __m256i a0 = _mm256_loadu_si256((const __m256i *)acc);
     __m256i a1 = _mm256_loadu_si256((const __m256i *)(acc + 4));
+    /* One stripe an iteration: unrolling a block measured slower here (its
+     * 32 secret halves do not fit AVX2's 16 registers). */
     while (n) {
-        if (k % STRIPES == 0 && n >= STRIPES) { /* a whole block, unrolled */
-#pragma GCC unroll 16
-            for (unsigned j = 0; j < STRIPES; j++)
-                stripe256(&a0, &a1, dst + 64 * j, src + 64 * j, j, store);
-            a0 = scramble256(a0, SCRAMBLE_SECRET);
-            a1 = scramble256(a1, SCRAMBLE_SECRET + 32);
-            src += 64 * STRIPES, dst += 64 * STRIPES, n -= STRIPES, k += STRIPES;
-            continue;
-        }
         stripe256(&a0, &a1, dst, src, (unsigned)(k % STRIPES), store);
         if (k % STRIPES == STRIPES - 1) {
             a0 = scramble256(a0, SCRAMBLE_SECRET);
@@ -152,7 +138,6 @@ __attribute__((target(F512))) static inline __m512i scramble512(__m512i a)
 __attribute__((target(F512), always_inline)) static inline __m512i
 stripe512(__m512i a, uint8_t *dst, const uint8_t *src, __m512i key, int store)
 {
-    _mm_prefetch((const char *)src + FSUM_PREFETCH, _MM_HINT_T0);
     __m512i d = _mm512_loadu_si512(src);
     if (store == ST_STREAM) _mm512_stream_si512((void *)dst, d);
     else if (store == ST_STORE) _mm512_storeu_si512(dst, d);

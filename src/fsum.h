@@ -12,9 +12,9 @@
  * with its secrets in registers), AVX2, or portable C. Copies of at least
  * ECXI_FSUM_NT_MIN bytes in all store with non-temporal stores where the
  * destination is 64-byte aligned (fenced before each call returns), as
- * memcpy does for copies past the cache; every kernel prefetches the
- * source ahead, across 4 KiB page boundaries where the hardware's
- * prefetchers stop. Streams of at most 240 bytes (XXH3's short forms) are
+ * memcpy does for copies past the cache. (Software prefetch ahead of the
+ * loads, and a block unrolled on AVX2, were measured and made it slower:
+ * BENCHMARKS.md.) Streams of at most 240 bytes (XXH3's short forms) are
  * gathered and hashed at the end.
  */
 #ifndef ECX_FSUM_H
