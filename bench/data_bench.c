@@ -35,7 +35,7 @@
  *   cold       the same from a fresh mapping, its mmap timed (a consumer's
  *              first read of those pages: page tables built on first touch)
  * and prints their ratios to memcpy on stderr. When tcp is measured, the
- * loop also times raw TCP (below): tcp_vs_raw on stdout.
+ * loop also times raw TCP (tools/bench_util.h): tcp_vs_raw on stdout.
  */
 #include "data_bench.h"
 
@@ -52,11 +52,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 
+#include "bench_util.h"
 #include "data.h"
 #include "grant_stub.h"
 #include "region.h"
@@ -162,64 +160,6 @@ static int producer_main(const char *dir, uint64_t bytes, uint64_t bs, int out_f
     ecxi_data_free(d[1]);
     ecxi_region_free(r);
     return 0;
-}
-
-/* ---- raw TCP: tcp's baseline ------------------------------------------------
- * One loopback connection to a sender process of its own: the consumer
- * writes a size (8 bytes), the sender answers with that many bytes of the
- * pattern (one send loop), the consumer reads them with plain blocking
- * recv()s straight into the destination ecx's tcp path writes (no header,
- * no checksum, no slices): the most one TCP connection moves. */
-static int raw_sender(int lfd, uint64_t max)
-{
-    uint8_t *buf = malloc(max ? max : 1);
-    int c = accept(lfd, NULL, NULL);
-    close(lfd);
-    if (!buf || c < 0) return 1;
-    fill_pattern(buf, max);
-    uint64_t size;
-    while (read_all(c, &size, sizeof size) == 0 && size && size <= max)
-        if (write_all(c, buf, size)) break;
-    close(c);
-    free(buf);
-    return 0;
-}
-
-/* The connected consumer's socket (and *pid the sender), or -1. */
-static int raw_open(uint64_t max, pid_t *pid)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) || listen(lfd, 1) ||
-        getsockname(lfd, (struct sockaddr *)&a, &al)) {
-        if (lfd >= 0) close(lfd);
-        return -1;
-    }
-    fflush(stdout), fflush(stderr);
-    if ((*pid = fork()) == 0) _exit(raw_sender(lfd, max));
-    close(lfd);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (*pid < 0 || fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    return fd;
-}
-
-/* One timed raw transfer of `size` bytes into dst, checked; seconds or < 0. */
-static double raw_once(int fd, uint8_t *dst, const uint8_t *expect, uint64_t size)
-{
-    memset(dst, 0x5a, size);
-    double t0 = now_s();
-    if (write_all(fd, &size, sizeof size) || read_all(fd, dst, size)) return -1;
-    double t1 = now_s();
-    if (memcmp(dst, expect, size) != 0) {
-        fprintf(stderr, "bench: raw TCP delivered wrong bytes\n");
-        return -1;
-    }
-    return t1 - t0;
 }
 
 typedef struct bench {
@@ -557,8 +497,7 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
     uint8_t *m = NULL, *ds = NULL, *um = NULL, *uds = NULL;
     uint64_t *idx = NULL;
     double *tm = NULL, *tr = NULL; /* memcpy's times; raw TCP's */
-    int rawfd = -1;
-    pid_t rawpid = -1;
+    bench_raw_tcp raw = {.fd = -1, .pid = -1};
     path paths[3];
     memset(paths, 0, sizeof paths);
     int np = 0;
@@ -599,7 +538,7 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
     }
     if (o->tcp && path_open(&paths[np++], ECX_DATA_TCP, &b, m, lens[0], ds, lens[1])) goto done;
     if (o->ucx && path_open(&paths[np++], ECX_DATA_UCX, &b, um, lens[2], uds, lens[3])) goto done;
-    if (o->tcp && ((rawfd = raw_open(region, &rawpid)) < 0 ||
+    if (o->tcp && (bench_raw_tcp_open(&raw, b.expect, region) != 0 ||
                    !(tr = malloc((size_t)b.iters * sizeof *tr)))) {
         fprintf(stderr, "bench: raw TCP baseline: cannot set up: %s\n", strerror(errno));
         goto done;
@@ -617,8 +556,9 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
                 if ((t = path_fetch(&paths[k], &b, size, idx)) < 0) goto done;
                 if (it >= b.warmup) paths[k].t[it - b.warmup] = t;
             }
-            if (rawfd >= 0) {
-                if ((t = raw_once(rawfd, ecxi_region_base(b.cr), b.expect, size)) < 0) goto done;
+            if (tr) {
+                if ((t = bench_raw_tcp_once(&raw, ecxi_region_base(b.cr), b.expect, size)) < 0)
+                    goto done;
                 if (it >= b.warmup) tr[it - b.warmup] = t;
             }
             for (int v = 0; b.var.map && v < 4; v++) {
@@ -659,12 +599,12 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
             fprintf(stderr, "bench: cold fetches failed\n");
             goto done;
         }
-        double raw = tr ? median(tr, b.iters) : 0;
+        double rawt = tr ? median(tr, b.iters) : 0;
         printf("size=%llu shm_gbps=%.3f ucx_gbps=%.3f memcpy_gbps=%.3f shm_ratio=%.3f "
                "ucx_ratio=%.3f tcp_gbps=%.3f tcp_ratio=%.3f rawtcp_gbps=%.3f tcp_vs_raw=%.3f\n",
                (unsigned long long)size, g[1], g[2], g[0], g[1] / g[0], g[2] / g[0], g[3],
-               g[3] / g[0], raw > 0 ? (double)size / raw / 1e9 : 0.0,
-               raw > 0 && lat[3] > 0 ? raw / lat[3] : 0.0);
+               g[3] / g[0], rawt > 0 ? (double)size / rawt / 1e9 : 0.0,
+               rawt > 0 && lat[3] > 0 ? rawt / lat[3] : 0.0);
         fflush(stdout);
     }
     ret = 0;
@@ -676,8 +616,7 @@ done:
         free(b.tv[v]);
     free(tm), free(tr);
     free(idx);
-    if (rawfd >= 0) close(rawfd); /* the sender reads EOF and exits */
-    if (rawpid > 0) waitpid(rawpid, NULL, 0);
+    bench_raw_tcp_close(&raw);
     close(to_parent[0]);
     close(stop[1]); /* tells the producer to stop */
     if (pid > 0) {

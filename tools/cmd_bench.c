@@ -89,8 +89,11 @@ static const char DATA_HELP[] =
     "  --block-bytes SIZE     block size of the regions (default 1Mi)\n"
     "  Output: one line per size, the last being the last size:\n"
     "    size=<bytes> shm_gbps=<x> ucx_gbps=<x> memcpy_gbps=<x> shm_ratio=<x> ucx_ratio=<x>\n"
-    "      tcp_gbps=<x> tcp_ratio=<x>   (on the same line)\n"
-    "  (a path not measured reads 0; UCX_TLS=tcp measures UCX over TCP).\n";
+    "      tcp_gbps=<x> tcp_ratio=<x> rawtcp_gbps=<x> tcp_vs_raw=<x>   (on the same line)\n"
+    "  (a path not measured reads 0; UCX_TLS=tcp measures UCX over TCP). With tcp,\n"
+    "  each iteration also times raw TCP, tcp's own baseline: one plain loopback\n"
+    "  connection to a sender process, blocking reads into the same kind of\n"
+    "  destination; tcp_vs_raw = raw TCP's time / tcp's fetch-to-ready time.\n";
 
 static const char HELP[] =
     "usage: ecx bench ctrl --params FILE [--requests N] [--window W] [options]\n"

@@ -25,7 +25,10 @@
  * its slot just before (as the save writes the producer's blocks), and a
  * destination of two slots like the consumer's, checked after each copy
  * (as each fetch's blocks are); the same clock. Figures are medians, and
- * each path's is printed as a ratio to the memcpy's. build/bench_data is the raw data-plane
+ * each path's is printed as a ratio to the memcpy's. With tcp, each
+ * iteration also times raw TCP (bench_util.h: one plain loopback
+ * connection into the same kind of destination), tcp's own baseline:
+ * tcp_vs_raw = raw TCP's time / tcp's fetch-to-ready time. build/bench_data is the raw data-plane
  * benchmark (no control plane, no cache), on the library's internals.
  */
 #include <errno.h>
@@ -63,6 +66,8 @@ typedef struct bench {
     uint64_t slot;
     unsigned mit;           /* memcpys so far: which slots */
     double *tm;             /* timed memcpys */
+    double *tr;             /* timed raw TCP transfers (tcp measured) */
+    bench_raw_tcp raw;
     uint64_t seq; /* makes every mm_hash new */
 } bench;
 
@@ -235,12 +240,18 @@ static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
     b->msrc = map_like_region(3 * b->slot);
     b->mdst = map_like_region(2 * b->slot);
     b->tm = malloc((size_t)b->iters * sizeof *b->tm);
+    b->raw = (bench_raw_tcp){.fd = -1, .pid = -1};
     if (!b->expect || !b->msrc || !b->mdst || !b->tm) {
         fprintf(stderr, "bench: out of memory (or no room for the memcpy baseline's buffers "
                         "under $ECX_SHM_DIR or /dev/shm)\n");
         goto done;
     }
     bench_fill(b->expect, 0, max, max);
+    if (want[2] && (!(b->tr = malloc((size_t)b->iters * sizeof *b->tr)) ||
+                    bench_raw_tcp_open(&b->raw, b->expect, max) != 0)) {
+        fprintf(stderr, "bench: raw TCP baseline: cannot set up: %s\n", strerror(errno));
+        goto done;
+    }
     /* shm first, then tcp, then ucx, as before. */
     static const int order[3] = {0, 2, 1};
     for (int k = 0; k < 3; k++) {
@@ -262,6 +273,11 @@ static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
                 if ((t = path_fetch(&paths[k], b, size)) < 0) goto done;
                 if (it >= b->warmup) paths[k].t[it - b->warmup] = t;
             }
+            if (b->tr) {
+                uint8_t *dst = b->mdst + (b->mit++ % 2) * b->slot;
+                if ((t = bench_raw_tcp_once(&b->raw, dst, b->expect, size)) < 0) goto done;
+                if (it >= b->warmup) b->tr[it - b->warmup] = t;
+            }
         }
         double g[4] = {0, 0, 0, 0}, lat[4] = {0, 0, 0, 0}; /* memcpy, shm, ucx, tcp */
         lat[0] = bench_median(b->tm, b->iters);
@@ -276,17 +292,20 @@ static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
                 "included) shm %.3f ms, tcp %.3f ms, ucx %.3f ms (UCX_TLS=%s, %d iterations)\n",
                 (unsigned long long)size, lat[0] * 1e3, lat[1] * 1e3, lat[3] * 1e3, lat[2] * 1e3,
                 getenv("UCX_TLS") ? getenv("UCX_TLS") : "UCX's choice", b->iters);
+        double rawt = b->tr ? bench_median(b->tr, b->iters) : 0;
         printf("size=%llu shm_gbps=%.3f ucx_gbps=%.3f memcpy_gbps=%.3f shm_ratio=%.3f "
-               "ucx_ratio=%.3f tcp_gbps=%.3f tcp_ratio=%.3f\n",
+               "ucx_ratio=%.3f tcp_gbps=%.3f tcp_ratio=%.3f rawtcp_gbps=%.3f tcp_vs_raw=%.3f\n",
                (unsigned long long)size, g[1], g[2], g[0], g[1] / g[0], g[2] / g[0], g[3],
-               g[3] / g[0]);
+               g[3] / g[0], rawt > 0 ? (double)size / rawt / 1e9 : 0.0,
+               rawt > 0 && lat[3] > 0 ? rawt / lat[3] : 0.0);
         fflush(stdout);
     }
     ret = 0;
 done:
     for (int k = 0; k < np; k++)
         path_close(&paths[k]);
-    free(b->expect), free(b->tm);
+    bench_raw_tcp_close(&b->raw);
+    free(b->expect), free(b->tm), free(b->tr);
     if (b->msrc) munmap(b->msrc, 3 * b->slot);
     if (b->mdst) munmap(b->mdst, 2 * b->slot);
     return ret;
