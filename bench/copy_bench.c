@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "checksum.h"
 #include "shm_copy.h"
 #if __has_include("fsum.h")
@@ -49,21 +50,7 @@
 
 static double now_s(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    return (double)bench_now_ns() * 1e-9;
 }
 
 /* A file of len bytes under dir, mapped (read-only unless rw); -1 fd on error. */
@@ -241,21 +228,21 @@ int main(int argc, char **argv)
                 if (it >= 0) t[v * iters + it] = t1 - t0;
             }
         }
-        double m = median(t, iters);
+        double m = bench_median(t, iters);
         printf("size=%llu memcpy_ms=%.3f copy_ratio=%.3f", (unsigned long long)size, m * 1e3,
-               median(t + iters, iters) / m);
+               bench_median(t + iters, iters) / m);
 #if HAVE_FSUM
         static const char *const names[] = {"avx512", "avx2", "c"};
         for (int v = 2; v <= 4; v++)
             if (ECXI_FSUM_AVX512 + 2 - v <= ecxi_fsum_best_isa())
-                printf(" copy_ratio_%s=%.3f", names[v - 2], median(t + v * iters, iters) / m);
-        printf(" hash_ratio=%.3f xxh3_ratio=%.3f", median(t + 5 * iters, iters) / m,
-               median(t + 6 * iters, iters) / m);
+                printf(" copy_ratio_%s=%.3f", names[v - 2], bench_median(t + v * iters, iters) / m);
+        printf(" hash_ratio=%.3f xxh3_ratio=%.3f", bench_median(t + 5 * iters, iters) / m,
+               bench_median(t + 6 * iters, iters) / m);
 #endif
         if (cold)
             printf(" cold_map_ratio=%.3f cold_pread_ratio=%.3f cold_ahead_ratio=%.3f",
-                   median(t + 7 * iters, iters) / m, median(t + 8 * iters, iters) / m,
-                   median(t + 9 * iters, iters) / m);
+                   bench_median(t + 7 * iters, iters) / m, bench_median(t + 8 * iters, iters) / m,
+                   bench_median(t + 9 * iters, iters) / m);
         printf("\n");
         fflush(stdout);
     }
