@@ -7,7 +7,8 @@
  *
  * Output: one line per size, the last line being the last size:
  *   size=<bytes> shm_gbps=<x> ucx_gbps=<x> memcpy_gbps=<x> shm_ratio=<x> ucx_ratio=<x>
- *   tcp_gbps=<x> tcp_ratio=<x>  (on the same line)
+ *   tcp_gbps=<x> tcp_ratio=<x> rawtcp_gbps=<x> tcp_vs_raw=<x>  (on the same line;
+ *   raw TCP: one plain loopback connection, tcp's baseline; data_bench.h)
  *
  *   bench_data [--size BYTES]... [--iters N] [--warmup N] [--block-bytes B]
  *              [--path shm|tcp|ucx|both|all]   (both: shm and ucx, as before;

@@ -34,7 +34,8 @@
  *              can) from that mapping, which earlier copies faulted in
  *   cold       the same from a fresh mapping, its mmap timed (a consumer's
  *              first read of those pages: page tables built on first touch)
- * and prints their ratios to memcpy on stderr.
+ * and prints their ratios to memcpy on stderr. When tcp is measured, the
+ * loop also times raw TCP (tools/bench_util.h): tcp_vs_raw on stdout.
  */
 #include "data_bench.h"
 
@@ -53,6 +54,7 @@
 #include <limits.h>
 #include <sys/mman.h>
 
+#include "bench_util.h"
 #include "data.h"
 #include "grant_stub.h"
 #include "region.h"
@@ -497,7 +499,8 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
     uint32_t lens[4];
     uint8_t *m = NULL, *ds = NULL, *um = NULL, *uds = NULL;
     uint64_t *idx = NULL;
-    double *tm = NULL;
+    double *tm = NULL, *tr = NULL; /* memcpy's times; raw TCP's */
+    bench_raw_tcp raw = {.fd = -1, .pid = -1};
     path paths[3];
     memset(paths, 0, sizeof paths);
     int np = 0;
@@ -538,6 +541,11 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
     }
     if (o->tcp && path_open(&paths[np++], ECX_DATA_TCP, &b, m, lens[0], ds, lens[1])) goto done;
     if (o->ucx && path_open(&paths[np++], ECX_DATA_UCX, &b, um, lens[2], uds, lens[3])) goto done;
+    if (o->tcp && (bench_raw_tcp_open(&raw, b.expect, region) != 0 ||
+                   !(tr = malloc((size_t)b.iters * sizeof *tr)))) {
+        fprintf(stderr, "bench: raw TCP baseline: cannot set up: %s\n", strerror(errno));
+        goto done;
+    }
     for (int s = 0; s < nsizes; s++) {
         uint64_t size = sizes[s];
         uint64_t want = ecxi_checksum(b.expect, size);
@@ -550,6 +558,11 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
             for (int k = 0; k < np; k++) {
                 if ((t = path_fetch(&paths[k], &b, size, idx)) < 0) goto done;
                 if (it >= b.warmup) paths[k].t[it - b.warmup] = t;
+            }
+            if (tr) {
+                if ((t = bench_raw_tcp_once(&raw, ecxi_region_base(b.cr), b.expect, size)) < 0)
+                    goto done;
+                if (it >= b.warmup) tr[it - b.warmup] = t;
             }
             for (int v = 0; b.var.map && v < 4; v++) {
                 if ((t = variant_once(&b, v, size, idx, want)) < 0) goto done;
@@ -589,10 +602,12 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
             fprintf(stderr, "bench: cold fetches failed\n");
             goto done;
         }
+        double rawt = tr ? median(tr, b.iters) : 0;
         printf("size=%llu shm_gbps=%.3f ucx_gbps=%.3f memcpy_gbps=%.3f shm_ratio=%.3f "
-               "ucx_ratio=%.3f tcp_gbps=%.3f tcp_ratio=%.3f\n",
+               "ucx_ratio=%.3f tcp_gbps=%.3f tcp_ratio=%.3f rawtcp_gbps=%.3f tcp_vs_raw=%.3f\n",
                (unsigned long long)size, g[1], g[2], g[0], g[1] / g[0], g[2] / g[0], g[3],
-               g[3] / g[0]);
+               g[3] / g[0], rawt > 0 ? (double)size / rawt / 1e9 : 0.0,
+               rawt > 0 && lat[3] > 0 ? rawt / lat[3] : 0.0);
         fflush(stdout);
     }
     ret = 0;
@@ -602,8 +617,9 @@ done:
     variants_close(&b);
     for (int v = 0; v < 4; v++)
         free(b.tv[v]);
-    free(tm);
+    free(tm), free(tr);
     free(idx);
+    bench_raw_tcp_close(&raw);
     close(to_parent[0]);
     close(stop[1]); /* tells the producer to stop */
     if (pid > 0) {

@@ -9,7 +9,10 @@
  * Output on stdout, one line per size, the last line being the last size:
  *   size=<bytes> shm_gbps=<x> ucx_gbps=<x> memcpy_gbps=<x> shm_ratio=<x> ucx_ratio=<x>
  *   tcp_gbps=<x> tcp_ratio=<x>            (one line; tcp last, added later)
- * A path that is not measured reports 0. With cold (--cold), each size's
+ *   rawtcp_gbps=<x> tcp_vs_raw=<x>        (the same line: tcp's baseline,
+ *                                          one plain loopback TCP connection)
+ * tcp_vs_raw is raw TCP's time / tcp's fetch time (1.0: tcp moves bytes as
+ * fast as the bare connection). A path that is not measured reports 0. With cold (--cold), each size's
  * line is preceded by
  *   size=<bytes> cold_ratio=<x> cold_other_ratio=<x> prefaulted_ratio=<x> warm_ratio=<x>
  * (fetch time / memcpy time: a fresh context's first fetch; other blocks

@@ -162,9 +162,14 @@ function(ecx_format_test name case)
   add_test(NAME ${name} COMMAND bash ${ECX_SHELL}/test_formats.sh ${case} ${ARGN})
 endfunction()
 # The data-plane benchmark as its own program.
-add_executable(bench_data bench/bench_data.c bench/data_bench.c)
-target_include_directories(bench_data PRIVATE bench)
+add_executable(bench_data bench/bench_data.c bench/data_bench.c tools/bench_util.c)
+target_include_directories(bench_data PRIVATE bench tools)
 target_link_libraries(bench_data PRIVATE ecx_internal)
+# The shm copy kernel (and each fsum kernel) against memcpy.
+add_executable(bench_copy bench/copy_bench.c tools/bench_util.c)
+target_include_directories(bench_copy PRIVATE tools)
+target_link_libraries(bench_copy PRIVATE ecx_internal)
+ecx_format_test(bench_copy_smoke bench_copy $<TARGET_FILE:bench_copy>)
 ecx_format_test(bench_data_smoke bench_data $<TARGET_FILE:bench_data>)
 # Regions go under $ECX_SHM_DIR, as the library's do: a directory that is not there is named.
 add_test(NAME bench_data_shm_dir COMMAND bench_data --size 300000 --iters 1 --warmup 0 --path shm)

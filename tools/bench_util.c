@@ -2,9 +2,15 @@
 /* bench_util — helpers the bench subcommands share; see bench_util.h. */
 #include "bench_util.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #define PATTERN_MUL 0x9e3779b97f4a7c15ull
 
@@ -77,4 +83,72 @@ double bench_time_memcpy(uint8_t *dst, const uint8_t *src, uint64_t size)
     memcpy(dst, src, size);
     __asm__ __volatile__("" ::"r"(dst) : "memory");
     return (double)(bench_now_ns() - t0) / 1e9;
+}
+
+static int io_all(int fd, void *b, size_t n, bool wr)
+{
+    uint8_t *p = b;
+    while (n) {
+        ssize_t k = wr ? write(fd, p, n) : read(fd, p, n);
+        if (k <= 0) return -1;
+        p += k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int raw_sender(int lfd, const uint8_t *content, uint64_t max)
+{
+    int c = accept(lfd, NULL, NULL);
+    close(lfd);
+    if (c < 0) return 1;
+    uint64_t size;
+    while (io_all(c, &size, sizeof size, false) == 0 && size && size <= max)
+        if (io_all(c, (void *)content, size, true)) break;
+    close(c);
+    return 0;
+}
+
+int bench_raw_tcp_open(bench_raw_tcp *r, const uint8_t *content, uint64_t max)
+{
+    r->fd = r->pid = -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof a) || listen(lfd, 1) ||
+        getsockname(lfd, (struct sockaddr *)&a, &al)) {
+        if (lfd >= 0) close(lfd);
+        return -1;
+    }
+    fflush(stdout), fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) _exit(raw_sender(lfd, content, max));
+    close(lfd);
+    r->pid = pid;
+    if (pid < 0 || (r->fd = socket(AF_INET, SOCK_STREAM, 0)) < 0 ||
+        connect(r->fd, (struct sockaddr *)&a, sizeof a)) {
+        bench_raw_tcp_close(r);
+        return -1;
+    }
+    setsockopt(r->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return 0;
+}
+
+double bench_raw_tcp_once(bench_raw_tcp *r, uint8_t *dst, const uint8_t *expect, uint64_t size)
+{
+    memset(dst, 0x5a, size);
+    uint64_t t0 = bench_now_ns();
+    if (io_all(r->fd, &size, sizeof size, true) || io_all(r->fd, dst, size, false)) return -1;
+    double t = (double)(bench_now_ns() - t0) / 1e9;
+    if (memcmp(dst, expect, size) != 0) {
+        fprintf(stderr, "bench: raw TCP delivered wrong bytes\n");
+        return -1;
+    }
+    return t;
+}
+
+void bench_raw_tcp_close(bench_raw_tcp *r)
+{
+    if (r->fd >= 0) close(r->fd); /* the sender reads EOF and exits */
+    if (r->pid > 0) waitpid(r->pid, NULL, 0);
+    r->fd = r->pid = -1;
 }

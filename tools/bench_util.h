@@ -29,4 +29,23 @@ bool bench_check(const uint8_t *p, uint64_t off, uint64_t len, uint64_t total);
  * seconds. The caller verifies dst. */
 double bench_time_memcpy(uint8_t *dst, const uint8_t *src, uint64_t size);
 
+/* Raw TCP, the tcp path's baseline: one loopback connection to a sender
+ * process of its own (forked: it holds a copy of content, max bytes). Each
+ * transfer writes a size (8 bytes); the sender answers with content's
+ * first size bytes in one send loop; they are read with plain blocking
+ * recv()s straight into dst (no header, no checksum, no slices): the most
+ * one TCP connection moves. */
+typedef struct bench_raw_tcp {
+    int fd;
+    int pid;
+} bench_raw_tcp;
+
+/* 0, or -1 (errno set). */
+int bench_raw_tcp_open(bench_raw_tcp *r, const uint8_t *content, uint64_t max);
+/* One timed transfer of size bytes into dst, then checked against expect;
+ * seconds, or < 0. */
+double bench_raw_tcp_once(bench_raw_tcp *r, uint8_t *dst, const uint8_t *expect, uint64_t size);
+/* Ends the sender (idempotent; r zeroed by open or memset first). */
+void bench_raw_tcp_close(bench_raw_tcp *r);
+
 #endif

@@ -77,8 +77,11 @@ static const char DATA_HELP[] =
     "the consumer's fetch of it until it is ready, so the\n"
     "figure is fetch-to-ready including one control round trip (XferReq/XferAck)\n"
     "and the checksum check; every byte is then verified. A plain memcpy of the\n"
-    "same size is timed in the same run, interleaved. (build/bench_data measures\n"
-    "the raw data plane alone.)\n"
+    "same size is timed in the same run, interleaved, the way a fetch is: between\n"
+    "mappings of files where the regions live ($ECX_SHM_DIR, else /dev/shm), its\n"
+    "source written just before as a save writes the item, its destination\n"
+    "checked after. Each path's figure is also printed as a ratio to it\n"
+    "(<path>_ratio). (build/bench_data measures the raw data plane alone.)\n"
     "  --size SIZE            bytes per fetch (repeatable, up to 8; default 4.7M and 28.8M)\n"
     "  --count N              timed fetches per size and path (default 30)\n"
     "  --warmup N             untimed fetches first (default 3)\n"
@@ -86,8 +89,11 @@ static const char DATA_HELP[] =
     "  --block-bytes SIZE     block size of the regions (default 1Mi)\n"
     "  Output: one line per size, the last being the last size:\n"
     "    size=<bytes> shm_gbps=<x> ucx_gbps=<x> memcpy_gbps=<x> shm_ratio=<x> ucx_ratio=<x>\n"
-    "      tcp_gbps=<x> tcp_ratio=<x>   (on the same line)\n"
-    "  (a path not measured reads 0; UCX_TLS=tcp measures UCX over TCP).\n";
+    "      tcp_gbps=<x> tcp_ratio=<x> rawtcp_gbps=<x> tcp_vs_raw=<x>   (on the same line)\n"
+    "  (a path not measured reads 0; UCX_TLS=tcp measures UCX over TCP). With tcp,\n"
+    "  each iteration also times raw TCP, tcp's own baseline: one plain loopback\n"
+    "  connection to a sender process, blocking reads into the same kind of\n"
+    "  destination; tcp_vs_raw = raw TCP's time / tcp's fetch-to-ready time.\n";
 
 static const char HELP[] =
     "usage: ecx bench ctrl --params FILE [--requests N] [--window W] [options]\n"

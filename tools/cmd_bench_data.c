@@ -17,17 +17,28 @@
  *   3. the bytes are loaded, compared with what was saved, and released
  *      (untimed; a mismatch fails the run).
  *
- * Each iteration first times a plain memcpy of the same size (its
- * destination overwritten first), then each path in turn, so all see the
- * same machine. Figures are medians. build/bench_data is the raw data-plane
+ * Each iteration first times a plain memcpy of the same size, then each
+ * path in turn, so all see the same machine. The memcpy is timed the way
+ * the paths are, on buffers like theirs: mappings of files where the
+ * regions live ($ECX_SHM_DIR, else /dev/shm: the same page size), a source
+ * of three item slots like the producer's region, the item written into
+ * its slot just before (as the save writes the producer's blocks), and a
+ * destination of two slots like the consumer's, checked after each copy
+ * (as each fetch's blocks are); the same clock. Figures are medians, and
+ * each path's is printed as a ratio to the memcpy's. With tcp, each
+ * iteration also times raw TCP (bench_util.h: one plain loopback
+ * connection into the same kind of destination), tcp's own baseline:
+ * tcp_vs_raw = raw TCP's time / tcp's fetch-to-ready time. build/bench_data is the raw data-plane
  * benchmark (no control plane, no cache), on the library's internals.
  */
 #include <errno.h>
 #include <stdbool.h>
+#include <sys/mman.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench_util.h"
 #include "cli.h"
@@ -50,8 +61,13 @@ typedef struct bench {
     uint64_t bs;
     int iters, warmup;
     const ecx_config *base; /* compatibility factors, block size */
-    uint8_t *expect, *dst;  /* the content; the memcpy baseline's destination */
+    uint8_t *expect;        /* the content */
+    uint8_t *msrc, *mdst;   /* the memcpy baseline's: 3 and 2 slots of `slot` bytes */
+    uint64_t slot;
+    unsigned mit;           /* memcpys so far: which slots */
     double *tm;             /* timed memcpys */
+    double *tr;             /* timed raw TCP transfers (tcp measured) */
+    bench_raw_tcp raw;
     uint64_t seq; /* makes every mm_hash new */
 } bench;
 
@@ -171,12 +187,39 @@ static double path_fetch(path *ph, bench *b, uint64_t size)
     return t1 - t0;
 }
 
-/* One timed memcpy of `size` bytes; seconds, or < 0 if it delivered wrong
- * bytes. */
-static double memcpy_once(bench *b, uint64_t size, const uint8_t *src)
+/* A shared mapping of a fresh, unlinked file of len bytes where the
+ * regions live, every page written once (as a region is); NULL on error. */
+static uint8_t *map_like_region(uint64_t len)
 {
-    double t = bench_time_memcpy(b->dst, src, size);
-    if (memcmp(b->dst, b->expect, size) != 0) {
+    const char *dir = getenv("ECX_SHM_DIR") && *getenv("ECX_SHM_DIR") ? getenv("ECX_SHM_DIR")
+                                                                      : "/dev/shm";
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/ecx-bench-memcpy-XXXXXX", dir) >= (int)sizeof path)
+        return NULL;
+    int fd = mkstemp(path);
+    if (fd < 0) return NULL;
+    unlink(path);
+    void *p = ftruncate(fd, (off_t)len) == 0
+                  ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                  : MAP_FAILED;
+    close(fd);
+    if (p == MAP_FAILED) return NULL;
+    memset(p, 0, len);
+    return p;
+}
+
+/* One timed memcpy of `size` bytes, set up as a fetch is (see the top);
+ * seconds, or < 0 if it delivered wrong bytes. */
+static double memcpy_once(bench *b, uint64_t size)
+{
+    uint8_t *src = b->msrc + (b->mit % 3) * b->slot, *dst = b->mdst + (b->mit % 2) * b->slot;
+    b->mit++;
+    memcpy(src, b->expect, size); /* as the save writes the item */
+    double t0 = mono_s();
+    memcpy(dst, src, size);
+    __asm__ __volatile__("" ::"r"(dst) : "memory");
+    double t = mono_s() - t0;
+    if (memcmp(dst, b->expect, size) != 0) {
         fprintf(stderr, "bench: memcpy baseline delivered wrong bytes\n");
         return -1;
     }
@@ -192,17 +235,23 @@ static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
     path paths[3];
     memset(paths, 0, sizeof paths);
     int np = 0, ret = -1;
-    uint8_t *src = NULL;
+    b->slot = (max + 4095) / 4096 * 4096;
     b->expect = malloc(max);
-    b->dst = malloc(max);
-    src = malloc(max);
+    b->msrc = map_like_region(3 * b->slot);
+    b->mdst = map_like_region(2 * b->slot);
     b->tm = malloc((size_t)b->iters * sizeof *b->tm);
-    if (!b->expect || !b->dst || !src || !b->tm) {
-        fprintf(stderr, "bench: out of memory\n");
+    b->raw = (bench_raw_tcp){.fd = -1, .pid = -1};
+    if (!b->expect || !b->msrc || !b->mdst || !b->tm) {
+        fprintf(stderr, "bench: out of memory (or no room for the memcpy baseline's buffers "
+                        "under $ECX_SHM_DIR or /dev/shm)\n");
         goto done;
     }
     bench_fill(b->expect, 0, max, max);
-    memcpy(src, b->expect, max);
+    if (want[2] && (!(b->tr = malloc((size_t)b->iters * sizeof *b->tr)) ||
+                    bench_raw_tcp_open(&b->raw, b->expect, max) != 0)) {
+        fprintf(stderr, "bench: raw TCP baseline: cannot set up: %s\n", strerror(errno));
+        goto done;
+    }
     /* shm first, then tcp, then ucx, as before. */
     static const int order[3] = {0, 2, 1};
     for (int k = 0; k < 3; k++) {
@@ -217,12 +266,17 @@ static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
     for (int s = 0; s < nsizes; s++) {
         uint64_t size = sizes[s];
         for (int it = 0; it < b->warmup + b->iters; it++) {
-            double t = memcpy_once(b, size, src);
+            double t = memcpy_once(b, size);
             if (t < 0) goto done;
             if (it >= b->warmup) b->tm[it - b->warmup] = t;
             for (int k = 0; k < np; k++) {
                 if ((t = path_fetch(&paths[k], b, size)) < 0) goto done;
                 if (it >= b->warmup) paths[k].t[it - b->warmup] = t;
+            }
+            if (b->tr) {
+                uint8_t *dst = b->mdst + (b->mit++ % 2) * b->slot;
+                if ((t = bench_raw_tcp_once(&b->raw, dst, b->expect, size)) < 0) goto done;
+                if (it >= b->warmup) b->tr[it - b->warmup] = t;
             }
         }
         double g[4] = {0, 0, 0, 0}, lat[4] = {0, 0, 0, 0}; /* memcpy, shm, ucx, tcp */
@@ -238,17 +292,22 @@ static int run(bench *b, const uint64_t *sizes, int nsizes, const bool want[3])
                 "included) shm %.3f ms, tcp %.3f ms, ucx %.3f ms (UCX_TLS=%s, %d iterations)\n",
                 (unsigned long long)size, lat[0] * 1e3, lat[1] * 1e3, lat[3] * 1e3, lat[2] * 1e3,
                 getenv("UCX_TLS") ? getenv("UCX_TLS") : "UCX's choice", b->iters);
+        double rawt = b->tr ? bench_median(b->tr, b->iters) : 0;
         printf("size=%llu shm_gbps=%.3f ucx_gbps=%.3f memcpy_gbps=%.3f shm_ratio=%.3f "
-               "ucx_ratio=%.3f tcp_gbps=%.3f tcp_ratio=%.3f\n",
+               "ucx_ratio=%.3f tcp_gbps=%.3f tcp_ratio=%.3f rawtcp_gbps=%.3f tcp_vs_raw=%.3f\n",
                (unsigned long long)size, g[1], g[2], g[0], g[1] / g[0], g[2] / g[0], g[3],
-               g[3] / g[0]);
+               g[3] / g[0], rawt > 0 ? (double)size / rawt / 1e9 : 0.0,
+               rawt > 0 && lat[3] > 0 ? rawt / lat[3] : 0.0);
         fflush(stdout);
     }
     ret = 0;
 done:
     for (int k = 0; k < np; k++)
         path_close(&paths[k]);
-    free(b->expect), free(b->dst), free(src), free(b->tm);
+    bench_raw_tcp_close(&b->raw);
+    free(b->expect), free(b->tm), free(b->tr);
+    if (b->msrc) munmap(b->msrc, 3 * b->slot);
+    if (b->mdst) munmap(b->mdst, 2 * b->slot);
     return ret;
 }
 

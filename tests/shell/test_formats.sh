@@ -27,6 +27,10 @@ bench_data) # bench_data BENCH_DATA: the summary line, every path built in measu
   has_line "bench_data's summary" "$T/cmd.stdout" size=300000 shm_gbps=NUM ucx_gbps=NUM \
     memcpy_gbps=NUM shm_ratio=NUM ucx_ratio=NUM tcp_gbps=NUM tcp_ratio=NUM ;;
 
+bench_copy) # bench_copy BENCH_COPY: the copy kernels against memcpy, one line per size
+  expect 0 "" "bench_copy tiny" -- "$1" --size 300000 --size 1000 --iters 3
+  has_line "bench_copy's 1000-byte line" "$T/cmd.stdout" size=1000 memcpy_ms=NUM copy_ratio=NUM ;;
+
 call_overhead) # call_overhead CALL_OVERHEAD: the C baseline's one line
   expect 0 "" "call_overhead tiny" -- "$1" --calls 2000 --items 10 --size 3000000 --xfer-iters 2
   has_line "call_overhead's line" "$T/cmd.stdout" c fetch_pending_ns=NUM poll0_ns=NUM \

@@ -5,7 +5,10 @@
  * under the copy is a failed copy, never a signal, on both ways; the
  * SIGBUS guard hands faults that are not its own to whoever was there
  * before (the default action still kills, a prior handler still runs); a
- * handler installed after ours makes copies take pread.
+ * handler installed after ours makes copies take pread. Every kernel the
+ * CPU has (AVX-512, AVX2, portable C) is pinned in turn: fsum on its own
+ * (copy and hash-only, any alignment of either side, any split into calls,
+ * lengths around the non-temporal threshold) and the shm copies.
  * Plain C, not cmocka: cmocka installs its own SIGBUS handler around each
  * test, which is exactly what this must control. */
 #include <fcntl.h>
@@ -21,6 +24,7 @@
 
 #include "checksum.h"
 #include "ecx.h"
+#include "fsum.h"
 #include "shm_copy.h"
 
 #define MAXLEN (3u << 20)
@@ -101,7 +105,7 @@ static void sums_match_xxh3(void)
 {
     CHECK(ecxi_shm_copy_init() == 0);
     /* The guarded way, where the CPU allows it; pread is checked too. */
-    REQUIRE(ecxi_shm_copy_guarded() || !__builtin_cpu_supports("avx2"));
+    REQUIRE(ecxi_shm_copy_guarded());
     ecxi_shm_src s = make_src(MAXLEN);
     uint8_t *dst = malloc(MAXLEN), *flat = malloc(MAXLEN);
     uint64_t *remote = malloc(MAXLEN * sizeof *remote), *local = malloc(MAXLEN * sizeof *local);
@@ -178,6 +182,76 @@ static void sums_match_xxh3(void)
     drop_src(&s);
 }
 
+static uint64_t rnd(void)
+{
+    return (uint64_t)rand() << 31 ^ (uint64_t)rand();
+}
+
+/* fsum alone: copy or hash a stream of len bytes from src+so to dst+dof in
+ * calls of random length; the bytes and XXH3-64 of libxxhash. */
+static void fsum_one(const uint8_t *src, uint8_t *dst, uint64_t len, bool copy, int isa)
+{
+    ecxi_fsum f;
+    ecxi_fsum_init(&f, len);
+    uint64_t done = 0, calls = 0;
+    uint64_t cut = rnd() % 4 == 0 ? 1 + rnd() % 200 : 1 + rnd() % (len + 1);
+    while (done < len && calls < 100000) {
+        uint64_t k = len - done < cut ? len - done : cut;
+        if (copy) ecxi_fsum_copy(&f, dst + done, src + done, k);
+        else ecxi_fsum_update(&f, src + done, k);
+        done += k, calls++;
+        if (rnd() % 3 == 0) cut = 1 + rnd() % (len + 1);
+    }
+    REQUIRE(done == len);
+    uint64_t want = ecxi_checksum(src, len), got = ecxi_fsum_digest(&f);
+    if (got != want || (copy && memcmp(dst, src, len) != 0)) {
+        fprintf(stderr, "FAIL fsum isa %d %s len %llu src %% 64 = %u dst %% 64 = %u\n", isa,
+                copy ? "copy" : "hash", (unsigned long long)len, (unsigned)((uintptr_t)src % 64),
+                (unsigned)((uintptr_t)dst % 64));
+        failures++;
+    }
+}
+
+static void fsum_matches_xxh3(void)
+{
+    const uint64_t big = ECXI_FSUM_NT_MIN + 4096;
+    uint8_t *src = malloc(big + 128), *dst = malloc(big + 128);
+    REQUIRE(src && dst);
+    uint64_t x = 0x243f6a8885a308d3ull;
+    for (uint64_t i = 0; i < big + 128; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        src[i] = (uint8_t)x;
+    }
+    static const uint64_t edge[] = {0, 1, 16, 17, 128, 129, 239, 240, 241, 255, 256, 1023, 1024,
+                                    1025, 1087, 1088, 1089, 16383, 16384, 16385, 65536 + 1000};
+    const int nedge = (int)(sizeof edge / sizeof edge[0]);
+    int ran = 0;
+    srand(11);
+    for (int isa = ECXI_FSUM_C; isa <= ECXI_FSUM_AVX512; isa++) {
+        if (ecxi_fsum_set_isa(isa) != 0) continue;
+        ran++;
+        for (int t = 0; t < 600; t++) {
+            uint64_t len = t < 2 * nedge ? edge[t % nedge] : 1 + rnd() % (3u << 20);
+            size_t so = t % 5 == 0 ? 0 : (size_t)(rnd() % 64), dof = (size_t)(rnd() % 64);
+            if (t % 7 == 0) dof = 0; /* aligned: the streaming stores, when large */
+            fsum_one(src + so, dst + dof, len, t % 2 == 0 || t < nedge, isa);
+        }
+        /* Around the non-temporal threshold, aligned and not. */
+        static const uint64_t nt[] = {ECXI_FSUM_NT_MIN - 1, ECXI_FSUM_NT_MIN,
+                                      ECXI_FSUM_NT_MIN + 65};
+        for (int i = 0; i < 3; i++)
+            for (size_t dof = 0; dof < 128; dof += 64 + 3) {
+                fsum_one(src, dst + dof, nt[i], true, isa);
+                fsum_one(src + 5, dst + dof, nt[i], true, isa);
+            }
+        fsum_one(src + 3, dst, ECXI_FSUM_NT_MIN, false, isa);
+    }
+    CHECK(ran >= 1);
+    CHECK(ecxi_fsum_set_isa(ECXI_FSUM_AVX512 + 1) == -1);
+    CHECK(ecxi_fsum_set_isa(ecxi_fsum_best_isa()) == 0);
+    free(src), free(dst);
+}
+
 /* Truncate the source under a mapping: the copy fails, no signal. */
 static void truncated_source_fails(void)
 {
@@ -188,7 +262,7 @@ static void truncated_source_fails(void)
     uint64_t idx[64], sum;
     for (int i = 0; i < 64; i++)
         idx[i] = (uint64_t)i;
-    REQUIRE(ecxi_shm_copy_guarded() || !__builtin_cpu_supports("avx2"));
+    REQUIRE(ecxi_shm_copy_guarded());
     CHECK(ecxi_shm_copy(&s, dst, bs, idx, idx, 64, len, ECX_SHM_COPY_AUTO, &sum) == 0);
     CHECK(truncate(path, 10 * bs) == 0);
     for (int mode = ECX_SHM_COPY_AUTO; mode <= ECX_SHM_COPY_PREAD; mode++)
@@ -281,8 +355,13 @@ static void replaced_handler_uses_pread(void)
 int main(void)
 {
     foreign_faults_chain(); /* first: its children install the guard themselves */
-    sums_match_xxh3();
-    truncated_source_fails();
+    fsum_matches_xxh3();
+    for (int isa = ECXI_FSUM_C; isa <= ECXI_FSUM_AVX512; isa++) {
+        if (ecxi_fsum_set_isa(isa) != 0) continue;
+        sums_match_xxh3();
+        truncated_source_fails();
+    }
+    ecxi_fsum_set_isa(ecxi_fsum_best_isa());
     replaced_handler_uses_pread();
     printf("test_shm_copy: %s\n", failures ? "FAILED" : "all passed");
     return failures != 0;

@@ -12,25 +12,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "checksum.h"
 #include "ecx.h"
 #include "util.h"
 
-/* The fused kernel reproduces XXH3-64's long-input loop with the library's
- * own constants and merge (all static under XXH_INLINE_ALL, so nothing
- * clashes with the linked libxxhash that checksum.c uses). */
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define SHM_HAVE_AVX2_KERNEL 1
-#else
-#define SHM_HAVE_AVX2_KERNEL 0
-#endif
+#include "fsum.h"
 
 #define PREAD_CHUNK (512u << 10) /* hashed while still in L2 */
-#define NT_MIN (16u << 20)        /* items this large bypass the cache on store, as memcpy does */
 
 /* ---- the SIGBUS guard --------------------------------------------------- */
 
@@ -95,23 +82,14 @@ static bool guard_in_place(void)
     return (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus;
 }
 
-static bool cpu_ok(void)
-{
-#if SHM_HAVE_AVX2_KERNEL
-    return __builtin_cpu_supports("avx2");
-#else
-    return false;
-#endif
-}
-
 bool ecxi_shm_copy_guarded(void)
 {
-    return cpu_ok() && guard_in_place();
+    return guard_in_place();
 }
 
 /* ---- pread: a chunk at a time, hashed while in cache ------------------- */
 
-static int pread_run(int fd, uint8_t *dst, uint64_t off, uint64_t len, ecxi_sum *s)
+static int pread_run(int fd, uint8_t *dst, uint64_t off, uint64_t len, ecxi_fsum *f)
 {
     while (len) {
         size_t want = len < PREAD_CHUNK ? (size_t)len : PREAD_CHUNK;
@@ -122,7 +100,7 @@ static int pread_run(int fd, uint8_t *dst, uint64_t off, uint64_t len, ecxi_sum 
                                 k < 0 ? strerror(errno) : "ended early (file truncated?)");
             return ECX_ESYS;
         }
-        ecxi_sum_update(s, dst, (size_t)k);
+        ecxi_fsum_update(f, dst, (uint64_t)k);
         dst += k, off += (uint64_t)k, len -= (uint64_t)k;
     }
     return 0;
@@ -130,131 +108,10 @@ static int pread_run(int fd, uint8_t *dst, uint64_t off, uint64_t len, ecxi_sum 
 
 /* ---- guarded: copy and hash in one pass -------------------------------- */
 
-#if SHM_HAVE_AVX2_KERNEL
-/* XXH3-64 long-input state over a stream whose length is known up front:
- * stripes 0..K-1 (K = (total-1)/64) are accumulated as they pass, with a
- * scramble after every 16th; the last 64 bytes of the stream are
- * accumulated at the end with the "last stripe" secret, then merged. A
- * stripe that straddles two runs is assembled in buf. */
-typedef struct fsum {
-    uint64_t acc[8] __attribute__((aligned(32)));
-    uint64_t total, done, k, K;
-    uint8_t buf[64], last[64];
-    size_t buffered;
-    bool nt;
-} fsum;
-
-static void fsum_init(fsum *f, uint64_t total)
-{
-    static const uint64_t init[8] = {XXH_PRIME32_3, XXH_PRIME64_1, XXH_PRIME64_2, XXH_PRIME64_3,
-                                     XXH_PRIME64_4, XXH_PRIME32_2, XXH_PRIME64_5, XXH_PRIME32_1};
-    memcpy(f->acc, init, sizeof init);
-    f->total = total;
-    f->done = f->k = 0;
-    f->K = (total - 1) / 64;
-    f->buffered = 0;
-    f->nt = total >= NT_MIN;
-}
-
-__attribute__((target("avx2"))) static inline void stripe(__m256i acc[2], __m256i d0, __m256i d1,
-                                                          const uint8_t *secret)
-{
-    __m256i k0 = _mm256_xor_si256(d0, _mm256_loadu_si256((const __m256i *)secret));
-    __m256i k1 = _mm256_xor_si256(d1, _mm256_loadu_si256((const __m256i *)(secret + 32)));
-    __m256i p0 = _mm256_mul_epu32(k0, _mm256_shuffle_epi32(k0, _MM_SHUFFLE(0, 3, 0, 1)));
-    __m256i p1 = _mm256_mul_epu32(k1, _mm256_shuffle_epi32(k1, _MM_SHUFFLE(0, 3, 0, 1)));
-    acc[0] = _mm256_add_epi64(
-        p0, _mm256_add_epi64(acc[0], _mm256_shuffle_epi32(d0, _MM_SHUFFLE(1, 0, 3, 2))));
-    acc[1] = _mm256_add_epi64(
-        p1, _mm256_add_epi64(acc[1], _mm256_shuffle_epi32(d1, _MM_SHUFFLE(1, 0, 3, 2))));
-}
-
-__attribute__((target("avx2"))) static inline void scramble(__m256i acc[2])
-{
-    const __m256i prime = _mm256_set1_epi32((int)XXH_PRIME32_1);
-    const uint8_t *s = XXH3_kSecret + XXH_SECRET_DEFAULT_SIZE - 64;
-    for (int i = 0; i < 2; i++) {
-        __m256i a = acc[i];
-        a = _mm256_xor_si256(a, _mm256_srli_epi64(a, 47));
-        a = _mm256_xor_si256(a, _mm256_loadu_si256((const __m256i *)(s + 32 * i)));
-        __m256i hi = _mm256_shuffle_epi32(a, _MM_SHUFFLE(0, 3, 0, 1));
-        acc[i] = _mm256_add_epi64(_mm256_mul_epu32(a, prime),
-                                  _mm256_slli_epi64(_mm256_mul_epu32(hi, prime), 32));
-    }
-}
-
-/* The next len bytes of the stream, src -> dst. */
-__attribute__((target("avx2"))) static void fsum_copy(fsum *f, uint8_t *dst, const uint8_t *src,
-                                                      uint64_t len)
-{
-    const uint64_t last_from = f->total - 64;
-    uint8_t *const dst0 = dst;
-    const uint64_t done0 = f->done;
-    __m256i acc[2] = {_mm256_load_si256((const __m256i *)f->acc),
-                      _mm256_load_si256((const __m256i *)(f->acc + 4))};
-    uint64_t left = len;
-    while (left) {
-        if (f->k == f->K) { /* past the last full stripe: copy only */
-            memcpy(dst, src, left);
-            break;
-        }
-        if (f->buffered || left < 64) { /* a stripe split between runs */
-            size_t m = 64 - f->buffered < left ? 64 - f->buffered : (size_t)left;
-            memcpy(dst, src, m);
-            memcpy(f->buf + f->buffered, dst, m);
-            f->buffered += m, dst += m, src += m, left -= m;
-            if (f->buffered == 64) {
-                stripe(acc, _mm256_loadu_si256((const __m256i *)f->buf),
-                       _mm256_loadu_si256((const __m256i *)(f->buf + 32)),
-                       XXH3_kSecret + (f->k % 16) * 8);
-                f->buffered = 0;
-                if (++f->k % 16 == 0) scramble(acc);
-            }
-            continue;
-        }
-        uint64_t s = left / 64;
-        if (s > f->K - f->k) s = f->K - f->k;
-        bool nt = f->nt && ((uintptr_t)dst & 31) == 0;
-        for (uint64_t i = 0; i < s; i++) {
-            __m256i d0 = _mm256_loadu_si256((const __m256i *)src);
-            __m256i d1 = _mm256_loadu_si256((const __m256i *)(src + 32));
-            if (nt) {
-                _mm256_stream_si256((__m256i *)dst, d0);
-                _mm256_stream_si256((__m256i *)(dst + 32), d1);
-            } else {
-                _mm256_storeu_si256((__m256i *)dst, d0);
-                _mm256_storeu_si256((__m256i *)(dst + 32), d1);
-            }
-            stripe(acc, d0, d1, XXH3_kSecret + (f->k % 16) * 8);
-            if (++f->k % 16 == 0) scramble(acc);
-            src += 64, dst += 64;
-        }
-        left -= s * 64;
-    }
-    _mm256_store_si256((__m256i *)f->acc, acc[0]);
-    _mm256_store_si256((__m256i *)(f->acc + 4), acc[1]);
-    if (f->nt) _mm_sfence(); /* the streamed bytes are visible before we read any back */
-    /* Keep the stream's last 64 bytes as written. */
-    if (done0 + len > last_from) {
-        uint64_t from = done0 > last_from ? done0 : last_from;
-        memcpy(f->last + (from - last_from), dst0 + (from - done0), done0 + len - from);
-    }
-    f->done = done0 + len;
-}
-
-static uint64_t fsum_digest(fsum *f)
-{
-    XXH3_accumulate_512_scalar(f->acc, f->last,
-                               XXH3_kSecret + XXH_SECRET_DEFAULT_SIZE - 64 -
-                                   XXH_SECRET_LASTACC_START);
-    return XXH3_mergeAccs(f->acc, XXH3_kSecret + XXH_SECRET_MERGEACCS_START,
-                          f->total * XXH_PRIME64_1);
-}
-
 /* The guarded part: a fault on the source jumps back here (nothing in
  * between needs cleaning up: the job is failed). */
 static int copy_guarded(const ecxi_shm_src *src, uint8_t *dst, const uint8_t *from, uint64_t len,
-                        fsum *f)
+                        ecxi_fsum *f)
 {
     g_guard.lo = src->map;
     g_guard.hi = src->map + src->map_len;
@@ -264,12 +121,11 @@ static int copy_guarded(const ecxi_shm_src *src, uint8_t *dst, const uint8_t *fr
         return ECX_ESYS;
     }
     g_guard.armed = 1;
-    fsum_copy(f, dst, from, len);
+    ecxi_fsum_copy(f, dst, from, len);
     g_guard.armed = 0;
     atomic_fetch_sub(&g_armed, 1);
     return 0;
 }
-#endif
 
 /* ---- the job: one item, copied a slice at a time ----------------------- */
 
@@ -278,10 +134,7 @@ typedef struct jrun {
 } jrun;
 
 struct ecxi_shm_job {
-#if SHM_HAVE_AVX2_KERNEL
-    fsum f; /* guarded: the running XXH3 state of the one-pass kernel */
-#endif
-    ecxi_sum s; /* pread: the streaming XXH3 state */
+    ecxi_fsum f; /* the running XXH3 state, either way */
     uint64_t nbytes, done;
     size_t nruns, run_i;
     uint64_t run_off; /* into runs[run_i] */
@@ -322,22 +175,19 @@ static void job_reset(ecxi_shm_job *j, bool fast)
     j->done = 0;
     j->run_i = 0;
     j->run_off = 0;
-#if SHM_HAVE_AVX2_KERNEL
-    if (fast) fsum_init(&j->f, j->nbytes);
-#endif
-    if (!fast) ecxi_sum_reset(&j->s);
+    ecxi_fsum_init(&j->f, j->nbytes);
 }
 
-static bool want_fast(const ecxi_shm_src *src, uint64_t nbytes, int mode)
+static bool want_fast(const ecxi_shm_src *src, int mode)
 {
-    bool fast = (mode & ECX_SHM_COPY_PREAD) == 0 && src->map && nbytes > 240;
+    bool fast = (mode & ECX_SHM_COPY_PREAD) == 0 && src->map;
     if (fast && !ecxi_shm_copy_guarded()) {
         fast = false;
-        ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data shm: copying with pread (%s)",
-                            cpu_ok() ? "another SIGBUS handler replaced ecx's guard"
-                                     : "no AVX2 on this CPU");
+        ECX_LOG_RATELIMITED(ECX_LOG_INFO,
+                            "data shm: copying with pread (another SIGBUS handler replaced "
+                            "ecx's guard)");
     }
-    return SHM_HAVE_AVX2_KERNEL && fast;
+    return fast;
 }
 
 int ecxi_shm_job_new(const ecxi_shm_src *src, uint64_t block_bytes, const uint64_t *remote,
@@ -354,7 +204,6 @@ int ecxi_shm_job_new(const ecxi_shm_src *src, uint64_t block_bytes, const uint64
     }
     size_t sz = sizeof(ecxi_shm_job) + k * sizeof(jrun);
     sz = (sz + 63) & ~(size_t)63;
-    /* 64-byte aligned: the XXH3 states use aligned vector loads. */
     ecxi_shm_job *j = aligned_alloc(64, sz);
     if (!j) return ECX_ENOMEM;
     memset(j, 0, sizeof *j);
@@ -372,7 +221,7 @@ int ecxi_shm_job_new(const ecxi_shm_src *src, uint64_t block_bytes, const uint64
     j->nruns = k;
     j->nbytes = nbytes;
     j->mode = mode;
-    job_reset(j, want_fast(src, nbytes, mode));
+    job_reset(j, want_fast(src, mode));
     *out = j;
     return 0;
 }
@@ -398,8 +247,7 @@ int ecxi_shm_job_step(ecxi_shm_job *j, const ecxi_shm_src *src, uint8_t *dst_bas
             if (j->fast) ecxi_shm_populate(src->map + so, len, false);
             ecxi_shm_populate(dst, len, true);
         }
-        int rc = 0;
-#if SHM_HAVE_AVX2_KERNEL
+        int rc;
         if (j->fast) {
             rc = copy_guarded(src, dst, src->map + so, len, &j->f);
             if (rc)
@@ -407,8 +255,7 @@ int ecxi_shm_job_step(ecxi_shm_job *j, const ecxi_shm_src *src, uint8_t *dst_bas
                                     "data shm: the producer's region faulted during a copy "
                                     "(file truncated?); read failed");
         } else
-#endif
-            rc = pread_run(src->fd, dst, so, len, &j->s);
+            rc = pread_run(src->fd, dst, so, len, &j->f);
         if (rc) return rc;
         j->run_off += len;
         j->done += len;
@@ -417,13 +264,7 @@ int ecxi_shm_job_step(ecxi_shm_job *j, const ecxi_shm_src *src, uint8_t *dst_bas
         if (j->run_off == r->len) j->run_i++, j->run_off = 0;
     }
     if (j->done < j->nbytes) return 0;
-#if SHM_HAVE_AVX2_KERNEL
-    if (j->fast) {
-        *sum = fsum_digest(&j->f);
-        return 1;
-    }
-#endif
-    *sum = ecxi_sum_digest(&j->s);
+    *sum = ecxi_fsum_digest(&j->f);
     return 1;
 }
 

@@ -10,8 +10,9 @@
  *
  *   guarded  (default) one pass over a read-only mapping of the file: each
  *            64-byte stripe is loaded once, stored to the destination and
- *            folded into the XXH3 accumulators from the same registers
- *            (AVX2), so the hash costs next to nothing over the copy.
+ *            folded into the XXH3 accumulators from the same register
+ *            (fsum.h: AVX-512, AVX2 or portable C, whichever the CPU has),
+ *            so the hash costs next to nothing over the copy.
  *            A mapping raises SIGBUS where the owner truncated the file;
  *            ecxi_shm_copy_init() installs, once per process, a SIGBUS
  *            handler that turns such a fault *inside a guarded copy, at an
@@ -20,10 +21,9 @@
  *            that was there before (or the default action). Before each
  *            copy it checks that the handler is still ours.
  *   pread    from the descriptor, a chunk at a time, hashing each chunk
- *            while it is in cache. A truncated file is a short read.
- *            Used when the guard is not in place (someone replaced the
- *            handler after us), on CPUs without AVX2, for items of at most
- *            240 bytes (XXH3's short-input forms), or when asked.
+ *            while it is in cache (fsum.h). A truncated file is a short
+ *            read. Used when the guard is not in place (someone replaced
+ *            the handler after us), or when asked.
  *
  * Why both: on tmpfs, pread costs a page-cache lookup and a kernel copy
  * per 4 KiB page; measured here (2-core AMD EPYC VM, 28.8 MB) pread+hash

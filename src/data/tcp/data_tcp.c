@@ -96,7 +96,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "checksum.h"
+#include "fsum.h"
 #include "conn_budget.h"
 #include "data_impl.h"
 #include "util.h"
@@ -210,7 +210,7 @@ struct tcp_peer {
     uint64_t got;
     size_t run_i;
     uint64_t run_off;
-    ecxi_sum sum;
+    ecxi_fsum sum; /* the body's XXH3-64, hashed right after each recv */
 };
 
 typedef struct tcp_data {
@@ -816,7 +816,7 @@ static int reply_head(tcp_peer *p)
     p->got = 0;
     p->run_i = 0;
     p->run_off = 0;
-    ecxi_sum_reset(&p->sum);
+    ecxi_fsum_init(&p->sum, x->nbytes);
     return 1;
 }
 
@@ -842,7 +842,7 @@ static int recv_body(tcp_data *t, tcp_peer *p, ecxi_slice *sl)
     p->got += (uint64_t)r;
     sl->bytes += (uint64_t)r;
     if (!x->released) {
-        ecxi_sum_update(&p->sum, dst, (size_t)r);
+        ecxi_fsum_update(&p->sum, dst, (uint64_t)r);
         p->run_off += (uint64_t)r;
         if (p->run_off == x->runs[p->run_i].len) p->run_i++, p->run_off = 0;
     }
@@ -851,7 +851,9 @@ static int recv_body(tcp_data *t, tcp_peer *p, ecxi_slice *sl)
         if (!p->q) p->q_tail = &p->q;
         p->in_body = false;
         p->rh_len = 0;
-        xfer_end(x, ecxi_sum_digest(&p->sum) == x->checksum ? ECX_XFER_DONE : ECX_XFER_CORRUPT);
+        xfer_end(x, x->released                               ? ECX_XFER_FAILED
+                    : ecxi_fsum_digest(&p->sum) == x->checksum ? ECX_XFER_DONE
+                                                               : ECX_XFER_CORRUPT);
     }
     return 0;
 }
