@@ -1,87 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * data_tcp — the data path across hosts that ecx controls end to end
- * (issue 9): plain TCP sockets, no third-party wire protocol. The producer
- * owns a listener and its connections; the consumer owns one connection
- * per producer. Everything runs from progress / poll_notifs (no threads);
- * ecxi_data_fd() is an epoll descriptor over the sockets (level-triggered).
- * Both sides move an item in bounded slices (data.h): the consumer
- * receives, and the producer sends, at most ECX_DATA_CHUNK bytes per
- * system call and stops when the call's budget is spent; the socket, still
- * readable / writable, wakes the next call.
- *
- * Protocol (little-endian), on a connection from consumer to producer:
- *   request   u8 version=1 | u8 type | u64 xfer id | 16B token |
- *             u16 key_len (1..ECX_DATA_NOTIF_MAX) | key
- *             type 'G': send me the grant's bytes (a reply follows)
- *             type 'C': I will not read this grant (ecxi_data_decline):
- *               no reply; the session hears (key, token, 0) as from a
- *               finished send and releases the grant if the token is its
- *               (an older producer closes the connection instead)
- *   reply     u64 xfer id | u8 status
- *               status 1 (refused): nothing follows
- *               status 0 (ok): u64 nbytes, then the item's nbytes bytes
- * The producer answers a connection's requests in order, one at a time:
- * it reads the next request only once the previous reply is wholly handed
- * to the kernel (what a consumer sends ahead waits in the kernel's buffer,
- * charged to it, and at most TCP_IN_MAX bytes in ours). For each request
- * it asks the producer session (ecxi_data_grant_check with
- * ECX_DATA_GRANT_CLAIM): a live, unclaimed grant with exactly that key and
- * token is served straight from the region's mapping (sendmsg over the
- * grant's block runs, nbytes in all; no copy), anything else is refused.
- * When an item's last byte is handed to the kernel, poll_notifs reports
- * (key, token, 0) to the session, which releases the grant; a send that
- * fails reports a negative status. The consumer receives the bytes
- * straight into its destination blocks, folds each chunk into the XXH3-64
- * while it is in cache, and compares with the ticket: DONE, else CORRUPT.
- *
- * What a peer can do to the producer, and what it cannot:
- *   - It reads nothing but the bytes of a live grant whose key and token it
- *     presents, once (the claim). No address, offset or length ever comes
- *     from the wire: the session's block list decides what is sent.
- *   - It writes nothing into the producer: the only bytes read from a peer
- *     land in a fixed per-connection buffer of TCP_IN_MAX bytes and are
- *     parsed with every length checked. A request with another version or
- *     type, or a key length of 0 or over ECX_DATA_NOTIF_MAX, closes the
- *     connection.
- *   - What it can make the producer hold is bounded: TCP_MAX_CONNS
- *     connections, TCP_MAX_PER_PREFIX per /24 (IPv4) or /64 (IPv6),
- *     TCP_MAX_PER_HOST per client address. A newcomer at one of those caps
- *     takes the slot of the heaviest holder's most evictable connection
- *     (conn_budget.h: idle or refused-only first, then the request started
- *     longest ago, then the slowest reply); one that finds nobody heavier
- *     than itself and no idle connection of its own is closed at once; both
- *     counted. So however many addresses hold connections, a consumer with
- *     one gets in. A connection that sends no whole request within
- *     TCP_HELLO_MS of connecting, does not finish a started request within
- *     TCP_REQ_MS of its first byte (however it drips), idles TCP_IDLE_MS
- *     between requests (TCP_HELLO_MS if none of its requests was served),
- *     or makes no send progress for TCP_SEND_STALL_MS (a peer that stops
- *     reading) is closed.
- *   - It reads nothing but that grant's bytes however slowly it reads: a
- *     reply goes straight from the region, so the grant's pin must outlive
- *     the send. A claim keeps it (data.h): when the session lets the grant
- *     go while its reply is unfinished (the lease expired, say, with the
- *     reader taking a few KiB every few seconds), tcp_cut closes the
- *     connection first, and the session unpins only when the failed
- *     completion comes back, so a busy producer's new saves into those
- *     blocks never reach the slow reader.
- *   Not closed: the bytes cross the network unencrypted and unauthenticated
- *   (a grant's token travels in the clear, as does the control plane's
- *   unless CURVE is on): use a trusted network, or IPsec / WireGuard.
- *
- * What a producer can do to the consumer: nothing but fail or corrupt its
- * own READs. A reply for another xfer id than the oldest outstanding one,
- * a status other than 0 / 1, an nbytes other than the ticket's, a byte
- * when nothing is outstanding, or a connection that closes mid-reply,
- * closes the connection and fails every READ on it; the consumer writes
- * only into the READ's own blocks, at most its nbytes. A READ still
- * running when its ticket's lease has passed fails its connection too (a
- * producer that stalls): the next READ connects again. A READ released
- * while running stays queued on the connection: its bytes, when they
- * come, are read into a scratch buffer and dropped.
- *
- * Counters are kept per context and logged (rate-limited) as they move.
+ * data_tcp — the data path across hosts that ecx controls end to end: its
+ * own small protocol on plain TCP, no third-party wire format. The
+ * producer owns a listener and its connections, and sends a live grant's
+ * bytes straight from the region (sendmsg over the grant's block runs) to
+ * the request that names its key and token, and nothing else; the
+ * consumer owns one connection per producer, receives straight into its
+ * blocks and hashes each chunk while it is in cache. Both sides move an
+ * item in bounded slices (data.h) from progress / poll_notifs, no thread;
+ * ecxi_data_fd() is a level-triggered epoll descriptor over the sockets.
+ * This file owns the messages, the connection budget's use
+ * (conn_budget.h), every timeout and bound (TCP_* below), and the cut of
+ * a reply whose grant is let go (tcp_cut: the pin outlives the send). The
+ * protocol, what each side can do to the other and what is left open
+ * (the bytes cross the network unencrypted): docs/PROTOCOL.md §6.7.
  */
 #include <arpa/inet.h>
 #include <errno.h>
