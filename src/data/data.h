@@ -1,85 +1,29 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * data — the data plane: moving one granted item from a producer's blocks
- * into the consumer's blocks, and the completion back (docs/PROTOCOL.md §2, §6).
+ * data — the data plane's front: the one small interface the sessions use,
+ * whatever moves the bytes. A producer context publishes agent_metadata and,
+ * per grant, a mem_descriptor carrying the grant's ticket (token, checksum,
+ * size, lease), and asks the producer session before any byte leaves it; a
+ * consumer context registers a peer from an ack, posts a READ of the granted
+ * blocks into its own, polls it (running / done / failed / corrupt) and
+ * releases it. The contract and the formats: docs/PROTOCOL.md §6; the
+ * paths (shm, tcp, ucx, nixl, and auto over them; fault in the tests) sit
+ * behind the vtable of data_impl.h, registered in paths.c.
  *
- * This is the one small interface the sessions use, whatever moves the
- * bytes. A producer context publishes agent_metadata (how to reach it) and,
- * per grant, a mem_descriptor (its block layout plus the grant's *ticket*:
- * a random token, the item's checksum, size and the pin lease); both travel
- * in the XferAck. A consumer context registers a peer from the metadata,
- * posts a READ of the granted blocks into local blocks with the ticket,
- * polls it (running / done / failed / corrupt) and releases it.
- *
- * What a peer can do, and what it cannot (issue 9):
- *   - The producer decides what leaves it. Every backend asks the producer
- *     session (ecxi_data_set_grant_fn) before a byte goes out: a READ is
- *     served only for a live grant whose key and token match, and only
- *     once. No rkey is published; no peer can read or write the producer's
- *     memory one-sidedly.
- *   - Every READ is verified: the bytes written are checksummed (XXH3-64)
- *     and compared with the ticket's before DONE; a mismatch is CORRUPT.
- *   - Completion notifications carry the grant's token: only the holder of
- *     the grant can release it.
- *
- * Backends (the vtable is in data_impl.h):
- *   tcp   across hosts and network namespaces (data_tcp.c): the producer
- *         answers a request that names a live grant with its bytes, over
- *         a plain TCP connection it fully controls. Unencrypted: trusted
- *         networks, or IPsec / WireGuard.
- *   ucx   UCX (data_ucx.c), run in a helper process (ucx_proc.h): for
- *         RDMA fabrics on trusted networks only, chosen explicitly (UCX
- *         1.13's own tcp transport lets a peer write that process's
- *         memory; see data_ucx.c).
- *   shm   same host (data_shm.c): the producer hands its region's
- *         descriptor to a consumer holding a grant; the consumer copies.
- *   auto  (default) a producer publishes shm and tcp; a consumer uses shm
- *         when the producer has our boot id, its socket answers (same
- *         network namespace) and its process has our uid, else tcp if
- *         published, else ucx if published (data_auto.c).
- *   nixl  NIXL's one-sided data plane, to be a peer of vLLM's own
- *         connector (data_nixl.c): a wrapper over an auto context that
- *         picks the form of every ack itself (ecxi_data_grant_ack,
- *         ecxi_data_ack_register); never chosen by auto.
- *   fault tests only: wraps another context and injects failures
- *         (data_fault.h).
- *
- * No hidden threads, and bounded slices: everything advances in
- * ecxi_data_progress() and ecxi_data_poll_notifs(), on the caller's
- * thread, and each call does a bounded slice of work, whatever the item
- * size and path: bytes move in chunks of at most ECX_DATA_CHUNK (copied
- * by shm, received or sent by tcp, verified by ucx), and after each chunk
- * the call stops once its budget (budget_ns; ECX_DATA_SLICE_NS for
- * poll_notifs) is spent; the first chunk always moves, so a budget of 0
- * means one chunk. Nothing else in a call is proportional to an item's
- * size. A READ therefore takes many calls: ecxi_data_read_post() only
- * validates and queues (no byte moves in it), and the copy / receive /
- * verification runs in the progress calls that follow. A call that
- * stopped with work left says so (*more); ecxi_data_arm() then returns 1,
- * as it does while any queued READ is unfinished (and, in a consumer
- * context opened with ecxi_data_opts.background, while it has work that
- * only pays off later: shm's pre-faulting of a producer's mapping, which
- * yields to READs), so a caller never
- * sleeps on ecxi_data_fd() with a half-done READ: progress again at once
- * (after letting others in, if it holds a lock), sleep only when arm says
- * 0. Budget in time, chunks in bytes: a chunk's cost varies several-fold
- * (a copy into warm pages, a first touch of the producer's pages, pread,
- * a kernel socket copy), so a byte budget alone would not bound the time;
- * the chunk bounds the overshoot past the budget (one chunk: 15-40 us on
- * this class of machine, data.h's ECX_DATA_CHUNK). ecxi_data_get_stats()
- * counts the slices (for tests: the most bytes one call moved).
- *
- * ecxi_data_fd() is a descriptor that becomes readable when there may be
- * something to progress; call ecxi_data_arm() first and sleep on it only
- * if that returns 0.
- *
- * Formats: agent_metadata and mem_descriptor, their parsed forms and codec
- * are data_format.h / data_format.c (versioned, length-checked, a few
- * hundred bytes at most whatever the region size). A consumer parses an
- * ack's mem_descriptor once (ecxi_data_desc_decode) and hands the parsed
- * form to ecxi_data_peer_add() and ecxi_data_read_post(). Everything that
- * comes from a peer is validated; malformed input is an ECX_EDATA_* code,
- * never a crash.
+ * Bounded slices, no hidden thread: everything advances in
+ * ecxi_data_progress() and ecxi_data_poll_notifs(), on the caller's thread,
+ * and each call moves bytes in chunks of at most ECX_DATA_CHUNK, stopping
+ * after the chunk that spends its budget (budget_ns; ECX_DATA_SLICE_NS for
+ * poll_notifs; the first chunk always moves). Budget in time, chunks in
+ * bytes: a chunk's cost varies several-fold (a warm copy, a first touch,
+ * pread, a socket copy), so the chunk bounds the overshoot (15-40 us on
+ * this class of machine). ecxi_data_read_post() only validates and queues.
+ * A call that stopped with work left says so (*more), and ecxi_data_arm()
+ * returns 1 while any READ is unfinished (or, with
+ * ecxi_data_opts.background, while shm still pre-faults a producer's
+ * mapping): progress again at once, and sleep on ecxi_data_fd() only when
+ * arm says 0. Everything from a peer is validated: malformed input is an
+ * ECX_EDATA_* code, never a crash.
  */
 #ifndef ECX_DATA_H
 #define ECX_DATA_H
