@@ -1,54 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * data_nixl — the `nixl` data path: ecx as a peer of vLLM's
- * ECCPUConnector on NIXL's data plane (docs/NIXL.md), with our own UCX and
- * no NIXL library (src/data/nixl/nixl_agent.c), run in the NIXL agent process
- * (src/data/nixl/nixl_proc.c): a UCX abort there costs READs, not this process.
- *
- * Producer: one NIXL agent whose metadata offers the whole region
- * as one DRAM range (the helper's mapping of it, read-only); every OK ack
- * carries that metadata as agent_metadata and vLLM's mem_descriptor (one
- * (addr, len, 0) per block, the helper's addresses) as the descriptor, the
- * same for every grant (nixl_grant_ack: a tokenless grant). A new helper (after
- * one died) has a new worker address, name and mapping: both are taken
- * again (refresh), so later acks carry the new ones.
- * A consumer (vLLM's connector, or any NIXL agent) READs the granted blocks
- * one-sidedly and sends the NIXL notification "{session_id}:{mm_hash}",
- * which this path hands to the session as a completion without a token
- * (ecxi_data_ack.tokenless): the grant is released.
- *
- * Consumer: an ack's agent_metadata is NIXL's (parsed and bounded by
- * nixl_format.c: ECX_EDATA_META) and its mem_descriptor vLLM's list
- * (nixl_ack_register: uniform, our block size, else ECX_EDATA_DESC /
- * ECX_EDATA_MISMATCH); both end as BAD_ACK in the session. The peer is a
- * NIXL remote agent (in the helper: an endpoint from its worker address,
- * its rkeys), whose ranges must cover the whole list. A READ is one
- * ucp_get per run of consecutive blocks, a flush, then the notification
- * "{session_id}:{mm_hash}"; the helper writes into its read-write mapping
- * of our region at the offsets we pass. When the helper dies, its READs
- * fail (the session falls back) and its peers become invalid: the next
- * READ registers the producer again with the new helper. No checksum
- * comes with a NIXL grant: when the
- * READ is done its XXH3-64 is computed (the item's checksum in our cache),
- * verifying nothing, NIXL_HASH_SLICE bytes per read_poll call (the path
- * says it is busy meanwhile, so the progress thread does not sleep).
- *
- * ecx to ecx (docs/NIXL.md §8): a nixl context also runs ecx's own paths,
- * an inner auto context (shm, tcp). A producer answers an ecx consumer
- * (marked session id, session_id.h) with that context's metadata and
- * tickets (nixl_grant_ack), so its grants keep tokens and checksums and a
- * same-host consumer copies over shm; a consumer registers an ack whose
- * metadata is ecx's through it (nixl_ack_register routes by the magic).
- * Both planes' completions and progress run through this context. This
- * context is a wrapper, as auto is: the sessions see one data plane, and
- * the choice of form is made here.
- *
- * What it gives up with NIXL peers (README, threat model): NIXL is one-sided, so the
- * producer decides nothing about what leaves it: a peer with the metadata
- * reads any block, and over UCX's tcp transport any address of the
- * process; grants are not claimed, checked or bound to a token; a
- * notification releases the grant it names whoever sends it. Trusted
- * networks only; never chosen by auto.
+ * data_nixl — the `nixl` data path: ecx as a peer of vLLM's ECCPUConnector
+ * on NIXL's data plane, with our own UCX and no NIXL library, the UCX run
+ * in the NIXL agent process (nixl_proc.h). It is a wrapper, as auto is: it
+ * also runs an inner auto context (shm, tcp) and picks the form of every
+ * ack itself, NIXL's for vLLM peers and ecx's (tokens, checksums) for a
+ * marked ecx session (session_id.h), so the sessions see one data plane.
+ * It owns that choice (nixl_grant_ack, nixl_ack_register), the tokenless
+ * grants and completions of NIXL peers, vLLM's descriptor list, the READ
+ * as one piece per run of consecutive blocks, and the XXH3 of a finished
+ * NIXL READ (NIXL_HASH_SLICE bytes per read_poll: it verifies nothing, it
+ * is the item's checksum in our cache). What it gives up with NIXL peers
+ * (one-sided: any block, any address over UCX's tcp; trusted networks
+ * only, never chosen by auto): docs/NIXL.md §6–§8.
  */
 #include <errno.h>
 #include <fcntl.h>
