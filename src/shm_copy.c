@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ecx.h"
@@ -196,6 +197,21 @@ typedef struct ahead {
 static pthread_mutex_t g_ahead_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_ahead_cv = PTHREAD_COND_INITIALIZER;
 static ahead *g_ahead; /* threads running */
+static pthread_once_t g_ahead_once = PTHREAD_ONCE_INIT;
+
+/* A forked child has none of the parent's threads (their entries would
+ * never leave the list) and may have copied the lock held. */
+static void ahead_atfork_child(void)
+{
+    pthread_mutex_init(&g_ahead_mu, NULL);
+    pthread_cond_init(&g_ahead_cv, NULL);
+    g_ahead = NULL;
+}
+
+static void ahead_install(void)
+{
+    pthread_atfork(NULL, NULL, ahead_atfork_child);
+}
 
 static void ahead_put(ahead *a)
 {
@@ -234,6 +250,7 @@ out:
 
 static void ahead_start(ecxi_shm_job *j, const ecxi_shm_src *src)
 {
+    pthread_once(&g_ahead_once, ahead_install);
     ahead *a = calloc(1, sizeof *a);
     jrun *runs = malloc(j->nruns * sizeof *runs);
     if (!a || !runs) {
@@ -275,6 +292,9 @@ static void ahead_end(ecxi_shm_job *j)
 
 void ecxi_shm_ahead_drain(const void *map)
 {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10; /* each thread sees its stop within one piece; bounded all the same */
     pthread_mutex_lock(&g_ahead_mu);
     for (;;) {
         ahead *a = g_ahead;
@@ -282,7 +302,10 @@ void ecxi_shm_ahead_drain(const void *map)
             a = a->next;
         if (!a) break;
         atomic_store(&a->stop, true);
-        pthread_cond_wait(&g_ahead_cv, &g_ahead_mu);
+        if (pthread_cond_timedwait(&g_ahead_cv, &g_ahead_mu, &until) == ETIMEDOUT) {
+            ecxi_log(ECX_LOG_WARN, "data shm: a fault-ahead thread did not stop in 10 s");
+            break;
+        }
     }
     pthread_mutex_unlock(&g_ahead_mu);
 }
