@@ -18,16 +18,15 @@
  *                      each 4 KiB page faulted in as the copy reaches it
  *   cold_pread_ratio   the library's pread way (page cache -> destination,
  *                      each chunk hashed while in cache): no mapping at all
- *   cold_ahead_ratio   a fresh mapping, copied 1 MiB a step while a second
- *                      thread faults it in from the end (MADV_POPULATE_READ)
- *                      down to where the copy has got
+ *   cold_ahead_ratio   a fresh mapping, copied 256 KiB a step with
+ *                      ECX_SHM_COPY_AHEAD (a second thread faults it in
+ *                      from the end down to where the copy has got), as
+ *                      data_shm.c copies a large first READ
  *   bench_copy [--size BYTES]... [--iters N] [--cold]   (default 4.7 MB,
  *   28.8 MB, 256 MB; 9 iterations)
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,26 +90,6 @@ static int map_file(const char *dir, uint64_t len, bool rw, uint8_t **out)
     return fd;
 }
 
-/* The fault-ahead thread of cold_ahead: faults the mapping in from its
- * end, 1 MiB at a time, down to where the copy has got. */
-typedef struct ahead {
-    const uint8_t *map;
-    uint64_t len;
-    atomic_uint_least64_t copied;
-} ahead;
-
-static void *fault_ahead(void *arg)
-{
-    ahead *a = arg;
-    uint64_t hi = a->len;
-    while (hi > atomic_load(&a->copied)) {
-        uint64_t lo = hi > (1u << 20) ? hi - (1u << 20) : 0;
-        ecxi_shm_populate(a->map + lo, hi - lo, false);
-        hi = lo;
-    }
-    return NULL;
-}
-
 /* One cold copy of size bytes (v: 7 fresh mapping, 8 pread, 9 fresh
  * mapping + fault-ahead thread); the time, or < 0. */
 static double cold_once(int v, const ecxi_shm_src *s, uint8_t *dst, uint64_t size, uint64_t *sum)
@@ -127,22 +106,17 @@ static double cold_once(int v, const ecxi_shm_src *s, uint8_t *dst, uint64_t siz
     int rc = 0;
     if (v == 7) {
         rc = ecxi_shm_copy(&fresh, dst, size, &blk, &blk, 1, size, 0, sum);
-    } else {
-        ahead a = {.map = map, .len = size};
-        atomic_init(&a.copied, 0);
-        pthread_t th;
+    } else { /* as data_shm.c copies: 256 KiB a step */
         ecxi_shm_job *j = NULL;
-        bool thread = pthread_create(&th, NULL, fault_ahead, &a) == 0;
-        rc = ecxi_shm_job_new(&fresh, size, &blk, &blk, 1, size, 0, &j);
-        uint64_t moved, done = 0;
-        while (rc == 0 && (rc = ecxi_shm_job_step(j, &fresh, dst, 1u << 20, &moved, sum)) == 0)
-            atomic_store(&a.copied, done += moved);
-        atomic_store(&a.copied, size);
-        if (thread) pthread_join(th, NULL);
+        rc = ecxi_shm_job_new(&fresh, size, &blk, &blk, 1, size, ECX_SHM_COPY_AHEAD, &j);
+        uint64_t moved;
+        while (rc == 0 && (rc = ecxi_shm_job_step(j, &fresh, dst, 256u << 10, &moved, sum)) == 0)
+            ;
         if (j) ecxi_shm_job_free(j);
         rc = rc == 1 ? 0 : -1;
     }
     double t = now_s() - t0;
+    ecxi_shm_ahead_drain(map);
     munmap(map, s->map_len);
     return rc ? -1 : t;
 }

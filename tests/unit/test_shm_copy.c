@@ -29,6 +29,11 @@
 
 #define MAXLEN (3u << 20)
 
+/* The ways a copy is asked for: guarded, pread, guarded with a thread
+ * faulting the source in ahead of it. */
+static const int modes[] = {ECX_SHM_COPY_AUTO, ECX_SHM_COPY_PREAD, ECX_SHM_COPY_AHEAD};
+#define NMODES 3
+
 static char path[64];
 static int failures;
 
@@ -72,6 +77,7 @@ static ecxi_shm_src make_src(uint64_t len)
 
 static void drop_src(ecxi_shm_src *s)
 {
+    ecxi_shm_ahead_drain(s->map); /* no fault-ahead thread is left on it */
     munmap((void *)s->map, s->map_len);
     close(s->fd);
     unlink(path);
@@ -136,7 +142,8 @@ static void sums_match_xxh3(void)
             }
         }
         uint64_t want = expect_sum(&s, bs, remote, n, nbytes, flat);
-        for (int mode = ECX_SHM_COPY_AUTO; mode <= ECX_SHM_COPY_PREAD; mode++) {
+        for (int mi = 0; mi < NMODES; mi++) {
+            const int mode = modes[mi];
             uint64_t got = 0;
             memset(dst, 0x5a, (size_t)maxb);
             CHECK(ecxi_shm_copy(&s, dst, bs, remote, local, n, nbytes, mode, &got) == 0);
@@ -265,13 +272,13 @@ static void truncated_source_fails(void)
     REQUIRE(ecxi_shm_copy_guarded());
     CHECK(ecxi_shm_copy(&s, dst, bs, idx, idx, 64, len, ECX_SHM_COPY_AUTO, &sum) == 0);
     CHECK(truncate(path, 10 * bs) == 0);
-    for (int mode = ECX_SHM_COPY_AUTO; mode <= ECX_SHM_COPY_PREAD; mode++)
-        CHECK(ecxi_shm_copy(&s, dst, bs, idx, idx, 64, len, mode, &sum) == ECX_ESYS);
+    for (int mi = 0; mi < NMODES; mi++)
+        CHECK(ecxi_shm_copy(&s, dst, bs, idx, idx, 64, len, modes[mi], &sum) == ECX_ESYS);
     /* Truncated between two steps of a job: the next step fails. */
-    for (int mode = ECX_SHM_COPY_AUTO; mode <= ECX_SHM_COPY_PREAD; mode++) {
+    for (int mi = 0; mi < NMODES; mi++) {
         ecxi_shm_job *j;
         uint64_t moved;
-        REQUIRE(ecxi_shm_job_new(&s, bs, idx, idx, 64, len, mode, &j) == 0);
+        REQUIRE(ecxi_shm_job_new(&s, bs, idx, idx, 64, len, modes[mi], &j) == 0);
         CHECK(ecxi_shm_job_step(j, &s, dst, 4 * bs, &moved, &sum) == 0 && moved == 4 * bs);
         CHECK(ecxi_shm_job_step(j, &s, dst, 20 * bs, &moved, &sum) == ECX_ESYS);
         ecxi_shm_job_free(j);
@@ -281,6 +288,27 @@ static void truncated_source_fails(void)
     REQUIRE(sum == ecxi_checksum(s.map, 10 * bs));
     free(dst);
     drop_src(&s);
+}
+
+/* A job whose fault-ahead thread is still running is freed mid-copy (a
+ * cancelled READ): nothing waits; the drain before the munmap does. */
+static void ahead_freed_mid_copy(void)
+{
+    const uint64_t bs = 65536, len = MAXLEN;
+    ecxi_shm_src s = make_src(len);
+    uint8_t *dst = malloc(len);
+    uint64_t idx[MAXLEN / 65536], moved, sum;
+    REQUIRE(dst);
+    for (uint64_t i = 0; i < len / bs; i++)
+        idx[i] = i;
+    for (int t = 0; t < 20; t++) {
+        ecxi_shm_job *j;
+        REQUIRE(ecxi_shm_job_new(&s, bs, idx, idx, len / bs, len, ECX_SHM_COPY_AHEAD, &j) == 0);
+        CHECK(ecxi_shm_job_step(j, &s, dst, 4096u << (t % 8), &moved, &sum) == 0);
+        ecxi_shm_job_free(j);
+    }
+    free(dst);
+    drop_src(&s); /* unmapped after every thread is gone */
 }
 
 /* In a child: touch a truncated mapping outside any copy. */
@@ -361,6 +389,7 @@ int main(void)
         sums_match_xxh3();
         truncated_source_fails();
     }
+    ahead_freed_mid_copy();
     ecxi_fsum_set_isa(ecxi_fsum_best_isa());
     replaced_handler_uses_pread();
     printf("test_shm_copy: %s\n", failures ? "FAILED" : "all passed");

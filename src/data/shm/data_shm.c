@@ -87,6 +87,15 @@
  * a sparse 2 GiB memfd would otherwise make us allocate 2 GiB. A real
  * region is allocated whole when it is made (region.c), so it is still
  * pre-faulted whole; what a hostile one makes us map is what it holds.
+ * Until a peer's mapping is all in, a READ of SHM_AHEAD_MIN or more copies
+ * (on a host with SHM_AHEAD_CPUS or more CPUs for this process) with
+ * ECX_SHM_COPY_AHEAD (shm_copy.h): a thread of its own faults the
+ * item's source pages in from the item's end while the copy runs from its
+ * start, so the first READ from a producer does not pay all of its 4 KiB
+ * page faults in the copying thread (it pays them on another core, where
+ * one is free); it maps only the item's pages, which the copy reads
+ * anyway. Before a peer's mapping is unmapped, its fault-ahead threads are
+ * drained.
  *
  * A notification that finds the producer's queue full waits on the peer
  * (EPOLLOUT) for up to SHM_NOTIF_RETRY_MS; a producer that has gone loses
@@ -95,6 +104,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,6 +154,29 @@
 #ifndef SHM_COPY_MODE
 #define SHM_COPY_MODE ECX_SHM_COPY_AUTO
 #endif
+/* A READ at least this large from a peer whose mapping is not all faulted
+ * in yet (its first READs) copies with ECX_SHM_COPY_AHEAD: a thread faults
+ * the source in from the item's end while the copy runs from its start
+ * (BENCHMARKS.md, issue 26: below this, starting the thread costs more
+ * than it saves) — where this process may run on at least SHM_AHEAD_CPUS
+ * CPUs: the thread only helps with a core to spare, and on two the copying
+ * thread, the engine and the producer already take them (measured on the
+ * 2-vCPU development VM: from 0.7x to 1.4x the plain cold copy's time,
+ * with the load). */
+#define SHM_AHEAD_MIN (16ull << 20)
+#define SHM_AHEAD_CPUS 4
+
+static bool ahead_cpus(void)
+{
+    static atomic_int ok = -1; /* the affinity mask, read once */
+    int v = atomic_load_explicit(&ok, memory_order_relaxed);
+    if (v < 0) {
+        cpu_set_t set;
+        v = sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) >= SHM_AHEAD_CPUS;
+        atomic_store_explicit(&ok, v, memory_order_relaxed);
+    }
+    return v;
+}
 
 typedef struct shm_peer shm_peer;
 
@@ -544,7 +578,10 @@ static void peer_reset(shm_data *s, shm_peer *p)
     if (p->sock >= 0) close(p->sock);
     p->sock = -1;
     p->watch_out = false;
-    if (p->src.map) munmap((void *)p->src.map, p->src.map_len);
+    if (p->src.map) {
+        ecxi_shm_ahead_drain(p->src.map); /* its copies' fault-ahead threads are done */
+        munmap((void *)p->src.map, p->src.map_len);
+    }
     if (p->src.fd >= 0) close(p->src.fd);
     p->src = (ecxi_shm_src){.fd = -1};
     p->warm = 0;
@@ -671,6 +708,8 @@ static void copy_end(shm_data *s, shm_xfer *x, int rc, uint64_t sum)
     say_done(s, p, x);
 }
 
+static uint64_t prefault_end(const shm_peer *p);
+
 /* Queue x's copy (the bytes move in progress slices); on failure to start
  * it the READ fails at once (and the grant is released). */
 static void start_copy(shm_data *s, shm_peer *p, shm_xfer *x, const uint64_t *remote,
@@ -678,8 +717,10 @@ static void start_copy(shm_data *s, shm_peer *p, shm_xfer *x, const uint64_t *re
 {
     const uint64_t bs = ecxi_region_block_bytes(s->base.region);
     x->state = ECX_XFER_RUNNING;
-    if (ecxi_shm_job_new(&p->src, bs, remote, local, x->n, x->nbytes, SHM_COPY_MODE,
-                         &x->job) != 0) {
+    int mode = SHM_COPY_MODE;
+    if (x->nbytes >= SHM_AHEAD_MIN && p->warm < prefault_end(p) && ahead_cpus())
+        mode |= ECX_SHM_COPY_AHEAD;
+    if (ecxi_shm_job_new(&p->src, bs, remote, local, x->n, x->nbytes, mode, &x->job) != 0) {
         x->job = NULL;
         x->state = ECX_XFER_FAILED;
         say_done(s, p, x);

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ecx.h"
@@ -131,6 +132,7 @@ static int copy_guarded(const ecxi_shm_src *src, uint8_t *dst, const uint8_t *fr
 
 typedef struct jrun {
     uint64_t src, dst, len; /* byte offsets in the source file / destination */
+    uint64_t at;            /* where the run starts in the item */
 } jrun;
 
 struct ecxi_shm_job {
@@ -140,6 +142,7 @@ struct ecxi_shm_job {
     uint64_t run_off; /* into runs[run_i] */
     int mode;
     bool fast;
+    struct ahead *ahead; /* ECX_SHM_COPY_AHEAD: the fault-ahead thread's, while it runs */
     jrun runs[];
 };
 
@@ -167,6 +170,144 @@ void ecxi_shm_populate(const void *p, uint64_t len, bool write)
     if (madvise((void *)a, e - a, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ) != 0 &&
         errno == EINVAL)
         atomic_store(&g_no_populate, true);
+}
+
+/* ---- fault-ahead (ECX_SHM_COPY_AHEAD) ------------------------------------
+ * A detached thread per job faults the source in, the job's runs from the
+ * last, each from its end, AHEAD_PIECE at a time, down to where the copy
+ * has got, or until the job says stop (at its end or when it is freed:
+ * neither waits for the thread). Its state is shared with the job and
+ * freed by whichever lets go last. It only ever faults pages of the source
+ * mapping in: a truncated file is an error it ignores (MADV_POPULATE_READ
+ * says EFAULT, no signal). Whoever unmaps a source first calls
+ * ecxi_shm_ahead_drain(), which waits for the threads still working on
+ * that mapping (each sees its stop within one piece). */
+#define AHEAD_PIECE (1u << 20)
+
+typedef struct ahead {
+    const uint8_t *map;
+    const jrun *runs; /* a copy, owned */
+    size_t nruns;
+    atomic_uint_least64_t copied; /* bytes of the item the copy has done */
+    atomic_bool stop;
+    atomic_int refs; /* the job and the thread */
+    struct ahead *next; /* in g_ahead, while the thread runs */
+} ahead;
+
+static pthread_mutex_t g_ahead_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_ahead_cv = PTHREAD_COND_INITIALIZER;
+static ahead *g_ahead; /* threads running */
+static pthread_once_t g_ahead_once = PTHREAD_ONCE_INIT;
+
+/* A forked child has none of the parent's threads (their entries would
+ * never leave the list) and may have copied the lock held. */
+static void ahead_atfork_child(void)
+{
+    pthread_mutex_init(&g_ahead_mu, NULL);
+    pthread_cond_init(&g_ahead_cv, NULL);
+    g_ahead = NULL;
+}
+
+static void ahead_install(void)
+{
+    pthread_atfork(NULL, NULL, ahead_atfork_child);
+}
+
+static void ahead_put(ahead *a)
+{
+    if (atomic_fetch_sub(&a->refs, 1) == 1) {
+        free((void *)a->runs);
+        free(a);
+    }
+}
+
+static void *ahead_main(void *arg)
+{
+    ahead *a = arg;
+    for (size_t i = a->nruns; i-- > 0;) {
+        const jrun *r = &a->runs[i];
+        for (uint64_t hi = r->len; hi > 0;) {
+            uint64_t lo = hi > AHEAD_PIECE ? hi - AHEAD_PIECE : 0;
+            if (atomic_load_explicit(&a->stop, memory_order_relaxed) ||
+                r->at + hi <= atomic_load_explicit(&a->copied, memory_order_relaxed))
+                goto out;
+            ecxi_shm_populate(a->map + r->src + lo, hi - lo, false);
+            hi = lo;
+        }
+    }
+out:
+    pthread_mutex_lock(&g_ahead_mu);
+    for (ahead **pp = &g_ahead; *pp; pp = &(*pp)->next)
+        if (*pp == a) {
+            *pp = a->next;
+            break;
+        }
+    pthread_cond_broadcast(&g_ahead_cv);
+    pthread_mutex_unlock(&g_ahead_mu);
+    ahead_put(a);
+    return NULL;
+}
+
+static void ahead_start(ecxi_shm_job *j, const ecxi_shm_src *src)
+{
+    pthread_once(&g_ahead_once, ahead_install);
+    ahead *a = calloc(1, sizeof *a);
+    jrun *runs = malloc(j->nruns * sizeof *runs);
+    if (!a || !runs) {
+        free(a), free(runs);
+        return; /* the copy goes on without */
+    }
+    memcpy(runs, j->runs, j->nruns * sizeof *runs);
+    a->map = src->map;
+    a->runs = runs;
+    a->nruns = j->nruns;
+    atomic_init(&a->copied, 0);
+    atomic_init(&a->stop, false);
+    atomic_init(&a->refs, 2);
+    pthread_attr_t at;
+    pthread_t th;
+    bool attr = pthread_attr_init(&at) == 0, ok = attr;
+    if (ok) ok = pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED) == 0;
+    pthread_mutex_lock(&g_ahead_mu);
+    a->next = g_ahead;
+    g_ahead = a;
+    ok = ok && pthread_create(&th, &at, ahead_main, a) == 0;
+    if (!ok) g_ahead = a->next;
+    pthread_mutex_unlock(&g_ahead_mu);
+    if (attr) pthread_attr_destroy(&at);
+    if (!ok) {
+        free(runs), free(a);
+        return;
+    }
+    j->ahead = a;
+}
+
+static void ahead_end(ecxi_shm_job *j)
+{
+    if (!j->ahead) return;
+    atomic_store(&j->ahead->stop, true);
+    ahead_put(j->ahead);
+    j->ahead = NULL;
+}
+
+void ecxi_shm_ahead_drain(const void *map)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10; /* each thread sees its stop within one piece; bounded all the same */
+    pthread_mutex_lock(&g_ahead_mu);
+    for (;;) {
+        ahead *a = g_ahead;
+        while (a && a->map != map)
+            a = a->next;
+        if (!a) break;
+        atomic_store(&a->stop, true);
+        if (pthread_cond_timedwait(&g_ahead_cv, &g_ahead_mu, &until) == ETIMEDOUT) {
+            ecxi_log(ECX_LOG_WARN, "data shm: a fault-ahead thread did not stop in 10 s");
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_ahead_mu);
 }
 
 static void job_reset(ecxi_shm_job *j, bool fast)
@@ -214,7 +355,8 @@ int ecxi_shm_job_new(const ecxi_shm_src *src, uint64_t block_bytes, const uint64
         while (i + m < n && remote[i + m] == remote[i] + m && local[i + m] == local[i] + m)
             m++;
         uint64_t len = m * block_bytes < left ? m * block_bytes : left;
-        j->runs[k++] = (jrun){remote[i] * block_bytes, local[i] * block_bytes, len};
+        j->runs[k++] = (jrun){remote[i] * block_bytes, local[i] * block_bytes, len,
+                              nbytes - left};
         left -= len;
         i += m;
     }
@@ -237,6 +379,9 @@ int ecxi_shm_job_step(ecxi_shm_job *j, const ecxi_shm_src *src, uint8_t *dst_bas
                                           "copying again with pread");
         job_reset(j, false);
     }
+    /* The first step of a guarded copy starts the fault-ahead thread. */
+    if ((j->mode & ECX_SHM_COPY_AHEAD) && j->fast && !j->ahead && j->done == 0 && j->nbytes)
+        ahead_start(j, src);
     while (max_bytes && j->run_i < j->nruns) {
         const jrun *r = &j->runs[j->run_i];
         uint64_t len = r->len - j->run_off;
@@ -259,11 +404,13 @@ int ecxi_shm_job_step(ecxi_shm_job *j, const ecxi_shm_src *src, uint8_t *dst_bas
         if (rc) return rc;
         j->run_off += len;
         j->done += len;
+        if (j->ahead) atomic_store_explicit(&j->ahead->copied, j->done, memory_order_relaxed);
         *moved += len;
         max_bytes -= len;
         if (j->run_off == r->len) j->run_i++, j->run_off = 0;
     }
     if (j->done < j->nbytes) return 0;
+    ahead_end(j);
     *sum = ecxi_fsum_digest(&j->f);
     return 1;
 }
@@ -275,6 +422,8 @@ uint64_t ecxi_shm_job_left(const ecxi_shm_job *j)
 
 void ecxi_shm_job_free(ecxi_shm_job *j)
 {
+    if (!j) return;
+    ahead_end(j);
     free(j);
 }
 

@@ -53,11 +53,20 @@ typedef struct ecxi_shm_src {
 /* Mode bits: AUTO (guarded when possible), PREAD (force pread); POPULATE:
  * before each piece is copied, MADV_POPULATE_READ its source pages and
  * MADV_POPULATE_WRITE its destination pages (silently skipped where the
- * kernel lacks them, < 5.14). */
+ * kernel lacks them, < 5.14); AHEAD (guarded copies): a thread of the
+ * job's own, started at its first step, faults the source pages in
+ * (MADV_POPULATE_READ, 1 MiB at a time) from the item's end down to
+ * where the copy has got, so that on a mapping not yet faulted in (a
+ * consumer's first READ from a producer) the page-table work runs beside
+ * the copy on another core instead of in it. The thread is told to stop
+ * when the copy ends or the job is freed; neither waits for it, so a
+ * source mapping with AHEAD copies may be unmapped only after
+ * ecxi_shm_ahead_drain(). */
 enum ecxi_shm_copy_mode {
     ECX_SHM_COPY_AUTO = 0,
     ECX_SHM_COPY_PREAD = 1,
     ECX_SHM_COPY_POPULATE = 2,
+    ECX_SHM_COPY_AHEAD = 4,
 };
 
 /* Install the SIGBUS guard (idempotent, thread-safe). 0 or ECX_ESYS. */
@@ -104,6 +113,11 @@ int ecxi_shm_job_step(ecxi_shm_job *j, const ecxi_shm_src *src, uint8_t *dst_bas
 uint64_t ecxi_shm_job_left(const ecxi_shm_job *j);
 
 void ecxi_shm_job_free(ecxi_shm_job *j);
+
+/* Stop the fault-ahead threads working on the mapping at map and wait
+ * until they have (each within one piece): call before unmapping a source
+ * that AHEAD copies used. */
+void ecxi_shm_ahead_drain(const void *map);
 
 /* madvise(MADV_POPULATE_READ / _WRITE) over the pages holding [p, p+len);
  * errors ignored (EINVAL: the kernel has none; never asked again). */
