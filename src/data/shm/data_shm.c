@@ -1,105 +1,26 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * data_shm — the same-host data path. The producer hands its region file,
- * as a read-only descriptor, to a consumer that proves it holds a live
- * grant; the consumer copies the granted blocks out of it, checks the
- * item's checksum, and tells the producer it is done.
+ * as a read-only descriptor, to a consumer of its own uid that proves it
+ * holds a live grant; the consumer checks the file (fstat / fstatfs: a
+ * regular tmpfs file of the right size, device and inode) before mapping
+ * it, copies the granted blocks out with the checksum folded into the copy
+ * (shm_copy.h, guarded against a file that shrinks), and tells the producer
+ * it is done ('D', also to decline a grant it will not read). The packets,
+ * the checks and bounds, and what a same-uid peer can still do:
+ * docs/PROTOCOL.md §6.6.
  *
- * Protocol, on one SOCK_SEQPACKET connection per (consumer context,
- * producer) to the producer's abstract unix socket, named in
- * agent_metadata's SHM section (the path there is informational: the
- * consumer never opens a path). Every message is one packet:
- *   consumer -> producer   u8 version=1 | u8 type | 16B token | key
- *     'H' hello: the first message; token + key ("{session_id}:{mm_hash}")
- *         of a grant the consumer holds
- *     'D' done: after each READ of a grant, or instead of it when the
- *         consumer will not read it (ecxi_data_decline), its token + key;
- *         the producer session releases the grant only if both match
- *   producer -> consumer   u8 version=1 | u8 type
- *     'F' the region, as an O_RDONLY descriptor (SCM_RIGHTS), sent once
- *     'R' refused; the producer closes the connection
- * The consumer keeps the descriptor (and a read-only mapping of it) for
- * the peer's lifetime: later grants of the same producer need no new
- * hello. If the connection drops, the next READ connects and says hello
- * again with its own grant.
- *
- * What this closes (issue 9, item 3):
- *   - The consumer reads nothing but a file the producer at the other end
- *     of the socket holds open: it never open()s anything a peer names
- *     (no FIFO, device, symlink or other producer's file by path). A
- *     socket name that leads to another producer gets 'R': that producer
- *     knows no grant with our token.
- *   - What arrives is checked with fstat/fstatfs before it is mapped: a
- *     regular file on tmpfs, at least num_blocks x block_bytes long, with
- *     the device/inode the metadata claims. A FIFO, /dev/zero, a
- *     directory, a socket, a short file or a file on another filesystem
- *     (FUSE could block us) is refused.
- *   - A file truncated or replaced later cannot crash the consumer: the
- *     copy (shm_copy.h) is guarded against SIGBUS or reads with pread;
- *     either way it is a failed READ. Wrong bytes are CORRUPT: the copy
- *     computes XXH3-64 over the bytes written and compares it with the
- *     ticket's checksum before DONE.
- *   - The producer serves its own uid only (SO_PEERCRED at accept): the
- *     region file is 0600, and a process of the same uid could read it
- *     (or ptrace the producer) anyway, so this hands out nothing the OS
- *     would not; connections of other uids are refused and counted. It
- *     sends its read-only descriptor, never its O_RDWR one: a consumer
- *     cannot write the producer's region. A consumer of another uid sees
- *     the producer's uid (SO_PEERCRED) and does not use this path (auto
- *     then takes UCX).
- *   - What a peer can make the producer hold is bounded: at most
- *     SHM_MAX_CONNS connections (more are refused), one that has not said
- *     hello within SHM_HELLO_MS is closed, a packet is at most SHM_MSG_MAX
- *     bytes, and the kernel bounds each connection's queue (a few packets,
- *     charged to the sender's socket buffer): a consumer that sends faster
- *     than the producer reads waits. The producer keeps no per-message
- *     state.
- *   Left to a same-uid process: it can read the region once it holds one
- *   grant (it could open the file anyway), and a producer can send wrong
- *   bytes under a matching checksum (XXH3 is not a MAC).
- *
- * Handshake without blocking: a READ posted before the descriptor arrived
- * waits (RUNNING) on the peer while ecxi_data_progress() collects the
- * answer from the socket, which is in the context's epoll set; the
- * producer answers from its own poll loop, so a blocking wait in the
- * consumer's engine thread could last as long as the producer's step. If
- * no answer comes within SHM_HANDSHAKE_MS the waiting READs fail.
- *
- * The copy runs in slices (data.h): ecxi_data_read_post() only queues it
- * (or parks it until the descriptor comes); each progress call copies the
- * oldest queued READ on, ECX_DATA_CHUNK bytes at a time, until its budget
- * is spent, carrying the running XXH3 state from one chunk to the next
- * (shm_copy.h's job), each chunk under the SIGBUS guard. A READ released,
- * or whose peer is dropped or reset, leaves the queue at once: nothing is
- * written for it afterwards. ecxi_data_arm() returns 1 while the queue is
- * not empty. When no copy is queued, a progress call faults in one more
- * chunk of a ready peer's mapping (MADV_POPULATE_READ), so that later
- * READs of blocks not read before run at memory speed; with a progress
- * thread (ecxi_data_opts.background) arm also says 1 until every ready
- * peer's mapping is in, and each call faults in chunks for its whole
- * budget: after the first READ from a producer, its region (up to
- * SHM_PREFAULT_MAX) is mapped in the background (~0.33 us a 4 KiB page on
- * the development VM, ~85 ms of that thread's time per GiB, once per
- * producer; next to nothing with huge pages), yielding to READs, which
- * always go first. Only what the file holds is faulted in (SEEK_DATA /
- * SEEK_HOLE on the descriptor): a hole read through a shared mapping is a
- * page allocated and charged to us, so a same-uid producer that hands over
- * a sparse 2 GiB memfd would otherwise make us allocate 2 GiB. A real
- * region is allocated whole when it is made (region.c), so it is still
- * pre-faulted whole; what a hostile one makes us map is what it holds.
- * Until a peer's mapping is all in, a READ of SHM_AHEAD_MIN or more copies
- * (on a host with SHM_AHEAD_CPUS or more CPUs for this process) with
- * ECX_SHM_COPY_AHEAD (shm_copy.h): a thread of its own faults the
- * item's source pages in from the item's end while the copy runs from its
- * start, so the first READ from a producer does not pay all of its 4 KiB
- * page faults in the copying thread (it pays them on another core, where
- * one is free); it maps only the item's pages, which the copy reads
- * anyway. Before a peer's mapping is unmapped, its fault-ahead threads are
- * drained.
- *
- * A notification that finds the producer's queue full waits on the peer
- * (EPOLLOUT) for up to SHM_NOTIF_RETRY_MS; a producer that has gone loses
- * it, and its pin lease expires as it would have anyway.
+ * How, here: nothing blocks. A READ posted before the descriptor arrived
+ * waits (RUNNING) on the peer while progress collects the answer from the
+ * socket (SHM_HANDSHAKE_MS at most); the copy runs in slices (data.h),
+ * ECX_DATA_CHUNK at a time, its XXH3 state carried from chunk to chunk; a
+ * READ released, or whose peer is dropped, leaves the queue at once and
+ * nothing more is written for it. With no copy queued, progress faults in
+ * a ready peer's mapping (prefault_some: only what the file holds, so a
+ * sparse file cannot make us allocate), so later READs run at memory
+ * speed; a large first READ may fault ahead on a thread of its own on a
+ * host with CPUs to spare (SHM_AHEAD_*). A 'D' that finds the producer's
+ * queue full waits on the peer for up to SHM_NOTIF_RETRY_MS.
  */
 #include <errno.h>
 #include <fcntl.h>
