@@ -102,6 +102,9 @@ struct ecx_ctx {
     atomic_bool stopping;
     int done;
     atomic_int done_events;
+    /* kick / done hold a write not yet drained: one write per drain, and
+     * no read of an empty eventfd (signal_fd, drain_fd). */
+    atomic_bool kicked, done_set;
     atomic_int waiters;      /* threads inside ecx_poll's wait */
     int *watched;            /* fds in epfd besides kick */
     size_t n_watched, watched_cap;
@@ -524,19 +527,31 @@ static int step(ecx_ctx *ctx)
     return ev;
 }
 
-static void kick(ecx_ctx *ctx)
+/* An eventfd with a flag that says a write is in it or on its way: the
+ * first signal after a drain writes, the others see the flag and need not
+ * (the descriptor is readable, or about to be); a drain reads only when
+ * the flag is set, and clears it only once its read took the write, so a
+ * readable descriptor always has the flag set (else a level-triggered
+ * waiter on it would spin), and a read that came before the write leaves
+ * the flag for the next drain. Whoever signals changed the state first,
+ * and whoever drains looks at the state after: nothing is missed. */
+static void signal_fd(int fd, atomic_bool *flag)
 {
     uint64_t one = 1;
-    if (write(ctx->kick, &one, sizeof one) < 0) { /* full (2^64-2 kicks): it is readable anyway */
+    if (atomic_exchange(flag, true)) return;
+    if (write(fd, &one, sizeof one) < 0) { /* full (2^64-2 writes): it is readable anyway */
     }
 }
 
-static void unkick(ecx_ctx *ctx)
+static void drain_fd(int fd, atomic_bool *flag)
 {
     uint64_t v;
-    if (read(ctx->kick, &v, sizeof v) < 0) { /* EAGAIN: nobody kicked */
-    }
+    if (atomic_load(flag) && read(fd, &v, sizeof v) == (ssize_t)sizeof v) atomic_store(flag, false);
 }
+
+static void kick(ecx_ctx *ctx) { signal_fd(ctx->kick, &ctx->kicked); }
+
+static void unkick(ecx_ctx *ctx) { drain_fd(ctx->kick, &ctx->kicked); }
 
 static int grow(void *pp, size_t *cap, size_t need, size_t elem)
 {
@@ -702,14 +717,13 @@ static int step_for(ecx_ctx *ctx, int64_t budget_ns)
  * it did since the last call, waiting up to timeout_ms for something. */
 static int poll_threaded(ecx_ctx *ctx, int timeout_ms)
 {
-    uint64_t v;
-    if (timeout_ms != 0 && read(ctx->done, &v, sizeof v) < 0) {
+    int ev = atomic_exchange(&ctx->done_events, 0);
+    if (ev == 0 && timeout_ms != 0) {
         struct pollfd pfd = {ctx->done, POLLIN, 0};
         poll(&pfd, 1, timeout_ms);
     }
-    if (read(ctx->done, &v, sizeof v) < 0) { /* EAGAIN: nothing since the last call */
-    }
-    return atomic_exchange(&ctx->done_events, 0);
+    drain_fd(ctx->done, &ctx->done_set);
+    return ev + atomic_exchange(&ctx->done_events, 0);
 }
 
 int ecx_poll(ecx_ctx *ctx, int timeout_ms)
@@ -748,23 +762,23 @@ static void *progress_main(void *arg)
         int ev = step(ctx);
         if (ev > 0) {
             atomic_fetch_add(&ctx->done_events, ev);
-            uint64_t one = 1;
-            if (write(ctx->done, &one, sizeof one) < 0) { /* saturated: readable anyway */
-            }
+            signal_fd(ctx->done, &ctx->done_set);
         }
-        bool nothing;
-        int64_t wait = data_busy(ctx) ? 0 : wait_ms(ctx, -1, &nothing);
+        bool nothing, busy = data_busy(ctx);
+        int64_t wait = busy ? 0 : wait_ms(ctx, -1, &nothing);
         if (wait != 0) {
             wait_unlocked(ctx, wait); /* -1 with nothing: until a kick */
             continue;
         }
         unlock(ctx);
-        /* More work at once (a READ's next slice): first give the core to
-         * a thread that waits for one (on a loaded host, the engine's,
-         * runnable behind this one), so the thread holds a core for one
-         * slice at a time; then a caller that announced itself gets mu
-         * within a few yields (bounded: the thread never spins on its own). */
-        sched_yield();
+        /* A READ's next slice at once: first give the core to a thread
+         * that waits for one (on a loaded host, the engine's, runnable
+         * behind this one), so the thread holds a core for one slice at a
+         * time (not after a step of requests: short, and a yield each would
+         * slow a producer's control plane); then a caller that announced
+         * itself gets mu within a few yields (bounded: the thread never
+         * spins on its own). */
+        if (busy) sched_yield();
         for (int i = 0; i < 64 && atomic_load_explicit(&ctx->callers, memory_order_relaxed); i++)
             sched_yield();
         lock(ctx);

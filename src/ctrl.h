@@ -15,7 +15,9 @@
  * the frames of a multipart message until its last one arrives, however
  * many there are, and no socket option limits that. So ctrl watches each
  * TCP connection (socket monitor for its fd, TCP_INFO for the bytes that
- * arrived, ZMQ_SRCFD for the whole messages read from it) and shuts down a
+ * arrived, ZMQ_SRCFD for the whole messages read from it; TCP_INFO is read
+ * at a whole message only every eighth of max_pending_bytes of them,
+ * ctrl.c "the inflow guard") and shuts down a
  * connection holding more than max_pending_bytes not yet delivered as whole
  * messages, and the heaviest one while all together hold more than
  * max_pending_total; it looks every ECX_CTRL_GUARD_IVL_MS, in the receive
