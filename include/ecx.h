@@ -25,7 +25,14 @@
  *     bookkeeping: ecx_poll() with a timeout waits *without* holding it, so
  *     other threads may fetch, load or save while one thread waits in
  *     ecx_poll(), and work proportional to an item (ecx_save()'s copy, a
- *     commit's checksum) runs outside it.
+ *     commit's checksum) runs outside it. The calls an engine makes every
+ *     step or item never wait for it: ecx_fetch() / ecx_fetch_from(),
+ *     ecx_load(), ecx_release(), ecx_read(), and ecx_poll() with the
+ *     progress thread (each takes only a lock of its own, held for a
+ *     lookup). A fetch of a new item sends its request in the call when
+ *     the context's lock is free, else the request goes out at the next
+ *     step (the progress thread's, or the next ecx_poll()); a request that
+ *     fails then (no room, no session) is answered LOCAL by a later fetch.
  *   - ecx_free() must be the last call on a context: no other thread may be
  *     inside, or later enter, a call on it.
  *   - Segments returned by ecx_save_begin() / ecx_load() may be read and
@@ -38,10 +45,9 @@
  *   - With progress_thread = 1 (the default), each context runs one thread
  *     of its own that advances everything (acks, READs, grants, timers) as
  *     soon as it can, in bounded slices under the context's lock, letting
- *     the caller's calls in between slices. Transfers then finish whatever
- *     the engine's step rate, and no call waits on the lock for more than
- *     one slice; ecx_fetch() / ecx_fetch_from() on an item that is still
- *     pending does not take it at all. ecx_poll() has nothing to drive: it reports the events
+ *     the caller's calls in between slices and yielding its core between
+ *     two slices. Transfers then finish whatever the engine's step rate,
+ *     and no call waits on the lock for more than one slice. ecx_poll() has nothing to drive: it reports the events
  *     the thread handled (waiting up to timeout_ms for some), ecx_fd()
  *     becomes readable when the thread handled events, and
  *     ecx_next_timeout() is ECX_NO_TIMEOUT. The thread touches the context's sockets,

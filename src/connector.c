@@ -12,8 +12,12 @@
  * copies it out, ecx_release unpins. In ECX_ROLE_BOTH the two share one
  * region and one cache.
  *
- * Threads (ecx.h's rule): every public call takes ctx->mu, so calls from
- * several threads are serialised. ecx_poll waits without it, on ctx->epfd:
+ * Threads (ecx.h's rule): public calls take ctx->mu, so calls from several
+ * threads are serialised, except the ones an engine makes every step or
+ * item, which never wait for it: ecx_fetch answers from the consumer's
+ * front and the cache (fetch() below), ecx_load / ecx_release take only
+ * omu (the open items) and the cache's own lock, and ecx_poll with the
+ * progress thread reads what the thread did. ecx_poll waits without mu, on ctx->epfd:
  * an epoll set of every socket's ZMQ_FD, the data plane's descriptors and
  * ctx->kick, an eventfd another thread writes when its call may have
  * changed what the waiter should wait for (a new session socket, or a send
@@ -80,6 +84,10 @@ struct ecx_ctx {
     ecxi_producer *prod;
     ecxi_events *events;      /* NULL: events off */
     ecxi_consumer *cons;
+    /* The open items, under omu (taken after mu where both are): loads and
+     * releases take omu alone, never mu (the cache they pin in has its own
+     * lock), so they do not wait for the progress thread. */
+    pthread_mutex_t omu;
     ecxi_table open; /* open_item by mm_hash */
     ecxi_cache_run *runs; /* scratch for segments */
     size_t runs_cap;
@@ -94,6 +102,9 @@ struct ecx_ctx {
     atomic_bool stopping;
     int done;
     atomic_int done_events;
+    /* kick / done hold a write not yet drained: one write per drain, and
+     * no read of an empty eventfd (signal_fd, drain_fd). */
+    atomic_bool kicked, done_set;
     atomic_int waiters;      /* threads inside ecx_poll's wait */
     int *watched;            /* fds in epfd besides kick */
     size_t n_watched, watched_cap;
@@ -423,6 +434,7 @@ int ecx_new(const ecx_config *in, ecx_ctx **out)
     ecx_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return ECX_ENOMEM;
     pthread_mutex_init(&ctx->mu, NULL);
+    pthread_mutex_init(&ctx->omu, NULL);
     ctx->epfd = ctx->kick = ctx->done = -1;
     ctx->role = cfg->role;
     ctx->block_bytes = cfg->block_bytes;
@@ -500,6 +512,7 @@ void ecx_free(ecx_ctx *ctx)
     free(ctx->info_labels);
     sodium_memzero(ctx->curve_secret, sizeof ctx->curve_secret);
     pthread_mutex_destroy(&ctx->mu);
+    pthread_mutex_destroy(&ctx->omu);
     free(ctx);
 }
 
@@ -531,19 +544,31 @@ static int step(ecx_ctx *ctx)
     return ev;
 }
 
-static void kick(ecx_ctx *ctx)
+/* An eventfd with a flag that says a write is in it or on its way: the
+ * first signal after a drain writes, the others see the flag and need not
+ * (the descriptor is readable, or about to be); a drain reads only when
+ * the flag is set, and clears it only once its read took the write, so a
+ * readable descriptor always has the flag set (else a level-triggered
+ * waiter on it would spin), and a read that came before the write leaves
+ * the flag for the next drain. Whoever signals changed the state first,
+ * and whoever drains looks at the state after: nothing is missed. */
+static void signal_fd(int fd, atomic_bool *flag)
 {
     uint64_t one = 1;
-    if (write(ctx->kick, &one, sizeof one) < 0) { /* full (2^64-2 kicks): it is readable anyway */
+    if (atomic_exchange(flag, true)) return;
+    if (write(fd, &one, sizeof one) < 0) { /* full (2^64-2 writes): it is readable anyway */
     }
 }
 
-static void unkick(ecx_ctx *ctx)
+static void drain_fd(int fd, atomic_bool *flag)
 {
     uint64_t v;
-    if (read(ctx->kick, &v, sizeof v) < 0) { /* EAGAIN: nobody kicked */
-    }
+    if (atomic_load(flag) && read(fd, &v, sizeof v) == (ssize_t)sizeof v) atomic_store(flag, false);
 }
+
+static void kick(ecx_ctx *ctx) { signal_fd(ctx->kick, &ctx->kicked); }
+
+static void unkick(ecx_ctx *ctx) { drain_fd(ctx->kick, &ctx->kicked); }
 
 static int grow(void *pp, size_t *cap, size_t need, size_t elem)
 {
@@ -709,14 +734,13 @@ static int step_for(ecx_ctx *ctx, int64_t budget_ns)
  * it did since the last call, waiting up to timeout_ms for something. */
 static int poll_threaded(ecx_ctx *ctx, int timeout_ms)
 {
-    uint64_t v;
-    if (timeout_ms != 0 && read(ctx->done, &v, sizeof v) < 0) {
+    int ev = atomic_exchange(&ctx->done_events, 0);
+    if (ev == 0 && timeout_ms != 0) {
         struct pollfd pfd = {ctx->done, POLLIN, 0};
         poll(&pfd, 1, timeout_ms);
     }
-    if (read(ctx->done, &v, sizeof v) < 0) { /* EAGAIN: nothing since the last call */
-    }
-    return atomic_exchange(&ctx->done_events, 0);
+    drain_fd(ctx->done, &ctx->done_set);
+    return ev + atomic_exchange(&ctx->done_events, 0);
 }
 
 int ecx_poll(ecx_ctx *ctx, int timeout_ms)
@@ -755,19 +779,23 @@ static void *progress_main(void *arg)
         int ev = step(ctx);
         if (ev > 0) {
             atomic_fetch_add(&ctx->done_events, ev);
-            uint64_t one = 1;
-            if (write(ctx->done, &one, sizeof one) < 0) { /* saturated: readable anyway */
-            }
+            signal_fd(ctx->done, &ctx->done_set);
         }
-        bool nothing;
-        int64_t wait = data_busy(ctx) ? 0 : wait_ms(ctx, -1, &nothing);
+        bool nothing, busy = data_busy(ctx);
+        int64_t wait = busy ? 0 : wait_ms(ctx, -1, &nothing);
         if (wait != 0) {
             wait_unlocked(ctx, wait); /* -1 with nothing: until a kick */
             continue;
         }
         unlock(ctx);
-        /* Bounded: a caller that announced itself gets mu within a few
-         * yields; the thread never spins on its own. */
+        /* A READ's next slice at once: first give the core to a thread
+         * that waits for one (on a loaded host, the engine's, runnable
+         * behind this one), so the thread holds a core for one slice at a
+         * time (not after a step of requests: short, and a yield each would
+         * slow a producer's control plane); then a caller that announced
+         * itself gets mu within a few yields (bounded: the thread never
+         * spins on its own). */
+        if (busy) sched_yield();
         for (int i = 0; i < 64 && atomic_load_explicit(&ctx->callers, memory_order_relaxed); i++)
             sched_yield();
         lock(ctx);
@@ -906,7 +934,9 @@ int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes,
     if (!ctx || !hash_ok(mm_hash) || size_bytes == 0 || !segs || !n_segs) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EROLE;
     lock(ctx);
+    pthread_mutex_lock(&ctx->omu);
     int rc = save_begin(ctx, mm_hash, size_bytes, segs, n_segs);
+    pthread_mutex_unlock(&ctx->omu);
     unlock(ctx);
     return rc;
 }
@@ -936,9 +966,11 @@ int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EROLE;
     lock(ctx);
+    pthread_mutex_lock(&ctx->omu);
     int rc;
     open_item *it = open_save(ctx, mm_hash, &rc);
     if (it) it->committing = true;
+    pthread_mutex_unlock(&ctx->omu);
     unlock(ctx);
     if (!it) return rc;
     ecxi_sum sum;
@@ -946,6 +978,7 @@ int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
     for (size_t i = 0; i < it->n; i++) ecxi_sum_update(&sum, it->segs[i].ptr, it->segs[i].len);
     size_t hl = strlen(mm_hash);
     lock(ctx);
+    pthread_mutex_lock(&ctx->omu);
     it->committing = false;
     rc = ecxi_cache_set_checksum(ctx->cache, mm_hash, hl, ecxi_sum_digest(&sum));
     if (!rc) rc = ecxi_cache_mark_ready(ctx->cache, mm_hash, hl);
@@ -953,6 +986,7 @@ int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
     if (!rc && ctx->events && !ecxi_cache_lookup(ctx->cache, mm_hash, hl, &info))
         ecxi_events_stored(ctx->events, mm_hash, hl, info.size_bytes, info.n_blocks);
     if (!rc) open_drop(ctx, mm_hash);
+    pthread_mutex_unlock(&ctx->omu);
     unlock(ctx);
     return rc;
 }
@@ -962,9 +996,11 @@ int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash)
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EROLE;
     lock(ctx);
+    pthread_mutex_lock(&ctx->omu);
     int rc;
     if (open_save(ctx, mm_hash, &rc) && !(rc = ecxi_cache_discard(ctx->cache, mm_hash, strlen(mm_hash))))
         open_drop(ctx, mm_hash);
+    pthread_mutex_unlock(&ctx->omu);
     unlock(ctx);
     return rc;
 }
@@ -1077,26 +1113,31 @@ static void after_send(ecx_ctx *ctx, uint64_t requests_before)
         kick(ctx);
 }
 
-/* Both fetches: one call into the consumer session, which looks the item
- * up once and reads the announcement (text or struct) only for a new one. */
+/* Both fetches. The engine asks every step, so the answer never waits for
+ * mu, which the progress thread holds while it works (issue 26): it comes
+ * from the consumer's front and the cache, each under a lock of its own
+ * held for a lookup. A new item is queued for its request; if mu is free
+ * the request goes out in this call (and a request that fails at once is
+ * answered now), else the holder is kicked and it goes out at the next
+ * step: a kicked progress thread's, or the next ecx_poll's. */
 static int fetch(ecx_ctx *ctx, const char *h, const char *json, const ecx_announcement *from,
                  uint64_t expected_size, int *reason)
 {
     if (!ctx || !reason) return ECX_EINVAL;
     if (!ctx->cons) return ECX_EROLE;
-    /* The engine asks about a pending item every step: answer that without
-     * mu, which the progress thread holds while it works (issue 26). */
-    if (h && ecxi_consumer_pending(ctx->cons, h, strnlen(h, ECX_MM_HASH_MAX + 1))) {
-        *reason = ECX_REASON_NONE;
-        return ECX_FETCH_PENDING;
+    size_t hl = h ? strnlen(h, ECX_MM_HASH_MAX + 1) : 0;
+    bool queued = false;
+    int st = ecxi_consumer_answer(ctx->cons, h, hl, json, from, expected_size, reason, &queued);
+    if (!queued) return st;
+    if (pthread_mutex_trylock(&ctx->mu) != 0) {
+        kick(ctx);
+        return st;
     }
-    lock(ctx);
     uint64_t before = ecxi_consumer_requests(ctx->cons);
-    int st = ecxi_consumer_fetch(ctx->cons, h, h ? strnlen(h, ECX_MM_HASH_MAX + 1) : 0, json,
-                                 from, expected_size, reason);
+    ecxi_consumer_admit(ctx->cons);
     after_send(ctx, before);
     unlock(ctx);
-    return st;
+    return ecxi_consumer_answer(ctx->cons, h, hl, json, from, expected_size, reason, NULL);
 }
 
 int ecx_fetch_from(ecx_ctx *ctx, const char *mm_hash, const ecx_announcement *from,
@@ -1132,9 +1173,9 @@ int ecx_load(ecx_ctx *ctx, const char *mm_hash, const ecx_segment **segs, size_t
              uint64_t *size_bytes)
 {
     if (!ctx || !hash_ok(mm_hash) || !segs || !n_segs || !size_bytes) return ECX_EINVAL;
-    lock(ctx);
+    pthread_mutex_lock(&ctx->omu);
     int rc = load(ctx, mm_hash, segs, n_segs, size_bytes);
-    unlock(ctx);
+    pthread_mutex_unlock(&ctx->omu);
     return rc;
 }
 
@@ -1148,9 +1189,9 @@ static int release(ecx_ctx *ctx, const char *h)
 int ecx_release(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
-    lock(ctx);
+    pthread_mutex_lock(&ctx->omu);
     int rc = release(ctx, mm_hash);
-    unlock(ctx);
+    pthread_mutex_unlock(&ctx->omu);
     return rc;
 }
 

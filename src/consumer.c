@@ -6,6 +6,7 @@
 #include "consumer.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,17 +21,25 @@ const double ecxi_latency_bounds_ms[ECX_LATENCY_BUCKETS - 1] = {
 
 enum xstate { WAITING_ACK, READING, RETRY, QUARANTINED, TOMBSTONE };
 
+/* What the engine is told about an item in the front (see struct
+ * ecxi_consumer): pending, "encode locally" once (a tombstone), or
+ * "encode locally" while its blocks are quarantined. */
+enum fstate { F_PENDING, F_LOCAL, F_QUARANTINED };
+
 typedef struct session session;
 
 typedef struct xfer {
-    ecxi_table_node node;      /* by mm_hash */
-    ecxi_table_node pnode;     /* in pending while WAITING_ACK, READING or RETRY */
-    bool in_pending;
-    struct xfer *prev, *next; /* every transfer; next = free list */
+    ecxi_table_node node;      /* by mm_hash, in xfers */
+    /* Under pmu: the item's place in the front and what it tells the engine. */
+    ecxi_table_node fnode;
+    bool in_front;
+    int fstate, freason;      /* enum fstate; F_LOCAL: why */
+    bool reported;            /* F_QUARANTINED: the engine was told already */
+    atomic_bool claimed;      /* TOMBSTONE: the engine took the answer; delete it */
+    struct xfer *prev, *next; /* every transfer; next = incoming or free list */
     session *s;               /* WAITING_ACK, READING, QUARANTINED; else NULL */
     int state;                /* enum xstate */
     int reason;               /* TOMBSTONE / QUARANTINED: why */
-    bool reported;            /* QUARANTINED: the engine was told already */
     bool holds_blocks;        /* a local cache entry is reserved for it */
     int64_t deadline_ms;      /* ack / read / quarantine / retry / tombstone */
     int64_t first_ask_ms;
@@ -69,12 +78,17 @@ struct ecxi_consumer {
     ecxi_consumer_stats st;
     uint64_t max_item_bytes; /* the most an announcement may say: the cache's block limit */
     ecxi_table xfers, sessions;
-    /* The items that are pending (WAITING_ACK, READING, RETRY), under their
-     * own lock, so that asking again about one never waits for the lock
-     * that the poll's caller holds (ecxi_consumer_pending). */
+    /* The front: what the engine's fetch is answered from without the lock
+     * that every other call here is made under (consumer.h). Under pmu, held
+     * only for a lookup or a state change: the items the engine was told
+     * about and has not yet been told the end of (pending, a tombstone not
+     * yet taken, quarantined), new items waiting to be asked for (incoming,
+     * first to last) and the free transfers. */
     pthread_mutex_t pmu;
-    ecxi_table pending;
-    xfer *head, *free_xfers;
+    ecxi_table front;
+    xfer *incoming, *incoming_tail, *free_xfers;
+    _Atomic uint64_t fallbacks[ECX_REASON_COUNT]; /* counted by the engine's calls */
+    xfer *head;
     session *sessions_list;
     size_t n_sessions;
     uint64_t sessions_gen; /* bumped when a session opens or closes */
@@ -118,35 +132,70 @@ static int grow_scratch(ecxi_consumer *c, size_t n)
 
 /* ---------- transfers ---------- */
 
-/* The pending set: entered once a new transfer has sent its request (or
- * waits to), left on the first step out of WAITING_ACK / READING / RETRY
- * (tombstone, quarantine, delete), never entered again. */
-static void pending_enter(ecxi_consumer *c, xfer *x)
+/* The front (struct ecxi_consumer). An item enters it when the engine
+ * first asks (ecxi_consumer_answer), and leaves when the engine has taken
+ * its end (a tombstone's answer), when it is ready (the cache answers from
+ * then on), or with its transfer. */
+static void front_remove_locked(ecxi_consumer *c, xfer *x)
 {
-    x->pnode.key = x->hash;
-    x->pnode.key_len = x->hash_len;
+    if (!x->in_front) return;
+    ecxi_table_remove(&c->front, &x->fnode);
+    x->in_front = false;
+}
+
+static void front_leave(ecxi_consumer *c, xfer *x)
+{
     pthread_mutex_lock(&c->pmu);
-    ecxi_table_insert(&c->pending, &x->pnode);
-    x->in_pending = true;
+    front_remove_locked(c, x);
     pthread_mutex_unlock(&c->pmu);
 }
 
-static void pending_leave(ecxi_consumer *c, xfer *x)
+static void front_set(ecxi_consumer *c, xfer *x, int fstate, int reason)
 {
-    if (!x->in_pending) return;
     pthread_mutex_lock(&c->pmu);
-    ecxi_table_remove(&c->pending, &x->pnode);
+    x->fstate = fstate, x->freason = reason;
     pthread_mutex_unlock(&c->pmu);
-    x->in_pending = false;
 }
 
-bool ecxi_consumer_pending(ecxi_consumer *c, const char *mm_hash, size_t hash_len)
+static void count_fallback(ecxi_consumer *c, int why)
 {
-    if (!mm_hash || hash_len == 0 || hash_len > ECX_MM_HASH_MAX) return false;
+    atomic_fetch_add_explicit(&c->fallbacks[why], 1, memory_order_relaxed);
+}
+
+/* The front's answer about x (pmu held). */
+static int front_answer_locked(ecxi_consumer *c, xfer *x, int *reason)
+{
+    switch (x->fstate) {
+    case F_LOCAL: /* told once; the transfer is deleted on the next poll */
+        *reason = x->freason;
+        count_fallback(c, x->freason);
+        front_remove_locked(c, x);
+        atomic_store_explicit(&x->claimed, true, memory_order_release);
+        return ECX_FETCH_LOCAL;
+    case F_QUARANTINED: /* counted once; its blocks are still held */
+        *reason = ECX_REASON_QUARANTINED;
+        if (!x->reported) count_fallback(c, *reason);
+        x->reported = true;
+        return ECX_FETCH_LOCAL;
+    default: return ECX_FETCH_PENDING;
+    }
+}
+
+/* The front's answer about mm_hash, or -1 if it is not there. */
+static int front_answer(ecxi_consumer *c, const char *h, size_t hl, int *reason)
+{
     pthread_mutex_lock(&c->pmu);
-    bool found = ecxi_table_find(&c->pending, mm_hash, hash_len) != NULL;
+    ecxi_table_node *n = ecxi_table_find(&c->front, h, hl);
+    int st = n ? front_answer_locked(c, ECX_CONTAINER_OF(n, xfer, fnode), reason) : -1;
     pthread_mutex_unlock(&c->pmu);
-    return found;
+    return st;
+}
+
+static void free_push(ecxi_consumer *c, xfer *x)
+{
+    pthread_mutex_lock(&c->pmu);
+    x->next = c->free_xfers, c->free_xfers = x;
+    pthread_mutex_unlock(&c->pmu);
 }
 
 static xfer *xfer_find(const ecxi_consumer *c, const char *hash, size_t len)
@@ -155,37 +204,32 @@ static xfer *xfer_find(const ecxi_consumer *c, const char *hash, size_t len)
     return n ? ECX_CONTAINER_OF(n, xfer, node) : NULL;
 }
 
-static xfer *xfer_new(ecxi_consumer *c, const char *hash, size_t len)
+/* A new transfer (from incoming) joins the ones this file drives. */
+static void xfer_link(ecxi_consumer *c, xfer *x)
 {
-    xfer *x = c->free_xfers;
-    if (x)
-        c->free_xfers = x->next;
-    else if (!(x = malloc(sizeof *x)))
-        return NULL;
-    memset(x, 0, offsetof(xfer, hash));
-    memcpy(x->hash, hash, len);
-    x->hash_len = (uint32_t)len;
     x->node.key = x->hash;
-    x->node.key_len = len;
+    x->node.key_len = x->hash_len;
     ecxi_table_insert(&c->xfers, &x->node);
+    x->prev = NULL;
     x->next = c->head;
     if (c->head) c->head->prev = x;
     c->head = x;
     c->st.in_flight++;
-    return x;
 }
 
 static void xfer_delete(ecxi_consumer *c, xfer *x)
 {
-    pending_leave(c, x);
     ecxi_table_remove(&c->xfers, &x->node);
     if (x->prev)
         x->prev->next = x->next;
     else
         c->head = x->next;
     if (x->next) x->next->prev = x->prev;
-    x->next = c->free_xfers, c->free_xfers = x;
     c->st.in_flight--;
+    pthread_mutex_lock(&c->pmu);
+    front_remove_locked(c, x);
+    x->next = c->free_xfers, c->free_xfers = x;
+    pthread_mutex_unlock(&c->pmu);
 }
 
 /* Give the local blocks back (the entry is not ready). */
@@ -207,7 +251,7 @@ static void tombstone(ecxi_consumer *c, xfer *x, int reason, int64_t now)
         x->dx = NULL;
     }
     free_blocks(c, x);
-    pending_leave(c, x);
+    front_set(c, x, F_LOCAL, reason);
     x->state = TOMBSTONE;
     x->reason = reason;
     x->s = NULL;
@@ -218,7 +262,7 @@ static void tombstone(ecxi_consumer *c, xfer *x, int reason, int64_t now)
  * stay held until the READ has ended (docs/PROTOCOL.md §5). */
 static void quarantine(ecxi_consumer *c, xfer *x, int64_t now)
 {
-    pending_leave(c, x);
+    front_set(c, x, F_QUARANTINED, ECX_REASON_QUARANTINED);
     x->state = QUARANTINED;
     x->reason = ECX_REASON_QUARANTINED;
     x->deadline_ms = now + c->o.quarantine_ms;
@@ -698,10 +742,14 @@ static void settle(ecxi_consumer *c, xfer *x, int64_t now)
     x->dx = NULL;
     free_blocks(c, x);
     c->st.settled++;
-    if (x->reported) {
+    pthread_mutex_lock(&c->pmu);
+    bool told = x->reported;
+    if (!told) x->fstate = F_LOCAL, x->freason = x->reason; /* the engine has yet to hear of it */
+    pthread_mutex_unlock(&c->pmu);
+    if (told) {
         xfer_delete(c, x);
     } else {
-        x->state = TOMBSTONE; /* the engine has yet to hear of it */
+        x->state = TOMBSTONE;
         x->deadline_ms = now + c->o.tombstone_ttl_ms;
     }
 }
@@ -769,6 +817,10 @@ static int advance(ecxi_consumer *c, xfer *x, int64_t now)
         ask(c, x, now);
         return 1;
     case TOMBSTONE:
+        if (atomic_load_explicit(&x->claimed, memory_order_acquire)) {
+            xfer_delete(c, x); /* the engine has its answer */
+            return 0;
+        }
         if (now < x->deadline_ms) return 0;
         xfer_delete(c, x);
         return 1;
@@ -778,6 +830,7 @@ static int advance(ecxi_consumer *c, xfer *x, int64_t now)
 
 int ecxi_consumer_poll(ecxi_consumer *c)
 {
+    ecxi_consumer_admit(c);
     int events = 0;
     int64_t now = now_ms(c);
     c->reads_started = 0;
@@ -841,39 +894,42 @@ int ecxi_consumer_poll(ecxi_consumer *c)
 static int local(ecxi_consumer *c, int why, int *reason)
 {
     *reason = why;
-    c->st.fallbacks[why]++;
+    count_fallback(c, why);
     return ECX_FETCH_LOCAL;
 }
 
-int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, const char *json,
-                        const ecx_announcement *from, uint64_t expected_size, int *reason)
+/* A transfer for the incoming list: from the free list, else malloc. */
+static xfer *xfer_alloc(ecxi_consumer *c)
+{
+    pthread_mutex_lock(&c->pmu);
+    xfer *x = c->free_xfers;
+    if (x) c->free_xfers = x->next;
+    pthread_mutex_unlock(&c->pmu);
+    if (!x && !(x = malloc(sizeof *x))) return NULL;
+    memset(x, 0, offsetof(xfer, hash));
+    atomic_init(&x->claimed, false);
+    return x;
+}
+
+int ecxi_consumer_answer(ecxi_consumer *c, const char *mm_hash, size_t hash_len, const char *json,
+                         const ecx_announcement *from, uint64_t expected_size, int *reason,
+                         bool *queued)
 {
     if (!c || !reason || (json && from)) return ECX_EINVAL;
     *reason = ECX_REASON_NONE;
+    bool may_queue = queued != NULL;
+    if (queued) *queued = false;
     if (!mm_hash || hash_len == 0 || hash_len > ECX_MM_HASH_MAX)
         return local(c, ECX_REASON_INVALID, reason);
-    /* One lookup: an item in flight, tombstoned or held locally is
-     * answered without looking at its announcement (the engine asks every
-     * step; only a new item's announcement is parsed). */
-    xfer *x = xfer_find(c, mm_hash, hash_len);
-    if (x) {
-        switch (x->state) {
-        case TOMBSTONE: {
-            int why = x->reason;
-            xfer_delete(c, x);
-            return local(c, why, reason);
-        }
-        case QUARANTINED: /* told once; its blocks are still held */
-            *reason = ECX_REASON_QUARANTINED;
-            if (!x->reported) c->st.fallbacks[*reason]++;
-            x->reported = true;
-            return ECX_FETCH_LOCAL;
-        default: return ECX_FETCH_PENDING;
-        }
-    }
+    /* An item in flight, tombstoned or held locally is answered without
+     * looking at its announcement (the engine asks every step; only a new
+     * item's announcement is parsed). */
+    int st = front_answer(c, mm_hash, hash_len, reason);
+    if (st >= 0) return st;
     ecxi_cache_info info;
     if (ecxi_cache_lookup(c->cache, mm_hash, hash_len, &info) == 0)
         return info.state == ECX_CACHE_READY ? ECX_FETCH_READY : ECX_FETCH_PENDING;
+    if (!may_queue) return ECX_FETCH_PENDING;
     ecxi_announce_peer ap;
     ecxi_announce_rows rows = {c->o.block_bytes, c->o.elem_size};
     int why = ecxi_announce_parse(json, from, expected_size, c->max_item_bytes,
@@ -883,21 +939,73 @@ int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, 
                             (int)hash_len, mm_hash, (unsigned long long)ap.size_bytes,
                             (unsigned long long)expected_size);
     if (why) return local(c, why, reason);
-    int64_t now = now_ms(c);
-    if (!(x = xfer_new(c, mm_hash, hash_len))) return local(c, ECX_REASON_NO_ROOM, reason);
+    xfer *x = xfer_alloc(c);
+    if (!x) return local(c, ECX_REASON_NO_ROOM, reason);
+    memcpy(x->hash, mm_hash, hash_len);
+    x->hash_len = (uint32_t)hash_len;
     memcpy(x->host, ap.host, sizeof x->host);
     x->port = ap.port;
     x->size_bytes = ap.size_bytes;
     x->n_blocks = (ap.size_bytes + c->o.block_bytes - 1) / c->o.block_bytes;
-    x->first_ask_ms = now;
-    ask(c, x, now);
-    if (x->state == TOMBSTONE) { /* failed at once: answer now */
-        why = x->reason;
-        xfer_delete(c, x);
-        return local(c, why, reason);
+    x->first_ask_ms = now_ms(c);
+    x->fnode.key = x->hash;
+    x->fnode.key_len = hash_len;
+    pthread_mutex_lock(&c->pmu);
+    /* Another thread may have asked for it meanwhile: one transfer. */
+    ecxi_table_node *n = ecxi_table_find(&c->front, mm_hash, hash_len);
+    if (n) {
+        st = front_answer_locked(c, ECX_CONTAINER_OF(n, xfer, fnode), reason);
+        x->next = c->free_xfers, c->free_xfers = x;
+    } else {
+        ecxi_table_insert(&c->front, &x->fnode);
+        x->in_front = true;
+        x->fstate = F_PENDING;
+        x->next = NULL;
+        if (c->incoming_tail)
+            c->incoming_tail->next = x;
+        else
+            c->incoming = x;
+        c->incoming_tail = x;
+        *queued = true;
+        st = ECX_FETCH_PENDING;
     }
-    pending_enter(c, x);
-    return ECX_FETCH_PENDING;
+    pthread_mutex_unlock(&c->pmu);
+    return st;
+}
+
+void ecxi_consumer_admit(ecxi_consumer *c)
+{
+    pthread_mutex_lock(&c->pmu);
+    xfer *x = c->incoming;
+    c->incoming = c->incoming_tail = NULL;
+    pthread_mutex_unlock(&c->pmu);
+    for (xfer *next; x; x = next) {
+        next = x->next;
+        /* The engine took the tombstone of an earlier transfer of it (that is
+         * why the front had no answer): that one goes now. */
+        xfer *old = xfer_find(c, x->hash, x->hash_len);
+        if (old) xfer_delete(c, old);
+        /* Held meanwhile (another thread's fetch of it finished, or a save
+         * in a `both` context): the cache answers the engine from now on. */
+        if (ecxi_cache_lookup(c->cache, x->hash, x->hash_len, NULL) == 0) {
+            front_leave(c, x);
+            free_push(c, x);
+            continue;
+        }
+        xfer_link(c, x);
+        ask(c, x, now_ms(c));
+    }
+}
+
+int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, const char *json,
+                        const ecx_announcement *from, uint64_t expected_size, int *reason)
+{
+    bool queued = false;
+    int st = ecxi_consumer_answer(c, mm_hash, hash_len, json, from, expected_size, reason, &queued);
+    if (!queued) return st;
+    ecxi_consumer_admit(c);
+    /* A request that failed at once (no room, no session) is answered now. */
+    return ecxi_consumer_answer(c, mm_hash, hash_len, json, from, expected_size, reason, NULL);
 }
 
 size_t ecxi_consumer_pollitems(ecxi_consumer *c, zmq_pollitem_t *items, size_t cap)
@@ -916,6 +1024,10 @@ size_t ecxi_consumer_pollitems(ecxi_consumer *c, zmq_pollitem_t *items, size_t c
 int64_t ecxi_consumer_next_timeout(ecxi_consumer *c)
 {
     int64_t now = now_ms(c), best = -1;
+    pthread_mutex_lock(&c->pmu);
+    bool incoming = c->incoming != NULL;
+    pthread_mutex_unlock(&c->pmu);
+    if (incoming) return 0;
     for (xfer *x = c->head; x; x = x->next) {
         /* READs are polled, not timed: wake soon while any runs. */
         int64_t due = x->state == READING || x->state == QUARANTINED ? 1 : x->deadline_ms - now;
@@ -938,6 +1050,8 @@ int64_t ecxi_consumer_next_timeout(ecxi_consumer *c)
 ecxi_consumer_stats ecxi_consumer_get_stats(const ecxi_consumer *c)
 {
     ecxi_consumer_stats st = c->st;
+    for (int i = 0; i < ECX_REASON_COUNT; i++)
+        st.fallbacks[i] = atomic_load_explicit(&c->fallbacks[i], memory_order_relaxed);
     st.sessions_open = c->n_sessions;
     for (const xfer *x = c->head; x; x = x->next) {
         switch (x->state) {
@@ -945,7 +1059,14 @@ ecxi_consumer_stats ecxi_consumer_get_stats(const ecxi_consumer *c)
         case READING: st.reading++; break;
         case RETRY: st.retrying++; break;
         case QUARANTINED: st.quarantined++; break;
-        case TOMBSTONE: st.tombstones++; break;
+        case TOMBSTONE:
+            /* One the engine took is gone but for its memory (the next
+             * poll frees it). */
+            if (atomic_load_explicit(&x->claimed, memory_order_acquire))
+                st.in_flight--;
+            else
+                st.tombstones++;
+            break;
         }
     }
     return st;
@@ -978,14 +1099,14 @@ int ecxi_consumer_new(ecxi_cache *cache, ecxi_data *data, const ecxi_consumer_op
                             : (uint64_t)ECX_CACHE_MAX_BLOCKS * c->o.block_bytes - 1;
     int rc = ecxi_table_init(&c->xfers);
     if (!rc && (rc = ecxi_table_init(&c->sessions))) ecxi_table_fini(&c->xfers);
-    if (!rc && (rc = ecxi_table_init(&c->pending))) {
+    if (!rc && (rc = ecxi_table_init(&c->front))) {
         ecxi_table_fini(&c->xfers);
         ecxi_table_fini(&c->sessions);
     }
     if (!rc && (rc = grow_scratch(c, 256))) {
         ecxi_table_fini(&c->xfers);
         ecxi_table_fini(&c->sessions);
-        ecxi_table_fini(&c->pending);
+        ecxi_table_fini(&c->front);
     }
     if (rc) {
         free(c->idx), free(c->remote), free(c->local), free(c);
@@ -1011,11 +1132,13 @@ void ecxi_consumer_free(ecxi_consumer *c)
         free_blocks(c, x);
         xfer_delete(c, x);
     }
+    for (xfer *x = c->incoming, *n; x; x = n) /* asked for, never admitted: no blocks */
+        n = x->next, free(x);
     for (xfer *x = c->free_xfers, *n; x; x = n)
         n = x->next, free(x);
     ecxi_table_fini(&c->xfers);
     ecxi_table_fini(&c->sessions);
-    ecxi_table_fini(&c->pending);
+    ecxi_table_fini(&c->front);
     pthread_mutex_destroy(&c->pmu);
     msgpack_sbuffer_destroy(&c->out);
     free(c->idx), free(c->remote), free(c->local);

@@ -22,6 +22,7 @@
 #ifndef ECX_CONSUMER_H
 #define ECX_CONSUMER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <zmq.h>
 
@@ -127,16 +128,26 @@ void ecxi_consumer_free(ecxi_consumer *c);
  * engine expects (0: any). Returns enum ecx_fetch_state; for
  * ECX_FETCH_LOCAL, *reason says why (and is counted). Asking again about a
  * pending item is cheap and is how the engine learns it finished.
+ *
+ * ecxi_consumer_answer is the one call here that may be made without the
+ * lock that serialises every other (the connector's context lock, which
+ * the poll's caller holds): it takes only the front's own lock, held for a
+ * lookup, and the cache's. A new item is queued (*queued set) and answered
+ * PENDING; its request goes out at the next ecxi_consumer_admit(), which
+ * every ecxi_consumer_poll() begins with, and a request that fails then
+ * (no room, no session) is the answer to a later call. queued NULL: a
+ * new item is answered PENDING and not queued.
+ *
+ * ecxi_consumer_fetch is answer + admit + answer, under the lock: the
+ * request is sent in the call, and one that fails at once is answered
+ * LOCAL in it.
  */
+int ecxi_consumer_answer(ecxi_consumer *c, const char *mm_hash, size_t hash_len, const char *json,
+                         const ecx_announcement *from, uint64_t expected_size, int *reason,
+                         bool *queued);
+void ecxi_consumer_admit(ecxi_consumer *c);
 int ecxi_consumer_fetch(ecxi_consumer *c, const char *mm_hash, size_t hash_len, const char *json,
                         const ecx_announcement *from, uint64_t expected_size, int *reason);
-
-/* True if mm_hash is pending (a request sent or to be sent again, or a READ
- * running): ecxi_consumer_fetch would answer ECX_FETCH_PENDING and change
- * nothing. The one call that may be made without the lock that serialises
- * every other call here (it takes only the pending set's own, held for a
- * lookup), so that the engine's per-step question never waits on a poll. */
-bool ecxi_consumer_pending(ecxi_consumer *c, const char *mm_hash, size_t hash_len);
 
 /* Receive acks, advance READs and timers. Never blocks; returns the number
  * of events handled. */

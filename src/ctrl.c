@@ -191,12 +191,26 @@ static int apply_common(void *sock, const ecxi_ctrl_opts *o, int64_t *max_frame)
  * arrived on it, and each whole message read (ZMQ_SRCFD) marks how many of
  * those were delivered. A connection with more than max_pending bytes
  * undelivered, or the heaviest one when all of them together hold more than
- * max_pending_total, is shut down; libzmq then frees its pipe. */
+ * max_pending_total, is shut down; libzmq then frees its pipe.
+ *
+ * The mark is the kernel's count read at a whole message, but not at every
+ * one (a getsockopt per message was the producer's largest system-call
+ * cost): at a connection's first message, and then once the messages read
+ * since the last reading add up to SETTLE_SHARE of max_pending (their
+ * sizes plus SETTLE_OVERHEAD each, more than ZMTP's or CURVE's framing of a
+ * message). In between the mark stays where it was, so the undelivered
+ * count is over by at most that share of messages already read, never
+ * under: a flood is dropped as soon as before, and a connection is never
+ * dropped for what it sent whole unless what it holds unfinished is within
+ * that share of the bound. */
+#define SETTLE_SHARE 8     /* the kernel's count is read every max_pending / 8 bytes */
+#define SETTLE_OVERHEAD 128
 
 struct conn {
     bool open;
     bool spoke;       /* a whole message was read from it */
-    uint64_t settled; /* bytes received when a whole message from it was last read */
+    uint64_t settled; /* bytes received at the last reading at a whole message */
+    uint64_t unsettled; /* bytes of whole messages read since (SETTLE_OVERHEAD each more) */
     uint64_t seq;     /* g->seq at its accept or its last whole message */
     uint8_t key[16];  /* server: the peer's address (conn_budget.h) */
 };
@@ -318,15 +332,25 @@ static int guard_track(guard *g, int fd, bool open)
     return rc;
 }
 
-static void guard_settle(guard *g, zmq_msg_t *part)
+/* A whole message of `bytes` (UINT64_MAX: unknown, read the kernel's count
+ * now), of which part is a frame, was read from a connection. */
+static void guard_settle(guard *g, zmq_msg_t *part, uint64_t bytes)
 {
     int fd = msg_srcfd(part);
     uint64_t rx;
     pthread_mutex_lock(&g->mu);
-    if (fd >= 0 && fd < g->nconns && g->conns[fd].open && tcp_received(fd, &rx)) {
-        g->conns[fd].settled = rx;
-        g->conns[fd].spoke = true;
-        g->conns[fd].seq = ++g->seq;
+    if (fd >= 0 && fd < g->nconns && g->conns[fd].open) {
+        struct conn *c = &g->conns[fd];
+        c->unsettled = bytes > UINT64_MAX - SETTLE_OVERHEAD - c->unsettled
+                           ? UINT64_MAX
+                           : c->unsettled + bytes + SETTLE_OVERHEAD;
+        if ((!c->spoke || c->unsettled > (uint64_t)g->max_pending / SETTLE_SHARE) &&
+            tcp_received(fd, &rx)) {
+            c->settled = rx;
+            c->unsettled = 0;
+            c->spoke = true;
+        }
+        c->seq = ++g->seq;
     }
     pthread_mutex_unlock(&g->mu);
 }
@@ -697,14 +721,19 @@ static bool has_more(void *sock)
  * received and dropped. */
 static int recv_parts(void *sock, guard *g, zmq_msg_t *parts, int want)
 {
+    uint64_t bytes = 0;
     for (int i = 0;; i++) {
         /* Only the first part can be absent: ZMQ delivers a message's parts
          * together. */
         if (zmq_msg_recv(&parts[i], sock, ZMQ_DONTWAIT) < 0) return i == 0 ? 0 : -1;
+        bytes += zmq_msg_size(&parts[i]);
         bool more = zmq_msg_more(&parts[i]); /* = ZMQ_RCVMORE, without a getsockopt */
         if (more && i < want - 1) continue;
-        if (more) drain(sock, &parts[i]);
-        guard_settle(g, &parts[i]);
+        if (more) { /* parts not counted: read the kernel's count */
+            drain(sock, &parts[i]);
+            bytes = UINT64_MAX;
+        }
+        guard_settle(g, &parts[i], bytes);
         return more || i < want - 1 ? -1 : 1;
     }
 }

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* test_ctrl — the control-plane sockets on real ZeroMQ over loopback:
  * request/reply round trips on IPv4, IPv6 and host names; bad framings
- * dropped and counted; oversized frames refused; a producer killed with
+ * dropped and counted; oversized frames refused; the inflow guard's
+ * readings between whole messages (many whole ones pass, an unfinished
+ * one over the bound is dropped); a producer killed with
  * SIGKILL, or frozen with SIGSTOP (heartbeat timeout), seen as lost;
  * CURVE: an encrypted round trip, and no request gets through with a wrong
  * server key, from a client outside the allow-list (counted), or from a
@@ -18,6 +20,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -206,6 +209,87 @@ static void test_max_frame(void **state)
     ecxi_ctrl_msg_fini(&m);
     ecxi_ctrl_peer_free(big);
     ecxi_ctrl_peer_free(small);
+    ecxi_ctrl_server_free(s);
+}
+
+/* Raw ZMTP 3.0 (NULL mechanism) from a plain TCP socket, as a hostile
+ * peer would write it: libzmq itself never sends a message before its last
+ * frame. */
+static void send_all(int fd, const void *p, size_t n)
+{
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        assert_true(w > 0);
+        p = (const char *)p + w, n -= (size_t)w;
+    }
+}
+
+static void zmtp_frame(int fd, bool more, const void *body, size_t n)
+{
+    unsigned char h[9] = {(unsigned char)((more ? 1 : 0) | (n > 255 ? 2 : 0))};
+    size_t hl = 2;
+    if (n > 255)
+        for (int i = 0; i < 8; i++) h[1 + i] = (unsigned char)((uint64_t)n >> (56 - 8 * i)), hl = 9;
+    else
+        h[1] = (unsigned char)n;
+    send_all(fd, h, hl);
+    send_all(fd, body, n);
+}
+
+static int zmtp_dealer(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    unsigned char greeting[64] = {0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f, 3, 0, 'N', 'U', 'L', 'L'};
+    send_all(fd, greeting, sizeof greeting);
+    static const unsigned char ready[] = "\x04\x1c\x05READY\x0bSocket-Type\0\0\0\x06" "DEALER";
+    send_all(fd, ready, sizeof ready - 1);
+    /* The server's greeting and READY first, as a peer reads them. */
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    unsigned char in[64 + 2 + 255];
+    assert_int_equal(recv(fd, in, 66, MSG_WAITALL), 66);
+    assert_int_equal(recv(fd, in + 66, in[65], MSG_WAITALL), in[65]);
+    return fd;
+}
+
+/* The inflow guard reads the kernel's byte count only every eighth of
+ * max_pending_bytes of whole messages (ctrl.c, "the inflow guard"): a
+ * connection that sends many times the bound in whole messages is never
+ * dropped for them, and one that then holds more than the bound in an
+ * unfinished message still is. */
+static void test_guard_between_readings(void **state)
+{
+    (void)state;
+    ecxi_ctrl_opts o = {.max_frame_bytes = 4096, .max_pending_bytes = 64 << 10};
+    ecxi_ctrl_server *s;
+    assert_int_equal(ecxi_ctrl_server_new(zctx, "127.0.0.1", 0, &o, &s), 0);
+    int fd = zmtp_dealer(ecxi_ctrl_server_port(s));
+    static char blob[4000];
+    enum { WHOLE = 400 }; /* 1.6 MB: 24 times the bound */
+    ecxi_ctrl_msg m;
+    ecxi_ctrl_msg_init(&m);
+    int got = 0;
+    for (int i = 0; i < WHOLE; i++) {
+        zmtp_frame(fd, true, "", 0);
+        zmtp_frame(fd, false, blob, sizeof blob);
+        if (i % 8 == 7) /* read as they come */
+            while (got <= i - 4 && server_wait(s, &m, 5000) == 1) got++;
+    }
+    while (got < WHOLE && server_wait(s, &m, 5000) == 1) got++;
+    assert_int_equal(got, WHOLE);
+    usleep(50000); /* past a guard interval: the next receive checks */
+    assert_int_equal(server_wait(s, &m, 100), 0);
+    assert_int_equal(ecxi_ctrl_server_stats(s).pending_drops, 0);
+    /* 100 frames of 4000 bytes, the last never sent: 400 KB unfinished. */
+    for (int i = 0; i < 100; i++) zmtp_frame(fd, true, blob, sizeof blob);
+    for (double end = now_s() + 10; ecxi_ctrl_server_stats(s).pending_drops == 0 && now_s() < end;)
+        server_wait(s, &m, 50);
+    assert_int_equal(ecxi_ctrl_server_stats(s).pending_drops, 1);
+    ecxi_ctrl_msg_fini(&m);
+    close(fd);
     ecxi_ctrl_server_free(s);
 }
 
@@ -477,6 +561,7 @@ int main(void)
         cmocka_unit_test(test_parse_addr),       cmocka_unit_test(test_roundtrip_v4),
         cmocka_unit_test(test_roundtrip_v6),     cmocka_unit_test(test_roundtrip_names),
         cmocka_unit_test(test_bad_framing),      cmocka_unit_test(test_max_frame),
+        cmocka_unit_test(test_guard_between_readings),
         cmocka_unit_test(test_lost_on_kill),     cmocka_unit_test(test_lost_on_heartbeat_timeout),
         cmocka_unit_test(test_late_producer),
         cmocka_unit_test(test_curve_roundtrip),  cmocka_unit_test(test_curve_wrong_server_key),

@@ -4,9 +4,9 @@
  * path, NOT_READY then ready, a miss, a wrong compatibility hash, a producer
  * killed with SIGKILL while a READ is in flight (every consumer block must
  * come back), a producer that restarts on the same port, the longest
- * mm_hash end to end (in one process), and the engine's per-step question
- * about a pending item answered while the context's lock is held, and other
- * calls going on while a large save is committed. */
+ * mm_hash end to end (in one process), the engine's calls (fetch: pending,
+ * new, READY, LOCAL; load / release) answered while the context's lock is
+ * held, and other calls going on while a large save is committed. */
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
@@ -408,67 +408,131 @@ static void test_mm_hash_limit(void **state)
  * thread would. */
 void ecxi_ctx_hold_lock(ecx_ctx *ctx, bool hold);
 
+/* One engine call on a thread of its own, so the test can see whether it
+ * returns while the context's lock is held. */
+enum { CALL_FETCH, CALL_LOAD_RELEASE, CALL_METRICS };
+
 typedef struct {
     ecx_ctx *ctx;
+    int op;
     const char *hash, *ann;
-    int st;
+    int st, reason;
+    pthread_t t;
     _Atomic bool done;
-} fetch_call;
+} engine_call;
 
-static void *fetch_thread(void *arg)
+static void *call_thread(void *arg)
 {
-    fetch_call *f = arg;
-    int reason;
-    f->st = ecx_fetch(f->ctx, f->hash, f->ann, 0, &reason);
-    f->done = true;
+    engine_call *c = arg;
+    if (c->op == CALL_FETCH) {
+        c->st = ecx_fetch(c->ctx, c->hash, c->ann, 0, &c->reason);
+    } else if (c->op == CALL_LOAD_RELEASE) {
+        const ecx_segment *segs;
+        size_t n;
+        uint64_t size;
+        c->st = ecx_load(c->ctx, c->hash, &segs, &n, &size);
+        if (!c->st) c->st = ecx_release(c->ctx, c->hash);
+    } else {
+        static char buf[1 << 16];
+        size_t len;
+        c->st = ecx_metrics(c->ctx, buf, sizeof buf, &len);
+    }
+    c->done = true;
     return NULL;
 }
 
-static bool wait_done(fetch_call *f, double seconds)
+/* Start the call; true if it returned within `seconds`. */
+static bool call_returns(engine_call *c, double seconds)
 {
-    for (double end = now_s() + seconds; !f->done && now_s() < end;)
+    c->done = false;
+    assert_int_equal(pthread_create(&c->t, NULL, call_thread, c), 0);
+    for (double end = now_s() + seconds; !c->done && now_s() < end;)
         usleep(1000);
-    return f->done;
+    return c->done;
 }
 
-/* Issue 26: the engine asks about a pending item every step; that answer
- * must not wait for the context's lock, which the progress thread holds
- * while it copies (a 256 MB READ's slices, say). The producer here listens
- * and never answers, so the item stays pending. A new item's fetch does
- * take the lock (it sends a request): the control that shows the seam
- * really holds it. */
-static void test_pending_fetch_takes_no_lock(void **state)
+/* Issue 26: every call an engine makes per step or per item answers without
+ * the context's lock, which the progress thread holds while it works (a
+ * 256 MB READ's slices, say): the fetch of a pending item, the first fetch
+ * of a new one (queued; its request goes out once the lock is free), the
+ * fetch that answers READY, the ones that answer LOCAL (a tombstone, a
+ * missing announcement), and ecx_load / ecx_release. The control:
+ * ecx_metrics, which takes the lock, waits while the test holds it, so the
+ * seam really holds it. */
+static void test_engine_calls_take_no_lock(void **state)
 {
     (void)state;
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(lfd, 8), 0);
-    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &al), 0);
-    char ann[160];
-    snprintf(ann, sizeof ann, "{\"peer_host\":\"127.0.0.1\",\"peer_port\":%d,\"size_bytes\":4096}",
-             ntohs(a.sin_port));
-    ecx_ctx *ctx = consumer("tcp", NULL, 64 << 20);
-    int reason;
-    assert_int_equal(ecx_fetch(ctx, "silent-1", ann, 0, &reason), ECX_FETCH_PENDING);
+    json_t *ann;
+    const char *args[] = {"--synthetic", "2:1Mi", NULL};
+    pid_t pid = serve(&ann, args);
+    const char *keys[2];
+    char *text[2];
+    void *it = json_object_iter(ann);
+    for (int i = 0; i < 2; i++, it = json_object_iter_next(ann, it)) {
+        keys[i] = json_object_iter_key(it);
+        text[i] = json_dumps(json_object_iter_value(it), JSON_COMPACT);
+    }
+    ecx_ctx *ctx = consumer("auto", NULL, 8 << 20);
+    int reason, st;
+    /* keys[0] ready; "missing" (not served) a tombstone the engine has not
+     * yet been told of. */
+    for (double end = now_s() + 20;
+         (st = ecx_fetch(ctx, keys[0], text[0], 0, &reason)) == ECX_FETCH_PENDING && now_s() < end;)
+        ecx_poll(ctx, 5);
+    assert_int_equal(st, ECX_FETCH_READY);
+    assert_int_equal(ecx_fetch(ctx, "missing", text[1], 0, &reason), ECX_FETCH_PENDING);
+    for (double end = now_s() + 20;
+         metric(ctx, "ecx_consumer_transfers{state=\"tombstone\"}") != 1 && now_s() < end;)
+        ecx_poll(ctx, 5);
+    assert_int_equal(metric(ctx, "ecx_consumer_transfers{state=\"tombstone\"}"), 1);
+
     ecxi_ctx_hold_lock(ctx, true);
-    fetch_call pending = {ctx, "silent-1", ann, -1, false};
-    fetch_call fresh = {ctx, "silent-2", ann, -1, false};
-    pthread_t t1, t2;
-    assert_int_equal(pthread_create(&t1, NULL, fetch_thread, &pending), 0);
-    bool answered = wait_done(&pending, 5);
-    assert_int_equal(pthread_create(&t2, NULL, fetch_thread, &fresh), 0);
-    bool fresh_waited = !wait_done(&fresh, 0.3);
+    engine_call ready = {ctx, CALL_FETCH, keys[0], text[0], .st = -1};
+    engine_call load = {ctx, CALL_LOAD_RELEASE, keys[0], NULL, .st = -1};
+    engine_call fresh = {ctx, CALL_FETCH, keys[1], text[1], .st = -1};
+    engine_call again = {ctx, CALL_FETCH, keys[1], text[1], .st = -1};
+    engine_call tomb = {ctx, CALL_FETCH, "missing", text[1], .st = -1};
+    engine_call no_peer = {ctx, CALL_FETCH, "unannounced", NULL, .st = -1};
+    engine_call control = {ctx, CALL_METRICS, NULL, NULL, .st = -1};
+    bool r_ready = call_returns(&ready, 5), r_load = call_returns(&load, 5),
+         r_fresh = call_returns(&fresh, 5), r_again = call_returns(&again, 5),
+         r_tomb = call_returns(&tomb, 5), r_no_peer = call_returns(&no_peer, 5),
+         control_waited = !call_returns(&control, 0.3);
     ecxi_ctx_hold_lock(ctx, false);
-    pthread_join(t1, NULL);
-    pthread_join(t2, NULL);
-    assert_true(answered);
-    assert_int_equal(pending.st, ECX_FETCH_PENDING);
-    assert_true(fresh_waited); /* the control: the seam held the lock */
+    engine_call *all[] = {&ready, &load, &fresh, &again, &tomb, &no_peer, &control};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pthread_join(all[i]->t, NULL);
+    assert_true(control_waited); /* the seam held the lock */
+    assert_true(r_ready && r_load && r_fresh && r_again && r_tomb && r_no_peer);
+    assert_int_equal(ready.st, ECX_FETCH_READY);
+    assert_int_equal(load.st, 0);
     assert_int_equal(fresh.st, ECX_FETCH_PENDING);
+    assert_int_equal(again.st, ECX_FETCH_PENDING);
+    assert_int_equal(tomb.st, ECX_FETCH_LOCAL);
+    assert_int_equal(tomb.reason, ECX_REASON_NACK_MISSING);
+    assert_int_equal(no_peer.st, ECX_FETCH_LOCAL);
+    assert_int_equal(no_peer.reason, ECX_REASON_NO_PEER);
+    /* The request queued while the lock was held goes out now: the item
+     * arrives, byte-exact; one transfer for the two fetches. */
+    for (double end = now_s() + 20;
+         (st = ecx_fetch(ctx, keys[1], text[1], 0, &reason)) == ECX_FETCH_PENDING && now_s() < end;)
+        ecx_poll(ctx, 5);
+    assert_int_equal(st, ECX_FETCH_READY);
+    static uint8_t buf[1 << 20];
+    assert_int_equal(ecx_read(ctx, keys[1], buf, sizeof buf), 1 << 20);
+    assert_true(synthetic_ok(keys[1], buf, sizeof buf));
+    assert_int_equal(metric(ctx, "ecx_consumer_requests_total"), 3);
+    assert_int_equal(metric(ctx, "ecx_consumer_in_flight"), 0);
+    /* The tombstone was taken: asking again is a new transfer (its NACK may
+     * be in by the end of the call). */
+    st = ecx_fetch(ctx, "missing", text[1], 0, &reason);
+    assert_true(st == ECX_FETCH_PENDING || (st == ECX_FETCH_LOCAL && reason == ECX_REASON_NACK_MISSING));
+    for (double end = now_s() + 10; metric(ctx, "ecx_consumer_requests_total") != 4 && now_s() < end;)
+        ecx_poll(ctx, 5);
+    assert_int_equal(metric(ctx, "ecx_consumer_requests_total"), 4);
     ecx_free(ctx);
-    close(lfd);
+    for (int i = 0; i < 2; i++) free(text[i]);
+    json_decref(ann);
+    stop(pid, SIGTERM);
 }
 
 typedef struct {
@@ -558,7 +622,7 @@ int main(void)
 #endif
         cmocka_unit_test(test_not_ready_then_ready),     cmocka_unit_test(test_miss_and_incompat),
         cmocka_unit_test(test_producer_restart),
-        cmocka_unit_test(test_mm_hash_limit),            cmocka_unit_test(test_pending_fetch_takes_no_lock),
+        cmocka_unit_test(test_mm_hash_limit),            cmocka_unit_test(test_engine_calls_take_no_lock),
         cmocka_unit_test(test_commit_hashes_without_lock),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

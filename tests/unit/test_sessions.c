@@ -1095,6 +1095,18 @@ static void test_session_id_marker(void **state)
     memcpy(c, a, sizeof c);
     c[8] = 'a';
     assert_false(ecxi_session_id_is_ecx(c, 36));
+    memcpy(c, a, sizeof c);
+    c[19] = 'c'; /* not the RFC variant */
+    assert_false(ecxi_session_id_is_ecx(c, 36));
+    /* every random digit is checked: an uppercase or non-hex one anywhere */
+    for (int i = 0; i < 24; i++) {
+        if (i == 8 || i == 13 || i == 18 || i == 23) continue;
+        for (const char *bad = "AF:g\x80"; *bad; bad++) {
+            memcpy(c, a, sizeof c);
+            c[i] = *bad;
+            assert_false(ecxi_session_id_is_ecx(c, 36));
+        }
+    }
 }
 
 #ifdef ECX_WITH_NIXL
