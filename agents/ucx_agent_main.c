@@ -78,7 +78,7 @@ static struct {
     uint64_t next_ask;
     hpeer *peers;
     hxfer *xfers;
-    uint64_t *local;
+    ecxi_block_run *local; /* a READ's runs */
     size_t local_cap;
     uint8_t buf[ECX_UCX_PROC_MSG_MAX];
 } g;
@@ -314,19 +314,15 @@ static void on_read(uint64_t id, const uint8_t *b, size_t n)
     const uint8_t *run = b + fixed + key_len;
     size_t total = 0;
     int rc = 0;
+    if (nruns > g.local_cap) {
+        ecxi_block_run *l = realloc(g.local, nruns * sizeof *l);
+        if (!l) rc = ECX_ENOMEM;
+        else g.local = l, g.local_cap = nruns;
+    }
     for (uint32_t i = 0; i < nruns && !rc; i++) {
         uint64_t first = ecxi_get_le32(run + 8 * (size_t)i), k = ecxi_get_le32(run + 8 * (size_t)i + 4);
         if (k == 0 || first >= nb || k > nb - first) rc = ECX_EDATA_INDEX;
-        else total += k;
-    }
-    if (!rc && total > g.local_cap) {
-        uint64_t *l = realloc(g.local, total * sizeof *l);
-        if (!l) rc = ECX_ENOMEM;
-        else g.local = l, g.local_cap = total;
-    }
-    for (uint32_t i = 0, j = 0; i < nruns && !rc; i++) {
-        uint64_t first = ecxi_get_le32(run + 8 * (size_t)i), k = ecxi_get_le32(run + 8 * (size_t)i + 4);
-        for (uint64_t q = 0; q < k; q++) g.local[j++] = first + q;
+        else total += k, g.local[i] = (ecxi_block_run){first, k};
     }
     if (!rc && (t.nbytes == 0 || t.nbytes > total * bs || t.nbytes <= (total - 1) * bs))
         rc = ECX_EDATA_COUNT;
@@ -336,7 +332,7 @@ static void on_read(uint64_t id, const uint8_t *b, size_t n)
     if (!rc && !x) rc = ECX_ENOMEM;
     if (!rc && !h->p) rc = connect_peer(h); /* its last reconnect failed */
     if (!rc)
-        rc = g.d->ops->read_post(h->p, &t, g.local, g.local, total, t.nbytes,
+        rc = g.d->ops->read_post(h->p, &t, g.local, nruns, g.local, nruns, t.nbytes,
                                  (const char *)b + fixed, key_len, &x->x);
     if (rc == ECX_EDATA_PEER && h->p) {
         /* Its connection failed (the producer's UCX process was started
@@ -344,7 +340,7 @@ static void on_read(uint64_t id, const uint8_t *b, size_t n)
         g.d->ops->peer_drop(h->p);
         h->p = NULL;
         if (!(rc = connect_peer(h)))
-            rc = g.d->ops->read_post(h->p, &t, g.local, g.local, total, t.nbytes,
+            rc = g.d->ops->read_post(h->p, &t, g.local, nruns, g.local, nruns, t.nbytes,
                                      (const char *)b + fixed, key_len, &x->x);
     }
     if (rc) {

@@ -94,10 +94,10 @@ static int map_file(const char *dir, uint64_t len, bool rw, uint8_t **out)
  * mapping + fault-ahead thread); the time, or < 0. */
 static double cold_once(int v, const ecxi_shm_src *s, uint8_t *dst, uint64_t size, uint64_t *sum)
 {
-    uint64_t blk = 0;
+    const ecxi_block_run blk = {0, 1}; /* one block of size bytes */
     double t0 = now_s();
     if (v == 8) {
-        if (ecxi_shm_copy(s, dst, size, &blk, &blk, 1, size, ECX_SHM_COPY_PREAD, sum)) return -1;
+        if (ecxi_shm_copy(s, dst, size, &blk, 1, &blk, 1, size, ECX_SHM_COPY_PREAD, sum)) return -1;
         return now_s() - t0;
     }
     void *map = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, s->fd, 0);
@@ -105,10 +105,10 @@ static double cold_once(int v, const ecxi_shm_src *s, uint8_t *dst, uint64_t siz
     ecxi_shm_src fresh = {.fd = s->fd, .map = map, .map_len = s->map_len};
     int rc = 0;
     if (v == 7) {
-        rc = ecxi_shm_copy(&fresh, dst, size, &blk, &blk, 1, size, 0, sum);
+        rc = ecxi_shm_copy(&fresh, dst, size, &blk, 1, &blk, 1, size, 0, sum);
     } else { /* as data_shm.c copies: 256 KiB a step */
         ecxi_shm_job *j = NULL;
-        rc = ecxi_shm_job_new(&fresh, size, &blk, &blk, 1, size, ECX_SHM_COPY_AHEAD, &j);
+        rc = ecxi_shm_job_new(&fresh, size, &blk, 1, &blk, 1, size, ECX_SHM_COPY_AHEAD, &j);
         uint64_t moved;
         while (rc == 0 && (rc = ecxi_shm_job_step(j, &fresh, dst, 256u << 10, &moved, sum)) == 0)
             ;
@@ -157,7 +157,7 @@ int main(int argc, char **argv)
         return 1;
     }
     ecxi_shm_src s = {.fd = sfd, .map = src, .map_len = max};
-    uint64_t blk = 0;
+    const ecxi_block_run blk = {0, 1}; /* one block of size bytes */
     volatile uint64_t sink = 0;
     for (int z = 0; z < nsizes; z++) {
         uint64_t size = sizes[z], want = ecxi_checksum(src, size);
@@ -174,11 +174,11 @@ int main(int argc, char **argv)
                     if (c < 0) return 1;
                     t0 = now_s() - c;
                 } else if (v == 1) {
-                    if (ecxi_shm_copy(&s, dst, size, &blk, &blk, 1, size, 0, &sum)) return 1;
+                    if (ecxi_shm_copy(&s, dst, size, &blk, 1, &blk, 1, size, 0, &sum)) return 1;
 #if HAVE_FSUM
                 } else if (v <= 4) {
                     if (ecxi_fsum_set_isa(ECXI_FSUM_AVX512 + 2 - v) != 0) continue;
-                    int rc = ecxi_shm_copy(&s, dst, size, &blk, &blk, 1, size, 0, &sum);
+                    int rc = ecxi_shm_copy(&s, dst, size, &blk, 1, &blk, 1, size, 0, &sum);
                     ecxi_fsum_set_isa(ecxi_fsum_best_isa());
                     if (rc) return 1;
                 } else if (v == 5) {

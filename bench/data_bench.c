@@ -210,17 +210,17 @@ static void path_close(path *ph)
 
 /* One timed READ of `size` bytes (the producer's blocks from..  into our
  * blocks 0..), verified afterwards; seconds, or < 0 on failure. */
-static double path_fetch_at(path *ph, bench *b, uint64_t size, const uint64_t *idx, uint64_t from)
+static double path_fetch_at(path *ph, bench *b, uint64_t size, uint64_t from)
 {
     uint64_t n = (size + b->bs - 1) / b->bs;
     const uint8_t *expect = b->expect + from * b->bs;
-    const uint64_t *remote = idx + from;
+    const ecxi_block_run remote = {from, n}, local = {0, n};
     uint8_t *dst = ecxi_region_base(b->cr);
     memset(dst, 0x5a, size);
     ecxi_data_xfer *x;
     char key[ECX_DATA_NOTIF_MAX];
     uint8_t desc[ECX_DATA_DESC_MAX];
-    int kl = stub_key(key, sizeof key, size, remote, n);
+    int kl = stub_key(key, sizeof key, size, &remote, 1);
     long dl = stub_desc(ph->layout, ph->layout_len, size, ecxi_checksum(expect, size), desc,
                         sizeof desc);
     ecxi_data_desc dd;
@@ -229,7 +229,7 @@ static double path_fetch_at(path *ph, bench *b, uint64_t size, const uint64_t *i
         return -1;
     }
     double t0 = now_s();
-    int rc = ecxi_data_read_post(ph->p, &dd, remote, idx, n, size, key, (size_t)kl, &x);
+    int rc = ecxi_data_read_post(ph->p, &dd, &remote, 1, &local, 1, size, key, (size_t)kl, &x);
     if (rc) {
         fprintf(stderr, "bench: post: %s\n", ecx_strerror(rc));
         return -1;
@@ -248,9 +248,9 @@ static double path_fetch_at(path *ph, bench *b, uint64_t size, const uint64_t *i
     return t1 - t0;
 }
 
-static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
+static double path_fetch(path *ph, bench *b, uint64_t size)
 {
-    return path_fetch_at(ph, b, size, idx, 0);
+    return path_fetch_at(ph, b, size, 0);
 }
 
 /* Cold fetches over shm, each on a fresh consumer context (a first fetch:
@@ -259,7 +259,7 @@ static double path_fetch(path *ph, bench *b, uint64_t size, const uint64_t *idx)
  * straight away (still cold) or after idle progress calls (the shm path
  * pre-faults a ready peer's mapping a chunk per idle call); then the first
  * blocks again (warm). Printed on stderr against the memcpy median. */
-static int cold_fetches(bench *b, uint64_t size, const uint64_t *idx, const uint8_t *m,
+static int cold_fetches(bench *b, uint64_t size, const uint8_t *m,
                         size_t ml, const uint8_t *ds, size_t dl, double memcpy_s)
 {
     uint64_t n = (size + b->bs - 1) / b->bs;
@@ -279,7 +279,7 @@ static int cold_fetches(bench *b, uint64_t size, const uint64_t *idx, const uint
             path_close(&ph);
             return -1;
         }
-        t[idle][0] = path_fetch_at(&ph, b, size, idx, 0);
+        t[idle][0] = path_fetch_at(&ph, b, size, 0);
         if (idle) {
             /* Enough idle calls for the whole mapping, a chunk each. */
             uint64_t calls = ecxi_region_size(b->cr) / ECX_DATA_CHUNK + 16;
@@ -289,8 +289,8 @@ static int cold_fetches(bench *b, uint64_t size, const uint64_t *idx, const uint
             idle_v[r] = (now_s() - t0) * 1e3;
             idle_calls = calls;
         }
-        t[idle][1] = path_fetch_at(&ph, b, size, idx, n);
-        t[idle][2] = path_fetch_at(&ph, b, size, idx, 0);
+        t[idle][1] = path_fetch_at(&ph, b, size, n);
+        t[idle][2] = path_fetch_at(&ph, b, size, 0);
         for (int j = 0; j < 3; j++)
             v[idle][j][r] = t[idle][j];
         ecxi_data_stats st;
@@ -361,21 +361,23 @@ static void variants_close(bench *b)
  * which every earlier copy has faulted in (warm), 3 the same from a fresh
  * mapping, mmap included (cold: what a consumer's first read of those
  * pages pays; the munmap after it is not timed). */
-static double variant_once(bench *b, int v, uint64_t size, const uint64_t *idx, uint64_t want)
+static double variant_once(bench *b, int v, uint64_t size, uint64_t want)
 {
     uint64_t n = (size + b->bs - 1) / b->bs, sum = 0;
+    const ecxi_block_run all = {0, n};
     uint8_t *dst = ecxi_region_base(b->cr);
     memset(dst, 0x5a, size);
     double t0 = now_s();
     if (v == 0 || v == 2) {
-        if (ecxi_shm_copy(&b->var, dst, b->bs, idx, idx, n, size,
+        if (ecxi_shm_copy(&b->var, dst, b->bs, &all, 1, &all, 1, size,
                           v == 0 ? ECX_SHM_COPY_PREAD : ECX_SHM_COPY_AUTO, &sum))
             return -1;
     } else if (v == 3) {
         void *map = mmap(NULL, b->var.map_len, PROT_READ, MAP_SHARED, b->var.fd, 0);
         if (map == MAP_FAILED) return -1;
         ecxi_shm_src fresh = {.fd = b->var.fd, .map = map, .map_len = b->var.map_len};
-        int rc = ecxi_shm_copy(&fresh, dst, b->bs, idx, idx, n, size, ECX_SHM_COPY_AUTO, &sum);
+        int rc = ecxi_shm_copy(&fresh, dst, b->bs, &all, 1, &all, 1, size, ECX_SHM_COPY_AUTO,
+                               &sum);
         double t1 = now_s();
         munmap(map, b->var.map_len);
         if (rc) return -1;
@@ -498,7 +500,6 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
     int ret = -1;
     uint32_t lens[4];
     uint8_t *m = NULL, *ds = NULL, *um = NULL, *uds = NULL;
-    uint64_t *idx = NULL;
     double *tm = NULL, *tr = NULL; /* memcpy's times; raw TCP's */
     bench_raw_tcp raw = {.fd = -1, .pid = -1};
     path paths[3];
@@ -521,17 +522,14 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
     b.expect = malloc(region);
     b.src = malloc(region);
     b.dst = malloc(region);
-    idx = malloc((region / b.bs) * sizeof *idx);
     tm = malloc((size_t)b.iters * sizeof *tm);
-    if (!b.expect || !b.src || !b.dst || !idx || !tm) {
+    if (!b.expect || !b.src || !b.dst || !tm) {
         fprintf(stderr, "bench: out of memory\n");
         goto done;
     }
     fill_pattern(b.expect, region);
     memcpy(b.src, b.expect, region);
     memset(b.dst, 0, region);
-    for (uint64_t i = 0; i < region / b.bs; i++)
-        idx[i] = i;
     if (o->shm && path_open(&paths[np++], ECX_DATA_SHM, &b, m, lens[0], ds, lens[1])) goto done;
     if (o->shm && variants_open(&b, m, lens[0]) == 0) {
         bool ok = true;
@@ -556,7 +554,7 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
             if (t < 0) goto done;
             if (it >= b.warmup) tm[it - b.warmup] = t;
             for (int k = 0; k < np; k++) {
-                if ((t = path_fetch(&paths[k], &b, size, idx)) < 0) goto done;
+                if ((t = path_fetch(&paths[k], &b, size)) < 0) goto done;
                 if (it >= b.warmup) paths[k].t[it - b.warmup] = t;
             }
             if (tr) {
@@ -565,7 +563,7 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
                 if (it >= b.warmup) tr[it - b.warmup] = t;
             }
             for (int v = 0; b.var.map && v < 4; v++) {
-                if ((t = variant_once(&b, v, size, idx, want)) < 0) goto done;
+                if ((t = variant_once(&b, v, size, want)) < 0) goto done;
                 if (it >= b.warmup) b.tv[v][it - b.warmup] = t;
             }
         }
@@ -598,7 +596,7 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
                     (unsigned long long)size, lp / lat[0], lw / lat[0], lc / lat[0]);
         }
         if (o->cold && o->shm &&
-            cold_fetches(&b, size, idx, m, lens[0], ds, lens[1], lat[0]) != 0) {
+            cold_fetches(&b, size, m, lens[0], ds, lens[1], lat[0]) != 0) {
             fprintf(stderr, "bench: cold fetches failed\n");
             goto done;
         }
@@ -618,7 +616,6 @@ done:
     for (int v = 0; v < 4; v++)
         free(b.tv[v]);
     free(tm), free(tr);
-    free(idx);
     bench_raw_tcp_close(&raw);
     close(to_parent[0]);
     close(stop[1]); /* tells the producer to stop */

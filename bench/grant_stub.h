@@ -35,20 +35,16 @@ typedef struct stub_grants {
     unsigned served, refused;
 } stub_grants;
 
-/* The key of a grant of blocks[0..n) holding nbytes; its length, or -1 if
- * it does not fit cap. */
+/* The key of a grant of the runs runs[0..n) holding nbytes; its length,
+ * or -1 if it does not fit cap. */
 static __attribute__((unused)) int stub_key(char *buf, size_t cap, uint64_t nbytes,
-                                            const uint64_t *blocks, size_t n)
+                                            const ecxi_block_run *runs, size_t n)
 {
     int k = snprintf(buf, cap, "stub:%llu:", (unsigned long long)nbytes);
-    for (size_t i = 0; i < n && k > 0 && (size_t)k < cap;) {
-        size_t r = 1;
-        while (i + r < n && blocks[i + r] == blocks[i] + r)
-            r++;
+    for (size_t i = 0; i < n && k > 0 && (size_t)k < cap; i++)
         k += snprintf(buf + k, cap - (size_t)k, "%s%llu-%llu", i ? "," : "",
-                      (unsigned long long)blocks[i], (unsigned long long)(blocks[i] + r - 1));
-        i += r;
-    }
+                      (unsigned long long)runs[i].first,
+                      (unsigned long long)(runs[i].first + runs[i].count - 1));
     return k > 0 && (size_t)k < cap ? k : -1;
 }
 

@@ -94,8 +94,9 @@ struct ecxi_consumer {
     uint64_t sessions_gen; /* bumped when a session opens or closes */
     unsigned reads_started; /* by the acks of the current poll */
     msgpack_sbuffer out;
-    int64_t *idx;             /* scratch: ack indices */
-    uint64_t *remote, *local; /* scratch for read_post */
+    int64_t *idx;                   /* scratch: ack indices */
+    ecxi_cache_run *cruns;          /* scratch: our entry's runs */
+    ecxi_block_run *remote, *local; /* scratch for read_post: the two sides' runs */
     size_t scratch_cap;
 };
 
@@ -121,11 +122,13 @@ static int grow_scratch(ecxi_consumer *c, size_t n)
     if (n <= c->scratch_cap) return 0;
     int64_t *i = realloc(c->idx, n * sizeof *i);
     if (i) c->idx = i;
-    uint64_t *r = realloc(c->remote, n * sizeof *r);
+    ecxi_cache_run *cr = realloc(c->cruns, n * sizeof *cr);
+    if (cr) c->cruns = cr;
+    ecxi_block_run *r = realloc(c->remote, n * sizeof *r);
     if (r) c->remote = r;
-    uint64_t *l = realloc(c->local, n * sizeof *l);
+    ecxi_block_run *l = realloc(c->local, n * sizeof *l);
     if (l) c->local = l;
-    if (!i || !r || !l) return ECX_ENOMEM;
+    if (!i || !cr || !r || !l) return ECX_ENOMEM;
     c->scratch_cap = n;
     return 0;
 }
@@ -622,7 +625,7 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         decline(c, s, x, &dd, unfit, now);
         return;
     }
-    size_t n = (size_t)x->n_blocks, got = 0;
+    size_t n = (size_t)x->n_blocks, nlocal = 0;
     if (grow_scratch(c, n)) {
         decline(c, s, x, &dd, ECX_REASON_READ_FAILED, now);
         return;
@@ -631,23 +634,27 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         decline(c, s, x, &dd, ECX_REASON_BAD_ACK, now);
         return;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         if (c->idx[i] < 0) {
             decline(c, s, x, &dd, ECX_REASON_BAD_ACK, now);
             return;
         }
-        c->remote[i] = (uint64_t)c->idx[i];
-    }
-    if (ecxi_cache_blocks(c->cache, x->hash, x->hash_len, c->idx, n, &got) || got != n) {
+    /* The wire's indices become runs here, once; the data front checks them. */
+    size_t nremote = ecxi_block_runs_of((const uint64_t *)c->idx, n, c->remote);
+    uint64_t got = 0;
+    if (!ecxi_cache_runs(c->cache, x->hash, x->hash_len, c->cruns, n, &nlocal))
+        for (size_t i = 0; i < nlocal; i++) {
+            c->local[i] = (ecxi_block_run){c->cruns[i].start, c->cruns[i].len};
+            got += c->cruns[i].len;
+        }
+    if (got != n) {
         decline(c, s, x, &dd, ECX_REASON_READ_FAILED, now);
         return;
     }
-    for (size_t i = 0; i < n; i++)
-        c->local[i] = (uint64_t)c->idx[i];
     char key[ECX_DATA_NOTIF_MAX];
     int kl = snprintf(key, sizeof key, "%s:%.*s", s->sid, (int)x->hash_len, x->hash);
-    rc = ecxi_data_read_post(s->dpeer, &dd, c->remote, c->local, n, x->size_bytes, key,
-                             (size_t)kl, &x->dx);
+    rc = ecxi_data_read_post(s->dpeer, &dd, c->remote, nremote, c->local, nlocal, x->size_bytes,
+                             key, (size_t)kl, &x->dx);
     if (rc) {
         x->dx = NULL;
         ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: READ of %.*s not posted: %s", (int)x->hash_len,
@@ -1109,7 +1116,7 @@ int ecxi_consumer_new(ecxi_cache *cache, ecxi_data *data, const ecxi_consumer_op
         ecxi_table_fini(&c->front);
     }
     if (rc) {
-        free(c->idx), free(c->remote), free(c->local), free(c);
+        free(c->idx), free(c->cruns), free(c->remote), free(c->local), free(c);
         return rc;
     }
     pthread_mutex_init(&c->pmu, NULL);
@@ -1141,7 +1148,7 @@ void ecxi_consumer_free(ecxi_consumer *c)
     ecxi_table_fini(&c->front);
     pthread_mutex_destroy(&c->pmu);
     msgpack_sbuffer_destroy(&c->out);
-    free(c->idx), free(c->remote), free(c->local);
+    free(c->idx), free(c->cruns), free(c->remote), free(c->local);
     free(c);
 }
 

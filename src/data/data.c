@@ -405,15 +405,46 @@ void ecxi_data_peer_drop(ecxi_data_peer *p)
     p->owner->ops->peer_drop(p);
 }
 
-int ecxi_data_read_post(ecxi_data_peer *p, const ecxi_data_desc *desc, const uint64_t *remote,
-                        const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                        size_t key_len, ecxi_data_xfer **out)
+size_t ecxi_block_runs_of(const uint64_t *blocks, size_t n, ecxi_block_run *out)
 {
-    if (!p || !out || (n && (!remote || !local)) || (key_len && !key)) return ECX_EINVAL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (k && out[k - 1].first + out[k - 1].count == blocks[i])
+            out[k - 1].count++;
+        else
+            out[k++] = (ecxi_block_run){blocks[i], 1};
+    return k;
+}
+
+/* The blocks runs[0..n) name (saturating: a hostile list cannot wrap). */
+static uint64_t runs_blocks(const ecxi_block_run *runs, size_t n)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total = runs[i].count > UINT64_MAX - total ? UINT64_MAX : total + runs[i].count;
+    return total;
+}
+
+/* Every run non-empty and inside [0, nblocks). */
+static bool runs_inside(const ecxi_block_run *runs, size_t n, uint64_t nblocks)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!runs[i].count || runs[i].first >= nblocks || runs[i].count > nblocks - runs[i].first)
+            return false;
+    return true;
+}
+
+int ecxi_data_read_post(ecxi_data_peer *p, const ecxi_data_desc *desc,
+                        const ecxi_block_run *remote, size_t nremote, const ecxi_block_run *local,
+                        size_t nlocal, uint64_t nbytes, const char *key, size_t key_len,
+                        ecxi_data_xfer **out)
+{
+    if (!p || !out || (nremote && !remote) || (nlocal && !local) || (key_len && !key))
+        return ECX_EINVAL;
     *out = NULL;
     /* desc was parsed (ecxi_data_desc_decode: block size, count and ticket
      * bounds hold); what is checked here is what ties it to this peer, our
-     * region and this READ. */
+     * region and this READ. Backends get runs checked here, and only here. */
     if (!desc || !desc->has_ticket) return ECX_EDATA_DESC;
     uint64_t lblocks = ecxi_region_num_blocks(p->owner->region);
     uint64_t bs = ecxi_region_block_bytes(p->owner->region);
@@ -421,13 +452,15 @@ int ecxi_data_read_post(ecxi_data_peer *p, const ecxi_data_desc *desc, const uin
         return ECX_EDATA_MISMATCH;
     if (nbytes == 0) nbytes = desc->ticket.nbytes;
     if (nbytes != desc->ticket.nbytes) return ECX_EDATA_MISMATCH;
-    if (n == 0) return ECX_EDATA_COUNT;
+    uint64_t n = runs_blocks(remote, nremote);
+    if (n == 0 || runs_blocks(local, nlocal) != n) return ECX_EDATA_COUNT;
     if (key_len == 0 || key_len > ECX_DATA_NOTIF_MAX) return ECX_EDATA_NOTIF;
     if (n > lblocks || n > p->num_blocks) return ECX_EDATA_COUNT;
     if (nbytes <= (n - 1) * bs || nbytes > n * bs) return ECX_EDATA_COUNT;
-    for (size_t i = 0; i < n; i++)
-        if (remote[i] >= p->num_blocks || local[i] >= lblocks) return ECX_EDATA_INDEX;
-    return p->owner->ops->read_post(p, &desc->ticket, remote, local, n, nbytes, key, key_len, out);
+    if (!runs_inside(remote, nremote, p->num_blocks) || !runs_inside(local, nlocal, lblocks))
+        return ECX_EDATA_INDEX;
+    return p->owner->ops->read_post(p, &desc->ticket, remote, nremote, local, nlocal, nbytes, key,
+                                    key_len, out);
 }
 
 int ecxi_data_decline(ecxi_data_peer *p, const ecxi_data_desc *desc, const char *key,

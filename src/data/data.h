@@ -254,21 +254,36 @@ const char *ecxi_data_peer_backend(const ecxi_data_peer *p);
  * stay valid until released). NULL is a no-op. */
 void ecxi_data_peer_drop(ecxi_data_peer *p);
 
+/* A run of blocks: first, first + 1, ..., first + count - 1. Blocks go
+ * to the data plane as runs, in order (the cache's, and the ack's indices
+ * made runs once, by ecxi_block_runs_of); each path cuts them into its
+ * own pieces, never back into indices. */
+typedef struct ecxi_block_run {
+    uint64_t first, count;
+} ecxi_block_run;
+
+/* The runs of blocks[0..n), in order, consecutive blocks merged, into
+ * out (room for n; n runs at most). Returns how many. */
+size_t ecxi_block_runs_of(const uint64_t *blocks, size_t n, ecxi_block_run *out);
+
 /* Post a READ of the grant in desc (this ack's mem_descriptor, parsed by
  * ecxi_data_desc_decode, which checked its own bounds): the peer's blocks
- * remote[i] into our blocks local[i], i < n. key is the grant's key
+ * remote[0..nremote) into our blocks local[0..nlocal), block for block in
+ * run order (n blocks on each side). key is the grant's key
  * "{session_id}:{mm_hash}" (1..ECX_DATA_NOTIF_MAX bytes). nbytes is the
  * encoding's size, as announced (0: the ticket's): the bytes run through
- * the blocks in list order, so only the first nbytes - (n-1) * block_bytes
+ * the blocks in order, so only the first nbytes - (n-1) * block_bytes
  * bytes of the last block move. Errors: ECX_EDATA_DESC (desc NULL or
  * without a ticket), ECX_EDATA_MISMATCH (descriptor of another producer,
- * or its size differs from nbytes), ECX_EDATA_COUNT (n == 0, or nbytes
- * not in ((n-1) * block_bytes, n * block_bytes]), ECX_EDATA_INDEX (an
- * index beyond either side's block count), ECX_EDATA_NOTIF (key empty or
- * too long), ECX_EDATA_PEER (peer broken), ECX_ENOMEM, ECX_EDATA_UCX. */
-int ecxi_data_read_post(ecxi_data_peer *p, const ecxi_data_desc *desc, const uint64_t *remote,
-                        const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                        size_t key_len, ecxi_data_xfer **out);
+ * or its size differs from nbytes), ECX_EDATA_COUNT (no blocks, the two
+ * sides' block counts differ, or nbytes not in ((n-1) * block_bytes,
+ * n * block_bytes]), ECX_EDATA_INDEX (an empty run, or a block beyond
+ * its side's block count), ECX_EDATA_NOTIF (key empty or too long),
+ * ECX_EDATA_PEER (peer broken), ECX_ENOMEM, ECX_EDATA_UCX. */
+int ecxi_data_read_post(ecxi_data_peer *p, const ecxi_data_desc *desc,
+                        const ecxi_block_run *remote, size_t nremote, const ecxi_block_run *local,
+                        size_t nlocal, uint64_t nbytes, const char *key, size_t key_len,
+                        ecxi_data_xfer **out);
 
 /* Tell the producer that the grant desc's ticket and key name (its ack
  * was read, its bytes will not be: the ack did not fit the item asked

@@ -66,14 +66,15 @@ struct ecxi_data_ops {
                     ecxi_data_peer **out);
     void (*peer_drop)(ecxi_data_peer *p);
     /* The ticket comes from a descriptor of this peer's producer, with
-     * t->nbytes == nbytes; indices are already checked against both block
-     * counts, n > 0, nbytes is in ((n-1) * block_bytes, n * block_bytes]
-     * and 0 < key_len <= ECX_DATA_NOTIF_MAX. Before reporting DONE the
+     * t->nbytes == nbytes; the runs are already checked (ecxi_data_read_post:
+     * none empty, each inside its side's block count, n > 0 blocks on each
+     * side), nbytes is in ((n-1) * block_bytes, n * block_bytes] and
+     * 0 < key_len <= ECX_DATA_NOTIF_MAX. Before reporting DONE the
      * backend checks what it wrote against t->checksum (CORRUPT if not),
      * or, for a grant that carries none, sets the xfer head's sum. */
-    int (*read_post)(ecxi_data_peer *p, const ecxi_data_ticket *t, const uint64_t *remote,
-                     const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                     size_t key_len, ecxi_data_xfer **out);
+    int (*read_post)(ecxi_data_peer *p, const ecxi_data_ticket *t, const ecxi_block_run *remote,
+                     size_t nremote, const ecxi_block_run *local, size_t nlocal, uint64_t nbytes,
+                     const char *key, size_t key_len, ecxi_data_xfer **out);
     /* optional, consumer: ecxi_data_decline (arguments checked as read_post's) */
     int (*decline)(ecxi_data_peer *p, const ecxi_data_ticket *t, const char *key, size_t key_len);
     int (*read_poll)(ecxi_data_xfer *x);
@@ -156,15 +157,37 @@ int ecxi_data_ack_register_ecx(ecxi_data *d, const ecxi_data_ack *a, ecxi_data_d
  * peer's owner when the peer is registered (ecxi_data_peer_done). */
 void ecxi_data_ops_check(const struct ecxi_data_ops *ops, bool peer);
 
-/* Length of the run of consecutive block pairs starting at i: the largest
- * k with remote[i+j] == remote[i]+j and local[i+j] == local[i]+j, j < k. */
-static inline size_t ecxi_data_run_len(const uint64_t *remote, const uint64_t *local, size_t i,
-                                      size_t n)
+/* Walks a READ's two run lists (checked: equal block counts) as pieces
+ * that are one run on both sides: ecxi_block_zip_next() gives each in
+ * turn, remote's first block, local's, and the count, until it returns
+ * false. Start with ecxi_block_zip_start(). */
+typedef struct ecxi_block_zip {
+    const ecxi_block_run *r;
+    size_t nr;
+    const ecxi_block_run *l;
+    size_t nl;
+    size_t ri, li;       /* the runs the next piece starts in */
+    uint64_t roff, loff; /* blocks of them already given */
+} ecxi_block_zip;
+
+static inline ecxi_block_zip ecxi_block_zip_start(const ecxi_block_run *remote, size_t nremote,
+                                                  const ecxi_block_run *local, size_t nlocal)
 {
-    size_t k = 1;
-    while (i + k < n && remote[i + k] == remote[i] + k && local[i + k] == local[i] + k)
-        k++;
-    return k;
+    return (ecxi_block_zip){.r = remote, .nr = nremote, .l = local, .nl = nlocal};
+}
+
+static inline bool ecxi_block_zip_next(ecxi_block_zip *z, uint64_t *rfirst, uint64_t *lfirst,
+                                       uint64_t *count)
+{
+    if (z->ri >= z->nr || z->li >= z->nl) return false;
+    const ecxi_block_run *r = &z->r[z->ri], *l = &z->l[z->li];
+    uint64_t rk = r->count - z->roff, lk = l->count - z->loff, k = rk < lk ? rk : lk;
+    *rfirst = r->first + z->roff;
+    *lfirst = l->first + z->loff;
+    *count = k;
+    if ((z->roff += k) == r->count) z->ri++, z->roff = 0;
+    if ((z->loff += k) == l->count) z->li++, z->loff = 0;
+    return true;
 }
 
 /* The bytes of /proc/sys/kernel/random/boot_id as 16 raw bytes. */

@@ -31,7 +31,7 @@ typedef struct fault_xfer {
     bool corrupted;
     uint64_t nbytes, checksum;
     size_t n;
-    uint64_t local[]; /* CORRUPT: where the bytes went, to check them again */
+    ecxi_block_run local[]; /* CORRUPT: the runs the bytes went to, to check them again */
 } fault_xfer;
 
 static const struct ecxi_data_ops fault_ops;
@@ -141,9 +141,24 @@ static void fault_stats(const ecxi_data *d, ecxi_data_stats *st)
     ecxi_data_get_stats(((const fault_data *)d)->inner, st);
 }
 
-static int fault_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *remote,
-                           const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                           size_t key_len, ecxi_data_xfer **out)
+/* The checksum of the item in the runs local[0..n) of base, nbytes long. */
+static uint64_t runs_sum(const uint8_t *base, uint64_t bs, const ecxi_block_run *local, size_t n,
+                         uint64_t nbytes)
+{
+    ecxi_sum s;
+    ecxi_sum_reset(&s);
+    for (size_t i = 0; i < n && nbytes; i++) {
+        uint64_t len = local[i].count * bs < nbytes ? local[i].count * bs : nbytes;
+        ecxi_sum_update(&s, base + local[i].first * bs, (size_t)len);
+        nbytes -= len;
+    }
+    return ecxi_sum_digest(&s);
+}
+
+static int fault_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
+                           const ecxi_block_run *remote, size_t nremote,
+                           const ecxi_block_run *local, size_t nlocal, uint64_t nbytes,
+                           const char *key, size_t key_len, ecxi_data_xfer **out)
 {
     fault_peer *p = (fault_peer *)hp;
     fault_data *f = (fault_data *)hp->owner;
@@ -154,7 +169,7 @@ static int fault_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const 
         kind = f->kind;
     if (kind != ECX_FAULT_NONE) f->hits++;
     if (kind == ECX_FAULT_POST_FAIL) return ECX_EDATA_FAULT;
-    size_t keep = kind == ECX_FAULT_CORRUPT ? n : 0;
+    size_t keep = kind == ECX_FAULT_CORRUPT ? nlocal : 0;
     fault_xfer *x = calloc(1, sizeof *x + keep * sizeof *local);
     if (!x) return ECX_ENOMEM;
     x->head.owner = hp->owner;
@@ -169,8 +184,8 @@ static int fault_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const 
     } else if (kind == ECX_FAULT_HANG) {
         x->state = ECX_XFER_RUNNING;
     } else {
-        int rc = p->inner->owner->ops->read_post(p->inner, t, remote, local, n, nbytes, key,
-                                                 key_len, &x->inner);
+        int rc = p->inner->owner->ops->read_post(p->inner, t, remote, nremote, local, nlocal,
+                                                 nbytes, key, key_len, &x->inner);
         if (rc) {
             free(x);
             return rc;
@@ -193,9 +208,9 @@ static int fault_read_poll(ecxi_data_xfer *hx)
         ecxi_region *r = hx->owner->region;
         uint8_t *base = ecxi_region_base(r);
         uint64_t bs = ecxi_region_block_bytes(r);
-        if (!x->corrupted) base[x->local[0] * bs] ^= 0xff;
+        if (!x->corrupted) base[x->local[0].first * bs] ^= 0xff;
         x->corrupted = true;
-        if (ecxi_checksum_blocks(base, bs, x->local, x->n, x->nbytes) != x->checksum)
+        if (runs_sum(base, bs, x->local, x->n, x->nbytes) != x->checksum)
             st = ECX_XFER_CORRUPT;
     }
     return st;

@@ -137,6 +137,8 @@ static int consume(ecxi_region *r, ecxi_data_opts *o, const char *file, const ch
     }
     const uint64_t bs = ecxi_region_block_bytes(r), nb = ecxi_region_num_blocks(r);
     uint64_t *rem = calloc(nb, 8), *loc = calloc(nb, 8);
+    ecxi_block_run *rr = calloc(nb, sizeof *rr), *lr = calloc(nb, sizeof *lr);
+    if (!rem || !loc || !rr || !lr) return 2;
     int failures = 0;
     for (int c = 0; c < 4; c++) {
         size_t n;
@@ -174,13 +176,14 @@ static int consume(ecxi_region *r, ecxi_data_opts *o, const char *file, const ch
         }
         char key[ECX_DATA_NOTIF_MAX];
         uint8_t desc[ECX_DATA_DESC_MAX];
-        int kl = stub_key(key, sizeof key, nbytes, rem, n);
+        size_t nr = ecxi_block_runs_of(rem, n, rr), nl = ecxi_block_runs_of(loc, n, lr);
+        int kl = stub_key(key, sizeof key, nbytes, rr, nr);
         long dl = stub_desc(ds, (size_t)dsl, nbytes, ecxi_sum_digest(&sum), desc, sizeof desc);
         ecxi_data_xfer *x;
         if (kl < 0 || dl < 0) return 2;
         ecxi_data_desc dd;
         if ((rc = ecxi_data_desc_decode(desc, (size_t)dl, &dd)) ||
-            (rc = ecxi_data_read_post(p, &dd, rem, loc, n, nbytes, key, (size_t)kl, &x))) {
+            (rc = ecxi_data_read_post(p, &dd, rr, nr, lr, nl, nbytes, key, (size_t)kl, &x))) {
             fprintf(stderr, "consumer: post %s: %s\n", name, ecx_strerror(rc));
             return 1;
         }
@@ -202,7 +205,7 @@ static int consume(ecxi_region *r, ecxi_data_opts *o, const char *file, const ch
                st == ECX_XFER_DONE ? "done" : "NOT DONE", n, (unsigned long long)bad);
         if (st != ECX_XFER_DONE || bad) failures++;
     }
-    free(rem), free(loc), free(ds);
+    free(rem), free(loc), free(rr), free(lr), free(ds);
     /* Let the last notification leave before the endpoint closes. */
     int64_t end = ecxi_now_ms(NULL) + 100;
     while (ecxi_now_ms(NULL) < end) {

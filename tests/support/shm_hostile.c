@@ -336,6 +336,9 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
     uint64_t remote[ITEM_BLOCKS], local[ITEM_BLOCKS];
     for (unsigned i = 0; i < ITEM_BLOCKS; i++)
         remote[i] = i, local[i] = NB - 1 - i; /* scattered, reversed */
+    ecxi_block_run rr[ITEM_BLOCKS], lr[ITEM_BLOCKS];
+    size_t nr = ecxi_block_runs_of(remote, ITEM_BLOCKS, rr),
+           nl = ecxi_block_runs_of(local, ITEM_BLOCKS, lr);
     ecxi_data_peer *p = NULL;
     ecxi_data_desc dd;
     int prc = ecxi_data_desc_decode(a.d, (size_t)a.dl, &dd);
@@ -371,8 +374,8 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
         } else {
             memset(dst, 0x5a, ecxi_region_size(r));
             ecxi_data_xfer *x;
-            int rc = ecxi_data_read_post(p, &dd, remote, local, ITEM_BLOCKS, ITEM_BYTES, KEY,
-                                         strlen(KEY), &x);
+            int rc = ecxi_data_read_post(p, &dd, rr, nr, lr, nl, ITEM_BYTES, KEY, strlen(KEY),
+                                         &x);
             int st = rc ? ECX_XFER_FAILED : ECX_XFER_RUNNING;
             for (int64_t end = ecxi_now_ms(NULL) + 10000;
                  !rc && (st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING &&

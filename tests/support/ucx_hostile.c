@@ -334,15 +334,18 @@ static int consume(const char *dir, const char *file, int first, int count, cons
         return fprintf(stderr, "peer_add: %s\n", ecx_strerror(rc)), 1;
     ecxi_data_xfer *x[NG];
     uint64_t local[NG][NB];
+    ecxi_block_run rr[NB], lr[NB];
     for (int i = first; i < first + count; i++) {
         grant *g = &G[i];
         for (size_t k = 0; k < g->n; k++)
             local[i][k] = !strcmp(layout, "reverse") ? NB - 1 - g->blocks[k] : g->blocks[k];
+        size_t nr = ecxi_block_runs_of(g->blocks, g->n, rr),
+               nl = ecxi_block_runs_of(local[i], g->n, lr);
         dl = ecxi_hex_decode(g->desc_hex, strlen(g->desc_hex), db);
         rc = dl < 0 ? ECX_EDATA_DESC : ecxi_data_desc_decode(db, (size_t)dl, &dd);
         if (!rc)
-            rc = ecxi_data_read_post(p, &dd, g->blocks, local[i], g->n, g->nbytes, g->key,
-                                     strlen(g->key), &x[i]);
+            rc = ecxi_data_read_post(p, &dd, rr, nr, lr, nl, g->nbytes, g->key, strlen(g->key),
+                                     &x[i]);
         if (rc) return fprintf(stderr, "read_post g%d: %s\n", i, ecx_strerror(rc)), 1;
     }
     int64_t t0 = ecxi_now_ms(NULL), end = t0 + timeout_ms;
@@ -1057,8 +1060,10 @@ static int tcp_evil(const char *dir)
         memset(lb, 0xa5, ecxi_region_size(r));
         dd.ticket.lease_ms = evil_cases[c].how == E_STALL ? 1500 : 10000;
         ecxi_data_xfer *x;
-        if (ecxi_data_read_post(p, &dd, evil_remote, evil_local, 3, EVIL_NBYTES, "evil:item", 9,
-                                &x))
+        ecxi_block_run er[3], el[3];
+        size_t ner = ecxi_block_runs_of(evil_remote, 3, er),
+               nel = ecxi_block_runs_of(evil_local, 3, el);
+        if (ecxi_data_read_post(p, &dd, er, ner, el, nel, EVIL_NBYTES, "evil:item", 9, &x))
             return fprintf(stderr, "read_post failed\n"), 1;
         int64_t t0 = ecxi_now_ms(NULL);
         int st;

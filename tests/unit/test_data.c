@@ -146,9 +146,10 @@ static int pair_peer(pair *p)
     return ecxi_data_peer_add(p->cons, m, ml, &dd, &p->peer);
 }
 
-/* Post a READ of the producer's blocks remote[] into local[] under a stub
- * grant for exactly those blocks, whose ticket carries the checksum of the
- * producer's bytes (so the READ verifies), unless `sum` overrides it.
+/* Post a READ of the producer's blocks remote[] into local[] (index lists,
+ * as an ack carries them: made runs here, as the consumer does) under a
+ * stub grant for exactly those blocks, whose ticket carries the checksum of
+ * the producer's bytes (so the READ verifies), unless `sum` overrides it.
  * pad > 0 pads the key to that length. The key goes to p->key. */
 static int post_sum(pair *p, const uint64_t *remote, const uint64_t *local, size_t n,
                     uint64_t nbytes, size_t pad, const uint64_t *sum, ecxi_data_xfer **x)
@@ -160,7 +161,11 @@ static int post_sum(pair *p, const uint64_t *remote, const uint64_t *local, size
     uint64_t want = ecxi_checksum_blocks(ecxi_region_base(p->pr), bs, remote, n, nbytes);
     long dl = stub_desc(g, gl, nbytes, sum ? *sum : want, d, sizeof d);
     assert_true(dl > 0);
-    int kl = stub_key(p->key, sizeof p->key, nbytes, remote, n);
+    ecxi_block_run *rr = malloc((n + 1) * sizeof *rr), *lr = malloc((n + 1) * sizeof *lr);
+    assert_non_null(rr);
+    assert_non_null(lr);
+    size_t nr = ecxi_block_runs_of(remote, n, rr), nl = ecxi_block_runs_of(local, n, lr);
+    int kl = stub_key(p->key, sizeof p->key, nbytes, rr, nr);
     assert_true(kl > 0);
     if (pad) {
         assert_true(pad >= (size_t)kl + 1 && pad <= ECX_DATA_NOTIF_MAX);
@@ -170,7 +175,9 @@ static int post_sum(pair *p, const uint64_t *remote, const uint64_t *local, size
     }
     ecxi_data_desc dd;
     assert_int_equal(ecxi_data_desc_decode(d, (size_t)dl, &dd), 0);
-    return ecxi_data_read_post(p->peer, &dd, remote, local, n, nbytes, p->key, (size_t)kl, x);
+    int rc = ecxi_data_read_post(p->peer, &dd, rr, nr, lr, nl, nbytes, p->key, (size_t)kl, x);
+    free(rr), free(lr);
+    return rc;
 }
 
 static int post(pair *p, const uint64_t *remote, const uint64_t *local, size_t n,
@@ -589,34 +596,48 @@ static void test_validation(void **state)
     ecxi_data_desc dd, gd, junk;
     assert_int_equal(ecxi_data_desc_decode(d, (size_t)dl2, &dd), 0);
     assert_int_equal(ecxi_data_desc_decode(g, gl, &gd), 0);
-    uint64_t r1[1] = {NB}, l1[1] = {0}, r2[2] = {0, 1}, l2[2] = {0, NB};
-    assert_int_equal(ecxi_data_read_post(p.peer, &dd, r1, l1, 1, BS, "a:b", 3, &x),
+    const ecxi_block_run r1 = {NB, 1}, l1 = {0, 1}, r2 = {0, 2}, l2[2] = {{0, 1}, {NB, 1}};
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, &r1, 1, &l1, 1, BS, "a:b", 3, &x),
                      ECX_EDATA_MISMATCH); /* the ticket says 2 blocks' worth */
     assert_null(x);
-    assert_int_equal(ecxi_data_read_post(p.peer, &dd, r2, l2, 2, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, &r2, 1, l2, 2, 0, "a:b", 3, &x),
                      ECX_EDATA_INDEX);
-    assert_int_equal(ecxi_data_read_post(p.peer, &dd, r2, l1, 0, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, &r2, 0, &l1, 0, 0, "a:b", 3, &x),
                      ECX_EDATA_COUNT);
-    uint64_t ok[2] = {0, 1};
-    assert_int_equal(ecxi_data_read_post(p.peer, &dd, ok, ok, 1, 0, "a:b", 3, &x),
+    /* An ack's indices as runs: consecutive ones merged, in order. */
+    const uint64_t wire[6] = {3, 4, 5, 9, 2, 3};
+    ecxi_block_run runs[6];
+    assert_int_equal(ecxi_block_runs_of(wire, 6, runs), 3);
+    assert_true(runs[0].first == 3 && runs[0].count == 3 && runs[1].first == 9 &&
+                runs[1].count == 1 && runs[2].first == 2 && runs[2].count == 2);
+    assert_int_equal(ecxi_block_runs_of(wire, 0, runs), 0);
+    const ecxi_block_run ok = {0, 2}, one = {0, 1}, empty[2] = {{0, 0}, {0, 2}};
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, &one, 1, &one, 1, 0, "a:b", 3, &x),
                      ECX_EDATA_COUNT);
-    assert_int_equal(ecxi_data_read_post(p.peer, &dd, ok, ok, 2, 0, "", 0, &x), ECX_EDATA_NOTIF);
+    /* The two sides name as many blocks, or the READ is no READ; no run is empty. */
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, &ok, 1, &one, 1, 0, "a:b", 3, &x),
+                     ECX_EDATA_COUNT);
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, &ok, 1, empty, 2, 0, "a:b", 3, &x),
+                     ECX_EDATA_INDEX);
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, &ok, 1, &ok, 1, 0, "", 0, &x),
+                     ECX_EDATA_NOTIF);
     static char big[ECX_DATA_NOTIF_MAX + 1];
     memset(big, 'x', sizeof big);
-    assert_int_equal(ecxi_data_read_post(p.peer, &dd, ok, ok, 2, 0, big, sizeof big, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, &dd, &ok, 1, &ok, 1, 0, big, sizeof big, &x),
                      ECX_EDATA_NOTIF);
     /* A descriptor without a ticket, none, or garbage, is no grant. */
     ecxi_data_desc nt = gd;
     nt.has_ticket = false;
-    assert_int_equal(ecxi_data_read_post(p.peer, &nt, ok, ok, 2, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, &nt, &ok, 1, &ok, 1, 0, "a:b", 3, &x),
                      ECX_EDATA_DESC);
     assert_int_equal(ecxi_data_desc_decode(g, 40, &junk), ECX_EDATA_DESC); /* cut short */
-    assert_int_equal(ecxi_data_read_post(p.peer, NULL, ok, ok, 2, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, NULL, &ok, 1, &ok, 1, 0, "a:b", 3, &x),
                      ECX_EDATA_DESC);
     assert_int_equal(ecxi_data_desc_decode((const uint8_t *)"junk", 4, &junk), ECX_EDATA_DESC);
     /* The longest key is fine. */
     notes ns = {0};
-    assert_int_equal(post_sum(&p, ok, ok, 2, 0, ECX_DATA_NOTIF_MAX, NULL, &x), 0);
+    const uint64_t blocks[2] = {0, 1};
+    assert_int_equal(post_sum(&p, blocks, blocks, 2, 0, ECX_DATA_NOTIF_MAX, NULL, &x), 0);
     assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECX_XFER_DONE);
     assert_int_equal(strlen(ns.last), ECX_DATA_NOTIF_MAX);
     ecxi_data_read_release(x);
@@ -648,7 +669,7 @@ static void test_validation(void **state)
     long odl2 = stub_desc(od, odl, 2 * BS, 0, d, sizeof d);
     assert_true(odl2 > 0);
     assert_int_equal(ecxi_data_desc_decode(d, (size_t)odl2, &odd), 0);
-    assert_int_equal(ecxi_data_read_post(p.peer, &odd, ok, ok, 2, 0, "a:b", 3, &x),
+    assert_int_equal(ecxi_data_read_post(p.peer, &odd, &ok, 1, &ok, 1, 0, "a:b", 3, &x),
                      ECX_EDATA_MISMATCH);
     pair_close(&o);
     pair_close(&p);

@@ -115,7 +115,8 @@ static void sums_match_xxh3(void)
     ecxi_shm_src s = make_src(MAXLEN);
     uint8_t *dst = malloc(MAXLEN), *flat = malloc(MAXLEN);
     uint64_t *remote = malloc(MAXLEN * sizeof *remote), *local = malloc(MAXLEN * sizeof *local);
-    REQUIRE(dst && flat && remote && local);
+    ecxi_block_run *rr = malloc(MAXLEN * sizeof *rr), *lr = malloc(MAXLEN * sizeof *lr);
+    REQUIRE(dst && flat && remote && local && rr && lr);
     srand(7);
     static const uint64_t sizes[] = {1, 2, 3, 7, 31, 33, 64, 100, 1000, 4096, 65536, 1 << 20};
     for (int t = 0; t < 400; t++) {
@@ -142,11 +143,12 @@ static void sums_match_xxh3(void)
             }
         }
         uint64_t want = expect_sum(&s, bs, remote, n, nbytes, flat);
+        size_t nr = ecxi_block_runs_of(remote, n, rr), nl = ecxi_block_runs_of(local, n, lr);
         for (int mi = 0; mi < NMODES; mi++) {
             const int mode = modes[mi];
             uint64_t got = 0;
             memset(dst, 0x5a, (size_t)maxb);
-            CHECK(ecxi_shm_copy(&s, dst, bs, remote, local, n, nbytes, mode, &got) == 0);
+            CHECK(ecxi_shm_copy(&s, dst, bs, rr, nr, lr, nl, nbytes, mode, &got) == 0);
             if (got != want) {
                 fprintf(stderr, "FAIL mode %d bs %llu nbytes %llu: %016llx != %016llx\n", mode,
                         (unsigned long long)bs, (unsigned long long)nbytes,
@@ -160,7 +162,7 @@ static void sums_match_xxh3(void)
             static const uint64_t steps[] = {1, 63, 64, 65, 4096, 4097, 65536, 1 << 20};
             int m = mode | (t % 2 ? ECX_SHM_COPY_POPULATE : 0);
             ecxi_shm_job *j;
-            REQUIRE(ecxi_shm_job_new(&s, bs, remote, local, n, nbytes, m, &j) == 0);
+            REQUIRE(ecxi_shm_job_new(&s, bs, rr, nr, lr, nl, nbytes, m, &j) == 0);
             memset(dst, 0x5a, (size_t)maxb);
             uint64_t step = steps[rand() % 8], moved, calls = 0, total = 0;
             int rc;
@@ -185,7 +187,7 @@ static void sums_match_xxh3(void)
             check_item(dst, bs, local, n, nbytes, flat);
         }
     }
-    free(dst), free(flat), free(remote), free(local);
+    free(dst), free(flat), free(remote), free(local), free(rr), free(lr);
     drop_src(&s);
 }
 
@@ -266,25 +268,24 @@ static void truncated_source_fails(void)
     const uint64_t bs = 65536, len = 64 * bs;
     ecxi_shm_src s = make_src(len);
     uint8_t *dst = malloc(len);
-    uint64_t idx[64], sum;
-    for (int i = 0; i < 64; i++)
-        idx[i] = (uint64_t)i;
+    const ecxi_block_run all = {0, 64}, ten = {0, 10};
+    uint64_t sum;
     REQUIRE(ecxi_shm_copy_guarded());
-    CHECK(ecxi_shm_copy(&s, dst, bs, idx, idx, 64, len, ECX_SHM_COPY_AUTO, &sum) == 0);
+    CHECK(ecxi_shm_copy(&s, dst, bs, &all, 1, &all, 1, len, ECX_SHM_COPY_AUTO, &sum) == 0);
     CHECK(truncate(path, 10 * bs) == 0);
     for (int mi = 0; mi < NMODES; mi++)
-        CHECK(ecxi_shm_copy(&s, dst, bs, idx, idx, 64, len, modes[mi], &sum) == ECX_ESYS);
+        CHECK(ecxi_shm_copy(&s, dst, bs, &all, 1, &all, 1, len, modes[mi], &sum) == ECX_ESYS);
     /* Truncated between two steps of a job: the next step fails. */
     for (int mi = 0; mi < NMODES; mi++) {
         ecxi_shm_job *j;
         uint64_t moved;
-        REQUIRE(ecxi_shm_job_new(&s, bs, idx, idx, 64, len, modes[mi], &j) == 0);
+        REQUIRE(ecxi_shm_job_new(&s, bs, &all, 1, &all, 1, len, modes[mi], &j) == 0);
         CHECK(ecxi_shm_job_step(j, &s, dst, 4 * bs, &moved, &sum) == 0 && moved == 4 * bs);
         CHECK(ecxi_shm_job_step(j, &s, dst, 20 * bs, &moved, &sum) == ECX_ESYS);
         ecxi_shm_job_free(j);
     }
     /* What is still there still copies. */
-    CHECK(ecxi_shm_copy(&s, dst, bs, idx, idx, 10, 10 * bs, ECX_SHM_COPY_AUTO, &sum) == 0);
+    CHECK(ecxi_shm_copy(&s, dst, bs, &ten, 1, &ten, 1, 10 * bs, ECX_SHM_COPY_AUTO, &sum) == 0);
     REQUIRE(sum == ecxi_checksum(s.map, 10 * bs));
     free(dst);
     drop_src(&s);
@@ -297,13 +298,12 @@ static void ahead_freed_mid_copy(void)
     const uint64_t bs = 65536, len = MAXLEN;
     ecxi_shm_src s = make_src(len);
     uint8_t *dst = malloc(len);
-    uint64_t idx[MAXLEN / 65536], moved, sum;
+    const ecxi_block_run all = {0, len / bs};
+    uint64_t moved, sum;
     REQUIRE(dst);
-    for (uint64_t i = 0; i < len / bs; i++)
-        idx[i] = i;
     for (int t = 0; t < 20; t++) {
         ecxi_shm_job *j;
-        REQUIRE(ecxi_shm_job_new(&s, bs, idx, idx, len / bs, len, ECX_SHM_COPY_AHEAD, &j) == 0);
+        REQUIRE(ecxi_shm_job_new(&s, bs, &all, 1, &all, 1, len, ECX_SHM_COPY_AHEAD, &j) == 0);
         CHECK(ecxi_shm_job_step(j, &s, dst, 4096u << (t % 8), &moved, &sum) == 0);
         ecxi_shm_job_free(j);
     }
@@ -363,14 +363,13 @@ static void replaced_handler_uses_pread(void)
         const uint64_t bs = 4096, len = 16 * bs;
         ecxi_shm_src s = make_src(len);
         uint8_t dst[16 * 4096];
-        uint64_t idx[16], sum;
-        for (int i = 0; i < 16; i++)
-            idx[i] = (uint64_t)i;
-        if (ecxi_shm_copy(&s, dst, bs, idx, idx, 16, len, ECX_SHM_COPY_AUTO, &sum) != 0 ||
+        const ecxi_block_run all = {0, 16};
+        uint64_t sum;
+        if (ecxi_shm_copy(&s, dst, bs, &all, 1, &all, 1, len, ECX_SHM_COPY_AUTO, &sum) != 0 ||
             sum != ecxi_checksum(s.map, len))
             _exit(3);
         if (truncate(path, bs) != 0) _exit(4);
-        int rc = ecxi_shm_copy(&s, dst, bs, idx, idx, 16, len, ECX_SHM_COPY_AUTO, &sum);
+        int rc = ecxi_shm_copy(&s, dst, bs, &all, 1, &all, 1, len, ECX_SHM_COPY_AUTO, &sum);
         drop_src(&s);
         _exit(rc == ECX_ESYS ? 0 : 5);
     }

@@ -38,11 +38,13 @@ typedef struct nixl_xfer {
     ecxi_data_xfer head;
     ecxi_nixl_proc_read *rd;
     int state;
-    uint64_t *blocks; /* local indices, for the checksum */
-    ecxi_sum sum;     /* the checksum so far: blocks[0..hashed) */
-    size_t hashed;
-    bool hashing; /* counted in nixl_data.hashing */
-    size_t n;
+    ecxi_block_run *runs; /* the local runs, for the checksum */
+    ecxi_sum sum;         /* the checksum so far: their first hashed blocks */
+    uint64_t hashed;
+    size_t run_i;     /* the run the next block to hash is in */
+    uint64_t run_off; /* and its place in it */
+    bool hashing;     /* counted in nixl_data.hashing */
+    uint64_t n;       /* blocks */
     uint64_t nbytes;
 } nixl_xfer;
 
@@ -338,9 +340,10 @@ static void nixl_peer_drop(ecxi_data_peer *hp)
     free(p);
 }
 
-static int nixl_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *remote,
-                          const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                          size_t key_len, ecxi_data_xfer **out)
+static int nixl_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
+                          const ecxi_block_run *remote, size_t nremote,
+                          const ecxi_block_run *local, size_t nlocal, uint64_t nbytes,
+                          const char *key, size_t key_len, ecxi_data_xfer **out)
 {
     (void)t;
     nixl_peer *p = (nixl_peer *)hp;
@@ -352,30 +355,31 @@ static int nixl_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const u
         if (rc) return rc;
     }
     uint64_t bs = ecxi_region_block_bytes(d->region);
+    size_t cap = nremote + nlocal; /* pieces: a run ends on one side or the other */
     nixl_xfer *x = calloc(1, sizeof *x);
-    uint64_t *raddr = calloc(n, sizeof *raddr), *loff = calloc(n, sizeof *loff),
-             *len = calloc(n, sizeof *len);
+    uint64_t *raddr = calloc(cap, sizeof *raddr), *loff = calloc(cap, sizeof *loff),
+             *len = calloc(cap, sizeof *len);
     int rc = ECX_ENOMEM;
-    if (x && raddr && loff && len && (x->blocks = malloc(n * sizeof *x->blocks))) {
-        /* whole blocks, as NIXL's descriptors are; a run of consecutive
-         * blocks on both sides goes as one piece */
+    if (x && raddr && loff && len && (x->runs = malloc(nlocal * sizeof *x->runs))) {
+        /* whole blocks, as NIXL's descriptors are; a piece that is one
+         * run on both sides goes as one (runs checked by the front) */
         size_t k = 0;
-        for (size_t i = 0; i < n; k++) {
-            size_t run = ecxi_data_run_len(remote, local, i, n);
-            raddr[k] = p->base + remote[i] * bs; /* indices checked by the front */
-            loff[k] = local[i] * bs;
-            len[k] = run * bs;
-            i += run;
+        uint64_t r, l, m;
+        for (ecxi_block_zip z = ecxi_block_zip_start(remote, nremote, local, nlocal);
+             ecxi_block_zip_next(&z, &r, &l, &m); k++) {
+            raddr[k] = p->base + r * bs;
+            loff[k] = l * bs;
+            len[k] = m * bs;
+            x->n += m;
         }
-        memcpy(x->blocks, local, n * sizeof *local);
-        x->n = n;
+        memcpy(x->runs, local, nlocal * sizeof *local);
         x->nbytes = nbytes;
         x->head.owner = d;
         rc = ecxi_nixl_proc_read_post(proc, p->handle, raddr, loff, len, k, key, key_len, &x->rd);
     }
     free(raddr), free(loff), free(len);
     if (rc) {
-        if (x) free(x->blocks);
+        if (x) free(x->runs);
         free(x);
         return rc;
     }
@@ -405,7 +409,9 @@ static int nixl_read_poll(ecxi_data_xfer *hx)
     }
     for (uint64_t done = 0; x->hashed < x->n && done < NIXL_HASH_SLICE; x->hashed++) {
         uint64_t len = left < bs ? left : bs;
-        ecxi_sum_update(&x->sum, base + x->blocks[x->hashed] * bs, (size_t)len);
+        const ecxi_block_run *q = &x->runs[x->run_i];
+        ecxi_sum_update(&x->sum, base + (q->first + x->run_off) * bs, (size_t)len);
+        if (++x->run_off == q->count) x->run_i++, x->run_off = 0;
         left -= len, done += len;
     }
     if (x->hashed < x->n) return ECX_XFER_RUNNING;
@@ -420,7 +426,7 @@ static void nixl_read_release(ecxi_data_xfer *hx)
     nixl_xfer *x = (nixl_xfer *)hx;
     if (x->hashing) ((nixl_data *)hx->owner)->hashing--;
     ecxi_nixl_proc_read_release(((nixl_data *)hx->owner)->proc, x->rd);
-    free(x->blocks);
+    free(x->runs);
     free(x);
 }
 

@@ -111,8 +111,8 @@ typedef struct shm_xfer {
     ecxi_shm_job *job; /* while copying */
     int64_t give_up_ms;
     ecxi_data_ticket t;
-    uint64_t *idx; /* while waiting: remote[n] then local[n] */
-    size_t n;
+    ecxi_block_run *runs; /* while waiting: remote's nremote, then local's */
+    size_t nremote, nlocal;
     uint64_t nbytes;
     size_t msg_len; /* the done message */
     uint8_t msg[SHM_MSG_MAX];
@@ -426,8 +426,8 @@ int ecxi_data_shm_new_consumer(ecxi_region *r, ecxi_data **out)
 
 static void xfer_put(shm_data *s, shm_xfer *x)
 {
-    free(x->idx);
-    x->idx = NULL;
+    free(x->runs);
+    x->runs = NULL;
     x->next = s->free_xfers;
     s->free_xfers = x;
 }
@@ -633,15 +633,16 @@ static uint64_t prefault_end(const shm_peer *p);
 
 /* Queue x's copy (the bytes move in progress slices); on failure to start
  * it the READ fails at once (and the grant is released). */
-static void start_copy(shm_data *s, shm_peer *p, shm_xfer *x, const uint64_t *remote,
-                       const uint64_t *local)
+static void start_copy(shm_data *s, shm_peer *p, shm_xfer *x, const ecxi_block_run *remote,
+                       const ecxi_block_run *local)
 {
     const uint64_t bs = ecxi_region_block_bytes(s->base.region);
     x->state = ECX_XFER_RUNNING;
     int mode = SHM_COPY_MODE;
     if (x->nbytes >= SHM_AHEAD_MIN && p->warm < prefault_end(p) && ahead_cpus())
         mode |= ECX_SHM_COPY_AHEAD;
-    if (ecxi_shm_job_new(&p->src, bs, remote, local, x->n, x->nbytes, mode, &x->job) != 0) {
+    if (ecxi_shm_job_new(&p->src, bs, remote, x->nremote, local, x->nlocal, x->nbytes, mode,
+                         &x->job) != 0) {
         x->job = NULL;
         x->state = ECX_XFER_FAILED;
         say_done(s, p, x);
@@ -818,9 +819,9 @@ static void peer_input(shm_data *s, shm_peer *p)
         p->wait_head = x->next;
         x->waiting = false;
         x->peer = NULL;
-        start_copy(s, p, x, x->idx, x->idx + x->n);
-        free(x->idx);
-        x->idx = NULL;
+        start_copy(s, p, x, x->runs, x->runs + x->nremote);
+        free(x->runs);
+        x->runs = NULL;
     }
     p->wait_tail = NULL;
 }
@@ -870,9 +871,9 @@ static int shm_progress(ecxi_data *d, ecxi_slice *sl)
  * hello with its grant if nobody has said one: the producer reads the
  * two in order, and answers the hello before it reads the 'D'), then
  * goes; out is NULL then. */
-static int post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *remote,
-                const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                size_t key_len, bool decline, ecxi_data_xfer **out)
+static int post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const ecxi_block_run *remote,
+                size_t nremote, const ecxi_block_run *local, size_t nlocal, uint64_t nbytes,
+                const char *key, size_t key_len, bool decline, ecxi_data_xfer **out)
 {
     shm_peer *p = (shm_peer *)hp;
     shm_data *s = (shm_data *)hp->owner;
@@ -884,7 +885,8 @@ static int post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *r
     memset(x, 0, offsetof(shm_xfer, msg));
     x->head.owner = hp->owner;
     x->t = *t;
-    x->n = n;
+    x->nremote = nremote;
+    x->nlocal = nlocal;
     x->nbytes = nbytes;
     x->msg[0] = SHM_PROTO;
     x->msg[1] = SHM_DONE;
@@ -903,10 +905,10 @@ static int post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *r
     /* The region is not here yet: wait for it, saying hello first if
      * nobody has. */
     int rc = ECX_ENOMEM;
-    if (n) {
-        if (!(x->idx = malloc(2 * n * sizeof *x->idx))) goto fail;
-        memcpy(x->idx, remote, n * sizeof *remote);
-        memcpy(x->idx + n, local, n * sizeof *local);
+    if (nremote + nlocal) {
+        if (!(x->runs = malloc((nremote + nlocal) * sizeof *x->runs))) goto fail;
+        memcpy(x->runs, remote, nremote * sizeof *remote);
+        memcpy(x->runs + nremote, local, nlocal * sizeof *local);
     }
     /* A connection that has said nothing yet may have been closed by the
      * producer (SHM_HELLO_MS) without our noticing: then connect again,
@@ -948,17 +950,18 @@ fail:
     return rc;
 }
 
-static int shm_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *remote,
-                         const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                         size_t key_len, ecxi_data_xfer **out)
+static int shm_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
+                         const ecxi_block_run *remote, size_t nremote,
+                         const ecxi_block_run *local, size_t nlocal, uint64_t nbytes,
+                         const char *key, size_t key_len, ecxi_data_xfer **out)
 {
-    return post(hp, t, remote, local, n, nbytes, key, key_len, false, out);
+    return post(hp, t, remote, nremote, local, nlocal, nbytes, key, key_len, false, out);
 }
 
 static int shm_decline(ecxi_data_peer *hp, const ecxi_data_ticket *t, const char *key,
                        size_t key_len)
 {
-    return post(hp, t, NULL, NULL, 0, 0, key, key_len, true, NULL);
+    return post(hp, t, NULL, 0, NULL, 0, 0, key, key_len, true, NULL);
 }
 
 static int shm_read_poll(ecxi_data_xfer *hx)

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "data_impl.h"
 #include "ecx.h"
 #include "util.h"
 
@@ -331,18 +332,15 @@ static bool want_fast(const ecxi_shm_src *src, int mode)
     return fast;
 }
 
-int ecxi_shm_job_new(const ecxi_shm_src *src, uint64_t block_bytes, const uint64_t *remote,
-                    const uint64_t *local, size_t n, uint64_t nbytes, int mode,
-                    ecxi_shm_job **out)
+int ecxi_shm_job_new(const ecxi_shm_src *src, uint64_t block_bytes, const ecxi_block_run *remote,
+                    size_t nremote, const ecxi_block_run *local, size_t nlocal, uint64_t nbytes,
+                    int mode, ecxi_shm_job **out)
 {
+    uint64_t r, l, m;
     size_t k = 0;
-    for (size_t i = 0; i < n;) {
-        size_t m = 1;
-        while (i + m < n && remote[i + m] == remote[i] + m && local[i + m] == local[i] + m)
-            m++;
+    ecxi_block_zip z = ecxi_block_zip_start(remote, nremote, local, nlocal);
+    while (ecxi_block_zip_next(&z, &r, &l, &m))
         k++;
-        i += m;
-    }
     size_t sz = sizeof(ecxi_shm_job) + k * sizeof(jrun);
     sz = (sz + 63) & ~(size_t)63;
     ecxi_shm_job *j = aligned_alloc(64, sz);
@@ -350,15 +348,11 @@ int ecxi_shm_job_new(const ecxi_shm_src *src, uint64_t block_bytes, const uint64
     memset(j, 0, sizeof *j);
     uint64_t left = nbytes;
     k = 0;
-    for (size_t i = 0; i < n && left;) {
-        size_t m = 1;
-        while (i + m < n && remote[i + m] == remote[i] + m && local[i + m] == local[i] + m)
-            m++;
+    z = ecxi_block_zip_start(remote, nremote, local, nlocal);
+    while (left && ecxi_block_zip_next(&z, &r, &l, &m)) {
         uint64_t len = m * block_bytes < left ? m * block_bytes : left;
-        j->runs[k++] = (jrun){remote[i] * block_bytes, local[i] * block_bytes, len,
-                              nbytes - left};
+        j->runs[k++] = (jrun){r * block_bytes, l * block_bytes, len, nbytes - left};
         left -= len;
-        i += m;
     }
     j->nruns = k;
     j->nbytes = nbytes;
@@ -428,11 +422,11 @@ void ecxi_shm_job_free(ecxi_shm_job *j)
 }
 
 int ecxi_shm_copy(const ecxi_shm_src *src, uint8_t *dst_base, uint64_t block_bytes,
-                 const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
-                 int mode, uint64_t *sum)
+                 const ecxi_block_run *remote, size_t nremote, const ecxi_block_run *local,
+                 size_t nlocal, uint64_t nbytes, int mode, uint64_t *sum)
 {
     ecxi_shm_job *j;
-    int rc = ecxi_shm_job_new(src, block_bytes, remote, local, n, nbytes, mode, &j);
+    int rc = ecxi_shm_job_new(src, block_bytes, remote, nremote, local, nlocal, nbytes, mode, &j);
     if (rc) return rc;
     uint64_t moved;
     rc = ecxi_shm_job_step(j, src, dst_base, UINT64_MAX, &moved, sum);

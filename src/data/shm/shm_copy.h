@@ -43,6 +43,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "data.h"
+
 /* Where the bytes come from. */
 typedef struct ecxi_shm_src {
     int fd;               /* read-only descriptor of the region file */
@@ -75,16 +77,17 @@ int ecxi_shm_copy_init(void);
 /* True if a copy of a large item would take the guarded path now. */
 bool ecxi_shm_copy_guarded(void);
 
-/* Copy an item: for each run of consecutive pairs, the source blocks
- * remote[i] into dst_base's blocks local[i] (block_bytes each), nbytes in
- * total, the last block partial; *sum gets the XXH3-64 of the bytes
- * written. Indices and sizes must already be checked against the source
- * (its map_len / file size as seen at fstat) and the destination.
+/* Copy an item: the source's blocks of the runs remote[0..nremote) into
+ * dst_base's blocks of the runs local[0..nlocal), block for block in run
+ * order (block_bytes each), nbytes in total, the last block partial;
+ * *sum gets the XXH3-64 of the bytes written. Runs and sizes must already
+ * be checked against the source (its map_len / file size as seen at
+ * fstat) and the destination.
  * 0, or ECX_ESYS: a short or failed read, or a fault on the source (the
  * destination then holds part of the item). */
 int ecxi_shm_copy(const ecxi_shm_src *src, uint8_t *dst_base, uint64_t block_bytes,
-                 const uint64_t *remote, const uint64_t *local, size_t n, uint64_t nbytes,
-                 int mode, uint64_t *sum);
+                 const ecxi_block_run *remote, size_t nremote, const ecxi_block_run *local,
+                 size_t nlocal, uint64_t nbytes, int mode, uint64_t *sum);
 
 
 /* ---- the same copy, a slice at a time ----------------------------------
@@ -98,11 +101,11 @@ int ecxi_shm_copy(const ecxi_shm_src *src, uint8_t *dst_base, uint64_t block_byt
  * guard is replaced between steps the job starts again with pread. */
 typedef struct ecxi_shm_job ecxi_shm_job;
 
-/* A job for the runs of remote[i] -> local[i] (as ecxi_shm_copy); the
- * arrays are copied. 0 or ECX_ENOMEM. */
-int ecxi_shm_job_new(const ecxi_shm_src *src, uint64_t block_bytes, const uint64_t *remote,
-                    const uint64_t *local, size_t n, uint64_t nbytes, int mode,
-                    ecxi_shm_job **out);
+/* A job for the runs remote -> local (as ecxi_shm_copy); the runs are
+ * copied. 0 or ECX_ENOMEM. */
+int ecxi_shm_job_new(const ecxi_shm_src *src, uint64_t block_bytes, const ecxi_block_run *remote,
+                    size_t nremote, const ecxi_block_run *local, size_t nlocal, uint64_t nbytes,
+                    int mode, ecxi_shm_job **out);
 
 /* Copy at most max_bytes more (*moved: how many): 0 more to do, 1 the
  * item is complete (*sum set), ECX_ESYS failed (as ecxi_shm_copy). */

@@ -174,26 +174,33 @@ static void set_events(tcp_data *t, int fd, uint32_t *cur, uint32_t ev, void *pt
     *cur = ev;
 }
 
-/* The runs of blocks[0..n) of bs bytes, nbytes in all, consecutive blocks
- * merged; malloc'd into *out. */
-static int make_runs(const uint64_t *blocks, size_t n, uint64_t bs, uint64_t nbytes, run **out,
-                     size_t *nruns)
+/* The byte runs of the block runs blocks[0..n) of bs bytes, nbytes in
+ * all; malloc'd into *out. */
+static int byte_runs(const ecxi_block_run *blocks, size_t n, uint64_t bs, uint64_t nbytes,
+                     run **out, size_t *nruns)
 {
     run *r = malloc(n * sizeof *r);
     if (!r) return ECX_ENOMEM;
     size_t k = 0;
-    uint64_t left = nbytes;
-    for (size_t i = 0; i < n && left; i++) {
-        uint64_t len = left < bs ? left : bs;
-        if (k && r[k - 1].off + r[k - 1].len == blocks[i] * bs)
-            r[k - 1].len += len;
-        else
-            r[k++] = (run){blocks[i] * bs, len};
+    for (uint64_t left = nbytes; k < n && left; k++) {
+        uint64_t len = blocks[k].count * bs < left ? blocks[k].count * bs : left;
+        r[k] = (run){blocks[k].first * bs, len};
         left -= len;
     }
     *out = r;
     *nruns = k;
     return 0;
+}
+
+/* The same for a grant's block indices blocks[0..n). */
+static int grant_runs(const uint64_t *blocks, size_t n, uint64_t bs, uint64_t nbytes, run **out,
+                      size_t *nruns)
+{
+    ecxi_block_run *b = malloc(n * sizeof *b);
+    if (!b) return ECX_ENOMEM;
+    int rc = byte_runs(b, ecxi_block_runs_of(blocks, n, b), bs, nbytes, out, nruns);
+    free(b);
+    return rc;
 }
 
 /* ---- producer: connections ------------------------------------------- */
@@ -417,7 +424,7 @@ static void conn_answer(tcp_data *t, tcp_conn *c, uint64_t id, const uint8_t *to
     bool sane = g.n > 0 && g.nbytes > (g.n - 1) * bs && g.nbytes <= g.n * bs;
     for (size_t i = 0; sane && i < g.n; i++)
         sane = g.blocks[i] < nb;
-    if (!n || !sane || make_runs(g.blocks, g.n, bs, g.nbytes, &c->runs, &c->nruns) != 0) {
+    if (!n || !sane || grant_runs(g.blocks, g.n, bs, g.nbytes, &c->runs, &c->nruns) != 0) {
         if (!sane) ecxi_log(ECX_LOG_ERROR, "data tcp: the session granted blocks out of range");
         if (n) {
             n->status = sane ? ECX_ENOMEM : ECX_EDATA_INDEX;
@@ -973,18 +980,19 @@ static int tcp_decline(ecxi_data_peer *hp, const ecxi_data_ticket *tk, const cha
     return 0;
 }
 
-static int tcp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *tk, const uint64_t *remote,
-                         const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                         size_t key_len, ecxi_data_xfer **out)
+static int tcp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *tk,
+                         const ecxi_block_run *remote, size_t nremote,
+                         const ecxi_block_run *local, size_t nlocal, uint64_t nbytes,
+                         const char *key, size_t key_len, ecxi_data_xfer **out)
 {
-    (void)remote; /* the producer's grant decides what it sends */
+    (void)remote, (void)nremote; /* the producer's grant decides what it sends */
     tcp_peer *p = (tcp_peer *)hp;
     tcp_data *t = (tcp_data *)hp->owner;
     int rc = request_room(t, p, key_len);
     if (rc) return rc;
     tcp_xfer *x = calloc(1, sizeof *x);
     if (!x) return ECX_ENOMEM;
-    if ((rc = make_runs(local, n, ecxi_region_block_bytes(t->base.region), nbytes, &x->runs,
+    if ((rc = byte_runs(local, nlocal, ecxi_region_block_bytes(t->base.region), nbytes, &x->runs,
                         &x->nruns))) {
         free(x);
         return rc;

@@ -117,8 +117,6 @@ typedef struct ucx_xfer {
     bool recv_ok;
     ucp_dt_iov_t *iov;
     size_t iov_cap;
-    uint64_t *local;
-    size_t n_local, local_cap;
     uint64_t nbytes, checksum;
     size_t niov; /* x->iov entries in use: the local runs */
     /* Verification, after the bytes landed, in slices (data.h): */
@@ -1209,58 +1207,47 @@ static void req_sent_cb(void *req, ucs_status_t status, void *user_data)
     xfer_maybe_put((ucx_data *)x->head.owner, x);
 }
 
-/* The local blocks as an IOV: one entry per run, the last cut to nbytes. */
-static int local_iov(ucx_data *u, ucx_xfer *x, const uint64_t *local, size_t n, size_t *count)
+/* The local runs as an IOV: one entry per run, the last cut to nbytes. */
+static int local_iov(ucx_data *u, ucx_xfer *x, const ecxi_block_run *local, size_t n,
+                     size_t *count)
 {
     const uint64_t bs = ecxi_region_block_bytes(u->base.region);
     uint8_t *base = ecxi_region_base(u->base.region);
     size_t k = 0;
     uint64_t left = x->nbytes;
-    for (size_t i = 0; i < n;) {
-        size_t run = 1;
-        while (i + run < n && local[i + run] == local[i] + run) run++;
+    for (size_t i = 0; i < n && left; i++) {
         if (k == x->iov_cap) {
             size_t cap = x->iov_cap ? 2 * x->iov_cap : 8;
             ucp_dt_iov_t *v = realloc(x->iov, cap * sizeof *v);
             if (!v) return ECX_ENOMEM;
             x->iov = v, x->iov_cap = cap;
         }
-        uint64_t len = run * bs < left ? run * bs : left;
-        x->iov[k].buffer = base + local[i] * bs;
+        uint64_t len = local[i].count * bs < left ? local[i].count * bs : left;
+        x->iov[k].buffer = base + local[i].first * bs;
         x->iov[k].length = len;
         left -= len;
         k++;
-        i += run;
     }
     *count = k;
     return 0;
 }
 
-static int ucx_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *remote,
-                         const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                         size_t key_len, ecxi_data_xfer **out)
+static int ucx_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
+                         const ecxi_block_run *remote, size_t nremote,
+                         const ecxi_block_run *local, size_t nlocal, uint64_t nbytes,
+                         const char *key, size_t key_len, ecxi_data_xfer **out)
 {
-    (void)remote; /* the producer sends the grant's blocks; it never takes ours */
+    (void)remote, (void)nremote; /* the producer sends the grant's blocks; it never takes ours */
     ucx_peer *p = (ucx_peer *)hp;
     ucx_data *u = (ucx_data *)hp->owner;
     if (p->broken || !p->ep) return ECX_EDATA_PEER;
     ucx_xfer *x = xfer_get(u);
     if (!x) return ECX_ENOMEM;
-    int rc = 0;
-    if (n > x->local_cap) {
-        uint64_t *l = realloc(x->local, n * sizeof *l);
-        if (!l) rc = ECX_ENOMEM;
-        else x->local = l, x->local_cap = n;
-    }
     size_t count = 0;
     x->nbytes = nbytes;
     x->checksum = t->checksum;
-    if (rc == 0) {
-        memcpy(x->local, local, n * sizeof *local);
-        x->n_local = n;
-        rc = local_iov(u, x, local, n, &count);
-        x->niov = count;
-    }
+    int rc = local_iov(u, x, local, nlocal, &count);
+    x->niov = count;
     uint8_t *msg = x->msg;
     uint64_t tag;
     randombytes_buf(&tag, sizeof tag);
@@ -1383,7 +1370,6 @@ static void ucx_free(ecxi_data *d)
     for (ucx_xfer *x = u->all_xfers, *n; x; x = n) {
         n = x->all_next;
         free(x->iov);
-        free(x->local);
         free(x->sum);
         free(x);
     }

@@ -608,11 +608,12 @@ static void ucxp_peer_drop(ecxi_data_peer *hp)
     free(x);
 }
 
-static int ucxp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const uint64_t *remote,
-                          const uint64_t *local, size_t n, uint64_t nbytes, const char *key,
-                          size_t key_len, ecxi_data_xfer **out)
+static int ucxp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
+                          const ecxi_block_run *remote, size_t nremote,
+                          const ecxi_block_run *local, size_t nlocal, uint64_t nbytes,
+                          const char *key, size_t key_len, ecxi_data_xfer **out)
 {
-    (void)remote; /* the producer sends the grant's blocks; it never takes ours */
+    (void)remote, (void)nremote; /* the producer sends the grant's blocks; it never takes ours */
     up_peer *x = (up_peer *)hp;
     ucxp *p = (ucxp *)hp->owner;
     int rc;
@@ -623,15 +624,11 @@ static int ucxp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const u
     uint8_t *b = p->tx;
     size_t fixed = ECX_HELPER_HDR + 8 * 3 + ECX_DATA_TOKEN_LEN + 8;
     uint8_t *run = b + fixed + key_len;
-    uint32_t nruns = 0;
-    for (size_t i = 0; i < n;) {
-        size_t k = 1;
-        while (i + k < n && local[i + k] == local[i] + k) k++;
-        if (nruns == ECX_UCX_PROC_RUNS) return ECX_EDATA_COUNT;
-        ecxi_put_le32(run + 8 * (size_t)nruns, (uint32_t)local[i]);
-        ecxi_put_le32(run + 8 * (size_t)nruns + 4, (uint32_t)k);
-        nruns++;
-        i += k;
+    if (nlocal > ECX_UCX_PROC_RUNS) return ECX_EDATA_COUNT;
+    uint32_t nruns = (uint32_t)nlocal;
+    for (size_t i = 0; i < nlocal; i++) {
+        ecxi_put_le32(run + 8 * i, (uint32_t)local[i].first);
+        ecxi_put_le32(run + 8 * i + 4, (uint32_t)local[i].count);
     }
     up_xfer *u = calloc(1, sizeof *u);
     if (!u) return ECX_ENOMEM;
