@@ -30,7 +30,7 @@
 #include "nixl_proc.h"
 #include "util.h"
 
-#define S ECX_NIXL_PROC_SOCK_FD
+#define S ECXI_NIXL_PROC_SOCK_FD
 
 typedef struct hread {
     struct hread *next;
@@ -54,7 +54,7 @@ static struct {
     int fault_sig;
     bool fault_on_read;
     long fault_at, reads_seen, notifs_seen;
-    uint8_t buf[ECX_NIXL_PROC_MSG_MAX];
+    uint8_t buf[ECXI_NIXL_PROC_MSG_MAX];
 } g;
 
 static _Noreturn void bye(const char *why)
@@ -74,9 +74,9 @@ static void reply(uint16_t type, uint64_t id, int32_t rc, uint64_t v, const uint
 {
     uint8_t *b = g.buf;
     ecxi_nixl_proc_hdr_put(b, type, id);
-    ecxi_put_le32(b + ECX_NIXL_PROC_HDR, (uint32_t)rc);
-    size_t n = ECX_NIXL_PROC_HDR + 4;
-    if (type != ECX_NIXL_H_READ_END) {
+    ecxi_put_le32(b + ECXI_NIXL_PROC_HDR, (uint32_t)rc);
+    size_t n = ECXI_NIXL_PROC_HDR + 4;
+    if (type != ECXI_NIXL_H_READ_END) {
         ecxi_put_le64(b + n, v);
         n += 8;
     }
@@ -119,7 +119,7 @@ static void on_add(uint64_t id, const uint8_t *md, size_t len)
         }
     }
     if (!rc) g.remotes[slot] = r;
-    reply(ECX_NIXL_H_ADDED, id, rc, rc ? 0 : slot + 1, NULL, 0);
+    reply(ECXI_NIXL_H_ADDED, id, rc, rc ? 0 : slot + 1, NULL, 0);
 }
 
 static void on_read(uint64_t id, const uint8_t *b, size_t len)
@@ -127,12 +127,12 @@ static void on_read(uint64_t id, const uint8_t *b, size_t len)
     if (len < 20) bye("a short READ");
     uint64_t h = ecxi_get_le64(b);
     uint32_t flags = ecxi_get_le32(b + 8), n = ecxi_get_le32(b + 12), ml = ecxi_get_le32(b + 16);
-    bool more = flags & ECX_NIXL_READ_MORE;
-    if (flags & ~ECX_NIXL_READ_MORE || n == 0 || n > ECX_NIXL_PROC_PIECES ||
-        ml > ECX_NIXL_MSG_MAX || (more ? ml != 0 : ml == 0) || len != 20 + (size_t)n * 24 + ml)
+    bool more = flags & ECXI_NIXL_READ_MORE;
+    if (flags & ~ECXI_NIXL_READ_MORE || n == 0 || n > ECXI_NIXL_PROC_PIECES ||
+        ml > ECXI_NIXL_MSG_MAX || (more ? ml != 0 : ml == 0) || len != 20 + (size_t)n * 24 + ml)
         bye("a malformed READ");
     if (g.as_n && g.as_id != id) bye("a READ interleaved with another");
-    if (g.as_n + n > ECX_NIXL_PROC_PIECES_MAX) bye("a READ of too many pieces");
+    if (g.as_n + n > ECXI_NIXL_PROC_PIECES_MAX) bye("a READ of too many pieces");
     if (g.as_n + n > g.as_cap) {
         size_t cap = (g.as_n + n) * 2;
         uint64_t *r = realloc(g.as_remote, cap * 8), *l = r ? realloc(g.as_len, cap * 8) : NULL;
@@ -164,7 +164,7 @@ static void on_read(uint64_t id, const uint8_t *b, size_t len)
                                  (const char *)b + 20 + (size_t)n * 24, ml, &x->rd);
     if (rc) {
         free(x);
-        reply(ECX_NIXL_H_READ_END, id, rc, 0, NULL, 0);
+        reply(ECXI_NIXL_H_READ_END, id, rc, 0, NULL, 0);
         return;
     }
     x->id = id;
@@ -197,11 +197,11 @@ static bool from_parent(void)
         uint64_t id;
         if (ecxi_nixl_proc_hdr_get(g.buf, (size_t)n, &type, &id))
             bye("a message not of the protocol");
-        const uint8_t *b = g.buf + ECX_NIXL_PROC_HDR;
-        size_t len = (size_t)n - ECX_NIXL_PROC_HDR;
-        if (g.as_n && type != ECX_NIXL_P_READ) bye("a READ left unfinished");
+        const uint8_t *b = g.buf + ECXI_NIXL_PROC_HDR;
+        size_t len = (size_t)n - ECXI_NIXL_PROC_HDR;
+        if (g.as_n && type != ECXI_NIXL_P_READ) bye("a READ left unfinished");
         switch (type) {
-        case ECX_NIXL_P_ADD: {
+        case ECXI_NIXL_P_ADD: {
             uint8_t *md = malloc(len + 1); /* g.buf is reused by the reply */
             if (!md) bye("out of memory");
             memcpy(md, b, len);
@@ -209,15 +209,15 @@ static bool from_parent(void)
             free(md);
             break;
         }
-        case ECX_NIXL_P_DROP: {
+        case ECXI_NIXL_P_DROP: {
             ecxi_nixl_remote *r = remote_of(id);
             if (r) ecxi_nixl_remote_drop(r), g.remotes[id - 1] = NULL;
             break;
         }
-        case ECX_NIXL_P_READ:
+        case ECXI_NIXL_P_READ:
             on_read(id, b, len);
             break;
-        case ECX_NIXL_P_RELEASE:
+        case ECXI_NIXL_P_RELEASE:
             on_release(id);
             break;
         default:
@@ -237,22 +237,22 @@ static void to_parent(void)
             continue;
         }
         *pp = x->next;
-        reply(ECX_NIXL_H_READ_END, x->id, st > 0 ? 0 : st, 0, NULL, 0);
+        reply(ECXI_NIXL_H_READ_END, x->id, st > 0 ? 0 : st, 0, NULL, 0);
         ecxi_nixl_read_release(x->rd);
         free(x);
     }
-    char name[ECX_NIXL_NAME_MAX + 1], msg[ECX_NIXL_MSG_MAX + 1];
+    char name[ECXI_NIXL_NAME_MAX + 1], msg[ECXI_NIXL_MSG_MAX + 1];
     while (ecxi_nixl_agent_notif_pop(g.a, name, msg)) {
         fault(false);
         uint32_t nl = (uint32_t)strlen(name), ml = (uint32_t)strlen(msg);
         if (!nl || !ml) continue;
         uint8_t *b = g.buf;
-        ecxi_nixl_proc_hdr_put(b, ECX_NIXL_H_NOTIF, 0);
-        ecxi_put_le32(b + ECX_NIXL_PROC_HDR, nl);
-        ecxi_put_le32(b + ECX_NIXL_PROC_HDR + 4, ml);
-        memcpy(b + ECX_NIXL_PROC_HDR + 8, name, nl);
-        memcpy(b + ECX_NIXL_PROC_HDR + 8 + nl, msg, ml);
-        send_msg(b, ECX_NIXL_PROC_HDR + 8 + nl + ml);
+        ecxi_nixl_proc_hdr_put(b, ECXI_NIXL_H_NOTIF, 0);
+        ecxi_put_le32(b + ECXI_NIXL_PROC_HDR, nl);
+        ecxi_put_le32(b + ECXI_NIXL_PROC_HDR + 4, ml);
+        memcpy(b + ECXI_NIXL_PROC_HDR + 8, name, nl);
+        memcpy(b + ECXI_NIXL_PROC_HDR + 8 + nl, msg, ml);
+        send_msg(b, ECXI_NIXL_PROC_HDR + 8 + nl + ml);
     }
 }
 
@@ -278,34 +278,34 @@ static void fault_setup(uint64_t gen)
 static void hello(void)
 {
     struct pollfd q = {.fd = S, .events = POLLIN};
-    if (poll(&q, 1, ECX_NIXL_PROC_START_MS) != 1) bye("no HELLO");
+    if (poll(&q, 1, ECXI_NIXL_PROC_START_MS) != 1) bye("no HELLO");
     ssize_t n = recv(S, g.buf, sizeof g.buf, MSG_TRUNC);
     uint16_t type;
     uint64_t id;
-    if (n < ECX_NIXL_PROC_HDR + 13 || n > ECX_NIXL_PROC_HDR + 12 + ECX_NIXL_NAME_MAX ||
-        ecxi_nixl_proc_hdr_get(g.buf, (size_t)n, &type, &id) || type != ECX_NIXL_P_HELLO)
+    if (n < ECXI_NIXL_PROC_HDR + 13 || n > ECXI_NIXL_PROC_HDR + 12 + ECXI_NIXL_NAME_MAX ||
+        ecxi_nixl_proc_hdr_get(g.buf, (size_t)n, &type, &id) || type != ECXI_NIXL_P_HELLO)
         bye("a bad HELLO");
-    const uint8_t *b = g.buf + ECX_NIXL_PROC_HDR;
+    const uint8_t *b = g.buf + ECXI_NIXL_PROC_HDR;
     uint32_t role = ecxi_get_le32(b);
     g.size = ecxi_get_le64(b + 4);
-    char name[ECX_NIXL_NAME_MAX + 1];
-    size_t nl = (size_t)n - ECX_NIXL_PROC_HDR - 12;
+    char name[ECXI_NIXL_NAME_MAX + 1];
+    size_t nl = (size_t)n - ECXI_NIXL_PROC_HDR - 12;
     memcpy(name, b + 12, nl);
     name[nl] = 0;
-    bool producer = role == ECX_NIXL_ROLE_PRODUCER;
+    bool producer = role == ECXI_NIXL_ROLE_PRODUCER;
     fault_setup(id);
     struct stat st;
     int rc = 0;
-    if ((!producer && role != ECX_NIXL_ROLE_CONSUMER) || fstat(ECX_NIXL_PROC_REGION_FD, &st) ||
+    if ((!producer && role != ECXI_NIXL_ROLE_CONSUMER) || fstat(ECXI_NIXL_PROC_REGION_FD, &st) ||
         g.size == 0 || (uint64_t)st.st_size < g.size || g.size > SIZE_MAX)
         rc = ECX_EINVAL;
     if (!rc) {
         void *m = mmap(NULL, (size_t)g.size, producer ? PROT_READ : PROT_READ | PROT_WRITE,
-                       MAP_SHARED, ECX_NIXL_PROC_REGION_FD, 0);
+                       MAP_SHARED, ECXI_NIXL_PROC_REGION_FD, 0);
         if (m == MAP_FAILED) rc = ECX_ESYS;
         else g.base = m;
     }
-    close(ECX_NIXL_PROC_REGION_FD);
+    close(ECXI_NIXL_PROC_REGION_FD);
     if (!rc)
         rc = ecxi_nixl_agent_new(name, producer ? g.base : NULL, producer ? (size_t)g.size : 0,
                                  &g.a);
@@ -314,7 +314,7 @@ static void hello(void)
     uint8_t *copy = ml ? malloc(ml) : NULL;
     if (ml && !copy) rc = ECX_ENOMEM, ml = 0;
     if (ml) memcpy(copy, md, ml);
-    reply(ECX_NIXL_H_HELLO, 0, rc, (uintptr_t)g.base, copy, ml);
+    reply(ECXI_NIXL_H_HELLO, 0, rc, (uintptr_t)g.base, copy, ml);
     free(copy);
     if (rc) bye(NULL);
 }

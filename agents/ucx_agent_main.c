@@ -5,12 +5,12 @@
  * fd 3, with the region file on fd 4. Started by libecx only.
  *
  * Its private memory is bounded first thing, before UCX starts:
- * RLIMIT_DATA at what it has mapped then plus ECX_UCX_AGENT_DATA_MB (or
+ * RLIMIT_DATA at what it has mapped then plus ECXI_UCX_AGENT_DATA_MB (or
  * $ECX_UCX_AGENT_DATA_MB; 0: none).
  * It never blocks on its parent: what it sends waits in a queue until
  * the socket takes it, and it reads everything the parent sends at every
  * turn. A producer's grant checks go to the parent (ASK) and the request
- * waits in data_ucx.c's queue for the ANSWER (ECX_DATA_GRANT_ASKED).
+ * waits in data_ucx.c's queue for the ANSWER (ECXI_DATA_GRANT_ASKED).
  *
  * It ends when the socket says EOF (the parent closed it, or died) or its
  * parent changes (checked at least once a second).
@@ -31,7 +31,7 @@
 #include "ucx_proc.h"
 #include "util.h"
 
-#define S ECX_HELPER_SOCK_FD
+#define S ECXI_HELPER_SOCK_FD
 /* Grant questions waiting for their answer, at most. */
 #define MAX_ASKS 8192
 
@@ -49,9 +49,9 @@ typedef struct ask {
     int64_t answered_ms;
     uint64_t nbytes, *blocks;
     size_t n;
-    uint8_t token[ECX_DATA_TOKEN_LEN];
+    uint8_t token[ECXI_DATA_TOKEN_LEN];
     uint16_t key_len;
-    char key[ECX_DATA_NOTIF_MAX + 1];
+    char key[ECXI_DATA_NOTIF_MAX + 1];
 } ask;
 
 typedef struct hpeer {
@@ -80,7 +80,7 @@ static struct {
     hxfer *xfers;
     ecxi_block_run *local; /* a READ's runs */
     size_t local_cap;
-    uint8_t buf[ECX_UCX_PROC_MSG_MAX];
+    uint8_t buf[ECXI_UCX_PROC_MSG_MAX];
 } g;
 
 static _Noreturn void bye(const char *why)
@@ -93,14 +93,14 @@ static _Noreturn void bye(const char *why)
 
 static uint8_t *out(uint16_t type, uint64_t id, size_t len)
 {
-    outmsg *m = malloc(sizeof *m + ECX_HELPER_HDR + len);
+    outmsg *m = malloc(sizeof *m + ECXI_HELPER_HDR + len);
     if (!m) bye("out of memory");
     m->next = NULL;
-    m->len = ECX_HELPER_HDR + len;
-    ecxi_helper_hdr_put(m->b, ECX_UCX_PROC_MAGIC, ECX_UCX_PROC_VERSION, type, id);
+    m->len = ECXI_HELPER_HDR + len;
+    ecxi_helper_hdr_put(m->b, ECXI_UCX_PROC_MAGIC, ECXI_UCX_PROC_VERSION, type, id);
     *g.oq_tail = m;
     g.oq_tail = &m->next;
-    return m->b + ECX_HELPER_HDR;
+    return m->b + ECXI_HELPER_HDR;
 }
 
 static void flush(void)
@@ -119,10 +119,10 @@ static void flush(void)
 
 static void send_end(int status, const uint8_t *token, const char *key, size_t key_len)
 {
-    uint8_t *b = out(ECX_UCX_H_END, 0, 4 + ECX_DATA_TOKEN_LEN + key_len);
+    uint8_t *b = out(ECXI_UCX_H_END, 0, 4 + ECXI_DATA_TOKEN_LEN + key_len);
     ecxi_put_le32(b, (uint32_t)status);
-    memcpy(b + 4, token, ECX_DATA_TOKEN_LEN);
-    memcpy(b + 4 + ECX_DATA_TOKEN_LEN, key, key_len);
+    memcpy(b + 4, token, ECXI_DATA_TOKEN_LEN);
+    memcpy(b + 4 + ECXI_DATA_TOKEN_LEN, key, key_len);
 }
 
 /* ---- producer: the grant check is the parent's -------------------------- */
@@ -138,7 +138,7 @@ static ask *ask_find(const char *key, size_t key_len, const uint8_t *token, ask 
     for (ask **pp = &g.asks; *pp; pp = &(*pp)->next) {
         ask *a = *pp;
         if (a->key_len == key_len && !memcmp(a->key, key, key_len) &&
-            !sodium_memcmp(a->token, token, ECX_DATA_TOKEN_LEN)) {
+            !sodium_memcmp(a->token, token, ECXI_DATA_TOKEN_LEN)) {
             if (where) *where = pp;
             return a;
         }
@@ -153,7 +153,7 @@ static int grant_fn(void *arg, const char *key, size_t key_len, const uint8_t *t
     if (g.given) ask_free(g.given), g.given = NULL;
     ask **pp;
     ask *a = ask_find(key, key_len, token, &pp);
-    if (a && !a->answered) return ECX_DATA_GRANT_ASKED;
+    if (a && !a->answered) return ECXI_DATA_GRANT_ASKED;
     if (a) {
         *pp = a->next;
         g.nasks--;
@@ -169,16 +169,16 @@ static int grant_fn(void *arg, const char *key, size_t key_len, const uint8_t *t
     if (g.nasks >= MAX_ASKS) return ECX_EDATA_GRANT;
     if (!(a = calloc(1, sizeof *a))) return ECX_EDATA_GRANT;
     a->id = ++g.next_ask;
-    memcpy(a->token, token, ECX_DATA_TOKEN_LEN);
+    memcpy(a->token, token, ECXI_DATA_TOKEN_LEN);
     memcpy(a->key, key, key_len);
     a->key_len = (uint16_t)key_len;
     a->next = g.asks;
     g.asks = a;
     g.nasks++;
-    uint8_t *b = out(ECX_UCX_H_ASK, a->id, ECX_DATA_TOKEN_LEN + key_len);
-    memcpy(b, token, ECX_DATA_TOKEN_LEN);
-    memcpy(b + ECX_DATA_TOKEN_LEN, key, key_len);
-    return ECX_DATA_GRANT_ASKED;
+    uint8_t *b = out(ECXI_UCX_H_ASK, a->id, ECXI_DATA_TOKEN_LEN + key_len);
+    memcpy(b, token, ECXI_DATA_TOKEN_LEN);
+    memcpy(b + ECXI_DATA_TOKEN_LEN, key, key_len);
+    return ECXI_DATA_GRANT_ASKED;
 }
 
 static void on_answer(uint64_t id, const uint8_t *b, size_t n)
@@ -213,13 +213,13 @@ static void on_answer(uint64_t id, const uint8_t *b, size_t n)
 }
 
 /* A claim whose request is gone (its connection failed before the send)
- * is given back after ECX_UCX_PROC_ANSWER_MS, as a failed send. */
+ * is given back after ECXI_UCX_PROC_ANSWER_MS, as a failed send. */
 static void expire_answers(void)
 {
     int64_t now = ecxi_now_ms(NULL);
     for (ask **pp = &g.asks; *pp;) {
         ask *a = *pp;
-        if (!a->answered || now - a->answered_ms < ECX_UCX_PROC_ANSWER_MS) {
+        if (!a->answered || now - a->answered_ms < ECXI_UCX_PROC_ANSWER_MS) {
             pp = &a->next;
             continue;
         }
@@ -232,11 +232,11 @@ static void expire_answers(void)
 
 static void on_cut(const uint8_t *b, size_t n)
 {
-    if (n <= ECX_DATA_TOKEN_LEN || n > ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX)
+    if (n <= ECXI_DATA_TOKEN_LEN || n > ECXI_DATA_TOKEN_LEN + ECXI_DATA_NOTIF_MAX)
         bye("a malformed CUT");
     const uint8_t *token = b;
-    const char *key = (const char *)b + ECX_DATA_TOKEN_LEN;
-    size_t key_len = n - ECX_DATA_TOKEN_LEN;
+    const char *key = (const char *)b + ECXI_DATA_TOKEN_LEN;
+    size_t key_len = n - ECXI_DATA_TOKEN_LEN;
     if (ecxi_data_cut(g.d, key, key_len, token)) return; /* its END follows */
     ask *a = ask_find(key, key_len, token, NULL);
     if (a && a->answered && a->rc == 0) {
@@ -286,7 +286,7 @@ static void on_add(uint64_t id, const uint8_t *b, size_t n)
     }
     if (rc) free(h);
     else h->id = id, h->next = g.peers, g.peers = h;
-    ecxi_put_le32(out(ECX_UCX_H_ADDED, id, 4), (uint32_t)rc);
+    ecxi_put_le32(out(ECXI_UCX_H_ADDED, id, 4), (uint32_t)rc);
 }
 
 static void on_drop(uint64_t id)
@@ -301,16 +301,16 @@ static void on_drop(uint64_t id)
 
 static void on_read(uint64_t id, const uint8_t *b, size_t n)
 {
-    const size_t fixed = 8 * 3 + ECX_DATA_TOKEN_LEN + 8;
+    const size_t fixed = 8 * 3 + ECXI_DATA_TOKEN_LEN + 8;
     if (n < fixed) bye("a malformed READ");
-    uint32_t key_len = ecxi_get_le32(b + 24 + ECX_DATA_TOKEN_LEN);
-    uint32_t nruns = ecxi_get_le32(b + 28 + ECX_DATA_TOKEN_LEN);
-    if (key_len == 0 || key_len > ECX_DATA_NOTIF_MAX || nruns == 0 ||
+    uint32_t key_len = ecxi_get_le32(b + 24 + ECXI_DATA_TOKEN_LEN);
+    uint32_t nruns = ecxi_get_le32(b + 28 + ECXI_DATA_TOKEN_LEN);
+    if (key_len == 0 || key_len > ECXI_DATA_NOTIF_MAX || nruns == 0 ||
         n != fixed + key_len + 8 * (size_t)nruns)
         bye("a malformed READ");
     const uint64_t nb = ecxi_region_num_blocks(g.r), bs = ecxi_region_block_bytes(g.r);
     ecxi_data_ticket t = {.checksum = ecxi_get_le64(b + 16), .nbytes = ecxi_get_le64(b + 8)};
-    memcpy(t.token, b + 24, ECX_DATA_TOKEN_LEN);
+    memcpy(t.token, b + 24, ECXI_DATA_TOKEN_LEN);
     const uint8_t *run = b + fixed + key_len;
     size_t total = 0;
     int rc = 0;
@@ -345,7 +345,7 @@ static void on_read(uint64_t id, const uint8_t *b, size_t n)
     }
     if (rc) {
         free(x);
-        ecxi_put_le32(out(ECX_UCX_H_READ_END, id, 4), (uint32_t)ECX_XFER_FAILED);
+        ecxi_put_le32(out(ECXI_UCX_H_READ_END, id, 4), (uint32_t)ECXI_XFER_FAILED);
         return;
     }
     x->id = id;
@@ -370,12 +370,12 @@ static void reads_ended(void)
     for (hxfer **pp = &g.xfers; *pp;) {
         hxfer *x = *pp;
         int st = g.d->ops->read_poll(x->x);
-        if (st == ECX_XFER_RUNNING) {
+        if (st == ECXI_XFER_RUNNING) {
             pp = &x->next;
             continue;
         }
         *pp = x->next;
-        ecxi_put_le32(out(ECX_UCX_H_READ_END, x->id, 4), (uint32_t)st);
+        ecxi_put_le32(out(ECXI_UCX_H_READ_END, x->id, 4), (uint32_t)st);
         g.d->ops->read_release(x->x);
         free(x);
     }
@@ -394,7 +394,7 @@ static void stats(void)
     const ecxi_data_counts *c = &st.path[ECX_DATA_UCX];
     if (!memcmp(c, &last, sizeof last)) return;
     last = *c;
-    uint8_t *b = out(ECX_UCX_H_STATS, 0, 32);
+    uint8_t *b = out(ECXI_UCX_H_STATS, 0, 32);
     ecxi_put_le64(b, c->conns_refused);
     ecxi_put_le64(b + 8, c->conns_evicted);
     ecxi_put_le64(b + 16, c->conns_dropped);
@@ -414,17 +414,17 @@ static bool from_parent(void)
         if (n > (ssize_t)sizeof g.buf) bye("a message too large");
         uint16_t type;
         uint64_t id;
-        if (ecxi_helper_hdr_get(g.buf, (size_t)n, ECX_UCX_PROC_MAGIC, ECX_UCX_PROC_VERSION, &type,
+        if (ecxi_helper_hdr_get(g.buf, (size_t)n, ECXI_UCX_PROC_MAGIC, ECXI_UCX_PROC_VERSION, &type,
                                 &id))
             bye("a message not of the protocol");
-        const uint8_t *b = g.buf + ECX_HELPER_HDR;
-        size_t len = (size_t)n - ECX_HELPER_HDR;
-        if (g.producer && type == ECX_UCX_P_ANSWER) on_answer(id, b, len);
-        else if (g.producer && type == ECX_UCX_P_CUT) on_cut(b, len);
-        else if (!g.producer && type == ECX_UCX_P_ADD && len > 0) on_add(id, b, len);
-        else if (!g.producer && type == ECX_UCX_P_DROP) on_drop(id);
-        else if (!g.producer && type == ECX_UCX_P_READ) on_read(id, b, len);
-        else if (!g.producer && type == ECX_UCX_P_RELEASE) on_release(id);
+        const uint8_t *b = g.buf + ECXI_HELPER_HDR;
+        size_t len = (size_t)n - ECXI_HELPER_HDR;
+        if (g.producer && type == ECXI_UCX_P_ANSWER) on_answer(id, b, len);
+        else if (g.producer && type == ECXI_UCX_P_CUT) on_cut(b, len);
+        else if (!g.producer && type == ECXI_UCX_P_ADD && len > 0) on_add(id, b, len);
+        else if (!g.producer && type == ECXI_UCX_P_DROP) on_drop(id);
+        else if (!g.producer && type == ECXI_UCX_P_READ) on_read(id, b, len);
+        else if (!g.producer && type == ECXI_UCX_P_RELEASE) on_release(id);
         else bye("an unexpected message");
     }
 }
@@ -433,35 +433,35 @@ static bool from_parent(void)
 static void hello(void)
 {
     struct pollfd q = {.fd = S, .events = POLLIN};
-    if (poll(&q, 1, ECX_UCX_PROC_START_MS) != 1) bye("no HELLO");
+    if (poll(&q, 1, ECXI_UCX_PROC_START_MS) != 1) bye("no HELLO");
     ssize_t n = recv(S, g.buf, sizeof g.buf, MSG_TRUNC);
     uint16_t type;
     uint64_t id;
-    if (n < ECX_HELPER_HDR + 14 || n > ECX_HELPER_HDR + 14 + 255 ||
-        ecxi_helper_hdr_get(g.buf, (size_t)n, ECX_UCX_PROC_MAGIC, ECX_UCX_PROC_VERSION, &type,
+    if (n < ECXI_HELPER_HDR + 14 || n > ECXI_HELPER_HDR + 14 + 255 ||
+        ecxi_helper_hdr_get(g.buf, (size_t)n, ECXI_UCX_PROC_MAGIC, ECXI_UCX_PROC_VERSION, &type,
                             &id) ||
-        type != ECX_UCX_P_HELLO)
+        type != ECXI_UCX_P_HELLO)
         bye("a bad HELLO");
-    const uint8_t *b = g.buf + ECX_HELPER_HDR;
+    const uint8_t *b = g.buf + ECXI_HELPER_HDR;
     uint32_t role = ecxi_get_le32(b);
     uint64_t bs = ecxi_get_le64(b + 4);
     uint16_t port;
     memcpy(&port, b + 12, 2);
     char host[256];
-    size_t hl = (size_t)n - ECX_HELPER_HDR - 14;
+    size_t hl = (size_t)n - ECXI_HELPER_HDR - 14;
     memcpy(host, b + 14, hl);
     host[hl] = 0;
-    g.producer = role == ECX_UCX_ROLE_PRODUCER;
-    int rc = !g.producer && role != ECX_UCX_ROLE_CONSUMER ? ECX_EINVAL : 0;
-    if (!rc) rc = ecxi_region_map_fd(ECX_HELPER_REGION_FD, bs, !g.producer, &g.r);
-    close(ECX_HELPER_REGION_FD);
+    g.producer = role == ECXI_UCX_ROLE_PRODUCER;
+    int rc = !g.producer && role != ECXI_UCX_ROLE_CONSUMER ? ECX_EINVAL : 0;
+    if (!rc) rc = ecxi_region_map_fd(ECXI_HELPER_REGION_FD, bs, !g.producer, &g.r);
+    close(ECXI_HELPER_REGION_FD);
     ecxi_data_meta m = {0};
     if (!rc)
         rc = g.producer ? ecxi_data_ucx_new_producer(g.r, hl ? host : NULL, port, &m, &g.d)
                         : ecxi_data_ucx_new_consumer(g.r, &g.d);
     if (!rc && g.producer) ecxi_data_set_grant_fn(g.d, grant_fn, NULL);
     size_t al = !rc && g.producer ? m.ucx_addr_len : 0;
-    uint8_t *r = out(ECX_UCX_H_HELLO, 0, 4 + al);
+    uint8_t *r = out(ECXI_UCX_H_HELLO, 0, 4 + al);
     ecxi_put_le32(r, (uint32_t)rc);
     if (al) memcpy(r + 4, m.ucx_addr, al);
     while (g.oq) { /* a fresh socket takes it at once */
@@ -488,7 +488,7 @@ static uint64_t vm_data(void)
 static void limit_memory(void)
 {
     const char *e = getenv("ECX_UCX_AGENT_DATA_MB");
-    long mb = e && *e ? atol(e) : ECX_UCX_AGENT_DATA_MB;
+    long mb = e && *e ? atol(e) : ECXI_UCX_AGENT_DATA_MB;
     if (mb <= 0) return; /* 0: no bound (an operator's choice) */
     rlim_t lim = (rlim_t)vm_data() + ((rlim_t)mb << 20);
     struct rlimit rl = {.rlim_cur = lim, .rlim_max = lim};
@@ -522,7 +522,7 @@ int main(int argc, char **argv)
             if (ecxi_data_poll_notifs(g.d, on_notif, NULL) < 0) bye("UCX failed");
             expire_answers();
         } else {
-            if (ecxi_data_progress(g.d, ECX_DATA_SLICE_NS, &more) < 0) bye("UCX failed");
+            if (ecxi_data_progress(g.d, ECXI_DATA_SLICE_NS, &more) < 0) bye("UCX failed");
             reads_ended();
         }
         stats();

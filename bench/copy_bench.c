@@ -19,7 +19,7 @@
  *   cold_pread_ratio   the library's pread way (page cache -> destination,
  *                      each chunk hashed while in cache): no mapping at all
  *   cold_ahead_ratio   a fresh mapping, copied 256 KiB a step with
- *                      ECX_SHM_COPY_AHEAD (a second thread faults it in
+ *                      ECXI_SHM_COPY_AHEAD (a second thread faults it in
  *                      from the end down to where the copy has got), as
  *                      data_shm.c copies a large first READ
  *   bench_copy [--size BYTES]... [--iters N] [--cold]   (default 4.7 MB,
@@ -97,7 +97,7 @@ static double cold_once(int v, const ecxi_shm_src *s, uint8_t *dst, uint64_t siz
     const ecxi_block_run blk = {0, 1}; /* one block of size bytes */
     double t0 = now_s();
     if (v == 8) {
-        if (ecxi_shm_copy(s, dst, size, &blk, 1, &blk, 1, size, ECX_SHM_COPY_PREAD, sum)) return -1;
+        if (ecxi_shm_copy(s, dst, size, &blk, 1, &blk, 1, size, ECXI_SHM_COPY_PREAD, sum)) return -1;
         return now_s() - t0;
     }
     void *map = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, s->fd, 0);
@@ -108,7 +108,7 @@ static double cold_once(int v, const ecxi_shm_src *s, uint8_t *dst, uint64_t siz
         rc = ecxi_shm_copy(&fresh, dst, size, &blk, 1, &blk, 1, size, 0, sum);
     } else { /* as data_shm.c copies: 256 KiB a step */
         ecxi_shm_job *j = NULL;
-        rc = ecxi_shm_job_new(&fresh, size, &blk, 1, &blk, 1, size, ECX_SHM_COPY_AHEAD, &j);
+        rc = ecxi_shm_job_new(&fresh, size, &blk, 1, &blk, 1, size, ECXI_SHM_COPY_AHEAD, &j);
         uint64_t moved;
         while (rc == 0 && (rc = ecxi_shm_job_step(j, &fresh, dst, 256u << 10, &moved, sum)) == 0)
             ;

@@ -27,7 +27,7 @@
  * When shm is measured, the same loop also times, on the producer's region
  * file (opened here, read-only, by the bench itself), the ways that copy
  * could be done (shm_copy.h), each verified against the checksum:
- *   pread      pread + XXH3 a 512 KiB chunk at a time (ECX_SHM_COPY_PREAD)
+ *   pread      pread + XXH3 a 512 KiB chunk at a time (ECXI_SHM_COPY_PREAD)
  *   mmap+hash  memcpy from a read-only mapping, then XXH3 of each 256 KiB
  *              chunk while it is in cache
  *   warm       the library's copy (ecxi_shm_copy, guarded one-pass where it
@@ -123,7 +123,7 @@ static void count_notif(void *arg, const char *key, size_t len, const uint8_t *t
  * (ucx's empty where it is not built in). */
 static int producer_main(const char *dir, uint64_t bytes, uint64_t bs, int out_fd, int stop_fd)
 {
-    char id[ECX_REGION_INSTANCE_ID_LEN + 1];
+    char id[ECXI_REGION_INSTANCE_ID_LEN + 1];
     ecxi_region *r;
     ecxi_data *d[2] = {NULL, NULL};
     int n = ecxi_data_backend_built(ECX_DATA_UCX) ? 2 : 1;
@@ -132,7 +132,7 @@ static int producer_main(const char *dir, uint64_t bytes, uint64_t bs, int out_f
     static stub_grants grants;
     const uint8_t *m[2];
     size_t ml[2];
-    uint8_t ds[2][ECX_DATA_DESC_MAX];
+    uint8_t ds[2][ECXI_DATA_DESC_MAX];
     uint32_t lens[4] = {0, 0, 0, 0};
     if (ecxi_region_instance_id(id) || ecxi_region_create_in(dir, id, 0, bytes, bs, &r)) return 1;
     fill_pattern(ecxi_region_base(r), ecxi_region_size(r));
@@ -218,8 +218,8 @@ static double path_fetch_at(path *ph, bench *b, uint64_t size, uint64_t from)
     uint8_t *dst = ecxi_region_base(b->cr);
     memset(dst, 0x5a, size);
     ecxi_data_xfer *x;
-    char key[ECX_DATA_NOTIF_MAX];
-    uint8_t desc[ECX_DATA_DESC_MAX];
+    char key[ECXI_DATA_NOTIF_MAX];
+    uint8_t desc[ECXI_DATA_DESC_MAX];
     int kl = stub_key(key, sizeof key, size, &remote, 1);
     long dl = stub_desc(ph->layout, ph->layout_len, size, ecxi_checksum(expect, size), desc,
                         sizeof desc);
@@ -236,13 +236,13 @@ static double path_fetch_at(path *ph, bench *b, uint64_t size, uint64_t from)
     }
     int st;
     double limit = t0 + 30;
-    while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && now_s() < limit)
-        ecxi_data_progress(ph->d, ECX_DATA_SLICE_NS, NULL);
+    while ((st = ecxi_data_read_poll(x)) == ECXI_XFER_RUNNING && now_s() < limit)
+        ecxi_data_progress(ph->d, ECXI_DATA_SLICE_NS, NULL);
     double t1 = now_s();
     ecxi_data_read_release(x);
-    if (st != ECX_XFER_DONE || memcmp(dst, expect, size) != 0) {
+    if (st != ECXI_XFER_DONE || memcmp(dst, expect, size) != 0) {
         fprintf(stderr, "bench: %s fetch %s\n", ecxi_data_backend_name(ph->backend),
-                st == ECX_XFER_DONE ? "delivered wrong bytes" : "did not finish");
+                st == ECXI_XFER_DONE ? "delivered wrong bytes" : "did not finish");
         return -1;
     }
     return t1 - t0;
@@ -282,10 +282,10 @@ static int cold_fetches(bench *b, uint64_t size, const uint8_t *m,
         t[idle][0] = path_fetch_at(&ph, b, size, 0);
         if (idle) {
             /* Enough idle calls for the whole mapping, a chunk each. */
-            uint64_t calls = ecxi_region_size(b->cr) / ECX_DATA_CHUNK + 16;
+            uint64_t calls = ecxi_region_size(b->cr) / ECXI_DATA_CHUNK + 16;
             double t0 = now_s();
             for (uint64_t i = 0; i < calls; i++)
-                ecxi_data_progress(ph.d, ECX_DATA_SLICE_NS, NULL);
+                ecxi_data_progress(ph.d, ECXI_DATA_SLICE_NS, NULL);
             idle_v[r] = (now_s() - t0) * 1e3;
             idle_calls = calls;
         }
@@ -332,7 +332,7 @@ static int cold_fetches(bench *b, uint64_t size, const uint8_t *m,
 static int variants_open(bench *b, const uint8_t *m, size_t ml)
 {
     ecxi_data_meta meta;
-    char path[ECX_DATA_PATH_MAX + 1];
+    char path[ECXI_DATA_PATH_MAX + 1];
     if (ecxi_data_meta_decode(m, ml, &meta) || !meta.has_shm) return -1;
     memcpy(path, meta.path, meta.path_len);
     path[meta.path_len] = 0;
@@ -370,13 +370,13 @@ static double variant_once(bench *b, int v, uint64_t size, uint64_t want)
     double t0 = now_s();
     if (v == 0 || v == 2) {
         if (ecxi_shm_copy(&b->var, dst, b->bs, &all, 1, &all, 1, size,
-                          v == 0 ? ECX_SHM_COPY_PREAD : ECX_SHM_COPY_AUTO, &sum))
+                          v == 0 ? ECXI_SHM_COPY_PREAD : ECXI_SHM_COPY_AUTO, &sum))
             return -1;
     } else if (v == 3) {
         void *map = mmap(NULL, b->var.map_len, PROT_READ, MAP_SHARED, b->var.fd, 0);
         if (map == MAP_FAILED) return -1;
         ecxi_shm_src fresh = {.fd = b->var.fd, .map = map, .map_len = b->var.map_len};
-        int rc = ecxi_shm_copy(&fresh, dst, b->bs, &all, 1, &all, 1, size, ECX_SHM_COPY_AUTO,
+        int rc = ecxi_shm_copy(&fresh, dst, b->bs, &all, 1, &all, 1, size, ECXI_SHM_COPY_AUTO,
                                &sum);
         double t1 = now_s();
         munmap(map, b->var.map_len);
@@ -505,7 +505,7 @@ int ecxi_data_bench_run(const ecxi_data_bench_opts *o)
     path paths[3];
     memset(paths, 0, sizeof paths);
     int np = 0;
-    char id[ECX_REGION_INSTANCE_ID_LEN + 1];
+    char id[ECXI_REGION_INSTANCE_ID_LEN + 1];
     if (pid < 0 || read_all(to_parent[0], lens, sizeof lens) || lens[0] > 65536 ||
         lens[1] > 65536 || lens[2] > 65536 || lens[3] > 65536 ||
         !(m = malloc(lens[0] ? lens[0] : 1)) || !(ds = malloc(lens[1] ? lens[1] : 1)) ||

@@ -28,7 +28,7 @@
 
 #define STUB_TOKEN_BYTES                                                                           \
     {0x5e, 0xc7, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e}
-static const uint8_t STUB_TOKEN[ECX_DATA_TOKEN_LEN] = STUB_TOKEN_BYTES;
+static const uint8_t STUB_TOKEN[ECXI_DATA_TOKEN_LEN] = STUB_TOKEN_BYTES;
 
 typedef struct stub_grants {
     uint64_t blocks[STUB_MAX_BLOCKS]; /* of the last grant served */
@@ -50,17 +50,17 @@ static __attribute__((unused)) int stub_key(char *buf, size_t cap, uint64_t nbyt
 
 /* ecxi_data_grant_fn: arg is a stub_grants. */
 static __attribute__((unused)) int stub_grant_check(void *arg, const char *key, size_t key_len,
-                                                    const uint8_t token[ECX_DATA_TOKEN_LEN],
+                                                    const uint8_t token[ECXI_DATA_TOKEN_LEN],
                                                     int flags, ecxi_data_grant *g)
 {
     (void)flags;
     stub_grants *s = arg;
-    char k[ECX_DATA_NOTIF_MAX + 1];
+    char k[ECXI_DATA_NOTIF_MAX + 1];
     memcpy(k, key, key_len);
     k[key_len] = 0;
     char *p = k + 5, *end;
     size_t n = 0;
-    if (strncmp(k, "stub:", 5) != 0 || memcmp(token, STUB_TOKEN, ECX_DATA_TOKEN_LEN) != 0)
+    if (strncmp(k, "stub:", 5) != 0 || memcmp(token, STUB_TOKEN, ECXI_DATA_TOKEN_LEN) != 0)
         goto refuse;
     g->nbytes = strtoull(p, &end, 10);
     if (end == p || *end != ':') goto refuse;
@@ -100,7 +100,7 @@ static __attribute__((unused)) long stub_desc(const uint8_t *layout, size_t layo
     int rc = ecxi_data_desc_decode(layout, layout_len, &dd);
     if (rc) return rc;
     dd.has_ticket = true;
-    memcpy(dd.ticket.token, STUB_TOKEN, ECX_DATA_TOKEN_LEN);
+    memcpy(dd.ticket.token, STUB_TOKEN, ECXI_DATA_TOKEN_LEN);
     dd.ticket.checksum = sum;
     dd.ticket.nbytes = nbytes;
     dd.ticket.lease_ms = 30000;

@@ -107,26 +107,26 @@ static int check(const char *host, bool port_given, long long port, bool size_gi
                  const uint64_t *shape_size, ecxi_announce_peer *out)
 {
     if (!ecxi_announce_host_ok(host)) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_host is not a host name or address");
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_host is not a host name or address");
         return ECX_REASON_INVALID;
     }
     if (!port_given) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_port is missing or not a JSON "
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_port is missing or not a JSON "
                             "integer (a string?)");
         return ECX_REASON_INVALID;
     }
     if (port < 1 || port > 65535) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_port %lld is not a port (1..65535)",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_port %lld is not a port (1..65535)",
                             port);
         return ECX_REASON_INVALID;
     }
     if (!size_given || size <= 0) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: size_bytes is missing or not a "
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: size_bytes is missing or not a "
                             "positive JSON integer");
         return ECX_REASON_INVALID;
     }
     if (rows && !shape_size) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: no usable shape (version 2)");
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: no usable shape (version 2)");
         return ECX_REASON_INVALID;
     }
     memcpy(out->host, host, strlen(host) + 1);
@@ -134,13 +134,13 @@ static int check(const char *host, bool port_given, long long port, bool size_gi
     out->size_bytes = (uint64_t)size;
     if (expected_size && expected_size != out->size_bytes) return ECX_REASON_SIZE_MISMATCH;
     if (rows && *shape_size != out->size_bytes) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: size_bytes %llu is not the %llu bytes "
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: size_bytes %llu is not the %llu bytes "
                             "of whole blocks its shape takes", (unsigned long long)out->size_bytes,
                             (unsigned long long)*shape_size);
         return ECX_REASON_SIZE_MISMATCH;
     }
     if (max_bytes && out->size_bytes > max_bytes) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: size_bytes %llu is beyond any region",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: size_bytes %llu is beyond any region",
                             (unsigned long long)out->size_bytes);
         return ECX_REASON_INVALID;
     }
@@ -167,11 +167,11 @@ int ecxi_announce_parse(const char *json, const ecx_announcement *from, uint64_t
     json_t *j = json_loads(json, JSON_REJECT_DUPLICATES, &err);
     int why;
     if (!j) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement is not JSON: %s (column %d)", err.text,
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "announcement is not JSON: %s (column %d)", err.text,
                             err.column);
         why = ECX_REASON_INVALID;
     } else if (!json_is_object(j)) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement is not a JSON object");
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "announcement is not a JSON object");
         why = ECX_REASON_INVALID;
     } else {
         json_t *h = json_object_get(j, "peer_host"), *p = json_object_get(j, "peer_port"),
@@ -181,7 +181,7 @@ int ecxi_announce_parse(const char *json, const ecx_announcement *from, uint64_t
         if (!h || (json_is_string(h) && json_string_length(h) == 0))
             why = ECX_REASON_NO_PEER; /* {"metadata":{}}: not held there */
         else if (!json_is_string(h)) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_host is not a JSON string");
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: peer_host is not a JSON string");
             why = ECX_REASON_INVALID;
         }
         else if (strlen(json_string_value(h)) != json_string_length(h))

@@ -16,8 +16,8 @@
  * an item it has never heard of; the connector only passes text or struct
  * through.
  */
-#ifndef ECX_ANNOUNCE_H
-#define ECX_ANNOUNCE_H
+#ifndef ECXI_ANNOUNCE_H
+#define ECXI_ANNOUNCE_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -726,7 +726,7 @@ int ecxi_cache_new(const ecxi_cache_opts *opts, ecxi_cache **out)
 {
     if (!out) return ECX_EINVAL;
     *out = NULL;
-    if (!opts || opts->num_blocks == 0 || opts->num_blocks > ECX_CACHE_MAX_BLOCKS)
+    if (!opts || opts->num_blocks == 0 || opts->num_blocks > ECXI_CACHE_MAX_BLOCKS)
         return ECX_EINVAL;
     if (sodium_init() < 0) return ECX_ECRYPTO;
     ecxi_cache *c = calloc(1, sizeof *c);
@@ -921,7 +921,7 @@ int ecxi_cache_pin_if_ready(ecxi_cache *c, const char *key, size_t key_len)
 
 static void info_of(const ecxi_cache *c, const struct entry *e, ecxi_cache_info *info)
 {
-    info->state = e->state == ST_READY ? ECX_CACHE_READY : ECX_CACHE_NOT_READY;
+    info->state = e->state == ST_READY ? ECXI_CACHE_READY : ECXI_CACHE_NOT_READY;
     info->pins = e->pins;
     info->n_blocks = e->n_blocks;
     info->size_bytes = e->size_bytes;

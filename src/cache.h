@@ -43,8 +43,8 @@
  * doubling). Misuse (duplicate reserve, unpin of an unpinned entry,
  * discard of a ready one...) returns an error code and changes nothing.
  */
-#ifndef ECX_CACHE_H
-#define ECX_CACHE_H
+#ifndef ECXI_CACHE_H
+#define ECXI_CACHE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -54,10 +54,10 @@
 typedef struct ecxi_cache ecxi_cache;
 
 /* Largest number of blocks a cache can manage (block indices are uint32;
- * equal to ECX_REGION_MAX_BLOCKS). */
-#define ECX_CACHE_MAX_BLOCKS 0xfffffffeu
+ * equal to ECXI_REGION_MAX_BLOCKS). */
+#define ECXI_CACHE_MAX_BLOCKS 0xfffffffeu
 
-enum ecxi_cache_state { ECX_CACHE_NOT_READY = 0, ECX_CACHE_READY = 1 };
+enum ecxi_cache_state { ECXI_CACHE_NOT_READY = 0, ECXI_CACHE_READY = 1 };
 
 /* A contiguous run of blocks: start, start + 1, ..., start + len - 1. */
 typedef struct ecxi_cache_run {
@@ -77,7 +77,7 @@ typedef void (*ecxi_cache_evict_fn)(void *arg, const char *key, size_t key_len, 
 typedef int (*ecxi_cache_alloc_fn)(void *arg, uint64_t start, uint64_t n_blocks);
 
 typedef struct ecxi_cache_opts {
-    uint64_t num_blocks;         /* 1..ECX_CACHE_MAX_BLOCKS */
+    uint64_t num_blocks;         /* 1..ECXI_CACHE_MAX_BLOCKS */
     size_t expected_entries;     /* sizing hint for the table; 0: a default */
     ecxi_cache_evict_fn on_evict; /* optional */
     void *evict_arg;

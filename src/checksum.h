@@ -10,8 +10,8 @@
  * for an mm_hash; README's threat model says so). The streaming form lets
  * a copy loop hash each chunk while it is still in cache.
  */
-#ifndef ECX_CHECKSUM_H
-#define ECX_CHECKSUM_H
+#ifndef ECXI_CHECKSUM_H
+#define ECXI_CHECKSUM_H
 
 #include <stddef.h>
 #include <stdint.h>

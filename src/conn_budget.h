@@ -26,8 +26,8 @@
  * holds the most loses first: however many addresses hold idle or dripping
  * connections, a consumer with one connection is not locked out.
  */
-#ifndef ECX_CONN_BUDGET_H
-#define ECX_CONN_BUDGET_H
+#ifndef ECXI_CONN_BUDGET_H
+#define ECXI_CONN_BUDGET_H
 
 #include <stddef.h>
 #include <stdint.h>

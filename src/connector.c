@@ -114,7 +114,7 @@ struct ecx_ctx {
     zmq_pollitem_t *items;   /* scratch: the consumer's sockets */
     size_t items_cap;
     /* consumer CURVE keys, Z85, copied from the config ("": none) */
-    char curve_server[ECX_CTRL_KEY_Z85 + 1], curve_secret[ECX_CTRL_KEY_Z85 + 1];
+    char curve_server[ECXI_CTRL_KEY_Z85 + 1], curve_secret[ECXI_CTRL_KEY_Z85 + 1];
 };
 
 /* Public calls take mu through these: a caller announces itself first, and
@@ -452,7 +452,7 @@ int ecx_new(const ecx_config *in, ecx_ctx **out)
         ecxi_log(ECX_LOG_INFO, "vLLM %s, model %s, dtype %s, block_bytes %llu: compat hash %s",
                  cfg->vllm_version, cfg->model, cfg->dtype,
                  (unsigned long long)cfg->block_bytes, ctx->compat);
-    char instance[ECX_REGION_INSTANCE_ID_LEN + 1];
+    char instance[ECXI_REGION_INSTANCE_ID_LEN + 1];
     const char *inst = cfg->instance;
     if (!rc && !inst && !(rc = ecxi_region_instance_id(instance))) inst = instance;
     if (!rc)
@@ -483,7 +483,7 @@ static void open_free_all(ecx_ctx *ctx)
     for (size_t b = 0; b < ctx->open.n_buckets; b++)
         for (ecxi_table_node *n = ctx->open.buckets[b], *next; n; n = next) {
             next = n->next;
-            free(ECX_CONTAINER_OF(n, open_item, node));
+            free(ECXI_CONTAINER_OF(n, open_item, node));
         }
     ecxi_table_fini(&ctx->open);
 }
@@ -867,7 +867,7 @@ static int open_hold(ecx_ctx *ctx, const char *h, uint64_t size, open_item **out
     size_t hl = strlen(h);
     ecxi_table_node *node = ecxi_table_find(&ctx->open, h, hl);
     if (node) {
-        open_item *it = ECX_CONTAINER_OF(node, open_item, node);
+        open_item *it = ECXI_CONTAINER_OF(node, open_item, node);
         it->holds++;
         *out = it;
         return 0;
@@ -898,7 +898,7 @@ static void open_drop(ecx_ctx *ctx, const char *h)
 {
     ecxi_table_node *node = ecxi_table_find(&ctx->open, h, strlen(h));
     if (!node) return;
-    open_item *it = ECX_CONTAINER_OF(node, open_item, node);
+    open_item *it = ECXI_CONTAINER_OF(node, open_item, node);
     if (--it->holds) return;
     ecxi_table_remove(&ctx->open, node);
     free(it);
@@ -910,7 +910,7 @@ static int save_begin(ecx_ctx *ctx, const char *h, uint64_t size, const ecx_segm
     uint64_t blocks = (size - 1) / ctx->block_bytes + 1;
     size_t hl = strlen(h);
     if (ctx->rows.elem_size && size % ctx->block_bytes) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "save: %llu bytes are not whole blocks of %llu "
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "save: %llu bytes are not whole blocks of %llu "
                             "(connector_version 2 announces whole rows)",
                             (unsigned long long)size, (unsigned long long)ctx->block_bytes);
         return ECX_EINVAL;
@@ -950,8 +950,8 @@ static open_item *open_save(ecx_ctx *ctx, const char *h, int *rc)
     ecxi_cache_info info;
     if ((*rc = ecxi_cache_lookup(ctx->cache, h, hl, &info))) return NULL;
     ecxi_table_node *node = ecxi_table_find(&ctx->open, h, hl);
-    open_item *it = node ? ECX_CONTAINER_OF(node, open_item, node) : NULL;
-    if (info.state != ECX_CACHE_READY && it && !it->committing) return it;
+    open_item *it = node ? ECXI_CONTAINER_OF(node, open_item, node) : NULL;
+    if (info.state != ECXI_CACHE_READY && it && !it->committing) return it;
     *rc = ECX_ECACHE_STATE;
     return NULL;
 }
@@ -1069,13 +1069,13 @@ static int save_shape(ecx_ctx *ctx, const char *h, uint64_t rows, uint64_t width
     if (rc) return rc;
     uint64_t bytes = 0;
     if (!ecxi_announce_shape_bytes(&ctx->rows, rows, width, &bytes)) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: %s: [%llu, %llu] of %d-byte elements "
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: %s: [%llu, %llu] of %d-byte elements "
                             "overflows", h, (unsigned long long)rows, (unsigned long long)width,
                             ctx->rows.elem_size);
         return ECX_EINVAL;
     }
     if (bytes != info.size_bytes) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: %s: [%llu, %llu] of %d-byte elements "
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: %s: [%llu, %llu] of %d-byte elements "
                             "takes %llu bytes in whole blocks of %llu, not the item's %llu", h,
                             (unsigned long long)rows, (unsigned long long)width,
                             ctx->rows.elem_size, (unsigned long long)bytes,
@@ -1091,11 +1091,11 @@ int ecx_save_shape(ecx_ctx *ctx, const char *mm_hash, uint64_t rows, uint64_t wi
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EROLE;
     if (!ctx->rows.elem_size) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: connector_version 1 announces no shape");
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: connector_version 1 announces no shape");
         return ECX_EINVAL;
     }
     if (rows == 0 || width == 0) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: shape [%llu, %llu] has no elements",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "save_shape: shape [%llu, %llu] has no elements",
                             (unsigned long long)rows, (unsigned long long)width);
         return ECX_EINVAL;
     }

@@ -16,7 +16,7 @@
 #include "table.h"
 #include "wire.h"
 
-const double ecxi_latency_bounds_ms[ECX_LATENCY_BUCKETS - 1] = {
+const double ecxi_latency_bounds_ms[ECXI_LATENCY_BUCKETS - 1] = {
     1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 20000};
 
 enum xstate { WAITING_ACK, READING, RETRY, QUARANTINED, TOMBSTONE };
@@ -60,7 +60,7 @@ struct session {
     session *next;
     ecxi_ctrl_peer *peer;
     ecxi_data_peer *dpeer; /* registered from the first OK ack */
-    char sid[ECX_SESSION_ID_LEN + 1]; /* UUID4 text */
+    char sid[ECXI_SESSION_ID_LEN + 1]; /* UUID4 text */
     char key[ECXI_HOST_MAX + 8]; /* "host|port" */
     char host[ECXI_HOST_MAX + 1];
     int port;
@@ -189,7 +189,7 @@ static int front_answer(ecxi_consumer *c, const char *h, size_t hl, int *reason)
 {
     pthread_mutex_lock(&c->pmu);
     ecxi_table_node *n = ecxi_table_find(&c->front, h, hl);
-    int st = n ? front_answer_locked(c, ECX_CONTAINER_OF(n, xfer, fnode), reason) : -1;
+    int st = n ? front_answer_locked(c, ECXI_CONTAINER_OF(n, xfer, fnode), reason) : -1;
     pthread_mutex_unlock(&c->pmu);
     return st;
 }
@@ -204,7 +204,7 @@ static void free_push(ecxi_consumer *c, xfer *x)
 static xfer *xfer_find(const ecxi_consumer *c, const char *hash, size_t len)
 {
     ecxi_table_node *n = ecxi_table_find(&c->xfers, hash, len);
-    return n ? ECX_CONTAINER_OF(n, xfer, node) : NULL;
+    return n ? ECXI_CONTAINER_OF(n, xfer, node) : NULL;
 }
 
 /* A new transfer (from incoming) joins the ones this file drives. */
@@ -247,7 +247,7 @@ static void free_blocks(ecxi_consumer *c, xfer *x)
 static void tombstone(ecxi_consumer *c, xfer *x, int reason, int64_t now)
 {
     int level = reason == ECX_REASON_NACK_MISSING ? ECX_LOG_INFO : ECX_LOG_WARN;
-    ECX_LOG_RATELIMITED(level, "consumer: %.*s from %s:%d falls back: %s", (int)x->hash_len,
+    ECXI_LOG_RATELIMITED(level, "consumer: %.*s from %s:%d falls back: %s", (int)x->hash_len,
                         x->hash, x->host, x->port, ecx_reason_name(reason));
     if (x->dx) {
         ecxi_data_read_release(x->dx);
@@ -284,8 +284,8 @@ static void retry_later(ecxi_consumer *c, xfer *x, int64_t now, int reason)
         tombstone(c, x, reason, now);
         return;
     }
-    x->backoff_ms = x->backoff_ms ? x->backoff_ms * 2 : ECX_CONSUMER_BACKOFF_MIN_MS;
-    if (x->backoff_ms > ECX_CONSUMER_BACKOFF_MAX_MS) x->backoff_ms = ECX_CONSUMER_BACKOFF_MAX_MS;
+    x->backoff_ms = x->backoff_ms ? x->backoff_ms * 2 : ECXI_CONSUMER_BACKOFF_MIN_MS;
+    if (x->backoff_ms > ECXI_CONSUMER_BACKOFF_MAX_MS) x->backoff_ms = ECXI_CONSUMER_BACKOFF_MAX_MS;
     x->state = RETRY;
     x->deadline_ms = now + x->backoff_ms;
     c->st.retries++;
@@ -361,7 +361,7 @@ static bool evict_one(ecxi_consumer *c, int64_t now)
     session *victim = NULL, *unreached = NULL;
     for (session *s = c->sessions_list; s; s = s->next) {
         if (!s->busy && (!victim || s->last_used_ms < victim->last_used_ms)) victim = s;
-        if (s->busy && now - s->opened_ms >= ECX_CONSUMER_UNREACHED_MS &&
+        if (s->busy && now - s->opened_ms >= ECXI_CONSUMER_UNREACHED_MS &&
             (!unreached || s->opened_ms < unreached->opened_ms) &&
             !ecxi_ctrl_peer_handshaken(s->peer))
             unreached = s;
@@ -374,7 +374,7 @@ static bool evict_one(ecxi_consumer *c, int64_t now)
         return true;
     }
     if (!unreached) return false;
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                         "consumer: session cap (%d) reached; closed the session to %s:%d, "
                         "no handshake in %lld ms (its items fall back: ACK_TIMEOUT)",
                         c->o.max_sessions, unreached->host, unreached->port,
@@ -413,7 +413,7 @@ static bool retire_if_refused(ecxi_consumer *c, session *s, int64_t now)
 }
 
 /* Close a session whose producer's address is not a ZeroMQ peer (its TCP
- * connection sent no ZeroMQ greeting within ECX_CTRL_GREETING_MS: an HTTP
+ * connection sent no ZeroMQ greeting within ECXI_CTRL_GREETING_MS: an HTTP
  * server, a metrics port): its waiting transfers fall back at once
  * (NOT_ZMQ) rather than at the ack timeout (every try of it, on version
  * 2). */
@@ -422,9 +422,9 @@ static bool retire_if_silent(ecxi_consumer *c, session *s, int64_t now)
     if (!ecxi_ctrl_peer_silent(s->peer)) return false;
     for (xfer *x = c->head; x; x = x->next)
         if (x->s == s && x->state == WAITING_ACK) tombstone(c, x, ECX_REASON_NOT_ZMQ, now);
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %s:%d is not a ZeroMQ peer (no ZeroMQ greeting "
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %s:%d is not a ZeroMQ peer (no ZeroMQ greeting "
                         "%d ms after connecting: a web server, a metrics port?); session closed",
-                        s->host, s->port, ECX_CTRL_GREETING_MS);
+                        s->host, s->port, ECXI_CTRL_GREETING_MS);
     session_close(c, s, now);
     return true;
 }
@@ -439,8 +439,8 @@ static session *session_get(ecxi_consumer *c, const char *host, int port, int64_
     int kl = snprintf(key, sizeof key, "%s|%d", host, port);
     ecxi_table_node *n = ecxi_table_find(&c->sessions, key, (size_t)kl);
     /* Never send over a connection already known to be lost. */
-    if (n && !retire_if_lost(c, ECX_CONTAINER_OF(n, session, node), now)) {
-        session *s = ECX_CONTAINER_OF(n, session, node);
+    if (n && !retire_if_lost(c, ECXI_CONTAINER_OF(n, session, node), now)) {
+        session *s = ECXI_CONTAINER_OF(n, session, node);
         s->last_used_ms = now;
         return s;
     }
@@ -452,7 +452,7 @@ static session *session_get(ecxi_consumer *c, const char *host, int port, int64_
     if (!s) return NULL;
     int rc = ecxi_ctrl_peer_new(c->o.zctx, host, port, &c->o.ctrl, &s->peer);
     if (rc) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: cannot open a session to %s:%d: %s", host,
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: cannot open a session to %s:%d: %s", host,
                             port, ecx_strerror(rc));
         free(s);
         return NULL;
@@ -476,11 +476,11 @@ static session *session_get(ecxi_consumer *c, const char *host, int port, int64_
  * (RETRY), within the cap wait (consumer.h); past it, fall back. */
 static void wait_for_session(ecxi_consumer *c, xfer *x, int64_t now)
 {
-    int64_t limit = c->o.ack_timeout_ms < ECX_CONSUMER_CAP_WAIT_MS ? c->o.ack_timeout_ms
-                                                                   : ECX_CONSUMER_CAP_WAIT_MS;
+    int64_t limit = c->o.ack_timeout_ms < ECXI_CONSUMER_CAP_WAIT_MS ? c->o.ack_timeout_ms
+                                                                   : ECXI_CONSUMER_CAP_WAIT_MS;
     if (now - x->first_ask_ms >= limit) {
         c->st.session_cap_refusals++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                             "consumer: %zu sessions open, all busy (cap %d); no session to "
                             "%s:%d within %lld ms",
                             c->n_sessions, c->o.max_sessions, x->host, x->port, (long long)limit);
@@ -490,7 +490,7 @@ static void wait_for_session(ecxi_consumer *c, xfer *x, int64_t now)
     free_blocks(c, x);
     c->st.session_cap_waits++;
     x->state = RETRY;
-    x->deadline_ms = now + ECX_CONSUMER_CAP_RETRY_MS;
+    x->deadline_ms = now + ECXI_CONSUMER_CAP_RETRY_MS;
 }
 
 /* Reserve local blocks and send the XferReq. On failure the transfer is a
@@ -519,7 +519,7 @@ static void ask(ecxi_consumer *c, xfer *x, int64_t now)
     ecx_req_init(&r);
     r.mm_hash = (ecx_span){x->hash, x->hash_len};
     r.compatibility_hash = (ecx_span){c->compat, strlen(c->compat)};
-    r.session_id = (ecx_span){s->sid, ECX_SESSION_ID_LEN};
+    r.session_id = (ecx_span){s->sid, ECXI_SESSION_ID_LEN};
     r.connector_version = c->o.connector_version;
     if ((rc = ecxi_wire_encode_req(&r, c->o.connector_version, &c->out)) ||
         (rc = ecxi_ctrl_peer_send(s->peer, c->out.data, c->out.size))) {
@@ -541,11 +541,11 @@ static void ask(ecxi_consumer *c, xfer *x, int64_t now)
 static void decline(ecxi_consumer *c, session *s, xfer *x, const ecxi_data_desc *dd, int why,
                     int64_t now)
 {
-    char key[ECX_DATA_NOTIF_MAX];
+    char key[ECXI_DATA_NOTIF_MAX];
     int kl = snprintf(key, sizeof key, "%s:%.*s", s->sid, (int)x->hash_len, x->hash);
     int rc = ecxi_data_decline(s->dpeer, dd, key, (size_t)kl);
     if (rc && rc != ECX_EDATA_NOPATH)
-        ECX_LOG_RATELIMITED(ECX_LOG_INFO, "consumer: could not tell %s:%d that %.*s will not be "
+        ECXI_LOG_RATELIMITED(ECX_LOG_INFO, "consumer: could not tell %s:%d that %.*s will not be "
                             "read (%s); its lease releases it",
                             s->host, s->port, (int)x->hash_len, x->hash, ecx_strerror(rc));
     tombstone(c, x, why, now);
@@ -561,7 +561,7 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
      * is declined once the data plane is registered (below). */
     int unfit = 0;
     if (a->n_indices != x->n_blocks) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: ack for %.*s has %zu blocks, reserved %llu",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: ack for %.*s has %zu blocks, reserved %llu",
                             (int)x->hash_len, x->hash, a->n_indices,
                             (unsigned long long)x->n_blocks);
         unfit = ECX_REASON_BAD_ACK;
@@ -582,7 +582,7 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         for (session *o = c->sessions_list; o; o = o->next) {
             if (o == s || !ecxi_data_peer_overlaps(o->dpeer, meta, ml)) continue;
             c->st.relayed_registrations++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                                 "consumer: %s:%d sent the data-plane registration of %s:%d "
                                 "(relayed?); its item falls back; %llu so far",
                                 s->host, s->port, o->host, o->port,
@@ -604,7 +604,7 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
          * failed READ. */
         bool bad = rc == ECX_EDATA_META || rc == ECX_EDATA_DESC || rc == ECX_EDATA_VERSION ||
                    rc == ECX_EDATA_MISMATCH || rc == ECX_EINVAL;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %s %s:%d: %s",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %s %s:%d: %s",
                             bad ? "unusable ack from" : "cannot reach the data path of",
                             s->host, s->port, ecx_strerror(rc));
         s->dpeer = NULL;
@@ -615,7 +615,7 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         /* The producer's item has another size than the one announced (or
          * given): the announcement or the caller's size is wrong. That is
          * the reason, also when the block count differs with it. */
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s from %s:%d is %llu bytes, not the "
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s from %s:%d is %llu bytes, not the "
                             "%llu announced", (int)x->hash_len, x->hash, s->host, s->port,
                             (unsigned long long)dd.ticket.nbytes,
                             (unsigned long long)x->size_bytes);
@@ -651,13 +651,13 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
         decline(c, s, x, &dd, ECX_REASON_READ_FAILED, now);
         return;
     }
-    char key[ECX_DATA_NOTIF_MAX];
+    char key[ECXI_DATA_NOTIF_MAX];
     int kl = snprintf(key, sizeof key, "%s:%.*s", s->sid, (int)x->hash_len, x->hash);
     rc = ecxi_data_read_post(s->dpeer, &dd, c->remote, nremote, c->local, nlocal, x->size_bytes,
                              key, (size_t)kl, &x->dx);
     if (rc) {
         x->dx = NULL;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: READ of %.*s not posted: %s", (int)x->hash_len,
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: READ of %.*s not posted: %s", (int)x->hash_len,
                             x->hash, ecx_strerror(rc));
         bool bad = rc == ECX_EDATA_INDEX || rc == ECX_EDATA_COUNT || rc == ECX_EDATA_DESC ||
                    rc == ECX_EDATA_VERSION || rc == ECX_EDATA_MISMATCH;
@@ -668,9 +668,9 @@ static void start_read(ecxi_consumer *c, session *s, xfer *x, const ecx_ack *a, 
      * counts from before we saw the ack: the bytes must be in, and
      * verified, by our receipt + lease - a margin, or they are not used. */
     const ecxi_data_ticket *t = &dd.ticket;
-    int64_t margin = t->lease_ms / 10 < ECX_CONSUMER_LEASE_MARGIN_MAX_MS
+    int64_t margin = t->lease_ms / 10 < ECXI_CONSUMER_LEASE_MARGIN_MAX_MS
                          ? t->lease_ms / 10
-                         : ECX_CONSUMER_LEASE_MARGIN_MAX_MS;
+                         : ECXI_CONSUMER_LEASE_MARGIN_MAX_MS;
     x->lease_end_ms = now + (int64_t)t->lease_ms - margin;
     x->checksum = t->checksum;
     x->unverified = dd.unverified;
@@ -686,7 +686,7 @@ static void on_ack(ecxi_consumer *c, session *s, const void *payload, size_t len
     int rc = ecx_wire_decode_ack(payload, len, &a);
     if (rc) {
         c->st.malformed_acks++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: dropped undecodable ack from %s:%d: %s",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: dropped undecodable ack from %s:%d: %s",
                             s->host, s->port, ecx_strerror(rc));
         return;
     }
@@ -694,11 +694,11 @@ static void on_ack(ecxi_consumer *c, session *s, const void *payload, size_t len
     /* A NACK may leave session_id out (the reference's do); an OK ack must
      * echo ours. */
     bool sid_ok = a.session_id.n == 0 ? a.status != ECX_STATUS_OK
-                                      : a.session_id.n == ECX_SESSION_ID_LEN &&
-                                            !memcmp(a.session_id.p, s->sid, ECX_SESSION_ID_LEN);
+                                      : a.session_id.n == ECXI_SESSION_ID_LEN &&
+                                            !memcmp(a.session_id.p, s->sid, ECXI_SESSION_ID_LEN);
     if (!x || x->s != s || x->state != WAITING_ACK || !sid_ok) {
         c->st.stale_acks++;
-        ECX_LOG_RATELIMITED(ECX_LOG_INFO, "consumer: ignored an ack for no waiting transfer");
+        ECXI_LOG_RATELIMITED(ECX_LOG_INFO, "consumer: ignored an ack for no waiting transfer");
         return;
     }
     if (a.status == ECX_STATUS_OK)
@@ -709,13 +709,13 @@ static void on_ack(ecxi_consumer *c, session *s, const void *payload, size_t len
         tombstone(c, x, reason_of_status(a.status), now);
 }
 
-/* A producer sent more acks than it was asked for (ECX_CONSUMER_ACK_SLACK
+/* A producer sent more acks than it was asked for (ECXI_CONSUMER_ACK_SLACK
  * beyond): it floods, or is broken. Its waiting items fall back (BAD_ACK),
  * its session is closed without reading the rest, and the next contact
  * opens a fresh one. */
 static void drop_flooder(ecxi_consumer *c, session *s, int64_t now)
 {
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                         "consumer: producer %s:%d sent %llu acks and %llu badly framed replies "
                         "for %llu requests; session closed, its items fall back",
                         s->host, s->port, (unsigned long long)s->acks,
@@ -733,7 +733,7 @@ static void record_done(ecxi_consumer *c, xfer *x, int64_t now)
 {
     double ms = (double)(now - x->first_ask_ms);
     int b = 0;
-    while (b < ECX_LATENCY_BUCKETS - 1 && ms > ecxi_latency_bounds_ms[b])
+    while (b < ECXI_LATENCY_BUCKETS - 1 && ms > ecxi_latency_bounds_ms[b])
         b++;
     c->st.latency_count[b]++;
     c->st.latency_sum_ms += ms;
@@ -774,11 +774,11 @@ static int advance(ecxi_consumer *c, xfer *x, int64_t now)
         return 1;
     case READING:
         st = ecxi_data_read_poll(x->dx);
-        if (st == ECX_XFER_DONE && now > x->lease_end_ms) {
+        if (st == ECXI_XFER_DONE && now > x->lease_end_ms) {
             tombstone(c, x, ECX_REASON_LEASE_EXPIRED, now);
             return 1;
         }
-        if (st == ECX_XFER_DONE) {
+        if (st == ECXI_XFER_DONE) {
             int rc = x->unverified && !ecxi_data_read_checksum(x->dx, &x->checksum)
                          ? ECX_EDATA_PEER
                          : 0;
@@ -795,18 +795,18 @@ static int advance(ecxi_consumer *c, xfer *x, int64_t now)
             xfer_delete(c, x);
             return 1;
         }
-        if (st == ECX_XFER_FAILED || st == ECX_XFER_CORRUPT) {
-            tombstone(c, x, st == ECX_XFER_CORRUPT ? ECX_REASON_CORRUPT : ECX_REASON_READ_FAILED,
+        if (st == ECXI_XFER_FAILED || st == ECXI_XFER_CORRUPT) {
+            tombstone(c, x, st == ECXI_XFER_CORRUPT ? ECX_REASON_CORRUPT : ECX_REASON_READ_FAILED,
                       now);
             return 1;
         }
         if (now < x->deadline_ms) return 0;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: READ of %.*s overran; quarantined",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: READ of %.*s overran; quarantined",
                             (int)x->hash_len, x->hash);
         quarantine(c, x, now);
         return 1;
     case QUARANTINED:
-        if (ecxi_data_read_poll(x->dx) != ECX_XFER_RUNNING) {
+        if (ecxi_data_read_poll(x->dx) != ECXI_XFER_RUNNING) {
             settle(c, x, now);
             return 1;
         }
@@ -844,7 +844,7 @@ int ecxi_consumer_poll(ecxi_consumer *c)
     /* One bounded slice of data-plane work per poll (data.h): a large
      * READ moves on over many polls, each short. */
     int64_t t0 = ecxi_now_ns();
-    int n = ecxi_data_progress(c->data, ECX_DATA_SLICE_NS, NULL);
+    int n = ecxi_data_progress(c->data, ECXI_DATA_SLICE_NS, NULL);
     if (n > 0) events += n;
     /* Timers first: an ack that waited in the socket past its transfer's
      * deadline (say, while this process was stopped) finds the transfer
@@ -864,12 +864,12 @@ int ecxi_consumer_poll(ecxi_consumer *c)
         }
         const void *pl;
         size_t len;
-        for (int i = 0; i < ECX_CONSUMER_ACKS_PER_POLL; i++) {
+        for (int i = 0; i < ECXI_CONSUMER_ACKS_PER_POLL; i++) {
             int got = ecxi_ctrl_peer_recv(s->peer, &pl, &len);
             s->acks += got == 1;
             /* Badly framed replies count too: ctrl drops them unseen. */
             if (s->acks + ecxi_ctrl_peer_stats(s->peer).bad_framing >
-                s->requests + ECX_CONSUMER_ACK_SLACK) {
+                s->requests + ECXI_CONSUMER_ACK_SLACK) {
                 drop_flooder(c, s, now);
                 break;
             }
@@ -883,7 +883,7 @@ int ecxi_consumer_poll(ecxi_consumer *c)
      * (a small item is then done, and reported in this call rather than
      * the engine's next step). */
     if (c->reads_started) {
-        int64_t left = ECX_DATA_SLICE_NS - (ecxi_now_ns() - t0);
+        int64_t left = ECXI_DATA_SLICE_NS - (ecxi_now_ns() - t0);
         n = ecxi_data_progress(c->data, left > 0 ? left : 0, NULL);
         if (n > 0) events += n;
     }
@@ -935,14 +935,14 @@ int ecxi_consumer_answer(ecxi_consumer *c, const char *mm_hash, size_t hash_len,
     if (st >= 0) return st;
     ecxi_cache_info info;
     if (ecxi_cache_lookup(c->cache, mm_hash, hash_len, &info) == 0)
-        return info.state == ECX_CACHE_READY ? ECX_FETCH_READY : ECX_FETCH_PENDING;
+        return info.state == ECXI_CACHE_READY ? ECX_FETCH_READY : ECX_FETCH_PENDING;
     if (!may_queue) return ECX_FETCH_PENDING;
     ecxi_announce_peer ap;
     ecxi_announce_rows rows = {c->o.block_bytes, c->o.elem_size};
     int why = ecxi_announce_parse(json, from, expected_size, c->max_item_bytes,
                                   c->o.connector_version == 2 ? &rows : NULL, &ap);
     if (why == ECX_REASON_SIZE_MISMATCH)
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s announced as %llu bytes, expected %llu",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s announced as %llu bytes, expected %llu",
                             (int)hash_len, mm_hash, (unsigned long long)ap.size_bytes,
                             (unsigned long long)expected_size);
     if (why) return local(c, why, reason);
@@ -961,7 +961,7 @@ int ecxi_consumer_answer(ecxi_consumer *c, const char *mm_hash, size_t hash_len,
     /* Another thread may have asked for it meanwhile: one transfer. */
     ecxi_table_node *n = ecxi_table_find(&c->front, mm_hash, hash_len);
     if (n) {
-        st = front_answer_locked(c, ECX_CONTAINER_OF(n, xfer, fnode), reason);
+        st = front_answer_locked(c, ECXI_CONTAINER_OF(n, xfer, fnode), reason);
         x->next = c->free_xfers, c->free_xfers = x;
     } else {
         ecxi_table_insert(&c->front, &x->fnode);
@@ -1100,10 +1100,10 @@ int ecxi_consumer_new(ecxi_cache *cache, ecxi_data *data, const ecxi_consumer_op
     if (c->o.session_idle_ms <= 0) c->o.session_idle_ms = ECX_DEFAULT_SESSION_IDLE_MS;
     if (c->o.max_sessions <= 0) c->o.max_sessions = ECX_DEFAULT_MAX_SESSIONS;
     if (c->o.connector_version == 0) c->o.connector_version = ECX_CONNECTOR_VERSION;
-    /* An item needs fewer than ECX_CACHE_MAX_BLOCKS blocks. */
-    c->max_item_bytes = c->o.block_bytes > UINT64_MAX / ECX_CACHE_MAX_BLOCKS
+    /* An item needs fewer than ECXI_CACHE_MAX_BLOCKS blocks. */
+    c->max_item_bytes = c->o.block_bytes > UINT64_MAX / ECXI_CACHE_MAX_BLOCKS
                             ? UINT64_MAX
-                            : (uint64_t)ECX_CACHE_MAX_BLOCKS * c->o.block_bytes - 1;
+                            : (uint64_t)ECXI_CACHE_MAX_BLOCKS * c->o.block_bytes - 1;
     int rc = ecxi_table_init(&c->xfers);
     if (!rc && (rc = ecxi_table_init(&c->sessions))) ecxi_table_fini(&c->xfers);
     if (!rc && (rc = ecxi_table_init(&c->front))) {

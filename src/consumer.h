@@ -19,8 +19,8 @@
  *        --deadline passed--> QUARANTINED: tombstone now, keep the blocks
  *   QUARANTINED --read ends, or the quarantine limit--> SETTLED: free them
  */
-#ifndef ECX_CONSUMER_H
-#define ECX_CONSUMER_H
+#ifndef ECXI_CONSUMER_H
+#define ECXI_CONSUMER_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -35,32 +35,32 @@ typedef struct ecxi_consumer ecxi_consumer;
 
 /* Acks a session takes beyond the requests sent on it (duplicates, junk)
  * before its producer counts as flooding. */
-#define ECX_CONSUMER_ACK_SLACK 64
+#define ECXI_CONSUMER_ACK_SLACK 64
 
 /* A session whose handshake has not completed this long after it was
  * opened counts as unreached, and may be closed at the session cap. A
  * handshake takes a few round trips; this also leaves room for one lost
  * TCP SYN (retransmitted after 1 s). */
-#define ECX_CONSUMER_UNREACHED_MS 1500
+#define ECXI_CONSUMER_UNREACHED_MS 1500
 
 /* How long an item waits for a session at the cap (see above), and how
  * soon it asks again meanwhile. */
-#define ECX_CONSUMER_CAP_WAIT_MS 3000
-#define ECX_CONSUMER_CAP_RETRY_MS 50
+#define ECXI_CONSUMER_CAP_WAIT_MS 3000
+#define ECXI_CONSUMER_CAP_RETRY_MS 50
 
 /* An item asked for again (NOT_READY, or an ack timeout on protocol 2)
  * waits this long first, doubling per try up to the maximum. */
-#define ECX_CONSUMER_BACKOFF_MIN_MS 20
-#define ECX_CONSUMER_BACKOFF_MAX_MS 500
+#define ECXI_CONSUMER_BACKOFF_MIN_MS 20
+#define ECXI_CONSUMER_BACKOFF_MAX_MS 500
 
 /* A READ's bytes must be in this far before the producer's lease ends
  * (counted from our receipt of the ack): a tenth of the lease, at most
  * the maximum. */
-#define ECX_CONSUMER_LEASE_MARGIN_MAX_MS 1000
+#define ECXI_CONSUMER_LEASE_MARGIN_MAX_MS 1000
 
 /* Acks read from one session per poll: one flooding producer cannot
  * starve the engine's loop. */
-#define ECX_CONSUMER_ACKS_PER_POLL 4096
+#define ECXI_CONSUMER_ACKS_PER_POLL 4096
 
 typedef struct ecxi_consumer_opts {
     void *zctx;               /* ZeroMQ context for the sessions' sockets */
@@ -83,8 +83,8 @@ typedef struct ecxi_consumer_opts {
 } ecxi_consumer_opts;
 
 /* Upper bounds (ms) of the fetch-latency histogram; the last is +Inf. */
-#define ECX_LATENCY_BUCKETS 14
-extern const double ecxi_latency_bounds_ms[ECX_LATENCY_BUCKETS - 1];
+#define ECXI_LATENCY_BUCKETS 14
+extern const double ecxi_latency_bounds_ms[ECXI_LATENCY_BUCKETS - 1];
 
 typedef struct ecxi_consumer_stats {
     uint64_t requests;                    /* XferReqs sent */
@@ -103,12 +103,12 @@ typedef struct ecxi_consumer_stats {
     uint64_t sessions_open;         /* gauge: sessions (sockets) open now */
     uint64_t sessions_idle_closed;  /* closed after session_idle_ms without a busy transfer */
     uint64_t sessions_evicted;      /* idle sessions closed early to make room at the cap */
-    uint64_t sessions_unreached;    /* closed at the cap: no handshake in ECX_CONSUMER_UNREACHED_MS */
+    uint64_t sessions_unreached;    /* closed at the cap: no handshake in ECXI_CONSUMER_UNREACHED_MS */
     uint64_t session_cap_waits;     /* times an item waited for a session at the cap */
     uint64_t session_cap_refusals;  /* items that fell back: no session within the cap wait */
     uint64_t in_flight; /* transfers not yet settled */
     uint64_t waiting_ack, reading, retrying, quarantined, tombstones; /* in_flight by state */
-    uint64_t latency_count[ECX_LATENCY_BUCKETS]; /* fetch latency, non-cumulative */
+    uint64_t latency_count[ECXI_LATENCY_BUCKETS]; /* fetch latency, non-cumulative */
     double latency_sum_ms;
 } ecxi_consumer_stats;
 

@@ -76,7 +76,7 @@ struct ecxi_ctrl_peer {
     struct unsent {
         void *b;
         size_t n;
-    } unsent[ECX_CTRL_UNSENT_MAX];
+    } unsent[ECXI_CTRL_UNSENT_MAX];
     int n_unsent;
     ecxi_ctrl_stats stats;
 };
@@ -129,8 +129,8 @@ int ecxi_ctrl_key_parse(const char *z85, uint8_t out[32])
 {
     static const char alphabet[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                    ".-:+=^!/*?&<>()[]{}@%$#";
-    if (!z85 || strnlen(z85, ECX_CTRL_KEY_Z85 + 1) != ECX_CTRL_KEY_Z85 ||
-        strspn(z85, alphabet) != ECX_CTRL_KEY_Z85)
+    if (!z85 || strnlen(z85, ECXI_CTRL_KEY_Z85 + 1) != ECXI_CTRL_KEY_Z85 ||
+        strspn(z85, alphabet) != ECXI_CTRL_KEY_Z85)
         return ECX_EINVAL;
     uint8_t tmp[32];
     int rc = zmq_z85_decode(tmp, z85) ? 0 : ECX_EINVAL;
@@ -144,7 +144,7 @@ static int curve_server(void *sock, const char *sk)
 {
     if (ecxi_ctrl_key_parse(sk, NULL)) return ECX_EINVAL;
     if (set_int(sock, ZMQ_CURVE_SERVER, 1) ||
-        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sk, ECX_CTRL_KEY_Z85))
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sk, ECXI_CTRL_KEY_Z85))
         return ECX_ESYS;
     return 0;
 }
@@ -153,7 +153,7 @@ static int curve_server(void *sock, const char *sk)
  * if sk is NULL, a fresh keypair. */
 static int curve_client(void *sock, const char *pk, const char *sk)
 {
-    char pub[ECX_CTRL_KEY_Z85 + 1], sec[ECX_CTRL_KEY_Z85 + 1];
+    char pub[ECXI_CTRL_KEY_Z85 + 1], sec[ECXI_CTRL_KEY_Z85 + 1];
     int rc = 0;
     if (ecxi_ctrl_key_parse(pk, NULL) || (sk && ecxi_ctrl_key_parse(sk, NULL))) return ECX_EINVAL;
     if (sk) {
@@ -162,9 +162,9 @@ static int curve_client(void *sock, const char *pk, const char *sk)
     } else if (zmq_curve_keypair(pub, sec)) {
         rc = ECX_ESYS;
     }
-    if (!rc && (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, pk, ECX_CTRL_KEY_Z85) ||
-                zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, ECX_CTRL_KEY_Z85) ||
-                zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, ECX_CTRL_KEY_Z85)))
+    if (!rc && (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, pk, ECXI_CTRL_KEY_Z85) ||
+                zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, ECXI_CTRL_KEY_Z85) ||
+                zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, ECXI_CTRL_KEY_Z85)))
         rc = ECX_ESYS;
     sodium_memzero(sec, sizeof sec);
     return rc;
@@ -228,7 +228,7 @@ static int guard_init(guard *g, void *zctx, void *sock, int events, int port, bo
     g->local = local;
     g->max_pending = o && o->max_pending_bytes > 0 ? o->max_pending_bytes : 2 * max_frame;
     g->max_pending_total = o && o->max_pending_total > 0 ? o->max_pending_total
-                                                         : ECX_CTRL_MAX_PENDING_TOTAL;
+                                                         : ECXI_CTRL_MAX_PENDING_TOTAL;
     if (zmq_socket_monitor(sock, mon, events)) return ECX_ESYS;
     g->monitor = zmq_socket(zctx, ZMQ_PAIR);
     if (!g->monitor || set_int(g->monitor, ZMQ_LINGER, 0) || zmq_connect(g->monitor, mon))
@@ -385,14 +385,14 @@ static void guard_scan(guard *g)
     if (total > (uint64_t)g->max_pending_total) guard_drop(g, heaviest_fd, heaviest);
 }
 
-/* Every ECX_CTRL_GUARD_IVL_MS, drop the connections over the bounds; count
+/* Every ECXI_CTRL_GUARD_IVL_MS, drop the connections over the bounds; count
  * and log the drops (the watchdog's too). */
 static void guard_check(guard *g, ecxi_ctrl_stats *st)
 {
     int64_t now = ecxi_now_ms(NULL);
     pthread_mutex_lock(&g->mu);
     if (now >= g->next_check_ms) {
-        g->next_check_ms = now + ECX_CTRL_GUARD_IVL_MS;
+        g->next_check_ms = now + ECXI_CTRL_GUARD_IVL_MS;
         guard_scan(g);
     }
     uint64_t new_drops = g->drops - g->drops_told, bytes = g->drop_bytes;
@@ -400,7 +400,7 @@ static void guard_check(guard *g, ecxi_ctrl_stats *st)
     pthread_mutex_unlock(&g->mu);
     if (!new_drops) return;
     st->pending_drops += new_drops;
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                         "ctrl: dropped a connection holding %llu bytes of unfinished messages",
                         (unsigned long long)bytes);
 }
@@ -427,7 +427,7 @@ static int64_t guard_due(const guard *cg)
  * application calls in (it has no receive HWM, see "peer" below), so a
  * consumer busy elsewhere for a while would hold whatever a producer sent
  * meanwhile. One thread per process checks the DEALERs' guards every
- * ECX_CTRL_GUARD_IVL_MS too; it only shuts connections down (no logging,
+ * ECXI_CTRL_GUARD_IVL_MS too; it only shuts connections down (no logging,
  * no ZeroMQ calls): the receive calls count and log them, and the
  * monitor's disconnect makes the producer lost. It runs while any DEALER
  * exists. */
@@ -461,7 +461,7 @@ static void *watchdog_main(void *arg)
         }
         struct timespec t;
         clock_gettime(CLOCK_MONOTONIC, &t);
-        t.tv_nsec += ECX_CTRL_GUARD_IVL_MS * 1000000L;
+        t.tv_nsec += ECXI_CTRL_GUARD_IVL_MS * 1000000L;
         if (t.tv_nsec >= 1000000000L) t.tv_sec++, t.tv_nsec -= 1000000000L;
         pthread_cond_timedwait(&wd.cv, &wd.mu, &t);
     }
@@ -515,16 +515,16 @@ static void watchdog_remove(guard *g)
 
 /* ---------- server ---------- */
 
-/* The soft fd limit less ECX_CTRL_FD_RESERVE for everything else and
- * ECX_CTRL_DATA_FD_RESERVE for the data plane, but at least a quarter of
+/* The soft fd limit less ECXI_CTRL_FD_RESERVE for everything else and
+ * ECXI_CTRL_DATA_FD_RESERVE for the data plane, but at least a quarter of
  * what is left after the first (and 16). */
 static int default_max_conns(void)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > INT_MAX)
         return INT_MAX;
-    int n = (int)rl.rlim_cur - ECX_CTRL_FD_RESERVE - ECX_CTRL_DATA_FD_RESERVE;
-    int quarter = ((int)rl.rlim_cur - ECX_CTRL_FD_RESERVE) / 4;
+    int n = (int)rl.rlim_cur - ECXI_CTRL_FD_RESERVE - ECXI_CTRL_DATA_FD_RESERVE;
+    int quarter = ((int)rl.rlim_cur - ECXI_CTRL_FD_RESERVE) / 4;
     if (n < quarter) n = quarter;
     return n > 16 ? n : 16;
 }
@@ -582,10 +582,10 @@ int ecxi_ctrl_server_new(void *zctx, const char *host, int port, const ecxi_ctrl
         }
     }
     s->sock = zmq_socket(zctx, ZMQ_ROUTER);
-    int64_t frame = ECX_CTRL_MAX_REQUEST;
+    int64_t frame = ECXI_CTRL_MAX_REQUEST;
     if (!s->sock || apply_common(s->sock, opts, &frame) ||
         set_int(s->sock, ZMQ_ROUTER_MANDATORY, 1) ||
-        set_int(s->sock, ZMQ_HANDSHAKE_IVL, ECX_CTRL_HANDSHAKE_MS) ||
+        set_int(s->sock, ZMQ_HANDSHAKE_IVL, ECXI_CTRL_HANDSHAKE_MS) ||
         guard_init(&s->g, zctx, s->sock,
                    ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_ACCEPT_FAILED, 0, true,
                    frame, opts))
@@ -665,7 +665,7 @@ int ecxi_ctrl_server_serve_zap(ecxi_ctrl_server *s)
         } else if (shaped) {
             code = "400", text = "Client key not allowed";
             s->stats.auth_failures++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: refused a CURVE client not in the allow-list");
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: refused a CURVE client not in the allow-list");
         }
         const void *rid = n > 1 ? zmq_msg_data(&part[1]) : "";
         size_t rid_len = n > 1 ? zmq_msg_size(&part[1]) : 0;
@@ -749,7 +749,7 @@ static void server_admit(ecxi_ctrl_server *s, int fd)
     uint8_t key[16] = {0};
     if (getpeername(fd, (struct sockaddr *)&a, &len) == 0)
         ecxi_conn_key((struct sockaddr *)&a, key);
-    ecxi_conn_caps caps = {(size_t)s->max_conns, ECX_CTRL_MAX_PER_PREFIX, ECX_CTRL_MAX_PER_ADDR};
+    ecxi_conn_caps caps = {(size_t)s->max_conns, ECXI_CTRL_MAX_PER_PREFIX, ECXI_CTRL_MAX_PER_ADDR};
     int rc = ECXI_CONN_ADMIT;
     size_t victim = 0;
     pthread_mutex_lock(&g->mu);
@@ -782,14 +782,14 @@ static void server_admit(ecxi_ctrl_server *s, int fd)
     pthread_mutex_unlock(&g->mu);
     if (rc == ECXI_CONN_EVICT) {
         s->stats.evicted_conns++;
-        ECX_LOG_RATELIMITED(ECX_LOG_INFO,
+        ECXI_LOG_RATELIMITED(ECX_LOG_INFO,
                             "ctrl: closed an idle connection of the heaviest peer for a "
                             "newcomer (%llu so far)",
                             (unsigned long long)s->stats.evicted_conns);
     } else if (rc != ECXI_CONN_ADMIT) {
         shutdown(fd, SHUT_RDWR);
         s->stats.refused_conns++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                             "ctrl: refused a connection: its address or prefix holds its share "
                             "(%d open, cap %d)",
                             g->open_conns, s->max_conns);
@@ -808,7 +808,7 @@ static void server_events(ecxi_ctrl_server *s)
             guard_track(&s->g, (int)v, false);
         } else if (ev == ZMQ_EVENT_ACCEPT_FAILED) {
             s->stats.accept_failed++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: cannot accept a connection: %s",
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: cannot accept a connection: %s",
                                 strerror((int)v));
         }
     }
@@ -820,13 +820,13 @@ static void server_housekeeping(ecxi_ctrl_server *s)
 {
     ecxi_ctrl_server_serve_zap(s);
     server_events(s);
-    s->events_countdown = ECX_CTRL_EVENTS_EVERY;
+    s->events_countdown = ECXI_CTRL_EVENTS_EVERY;
 }
 
 int ecxi_ctrl_server_recv(ecxi_ctrl_server *s, ecxi_ctrl_msg *m)
 {
     /* CURVE handshakes and the monitor's news are taken whenever the
-     * socket runs dry and every ECX_CTRL_EVENTS_EVERY requests in between:
+     * socket runs dry and every ECXI_CTRL_EVENTS_EVERY requests in between:
      * a steady stream does not pay a monitor read per request, and a flood
      * delays them by that many requests at most. */
     bool fresh = s->events_countdown == 0;
@@ -915,11 +915,11 @@ int ecxi_ctrl_server_reply(ecxi_ctrl_server *s, ecxi_ctrl_msg *m, const void *pa
  * nothing to reconnect anyway: the producer is lost (sticky) and the
  * consumer opens a fresh socket. Before one (the connect failed, or the
  * handshake did), ctrl dials again itself from the receive calls, backing
- * off from ECX_CTRL_REDIAL_MIN_MS to ECX_CTRL_REDIAL_MAX_MS; a dial the
- * monitor says nothing about for ECX_CTRL_REDIAL_MAX_MS (a name that did
+ * off from ECXI_CTRL_REDIAL_MIN_MS to ECXI_CTRL_REDIAL_MAX_MS; a dial the
+ * monitor says nothing about for ECXI_CTRL_REDIAL_MAX_MS (a name that did
  * not resolve) is retried too. A re-dial drops the old attempt's queue,
  * so what was sent before the first handshake (copies, up to
- * ECX_CTRL_UNSENT_MAX) is sent again on the new attempt, as libzmq's own
+ * ECXI_CTRL_UNSENT_MAX) is sent again on the new attempt, as libzmq's own
  * reconnect would have kept it. */
 
 /* Drop the endpoint's earlier attempt, if any, and connect anew. */
@@ -947,8 +947,8 @@ static void peer_failed(ecxi_ctrl_peer *p)
 {
     if (p->redial_ms) return;
     p->redial_ms = ecxi_now_ms(NULL) + p->backoff_ms;
-    p->backoff_ms = p->backoff_ms * 2 < ECX_CTRL_REDIAL_MAX_MS ? p->backoff_ms * 2
-                                                               : ECX_CTRL_REDIAL_MAX_MS;
+    p->backoff_ms = p->backoff_ms * 2 < ECXI_CTRL_REDIAL_MAX_MS ? p->backoff_ms * 2
+                                                               : ECXI_CTRL_REDIAL_MAX_MS;
 }
 
 /* When the next dial is due (on ecxi_now_ms's clock), or -1. */
@@ -956,7 +956,7 @@ static int64_t peer_redial_at(const ecxi_ctrl_peer *p)
 {
     if (p->lost || p->handshaken) return -1;
     if (p->redial_ms) return p->redial_ms;
-    return p->heard ? -1 : p->dialed_ms + ECX_CTRL_REDIAL_MAX_MS;
+    return p->heard ? -1 : p->dialed_ms + ECXI_CTRL_REDIAL_MAX_MS;
 }
 
 int ecxi_ctrl_peer_new(void *zctx, const char *host, int port, const ecxi_ctrl_opts *opts,
@@ -971,16 +971,16 @@ int ecxi_ctrl_peer_new(void *zctx, const char *host, int port, const ecxi_ctrl_o
     zmq_msg_init(&p->parts[0]);
     zmq_msg_init(&p->parts[1]);
     int ivl = opts && opts->heartbeat_ivl_ms > 0 ? opts->heartbeat_ivl_ms
-                                                 : ECX_CTRL_HEARTBEAT_IVL_MS;
+                                                 : ECXI_CTRL_HEARTBEAT_IVL_MS;
     int tmo = opts && opts->heartbeat_timeout_ms > 0 ? opts->heartbeat_timeout_ms
-                                                     : ECX_CTRL_HEARTBEAT_TIMEOUT_MS;
+                                                     : ECXI_CTRL_HEARTBEAT_TIMEOUT_MS;
     int ttl = opts && opts->heartbeat_ttl_ms > 0 ? opts->heartbeat_ttl_ms
-                                                 : ECX_CTRL_HEARTBEAT_TTL_MS;
+                                                 : ECXI_CTRL_HEARTBEAT_TTL_MS;
     memcpy(p->ep, ep, sizeof p->ep);
-    p->backoff_ms = ECX_CTRL_REDIAL_MIN_MS;
+    p->backoff_ms = ECXI_CTRL_REDIAL_MIN_MS;
     p->sock = zmq_socket(zctx, ZMQ_DEALER);
     int rc = ECX_ESYS;
-    int64_t frame = ECX_CTRL_MAX_FRAME;
+    int64_t frame = ECXI_CTRL_MAX_FRAME;
     if (!p->sock || apply_common(p->sock, opts, &frame) ||
         set_int(p->sock, ZMQ_HEARTBEAT_IVL, ivl) ||
         set_int(p->sock, ZMQ_HEARTBEAT_TIMEOUT, tmo) || set_int(p->sock, ZMQ_HEARTBEAT_TTL, ttl) ||
@@ -1032,7 +1032,7 @@ int ecxi_ctrl_peer_send(ecxi_ctrl_peer *p, const void *payload, size_t len)
         p->stats.send_failed++;
         return ECX_ESYS;
     }
-    if (!p->handshaken && p->n_unsent < ECX_CTRL_UNSENT_MAX) {
+    if (!p->handshaken && p->n_unsent < ECXI_CTRL_UNSENT_MAX) {
         void *b = malloc(len ? len : 1);
         if (b) {
             memcpy(b, payload, len);
@@ -1053,7 +1053,7 @@ static void peer_events(ecxi_ctrl_peer *p)
             guard_track(&p->g, (int)v, true);
             p->connected = true;
             p->refused = false;
-            if (!p->handshaken) p->greeting_by_ms = ecxi_now_ms(NULL) + ECX_CTRL_GREETING_MS;
+            if (!p->handshaken) p->greeting_by_ms = ecxi_now_ms(NULL) + ECXI_CTRL_GREETING_MS;
         } else if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             p->handshaken = true;
             p->greeting_by_ms = 0;
@@ -1072,7 +1072,7 @@ static void peer_events(ecxi_ctrl_peer *p)
             guard_track(&p->g, (int)v, false);
             p->stats.handshake_failed++;
             peer_failed(p);
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: handshake with %s failed: %s", p->ep,
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: handshake with %s failed: %s", p->ep,
                                 p->curve ? "wrong CURVE server key, not in its allow-list, "
                                            "plaintext there, or not a ZeroMQ peer"
                                          : "it encrypts (CURVE), or is not a ZeroMQ peer; "
@@ -1090,7 +1090,7 @@ int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len)
 {
     peer_events(p);
     guard_check(&p->g, &p->stats);
-    for (int dropped = 0; dropped < ECX_CTRL_BAD_PER_RECV; dropped++) {
+    for (int dropped = 0; dropped < ECXI_CTRL_BAD_PER_RECV; dropped++) {
         int rc = recv_parts(p->sock, &p->g, p->parts, 2);
         if (rc == 0) return 0;
         if (rc == 1 && zmq_msg_size(&p->parts[0]) == 0) {

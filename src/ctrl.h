@@ -9,8 +9,8 @@
  * busy). The rules, bounds and CURVE: docs/PROTOCOL.md §3.8, the DEALER's
  * socket options and re-dial §5.4, the constants §7.
  */
-#ifndef ECX_CTRL_H
-#define ECX_CTRL_H
+#ifndef ECXI_CTRL_H
+#define ECXI_CTRL_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -20,22 +20,22 @@
 /* Heartbeats are the control plane's own (no ecx_config knob, so no
  * ECX_DEFAULT_* in ecx.h): a DEALER pings every IVL ms, gives up on a peer
  * silent for TIMEOUT ms, and asks the other end to give up after TTL ms. */
-#define ECX_CTRL_HEARTBEAT_IVL_MS 2000
-#define ECX_CTRL_HEARTBEAT_TIMEOUT_MS 4000
-#define ECX_CTRL_HEARTBEAT_TTL_MS 8000
+#define ECXI_CTRL_HEARTBEAT_IVL_MS 2000
+#define ECXI_CTRL_HEARTBEAT_TIMEOUT_MS 4000
+#define ECXI_CTRL_HEARTBEAT_TTL_MS 8000
 
 /* Socket options both ends share; zero fields take the defaults of docs/PROTOCOL.md §7. */
 typedef struct ecxi_ctrl_opts {
-    int64_t max_frame_bytes;  /* inbound frame cap; default ECX_CTRL_MAX_REQUEST (server),
-                                 ECX_CTRL_MAX_FRAME (peer) */
-    int heartbeat_ivl_ms;     /* DEALER only; default ECX_CTRL_HEARTBEAT_IVL_MS */
-    int heartbeat_timeout_ms; /* default ECX_CTRL_HEARTBEAT_TIMEOUT_MS */
-    int heartbeat_ttl_ms;     /* default ECX_CTRL_HEARTBEAT_TTL_MS */
+    int64_t max_frame_bytes;  /* inbound frame cap; default ECXI_CTRL_MAX_REQUEST (server),
+                                 ECXI_CTRL_MAX_FRAME (peer) */
+    int heartbeat_ivl_ms;     /* DEALER only; default ECXI_CTRL_HEARTBEAT_IVL_MS */
+    int heartbeat_timeout_ms; /* default ECXI_CTRL_HEARTBEAT_TIMEOUT_MS */
+    int heartbeat_ttl_ms;     /* default ECXI_CTRL_HEARTBEAT_TTL_MS */
     int64_t max_pending_bytes; /* per connection, bytes of unfinished messages; default
                                   twice the frame cap */
-    int64_t max_pending_total; /* all connections of the socket; ECX_CTRL_MAX_PENDING_TOTAL */
+    int64_t max_pending_total; /* all connections of the socket; ECXI_CTRL_MAX_PENDING_TOTAL */
     int max_connections;       /* server only; default the soft fd limit less
-                                  ECX_CTRL_FD_RESERVE */
+                                  ECXI_CTRL_FD_RESERVE */
     /* CURVE; all NULL: plaintext, byte for byte as without these fields. */
     const char *curve_secret_key;   /* server: its secret key (turns CURVE on); peer: its own
                                        secret key (NULL: a fresh keypair per socket) */
@@ -45,7 +45,7 @@ typedef struct ecxi_ctrl_opts {
 } ecxi_ctrl_opts;
 
 /* Length of a Z85 CURVE key, without NUL. */
-#define ECX_CTRL_KEY_Z85 40
+#define ECXI_CTRL_KEY_Z85 40
 
 /* Check a Z85 key (exactly 40 Z85 characters) and decode it into out
  * (may be NULL). Returns 0 or ECX_EINVAL. */
@@ -55,48 +55,48 @@ int ecxi_ctrl_key_parse(const char *z85, uint8_t out[32]);
  * leaves room. An ack from the Python reference carries ~14 B per block of
  * the producer's region (≈0.85 MB for 2 GB), so 16 MiB leaves room and
  * still bounds memory. */
-#define ECX_CTRL_MAX_REQUEST (1 << 20)
-#define ECX_CTRL_MAX_FRAME (16 << 20)
+#define ECXI_CTRL_MAX_REQUEST (1 << 20)
+#define ECXI_CTRL_MAX_FRAME (16 << 20)
 /* Default bounds of unfinished messages: two full frames per connection,
  * 256 MiB for all connections of one socket; checked every 20 ms (one
  * getsockopt per connection). */
-#define ECX_CTRL_MAX_PENDING_TOTAL (256 << 20)
-#define ECX_CTRL_GUARD_IVL_MS 20
+#define ECXI_CTRL_MAX_PENDING_TOTAL (256 << 20)
+#define ECXI_CTRL_GUARD_IVL_MS 20
 /* A connection that has not finished its ZMTP (or CURVE) handshake this
  * long after it was accepted is closed: a handshake takes a few round
  * trips, and connections that never speak must not hold the connection cap
  * (libzmq's default is 30 s). */
-#define ECX_CTRL_HANDSHAKE_MS 2000
+#define ECXI_CTRL_HANDSHAKE_MS 2000
 /* The server takes monitor events and CURVE handshakes whenever its socket
  * runs dry (so a poll woken by the monitor or the guard's timer takes them)
  * and at least once per this many requests received in between. */
-#define ECX_CTRL_EVENTS_EVERY 64
+#define ECXI_CTRL_EVENTS_EVERY 64
 /* A DEALER that has not completed a handshake dials again this long after
  * a failed attempt, doubling up to the max (ctrl.c). */
-#define ECX_CTRL_REDIAL_MIN_MS 100
-#define ECX_CTRL_REDIAL_MAX_MS 5000
+#define ECXI_CTRL_REDIAL_MIN_MS 100
+#define ECXI_CTRL_REDIAL_MAX_MS 5000
 /* A TCP connection to a producer that has not completed the ZeroMQ
  * handshake this long after it connected: the peer sent no ZeroMQ
  * greeting (an HTTP server, a metrics port, a silent TCP server); a
  * ZeroMQ peer's I/O thread answers in a round trip, whatever its
  * application does. */
-#define ECX_CTRL_GREETING_MS 1000
+#define ECXI_CTRL_GREETING_MS 1000
 /* Requests a DEALER keeps copies of until its first handshake, to send
  * again after a re-dial (beyond it, the rest go with the failed attempt). */
-#define ECX_CTRL_UNSENT_MAX 256
+#define ECXI_CTRL_UNSENT_MAX 256
 /* Badly framed replies one ecxi_ctrl_peer_recv() call drops at most. */
-#define ECX_CTRL_BAD_PER_RECV 64
+#define ECXI_CTRL_BAD_PER_RECV 64
 /* File descriptors the default connection cap leaves for everything else,
  * and for the data plane (the tcp and shm paths' connection caps). */
-#define ECX_CTRL_FD_RESERVE 64
-#define ECX_CTRL_DATA_FD_RESERVE 512
+#define ECXI_CTRL_FD_RESERVE 64
+#define ECXI_CTRL_DATA_FD_RESERVE 512
 /* Connections the server holds from one address, and from one /24 (IPv4)
  * or /64 (IPv6). A newcomer at any cap takes the slot of the heaviest
  * holder's idlest connection (never a message first, then the longest
  * without one), if that holder has more than the newcomer's address or
  * prefix; else it is refused (conn_budget.h). */
-#define ECX_CTRL_MAX_PER_ADDR 64
-#define ECX_CTRL_MAX_PER_PREFIX 256
+#define ECXI_CTRL_MAX_PER_ADDR 64
+#define ECXI_CTRL_MAX_PER_PREFIX 256
 
 /* Counters of what ctrl dropped, for metrics. */
 typedef struct ecxi_ctrl_stats {
@@ -140,7 +140,7 @@ int ecxi_ctrl_server_port(const ecxi_ctrl_server *s);
 /* Receive one well-framed request without blocking: 1 got one, 0 none
  * waiting. Badly framed messages are drained, counted and skipped. Pending
  * ZAP requests are answered and monitor events taken (connection cap,
- * guard) when no request is waiting, and every ECX_CTRL_EVENTS_EVERY
+ * guard) when no request is waiting, and every ECXI_CTRL_EVENTS_EVERY
  * calls in between. */
 int ecxi_ctrl_server_recv(ecxi_ctrl_server *s, ecxi_ctrl_msg *m);
 void ecxi_ctrl_msg_init(ecxi_ctrl_msg *m);
@@ -159,7 +159,7 @@ void *ecxi_ctrl_server_zap_socket(const ecxi_ctrl_server *s);
 
 /* A waiter must also wake for the inflow guard: on its monitor socket (a
  * connection opened or closed) and, while a connection is open, every
- * ECX_CTRL_GUARD_IVL_MS (a message still arriving wakes nobody). The
+ * ECXI_CTRL_GUARD_IVL_MS (a message still arriving wakes nobody). The
  * timeouts are in ms, -1 when nothing is open. */
 void *ecxi_ctrl_server_monitor_socket(const ecxi_ctrl_server *s);
 int64_t ecxi_ctrl_server_next_timeout(const ecxi_ctrl_server *s);
@@ -179,7 +179,7 @@ void ecxi_ctrl_peer_free(ecxi_ctrl_peer *p);
 int ecxi_ctrl_peer_send(ecxi_ctrl_peer *p, const void *payload, size_t len);
 /* Receive one ["", payload] reply without blocking: 1 got one (view valid
  * until the next call or ecxi_ctrl_peer_free), 0 none waiting, or
- * ECX_CTRL_BAD_PER_RECV badly framed ones dropped (counted in bad_framing;
+ * ECXI_CTRL_BAD_PER_RECV badly framed ones dropped (counted in bad_framing;
  * more may wait), so a flood of them cannot hold the caller. */
 int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len);
 /* True once the connection to the producer was lost (disconnect seen by the
@@ -193,7 +193,7 @@ bool ecxi_ctrl_peer_handshaken(ecxi_ctrl_peer *p);
  * before CONNECTED: refused, nothing listening) and none has succeeded
  * since. ctrl still dials again with its backoff. */
 bool ecxi_ctrl_peer_refused(ecxi_ctrl_peer *p);
-/* True if the last dial's TCP connection has been up ECX_CTRL_GREETING_MS
+/* True if the last dial's TCP connection has been up ECXI_CTRL_GREETING_MS
  * without a ZMTP handshake (and no handshake ever completed): not a
  * ZeroMQ peer. ecxi_ctrl_peer_next_timeout() includes that moment. */
 bool ecxi_ctrl_peer_silent(ecxi_ctrl_peer *p);

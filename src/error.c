@@ -6,10 +6,10 @@
 const char *ecx_errname(int err)
 {
     switch (err) {
-#define ECX_ERRNAME_(name, code, msg)                                                              \
+#define ECXI_ERRNAME_(name, code, msg)                                                              \
     case ECX_##name: return "ECX_" #name;
-        ECX_ERRORS(ECX_ERRNAME_)
-#undef ECX_ERRNAME_
+        ECX_ERRORS(ECXI_ERRNAME_)
+#undef ECXI_ERRNAME_
     }
     return "ECX_EUNKNOWN";
 }
@@ -17,10 +17,10 @@ const char *ecx_errname(int err)
 const char *ecx_strerror(int err)
 {
     switch (err) {
-#define ECX_STRERROR_(name, code, msg)                                                             \
+#define ECXI_STRERROR_(name, code, msg)                                                             \
     case ECX_##name: return msg;
-        ECX_ERRORS(ECX_STRERROR_)
-#undef ECX_STRERROR_
+        ECX_ERRORS(ECXI_STRERROR_)
+#undef ECXI_STRERROR_
     }
     return "unknown error";
 }
@@ -28,10 +28,10 @@ const char *ecx_strerror(int err)
 const char *ecx_status_name(int status)
 {
     switch (status) {
-#define ECX_STATUS_NAME_(name, v)                                                                  \
+#define ECXI_STATUS_NAME_(name, v)                                                                  \
     case ECX_STATUS_##name: return #name;
-        ECX_STATUSES(ECX_STATUS_NAME_)
-#undef ECX_STATUS_NAME_
+        ECX_STATUSES(ECXI_STATUS_NAME_)
+#undef ECXI_STATUS_NAME_
     }
     return "UNKNOWN";
 }
@@ -39,9 +39,9 @@ const char *ecx_status_name(int status)
 const char *ecx_reason_name(int reason)
 {
     static const char *const names[ECX_REASON_COUNT] = {
-#define ECX_REASON_NAME_(name, meaning) #name,
-        ECX_REASONS(ECX_REASON_NAME_)
-#undef ECX_REASON_NAME_
+#define ECXI_REASON_NAME_(name, meaning) #name,
+        ECX_REASONS(ECXI_REASON_NAME_)
+#undef ECXI_REASON_NAME_
     };
     return reason >= 0 && reason < ECX_REASON_COUNT ? names[reason] : "UNKNOWN";
 }

@@ -204,7 +204,7 @@ void ecxi_events_stored(ecxi_events *ev, const char *key, size_t key_len, uint64
     if (!ev) return;
     pthread_mutex_lock(&ev->mu);
     ecxi_table_node *node = ecxi_table_find(&ev->held, key, key_len);
-    held *h = node ? ECX_CONTAINER_OF(node, held, node) : malloc(sizeof *h + key_len);
+    held *h = node ? ECXI_CONTAINER_OF(node, held, node) : malloc(sizeof *h + key_len);
     if (h && !node) {
         memcpy(h->key, key, key_len);
         h->node.key = h->key, h->node.key_len = key_len;
@@ -230,7 +230,7 @@ void ecxi_events_removed(ecxi_events *ev, const char *key, size_t key_len, const
     ecxi_table_node *node = ecxi_table_find(&ev->held, key, key_len);
     if (node) {
         ecxi_table_remove(&ev->held, node);
-        free(ECX_CONTAINER_OF(node, held, node));
+        free(ECXI_CONTAINER_OF(node, held, node));
         msgpack_sbuffer *sb = slot(ev, key_len);
         if (sb) {
             msgpack_packer pk;
@@ -293,7 +293,7 @@ static void publish(ecxi_events *ev, uint64_t seq, const char *buf, size_t len)
     ev->sent_ns = ecxi_now_ns();
     if (send3(ev->pub, ev->topic, ev->topic_len, s, 8, buf, len, 0) == 0) return;
     if (zmq_errno() != EAGAIN) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "events: publish failed: %s", zmq_strerror(zmq_errno()));
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "events: publish failed: %s", zmq_strerror(zmq_errno()));
         return;
     }
     count(ev, S_HWM, 1);
@@ -407,7 +407,7 @@ static int snapshot_build(ecxi_events *ev)
                 msgpack_sbuffer_clear(&sb);
                 in_msg = 0;
             }
-            const held *h = ECX_CONTAINER_OF(nd, held, node);
+            const held *h = ECXI_CONTAINER_OF(nd, held, node);
             pack_stored(&pk, h->key, h->node.key_len, h->size_bytes, h->n_blocks, h->ts);
             in_msg++;
         }
@@ -491,7 +491,7 @@ static bool serve_replay(ecxi_events *ev)
         }
         if (n != 3 || extra || zmq_msg_size(&part[1]) != 0 || zmq_msg_size(&part[2]) != 8) {
             count(ev, S_BAD, 1);
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "events: malformed replay request (%d frames)", n);
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "events: malformed replay request (%d frames)", n);
             reply_marker(ev, &part[0], SEQ_ERROR,
                          "request is [\"\", 8-byte big-endian sequence number]");
         } else {
@@ -617,7 +617,7 @@ static int bind_socket(const ecxi_events_opts *o, int type, const char *host, in
     if (o->curve_secret_key) {
         if (ecxi_ctrl_key_parse(o->curve_secret_key, NULL)) return ECX_EINVAL;
         if (set_int(s, ZMQ_CURVE_SERVER, 1) ||
-            zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, o->curve_secret_key, ECX_CTRL_KEY_Z85))
+            zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, o->curve_secret_key, ECXI_CTRL_KEY_Z85))
             return ECX_ESYS;
     }
     if (zmq_bind(s, ep)) {
@@ -702,7 +702,7 @@ void ecxi_events_free(ecxi_events *ev)
         for (size_t b = 0; b < ev->held.n_buckets; b++)
             for (ecxi_table_node *n = ev->held.buckets[b], *next; n; n = next) {
                 next = n->next;
-                free(ECX_CONTAINER_OF(n, held, node));
+                free(ECXI_CONTAINER_OF(n, held, node));
             }
         ecxi_table_fini(&ev->held);
     }

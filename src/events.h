@@ -17,8 +17,8 @@
  * ring (batches and bytes), the per-subscriber queues (SNDHWM batches of
  * ~16 KiB at most) and the held set (one record per item the cache holds).
  */
-#ifndef ECX_EVENTS_H
-#define ECX_EVENTS_H
+#ifndef ECXI_EVENTS_H
+#define ECXI_EVENTS_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -17,8 +17,8 @@
  * BENCHMARKS.md.) Streams of at most 240 bytes (XXH3's short forms) are
  * gathered and hashed at the end.
  */
-#ifndef ECX_FSUM_H
-#define ECX_FSUM_H
+#ifndef ECXI_FSUM_H
+#define ECXI_FSUM_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -204,9 +204,9 @@ static void consumer(out *o, const ecxi_consumer_stats *c)
     put(o, "# HELP ecx_consumer_fetch_latency_seconds Time from first request to the bytes in "
            "place.\n# TYPE ecx_consumer_fetch_latency_seconds histogram\n");
     unsigned long long cum = 0;
-    for (int b = 0; b < ECX_LATENCY_BUCKETS; b++) {
+    for (int b = 0; b < ECXI_LATENCY_BUCKETS; b++) {
         cum += c->latency_count[b];
-        if (b < ECX_LATENCY_BUCKETS - 1)
+        if (b < ECXI_LATENCY_BUCKETS - 1)
             put(o, "ecx_consumer_fetch_latency_seconds_bucket{le=\"%g\"} %llu\n",
                 ecxi_latency_bounds_ms[b] / 1000.0, cum);
         else

@@ -6,8 +6,8 @@
  * outcome, retries, quarantines, bytes and a fetch-latency histogram.
  * It only formats: the counters live with the sessions that own them.
  */
-#ifndef ECX_METRICS_H
-#define ECX_METRICS_H
+#ifndef ECXI_METRICS_H
+#define ECXI_METRICS_H
 
 #include <stddef.h>
 

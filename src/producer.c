@@ -32,13 +32,13 @@ typedef struct grant {
     size_t n_blocks, blocks_cap;
     bool claimed; /* its bytes were handed to the data plane once */
     bool sending; /* claimed, and the path has not reported the send's end: it may
-                     still read the blocks (data.h, ECX_DATA_GRANT_CLAIM) */
+                     still read the blocks (data.h, ECXI_DATA_GRANT_CLAIM) */
     bool tokenless; /* answered in NIXL's form: no token to check (data.h) */
     uint32_t cache_ref; /* the pinned cache entry (ecxi_cache_unpin_ref) */
-    uint8_t token[ECX_DATA_TOKEN_LEN];
+    uint8_t token[ECXI_DATA_TOKEN_LEN];
     uint32_t hash_off; /* mm_hash starts at key + hash_off */
     uint32_t key_len;
-    char key[ECX_DATA_NOTIF_MAX + 1]; /* "{session_id}:{mm_hash}" */
+    char key[ECXI_DATA_NOTIF_MAX + 1]; /* "{session_id}:{mm_hash}" */
 } grant;
 
 /* What one connection (routing id) holds; exists while it holds a grant. */
@@ -79,38 +79,38 @@ struct ecxi_producer {
     msgpack_sbuffer out; /* reused for every ack */
     int64_t *idx;        /* reused block-index buffer */
     size_t idx_cap;
-    uint8_t desc[ECX_DATA_DESC_MAX]; /* reused mem_descriptor of an ack */
+    uint8_t desc[ECXI_DATA_DESC_MAX]; /* reused mem_descriptor of an ack */
     /* Grant tokens are drawn from libsodium TOKEN_BATCH at a time (one
      * getrandom per batch, not per grant); each is wiped once handed out. */
-    uint8_t tokens[TOKEN_BATCH * ECX_DATA_TOKEN_LEN];
+    uint8_t tokens[TOKEN_BATCH * ECXI_DATA_TOKEN_LEN];
     size_t tokens_left;
 };
 
 /* ---------- grant table ---------- */
 
 /* A fresh random token (see ecxi_producer.tokens). */
-static void new_token(ecxi_producer *p, uint8_t out[ECX_DATA_TOKEN_LEN])
+static void new_token(ecxi_producer *p, uint8_t out[ECXI_DATA_TOKEN_LEN])
 {
     if (p->tokens_left == 0) {
         randombytes_buf(p->tokens, sizeof p->tokens);
         p->tokens_left = TOKEN_BATCH;
     }
-    uint8_t *t = p->tokens + --p->tokens_left * ECX_DATA_TOKEN_LEN;
-    memcpy(out, t, ECX_DATA_TOKEN_LEN);
-    sodium_memzero(t, ECX_DATA_TOKEN_LEN);
+    uint8_t *t = p->tokens + --p->tokens_left * ECXI_DATA_TOKEN_LEN;
+    memcpy(out, t, ECXI_DATA_TOKEN_LEN);
+    sodium_memzero(t, ECXI_DATA_TOKEN_LEN);
 }
 
 static grant *grant_find(const ecxi_producer *p, const char *key, size_t len)
 {
     ecxi_table_node *n = ecxi_table_find(&p->grants, key, len);
-    return n ? ECX_CONTAINER_OF(n, grant, node) : NULL;
+    return n ? ECXI_CONTAINER_OF(n, grant, node) : NULL;
 }
 
 /* The same for a key already hashed (h = ecxi_table_hash(&p->grants, ...)). */
 static grant *grant_find_hashed(const ecxi_producer *p, uint64_t h, const char *key, size_t len)
 {
     ecxi_table_node *n = ecxi_table_find_hashed(&p->grants, h, key, len);
-    return n ? ECX_CONTAINER_OF(n, grant, node) : NULL;
+    return n ? ECXI_CONTAINER_OF(n, grant, node) : NULL;
 }
 
 /* ---------- connections ---------- */
@@ -145,7 +145,7 @@ static conn *conn_find(ecxi_producer *p, const uint8_t *id, size_t len)
     if (c && c->identity_len == len && memcmp(c->identity, id, len) == 0) return c;
     ecxi_table_node *n = ecxi_table_find(&p->conns, (const char *)id, len);
     if (!n) return NULL;
-    return p->last_conn = ECX_CONTAINER_OF(n, conn, node);
+    return p->last_conn = ECXI_CONTAINER_OF(n, conn, node);
 }
 
 /* The record of the connection that sent p->msg, created (from the pool) if
@@ -236,12 +236,12 @@ static void grant_release(ecxi_producer *p, grant *g)
 /* A completion for a grant already let go: if it names a draining grant
  * (key and token), its send has ended and its pin goes now. */
 static bool drain_end(ecxi_producer *p, const char *key, size_t len,
-                      const uint8_t token[ECX_DATA_TOKEN_LEN])
+                      const uint8_t token[ECXI_DATA_TOKEN_LEN])
 {
     for (grant **pp = &p->draining; *pp; pp = &(*pp)->next) {
         grant *g = *pp;
         if (g->key_len != len || memcmp(g->key, key, len) ||
-            sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN) != 0)
+            sodium_memcmp(g->token, token, ECXI_DATA_TOKEN_LEN) != 0)
             continue;
         *pp = g->next;
         p->st.draining_grants--;
@@ -314,7 +314,7 @@ static grant *grant_add(ecxi_producer *p, conn *c, ecx_span sid, ecx_span hash, 
 /* ---------- lifecycle ---------- */
 
 static int grant_check(void *arg, const char *key, size_t key_len,
-                       const uint8_t token[ECX_DATA_TOKEN_LEN], int flags, ecxi_data_grant *out);
+                       const uint8_t token[ECXI_DATA_TOKEN_LEN], int flags, ecxi_data_grant *out);
 
 int ecxi_producer_new(ecxi_cache *cache, ecxi_data *data, ecxi_ctrl_server *srv,
                      const ecxi_producer_opts *opts, ecxi_producer **out)
@@ -411,7 +411,7 @@ static void reply(ecxi_producer *p, const ecx_ack *a)
         rc = ecxi_ctrl_server_reply(p->srv, &p->msg, p->out.data, p->out.size);
     if (rc) {
         p->st.reply_failed++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: ack not sent: %s", ecx_strerror(rc));
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "producer: ack not sent: %s", ecx_strerror(rc));
     }
 }
 
@@ -422,7 +422,7 @@ static void nack(ecxi_producer *p, ecx_span hash, int status, const char *why)
     int level = status == ECX_STATUS_NACK_MISSING || status == ECX_STATUS_NACK_NOT_READY
                     ? ECX_LOG_INFO
                     : ECX_LOG_WARN;
-    ECX_LOG_RATELIMITED(level, "producer: %s for %.*s: %s", ecx_status_name(status),
+    ECXI_LOG_RATELIMITED(level, "producer: %s for %.*s: %s", ecx_status_name(status),
                         (int)(hash.n > 80 ? 80 : hash.n), hash.p, why);
     ecx_ack a;
     ecx_ack_init(&a);
@@ -464,13 +464,13 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
         nack(p, r->mm_hash, ECX_STATUS_NACK_MISSING, "mm_hash empty or too long");
         return;
     }
-    if (r->session_id.n + 1 + r->mm_hash.n > ECX_DATA_NOTIF_MAX) {
+    if (r->session_id.n + 1 + r->mm_hash.n > ECXI_DATA_NOTIF_MAX) {
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "session_id:mm_hash too long");
         return;
     }
 
     /* The grant's key, hashed once: for the lookup and for the insert. */
-    char key[ECX_DATA_NOTIF_MAX];
+    char key[ECXI_DATA_NOTIF_MAX];
     size_t key_len = r->session_id.n + 1 + r->mm_hash.n;
     memcpy(key, r->session_id.p, r->session_id.n);
     key[r->session_id.n] = ':';
@@ -553,7 +553,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     if (evict && p->max_count) {
         conn *heavy = p->by_count[p->max_count];
         p->st.evicted_grants++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                             "producer: grant table full; released the oldest grant of a "
                             "connection holding %u",
                             heavy->count);
@@ -605,19 +605,19 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
 /* The data plane asks before anything leaves (data.h): a live grant with
  * this key and token, claimed at most once. */
 static int grant_check(void *arg, const char *key, size_t key_len,
-                       const uint8_t token[ECX_DATA_TOKEN_LEN], int flags, ecxi_data_grant *out)
+                       const uint8_t token[ECXI_DATA_TOKEN_LEN], int flags, ecxi_data_grant *out)
 {
     ecxi_producer *p = arg;
     grant *g = grant_find(p, key, key_len);
-    if (!g || g->tokenless || sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN) != 0 ||
-        ((flags & ECX_DATA_GRANT_CLAIM) && g->claimed)) {
+    if (!g || g->tokenless || sodium_memcmp(g->token, token, ECXI_DATA_TOKEN_LEN) != 0 ||
+        ((flags & ECXI_DATA_GRANT_CLAIM) && g->claimed)) {
         p->st.refused_reads++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: refused a data-plane request for %s",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "producer: refused a data-plane request for %s",
                             g ? (g->claimed ? "a grant already served" : "a grant (wrong token)")
                               : "no grant");
         return ECX_EDATA_GRANT;
     }
-    if (flags & ECX_DATA_GRANT_CLAIM) g->claimed = g->sending = true;
+    if (flags & ECXI_DATA_GRANT_CLAIM) g->claimed = g->sending = true;
     out->blocks = g->blocks;
     out->n = g->n_blocks;
     out->nbytes = g->nbytes;
@@ -625,31 +625,31 @@ static int grant_check(void *arg, const char *key, size_t key_len,
 }
 
 static void on_notif(void *arg, const char *key, size_t len,
-                     const uint8_t token[ECX_DATA_TOKEN_LEN], int status)
+                     const uint8_t token[ECXI_DATA_TOKEN_LEN], int status)
 {
     ecxi_producer *p = arg;
-    grant *g = len <= ECX_DATA_NOTIF_MAX ? grant_find(p, key, len) : NULL;
+    grant *g = len <= ECXI_DATA_NOTIF_MAX ? grant_find(p, key, len) : NULL;
     /* The end of a send cut when its grant was let go (the key may name a
      * new grant by now, with another token). */
-    if (token && p->draining && (!g || sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN)) &&
+    if (token && p->draining && (!g || sodium_memcmp(g->token, token, ECXI_DATA_TOKEN_LEN)) &&
         drain_end(p, key, len, token))
         return;
     if (!g) {
         p->st.unknown_notifs++;
-        ECX_LOG_RATELIMITED(ECX_LOG_INFO, "producer: notification for no grant (%zu bytes)", len);
+        ECXI_LOG_RATELIMITED(ECX_LOG_INFO, "producer: notification for no grant (%zu bytes)", len);
         return;
     }
     /* Only the grant's holder knows its token: release nothing. A grant
      * answered in NIXL's form (one-sided) has none to check; one answered
      * in ecx's form needs it, whichever path the notification came by. */
-    if (token ? sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN) != 0 : !g->tokenless) {
+    if (token ? sodium_memcmp(g->token, token, ECXI_DATA_TOKEN_LEN) != 0 : !g->tokenless) {
         p->st.forged_notifs++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: notification with a wrong token ignored");
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "producer: notification with a wrong token ignored");
         return;
     }
     if (status) {
         p->st.send_failed++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: sending %s failed: %s", key + g->hash_off,
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "producer: sending %s failed: %s", key + g->hash_off,
                             ecx_strerror(status));
     } else {
         p->st.completions++;
@@ -662,14 +662,14 @@ int ecxi_producer_poll(ecxi_producer *p)
 {
     int events = 0;
     int64_t now = ecxi_now_ms(p->o.clock);
-    for (int i = 0; i < ECX_PRODUCER_REQUESTS_PER_POLL && ecxi_ctrl_server_recv(p->srv, &p->msg) == 1; i++, events++) {
+    for (int i = 0; i < ECXI_PRODUCER_REQUESTS_PER_POLL && ecxi_ctrl_server_recv(p->srv, &p->msg) == 1; i++, events++) {
         p->st.requests++;
         ecx_req r;
         int rc = ecx_wire_decode_req_v(p->msg.payload, p->msg.payload_len,
                                        p->o.connector_version, &r);
         if (rc) {
             p->st.malformed++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: dropped undecodable request: %s",
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "producer: dropped undecodable request: %s",
                                 ecx_strerror(rc));
             continue;
         }
@@ -679,7 +679,7 @@ int ecxi_producer_poll(ecxi_producer *p)
     if (n > 0) events += n;
     while (p->oldest && p->oldest->expires_ms <= now) {
         grant *g = p->oldest;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "producer: lease expired for %.*s; %s",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "producer: lease expired for %.*s; %s",
                             (int)(g->key_len - g->hash_off > 120 ? 120 : g->key_len - g->hash_off),
                             g->key + g->hash_off,
                             g->sending ? "its send is cut, then unpinned" : "unpinned");

@@ -15,8 +15,8 @@
  * count, so the heaviest is found in O(1); grant and connection records
  * come from pools that grow to their peak and are reused.
  */
-#ifndef ECX_PRODUCER_H
-#define ECX_PRODUCER_H
+#ifndef ECXI_PRODUCER_H
+#define ECXI_PRODUCER_H
 
 #include <stdint.h>
 
@@ -29,7 +29,7 @@ typedef struct ecxi_producer ecxi_producer;
 
 /* Requests read per poll: one flooding peer cannot starve the engine's
  * loop. */
-#define ECX_PRODUCER_REQUESTS_PER_POLL 4096
+#define ECXI_PRODUCER_REQUESTS_PER_POLL 4096
 
 typedef struct ecxi_producer_opts {
     const char *compat_hash; /* ours: requests with another one get NACK_INCOMPAT */

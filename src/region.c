@@ -79,7 +79,7 @@ static int random_bytes(void *buf, size_t n)
     return 0;
 }
 
-int ecxi_region_instance_id(char out[ECX_REGION_INSTANCE_ID_LEN + 1])
+int ecxi_region_instance_id(char out[ECXI_REGION_INSTANCE_ID_LEN + 1])
 {
     if (!out) return ECX_EINVAL;
     uint8_t rnd[8];
@@ -87,7 +87,7 @@ int ecxi_region_instance_id(char out[ECX_REGION_INSTANCE_ID_LEN + 1])
     if (rc) return rc;
     char hex[17];
     ecxi_hex_encode(rnd, sizeof rnd, hex);
-    snprintf(out, ECX_REGION_INSTANCE_ID_LEN + 1, "%08x-%.15s", (unsigned)getpid(), hex);
+    snprintf(out, ECXI_REGION_INSTANCE_ID_LEN + 1, "%08x-%.15s", (unsigned)getpid(), hex);
     return 0;
 }
 
@@ -99,7 +99,7 @@ static bool instance_valid(const char *s)
         char c = s[n];
         bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                   c == '.' || c == '_' || c == '-';
-        if (!ok || n >= ECX_REGION_INSTANCE_MAX) return false;
+        if (!ok || n >= ECXI_REGION_INSTANCE_MAX) return false;
     }
     return true;
 }
@@ -152,7 +152,7 @@ static int check_sizes(uint64_t total_bytes, uint64_t block_bytes, uint64_t *num
 {
     if (block_bytes == 0) return ECX_EREGION_SIZE;
     uint64_t n = total_bytes / block_bytes;
-    if (n == 0 || n > ECX_REGION_MAX_BLOCKS) return ECX_EREGION_SIZE;
+    if (n == 0 || n > ECXI_REGION_MAX_BLOCKS) return ECX_EREGION_SIZE;
     uint64_t s = n * block_bytes; /* <= total_bytes: cannot overflow */
     if (s > (uint64_t)INT64_MAX || s > (uint64_t)SIZE_MAX) return ECX_EREGION_SIZE;
     *num_blocks = n;
@@ -254,7 +254,7 @@ int ecxi_region_back(ecxi_region *r, uint64_t first_block, uint64_t n_blocks)
     for (uint64_t i = lo / FILL_CHUNK; i <= (hi - 1) / FILL_CHUNK; i++) {
         int e = back_chunk(r, i);
         if (e) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                                 "region: cannot back blocks %llu..%llu of %s: %s; the save or "
                                 "fetch that needs them fails",
                                 (unsigned long long)first_block,
@@ -450,7 +450,7 @@ static int check_file(const struct stat *st, uint64_t block_bytes, uint64_t *num
         return ECX_EREGION_BADFILE;
     if (block_bytes == 0 || st->st_size <= 0) return ECX_EREGION_SIZE;
     uint64_t size = (uint64_t)st->st_size;
-    if (size % block_bytes != 0 || size / block_bytes > ECX_REGION_MAX_BLOCKS ||
+    if (size % block_bytes != 0 || size / block_bytes > ECXI_REGION_MAX_BLOCKS ||
         size > (uint64_t)SIZE_MAX)
         return ECX_EREGION_SIZE;
     *num_blocks = size / block_bytes;
@@ -534,7 +534,7 @@ int ecxi_region_map_fd(int fd, uint64_t block_bytes, bool writable, ecxi_region 
     *out = NULL;
     if (fstat(fd, &st) != 0) return ECX_ESYS;
     if (!S_ISREG(st.st_mode) || st.st_size <= 0 || (uint64_t)st.st_size % block_bytes ||
-        (uint64_t)st.st_size / block_bytes > ECX_REGION_MAX_BLOCKS ||
+        (uint64_t)st.st_size / block_bytes > ECXI_REGION_MAX_BLOCKS ||
         (uint64_t)st.st_size > SIZE_MAX)
         return ECX_EREGION_SIZE;
     ecxi_region *r = calloc(1, sizeof *r);

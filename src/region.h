@@ -43,8 +43,8 @@
  * ecx's creator never resizes a published file; a consumer reading another
  * producer's region guards its copy against one that does (shm_copy.h).
  */
-#ifndef ECX_REGION_H
-#define ECX_REGION_H
+#ifndef ECXI_REGION_H
+#define ECXI_REGION_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -55,11 +55,11 @@ typedef struct ecxi_region ecxi_region;
 
 /* Largest block count a region may have: block indices fit in uint32 with
  * UINT32_MAX left as a sentinel (the cache relies on this). */
-#define ECX_REGION_MAX_BLOCKS 0xfffffffeu
+#define ECXI_REGION_MAX_BLOCKS 0xfffffffeu
 /* Longest instance name accepted. */
-#define ECX_REGION_INSTANCE_MAX 64
+#define ECXI_REGION_INSTANCE_MAX 64
 /* Length of an id made by ecxi_region_instance_id(), without the NUL. */
-#define ECX_REGION_INSTANCE_ID_LEN 24
+#define ECXI_REGION_INSTANCE_ID_LEN 24
 
 /* The directory regions live in: $ECX_SHM_DIR if set and non-empty, else
  * "/dev/shm". */
@@ -67,12 +67,12 @@ const char *ecxi_region_default_dir(void);
 
 /* Fill out with a fresh instance name, unique per process start:
  * 8 hex digits of the pid, '-', 15 random hex digits. */
-int ecxi_region_instance_id(char out[ECX_REGION_INSTANCE_ID_LEN + 1]);
+int ecxi_region_instance_id(char out[ECXI_REGION_INSTANCE_ID_LEN + 1]);
 
 /* Create and publish the region of (instance, rank): floor(total_bytes /
  * block_bytes) blocks. Reaps orphans in the directory first. Errors:
  * ECX_EINVAL (bad instance, rank < 0, NULL), ECX_EREGION_SIZE (zero block
- * size, fewer than one block, more than ECX_REGION_MAX_BLOCKS, or a size
+ * size, fewer than one block, more than ECXI_REGION_MAX_BLOCKS, or a size
  * that does not fit off_t / size_t), ECX_EREGION_EXISTS (the name is
  * taken), ECX_EREGION_NOSPC (shared memory too small), ECX_ENOMEM (the
  * mapping failed), ECX_ESYS (other system errors, logged). */

@@ -10,7 +10,7 @@
 
 #include "util.h"
 
-void ecxi_session_id_new(char out[ECX_SESSION_ID_LEN + 1])
+void ecxi_session_id_new(char out[ECXI_SESSION_ID_LEN + 1])
 {
     unsigned char b[10]; /* the 80 bits before the marker */
     randombytes_buf(b, sizeof b);
@@ -18,8 +18,8 @@ void ecxi_session_id_new(char out[ECX_SESSION_ID_LEN + 1])
     b[8] = (b[8] & 0x3f) | 0x80; /* RFC 4122 variant */
     char hex[21];
     ecxi_hex_encode(b, sizeof b, hex);
-    snprintf(out, ECX_SESSION_ID_LEN + 1, "%.8s-%.4s-%.4s-%.4s-%s", hex, hex + 8, hex + 12,
-             hex + 16, ECX_SESSION_ID_MARK);
+    snprintf(out, ECXI_SESSION_ID_LEN + 1, "%.8s-%.4s-%.4s-%.4s-%s", hex, hex + 8, hex + 12,
+             hex + 16, ECXI_SESSION_ID_MARK);
 }
 
 /* Lowercase hex digits. */
@@ -32,7 +32,7 @@ static const bool hex_digit[256] = {
  * branch per character. */
 bool ecxi_session_id_is_ecx(const char *sid, size_t n)
 {
-    if (!sid || n != ECX_SESSION_ID_LEN || memcmp(sid + 24, ECX_SESSION_ID_MARK, 12) != 0 ||
+    if (!sid || n != ECXI_SESSION_ID_LEN || memcmp(sid + 24, ECXI_SESSION_ID_MARK, 12) != 0 ||
         sid[8] != '-' || sid[13] != '-' || sid[18] != '-' || sid[23] != '-' || sid[14] != '4' ||
         !(sid[19] == '8' || sid[19] == '9' || sid[19] == 'a' || sid[19] == 'b'))
         return false;

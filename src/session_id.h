@@ -12,18 +12,18 @@
  * 2^-48, and then only gets an ack it cannot use (it computes locally).
  * The marker is not a credential: claiming it only gets the stricter form.
  */
-#ifndef ECX_SESSION_ID_H
-#define ECX_SESSION_ID_H
+#ifndef ECXI_SESSION_ID_H
+#define ECXI_SESSION_ID_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
 /* The last group of every ecx session id. */
-#define ECX_SESSION_ID_MARK "ec5ec5ec5ec5"
-#define ECX_SESSION_ID_LEN 36
+#define ECXI_SESSION_ID_MARK "ec5ec5ec5ec5"
+#define ECXI_SESSION_ID_LEN 36
 
 /* A fresh marked id: 36 characters and a NUL. */
-void ecxi_session_id_new(char out[ECX_SESSION_ID_LEN + 1]);
+void ecxi_session_id_new(char out[ECXI_SESSION_ID_LEN + 1]);
 
 /* True if sid[0..n) is an ecx session id: UUID4 text (lowercase hex,
  * version 4, RFC variant) ending in the marker. */

@@ -24,8 +24,8 @@
  * lookup therefore costs at most ECXI_TABLE_CHAIN_MAX compares of nodes
  * whose 64-bit hash matches, unless collisions survive a fresh secret.
  */
-#ifndef ECX_TABLE_H
-#define ECX_TABLE_H
+#ifndef ECXI_TABLE_H
+#define ECXI_TABLE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -71,6 +71,6 @@ void ecxi_table_insert_hashed(ecxi_table *t, ecxi_table_node *n, uint64_t h);
 void ecxi_table_remove(ecxi_table *t, ecxi_table_node *n);
 
 /* The record that holds node n as member `field`. */
-#define ECX_CONTAINER_OF(n, type, field) ((type *)((char *)(n)-offsetof(type, field)))
+#define ECXI_CONTAINER_OF(n, type, field) ((type *)((char *)(n)-offsetof(type, field)))
 
 #endif

@@ -5,11 +5,11 @@
  * Logging writes one line per event to the logger set with ecx_set_logger()
  * (default: stderr with a level prefix). The level is ecx_set_log_level()'s,
  * else ECX_LOG's (error, warn, info, debug; default warn). Anything a peer
- * can trigger must go through ECX_LOG_RATELIMITED so a hostile peer cannot
+ * can trigger must go through ECXI_LOG_RATELIMITED so a hostile peer cannot
  * flood the log.
  */
-#ifndef ECX_UTIL_H
-#define ECX_UTIL_H
+#ifndef ECXI_UTIL_H
+#define ECXI_UTIL_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -27,7 +27,7 @@ void ecxi_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
  * can trigger), and say how many were suppressed when it resumes. A call
  * site's limit is shared by every context and thread of the process
  * (ecxi_ratelimit_allow serialises them). */
-#define ECX_LOG_RATELIMITED(level, ...)                                                            \
+#define ECXI_LOG_RATELIMITED(level, ...)                                                            \
     do {                                                                                           \
         static ecxi_ratelimit rl_;                                                                 \
         if (ecxi_log_level() >= (level)) {                                                         \

@@ -23,8 +23,8 @@
  * values above 2^63-1 (ECX_EWIRE_INT). No block index or version that large
  * means anything.
  */
-#ifndef ECX_WIRE_H
-#define ECX_WIRE_H
+#ifndef ECXI_WIRE_H
+#define ECXI_WIRE_H
 
 #include <msgpack.h>
 #include <stddef.h>

@@ -147,7 +147,7 @@ int ecxi_data_backend_parse(const char *s, int *out)
     if (!s || !out) return ECX_EINVAL;
 #define PARSE_(name, v, str)                                                                       \
     if (!strcmp(s, str)) return *out = ECX_DATA_##name, 0;
-    ECX_DATA_BACKENDS(PARSE_)
+    ECXI_DATA_BACKENDS(PARSE_)
 #undef PARSE_
     return ECX_EINVAL;
 }
@@ -157,7 +157,7 @@ const char *ecxi_data_backend_name(int backend)
     switch (backend) {
 #define NAME_(name, v, str)                                                                        \
     case ECX_DATA_##name: return str;
-        ECX_DATA_BACKENDS(NAME_)
+        ECXI_DATA_BACKENDS(NAME_)
 #undef NAME_
     }
     return "unknown";
@@ -186,7 +186,7 @@ int ecxi_data_start(int backend, ecxi_region *region, const ecxi_data_opts *opts
     const ecxi_data_path *p = path_of(backend);
     if (!p) return ECX_EINVAL;
     if (!p->start) {
-        ECX_LOG_RATELIMITED(ECX_LOG_ERROR, "data: %s is not built in (this libecx was built "
+        ECXI_LOG_RATELIMITED(ECX_LOG_ERROR, "data: %s is not built in (this libecx was built "
                             "without it: ECX_WITH_UCX, ECX_WITH_NIXL)",
                             ecxi_data_backend_name(backend));
         return ECX_EDATA_NOPATH;
@@ -208,7 +208,7 @@ static int new_ctx(ecxi_region *region, const ecxi_data_opts *opts, int role, ec
     ecxi_data_meta m = {0};
     ecxi_data_desc dd = {0};
     int rc;
-    if (role == ECX_DATA_PRODUCER) {
+    if (role == ECXI_DATA_PRODUCER) {
         if ((rc = random_nonce(&m.nonce))) return rc;
         dd.nonce = m.nonce;
         dd.block_bytes = ecxi_region_block_bytes(region);
@@ -217,8 +217,8 @@ static int new_ctx(ecxi_region *region, const ecxi_data_opts *opts, int role, ec
     ecxi_data *d = NULL;
     if ((rc = ecxi_data_start(backend, region, opts, role, &m, &dd, &d))) return rc;
     /* (nixl publishes NIXL's metadata, made by the backend) */
-    if (role == ECX_DATA_PRODUCER && !d->meta) {
-        uint8_t mb[ECX_DATA_META_MAX];
+    if (role == ECXI_DATA_PRODUCER && !d->meta) {
+        uint8_t mb[ECXI_DATA_META_MAX];
         long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
         if (ml < 0) {
             ecxi_log(ECX_LOG_ERROR, "data: metadata does not fit (%ld)", ml);
@@ -232,7 +232,7 @@ static int new_ctx(ecxi_region *region, const ecxi_data_opts *opts, int role, ec
         memcpy(d->meta, mb, (size_t)ml);
         d->meta_len = (size_t)ml;
     }
-    if (role == ECX_DATA_PRODUCER) d->layout = dd;
+    if (role == ECXI_DATA_PRODUCER) d->layout = dd;
     *out = d;
     return 0;
 }
@@ -240,12 +240,12 @@ static int new_ctx(ecxi_region *region, const ecxi_data_opts *opts, int role, ec
 
 int ecxi_data_new_producer(ecxi_region *region, const ecxi_data_opts *opts, ecxi_data **out)
 {
-    return new_ctx(region, opts, ECX_DATA_PRODUCER, out);
+    return new_ctx(region, opts, ECXI_DATA_PRODUCER, out);
 }
 
 int ecxi_data_new_consumer(ecxi_region *region, const ecxi_data_opts *opts, ecxi_data **out)
 {
-    return new_ctx(region, opts, ECX_DATA_CONSUMER, out);
+    return new_ctx(region, opts, ECXI_DATA_CONSUMER, out);
 }
 
 /* ---- the calls of data.h ---------------------------------------------- */
@@ -260,7 +260,7 @@ long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, u
                                size_t cap)
 {
     if (!d || !t || !buf) return ECX_EINVAL;
-    if (d->role != ECX_DATA_PRODUCER) return ECX_EROLE;
+    if (d->role != ECXI_DATA_PRODUCER) return ECX_EROLE;
     ecxi_data_desc dd = d->layout;
     dd.has_ticket = true;
     dd.ticket = *t;
@@ -271,7 +271,7 @@ int ecxi_data_grant_ack(const ecxi_data *d, bool ecx_peer, const ecxi_data_ticke
                         uint8_t *buf, size_t cap, ecxi_data_ack *out)
 {
     if (!d || !t || !buf || !out) return ECX_EINVAL;
-    if (d->role != ECX_DATA_PRODUCER) return ECX_EROLE;
+    if (d->role != ECXI_DATA_PRODUCER) return ECX_EROLE;
     if (d->ops->grant_ack) return d->ops->grant_ack(d, ecx_peer, t, buf, cap, out);
     long dl = ecxi_data_grant_descriptor(d, t, buf, cap);
     if (dl < 0) return (int)dl;
@@ -280,7 +280,7 @@ int ecxi_data_grant_ack(const ecxi_data *d, bool ecx_peer, const ecxi_data_ticke
 }
 
 int ecxi_data_cut(ecxi_data *d, const char *key, size_t key_len,
-                  const uint8_t token[ECX_DATA_TOKEN_LEN])
+                  const uint8_t token[ECXI_DATA_TOKEN_LEN])
 {
     if (!d || !key || !token || !d->ops->cut) return 0;
     return d->ops->cut(d, key, key_len, token);
@@ -318,9 +318,9 @@ static void slice_end(ecxi_data *d, const ecxi_slice *sl)
 int ecxi_data_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg)
 {
     if (!d || !cb) return ECX_EINVAL;
-    if (d->role != ECX_DATA_PRODUCER) return ECX_EROLE;
+    if (d->role != ECXI_DATA_PRODUCER) return ECX_EROLE;
     ecxi_slice sl;
-    ecxi_slice_start(&sl, ECX_DATA_SLICE_NS);
+    ecxi_slice_start(&sl, ECXI_DATA_SLICE_NS);
     int rc = d->ops->poll_notifs(d, &sl, cb, arg);
     slice_end(d, &sl);
     return rc;
@@ -331,7 +331,7 @@ int ecxi_data_peer_add(ecxi_data *d, const uint8_t *meta, size_t meta_len,
 {
     if (!d || !out) return ECX_EINVAL;
     *out = NULL;
-    if (d->role != ECX_DATA_CONSUMER) return ECX_EROLE;
+    if (d->role != ECXI_DATA_CONSUMER) return ECX_EROLE;
     if (!desc || desc->unverified) return ECX_EDATA_DESC;
     ecxi_data_meta m;
     int rc = ecxi_data_meta_decode(meta, meta_len, &m);
@@ -354,7 +354,7 @@ int ecxi_data_ack_register(ecxi_data *d, const ecxi_data_ack *a, uint64_t nbytes
                            ecxi_data_desc *dd, ecxi_data_peer **peer)
 {
     if (!d || !a || !dd || !peer) return ECX_EINVAL;
-    if (d->role != ECX_DATA_CONSUMER) return ECX_EROLE;
+    if (d->role != ECXI_DATA_CONSUMER) return ECX_EROLE;
     if (d->ops->ack_register) return d->ops->ack_register(d, a, nbytes, dd, peer);
     return ecxi_data_ack_register_ecx(d, a, dd, peer);
 }
@@ -454,7 +454,7 @@ int ecxi_data_read_post(ecxi_data_peer *p, const ecxi_data_desc *desc,
     if (nbytes != desc->ticket.nbytes) return ECX_EDATA_MISMATCH;
     uint64_t n = runs_blocks(remote, nremote);
     if (n == 0 || runs_blocks(local, nlocal) != n) return ECX_EDATA_COUNT;
-    if (key_len == 0 || key_len > ECX_DATA_NOTIF_MAX) return ECX_EDATA_NOTIF;
+    if (key_len == 0 || key_len > ECXI_DATA_NOTIF_MAX) return ECX_EDATA_NOTIF;
     if (n > lblocks || n > p->num_blocks) return ECX_EDATA_COUNT;
     if (nbytes <= (n - 1) * bs || nbytes > n * bs) return ECX_EDATA_COUNT;
     if (!runs_inside(remote, nremote, p->num_blocks) || !runs_inside(local, nlocal, lblocks))
@@ -471,7 +471,7 @@ int ecxi_data_decline(ecxi_data_peer *p, const ecxi_data_desc *desc, const char 
     if (desc->nonce != p->nonce || desc->num_blocks != p->num_blocks ||
         desc->block_bytes != ecxi_region_block_bytes(p->owner->region))
         return ECX_EDATA_MISMATCH;
-    if (key_len == 0 || key_len > ECX_DATA_NOTIF_MAX) return ECX_EDATA_NOTIF;
+    if (key_len == 0 || key_len > ECXI_DATA_NOTIF_MAX) return ECX_EDATA_NOTIF;
     if (!p->owner->ops->decline) return ECX_EDATA_NOPATH;
     return p->owner->ops->decline(p, &desc->ticket, key, key_len);
 }

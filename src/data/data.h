@@ -12,8 +12,8 @@
  *
  * Bounded slices, no hidden thread: everything advances in
  * ecxi_data_progress() and ecxi_data_poll_notifs(), on the caller's thread,
- * and each call moves bytes in chunks of at most ECX_DATA_CHUNK, stopping
- * after the chunk that spends its budget (budget_ns; ECX_DATA_SLICE_NS for
+ * and each call moves bytes in chunks of at most ECXI_DATA_CHUNK, stopping
+ * after the chunk that spends its budget (budget_ns; ECXI_DATA_SLICE_NS for
  * poll_notifs; the first chunk always moves). Budget in time, chunks in
  * bytes: a chunk's cost varies several-fold (a warm copy, a first touch,
  * pread, a socket copy), so the chunk bounds the overshoot (15-40 us on
@@ -25,8 +25,8 @@
  * arm says 0. Everything from a peer is validated: malformed input is an
  * ECX_EDATA_* code, never a crash.
  */
-#ifndef ECX_DATA_H
-#define ECX_DATA_H
+#ifndef ECXI_DATA_H
+#define ECXI_DATA_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -45,33 +45,33 @@ typedef struct ecxi_data_xfer ecxi_data_xfer;
  * order of the values is older; tests/test_data.c checks that the two
  * agree). nixl (data_nixl.c): NIXL's one-sided data plane, to be a peer
  * of vLLM's own connector; never chosen by auto. */
-#define ECX_DATA_BACKENDS(X)                                                                       \
+#define ECXI_DATA_BACKENDS(X)                                                                       \
     X(AUTO, 0, "auto")                                                                             \
     X(SHM, 1, "shm")                                                                               \
     X(TCP, 3, "tcp")                                                                               \
     X(UCX, 2, "ucx")                                                                               \
     X(NIXL, 4, "nixl")
 enum ecxi_data_backend {
-#define ECX_DATA_ENUM_(name, v, s) ECX_DATA_##name = v,
-    ECX_DATA_BACKENDS(ECX_DATA_ENUM_)
-#undef ECX_DATA_ENUM_
+#define ECXI_DATA_ENUM_(name, v, s) ECX_DATA_##name = v,
+    ECXI_DATA_BACKENDS(ECXI_DATA_ENUM_)
+#undef ECXI_DATA_ENUM_
 };
-/* How many: the values are 0 .. ECX_DATA_BACKEND_COUNT - 1. */
-#define ECX_DATA_COUNT_(name, v, s) +1
-enum { ECX_DATA_BACKEND_COUNT = 0 ECX_DATA_BACKENDS(ECX_DATA_COUNT_) };
-#undef ECX_DATA_COUNT_
+/* How many: the values are 0 .. ECXI_DATA_BACKEND_COUNT - 1. */
+#define ECXI_DATA_COUNT_(name, v, s) +1
+enum { ECXI_DATA_BACKEND_COUNT = 0 ECXI_DATA_BACKENDS(ECXI_DATA_COUNT_) };
+#undef ECXI_DATA_COUNT_
 
 /* State of a posted READ. CORRUPT: the bytes arrived but their checksum is
  * not the ticket's (the item must not become ready). */
 enum ecxi_xfer_state {
-    ECX_XFER_RUNNING = 0,
-    ECX_XFER_DONE = 1,
-    ECX_XFER_FAILED = 2,
-    ECX_XFER_CORRUPT = 3,
+    ECXI_XFER_RUNNING = 0,
+    ECXI_XFER_DONE = 1,
+    ECXI_XFER_FAILED = 2,
+    ECXI_XFER_CORRUPT = 3,
 };
 
 /* Longest grant key, in bytes ("{session_id}:{mm_hash}"). */
-#define ECX_DATA_NOTIF_MAX 512
+#define ECXI_DATA_NOTIF_MAX 512
 
 typedef struct ecxi_data_opts {
     int backend;           /* enum ecxi_data_backend; 0 = auto */
@@ -85,7 +85,7 @@ typedef struct ecxi_data_opts {
                               first READ, slice by slice (data_shm.c) */
 } ecxi_data_opts;
 
-/* Parse a name of ECX_DATA_BACKENDS into enum ecxi_data_backend;
+/* Parse a name of ECXI_DATA_BACKENDS into enum ecxi_data_backend;
  * ECX_EINVAL else. The name of a value ("unknown" for none). A path this
  * libecx is built without parses: starting it says it is not built in. */
 int ecxi_data_backend_parse(const char *s, int *out);
@@ -104,7 +104,7 @@ int ecxi_data_new_producer(ecxi_region *region, const ecxi_data_opts *opts, ecxi
  * ecxi_data_grant_ack, which picks the form): its agent_metadata, valid
  * until ecxi_data_free(), and one grant's mem_descriptor, the layout plus
  * the ticket, into buf (its length, or ECX_ERANGE if cap is too small:
- * ECX_DATA_DESC_MAX always suffices). */
+ * ECXI_DATA_DESC_MAX always suffices). */
 const uint8_t *ecxi_data_agent_metadata(const ecxi_data *d, size_t *len);
 long ecxi_data_grant_descriptor(const ecxi_data *d, const ecxi_data_ticket *t, uint8_t *buf,
                                size_t cap);
@@ -132,7 +132,7 @@ typedef struct ecxi_data_ack {
  * context answers in its own form. The grant check and completions of
  * both forms come through d. out's pointers stay valid until
  * ecxi_data_free() (the metadata) or until buf is reused. ECX_ERANGE if
- * cap is too small (ECX_DATA_DESC_MAX always suffices), ECX_EINVAL. */
+ * cap is too small (ECXI_DATA_DESC_MAX always suffices), ECX_EINVAL. */
 int ecxi_data_grant_ack(const ecxi_data *d, bool ecx_peer, const ecxi_data_ticket *t,
                         uint8_t *buf, size_t cap, ecxi_data_ack *out);
 
@@ -149,19 +149,19 @@ typedef struct ecxi_data_grant {
  * poll_notifs (once, with the claim's key and token), and it can cut that
  * send on request (ecxi_data_cut). The session keeps the blocks pinned
  * until then, whatever the lease says. */
-#define ECX_DATA_GRANT_CLAIM 1
+#define ECXI_DATA_GRANT_CLAIM 1
 /* The grant check's "asked, answer later" (positive: not an error). */
-#define ECX_DATA_GRANT_ASKED 1
+#define ECXI_DATA_GRANT_ASKED 1
 
 /* The producer session's answer to "may this leave?": 0 and *g if key
  * ("{session_id}:{mm_hash}") names a live grant with exactly this token
- * (and, with ECX_DATA_GRANT_CLAIM, not claimed before: it is now);
+ * (and, with ECXI_DATA_GRANT_CLAIM, not claimed before: it is now);
  * ECX_EDATA_GRANT otherwise. In the UCX process (ucx_proc.h), whose
- * session is its parent's, the check may also say ECX_DATA_GRANT_ASKED:
+ * session is its parent's, the check may also say ECXI_DATA_GRANT_ASKED:
  * the question went to the parent, ask again once its answer is in. g->blocks stays valid until the grant is
  * released. Backends call it only from progress / poll_notifs. */
 typedef int (*ecxi_data_grant_fn)(void *arg, const char *key, size_t key_len,
-                                 const uint8_t token[ECX_DATA_TOKEN_LEN], int flags,
+                                 const uint8_t token[ECXI_DATA_TOKEN_LEN], int flags,
                                  ecxi_data_grant *g);
 
 /* Install the grant check (without one, nothing is ever served). */
@@ -177,7 +177,7 @@ void ecxi_data_set_grant_fn(ecxi_data *d, ecxi_data_grant_fn fn, void *arg);
  * blocks). A path whose sends read no block after they report their end
  * and that claims nothing (shm, nixl's one-sided READs) returns 0. */
 int ecxi_data_cut(ecxi_data *d, const char *key, size_t key_len,
-                  const uint8_t token[ECX_DATA_TOKEN_LEN]);
+                  const uint8_t token[ECXI_DATA_TOKEN_LEN]);
 
 /* Called once per completion: key is NUL-terminated (key_len excludes it);
  * status 0: the grant's transfer is complete (the consumer said so, or the
@@ -185,9 +185,9 @@ int ecxi_data_cut(ecxi_data *d, const char *key, size_t key_len,
  * token is the one the completion presented: the session must check it;
  * NULL from a tokenless path (ecxi_data_ack.tokenless). */
 typedef void (*ecxi_data_notif_cb)(void *arg, const char *key, size_t key_len,
-                                  const uint8_t token[ECX_DATA_TOKEN_LEN], int status);
+                                  const uint8_t token[ECXI_DATA_TOKEN_LEN], int status);
 
-/* Progress (one slice of ECX_DATA_SLICE_NS), then hand every completion
+/* Progress (one slice of ECXI_DATA_SLICE_NS), then hand every completion
  * since the last call to cb. Returns how many were delivered, or a
  * negative error. ecxi_data_arm() says whether work was left. */
 int ecxi_data_poll_notifs(ecxi_data *d, ecxi_data_notif_cb cb, void *arg);
@@ -209,13 +209,13 @@ int ecxi_data_new_consumer(ecxi_region *region, const ecxi_data_opts *opts, ecxi
  * be uniform (base + i * our block size, dev 0: what vLLM's
  * build_block_descs writes), and is described as a grant of nbytes with
  * no checksum (dd->unverified: ecxi_data_read_checksum) and
- * ECX_NIXL_LEASE_MS. Errors: ECX_EDATA_DESC, ECX_EDATA_MISMATCH,
+ * ECXI_NIXL_LEASE_MS. Errors: ECX_EDATA_DESC, ECX_EDATA_MISMATCH,
  * ECX_EDATA_VERSION (the descriptor), and ecxi_data_peer_add's. */
 int ecxi_data_ack_register(ecxi_data *d, const ecxi_data_ack *a, uint64_t nbytes,
                            ecxi_data_desc *dd, ecxi_data_peer **peer);
 /* A NIXL ack names no lease: the consumer assumes this one (vLLM's pins
  * outlive it). */
-#define ECX_NIXL_LEASE_MS 30000
+#define ECXI_NIXL_LEASE_MS 30000
 
 /* Register a producer from its agent_metadata bytes and a descriptor of
  * it in ecx's form, already parsed (ecxi_data_desc_decode): what
@@ -270,7 +270,7 @@ size_t ecxi_block_runs_of(const uint64_t *blocks, size_t n, ecxi_block_run *out)
  * ecxi_data_desc_decode, which checked its own bounds): the peer's blocks
  * remote[0..nremote) into our blocks local[0..nlocal), block for block in
  * run order (n blocks on each side). key is the grant's key
- * "{session_id}:{mm_hash}" (1..ECX_DATA_NOTIF_MAX bytes). nbytes is the
+ * "{session_id}:{mm_hash}" (1..ECXI_DATA_NOTIF_MAX bytes). nbytes is the
  * encoding's size, as announced (0: the ticket's): the bytes run through
  * the blocks in order, so only the first nbytes - (n-1) * block_bytes
  * bytes of the last block move. Errors: ECX_EDATA_DESC (desc NULL or
@@ -317,8 +317,8 @@ void ecxi_data_read_release(ecxi_data_xfer *x);
  * measured on the 2-core AMD EPYC VM this was written on, a 256 KiB chunk
  * costs 15-20 us warm, 35-40 us on a first touch of the producer's pages;
  * a 150 us budget keeps one call under about 200 us. */
-#define ECX_DATA_CHUNK (256u << 10)
-#define ECX_DATA_SLICE_NS 150000
+#define ECXI_DATA_CHUNK (256u << 10)
+#define ECXI_DATA_SLICE_NS 150000
 
 /* Advance everything by one bounded slice (see the top of this file):
  * move bytes in chunks until budget_ns (<= 0: one chunk) has passed.
@@ -347,7 +347,7 @@ typedef struct ecxi_data_counts {
     uint64_t requests_dropped; /* malformed requests, or past a queue bound */
 } ecxi_data_counts;
 typedef struct ecxi_data_stats {
-    ecxi_data_counts path[ECX_DATA_BACKEND_COUNT];
+    ecxi_data_counts path[ECXI_DATA_BACKEND_COUNT];
     /* Slices (ecxi_data_progress / poll_notifs calls that moved bytes). */
     uint64_t slices;
     uint64_t slice_bytes;     /* bytes they moved (ucx: bytes verified) */

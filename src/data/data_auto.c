@@ -109,7 +109,7 @@ static int auto_peer_add(ecxi_data *d, const ecxi_data_meta *m, const ecxi_data_
     if (k < 0) return rc;
     if (!a->in[k]) {
         ecxi_data_opts io = {.background = d->background};
-        int r2 = ecxi_data_start(backend_of[k], d->region, &io, ECX_DATA_CONSUMER, NULL, NULL,
+        int r2 = ecxi_data_start(backend_of[k], d->region, &io, ECXI_DATA_CONSUMER, NULL, NULL,
                                  &a->in[k]);
         if (r2) return r2;
         auto_join_fd(a, a->in[k]);
@@ -158,7 +158,7 @@ int ecxi_data_auto_new(ecxi_region *region, const ecxi_data_opts *opts, int role
                        ecxi_data_meta *m, ecxi_data_desc *dd, ecxi_data **out)
 {
     /* What starts now: the producer's shm and tcp, the consumer's shm. */
-    bool want[IN_N] = {[IN_SHM] = true, [IN_TCP] = role == ECX_DATA_PRODUCER};
+    bool want[IN_N] = {[IN_SHM] = true, [IN_TCP] = role == ECXI_DATA_PRODUCER};
     static const char *const what[IN_N] = {"same-host", "tcp", "UCX"};
     ecxi_data *in[IN_N] = {0};
     int rc = 0, started = 0;
@@ -174,7 +174,7 @@ int ecxi_data_auto_new(ecxi_region *region, const ecxi_data_opts *opts, int role
     }
     /* A producer needs a path now; a consumer without shm still has the
      * network, started on first need. */
-    if (!started && role == ECX_DATA_PRODUCER) return rc;
+    if (!started && role == ECXI_DATA_PRODUCER) return rc;
     auto_data *a = calloc(1, sizeof *a);
     if (!a) {
         for (int k = 0; k < IN_N; k++)

@@ -50,7 +50,7 @@
 #define SEC_UCX 2
 #define SEC_GRANT 3
 #define SEC_TCP 4
-#define GRANT_LEN (ECX_DATA_TOKEN_LEN + 8 + 8 + 4)
+#define GRANT_LEN (ECXI_DATA_TOKEN_LEN + 8 + 8 + 4)
 #define DIGEST 16
 
 static void digest(const uint8_t *b, size_t n, uint8_t out[DIGEST])
@@ -107,7 +107,7 @@ static void head(wbuf *w, const char *magic, uint16_t nsec, uint64_t nonce)
     wb_bytes(w, magic, 4);
     uint8_t *q = wb_take(w, 12);
     if (q) {
-        q[0] = ECX_DATA_FORMAT_VERSION, q[1] = 0;
+        q[0] = ECXI_DATA_FORMAT_VERSION, q[1] = 0;
         ecxi_put_le16(q + 2, nsec);
         ecxi_put_le32(q + 4, 0); /* total length, patched at the end */
         ecxi_put_le32(q + 8, 0);
@@ -125,8 +125,8 @@ static long finish(wbuf *w)
 long ecxi_data_meta_encode(const ecxi_data_meta *m, uint8_t *buf, size_t cap)
 {
     if (!m || !buf) return ECX_EINVAL;
-    if (m->has_shm && (m->path_len == 0 || m->path_len > ECX_DATA_PATH_MAX || m->sock_len == 0 ||
-                       m->sock_len > ECX_DATA_SOCK_MAX))
+    if (m->has_shm && (m->path_len == 0 || m->path_len > ECXI_DATA_PATH_MAX || m->sock_len == 0 ||
+                       m->sock_len > ECXI_DATA_SOCK_MAX))
         return ECX_EINVAL;
     if (m->has_ucx && (m->ucx_addr_len == 0 || m->ucx_addr_len > UINT16_MAX - DIGEST))
         return ECX_EINVAL;
@@ -174,7 +174,7 @@ long ecxi_data_desc_encode(const ecxi_data_desc *d, uint8_t *buf, size_t cap)
     if (d->has_ticket) {
         wb16(&w, SEC_GRANT);
         wb16(&w, GRANT_LEN);
-        wb_bytes(&w, d->ticket.token, ECX_DATA_TOKEN_LEN);
+        wb_bytes(&w, d->ticket.token, ECXI_DATA_TOKEN_LEN);
         wb64(&w, d->ticket.checksum);
         wb64(&w, d->ticket.nbytes);
         wb32(&w, d->ticket.lease_ms);
@@ -188,7 +188,7 @@ static int check_head(const uint8_t *buf, size_t len, const char *magic, size_t 
 {
     if (!buf || len < head_len || len > UINT32_MAX) return bad;
     if (memcmp(buf, magic, 4) != 0) return bad;
-    if (buf[4] != ECX_DATA_FORMAT_VERSION) return ECX_EDATA_VERSION;
+    if (buf[4] != ECXI_DATA_FORMAT_VERSION) return ECX_EDATA_VERSION;
     if (buf[5] != 0 || ecxi_get_le32(buf + 12) != 0) return bad;
     if (ecxi_get_le32(buf + 8) != len) return bad;
     *nsec = ecxi_get_le16(buf + 6);
@@ -224,7 +224,7 @@ int ecxi_data_meta_decode(const uint8_t *buf, size_t len, ecxi_data_meta *m)
     uint16_t nsec;
     int rc = check_head(buf, len, META_MAGIC, HEAD_LEN, ECX_EDATA_META, &nsec);
     if (rc) return rc;
-    if (len > ECX_DATA_META_MAX) return ECX_EDATA_META;
+    if (len > ECXI_DATA_META_MAX) return ECX_EDATA_META;
     m->nonce = ecxi_get_le64(buf + 16);
     size_t off = HEAD_LEN;
     for (unsigned s = 0; s < nsec; s++) {
@@ -241,14 +241,14 @@ int ecxi_data_meta_decode(const uint8_t *buf, size_t len, ecxi_data_meta *m)
             size_t q = 32;
             m->path_len = ecxi_get_le16(b + q);
             q += 2;
-            if (m->path_len == 0 || m->path_len > ECX_DATA_PATH_MAX || m->path_len > slen - q)
+            if (m->path_len == 0 || m->path_len > ECXI_DATA_PATH_MAX || m->path_len > slen - q)
                 return ECX_EDATA_META;
             m->path = (const char *)b + q;
             q += m->path_len;
             if (slen - q < 2) return ECX_EDATA_META;
             m->sock_len = ecxi_get_le16(b + q);
             q += 2;
-            if (m->sock_len == 0 || m->sock_len > ECX_DATA_SOCK_MAX || m->sock_len != slen - q)
+            if (m->sock_len == 0 || m->sock_len > ECXI_DATA_SOCK_MAX || m->sock_len != slen - q)
                 return ECX_EDATA_META;
             m->sock = (const char *)b + q;
             /* The path is used with open(): no NUL inside, absolute. */
@@ -276,11 +276,11 @@ int ecxi_data_desc_decode(const uint8_t *buf, size_t len, ecxi_data_desc *d)
     uint16_t nsec;
     int rc = check_head(buf, len, DESC_MAGIC, DESC_HEAD_LEN, ECX_EDATA_DESC, &nsec);
     if (rc) return rc;
-    if (len > ECX_DATA_DESC_MAX) return ECX_EDATA_DESC;
+    if (len > ECXI_DATA_DESC_MAX) return ECX_EDATA_DESC;
     d->nonce = ecxi_get_le64(buf + 16);
     d->block_bytes = ecxi_get_le64(buf + 24);
     d->num_blocks = ecxi_get_le64(buf + 32);
-    if (d->block_bytes == 0 || d->num_blocks == 0 || d->num_blocks > ECX_REGION_MAX_BLOCKS ||
+    if (d->block_bytes == 0 || d->num_blocks == 0 || d->num_blocks > ECXI_REGION_MAX_BLOCKS ||
         d->block_bytes > UINT64_MAX / d->num_blocks ||
         d->block_bytes * d->num_blocks > (uint64_t)SIZE_MAX)
         return ECX_EDATA_DESC;
@@ -293,10 +293,10 @@ int ecxi_data_desc_decode(const uint8_t *buf, size_t len, ecxi_data_desc *d)
         const uint8_t *b = buf + off;
         if (type == SEC_GRANT) {
             if (d->has_ticket || slen != GRANT_LEN) return ECX_EDATA_DESC;
-            memcpy(d->ticket.token, b, ECX_DATA_TOKEN_LEN);
-            d->ticket.checksum = ecxi_get_le64(b + ECX_DATA_TOKEN_LEN);
-            d->ticket.nbytes = ecxi_get_le64(b + ECX_DATA_TOKEN_LEN + 8);
-            d->ticket.lease_ms = ecxi_get_le32(b + ECX_DATA_TOKEN_LEN + 16);
+            memcpy(d->ticket.token, b, ECXI_DATA_TOKEN_LEN);
+            d->ticket.checksum = ecxi_get_le64(b + ECXI_DATA_TOKEN_LEN);
+            d->ticket.nbytes = ecxi_get_le64(b + ECXI_DATA_TOKEN_LEN + 8);
+            d->ticket.lease_ms = ecxi_get_le32(b + ECXI_DATA_TOKEN_LEN + 16);
             if (d->ticket.nbytes == 0 || d->ticket.nbytes > d->block_bytes * d->num_blocks ||
                 d->ticket.lease_ms == 0)
                 return ECX_EDATA_DESC;

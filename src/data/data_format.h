@@ -8,15 +8,15 @@
  * file says what the bytes are, one encoder writes them, one strict parser
  * reads them, and the fuzzer (tests/fuzz/fuzz_data.c) targets exactly that.
  *
- * Both formats are versioned (ECX_DATA_FORMAT_VERSION), length-checked and
+ * Both formats are versioned (ECXI_DATA_FORMAT_VERSION), length-checked and
  * a few hundred bytes at most whatever the region size; data_format.c
  * describes the layout. Everything parsed comes from a peer: malformed
  * input is ECX_EDATA_META / ECX_EDATA_DESC / ECX_EDATA_VERSION, never a
  * crash. The parsed forms hold views into the bytes parsed, which must
  * outlive them.
  */
-#ifndef ECX_DATA_FORMAT_H
-#define ECX_DATA_FORMAT_H
+#ifndef ECXI_DATA_FORMAT_H
+#define ECXI_DATA_FORMAT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -24,19 +24,19 @@
 
 #include "ecx.h"
 
-#define ECX_DATA_FORMAT_VERSION 2
+#define ECXI_DATA_FORMAT_VERSION 2
 /* Length of a grant's token. */
-#define ECX_DATA_TOKEN_LEN 16
+#define ECXI_DATA_TOKEN_LEN 16
 /* Largest agent_metadata / mem_descriptor we produce or accept. */
-#define ECX_DATA_META_MAX 4096
-#define ECX_DATA_DESC_MAX 4096
+#define ECXI_DATA_META_MAX 4096
+#define ECXI_DATA_DESC_MAX 4096
 /* Longest region file path and abstract socket name in a shm section. */
-#define ECX_DATA_PATH_MAX 1024
-#define ECX_DATA_SOCK_MAX 100
+#define ECXI_DATA_PATH_MAX 1024
+#define ECXI_DATA_SOCK_MAX 100
 
 /* One grant as the data plane carries it (inside the mem_descriptor). */
 typedef struct ecxi_data_ticket {
-    uint8_t token[ECX_DATA_TOKEN_LEN]; /* random per grant: its credential */
+    uint8_t token[ECXI_DATA_TOKEN_LEN]; /* random per grant: its credential */
     uint64_t checksum;                 /* XXH3-64 of the item's bytes */
     uint64_t nbytes;                   /* the item's size */
     uint32_t lease_ms;                 /* the producer's pin lease */
@@ -49,9 +49,9 @@ typedef struct ecxi_data_meta {
     uint8_t boot_id[16];
     uint64_t dev, ino; /* of the region file, as the producer sees it */
     const char *path;  /* region file path (not NUL-terminated) */
-    size_t path_len;   /* 1..ECX_DATA_PATH_MAX */
+    size_t path_len;   /* 1..ECXI_DATA_PATH_MAX */
     const char *sock;  /* abstract unix socket name for notifications */
-    size_t sock_len;   /* 1..ECX_DATA_SOCK_MAX */
+    size_t sock_len;   /* 1..ECXI_DATA_SOCK_MAX */
     bool has_ucx;
     const uint8_t *ucx_addr; /* packed ucp worker address */
     size_t ucx_addr_len;
@@ -67,7 +67,7 @@ typedef struct ecxi_data_meta {
 typedef struct ecxi_data_desc {
     uint64_t nonce;
     uint64_t block_bytes; /* > 0 */
-    uint64_t num_blocks;  /* 1..ECX_REGION_MAX_BLOCKS, block_bytes * num_blocks fits size_t */
+    uint64_t num_blocks;  /* 1..ECXI_REGION_MAX_BLOCKS, block_bytes * num_blocks fits size_t */
     bool has_ticket;      /* the grant this descriptor came with */
     /* nixl only (data.h, ecxi_data_ack_register; never encoded): vLLM's list,
      * base + i * block_bytes, and no checksum came with the grant (the

@@ -11,16 +11,16 @@
  * wrapper (auto, nixl, fault) may hand out its inner backend's peers and
  * xfers or its own, as it likes: each object names its real owner.
  */
-#ifndef ECX_DATA_IMPL_H
-#define ECX_DATA_IMPL_H
+#ifndef ECXI_DATA_IMPL_H
+#define ECXI_DATA_IMPL_H
 
 #include "data.h"
 #include "util.h"
 
-enum ecxi_data_role { ECX_DATA_PRODUCER = 1, ECX_DATA_CONSUMER = 2 };
+enum ecxi_data_role { ECXI_DATA_PRODUCER = 1, ECXI_DATA_CONSUMER = 2 };
 
 /* One call's slice (data.h, "bounded slices"): the front starts it, the
- * backends move bytes in chunks of at most ECX_DATA_CHUNK, adding each to
+ * backends move bytes in chunks of at most ECXI_DATA_CHUNK, adding each to
  * it, and ask ecxi_slice_spent() before every chunk but the first. */
 typedef struct ecxi_slice {
     int64_t start_ns, budget_ns;
@@ -69,7 +69,7 @@ struct ecxi_data_ops {
      * t->nbytes == nbytes; the runs are already checked (ecxi_data_read_post:
      * none empty, each inside its side's block count, n > 0 blocks on each
      * side), nbytes is in ((n-1) * block_bytes, n * block_bytes] and
-     * 0 < key_len <= ECX_DATA_NOTIF_MAX. Before reporting DONE the
+     * 0 < key_len <= ECXI_DATA_NOTIF_MAX. Before reporting DONE the
      * backend checks what it wrote against t->checksum (CORRUPT if not),
      * or, for a grant that carries none, sets the xfer head's sum. */
     int (*read_post)(ecxi_data_peer *p, const ecxi_data_ticket *t, const ecxi_block_run *remote,
@@ -111,10 +111,10 @@ struct ecxi_data {
 /* Ask the producer session whether a grant may be served (a backend's
  * only way to decide what leaves the producer). */
 static inline int ecxi_data_grant_check(ecxi_data *d, const char *key, size_t key_len,
-                                       const uint8_t token[ECX_DATA_TOKEN_LEN], int flags,
+                                       const uint8_t token[ECXI_DATA_TOKEN_LEN], int flags,
                                        ecxi_data_grant *g)
 {
-    if (!d->grant_fn || key_len == 0 || key_len > ECX_DATA_NOTIF_MAX) return ECX_EDATA_GRANT;
+    if (!d->grant_fn || key_len == 0 || key_len > ECXI_DATA_NOTIF_MAX) return ECX_EDATA_GRANT;
     return d->grant_fn(d->grant_arg, key, key_len, token, flags, g);
 }
 
@@ -195,14 +195,14 @@ int ecxi_data_boot_id(uint8_t out[16]);
 
 /* One data path as the front knows it. The registration table (paths.c)
  * is the one place that names the paths' constructors: it lists every path
- * of ECX_DATA_BACKENDS (data.h: their names), indexed by its value, with start NULL for one this
+ * of ECXI_DATA_BACKENDS (data.h: their names), indexed by its value, with start NULL for one this
  * libecx is built without (ECX_WITH_UCX, ECX_WITH_NIXL). start is called by
  * ecxi_data_start only. */
 typedef struct ecxi_data_path {
     int (*start)(ecxi_region *region, const ecxi_data_opts *opts, int role, ecxi_data_meta *m,
                  ecxi_data_desc *dd, ecxi_data **out);
 } ecxi_data_path;
-extern const ecxi_data_path ecxi_data_paths[ECX_DATA_BACKEND_COUNT];
+extern const ecxi_data_path ecxi_data_paths[ECXI_DATA_BACKEND_COUNT];
 
 /* Start one backend (ECX_DATA_AUTO / _SHM / _TCP / _UCX / _NIXL) for role,
  * with the head's role and region filled (data.c); ECX_EINVAL for another

@@ -34,7 +34,7 @@ void ecxi_helper_hdr_put(uint8_t *b, uint32_t magic, uint16_t version, uint16_t 
 int ecxi_helper_hdr_get(const uint8_t *b, size_t len, uint32_t magic, uint16_t version,
                         uint16_t *type, uint64_t *id)
 {
-    if (len < ECX_HELPER_HDR || ecxi_get_le32(b) != magic || ecxi_get_le16(b + 4) != version)
+    if (len < ECXI_HELPER_HDR || ecxi_get_le32(b) != magic || ecxi_get_le16(b + 4) != version)
         return ECX_EDATA_PEER;
     *type = ecxi_get_le16(b + 6);
     *id = ecxi_get_le64(b + 8);
@@ -83,7 +83,7 @@ int ecxi_helper_find(const char *prog, const char *env, char *path)
         size_t l = strlen(tried);
         if (snprintf(tried + l, sizeof tried - l, "%s%s", l ? ", " : "", cand[i]) < 0) break;
     }
-    ECX_LOG_RATELIMITED(ECX_LOG_ERROR, "the helper program %s not found or not executable "
+    ECXI_LOG_RATELIMITED(ECX_LOG_ERROR, "the helper program %s not found or not executable "
                         "(tried %s; set %s to its path): its data path cannot start", prog,
                         n ? tried : "nothing", env);
     return ECX_EDATA_NOPATH;
@@ -118,8 +118,8 @@ int ecxi_helper_spawn(const char *path, const char *arg, int region_fd, int *soc
         rc = ECX_ENOMEM;
     }
     if (!rc) {
-        posix_spawn_file_actions_adddup2(&fa, child, ECX_HELPER_SOCK_FD);
-        posix_spawn_file_actions_adddup2(&fa, rfd, ECX_HELPER_REGION_FD);
+        posix_spawn_file_actions_adddup2(&fa, child, ECXI_HELPER_SOCK_FD);
+        posix_spawn_file_actions_adddup2(&fa, rfd, ECXI_HELPER_REGION_FD);
         posix_spawnattr_setsigmask(&at, &none);
         posix_spawnattr_setsigdefault(&at, &all);
         posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
@@ -128,7 +128,7 @@ int ecxi_helper_spawn(const char *path, const char *arg, int region_fd, int *soc
         posix_spawn_file_actions_destroy(&fa);
         posix_spawnattr_destroy(&at);
         if (e) {
-            ECX_LOG_RATELIMITED(ECX_LOG_ERROR, "helper: cannot start %s: %s", path, strerror(e));
+            ECXI_LOG_RATELIMITED(ECX_LOG_ERROR, "helper: cannot start %s: %s", path, strerror(e));
             *pid = 0;
             rc = ECX_EDATA_NOPATH;
         }
@@ -172,15 +172,15 @@ void ecxi_helper_reap(pid_t pid, bool kill_first, int64_t wait_ms, char *why, si
 
 int64_t ecxi_helper_may_start(const ecxi_helper_starts *s, int64_t now_ms)
 {
-    if (s->n < ECX_HELPER_RESTARTS) return 0;
-    int64_t oldest = s->ms[s->n % ECX_HELPER_RESTARTS];
-    int64_t left = oldest + ECX_HELPER_WINDOW_MS - now_ms;
+    if (s->n < ECXI_HELPER_RESTARTS) return 0;
+    int64_t oldest = s->ms[s->n % ECXI_HELPER_RESTARTS];
+    int64_t left = oldest + ECXI_HELPER_WINDOW_MS - now_ms;
     return left > 0 ? left : 0;
 }
 
 void ecxi_helper_started(ecxi_helper_starts *s, int64_t now_ms)
 {
-    s->ms[s->n++ % ECX_HELPER_RESTARTS] = now_ms;
+    s->ms[s->n++ % ECXI_HELPER_RESTARTS] = now_ms;
 }
 
 long ecxi_helper_recv_wait(int sock, void *buf, size_t cap, int64_t end_ms)

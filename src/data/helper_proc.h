@@ -19,23 +19,23 @@
  * Messages start with one header (every field little-endian):
  *   u32 magic, u16 version, u16 type, u64 id
  *
- * Restarts: at most ECX_HELPER_RESTARTS starts per ECX_HELPER_WINDOW_MS
+ * Restarts: at most ECXI_HELPER_RESTARTS starts per ECXI_HELPER_WINDOW_MS
  * (ecxi_helper_may_start); past that the path fails fast until the window
  * has passed.
  */
-#ifndef ECX_HELPER_PROC_H
-#define ECX_HELPER_PROC_H
+#ifndef ECXI_HELPER_PROC_H
+#define ECXI_HELPER_PROC_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
-#define ECX_HELPER_HDR 16
-#define ECX_HELPER_SOCK_FD 3
-#define ECX_HELPER_REGION_FD 4
-#define ECX_HELPER_RESTARTS 5
-#define ECX_HELPER_WINDOW_MS 10000
+#define ECXI_HELPER_HDR 16
+#define ECXI_HELPER_SOCK_FD 3
+#define ECXI_HELPER_REGION_FD 4
+#define ECXI_HELPER_RESTARTS 5
+#define ECXI_HELPER_WINDOW_MS 10000
 
 void ecxi_helper_hdr_put(uint8_t *b, uint32_t magic, uint16_t version, uint16_t type, uint64_t id);
 /* 0, or ECX_EDATA_PEER for a datagram that is not one of (magic, version). */
@@ -61,7 +61,7 @@ void ecxi_helper_reap(pid_t pid, bool kill_first, int64_t wait_ms, char *why, si
 
 /* The latest starts, for the restart bound. */
 typedef struct ecxi_helper_starts {
-    int64_t ms[ECX_HELPER_RESTARTS];
+    int64_t ms[ECXI_HELPER_RESTARTS];
     size_t n;
 } ecxi_helper_starts;
 /* 0 if another start is allowed now, else the ms to wait. */

@@ -13,7 +13,7 @@ static int shm_start(ecxi_region *r, const ecxi_data_opts *opts, int role, ecxi_
                      ecxi_data_desc *dd, ecxi_data **out)
 {
     (void)opts;
-    return role == ECX_DATA_PRODUCER ? ecxi_data_shm_new_producer(r, m, dd, out)
+    return role == ECXI_DATA_PRODUCER ? ecxi_data_shm_new_producer(r, m, dd, out)
                                      : ecxi_data_shm_new_consumer(r, out);
 }
 
@@ -21,7 +21,7 @@ static int tcp_start(ecxi_region *r, const ecxi_data_opts *opts, int role, ecxi_
                      ecxi_data_desc *dd, ecxi_data **out)
 {
     (void)dd;
-    return role == ECX_DATA_PRODUCER ? ecxi_data_tcp_new_producer(r, opts, m, out)
+    return role == ECXI_DATA_PRODUCER ? ecxi_data_tcp_new_producer(r, opts, m, out)
                                      : ecxi_data_tcp_new_consumer(r, out);
 }
 
@@ -30,7 +30,7 @@ static int ucx_start(ecxi_region *r, const ecxi_data_opts *opts, int role, ecxi_
                      ecxi_data_desc *dd, ecxi_data **out)
 {
     (void)dd;
-    return role == ECX_DATA_PRODUCER ? ecxi_ucx_proc_new_producer(r, opts, m, out)
+    return role == ECXI_DATA_PRODUCER ? ecxi_ucx_proc_new_producer(r, opts, m, out)
                                      : ecxi_ucx_proc_new_consumer(r, out);
 }
 #else
@@ -42,14 +42,14 @@ static int nixl_start(ecxi_region *r, const ecxi_data_opts *opts, int role, ecxi
                       ecxi_data_desc *dd, ecxi_data **out)
 {
     (void)m, (void)dd; /* the producer publishes NIXL's metadata, made by the path */
-    return role == ECX_DATA_PRODUCER ? ecxi_data_nixl_new_producer(r, opts, out)
+    return role == ECXI_DATA_PRODUCER ? ecxi_data_nixl_new_producer(r, opts, out)
                                      : ecxi_data_nixl_new_consumer(r, opts, out);
 }
 #else
 #define nixl_start NULL
 #endif
 
-const ecxi_data_path ecxi_data_paths[ECX_DATA_BACKEND_COUNT] = {
+const ecxi_data_path ecxi_data_paths[ECXI_DATA_BACKEND_COUNT] = {
     [ECX_DATA_AUTO] = {ecxi_data_auto_new},
     [ECX_DATA_SHM] = {shm_start},
     [ECX_DATA_UCX] = {ucx_start},

@@ -20,7 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size == 0) return 0;
     const uint8_t *b = data + 1;
     size_t n = size - 1;
-    uint8_t out[ECX_DATA_META_MAX + ECX_DATA_DESC_MAX];
+    uint8_t out[ECXI_DATA_META_MAX + ECXI_DATA_DESC_MAX];
     if (data[0] % 2 == 0) {
         ecxi_data_meta m, m2;
         if (ecxi_data_meta_decode(b, n, &m)) return 0;

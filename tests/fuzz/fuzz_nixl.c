@@ -17,7 +17,7 @@ static void same(const void *a, const void *b, size_t n)
     if (n && memcmp(a, b, n)) abort();
 }
 
-static uint8_t out[ECX_NIXL_META_MAX];
+static uint8_t out[ECXI_NIXL_META_MAX];
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

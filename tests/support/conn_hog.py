@@ -30,7 +30,7 @@ want = len(addrs) * per_addr + 64
 if soft < want:  # our own limit, not the producer's
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
 
-key = b"k" * 512  # ECX_DATA_NOTIF_MAX: a 540-byte request
+key = b"k" * 512  # ECXI_DATA_NOTIF_MAX: a 540-byte request
 REQ = b"\x01G" + struct.pack("<Q", 1) + os.urandom(16) + struct.pack("<H", len(key)) + key
 ZMTP = (b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00") + b"\x00" +
         b"\x00" * 31)

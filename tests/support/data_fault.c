@@ -57,7 +57,7 @@ int ecxi_data_fault_wrap(ecxi_data *inner, ecxi_data **out)
 
 int ecxi_data_fault_set(ecxi_data *d, int kind, int skip, int count)
 {
-    if (!d || d->ops != &fault_ops || kind < ECX_FAULT_NONE || kind > ECX_FAULT_DELAY || skip < 0)
+    if (!d || d->ops != &fault_ops || kind < ECXI_FAULT_NONE || kind > ECXI_FAULT_DELAY || skip < 0)
         return ECX_EINVAL;
     fault_data *f = (fault_data *)d;
     f->kind = kind, f->skip = skip, f->count = count;
@@ -163,13 +163,13 @@ static int fault_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
     fault_peer *p = (fault_peer *)hp;
     fault_data *f = (fault_data *)hp->owner;
     f->posts++;
-    int kind = ECX_FAULT_NONE;
-    if (f->kind != ECX_FAULT_NONE && f->posts > (unsigned)f->skip &&
+    int kind = ECXI_FAULT_NONE;
+    if (f->kind != ECXI_FAULT_NONE && f->posts > (unsigned)f->skip &&
         (f->count < 0 || f->posts <= (unsigned)f->skip + (unsigned)f->count))
         kind = f->kind;
-    if (kind != ECX_FAULT_NONE) f->hits++;
-    if (kind == ECX_FAULT_POST_FAIL) return ECX_EDATA_FAULT;
-    size_t keep = kind == ECX_FAULT_CORRUPT ? nlocal : 0;
+    if (kind != ECXI_FAULT_NONE) f->hits++;
+    if (kind == ECXI_FAULT_POST_FAIL) return ECX_EDATA_FAULT;
+    size_t keep = kind == ECXI_FAULT_CORRUPT ? nlocal : 0;
     fault_xfer *x = calloc(1, sizeof *x + keep * sizeof *local);
     if (!x) return ECX_ENOMEM;
     x->head.owner = hp->owner;
@@ -179,10 +179,10 @@ static int fault_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
     memcpy(x->local, local, keep * sizeof *local);
     x->nbytes = nbytes;
     x->checksum = t->checksum;
-    if (kind == ECX_FAULT_READ_FAIL) {
-        x->state = ECX_XFER_FAILED;
-    } else if (kind == ECX_FAULT_HANG) {
-        x->state = ECX_XFER_RUNNING;
+    if (kind == ECXI_FAULT_READ_FAIL) {
+        x->state = ECXI_XFER_FAILED;
+    } else if (kind == ECXI_FAULT_HANG) {
+        x->state = ECXI_XFER_RUNNING;
     } else {
         int rc = p->inner->owner->ops->read_post(p->inner, t, remote, nremote, local, nlocal,
                                                  nbytes, key, key_len, &x->inner);
@@ -200,9 +200,9 @@ static int fault_read_poll(ecxi_data_xfer *hx)
     fault_xfer *x = (fault_xfer *)hx;
     if (!x->inner) return x->state;
     int st = x->inner->owner->ops->read_poll(x->inner);
-    if (x->kind == ECX_FAULT_DELAY && x->epoch == ((fault_data *)hx->owner)->epoch)
-        return ECX_XFER_RUNNING;
-    if (st == ECX_XFER_DONE && x->kind == ECX_FAULT_CORRUPT) {
+    if (x->kind == ECXI_FAULT_DELAY && x->epoch == ((fault_data *)hx->owner)->epoch)
+        return ECXI_XFER_RUNNING;
+    if (st == ECXI_XFER_DONE && x->kind == ECXI_FAULT_CORRUPT) {
         /* A byte changed after the copy: the check is run again on what
          * is there now, as the backend ran it on what it wrote. */
         ecxi_region *r = hx->owner->region;
@@ -211,7 +211,7 @@ static int fault_read_poll(ecxi_data_xfer *hx)
         if (!x->corrupted) base[x->local[0].first * bs] ^= 0xff;
         x->corrupted = true;
         if (runs_sum(base, bs, x->local, x->n, x->nbytes) != x->checksum)
-            st = ECX_XFER_CORRUPT;
+            st = ECXI_XFER_CORRUPT;
     }
     return st;
 }

@@ -19,18 +19,18 @@
  *              again over the local blocks, so the xfer polls CORRUPT
  * Everything else (peers, notifications, progress) passes through.
  */
-#ifndef ECX_DATA_FAULT_H
-#define ECX_DATA_FAULT_H
+#ifndef ECXI_DATA_FAULT_H
+#define ECXI_DATA_FAULT_H
 
 #include "data.h"
 
 enum ecxi_data_fault_kind {
-    ECX_FAULT_NONE = 0,
-    ECX_FAULT_POST_FAIL = 1,
-    ECX_FAULT_READ_FAIL = 2,
-    ECX_FAULT_HANG = 3,
-    ECX_FAULT_CORRUPT = 4,
-    ECX_FAULT_DELAY = 5,
+    ECXI_FAULT_NONE = 0,
+    ECXI_FAULT_POST_FAIL = 1,
+    ECXI_FAULT_READ_FAIL = 2,
+    ECXI_FAULT_HANG = 3,
+    ECXI_FAULT_CORRUPT = 4,
+    ECXI_FAULT_DELAY = 5,
 };
 
 /* Wrap inner (taking ownership: ecxi_data_free(*out) frees it). */

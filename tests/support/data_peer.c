@@ -65,7 +65,7 @@ static int produce(ecxi_region *r, ecxi_data_opts *o, const char *file, int want
     }
     static stub_grants grants;
     ecxi_data_set_grant_fn(d, stub_grant_check, &grants);
-    uint8_t ds[ECX_DATA_DESC_MAX];
+    uint8_t ds[ECXI_DATA_DESC_MAX];
     /* what an ecx consumer is sent (a nixl producer: its auto paths) */
     ecxi_data_ack a;
     if (ecxi_data_grant_ack(d, true, &stub_ticket, ds, sizeof ds, &a)) return 1;
@@ -174,8 +174,8 @@ static int consume(ecxi_region *r, ecxi_data_opts *o, const char *file, const ch
             ecxi_sum_update(&sum, blk, l);
             left -= l;
         }
-        char key[ECX_DATA_NOTIF_MAX];
-        uint8_t desc[ECX_DATA_DESC_MAX];
+        char key[ECXI_DATA_NOTIF_MAX];
+        uint8_t desc[ECXI_DATA_DESC_MAX];
         size_t nr = ecxi_block_runs_of(rem, n, rr), nl = ecxi_block_runs_of(loc, n, lr);
         int kl = stub_key(key, sizeof key, nbytes, rr, nr);
         long dl = stub_desc(ds, (size_t)dsl, nbytes, ecxi_sum_digest(&sum), desc, sizeof desc);
@@ -188,9 +188,9 @@ static int consume(ecxi_region *r, ecxi_data_opts *o, const char *file, const ch
             return 1;
         }
         int st;
-        while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < deadline) {
-            ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
-            if (ecxi_data_read_poll(x) == ECX_XFER_RUNNING) wait_fd(d, 5);
+        while ((st = ecxi_data_read_poll(x)) == ECXI_XFER_RUNNING && ecxi_now_ms(NULL) < deadline) {
+            ecxi_data_progress(d, ECXI_DATA_SLICE_NS, NULL);
+            if (ecxi_data_read_poll(x) == ECXI_XFER_RUNNING) wait_fd(d, 5);
         }
         ecxi_data_read_release(x);
         uint64_t left = nbytes, bad = 0;
@@ -202,14 +202,14 @@ static int consume(ecxi_region *r, ecxi_data_opts *o, const char *file, const ch
             left -= l;
         }
         printf("consumer %s: %s, %zu blocks, %llu bad bytes\n", name,
-               st == ECX_XFER_DONE ? "done" : "NOT DONE", n, (unsigned long long)bad);
-        if (st != ECX_XFER_DONE || bad) failures++;
+               st == ECXI_XFER_DONE ? "done" : "NOT DONE", n, (unsigned long long)bad);
+        if (st != ECXI_XFER_DONE || bad) failures++;
     }
     free(rem), free(loc), free(rr), free(lr), free(ds);
     /* Let the last notification leave before the endpoint closes. */
     int64_t end = ecxi_now_ms(NULL) + 100;
     while (ecxi_now_ms(NULL) < end) {
-        ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
+        ecxi_data_progress(d, ECXI_DATA_SLICE_NS, NULL);
         wait_fd(d, 5);
     }
     ecxi_data_peer_drop(p);
@@ -229,7 +229,7 @@ int main(int argc, char **argv)
     uint64_t blocks = strtoull(argv[4], NULL, 10), bs = strtoull(argv[5], NULL, 10);
     deadline = ecxi_now_ms(NULL) + atoi(argv[8]);
     setvbuf(stdout, NULL, _IOLBF, 0);
-    char id[ECX_REGION_INSTANCE_ID_LEN + 1];
+    char id[ECXI_REGION_INSTANCE_ID_LEN + 1];
     ecxi_region *r;
     int rc = ecxi_region_instance_id(id);
     if (!rc) rc = ecxi_region_create_in(argv[2], id, 0, blocks * bs, bs, &r);

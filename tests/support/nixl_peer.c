@@ -75,7 +75,7 @@ static ecxi_nixl_agent *agent;
 static bool have_notif(void *arg)
 {
     (void)arg;
-    char name[ECX_NIXL_NAME_MAX + 1], msg[ECX_NIXL_MSG_MAX + 1];
+    char name[ECXI_NIXL_NAME_MAX + 1], msg[ECXI_NIXL_MSG_MAX + 1];
     if (!ecxi_nixl_agent_notif_pop(agent, name, msg)) return false;
     printf("notif %s %s\n", name, msg);
     return true;
@@ -297,7 +297,7 @@ static int mutate(const char *dir, size_t nb, size_t bs, const char *text, char 
 
 /* The restart bound: with a helper that aborts on every READ
  * (ECX_NIXL_AGENT_FAULT=abort-read:1:every), rounds of add + READ of the
- * real agent in DIR: the first ECX_NIXL_PROC_RESTARTS rounds fail their
+ * real agent in DIR: the first ECXI_NIXL_PROC_RESTARTS rounds fail their
  * READ (each kills a helper), later ones fail at once (ECX_EDATA_PEER). */
 static int bound(const char *dir, size_t nb, size_t bs)
 {
@@ -312,7 +312,7 @@ static int bound(const char *dir, size_t nb, size_t bs)
         (rc = ecxi_nixl_proc_new(fd, nb * bs, false, &p)))
         return fprintf(stderr, "proc: %s\n", ecx_strerror(rc)), 1;
     int failed = 0, fast = 0;
-    for (int i = 0; i < ECX_NIXL_PROC_RESTARTS + 3; i++) {
+    for (int i = 0; i < ECXI_NIXL_PROC_RESTARTS + 3; i++) {
         uint64_t h, off = 0, len = bs;
         ecxi_nixl_proc_read *x;
         int64_t t0 = ecxi_now_ns();

@@ -82,7 +82,7 @@ static int random_bytes(void *b, size_t n)
 static int write_ack(const char *file, const uint8_t *m, size_t ml, const uint8_t *ds,
                      size_t dl, const char *path)
 {
-    char tmp[4096], mh[2 * ECX_DATA_META_MAX + 1], dh[2 * ECX_DATA_DESC_MAX + 1];
+    char tmp[4096], mh[2 * ECXI_DATA_META_MAX + 1], dh[2 * ECXI_DATA_DESC_MAX + 1];
     snprintf(tmp, sizeof tmp, "%s.tmp", file);
     FILE *f = fopen(tmp, "w");
     if (!f) return -1;
@@ -93,9 +93,9 @@ static int write_ack(const char *file, const uint8_t *m, size_t ml, const uint8_
 }
 
 typedef struct ack {
-    uint8_t m[ECX_DATA_META_MAX], d[ECX_DATA_DESC_MAX];
+    uint8_t m[ECXI_DATA_META_MAX], d[ECXI_DATA_DESC_MAX];
     long ml, dl;
-    char path[ECX_DATA_PATH_MAX + 1];
+    char path[ECXI_DATA_PATH_MAX + 1];
 } ack;
 
 static int read_ack(const char *file, ack *a)
@@ -106,12 +106,12 @@ static int read_ack(const char *file, ack *a)
     size_t cap = 0;
     ssize_t n;
     int rc = -1;
-    if ((n = getline(&line, &cap, f)) < 2 || n > 2 * ECX_DATA_META_MAX + 1) goto out;
+    if ((n = getline(&line, &cap, f)) < 2 || n > 2 * ECXI_DATA_META_MAX + 1) goto out;
     if ((a->ml = ecxi_hex_decode(line, (size_t)n - 1, a->m)) < 0) goto out;
-    if ((n = getline(&line, &cap, f)) < 2 || n > 2 * ECX_DATA_DESC_MAX + 1) goto out;
+    if ((n = getline(&line, &cap, f)) < 2 || n > 2 * ECXI_DATA_DESC_MAX + 1) goto out;
     if ((a->dl = ecxi_hex_decode(line, (size_t)n - 1, a->d)) < 0) goto out;
     if (getline(&line, &cap, f) < 0) goto out; /* the key: always KEY */
-    if ((n = getline(&line, &cap, f)) < 2 || n > ECX_DATA_PATH_MAX) goto out;
+    if ((n = getline(&line, &cap, f)) < 2 || n > ECXI_DATA_PATH_MAX) goto out;
     memcpy(a->path, line, (size_t)n - 1);
     a->path[n - 1] = 0;
     rc = 0;
@@ -124,18 +124,18 @@ out:
 /* ---- a real producer ----------------------------------------------------- */
 
 typedef struct grant_state {
-    uint8_t token[ECX_DATA_TOKEN_LEN];
+    uint8_t token[ECXI_DATA_TOKEN_LEN];
     uint64_t blocks[ITEM_BLOCKS];
     int completions;
 } grant_state;
 
 static int grant_check(void *arg, const char *key, size_t key_len,
-                       const uint8_t token[ECX_DATA_TOKEN_LEN], int flags, ecxi_data_grant *g)
+                       const uint8_t token[ECXI_DATA_TOKEN_LEN], int flags, ecxi_data_grant *g)
 {
     (void)flags;
     grant_state *s = arg;
     if (key_len != strlen(KEY) || memcmp(key, KEY, key_len) != 0 ||
-        memcmp(token, s->token, ECX_DATA_TOKEN_LEN) != 0)
+        memcmp(token, s->token, ECXI_DATA_TOKEN_LEN) != 0)
         return ECX_EDATA_GRANT;
     g->blocks = s->blocks;
     g->n = ITEM_BLOCKS;
@@ -152,7 +152,7 @@ static void on_done(void *arg, const char *key, size_t key_len, const uint8_t *t
 
 static int produce(const char *dir, const char *file, bool truncate_after)
 {
-    char id[ECX_REGION_INSTANCE_ID_LEN + 1];
+    char id[ECXI_REGION_INSTANCE_ID_LEN + 1];
     ecxi_region *r;
     ecxi_data *d;
     if (ecxi_region_instance_id(id) || ecxi_region_create_in(dir, id, 0, NB * BS, BS, &r)) return 1;
@@ -170,7 +170,7 @@ static int produce(const char *dir, const char *file, bool truncate_after)
                          .nbytes = ITEM_BYTES,
                          .lease_ms = 30000};
     memcpy(t.token, gs.token, sizeof t.token);
-    uint8_t ds[ECX_DATA_DESC_MAX];
+    uint8_t ds[ECXI_DATA_DESC_MAX];
     size_t ml;
     const uint8_t *m = ecxi_data_agent_metadata(d, &ml);
     long dl = ecxi_data_grant_descriptor(d, &t, ds, sizeof ds);
@@ -251,7 +251,7 @@ static int fake(const char *dir, const char *kind, const char *file)
     dd.nonce = m.nonce;
     dd.ticket.nbytes = ITEM_BYTES;
     dd.ticket.lease_ms = 30000;
-    uint8_t mb[ECX_DATA_META_MAX], db[ECX_DATA_DESC_MAX];
+    uint8_t mb[ECXI_DATA_META_MAX], db[ECXI_DATA_DESC_MAX];
     long ml = ecxi_data_meta_encode(&m, mb, sizeof mb), dl = ecxi_data_desc_encode(&dd, db, sizeof db);
     if (ml < 0 || dl < 0 || write_ack(file, mb, (size_t)ml, db, (size_t)dl, trap)) return 1;
     for (int64_t end = ecxi_now_ms(NULL) + 60000; ecxi_now_ms(NULL) < end;) {
@@ -317,13 +317,13 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
             return 2;
         m.sock = mo.sock;
         m.sock_len = mo.sock_len;
-        uint8_t mb[ECX_DATA_META_MAX];
+        uint8_t mb[ECXI_DATA_META_MAX];
         long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
         if (ml < 0) return 2;
         memcpy(a.m, mb, (size_t)ml);
         a.ml = ml;
     }
-    char id[ECX_REGION_INSTANCE_ID_LEN + 1];
+    char id[ECXI_REGION_INSTANCE_ID_LEN + 1];
     ecxi_region *r;
     ecxi_data *d;
     ecxi_data_opts o = {.backend = ECX_DATA_SHM, .background = true};
@@ -361,7 +361,7 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
         if (strcmp(expect[e], "settle") == 0) {
             for (int64_t end = ecxi_now_ms(NULL) + 10000;
                  ecxi_data_arm(d) == 1 && ecxi_now_ms(NULL) < end;)
-                ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
+                ecxi_data_progress(d, ECXI_DATA_SLICE_NS, NULL);
             bool settled = ecxi_data_arm(d) == 0;
             printf("settle: %s\n", settled ? "nothing left to do" : "still armed");
             if (!settled) bad++;
@@ -376,11 +376,11 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
             ecxi_data_xfer *x;
             int rc = ecxi_data_read_post(p, &dd, rr, nr, lr, nl, ITEM_BYTES, KEY, strlen(KEY),
                                          &x);
-            int st = rc ? ECX_XFER_FAILED : ECX_XFER_RUNNING;
+            int st = rc ? ECXI_XFER_FAILED : ECXI_XFER_RUNNING;
             for (int64_t end = ecxi_now_ms(NULL) + 10000;
-                 !rc && (st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING &&
+                 !rc && (st = ecxi_data_read_poll(x)) == ECXI_XFER_RUNNING &&
                  ecxi_now_ms(NULL) < end;) {
-                ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
+                ecxi_data_progress(d, ECXI_DATA_SLICE_NS, NULL);
                 struct pollfd pf = {.fd = ecxi_data_fd(d), .events = POLLIN};
                 if (ecxi_data_arm(d) == 0) (void)poll(&pf, 1, 50);
             }
@@ -389,12 +389,12 @@ static int consume(const char *dir, const char *file, const char *sock_of, char 
                 if (dst[i] != 0x5a) untouched = false;
             for (uint64_t i = 0; i < ITEM_BYTES; i++)
                 if (dst[local[i / BS] * BS + i % BS] != pat(i)) exact = false;
-            got = st == ECX_XFER_DONE      ? "done"
-                  : st == ECX_XFER_CORRUPT ? "corrupt"
-                  : st == ECX_XFER_RUNNING ? "still running"
+            got = st == ECXI_XFER_DONE      ? "done"
+                  : st == ECXI_XFER_CORRUPT ? "corrupt"
+                  : st == ECXI_XFER_RUNNING ? "still running"
                   : untouched              ? "refused"
                                            : "failed";
-            if (st == ECX_XFER_DONE && !exact) got = "done with wrong bytes";
+            if (st == ECXI_XFER_DONE && !exact) got = "done with wrong bytes";
         }
         bool match = strcmp(got, expect[e]) == 0 ||
                      (strcmp(expect[e], "failed") == 0 && strcmp(got, "refused") == 0);
@@ -424,9 +424,9 @@ static int raw(const char *file)
         printf("cannot connect: %s\n", strerror(errno));
         return 2;
     }
-    uint8_t hello[2 + ECX_DATA_TOKEN_LEN + sizeof KEY] = {1, 'H'};
-    memcpy(hello + 2, t.token, ECX_DATA_TOKEN_LEN);
-    memcpy(hello + 2 + ECX_DATA_TOKEN_LEN, KEY, strlen(KEY));
+    uint8_t hello[2 + ECXI_DATA_TOKEN_LEN + sizeof KEY] = {1, 'H'};
+    memcpy(hello + 2, t.token, ECXI_DATA_TOKEN_LEN);
+    memcpy(hello + 2 + ECXI_DATA_TOKEN_LEN, KEY, strlen(KEY));
     (void)send(s, hello, sizeof hello - 1, MSG_NOSIGNAL);
     struct pollfd p = {.fd = s, .events = POLLIN};
     if (poll(&p, 1, 3000) <= 0) {

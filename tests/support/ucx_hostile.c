@@ -97,12 +97,12 @@ static uint8_t pat(uint64_t off)
 
 typedef struct grant {
     char key[64];
-    uint8_t token[ECX_DATA_TOKEN_LEN];
+    uint8_t token[ECXI_DATA_TOKEN_LEN];
     uint64_t blocks[NB];
     size_t n;
     uint64_t nbytes;
     bool claimed, released;
-    char desc_hex[2 * ECX_DATA_DESC_MAX + 1];
+    char desc_hex[2 * ECXI_DATA_DESC_MAX + 1];
 } grant;
 
 static grant G[NG];
@@ -156,9 +156,9 @@ static int grant_fn(void *arg, const char *key, size_t key_len, const uint8_t *t
     for (int i = 0; i < NG; i++) {
         grant *g = &G[i];
         if (strlen(g->key) != key_len || memcmp(g->key, key, key_len)) continue;
-        if (g->released || sodium_memcmp(g->token, token, ECX_DATA_TOKEN_LEN)) return ECX_EDATA_GRANT;
-        if ((flags & ECX_DATA_GRANT_CLAIM) && g->claimed) return ECX_EDATA_GRANT;
-        if (flags & ECX_DATA_GRANT_CLAIM) g->claimed = true;
+        if (g->released || sodium_memcmp(g->token, token, ECXI_DATA_TOKEN_LEN)) return ECX_EDATA_GRANT;
+        if ((flags & ECXI_DATA_GRANT_CLAIM) && g->claimed) return ECX_EDATA_GRANT;
+        if (flags & ECXI_DATA_GRANT_CLAIM) g->claimed = true;
         out->blocks = g->blocks;
         out->n = g->n;
         out->nbytes = g->nbytes;
@@ -172,7 +172,7 @@ static void on_notif(void *arg, const char *key, size_t key_len, const uint8_t *
     (void)arg;
     for (int i = 0; i < NG; i++)
         if (strlen(G[i].key) == key_len && !memcmp(G[i].key, key, key_len) &&
-            !sodium_memcmp(G[i].token, token, ECX_DATA_TOKEN_LEN))
+            !sodium_memcmp(G[i].token, token, ECXI_DATA_TOKEN_LEN))
             G[i].released = true;
     printf("notif %s status %d\n", key, status);
     fflush(stdout);
@@ -223,11 +223,11 @@ static int produce(const char *dir, const char *file, int timeout_ms)
                              .nbytes = g->nbytes,
                              .lease_ms = 30000};
         memcpy(t.token, g->token, sizeof t.token);
-        uint8_t db[ECX_DATA_DESC_MAX];
+        uint8_t db[ECXI_DATA_DESC_MAX];
         long dl = ecxi_data_grant_descriptor(d, &t, db, sizeof db);
         if (dl < 0) return fprintf(stderr, "descriptor: %s\n", ecx_strerror((int)dl)), 1;
         ecxi_hex_encode(db, (size_t)dl, g->desc_hex);
-        char th[2 * ECX_DATA_TOKEN_LEN + 1];
+        char th[2 * ECXI_DATA_TOKEN_LEN + 1];
         ecxi_hex_encode(g->token, sizeof g->token, th);
         fprintf(f, "grant %d %s %s %" PRIu64 " %zu", i, g->key, th, g->nbytes, g->n);
         for (size_t k = 0; k < g->n; k++) fprintf(f, " %" PRIu64, g->blocks[k]);
@@ -263,7 +263,7 @@ static int produce(const char *dir, const char *file, int timeout_ms)
 
 /* ---- reading the file ---------------------------------------------------- */
 
-static uint8_t meta_b[ECX_DATA_META_MAX];
+static uint8_t meta_b[ECXI_DATA_META_MAX];
 static size_t meta_len;
 static uintptr_t base_addr, secret_addr;
 
@@ -271,7 +271,7 @@ static int load(const char *file)
 {
     FILE *f = fopen(file, "r");
     if (!f) return perror(file), -1;
-    static char line[3 * ECX_DATA_DESC_MAX + 4096];
+    static char line[3 * ECXI_DATA_DESC_MAX + 4096];
     while (fgets(line, sizeof line, f)) {
         char *save, *w = strtok_r(line, " \n", &save);
         if (!w) continue;
@@ -306,9 +306,9 @@ static int load(const char *file)
 
 static const char *state_name(int s)
 {
-    return s == ECX_XFER_RUNNING  ? "timeout"
-           : s == ECX_XFER_DONE   ? "done"
-           : s == ECX_XFER_FAILED ? "failed"
+    return s == ECXI_XFER_RUNNING  ? "timeout"
+           : s == ECXI_XFER_DONE   ? "done"
+           : s == ECXI_XFER_FAILED ? "failed"
                                   : "corrupt";
 }
 
@@ -325,7 +325,7 @@ static int consume(const char *dir, const char *file, int first, int count, cons
     ecxi_data_opts o = {.backend = backend()};
     ecxi_data *d;
     if ((rc = ecxi_data_new_consumer(r, &o, &d))) return fprintf(stderr, "consumer: %s\n", ecx_strerror(rc)), 1;
-    uint8_t db[ECX_DATA_DESC_MAX];
+    uint8_t db[ECXI_DATA_DESC_MAX];
     long dl = ecxi_hex_decode(G[first].desc_hex, strlen(G[first].desc_hex), db);
     ecxi_data_peer *p;
     ecxi_data_desc dd;
@@ -351,27 +351,27 @@ static int consume(const char *dir, const char *file, int first, int count, cons
     int64_t t0 = ecxi_now_ms(NULL), end = t0 + timeout_ms;
     int st[NG], left = count;
     while (left && ecxi_now_ms(NULL) < end) {
-        ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
+        ecxi_data_progress(d, ECXI_DATA_SLICE_NS, NULL);
         left = 0;
         for (int i = first; i < first + count; i++)
-            left += (st[i] = ecxi_data_read_poll(x[i])) == ECX_XFER_RUNNING;
+            left += (st[i] = ecxi_data_read_poll(x[i])) == ECXI_XFER_RUNNING;
         if (left) wait_fd(d, 20);
     }
     int bad = 0;
     const uint8_t *lb = ecxi_region_base(r);
     for (int i = first; i < first + count; i++) {
         grant *g = &G[i];
-        bool exact = st[i] == ECX_XFER_DONE;
+        bool exact = st[i] == ECXI_XFER_DONE;
         for (size_t k = 0; exact && k < g->n; k++) {
             uint64_t len = k + 1 < g->n ? BS : g->nbytes - (g->n - 1) * (uint64_t)BS;
             for (uint64_t j = 0; j < len && exact; j++)
                 exact = lb[local[i][k] * BS + j] == pat(g->blocks[k] * BS + j);
         }
         printf("g%d %s%s after %" PRId64 " ms\n", i, state_name(st[i]),
-               st[i] == ECX_XFER_DONE ? (exact ? " (byte-exact)" : " (BYTES DIFFER)") : "",
+               st[i] == ECXI_XFER_DONE ? (exact ? " (byte-exact)" : " (BYTES DIFFER)") : "",
                ecxi_now_ms(NULL) - t0);
         if ((strcmp(expect, "any") && strcmp(state_name(st[i]), expect)) ||
-            (st[i] == ECX_XFER_DONE && !exact))
+            (st[i] == ECXI_XFER_DONE && !exact))
             bad++;
         ecxi_data_read_release(x[i]);
     }
@@ -448,7 +448,7 @@ static size_t req_msg(uint8_t *m, uint64_t tag, const uint8_t *token, const char
     m[0] = 1;
     m[2] = (uint8_t)kl, m[3] = (uint8_t)(kl >> 8);
     for (int i = 0; i < 8; i++) m[8 + i] = (uint8_t)(tag >> 8 * i);
-    memcpy(m + 16, token, ECX_DATA_TOKEN_LEN);
+    memcpy(m + 16, token, ECXI_DATA_TOKEN_LEN);
     memcpy(m + 32, key, kl);
     return 32 + kl;
 }
@@ -527,7 +527,7 @@ static int attack(const char *file, int timeout_ms)
 
     /* 2. Requests. We hold g5's ticket only. */
     static uint8_t buf[(size_t)NB * BS];
-    uint8_t msg[1024], bad[ECX_DATA_TOKEN_LEN];
+    uint8_t msg[1024], bad[ECXI_DATA_TOKEN_LEN];
     uint64_t tag = 1000;
     memcpy(bad, G[5].token, sizeof bad);
     bad[3] ^= 1;
@@ -624,7 +624,7 @@ static int mutate(const char *dir, const char *file, int count)
     ecxi_data_opts o = {.backend = ECX_DATA_UCX};
     ecxi_data *d;
     if (ecxi_data_new_consumer(r, &o, &d)) return 1;
-    uint8_t db[ECX_DATA_DESC_MAX];
+    uint8_t db[ECXI_DATA_DESC_MAX];
     long dl = ecxi_hex_decode(G[0].desc_hex, strlen(G[0].desc_hex), db);
     ecxi_data_desc dd;
     if (dl < 0 || ecxi_data_desc_decode(db, (size_t)dl, &dd)) return 1;
@@ -649,13 +649,13 @@ static int mutate(const char *dir, const char *file, int count)
         }
         m.ucx_addr = blob;
         m.ucx_addr_len = len;
-        uint8_t mb[ECX_DATA_META_MAX];
+        uint8_t mb[ECXI_DATA_META_MAX];
         long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
         if (ml < 0) return 1;
         ecxi_data_peer *p;
         if (ecxi_data_peer_add(d, mb, (size_t)ml, &dd, &p) == 0) {
             added++;
-            ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
+            ecxi_data_progress(d, ECXI_DATA_SLICE_NS, NULL);
             ecxi_data_peer_drop(p);
         } else {
             refused++;
@@ -756,7 +756,7 @@ static size_t treq(uint8_t *b, uint8_t version, uint64_t id, const uint8_t *toke
 {
     b[0] = version, b[1] = 'G';
     for (int i = 0; i < 8; i++) b[2 + i] = (uint8_t)(id >> (8 * i));
-    memcpy(b + 10, token, ECX_DATA_TOKEN_LEN);
+    memcpy(b + 10, token, ECXI_DATA_TOKEN_LEN);
     b[26] = (uint8_t)kl, b[27] = (uint8_t)(kl >> 8);
     if (key) memcpy(b + TREQ_HEAD, key, kl);
     return TREQ_HEAD + (key ? kl : 0);
@@ -817,7 +817,7 @@ static uint64_t le64(const uint8_t *p)
 /* One request on fd, expecting a refusal: true if refused, with our id. */
 static bool refused(int fd, uint8_t version, uint64_t id, const uint8_t *token, const char *key)
 {
-    uint8_t b[TREQ_HEAD + ECX_DATA_NOTIF_MAX], r[9];
+    uint8_t b[TREQ_HEAD + ECXI_DATA_NOTIF_MAX], r[9];
     size_t n = treq(b, version, id, token, key, strlen(key));
     return send_all(fd, b, n) && read_n(fd, r, 9, 3000) == 9 && le64(r) == id && r[8] == 1;
 }
@@ -828,7 +828,7 @@ static int tcp_attack(const char *file)
     ecxi_data_meta m;
     if (ecxi_data_meta_decode(meta_b, meta_len, &m) || !m.has_tcp) return 1;
     const grant *g5 = &G[5];
-    uint8_t wrong[ECX_DATA_TOKEN_LEN];
+    uint8_t wrong[ECXI_DATA_TOKEN_LEN];
     memcpy(wrong, g5->token, sizeof wrong);
     wrong[0] ^= 1;
     int bad = 0;
@@ -901,9 +901,9 @@ static int tcp_attack(const char *file)
         uint8_t *fl = malloc(cap);
         for (int i = 0; i < FLOOD; i++) {
             const grant *g = &G[i % NG];
-            uint8_t tok[ECX_DATA_TOKEN_LEN];
+            uint8_t tok[ECXI_DATA_TOKEN_LEN];
             memcpy(tok, i % 3 == 0 ? g5->token : g->token, sizeof tok);
-            if (i % 3 != 0) tok[i % ECX_DATA_TOKEN_LEN] ^= 0x80;
+            if (i % 3 != 0) tok[i % ECXI_DATA_TOKEN_LEN] ^= 0x80;
             const char *key = i % 3 == 0 ? g5->key : g->key;
             len += treq(fl + len, 1, 1000 + (uint64_t)i, tok, key, strlen(key));
         }
@@ -952,15 +952,15 @@ static const struct {
     enum evil how;
     int expect;
 } evil_cases[] = {
-    {"a good reply", E_GOOD, ECX_XFER_DONE},
-    {"a reply with another xfer id", E_WRONG_ID, ECX_XFER_FAILED},
-    {"a good reply", E_GOOD, ECX_XFER_DONE},
-    {"nbytes one more than the ticket's", E_BIG, ECX_XFER_FAILED},
-    {"a status that is not 0 / 1", E_STATUS, ECX_XFER_FAILED},
-    {"half the bytes, then close", E_SHORT, ECX_XFER_FAILED},
-    {"1000 bytes, then a stall past the lease", E_STALL, ECX_XFER_FAILED},
-    {"a good reply with 100 bytes more", E_TRAILING, ECX_XFER_DONE},
-    {"a good reply", E_GOOD, ECX_XFER_DONE},
+    {"a good reply", E_GOOD, ECXI_XFER_DONE},
+    {"a reply with another xfer id", E_WRONG_ID, ECXI_XFER_FAILED},
+    {"a good reply", E_GOOD, ECXI_XFER_DONE},
+    {"nbytes one more than the ticket's", E_BIG, ECXI_XFER_FAILED},
+    {"a status that is not 0 / 1", E_STATUS, ECXI_XFER_FAILED},
+    {"half the bytes, then close", E_SHORT, ECXI_XFER_FAILED},
+    {"1000 bytes, then a stall past the lease", E_STALL, ECXI_XFER_FAILED},
+    {"a good reply with 100 bytes more", E_TRAILING, ECXI_XFER_DONE},
+    {"a good reply", E_GOOD, ECXI_XFER_DONE},
 };
 #define EVIL_N (sizeof evil_cases / sizeof evil_cases[0])
 static const uint64_t evil_remote[3] = {1, 2, 7}, evil_local[3] = {10, 20, 21};
@@ -972,7 +972,7 @@ static bool evil_next(int lfd, int *cfd, uint64_t *id)
 {
     for (int tries = 0; tries < 4; tries++) {
         if (*cfd < 0 && (*cfd = accept(lfd, NULL, NULL)) < 0) return false;
-        uint8_t h[TREQ_HEAD], key[ECX_DATA_NOTIF_MAX];
+        uint8_t h[TREQ_HEAD], key[ECXI_DATA_NOTIF_MAX];
         if (read_n(*cfd, h, TREQ_HEAD, 15000) == TREQ_HEAD) {
             size_t kl = (size_t)h[26] | (size_t)h[27] << 8;
             if (kl <= sizeof key && read_n(*cfd, key, kl, 5000) == kl) {
@@ -1042,7 +1042,7 @@ static int tcp_evil(const char *dir)
         ecxi_sum_update(&s, &v, 1);
     }
     dd.ticket.checksum = ecxi_sum_digest(&s);
-    uint8_t mb[ECX_DATA_META_MAX];
+    uint8_t mb[ECXI_DATA_META_MAX];
     long ml = ecxi_data_meta_encode(&m, mb, sizeof mb);
     ecxi_region *r;
     char inst[32];
@@ -1067,14 +1067,14 @@ static int tcp_evil(const char *dir)
             return fprintf(stderr, "read_post failed\n"), 1;
         int64_t t0 = ecxi_now_ms(NULL);
         int st;
-        while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < t0 + 10000) {
-            ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
+        while ((st = ecxi_data_read_poll(x)) == ECXI_XFER_RUNNING && ecxi_now_ms(NULL) < t0 + 10000) {
+            ecxi_data_progress(d, ECXI_DATA_SLICE_NS, NULL);
             wait_fd(d, 10);
         }
         ecxi_data_read_release(x);
         /* Let trailing bytes arrive before the next READ is posted. */
         for (int64_t e = ecxi_now_ms(NULL) + 200; ecxi_now_ms(NULL) < e;) {
-            ecxi_data_progress(d, ECX_DATA_SLICE_NS, NULL);
+            ecxi_data_progress(d, ECXI_DATA_SLICE_NS, NULL);
             wait_fd(d, 10);
         }
         /* Outside the READ's bytes the guard is intact; a DONE is exact. */
@@ -1085,7 +1085,7 @@ static int tcp_evil(const char *dir)
             bool inside = k >= 0 && (uint64_t)k * BS + off < EVIL_NBYTES;
             if (!inside)
                 outside += lb[i] != 0xa5;
-            else if (st == ECX_XFER_DONE)
+            else if (st == ECXI_XFER_DONE)
                 wrong += lb[i] != pat(evil_remote[k] * BS + off);
         }
         bool ok = st == evil_cases[c].expect && !outside && !wrong;
@@ -1215,10 +1215,10 @@ static int evil_ucx(const char *file, const char *mode, uint64_t size, int secon
                         .ticket = {.nbytes = size, .lease_ms = 30000}};
     randombytes_buf(dd.ticket.token, sizeof dd.ticket.token);
     randombytes_buf(&dd.ticket.checksum, sizeof dd.ticket.checksum);
-    uint8_t mb[ECX_DATA_META_MAX], db[ECX_DATA_DESC_MAX];
+    uint8_t mb[ECXI_DATA_META_MAX], db[ECXI_DATA_DESC_MAX];
     long ml = ecxi_data_meta_encode(&m, mb, sizeof mb), dl = ecxi_data_desc_encode(&dd, db, sizeof db);
     if (ml < 0 || dl < 0) return fprintf(stderr, "encode: %ld %ld\n", ml, dl), 1;
-    char mh[2 * ECX_DATA_META_MAX + 1], dh[2 * ECX_DATA_DESC_MAX + 1], tmp[4096];
+    char mh[2 * ECXI_DATA_META_MAX + 1], dh[2 * ECXI_DATA_DESC_MAX + 1], tmp[4096];
     ecxi_hex_encode(mb, (size_t)ml, mh);
     ecxi_hex_encode(db, (size_t)dl, dh);
     snprintf(tmp, sizeof tmp, "%s.tmp", file);
@@ -1289,7 +1289,7 @@ static int evil_ucx(const char *file, const char *mode, uint64_t size, int secon
  *     times. Prints how many connected and failed per round. */
 static int conns(const char *meta_hex, int n, int rounds)
 {
-    static uint8_t mb[ECX_DATA_META_MAX];
+    static uint8_t mb[ECXI_DATA_META_MAX];
     long ml = ecxi_hex_decode(meta_hex, strlen(meta_hex), mb);
     ecxi_data_meta m;
     if (ml <= 0 || ecxi_data_meta_decode(mb, (size_t)ml, &m) || !m.has_ucx || m.ucx_addr_len != 8)

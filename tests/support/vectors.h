@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* vectors — load the JSON test vectors of tests/vectors/ (a copy of
  * shared/vectors, so the project stands alone). Test-only helper. */
-#ifndef ECX_TEST_VECTORS_H
-#define ECX_TEST_VECTORS_H
+#ifndef ECXI_TEST_VECTORS_H
+#define ECXI_TEST_VECTORS_H
 
 #include <jansson.h>
 #include <stdio.h>

@@ -4,8 +4,8 @@
  * test_wire and fuzz_wire hold the hand-written encoder to, byte for byte.
  * (Fields are assumed valid: callers encode with ecxi_wire_encode_ack
  * first, which checks them.) */
-#ifndef ECX_WIRE_REF_H
-#define ECX_WIRE_REF_H
+#ifndef ECXI_WIRE_REF_H
+#define ECXI_WIRE_REF_H
 
 #include <msgpack.h>
 #include <string.h>

@@ -73,7 +73,7 @@ static void test_new_invalid(void **state)
     ecxi_cache_opts o = {.num_blocks = 0};
     assert_int_equal(ecxi_cache_new(&o, &c), ECX_EINVAL);
     assert_null(c);
-    o.num_blocks = (uint64_t)ECX_CACHE_MAX_BLOCKS + 1;
+    o.num_blocks = (uint64_t)ECXI_CACHE_MAX_BLOCKS + 1;
     assert_int_equal(ecxi_cache_new(&o, &c), ECX_EINVAL);
     assert_int_equal(ecxi_cache_new(NULL, &c), ECX_EINVAL);
     assert_int_equal(ecxi_cache_new(&o, NULL), ECX_EINVAL);
@@ -89,7 +89,7 @@ static void test_lifecycle(void **state)
     assert_int_equal(ecxi_cache_pin_if_ready(c, K("a")), ECX_ECACHE_MISSING);
     assert_int_equal(ecxi_cache_reserve(c, K("a"), 3), 0);
     assert_int_equal(ecxi_cache_lookup(c, K("a"), &info), 0);
-    assert_int_equal(info.state, ECX_CACHE_NOT_READY);
+    assert_int_equal(info.state, ECXI_CACHE_NOT_READY);
     assert_int_equal(info.n_blocks, 3);
     assert_int_equal(info.size_bytes, 0);
     assert_int_equal(ecxi_cache_set_size(c, K("a"), 12345), 0);
@@ -106,7 +106,7 @@ static void test_lifecycle(void **state)
     assert_int_equal(ecxi_cache_pin_if_ready(c, K("a")), 0);
     assert_int_equal(ecxi_cache_pin_if_ready(c, K("a")), 0);
     assert_int_equal(ecxi_cache_lookup(c, K("a"), &info), 0);
-    assert_int_equal(info.state, ECX_CACHE_READY);
+    assert_int_equal(info.state, ECXI_CACHE_READY);
     assert_int_equal(info.pins, 2);
     ecxi_cache_stats st;
     ecxi_cache_get_stats(c, &st);
@@ -503,7 +503,7 @@ static void compare_entry(ecxi_cache *c, int k)
         return;
     }
     assert_int_equal(rc, 0);
-    assert_int_equal(info.state, ref.e[k].ready ? ECX_CACHE_READY : ECX_CACHE_NOT_READY);
+    assert_int_equal(info.state, ref.e[k].ready ? ECXI_CACHE_READY : ECXI_CACHE_NOT_READY);
     assert_int_equal(info.pins, ref.e[k].pins);
     assert_int_equal(info.n_blocks, ref.e[k].n);
     int64_t idx[RN];
@@ -662,7 +662,7 @@ static void test_reserve_fetch(void **state)
     assert_int_equal(ecxi_cache_reserve_fetch(c, K("f"), 2), ECX_ECACHE_EXISTS);
     assert_int_equal(ecxi_cache_reserve(c, K("f"), 2), ECX_ECACHE_EXISTS);
     assert_int_equal(ecxi_cache_lookup(c, K("f"), &info), 0);
-    assert_int_equal(info.state, ECX_CACHE_NOT_READY);
+    assert_int_equal(info.state, ECXI_CACHE_NOT_READY);
     assert_int_equal(ecxi_cache_pin_if_ready(c, K("f")), ECX_ECACHE_NOT_READY);
     assert_int_equal(ecxi_cache_pin_ready_blocks(c, K("f"), &info, idx, 8, &n, &ref),
                      ECX_ECACHE_MISSING);
@@ -821,7 +821,7 @@ static void test_pin_ready_blocks(void **state)
     assert_int_equal(info.pins, 0);
     assert_int_equal(ecxi_cache_pin_ready_blocks(c, K("aa"), &info, idx, 8, &n, &ref), 0);
     assert_int_equal(n, 3);
-    assert_int_equal(info.state, ECX_CACHE_READY);
+    assert_int_equal(info.state, ECXI_CACHE_READY);
     assert_int_equal(info.pins, 1);
     assert_int_equal(info.n_blocks, 3);
     assert_int_equal(info.size_bytes, 12345);

@@ -398,7 +398,7 @@ static void test_late_producer(void **state)
     while (now_s() < end) { /* refused, and dialed again */
         assert_int_equal(ecxi_ctrl_peer_recv(p, &pl, &n), 0);
         int64_t t = ecxi_ctrl_peer_next_timeout(p);
-        assert_true(t >= 0 && t <= ECX_CTRL_REDIAL_MAX_MS);
+        assert_true(t >= 0 && t <= ECXI_CTRL_REDIAL_MAX_MS);
         usleep(10000);
     }
     assert_int_equal(ecxi_ctrl_server_new(zctx, "127.0.0.1", port, NULL, &s), 0);

@@ -54,7 +54,7 @@ static int group_teardown(void **state)
 
 static ecxi_region *mkregion(uint64_t blocks, uint64_t bs)
 {
-    char id[ECX_REGION_INSTANCE_ID_LEN + 1];
+    char id[ECXI_REGION_INSTANCE_ID_LEN + 1];
     assert_int_equal(ecxi_region_instance_id(id), 0);
     static int rank;
     ecxi_region *r = NULL;
@@ -78,7 +78,7 @@ static void fill(ecxi_region *r, uint64_t seed)
 
 typedef struct notes {
     int n;
-    char last[ECX_DATA_NOTIF_MAX + 1];
+    char last[ECXI_DATA_NOTIF_MAX + 1];
     char all[16][64];
 } notes;
 
@@ -86,7 +86,7 @@ static void on_notif(void *arg, const char *msg, size_t len, const uint8_t *toke
 {
     notes *ns = arg;
     assert_int_equal(strlen(msg), len);
-    assert_memory_equal(token, STUB_TOKEN, ECX_DATA_TOKEN_LEN);
+    assert_memory_equal(token, STUB_TOKEN, ECXI_DATA_TOKEN_LEN);
     assert_int_equal(status, 0);
     if (ns->n < 16) snprintf(ns->all[ns->n], sizeof ns->all[0], "%s", msg);
     snprintf(ns->last, sizeof ns->last, "%s", msg);
@@ -98,12 +98,12 @@ static void on_notif(void *arg, const char *msg, size_t len, const uint8_t *toke
 static int pump(ecxi_data *prod, ecxi_data *cons, ecxi_data_xfer *x, notes *ns, int want)
 {
     int64_t end = ecxi_now_ms(NULL) + 10000;
-    int st = ECX_XFER_RUNNING;
+    int st = ECXI_XFER_RUNNING;
     while (ecxi_now_ms(NULL) < end) {
-        assert_true(ecxi_data_progress(cons, ECX_DATA_SLICE_NS, NULL) >= 0);
+        assert_true(ecxi_data_progress(cons, ECXI_DATA_SLICE_NS, NULL) >= 0);
         assert_true(ecxi_data_poll_notifs(prod, on_notif, ns) >= 0);
         st = ecxi_data_read_poll(x);
-        if (st != ECX_XFER_RUNNING && ns->n >= want) break;
+        if (st != ECXI_XFER_RUNNING && ns->n >= want) break;
     }
     return st;
 }
@@ -113,7 +113,7 @@ typedef struct pair {
     ecxi_data *prod, *cons;
     ecxi_data_peer *peer;
     stub_grants grants; /* what the producer serves */
-    char key[ECX_DATA_NOTIF_MAX + 1]; /* of the last post() */
+    char key[ECXI_DATA_NOTIF_MAX + 1]; /* of the last post() */
 } pair;
 
 static void pair_open(pair *p, int pb, int cb, uint64_t cons_bs)
@@ -131,7 +131,7 @@ static void pair_open(pair *p, int pb, int cb, uint64_t cons_bs)
 /* The producer's layout descriptor (its bytes, with a throwaway ticket). */
 static size_t layout(ecxi_data *prod, uint8_t *buf)
 {
-    long n = stub_layout(prod, buf, ECX_DATA_DESC_MAX);
+    long n = stub_layout(prod, buf, ECXI_DATA_DESC_MAX);
     assert_true(n > 0);
     return (size_t)n;
 }
@@ -139,7 +139,7 @@ static size_t layout(ecxi_data *prod, uint8_t *buf)
 static int pair_peer(pair *p)
 {
     size_t ml;
-    uint8_t d[ECX_DATA_DESC_MAX];
+    uint8_t d[ECXI_DATA_DESC_MAX];
     const uint8_t *m = ecxi_data_agent_metadata(p->prod, &ml);
     ecxi_data_desc dd;
     assert_int_equal(ecxi_data_desc_decode(d, layout(p->prod, d), &dd), 0);
@@ -156,7 +156,7 @@ static int post_sum(pair *p, const uint64_t *remote, const uint64_t *local, size
 {
     uint64_t bs = ecxi_region_block_bytes(p->pr);
     if (nbytes == 0) nbytes = n * bs;
-    uint8_t d[ECX_DATA_DESC_MAX], g[ECX_DATA_DESC_MAX];
+    uint8_t d[ECXI_DATA_DESC_MAX], g[ECXI_DATA_DESC_MAX];
     size_t gl = layout(p->prod, g);
     uint64_t want = ecxi_checksum_blocks(ecxi_region_base(p->pr), bs, remote, n, nbytes);
     long dl = stub_desc(g, gl, nbytes, sum ? *sum : want, d, sizeof d);
@@ -168,7 +168,7 @@ static int post_sum(pair *p, const uint64_t *remote, const uint64_t *local, size
     int kl = stub_key(p->key, sizeof p->key, nbytes, rr, nr);
     assert_true(kl > 0);
     if (pad) {
-        assert_true(pad >= (size_t)kl + 1 && pad <= ECX_DATA_NOTIF_MAX);
+        assert_true(pad >= (size_t)kl + 1 && pad <= ECXI_DATA_NOTIF_MAX);
         memset(p->key + kl, '#', pad - (size_t)kl);
         kl = (int)pad;
         p->key[kl] = 0;
@@ -216,7 +216,7 @@ static void sample(ecxi_data_meta *m, ecxi_data_desc *d)
     memcpy(m->tcp_addr, (const uint8_t[]){10, 1, 2, 3}, 4);
     d->block_bytes = BS, d->num_blocks = NB;
     d->has_ticket = true;
-    memset(d->ticket.token, 0x77, ECX_DATA_TOKEN_LEN);
+    memset(d->ticket.token, 0x77, ECXI_DATA_TOKEN_LEN);
     d->ticket.checksum = 0xfeedfacecafebeefull;
     d->ticket.nbytes = 3 * BS + 5;
     d->ticket.lease_ms = 30000;
@@ -509,7 +509,7 @@ static void run_cases(int pb, int cb, const char *want_path)
         memset(ecxi_region_base(p.cr), 0xee, ecxi_region_size(p.cr));
         ecxi_data_xfer *x = NULL;
         assert_int_equal(post(&p, cs[k].remote, cs[k].local, cs[k].n, cs[k].nbytes, &x), 0);
-        assert_int_equal(pump(p.prod, p.cons, x, &ns, k + 1), ECX_XFER_DONE);
+        assert_int_equal(pump(p.prod, p.cons, x, &ns, k + 1), ECXI_XFER_DONE);
         check_case(&p, &cs[k]);
         assert_int_equal(ns.n, k + 1);
         assert_string_equal(ns.last, p.key);
@@ -589,7 +589,7 @@ static void test_validation(void **state)
     pair_open(&p, ECX_DATA_AUTO, ECX_DATA_AUTO, BS);
     assert_int_equal(pair_peer(&p), 0);
     ecxi_data_xfer *x = (ecxi_data_xfer *)1;
-    uint8_t g[ECX_DATA_DESC_MAX], d[ECX_DATA_DESC_MAX];
+    uint8_t g[ECXI_DATA_DESC_MAX], d[ECXI_DATA_DESC_MAX];
     size_t gl = layout(p.prod, g);
     long dl2 = stub_desc(g, gl, 2 * BS, 0, d, sizeof d); /* a ticket for 2 blocks */
     assert_true(dl2 > 0);
@@ -621,7 +621,7 @@ static void test_validation(void **state)
                      ECX_EDATA_INDEX);
     assert_int_equal(ecxi_data_read_post(p.peer, &dd, &ok, 1, &ok, 1, 0, "", 0, &x),
                      ECX_EDATA_NOTIF);
-    static char big[ECX_DATA_NOTIF_MAX + 1];
+    static char big[ECXI_DATA_NOTIF_MAX + 1];
     memset(big, 'x', sizeof big);
     assert_int_equal(ecxi_data_read_post(p.peer, &dd, &ok, 1, &ok, 1, 0, big, sizeof big, &x),
                      ECX_EDATA_NOTIF);
@@ -637,9 +637,9 @@ static void test_validation(void **state)
     /* The longest key is fine. */
     notes ns = {0};
     const uint64_t blocks[2] = {0, 1};
-    assert_int_equal(post_sum(&p, blocks, blocks, 2, 0, ECX_DATA_NOTIF_MAX, NULL, &x), 0);
-    assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECX_XFER_DONE);
-    assert_int_equal(strlen(ns.last), ECX_DATA_NOTIF_MAX);
+    assert_int_equal(post_sum(&p, blocks, blocks, 2, 0, ECXI_DATA_NOTIF_MAX, NULL, &x), 0);
+    assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECXI_XFER_DONE);
+    assert_int_equal(strlen(ns.last), ECXI_DATA_NOTIF_MAX);
     ecxi_data_read_release(x);
 
     /* Roles. */
@@ -656,7 +656,7 @@ static void test_validation(void **state)
     pair o;
     pair_open(&o, ECX_DATA_AUTO, ECX_DATA_AUTO, BS);
     size_t oml;
-    uint8_t od[ECX_DATA_DESC_MAX];
+    uint8_t od[ECXI_DATA_DESC_MAX];
     size_t odl = layout(o.prod, od);
     const uint8_t *om = ecxi_data_agent_metadata(o.prod, &oml);
     assert_false(ecxi_data_peer_same(p.peer, om, oml));
@@ -691,15 +691,15 @@ static void test_validation(void **state)
     /* ecx.h's printed list is data.h's, in its order; every value has a
      * name that parses back to it. */
     char list[64] = "";
-    for (int k = 0; k < ECX_DATA_BACKEND_COUNT; k++) {
+    for (int k = 0; k < ECXI_DATA_BACKEND_COUNT; k++) {
         assert_int_equal(ecxi_data_backend_parse(ecxi_data_backend_name(k), &b), 0);
         assert_int_equal(b, k);
     }
 #define JOIN_(name, v, str) strcat(strcat(list, *list ? ", " : ""), str);
-    ECX_DATA_BACKENDS(JOIN_)
+    ECXI_DATA_BACKENDS(JOIN_)
 #undef JOIN_
     assert_string_equal(list, ECX_DATA_PATHS);
-    assert_string_equal(ecxi_data_backend_name(ECX_DATA_BACKEND_COUNT), "unknown");
+    assert_string_equal(ecxi_data_backend_name(ECXI_DATA_BACKEND_COUNT), "unknown");
     ecxi_data_opts bad = {.backend = 9};
     ecxi_data *bd = NULL;
     ecxi_region *r = mkregion(2, BS);
@@ -715,7 +715,7 @@ static void test_peer_add_mutations(void **state)
     pair p;
     pair_open(&p, ECX_DATA_AUTO, ECX_DATA_SHM, BS);
     size_t ml, dl;
-    uint8_t d[ECX_DATA_DESC_MAX];
+    uint8_t d[ECXI_DATA_DESC_MAX];
     const uint8_t *m = ecxi_data_agent_metadata(p.prod, &ml);
     dl = layout(p.prod, d);
     uint8_t *tm = malloc(ml), *td = malloc(dl);
@@ -805,36 +805,36 @@ static void sliced_fetch(int backend)
     notes ns = {0};
     assert_int_equal(post(&p, r, l, BIG_NB, nbytes, &x), 0);
     /* The post moved nothing. */
-    assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_RUNNING);
+    assert_int_equal(ecxi_data_read_poll(x), ECXI_XFER_RUNNING);
     assert_true(untouched(ecxi_region_base(p.cr), 0, ecxi_region_size(p.cr)));
     uint64_t calls = 0, moving = 0;
     int64_t end = ecxi_now_ms(NULL) + 60000;
     int st;
-    while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < end) {
+    while ((st = ecxi_data_read_poll(x)) == ECXI_XFER_RUNNING && ecxi_now_ms(NULL) < end) {
         uint64_t before = stats_of(p.cons).slice_bytes;
         bool more = false;
         assert_true(ecxi_data_progress(p.cons, 0, &more) >= 0);
         uint64_t moved = stats_of(p.cons).slice_bytes - before;
-        assert_true(moved <= ECX_DATA_CHUNK);
+        assert_true(moved <= ECXI_DATA_CHUNK);
         calls++;
         moving += moved > 0;
         /* shm: once the region is here (one handshake), every call
          * copies, and says more (arm too) until the last chunk. */
         if (backend == ECX_DATA_SHM && moving > 1) assert_true(moved > 0);
-        if (backend == ECX_DATA_SHM && moved && ecxi_data_read_poll(x) == ECX_XFER_RUNNING) {
+        if (backend == ECX_DATA_SHM && moved && ecxi_data_read_poll(x) == ECXI_XFER_RUNNING) {
             assert_true(more);
             assert_int_equal(ecxi_data_arm(p.cons), 1);
         }
         assert_true(ecxi_data_poll_notifs(p.prod, on_notif, &ns) >= 0);
     }
-    assert_int_equal(st, ECX_XFER_DONE);
+    assert_int_equal(st, ECXI_XFER_DONE);
     ecxi_data_stats cs = stats_of(p.cons);
     assert_int_equal(cs.slice_bytes, nbytes);
-    assert_true(cs.slice_max_bytes <= ECX_DATA_CHUNK);
-    assert_true(moving >= nbytes / ECX_DATA_CHUNK);
-    assert_true(calls >= nbytes / ECX_DATA_CHUNK);
+    assert_true(cs.slice_max_bytes <= ECXI_DATA_CHUNK);
+    assert_true(moving >= nbytes / ECXI_DATA_CHUNK);
+    assert_true(calls >= nbytes / ECXI_DATA_CHUNK);
     if (backend == ECX_DATA_SHM) {
-        assert_int_equal(cs.slices, (nbytes + ECX_DATA_CHUNK - 1) / ECX_DATA_CHUNK);
+        assert_int_equal(cs.slices, (nbytes + ECXI_DATA_CHUNK - 1) / ECXI_DATA_CHUNK);
         assert_int_equal(ecxi_data_arm(p.cons), 0); /* nothing left: safe to sleep */
     } else {
         /* The producer sent it over many calls too, a chunk per send. */
@@ -851,7 +851,7 @@ static void sliced_fetch(int backend)
     /* Its completion reaches the producer. */
     for (int i = 0; i < 1000 && ns.n < 1; i++) {
         ecxi_data_poll_notifs(p.prod, on_notif, &ns);
-        ecxi_data_progress(p.cons, ECX_DATA_SLICE_NS, NULL);
+        ecxi_data_progress(p.cons, ECXI_DATA_SLICE_NS, NULL);
     }
     assert_int_equal(ns.n, 1);
     pair_close(&p);
@@ -874,12 +874,12 @@ static void test_sliced_tcp(void **state)
 static void finish(pair *p, ecxi_data_xfer *x, notes *ns)
 {
     int want = ns->n + 1;
-    for (int i = 0; i < 100000 && (ecxi_data_read_poll(x) == ECX_XFER_RUNNING || ns->n < want);
+    for (int i = 0; i < 100000 && (ecxi_data_read_poll(x) == ECXI_XFER_RUNNING || ns->n < want);
          i++) {
         assert_true(ecxi_data_progress(p->cons, 0, NULL) >= 0);
         assert_true(ecxi_data_poll_notifs(p->prod, on_notif, ns) >= 0);
     }
-    assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_DONE);
+    assert_int_equal(ecxi_data_read_poll(x), ECXI_XFER_DONE);
     assert_int_equal(ns->n, want);
     ecxi_data_read_release(x);
 }
@@ -906,7 +906,7 @@ static void prefault(bool background, bool drop)
         pair_close(&p);
         return;
     }
-    const uint64_t chunks = (uint64_t)BIG_NB * BS / ECX_DATA_CHUNK;
+    const uint64_t chunks = (uint64_t)BIG_NB * BS / ECXI_DATA_CHUNK;
     uint64_t calls = 0;
     bool posted = false;
     while (ecxi_data_arm(p.cons) == 1 && calls < 4 * chunks) {
@@ -921,7 +921,7 @@ static void prefault(bool background, bool drop)
             uint64_t before = stats_of(p.cons).slice_bytes;
             assert_int_equal(post(&p, r, l, 64, 0, &x), 0);
             assert_true(ecxi_data_progress(p.cons, 0, NULL) >= 0);
-            assert_int_equal(stats_of(p.cons).slice_bytes, before + ECX_DATA_CHUNK);
+            assert_int_equal(stats_of(p.cons).slice_bytes, before + ECXI_DATA_CHUNK);
             finish(&p, x, &ns);
             assert_memory_equal(ecxi_region_base(p.cr) + BS, ecxi_region_base(p.pr) + 100 * BS,
                                 64 * BS);
@@ -997,14 +997,14 @@ static void cut_send(int backend)
         assert_true(ecxi_data_poll_notifs(p.prod, on_any_notif, &ns) >= 0);
     assert_int_equal(ns.n, 1); /* the end, reported: now the session may unpin */
     memset(ecxi_region_base(p.pr), 0x5a, ecxi_region_size(p.pr)); /* a new save */
-    int st = ECX_XFER_RUNNING;
+    int st = ECXI_XFER_RUNNING;
     for (int64_t end = ecxi_now_ms(NULL) + 10000;
-         st == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < end;) {
-        assert_true(ecxi_data_progress(p.cons, ECX_DATA_SLICE_NS, NULL) >= 0);
+         st == ECXI_XFER_RUNNING && ecxi_now_ms(NULL) < end;) {
+        assert_true(ecxi_data_progress(p.cons, ECXI_DATA_SLICE_NS, NULL) >= 0);
         assert_true(ecxi_data_poll_notifs(p.prod, on_any_notif, &ns) >= 0);
         st = ecxi_data_read_poll(x);
     }
-    assert_int_equal(st, ECX_XFER_FAILED);
+    assert_int_equal(st, ECXI_XFER_FAILED);
     const uint8_t *dst = ecxi_region_base(p.cr);
     for (uint64_t i = 0; i < ecxi_region_size(p.cr); i += 4096)
         assert_int_not_equal(dst[i], 0x5a); /* nothing of the new save arrived */
@@ -1037,22 +1037,22 @@ static void sliced_stop(int backend, bool drop)
     ecxi_data_xfer *x = NULL;
     notes ns = {0};
     assert_int_equal(post(&p, all, all, BIG_NB, nbytes, &x), 0);
-    for (int i = 0; i < 2000 && stats_of(p.cons).slice_bytes < 10 * ECX_DATA_CHUNK; i++) {
+    for (int i = 0; i < 2000 && stats_of(p.cons).slice_bytes < 10 * ECXI_DATA_CHUNK; i++) {
         ecxi_data_progress(p.cons, 0, NULL);
         ecxi_data_poll_notifs(p.prod, on_any_notif, &ns);
     }
     uint64_t got = stats_of(p.cons).slice_bytes;
-    assert_true(got >= 10 * ECX_DATA_CHUNK && got < nbytes / 2);
-    assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_RUNNING);
+    assert_true(got >= 10 * ECXI_DATA_CHUNK && got < nbytes / 2);
+    assert_int_equal(ecxi_data_read_poll(x), ECXI_XFER_RUNNING);
     if (drop) {
         ecxi_data_peer_drop(p.peer);
         p.peer = NULL;
-        assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_FAILED);
+        assert_int_equal(ecxi_data_read_poll(x), ECXI_XFER_FAILED);
     }
     ecxi_data_read_release(x);
     const uint8_t *src = ecxi_region_base(p.pr), *dst = ecxi_region_base(p.cr);
     for (int i = 0; i < 3000; i++) {
-        ecxi_data_progress(p.cons, ECX_DATA_SLICE_NS, NULL);
+        ecxi_data_progress(p.cons, ECXI_DATA_SLICE_NS, NULL);
         ecxi_data_poll_notifs(p.prod, on_any_notif, &ns);
     }
     if (backend == ECX_DATA_SHM) assert_int_equal(ecxi_data_arm(p.cons), 0);
@@ -1065,7 +1065,7 @@ static void sliced_stop(int backend, bool drop)
     if (drop) assert_int_equal(pair_peer(&p), 0);
     uint64_t r2[2] = {5, 6}, l2[2] = {900, 901};
     assert_int_equal(post(&p, r2, l2, 2, 0, &x), 0);
-    assert_int_equal(pump(p.prod, p.cons, x, &ns, ns.n + 1), ECX_XFER_DONE);
+    assert_int_equal(pump(p.prod, p.cons, x, &ns, ns.n + 1), ECXI_XFER_DONE);
     assert_memory_equal(dst + 900 * BS, src + 5 * BS, 2 * BS);
     ecxi_data_read_release(x);
     pair_close(&p);
@@ -1109,13 +1109,13 @@ static void sliced_corrupt(int backend)
     ecxi_data_xfer *x = NULL;
     notes ns = {0};
     assert_int_equal(post(&p, all, all, BIG_NB, nbytes, &x), 0);
-    for (int i = 0; i < 2000 && stats_of(p.cons).slice_bytes < 4 * ECX_DATA_CHUNK; i++) {
+    for (int i = 0; i < 2000 && stats_of(p.cons).slice_bytes < 4 * ECXI_DATA_CHUNK; i++) {
         ecxi_data_progress(p.cons, 0, NULL);
         ecxi_data_poll_notifs(p.prod, on_notif, &ns);
     }
-    assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_RUNNING);
+    assert_int_equal(ecxi_data_read_poll(x), ECXI_XFER_RUNNING);
     ecxi_region_base(p.pr)[nbytes - 12345] ^= 0x40; /* far past any socket buffer */
-    assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECX_XFER_CORRUPT);
+    assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECXI_XFER_CORRUPT);
     ecxi_data_read_release(x);
     pair_close(&p);
 }
@@ -1155,15 +1155,15 @@ static void test_ucx_drop_and_release_in_flight(void **state)
     p.peer = NULL;
     int64_t end = ecxi_now_ms(NULL) + 10000;
     int st;
-    while ((st = ecxi_data_read_poll(x)) == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < end)
-        ecxi_data_progress(p.cons, ECX_DATA_SLICE_NS, NULL);
-    assert_int_not_equal(st, ECX_XFER_RUNNING);
+    while ((st = ecxi_data_read_poll(x)) == ECXI_XFER_RUNNING && ecxi_now_ms(NULL) < end)
+        ecxi_data_progress(p.cons, ECXI_DATA_SLICE_NS, NULL);
+    assert_int_not_equal(st, ECXI_XFER_RUNNING);
     ecxi_data_read_release(x);
     /* A fresh registration works after that. */
     notes ns = {0};
     assert_int_equal(pair_peer(&p), 0);
     assert_int_equal(post(&p, all, all, 4, 0, &x), 0);
-    assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECX_XFER_DONE);
+    assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECXI_XFER_DONE);
     assert_string_equal(ns.last, p.key);
     ecxi_data_read_release(x);
     /* The fd and arm protocol. */
@@ -1189,12 +1189,12 @@ static void on_end(void *arg, const char *msg, size_t len, const uint8_t *token,
 /* Drive both sides until x ends and *e has want ends (10 s at most). */
 static int pump_ends(pair *p, ecxi_data_xfer *x, ends *e, int want)
 {
-    int st = ECX_XFER_RUNNING;
+    int st = ECXI_XFER_RUNNING;
     for (int64_t end = ecxi_now_ms(NULL) + 10000; ecxi_now_ms(NULL) < end;) {
-        assert_true(ecxi_data_progress(p->cons, ECX_DATA_SLICE_NS, NULL) >= 0);
+        assert_true(ecxi_data_progress(p->cons, ECXI_DATA_SLICE_NS, NULL) >= 0);
         assert_true(ecxi_data_poll_notifs(p->prod, on_end, e) >= 0);
         st = ecxi_data_read_poll(x);
-        if (st != ECX_XFER_RUNNING && e->n >= want) break;
+        if (st != ECXI_XFER_RUNNING && e->n >= want) break;
     }
     return st;
 }
@@ -1213,14 +1213,14 @@ static void kill_cons_mid_read(pair *p, const uint64_t *all)
     int pid = ecxi_ucx_proc_pid(p->cons);
     assert_true(pid > 0);
     assert_int_equal(kill(pid, SIGKILL), 0);
-    int st = ECX_XFER_RUNNING;
+    int st = ECXI_XFER_RUNNING;
     for (int64_t end = ecxi_now_ms(NULL) + 5000;
-         st == ECX_XFER_RUNNING && ecxi_now_ms(NULL) < end;) {
-        assert_true(ecxi_data_progress(p->cons, ECX_DATA_SLICE_NS, NULL) >= 0);
+         st == ECXI_XFER_RUNNING && ecxi_now_ms(NULL) < end;) {
+        assert_true(ecxi_data_progress(p->cons, ECXI_DATA_SLICE_NS, NULL) >= 0);
         assert_true(ecxi_data_poll_notifs(p->prod, on_end, &e) >= 0);
         st = ecxi_data_read_poll(x);
     }
-    assert_int_equal(st, ECX_XFER_FAILED);
+    assert_int_equal(st, ECXI_XFER_FAILED);
     ecxi_data_read_release(x);
 }
 
@@ -1242,7 +1242,7 @@ static void test_ucx_process_killed(void **state)
         all[i] = i;
     size_t ml;
     const uint8_t *m = ecxi_data_agent_metadata(p.prod, &ml);
-    uint8_t meta[ECX_DATA_META_MAX];
+    uint8_t meta[ECXI_DATA_META_MAX];
     memcpy(meta, m, ml);
     /* the producer's, mid-send */
     ecxi_data_xfer *x = NULL;
@@ -1256,7 +1256,7 @@ static void test_ucx_process_killed(void **state)
     int pid = ecxi_ucx_proc_pid(p.prod);
     assert_true(pid > 0);
     assert_int_equal(kill(pid, SIGKILL), 0);
-    assert_int_equal(pump_ends(&p, x, &e, 1), ECX_XFER_FAILED);
+    assert_int_equal(pump_ends(&p, x, &e, 1), ECXI_XFER_FAILED);
     assert_int_equal(e.n, 1);
     assert_true(e.status < 0);
     ecxi_data_read_release(x);
@@ -1269,19 +1269,19 @@ static void test_ucx_process_killed(void **state)
     assert_memory_equal(m, meta, ml);
     /* the registration serves on: at most one READ fails on its dead
      * connection, the next is exact */
-    int st = ECX_XFER_FAILED;
-    for (int i = 0; i < 2 && st != ECX_XFER_DONE; i++) {
+    int st = ECXI_XFER_FAILED;
+    for (int i = 0; i < 2 && st != ECXI_XFER_DONE; i++) {
         e = (ends){0};
         assert_int_equal(post(&p, all, all, 16, 0, &x), 0);
         st = pump_ends(&p, x, &e, 1);
         ecxi_data_read_release(x);
     }
-    assert_int_equal(st, ECX_XFER_DONE);
+    assert_int_equal(st, ECXI_XFER_DONE);
     /* the consumer's, mid-READ */
     kill_cons_mid_read(&p, all);
     e = (ends){0};
     assert_int_equal(post(&p, all, all, BIG_NB, 0, &x), 0);
-    assert_int_equal(pump_ends(&p, x, &e, 1), ECX_XFER_DONE);
+    assert_int_equal(pump_ends(&p, x, &e, 1), ECXI_XFER_DONE);
     assert_int_equal(e.status, 0);
     ecxi_data_read_release(x);
     assert_memory_equal(ecxi_region_base(p.cr), ecxi_region_base(p.pr), ecxi_region_size(p.pr));
@@ -1351,23 +1351,23 @@ static void test_fault(void **state)
     notes ns = {0};
     ecxi_data_xfer *x = NULL;
 
-    assert_int_equal(ecxi_data_fault_set(f, ECX_FAULT_POST_FAIL, 0, 1), 0);
+    assert_int_equal(ecxi_data_fault_set(f, ECXI_FAULT_POST_FAIL, 0, 1), 0);
     assert_int_equal(post(&p, r, l, 3, 0, &x), ECX_EDATA_FAULT);
     /* count = 1: the next post is clean. */
     assert_int_equal(post(&p, r, l, 3, 0, &x), 0);
-    assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECX_XFER_DONE);
+    assert_int_equal(pump(p.prod, p.cons, x, &ns, 1), ECXI_XFER_DONE);
     ecxi_data_read_release(x);
 
-    assert_int_equal(ecxi_data_fault_set(f, ECX_FAULT_READ_FAIL, 0, -1), 0);
+    assert_int_equal(ecxi_data_fault_set(f, ECXI_FAULT_READ_FAIL, 0, -1), 0);
     assert_int_equal(post(&p, r, l, 3, 0, &x), 0);
-    assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_FAILED);
+    assert_int_equal(ecxi_data_read_poll(x), ECXI_XFER_FAILED);
     ecxi_data_read_release(x);
 
-    assert_int_equal(ecxi_data_fault_set(f, ECX_FAULT_HANG, 0, -1), 0);
+    assert_int_equal(ecxi_data_fault_set(f, ECXI_FAULT_HANG, 0, -1), 0);
     assert_int_equal(post(&p, r, l, 3, 0, &x), 0);
     for (int i = 0; i < 100; i++)
-        ecxi_data_progress(p.cons, ECX_DATA_SLICE_NS, NULL);
-    assert_int_equal(ecxi_data_read_poll(x), ECX_XFER_RUNNING);
+        ecxi_data_progress(p.cons, ECXI_DATA_SLICE_NS, NULL);
+    assert_int_equal(ecxi_data_read_poll(x), ECXI_XFER_RUNNING);
     ecxi_data_read_release(x);
     /* A hung or failed READ sends no notification. */
     assert_int_equal(ecxi_data_poll_notifs(p.prod, on_notif, &ns), 0);
@@ -1375,13 +1375,13 @@ static void test_fault(void **state)
 
     /* skip 1, count 1: clean, corrupt (the byte flipped after the copy is
      * caught by the checksum), clean. */
-    assert_int_equal(ecxi_data_fault_set(f, ECX_FAULT_CORRUPT, 1, 1), 0);
+    assert_int_equal(ecxi_data_fault_set(f, ECXI_FAULT_CORRUPT, 1, 1), 0);
     const uint8_t *src = ecxi_region_base(p.pr), *dst = ecxi_region_base(p.cr);
     for (int k = 0; k < 3; k++) {
         memset(ecxi_region_base(p.cr), 0, ecxi_region_size(p.cr));
         assert_int_equal(post(&p, r, l, 3, 0, &x), 0);
         assert_int_equal(pump(p.prod, p.cons, x, &ns, 2 + k),
-                         k == 1 ? ECX_XFER_CORRUPT : ECX_XFER_DONE);
+                         k == 1 ? ECXI_XFER_CORRUPT : ECXI_XFER_DONE);
         if (k == 1) {
             assert_int_equal(dst[7 * BS], (uint8_t)(src[4 * BS] ^ 0xff));
             assert_memory_equal(dst + 7 * BS + 1, src + 4 * BS + 1, 3 * BS - 1);
@@ -1391,7 +1391,7 @@ static void test_fault(void **state)
         ecxi_data_read_release(x);
     }
     assert_int_equal(ecxi_data_fault_hits(f), 4); /* one per fault armed above */
-    assert_int_equal(ecxi_data_fault_set(p.prod, ECX_FAULT_HANG, 0, 1), ECX_EINVAL);
+    assert_int_equal(ecxi_data_fault_set(p.prod, ECXI_FAULT_HANG, 0, 1), ECX_EINVAL);
     assert_int_equal(ecxi_data_fault_set(f, 99, 0, 1), ECX_EINVAL);
     pair_close(&p);
 }

@@ -52,7 +52,7 @@ static int decode_reencode(const uint8_t *b, size_t n)
     ecxi_nixl_meta m, m2;
     int rc = ecxi_nixl_meta_decode(b, n, &m);
     if (rc) return rc;
-    static uint8_t out[ECX_NIXL_META_MAX];
+    static uint8_t out[ECXI_NIXL_META_MAX];
     long k = ecxi_nixl_meta_encode(&m, out, sizeof out);
     CHECK(k > 0, "re-encode %ld", k);
     if (k <= 0) return 0;
@@ -92,7 +92,7 @@ static void check_meta(json_t *c)
               "covers");
     }
     size_t nregs = m.nregs;
-    static uint8_t out[ECX_NIXL_META_MAX];
+    static uint8_t out[ECXI_NIXL_META_MAX];
     long k = ecxi_nixl_meta_encode(&m, out, sizeof out);
     CHECK(k == (long)n && !memcmp(out, b, n), "our encoding differs from nixl's (%ld vs %zu)", k,
           n);

@@ -248,10 +248,10 @@ static void test_names(void **state)
     assert_int_equal(ecxi_region_create_in(dir, "ok", 0, BS, BS, NULL), ECX_EINVAL);
     assert_int_equal(count_entries(), 0);
 
-    char a[ECX_REGION_INSTANCE_ID_LEN + 1], b[ECX_REGION_INSTANCE_ID_LEN + 1];
+    char a[ECXI_REGION_INSTANCE_ID_LEN + 1], b[ECXI_REGION_INSTANCE_ID_LEN + 1];
     assert_int_equal(ecxi_region_instance_id(a), 0);
     assert_int_equal(ecxi_region_instance_id(b), 0);
-    assert_int_equal(strlen(a), ECX_REGION_INSTANCE_ID_LEN);
+    assert_int_equal(strlen(a), ECXI_REGION_INSTANCE_ID_LEN);
     assert_string_not_equal(a, b);
     assert_int_equal(ecxi_region_create_in(dir, a, 7, BS, BS, &r), 0);
     char want[512];

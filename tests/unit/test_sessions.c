@@ -665,7 +665,7 @@ static void test_consumer_validates_acks(void **state)
     fakep f = fake_producer(w);
     size_t ml, dl;
     const uint8_t *meta = ecxi_data_agent_metadata(w->P.data, &ml);
-    uint8_t layout[ECX_DATA_DESC_MAX], desc[ECX_DATA_DESC_MAX];
+    uint8_t layout[ECXI_DATA_DESC_MAX], desc[ECXI_DATA_DESC_MAX];
     long ll = stub_layout(w->P.data, layout, sizeof layout);
     assert_true(ll > 0);
     /* A grant of the size asked for, so each case fails its own check. */
@@ -870,12 +870,12 @@ static void test_read_failed(void **state)
     (void)state;
     world *w = world_new(NULL);
     save(w, "item", 5 * BLOCK, true);
-    assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_READ_FAIL, 0, 1), 0);
+    assert_int_equal(ecxi_data_fault_set(w->C.data, ECXI_FAULT_READ_FAIL, 0, 1), 0);
     int reason;
     assert_int_equal(fetch_wait(w, "item", 5 * BLOCK, w->port, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_READ_FAILED);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
-    assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_POST_FAIL, 0, 1), 0);
+    assert_int_equal(ecxi_data_fault_set(w->C.data, ECXI_FAULT_POST_FAIL, 0, 1), 0);
     assert_int_equal(fetch_wait(w, "item", 5 * BLOCK, w->port, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_READ_FAILED);
     assert_int_equal(free_blocks(w->C.cache), BLOCKS);
@@ -891,7 +891,7 @@ static void test_quarantine(void **state)
     (void)state;
     world *w = world_new(NULL);
     save(w, "stuck", 7 * BLOCK, true);
-    assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_HANG, 0, 1), 0);
+    assert_int_equal(ecxi_data_fault_set(w->C.data, ECXI_FAULT_HANG, 0, 1), 0);
     int reason;
     assert_int_equal(fetch_from(w, "stuck", 5, "127.0.0.1", w->port, 7 * BLOCK, 0,
                                 &reason),
@@ -925,7 +925,7 @@ static void test_corrupt(void **state)
     (void)state;
     world *w = world_new(NULL);
     save(w, "item", 5 * BLOCK + 3, true);
-    assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_CORRUPT, 0, 1), 0);
+    assert_int_equal(ecxi_data_fault_set(w->C.data, ECXI_FAULT_CORRUPT, 0, 1), 0);
     int reason;
     assert_int_equal(fetch_wait(w, "item", 5 * BLOCK + 3, w->port, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_CORRUPT);
@@ -981,7 +981,7 @@ static void test_read_after_lease(void **state)
     world *w = world_new(NULL);
     next_lease_ms = 0;
     save(w, "item", 2 * BLOCK, true);
-    assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_DELAY, 0, 1), 0);
+    assert_int_equal(ecxi_data_fault_set(w->C.data, ECXI_FAULT_DELAY, 0, 1), 0);
     int reason;
     assert_int_equal(fetch_from(w, "item", 4, "127.0.0.1", w->port, 2 * BLOCK, 0,
                                 &reason),
@@ -992,7 +992,7 @@ static void test_read_after_lease(void **state)
     pump(w);
     assert_int_equal(ecxi_consumer_get_stats(w->cons).reading, 1);
     fake_now += 2; /* past receipt + lease - margin */
-    assert_int_equal(ecxi_data_fault_set(w->C.data, ECX_FAULT_NONE, 0, 0), 0); /* READ ends */
+    assert_int_equal(ecxi_data_fault_set(w->C.data, ECXI_FAULT_NONE, 0, 0), 0); /* READ ends */
     assert_int_equal(fetch_wait(w, "item", 2 * BLOCK, w->port, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_LEASE_EXPIRED);
     assert_int_equal(ecxi_consumer_get_stats(w->cons).ready, 0);
@@ -1035,23 +1035,23 @@ static void test_grant_belongs_to_connection(void **state)
     /* The data plane's check: wrong token, unknown key, then the right
      * token (served once), then a replay. */
     ecxi_data_grant g;
-    uint8_t wrong[ECX_DATA_TOKEN_LEN];
+    uint8_t wrong[ECXI_DATA_TOKEN_LEN];
     memcpy(wrong, t.token, sizeof wrong);
     wrong[0] ^= 1;
-    assert_int_equal(ecxi_data_grant_check(w->P.data, "sess:item", 9, wrong, ECX_DATA_GRANT_CLAIM,
+    assert_int_equal(ecxi_data_grant_check(w->P.data, "sess:item", 9, wrong, ECXI_DATA_GRANT_CLAIM,
                                           &g),
                      ECX_EDATA_GRANT);
     assert_int_equal(ecxi_data_grant_check(w->P.data, "sess:other", 10, t.token,
-                                          ECX_DATA_GRANT_CLAIM, &g),
+                                          ECXI_DATA_GRANT_CLAIM, &g),
                      ECX_EDATA_GRANT);
     assert_int_equal(ecxi_data_grant_check(w->P.data, "sess:item", 9, t.token, 0, &g), 0);
     assert_int_equal(ecxi_data_grant_check(w->P.data, "sess:item", 9, t.token,
-                                          ECX_DATA_GRANT_CLAIM, &g),
+                                          ECXI_DATA_GRANT_CLAIM, &g),
                      0);
     assert_int_equal(g.nbytes, 100);
     assert_int_equal(g.n, 1);
     assert_int_equal(ecxi_data_grant_check(w->P.data, "sess:item", 9, t.token,
-                                          ECX_DATA_GRANT_CLAIM, &g),
+                                          ECXI_DATA_GRANT_CLAIM, &g),
                      ECX_EDATA_GRANT);
     assert_int_equal(ecxi_producer_get_stats(w->prod).refused_reads, 3);
     /* The holder may still ask again (a regrant), from its own connection. */
@@ -1064,7 +1064,7 @@ static void test_grant_belongs_to_connection(void **state)
                                            ack.mem_descriptor.n, &dd),
                      0);
     assert_true(dd.has_ticket);
-    assert_memory_not_equal(t.token, dd.ticket.token, ECX_DATA_TOKEN_LEN); /* a fresh token */
+    assert_memory_not_equal(t.token, dd.ticket.token, ECXI_DATA_TOKEN_LEN); /* a fresh token */
     zmq_close(a.sock);
     zmq_close(b.sock);
     world_free(w);
@@ -1074,7 +1074,7 @@ static void test_grant_belongs_to_connection(void **state)
 static void test_session_id_marker(void **state)
 {
     (void)state;
-    char a[ECX_SESSION_ID_LEN + 1], b[ECX_SESSION_ID_LEN + 1];
+    char a[ECXI_SESSION_ID_LEN + 1], b[ECXI_SESSION_ID_LEN + 1];
     ecxi_session_id_new(a);
     ecxi_session_id_new(b);
     assert_int_equal(strlen(a), 36);
@@ -1085,7 +1085,7 @@ static void test_session_id_marker(void **state)
     assert_false(ecxi_session_id_is_ecx(a, 35));
     /* a plain uuid4 (vLLM's), another version, a non-hex digit */
     assert_false(ecxi_session_id_is_ecx("0b6f3c52-7d1e-4a9b-8c2d-5e6f7a8b9c0d", 36));
-    char c[ECX_SESSION_ID_LEN + 1];
+    char c[ECXI_SESSION_ID_LEN + 1];
     memcpy(c, a, sizeof c);
     c[14] = '1';
     assert_false(ecxi_session_id_is_ecx(c, 36));
@@ -1181,7 +1181,7 @@ static void test_nixl_mode_forms(void **state)
 
     static uint8_t b1[16384], b2[16384];
     ecx_ack nack, eack;
-    char sid[ECX_SESSION_ID_LEN + 1];
+    char sid[ECXI_SESSION_ID_LEN + 1];
     ecxi_session_id_new(sid);
     size_t ml = nixl_ask(w, "0b6f3c52-7d1e-4a9b-8c2d-5e6f7a8b9c0d", b1, sizeof b1, &nack);
     assert_true(ml > 11 && !memcmp(nack.agent_metadata.p, "nixlSerDes|", 11));
@@ -1344,7 +1344,7 @@ static int dead_port(int *fd)
 
 /* Issue 10 item 5 and issue 20 item 6: 300 producers that never answer.
  * Sessions never exceed the cap (idle ones are evicted for new ones, then
- * ones with no handshake for ECX_CONSUMER_UNREACHED_MS; while all are busy
+ * ones with no handshake for ECXI_CONSUMER_UNREACHED_MS; while all are busy
  * items wait for a session, up to the cap wait, then fall back, counted),
  * idle sessions close after the idle timeout, and afterwards a live
  * producer is reached. */

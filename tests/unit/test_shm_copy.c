@@ -31,7 +31,7 @@
 
 /* The ways a copy is asked for: guarded, pread, guarded with a thread
  * faulting the source in ahead of it. */
-static const int modes[] = {ECX_SHM_COPY_AUTO, ECX_SHM_COPY_PREAD, ECX_SHM_COPY_AHEAD};
+static const int modes[] = {ECXI_SHM_COPY_AUTO, ECXI_SHM_COPY_PREAD, ECXI_SHM_COPY_AHEAD};
 #define NMODES 3
 
 static char path[64];
@@ -160,7 +160,7 @@ static void sums_match_xxh3(void)
              * up to 1 MiB, cutting stripes and runs anywhere), with and
              * without populating: the same bytes, the same checksum. */
             static const uint64_t steps[] = {1, 63, 64, 65, 4096, 4097, 65536, 1 << 20};
-            int m = mode | (t % 2 ? ECX_SHM_COPY_POPULATE : 0);
+            int m = mode | (t % 2 ? ECXI_SHM_COPY_POPULATE : 0);
             ecxi_shm_job *j;
             REQUIRE(ecxi_shm_job_new(&s, bs, rr, nr, lr, nl, nbytes, m, &j) == 0);
             memset(dst, 0x5a, (size_t)maxb);
@@ -271,7 +271,7 @@ static void truncated_source_fails(void)
     const ecxi_block_run all = {0, 64}, ten = {0, 10};
     uint64_t sum;
     REQUIRE(ecxi_shm_copy_guarded());
-    CHECK(ecxi_shm_copy(&s, dst, bs, &all, 1, &all, 1, len, ECX_SHM_COPY_AUTO, &sum) == 0);
+    CHECK(ecxi_shm_copy(&s, dst, bs, &all, 1, &all, 1, len, ECXI_SHM_COPY_AUTO, &sum) == 0);
     CHECK(truncate(path, 10 * bs) == 0);
     for (int mi = 0; mi < NMODES; mi++)
         CHECK(ecxi_shm_copy(&s, dst, bs, &all, 1, &all, 1, len, modes[mi], &sum) == ECX_ESYS);
@@ -285,7 +285,7 @@ static void truncated_source_fails(void)
         ecxi_shm_job_free(j);
     }
     /* What is still there still copies. */
-    CHECK(ecxi_shm_copy(&s, dst, bs, &ten, 1, &ten, 1, 10 * bs, ECX_SHM_COPY_AUTO, &sum) == 0);
+    CHECK(ecxi_shm_copy(&s, dst, bs, &ten, 1, &ten, 1, 10 * bs, ECXI_SHM_COPY_AUTO, &sum) == 0);
     REQUIRE(sum == ecxi_checksum(s.map, 10 * bs));
     free(dst);
     drop_src(&s);
@@ -303,7 +303,7 @@ static void ahead_freed_mid_copy(void)
     REQUIRE(dst);
     for (int t = 0; t < 20; t++) {
         ecxi_shm_job *j;
-        REQUIRE(ecxi_shm_job_new(&s, bs, &all, 1, &all, 1, len, ECX_SHM_COPY_AHEAD, &j) == 0);
+        REQUIRE(ecxi_shm_job_new(&s, bs, &all, 1, &all, 1, len, ECXI_SHM_COPY_AHEAD, &j) == 0);
         CHECK(ecxi_shm_job_step(j, &s, dst, 4096u << (t % 8), &moved, &sum) == 0);
         ecxi_shm_job_free(j);
     }
@@ -365,11 +365,11 @@ static void replaced_handler_uses_pread(void)
         uint8_t dst[16 * 4096];
         const ecxi_block_run all = {0, 16};
         uint64_t sum;
-        if (ecxi_shm_copy(&s, dst, bs, &all, 1, &all, 1, len, ECX_SHM_COPY_AUTO, &sum) != 0 ||
+        if (ecxi_shm_copy(&s, dst, bs, &all, 1, &all, 1, len, ECXI_SHM_COPY_AUTO, &sum) != 0 ||
             sum != ecxi_checksum(s.map, len))
             _exit(3);
         if (truncate(path, bs) != 0) _exit(4);
-        int rc = ecxi_shm_copy(&s, dst, bs, &all, 1, &all, 1, len, ECX_SHM_COPY_AUTO, &sum);
+        int rc = ecxi_shm_copy(&s, dst, bs, &all, 1, &all, 1, len, ECXI_SHM_COPY_AUTO, &sum);
         drop_src(&s);
         _exit(rc == ECX_ESYS ? 0 : 5);
     }

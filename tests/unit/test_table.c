@@ -33,7 +33,7 @@ static rec *mkrec(const char *fmt, int i)
 static rec *find(const ecxi_table *t, const char *key)
 {
     ecxi_table_node *n = ecxi_table_find(t, key, strlen(key));
-    return n ? ECX_CONTAINER_OF(n, rec, node) : NULL;
+    return n ? ECXI_CONTAINER_OF(n, rec, node) : NULL;
 }
 
 static void test_grow_and_remove(void **state)

@@ -78,7 +78,7 @@ static void nixl_free(ecxi_data *d)
 static int refresh(nixl_data *x)
 {
     uint64_t gen = ecxi_nixl_proc_generation(x->proc), base;
-    if (x->base.role == ECX_DATA_CONSUMER || gen == 0 || gen == x->gen) return 0;
+    if (x->base.role == ECXI_DATA_CONSUMER || gen == 0 || gen == x->gen) return 0;
     size_t ml;
     const uint8_t *md = ecxi_nixl_proc_metadata(x->proc, &ml, &base);
     ecxi_region *r = x->base.region;
@@ -142,13 +142,13 @@ static int start_ecx(nixl_data *x, ecxi_region *r, const ecxi_data_opts *opts, i
     ecxi_data_opts o = {.backend = ECX_DATA_AUTO,
                        .bind_host = opts ? opts->bind_host : NULL,
                        .background = opts && opts->background};
-    int rc = role == ECX_DATA_PRODUCER ? ecxi_data_new_producer(r, &o, &x->ecx)
+    int rc = role == ECXI_DATA_PRODUCER ? ecxi_data_new_producer(r, &o, &x->ecx)
                                        : ecxi_data_new_consumer(r, &o, &x->ecx);
     if (rc) {
         x->ecx = NULL;
         ecxi_log(ECX_LOG_WARN, "data nixl: ecx's own paths unavailable (%s): ecx peers get "
                  "NIXL's form", ecx_strerror(rc));
-        return role == ECX_DATA_PRODUCER ? 0 : rc;
+        return role == ECXI_DATA_PRODUCER ? 0 : rc;
     }
     x->epfd = epoll_create1(EPOLL_CLOEXEC);
     int fds[2] = {ecxi_nixl_proc_fd(x->proc), ecxi_data_fd(x->ecx)};
@@ -193,13 +193,13 @@ static int nixl_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb,
     nixl_data *x = (nixl_data *)d;
     int rc = nixl_progress(d, sl);
     if (rc < 0) return rc;
-    char name[ECX_NIXL_NAME_MAX + 1], msg[ECX_NIXL_MSG_MAX + 1];
+    char name[ECXI_NIXL_NAME_MAX + 1], msg[ECXI_NIXL_MSG_MAX + 1];
     int n = 0;
     /* bounded per call, like every other path's poll */
     while (n < 4096 && ecxi_nixl_proc_notif_pop(x->proc, name, msg)) {
         size_t len = strlen(msg);
         x->notifs++;
-        if (len > ECX_DATA_NOTIF_MAX) continue;
+        if (len > ECXI_DATA_NOTIF_MAX) continue;
         cb(arg, msg, len, NULL, 0);
         n++;
     }
@@ -239,12 +239,12 @@ int ecxi_data_nixl_new_producer(ecxi_region *r, const ecxi_data_opts *opts, ecxi
     nixl_data *x = calloc(1, sizeof *x);
     if (!x) return ECX_ENOMEM;
     x->base.ops = &nixl_ops;
-    x->base.role = ECX_DATA_PRODUCER; /* data.c sets it too; refresh needs it now */
+    x->base.role = ECXI_DATA_PRODUCER; /* data.c sets it too; refresh needs it now */
     x->base.region = r;
     x->epfd = -1;
     int rc = start_proc(x, r, true);
     if (!rc) rc = refresh(x);
-    if (!rc) rc = start_ecx(x, r, opts, ECX_DATA_PRODUCER);
+    if (!rc) rc = start_ecx(x, r, opts, ECXI_DATA_PRODUCER);
     if (rc) {
         nixl_free(&x->base);
         return rc;
@@ -265,7 +265,7 @@ static int nixl_desc(const ecxi_data *d, const uint8_t *buf, size_t len, uint64_
     memset(dd, 0, sizeof *dd);
     uint64_t bs = ecxi_region_block_bytes(d->region);
     size_t n;
-    int rc = ecxi_nixl_desc_count(buf, len, ECX_REGION_MAX_BLOCKS, &n);
+    int rc = ecxi_nixl_desc_count(buf, len, ECXI_REGION_MAX_BLOCKS, &n);
     if (rc) return rc;
     ecxi_nixl_block *b = malloc(n * sizeof *b);
     if (!b) return ECX_ENOMEM;
@@ -282,7 +282,7 @@ static int nixl_desc(const ecxi_data *d, const uint8_t *buf, size_t len, uint64_
     dd->num_blocks = n;
     dd->has_ticket = true;
     dd->ticket.nbytes = nbytes;
-    dd->ticket.lease_ms = ECX_NIXL_LEASE_MS;
+    dd->ticket.lease_ms = ECXI_NIXL_LEASE_MS;
     dd->unverified = true;
     dd->remote_base = b[0].addr;
     rc = 0;
@@ -300,7 +300,7 @@ static int nixl_peer_new(ecxi_data *d, const uint8_t *meta, size_t meta_len,
     if (ecxi_nixl_meta_decode(meta, meta_len, &m)) return ECX_EDATA_META;
     /* The blocks of the list must be what the metadata registered. */
     if (!ecxi_nixl_meta_covers(&m, desc->remote_base, desc->num_blocks * desc->block_bytes)) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data nixl: the descriptor list of %.*s lies outside "
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data nixl: the descriptor list of %.*s lies outside "
                             "its registered memory", (int)m.name_len, m.name);
         return ECX_EDATA_MISMATCH;
     }
@@ -393,10 +393,10 @@ static int nixl_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
 static int nixl_read_poll(ecxi_data_xfer *hx)
 {
     nixl_xfer *x = (nixl_xfer *)hx;
-    if (x->state != ECX_XFER_RUNNING) return x->state;
+    if (x->state != ECXI_XFER_RUNNING) return x->state;
     int st = ecxi_nixl_proc_read_poll(x->rd);
-    if (st == 0) return ECX_XFER_RUNNING;
-    if (st < 0) return x->state = ECX_XFER_FAILED;
+    if (st == 0) return ECXI_XFER_RUNNING;
+    if (st < 0) return x->state = ECXI_XFER_FAILED;
     /* The READ is done: hash what it wrote, NIXL_HASH_SLICE bytes a call,
      * so no poll stalls on a large item (~0.1 ms per MB). */
     const ecxi_region *r = hx->owner->region;
@@ -414,11 +414,11 @@ static int nixl_read_poll(ecxi_data_xfer *hx)
         if (++x->run_off == q->count) x->run_i++, x->run_off = 0;
         left -= len, done += len;
     }
-    if (x->hashed < x->n) return ECX_XFER_RUNNING;
+    if (x->hashed < x->n) return ECXI_XFER_RUNNING;
     x->hashing = false, d->hashing--;
     hx->sum = ecxi_sum_digest(&x->sum);
     hx->has_sum = true;
-    return x->state = ECX_XFER_DONE;
+    return x->state = ECXI_XFER_DONE;
 }
 
 static void nixl_read_release(ecxi_data_xfer *hx)
@@ -435,10 +435,10 @@ int ecxi_data_nixl_new_consumer(ecxi_region *r, const ecxi_data_opts *opts, ecxi
     nixl_data *x = calloc(1, sizeof *x);
     if (!x) return ECX_ENOMEM;
     x->base.ops = &nixl_ops;
-    x->base.role = ECX_DATA_CONSUMER;
+    x->base.role = ECXI_DATA_CONSUMER;
     x->epfd = -1;
     int rc = start_proc(x, r, false);
-    if (!rc) rc = start_ecx(x, r, opts, ECX_DATA_CONSUMER);
+    if (!rc) rc = start_ecx(x, r, opts, ECXI_DATA_CONSUMER);
     if (rc) {
         nixl_free(&x->base);
         return rc;

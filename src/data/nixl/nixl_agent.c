@@ -24,22 +24,22 @@ static const uint8_t SW_RKEY[9] = {0};
 #define PAD 512
 #define CLOSE_WAIT_MS 2000
 /* A notification's serdes: magic, then name and text with their tags. */
-#define NOTIF_BYTES (11 + 4 + 8 + ECX_NIXL_NAME_MAX + 1 + 3 + 8 + ECX_NIXL_MSG_MAX + 1)
+#define NOTIF_BYTES (11 + 4 + 8 + ECXI_NIXL_NAME_MAX + 1 + 3 + 8 + ECXI_NIXL_MSG_MAX + 1)
 
 typedef struct notif {
-    char name[ECX_NIXL_NAME_MAX + 1];
-    char msg[ECX_NIXL_MSG_MAX + 1];
+    char name[ECXI_NIXL_NAME_MAX + 1];
+    char msg[ECXI_NIXL_MSG_MAX + 1];
 } notif;
 
 struct ecxi_nixl_agent {
     ucp_context_h ctx;
     ucp_worker_h worker;
     int efd;
-    char name[ECX_NIXL_NAME_MAX + 1];
+    char name[ECXI_NIXL_NAME_MAX + 1];
     size_t name_len;
     uint8_t *meta;
     size_t meta_len;
-    notif *q; /* ring of ECX_NIXL_NOTIF_QUEUE */
+    notif *q; /* ring of ECXI_NIXL_NOTIF_QUEUE */
     size_t q_head, q_len;
     uint64_t dropped;
 };
@@ -48,9 +48,9 @@ struct ecxi_nixl_remote {
     ecxi_nixl_agent *a;
     uint8_t *md; /* our copy of the metadata; m's views point into it */
     ecxi_nixl_meta m;
-    char name[ECX_NIXL_NAME_MAX + 1];
+    char name[ECXI_NIXL_NAME_MAX + 1];
     ucp_ep_h ep;
-    ucp_rkey_h rkey[ECX_NIXL_REGS_MAX];
+    ucp_rkey_h rkey[ECXI_NIXL_REGS_MAX];
     bool broken;
     bool dropped; /* kept, without endpoint, until its last READ is released */
     size_t reads;
@@ -68,7 +68,7 @@ struct ecxi_nixl_read {
 
 static int ucx_fail(const char *what, ucs_status_t st)
 {
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: %s: %s", what, ucs_status_string(st));
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: %s: %s", what, ucs_status_string(st));
     return ECX_EDATA_UCX;
 }
 
@@ -84,12 +84,12 @@ static ucs_status_t am_notif(void *arg, const void *header, size_t header_length
      * one's data is not here (returning UCS_OK lets UCX drop it). */
     if (header_length != 0 || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
         ecxi_nixl_notif_decode(data, length, &nm, &nl, &msg, &ml) != 0 ||
-        a->q_len == ECX_NIXL_NOTIF_QUEUE) {
+        a->q_len == ECXI_NIXL_NOTIF_QUEUE) {
         a->dropped++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: notification dropped (malformed or queue full)");
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: notification dropped (malformed or queue full)");
         return UCS_OK;
     }
-    notif *n = &a->q[(a->q_head + a->q_len++) % ECX_NIXL_NOTIF_QUEUE];
+    notif *n = &a->q[(a->q_head + a->q_len++) % ECXI_NIXL_NOTIF_QUEUE];
     memcpy(n->name, nm, nl);
     n->name[nl] = 0;
     memcpy(n->msg, msg, ml);
@@ -155,11 +155,11 @@ static int make_meta(ecxi_nixl_agent *a, const void *base, size_t len)
 
 int ecxi_nixl_agent_new(const char *name, const void *base, size_t len, ecxi_nixl_agent **out)
 {
-    if (!out || !name || !*name || strlen(name) > ECX_NIXL_NAME_MAX || (len && !base))
+    if (!out || !name || !*name || strlen(name) > ECXI_NIXL_NAME_MAX || (len && !base))
         return ECX_EINVAL;
     *out = NULL;
     ecxi_nixl_agent *a = calloc(1, sizeof *a);
-    if (!a || !(a->q = calloc(ECX_NIXL_NOTIF_QUEUE, sizeof *a->q))) {
+    if (!a || !(a->q = calloc(ECXI_NIXL_NOTIF_QUEUE, sizeof *a->q))) {
         free(a);
         return ECX_ENOMEM;
     }
@@ -233,7 +233,7 @@ int ecxi_nixl_agent_notif_pop(ecxi_nixl_agent *a, char *name, char *msg)
     notif *n = &a->q[a->q_head];
     memcpy(name, n->name, strlen(n->name) + 1);
     memcpy(msg, n->msg, strlen(n->msg) + 1);
-    a->q_head = (a->q_head + 1) % ECX_NIXL_NOTIF_QUEUE;
+    a->q_head = (a->q_head + 1) % ECXI_NIXL_NOTIF_QUEUE;
     a->q_len--;
     return 1;
 }
@@ -250,7 +250,7 @@ static void remote_err(void *arg, ucp_ep_h ep, ucs_status_t status)
     (void)ep;
     ecxi_nixl_remote *r = arg;
     r->broken = true;
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: connection to %s failed: %s", r->name,
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: connection to %s failed: %s", r->name,
                         ucs_status_string(status));
 }
 
@@ -357,7 +357,7 @@ static void remote_free(ecxi_nixl_remote *r)
 void ecxi_nixl_remote_drop(ecxi_nixl_remote *r)
 {
     if (!r) return;
-    for (size_t i = 0; i < ECX_NIXL_REGS_MAX; i++)
+    for (size_t i = 0; i < ECXI_NIXL_REGS_MAX; i++)
         if (r->rkey[i]) ucp_rkey_destroy(r->rkey[i]);
     memset(r->rkey, 0, sizeof r->rkey);
     if (r->ep) {

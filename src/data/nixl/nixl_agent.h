@@ -23,8 +23,8 @@
  * Single-threaded: every call from one thread. Nothing blocks except
  * ecxi_nixl_agent_wait (bounded).
  */
-#ifndef ECX_NIXL_AGENT_H
-#define ECX_NIXL_AGENT_H
+#ifndef ECXI_NIXL_AGENT_H
+#define ECXI_NIXL_AGENT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -37,9 +37,9 @@ typedef struct ecxi_nixl_remote ecxi_nixl_remote;
 typedef struct ecxi_nixl_read ecxi_nixl_read;
 
 /* Notifications held until collected; past it they are dropped (counted). */
-#define ECX_NIXL_NOTIF_QUEUE 1024
+#define ECXI_NIXL_NOTIF_QUEUE 1024
 
-/* An agent named name (1..ECX_NIXL_NAME_MAX bytes) whose metadata offers
+/* An agent named name (1..ECXI_NIXL_NAME_MAX bytes) whose metadata offers
  * [base, base + len) as one DRAM range (len 0: offers nothing; a consumer).
  * ECX_EINVAL, ECX_ENOMEM, ECX_EDATA_UCX. */
 int ecxi_nixl_agent_new(const char *name, const void *base, size_t len, ecxi_nixl_agent **out);
@@ -58,8 +58,8 @@ int ecxi_nixl_agent_progress(ecxi_nixl_agent *a);
 bool ecxi_nixl_agent_wait(ecxi_nixl_agent *a, bool (*cond)(void *), void *arg, int timeout_ms);
 
 /* The oldest notification not yet collected: copies of the sender's name
- * and the text, NUL-terminated (buffers of ECX_NIXL_NAME_MAX + 1 and
- * ECX_NIXL_MSG_MAX + 1 bytes). 1 if one was returned, 0 if none. */
+ * and the text, NUL-terminated (buffers of ECXI_NIXL_NAME_MAX + 1 and
+ * ECXI_NIXL_MSG_MAX + 1 bytes). 1 if one was returned, 0 if none. */
 int ecxi_nixl_agent_notif_pop(ecxi_nixl_agent *a, char *name, char *msg);
 /* Notifications refused (malformed) or dropped (queue full). */
 uint64_t ecxi_nixl_agent_notifs_dropped(const ecxi_nixl_agent *a);
@@ -83,7 +83,7 @@ const char *ecxi_nixl_remote_name(const ecxi_nixl_remote *r);
  * n pieces remote[i] -> local[i] of len[i] bytes (each piece inside one of
  * the remote's ranges, else ECX_EDATA_INDEX; consecutive pieces that
  * continue each other on both sides go as one ucp_get), then a flush, then
- * the notification msg (1..ECX_NIXL_MSG_MAX bytes). */
+ * the notification msg (1..ECXI_NIXL_MSG_MAX bytes). */
 int ecxi_nixl_read_post(ecxi_nixl_remote *r, const uint64_t *remote, void *const *local,
                         const uint64_t *len, size_t n, const char *msg, size_t msg_len,
                         ecxi_nixl_read **out);

@@ -105,7 +105,7 @@ static void add_u64(wr *w, const char *tag, uint64_t v)
 
 static int meta_bad(const char *what)
 {
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: agent metadata refused: %s", what);
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: agent metadata refused: %s", what);
     return ECX_EDATA_META;
 }
 
@@ -113,21 +113,21 @@ int ecxi_nixl_meta_decode(const uint8_t *buf, size_t len, ecxi_nixl_meta *m)
 {
     if (!m) return ECX_EINVAL;
     memset(m, 0, sizeof *m);
-    if (!buf || len < SERDES_LEN || len > ECX_NIXL_META_MAX || memcmp(buf, SERDES, SERDES_LEN))
+    if (!buf || len < SERDES_LEN || len > ECXI_NIXL_META_MAX || memcmp(buf, SERDES, SERDES_LEN))
         return meta_bad("not a nixlSerDes string of a bounded size");
     rd r = {buf, len, SERDES_LEN};
     const uint8_t *v;
     size_t n;
-    if (!field(&r, "Agent", 1, ECX_NIXL_NAME_MAX, &v, &n)) return meta_bad("agent name");
+    if (!field(&r, "Agent", 1, ECXI_NIXL_NAME_MAX, &v, &n)) return meta_bad("agent name");
     m->name = (const char *)v, m->name_len = n;
     uint64_t conns;
-    if (!field_u64(&r, "Conns", ECX_NIXL_CONNS_MAX, &conns) || conns == 0)
+    if (!field_u64(&r, "Conns", ECXI_NIXL_CONNS_MAX, &conns) || conns == 0)
         return meta_bad("connection count");
     for (uint64_t i = 0; i < conns; i++) {
         const uint8_t *b, *c;
         size_t bn, cn;
-        if (!field(&r, "t", 1, ECX_NIXL_BACKEND_MAX, &b, &bn) ||
-            !field(&r, "c", 1, ECX_NIXL_CONN_MAX, &c, &cn))
+        if (!field(&r, "t", 1, ECXI_NIXL_BACKEND_MAX, &b, &bn) ||
+            !field(&r, "c", 1, ECXI_NIXL_CONN_MAX, &c, &cn))
             return meta_bad("connection entry");
         if (bn == 3 && memcmp(b, "UCX", 3) == 0) {
             if (m->ucx_addr) return meta_bad("two UCX connections");
@@ -136,22 +136,22 @@ int ecxi_nixl_meta_decode(const uint8_t *buf, size_t len, ecxi_nixl_meta *m)
     }
     if (!m->ucx_addr) return meta_bad("no UCX connection");
     uint64_t secs;
-    if (!field_is(&r, "", "MemSection") || !field_u64(&r, "nixlSecElms", ECX_NIXL_SECS_MAX, &secs))
+    if (!field_is(&r, "", "MemSection") || !field_u64(&r, "nixlSecElms", ECXI_NIXL_SECS_MAX, &secs))
         return meta_bad("memory section head");
     for (uint64_t s = 0; s < secs; s++) {
         const uint8_t *b, *t;
         size_t bn, tn;
         uint64_t nd;
-        if (!field(&r, "bknd", 1, ECX_NIXL_BACKEND_MAX, &b, &bn) ||
+        if (!field(&r, "bknd", 1, ECXI_NIXL_BACKEND_MAX, &b, &bn) ||
             !field_is(&r, "nixlDList", "nixlSDList") || !field(&r, "t", 4, 4, &t, &tn) ||
-            !field_u64(&r, "n", ECX_NIXL_SEC_DESCS_MAX, &nd) || nd == 0)
+            !field_u64(&r, "n", ECXI_NIXL_SEC_DESCS_MAX, &nd) || nd == 0)
             return meta_bad("section head");
-        bool keep = bn == 3 && memcmp(b, "UCX", 3) == 0 && ecxi_get_le32(t) == ECX_NIXL_DRAM_SEG;
+        bool keep = bn == 3 && memcmp(b, "UCX", 3) == 0 && ecxi_get_le32(t) == ECXI_NIXL_DRAM_SEG;
         for (uint64_t i = 0; i < nd; i++) {
-            if (!field(&r, "", DESC_HEAD + 1, DESC_HEAD + ECX_NIXL_RKEY_MAX, &v, &n))
+            if (!field(&r, "", DESC_HEAD + 1, DESC_HEAD + ECXI_NIXL_RKEY_MAX, &v, &n))
                 return meta_bad("section descriptor");
             if (!keep) continue;
-            if (m->nregs == ECX_NIXL_REGS_MAX) return meta_bad("too many ranges");
+            if (m->nregs == ECXI_NIXL_REGS_MAX) return meta_bad("too many ranges");
             ecxi_nixl_reg *g = &m->regs[m->nregs++];
             g->addr = ecxi_get_le64(v);
             g->len = ecxi_get_le64(v + 8);
@@ -168,15 +168,15 @@ int ecxi_nixl_meta_decode(const uint8_t *buf, size_t len, ecxi_nixl_meta *m)
 
 long ecxi_nixl_meta_encode(const ecxi_nixl_meta *m, uint8_t *buf, size_t cap)
 {
-    if (!m || !buf || !m->name_len || m->name_len > ECX_NIXL_NAME_MAX || !m->ucx_addr_len ||
-        m->ucx_addr_len > ECX_NIXL_CONN_MAX || !m->nregs || m->nregs > ECX_NIXL_SEC_DESCS_MAX)
+    if (!m || !buf || !m->name_len || m->name_len > ECXI_NIXL_NAME_MAX || !m->ucx_addr_len ||
+        m->ucx_addr_len > ECXI_NIXL_CONN_MAX || !m->nregs || m->nregs > ECXI_NIXL_SEC_DESCS_MAX)
         return ECX_EINVAL;
     for (size_t i = 0; i < m->nregs; i++)
-        if (!m->regs[i].rkey_len || m->regs[i].rkey_len > ECX_NIXL_RKEY_MAX || !m->regs[i].len)
+        if (!m->regs[i].rkey_len || m->regs[i].rkey_len > ECXI_NIXL_RKEY_MAX || !m->regs[i].len)
             return ECX_EINVAL;
     wr w = {buf, cap, 0, false};
     uint8_t t[4];
-    ecxi_put_le32(t, ECX_NIXL_DRAM_SEG);
+    ecxi_put_le32(t, ECXI_NIXL_DRAM_SEG);
     put(&w, SERDES, SERDES_LEN);
     add(&w, "Agent", m->name, m->name_len);
     add_u64(&w, "Conns", 1);
@@ -271,7 +271,7 @@ static bool mp_uint(rd *r, uint64_t *v)
 
 static int desc_bad(const char *what)
 {
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: descriptor list refused: %s", what);
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: descriptor list refused: %s", what);
     return ECX_EDATA_DESC;
 }
 
@@ -371,8 +371,8 @@ int ecxi_nixl_notif_decode(const uint8_t *buf, size_t len, const char **name, si
     rd r = {buf, len, SERDES_LEN};
     const uint8_t *a, *b;
     size_t an, bn;
-    if (!field(&r, "name", 1, ECX_NIXL_NAME_MAX, &a, &an) ||
-        !field(&r, "msg", 1, ECX_NIXL_MSG_MAX, &b, &bn) || r.off != len)
+    if (!field(&r, "name", 1, ECXI_NIXL_NAME_MAX, &a, &an) ||
+        !field(&r, "msg", 1, ECXI_NIXL_MSG_MAX, &b, &bn) || r.off != len)
         return ECX_EDATA_NOTIF;
     *name = (const char *)a, *name_len = an;
     *msg = (const char *)b, *msg_len = bn;
@@ -382,8 +382,8 @@ int ecxi_nixl_notif_decode(const uint8_t *buf, size_t len, const char **name, si
 long ecxi_nixl_notif_encode(const char *name, size_t name_len, const char *msg, size_t msg_len,
                             uint8_t *buf, size_t cap)
 {
-    if (!name || !msg || !buf || !name_len || name_len > ECX_NIXL_NAME_MAX || !msg_len ||
-        msg_len > ECX_NIXL_MSG_MAX)
+    if (!name || !msg || !buf || !name_len || name_len > ECXI_NIXL_NAME_MAX || !msg_len ||
+        msg_len > ECXI_NIXL_MSG_MAX)
         return ECX_EINVAL;
     wr w = {buf, cap, 0, false};
     put(&w, SERDES, SERDES_LEN);

@@ -18,8 +18,8 @@
  * sees them. The parsed forms hold views into the bytes parsed, which must
  * outlive them.
  */
-#ifndef ECX_NIXL_FORMAT_H
-#define ECX_NIXL_FORMAT_H
+#ifndef ECXI_NIXL_FORMAT_H
+#define ECXI_NIXL_FORMAT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -29,24 +29,24 @@
 
 /* Bounds on what we accept (and produce). A worker address with RDMA
  * devices runs to a few KiB, an rkey to a few hundred bytes. */
-#define ECX_NIXL_META_MAX (64u << 10)
-#define ECX_NIXL_NAME_MAX 256      /* agent name */
-#define ECX_NIXL_BACKEND_MAX 64    /* backend name ("UCX") */
-#define ECX_NIXL_CONN_MAX (16u << 10) /* one backend's connection info */
-#define ECX_NIXL_RKEY_MAX 4096
-#define ECX_NIXL_CONNS_MAX 16      /* backends in one metadata */
-#define ECX_NIXL_SECS_MAX 16       /* sections in one metadata */
-#define ECX_NIXL_SEC_DESCS_MAX 64  /* descriptors in one section */
-#define ECX_NIXL_REGS_MAX 64       /* UCX DRAM descriptors we keep */
-#define ECX_NIXL_MSG_MAX 1024      /* notification text */
+#define ECXI_NIXL_META_MAX (64u << 10)
+#define ECXI_NIXL_NAME_MAX 256      /* agent name */
+#define ECXI_NIXL_BACKEND_MAX 64    /* backend name ("UCX") */
+#define ECXI_NIXL_CONN_MAX (16u << 10) /* one backend's connection info */
+#define ECXI_NIXL_RKEY_MAX 4096
+#define ECXI_NIXL_CONNS_MAX 16      /* backends in one metadata */
+#define ECXI_NIXL_SECS_MAX 16       /* sections in one metadata */
+#define ECXI_NIXL_SEC_DESCS_MAX 64  /* descriptors in one section */
+#define ECXI_NIXL_REGS_MAX 64       /* UCX DRAM descriptors we keep */
+#define ECXI_NIXL_MSG_MAX 1024      /* notification text */
 
 /* nixl_mem_t values (nixl_types.h). */
-#define ECX_NIXL_DRAM_SEG 0u
+#define ECXI_NIXL_DRAM_SEG 0u
 
 /* One registered DRAM range of the UCX backend, with its packed rkey. */
 typedef struct ecxi_nixl_reg {
     uint64_t addr, len, dev_id; /* len > 0, addr + len does not wrap */
-    const uint8_t *rkey;        /* 1..ECX_NIXL_RKEY_MAX bytes */
+    const uint8_t *rkey;        /* 1..ECXI_NIXL_RKEY_MAX bytes */
     size_t rkey_len;
 } ecxi_nixl_reg;
 
@@ -55,12 +55,12 @@ typedef struct ecxi_nixl_reg {
  * bounds like everything else); exactly one UCX connection and at least
  * one UCX DRAM range are required. */
 typedef struct ecxi_nixl_meta {
-    const char *name; /* 1..ECX_NIXL_NAME_MAX bytes, not NUL-terminated */
+    const char *name; /* 1..ECXI_NIXL_NAME_MAX bytes, not NUL-terminated */
     size_t name_len;
-    const uint8_t *ucx_addr; /* packed ucp worker address, 1..ECX_NIXL_CONN_MAX */
+    const uint8_t *ucx_addr; /* packed ucp worker address, 1..ECXI_NIXL_CONN_MAX */
     size_t ucx_addr_len;
-    size_t nregs; /* 1..ECX_NIXL_REGS_MAX */
-    ecxi_nixl_reg regs[ECX_NIXL_REGS_MAX];
+    size_t nregs; /* 1..ECXI_NIXL_REGS_MAX */
+    ecxi_nixl_reg regs[ECXI_NIXL_REGS_MAX];
 } ecxi_nixl_meta;
 
 /* Strict parse; ECX_EDATA_META. Trailing bytes are refused. */
@@ -92,7 +92,7 @@ long ecxi_nixl_desc_encode(const ecxi_nixl_block *b, size_t n, uint8_t *buf, siz
 size_t ecxi_nixl_desc_size(size_t n);
 
 /* A notification's AM payload: sender name and text, both non-empty
- * (name <= ECX_NIXL_NAME_MAX, text <= ECX_NIXL_MSG_MAX). Decode:
+ * (name <= ECXI_NIXL_NAME_MAX, text <= ECXI_NIXL_MSG_MAX). Decode:
  * ECX_EDATA_NOTIF; encode: length or ECX_ERANGE / ECX_EINVAL. */
 int ecxi_nixl_notif_decode(const uint8_t *buf, size_t len, const char **name, size_t *name_len,
                            const char **msg, size_t *msg_len);

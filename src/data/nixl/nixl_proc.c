@@ -31,8 +31,8 @@
 #define PROGRESS_MSGS 4096
 
 typedef struct notif {
-    char name[ECX_NIXL_NAME_MAX + 1];
-    char msg[ECX_NIXL_MSG_MAX + 1];
+    char name[ECXI_NIXL_NAME_MAX + 1];
+    char msg[ECXI_NIXL_MSG_MAX + 1];
 } notif;
 
 struct ecxi_nixl_proc_read {
@@ -49,7 +49,7 @@ struct ecxi_nixl_proc {
     int sock; /* -1 while down */
     pid_t pid;
     uint64_t gen, gens; /* current (0: down), and how many were started */
-    char name[ECX_NIXL_NAME_MAX + 1];
+    char name[ECXI_NIXL_NAME_MAX + 1];
     uint8_t *meta;
     size_t meta_len;
     uint64_t base;
@@ -73,12 +73,12 @@ struct ecxi_nixl_proc {
 
 void ecxi_nixl_proc_hdr_put(uint8_t *b, uint16_t type, uint64_t id)
 {
-    ecxi_helper_hdr_put(b, ECX_NIXL_PROC_MAGIC, ECX_NIXL_PROC_VERSION, type, id);
+    ecxi_helper_hdr_put(b, ECXI_NIXL_PROC_MAGIC, ECXI_NIXL_PROC_VERSION, type, id);
 }
 
 int ecxi_nixl_proc_hdr_get(const uint8_t *b, size_t len, uint16_t *type, uint64_t *id)
 {
-    return ecxi_helper_hdr_get(b, len, ECX_NIXL_PROC_MAGIC, ECX_NIXL_PROC_VERSION, type, id);
+    return ecxi_helper_hdr_get(b, len, ECXI_NIXL_PROC_MAGIC, ECXI_NIXL_PROC_VERSION, type, id);
 }
 
 /* ---- the helper's life ---------------------------------------------------- */
@@ -138,25 +138,25 @@ static int start(ecxi_nixl_proc *p)
     }
     ecxi_helper_started(&p->starts, ecxi_now_ms(NULL));
     size_t nl = strlen(p->name);
-    uint8_t hello[ECX_NIXL_PROC_HDR + 12 + ECX_NIXL_NAME_MAX];
-    ecxi_nixl_proc_hdr_put(hello, ECX_NIXL_P_HELLO, p->gens + 1); /* its generation */
-    ecxi_put_le32(hello + ECX_NIXL_PROC_HDR,
-          p->producer ? ECX_NIXL_ROLE_PRODUCER : ECX_NIXL_ROLE_CONSUMER);
-    ecxi_put_le64(hello + ECX_NIXL_PROC_HDR + 4, p->region_bytes);
-    memcpy(hello + ECX_NIXL_PROC_HDR + 12, p->name, nl);
+    uint8_t hello[ECXI_NIXL_PROC_HDR + 12 + ECXI_NIXL_NAME_MAX];
+    ecxi_nixl_proc_hdr_put(hello, ECXI_NIXL_P_HELLO, p->gens + 1); /* its generation */
+    ecxi_put_le32(hello + ECXI_NIXL_PROC_HDR,
+          p->producer ? ECXI_NIXL_ROLE_PRODUCER : ECXI_NIXL_ROLE_CONSUMER);
+    ecxi_put_le64(hello + ECXI_NIXL_PROC_HDR + 4, p->region_bytes);
+    memcpy(hello + ECXI_NIXL_PROC_HDR + 12, p->name, nl);
     /* a fresh socket takes it at once, unless the helper is already gone */
-    ssize_t sent = send(p->sock, hello, ECX_NIXL_PROC_HDR + 12 + nl, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t sent = send(p->sock, hello, ECXI_NIXL_PROC_HDR + 12 + nl, MSG_NOSIGNAL | MSG_DONTWAIT);
     long n = sent < 0 ? -1
-                      : ecxi_helper_recv_wait(p->sock, p->rx, ECX_NIXL_PROC_MSG_MAX,
-                                              ecxi_now_ms(NULL) + ECX_NIXL_PROC_START_MS);
+                      : ecxi_helper_recv_wait(p->sock, p->rx, ECXI_NIXL_PROC_MSG_MAX,
+                                              ecxi_now_ms(NULL) + ECXI_NIXL_PROC_START_MS);
     uint16_t type;
     uint64_t id;
-    const uint8_t *b = p->rx + ECX_NIXL_PROC_HDR;
-    size_t blen = n > ECX_NIXL_PROC_HDR ? (size_t)n - ECX_NIXL_PROC_HDR : 0;
-    if (n < ECX_NIXL_PROC_HDR + 12 || ecxi_nixl_proc_hdr_get(p->rx, (size_t)n, &type, &id) ||
-        type != ECX_NIXL_H_HELLO || (int32_t)ecxi_get_le32(b) != 0 || (p->producer && blen == 12) ||
+    const uint8_t *b = p->rx + ECXI_NIXL_PROC_HDR;
+    size_t blen = n > ECXI_NIXL_PROC_HDR ? (size_t)n - ECXI_NIXL_PROC_HDR : 0;
+    if (n < ECXI_NIXL_PROC_HDR + 12 || ecxi_nixl_proc_hdr_get(p->rx, (size_t)n, &type, &id) ||
+        type != ECXI_NIXL_H_HELLO || (int32_t)ecxi_get_le32(b) != 0 || (p->producer && blen == 12) ||
         (!p->producer && blen != 12)) {
-        if (n >= ECX_NIXL_PROC_HDR + 12 && (int32_t)ecxi_get_le32(b) < 0)
+        if (n >= ECXI_NIXL_PROC_HDR + 12 && (int32_t)ecxi_get_le32(b) < 0)
             ecxi_log(ECX_LOG_ERROR, "nixl: the NIXL agent process could not set up: %s",
                      ecx_strerror((int)(int32_t)ecxi_get_le32(b)));
         char why[128];
@@ -173,7 +173,7 @@ static int start(ecxi_nixl_proc *p)
         const uint8_t *md = b + 12; /* the helper's metadata */
         ecxi_nixl_meta parsed;
         /* its metadata must offer exactly its mapping of the region */
-        if (blen - 12 > ECX_NIXL_META_MAX || ecxi_nixl_meta_decode(md, blen - 12, &parsed) ||
+        if (blen - 12 > ECXI_NIXL_META_MAX || ecxi_nixl_meta_decode(md, blen - 12, &parsed) ||
             parsed.nregs != 1 || parsed.regs[0].addr != ecxi_get_le64(b + 4) ||
             parsed.regs[0].len != p->region_bytes || !(m = malloc(blen - 12))) {
             char why[128];
@@ -209,7 +209,7 @@ static int ensure_up(ecxi_nixl_proc *p)
             p->down_logged_ms = now;
             ecxi_log(ECX_LOG_WARN, "nixl: the NIXL agent process was started %d times in "
                      "%d s: NIXL fetches fail for %lld ms more",
-                     ECX_HELPER_RESTARTS, ECX_HELPER_WINDOW_MS / 1000, (long long)left);
+                     ECXI_HELPER_RESTARTS, ECXI_HELPER_WINDOW_MS / 1000, (long long)left);
         }
         return ECX_EDATA_PEER;
     }
@@ -228,14 +228,14 @@ static int drain(ecxi_nixl_proc *p, int max)
 {
     int n = 0;
     while (p->sock >= 0 && n < max) {
-        ssize_t k = recv(p->sock, p->rx, ECX_NIXL_PROC_MSG_MAX, MSG_DONTWAIT | MSG_TRUNC);
+        ssize_t k = recv(p->sock, p->rx, ECXI_NIXL_PROC_MSG_MAX, MSG_DONTWAIT | MSG_TRUNC);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0 && errno == EAGAIN) break;
         if (k <= 0) {
             die(p, k < 0 ? strerror(errno) : NULL);
             return -1;
         }
-        if (k > (ssize_t)ECX_NIXL_PROC_MSG_MAX) {
+        if (k > (ssize_t)ECXI_NIXL_PROC_MSG_MAX) {
             die(p, "a message too large");
             return -1;
         }
@@ -247,7 +247,7 @@ static int drain(ecxi_nixl_proc *p, int max)
 
 static int send_all(ecxi_nixl_proc *p, const uint8_t *b, size_t len)
 {
-    int64_t end = ecxi_now_ms(NULL) + ECX_NIXL_PROC_SEND_MS;
+    int64_t end = ecxi_now_ms(NULL) + ECXI_NIXL_PROC_SEND_MS;
     while (p->sock >= 0) {
         if (send(p->sock, b, len, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)len) return 0;
         if (errno == EINTR) continue;
@@ -272,10 +272,10 @@ static void handle(ecxi_nixl_proc *p, const uint8_t *m, size_t len)
     uint16_t type;
     uint64_t id;
     if (ecxi_nixl_proc_hdr_get(m, len, &type, &id)) return die(p, "a message not of its protocol");
-    const uint8_t *b = m + ECX_NIXL_PROC_HDR;
-    size_t n = len - ECX_NIXL_PROC_HDR;
+    const uint8_t *b = m + ECXI_NIXL_PROC_HDR;
+    size_t n = len - ECXI_NIXL_PROC_HDR;
     switch (type) {
-    case ECX_NIXL_H_ADDED:
+    case ECXI_NIXL_H_ADDED:
         if (n != 12 || !p->add_id || id != p->add_id || p->add_answered ||
             (int32_t)ecxi_get_le32(b) > 0 ||
             (ecxi_get_le32(b) == 0 &&
@@ -285,7 +285,7 @@ static void handle(ecxi_nixl_proc *p, const uint8_t *m, size_t len)
         p->add_rc = (int32_t)ecxi_get_le32(b);
         p->add_handle = ecxi_get_le64(b + 4);
         return;
-    case ECX_NIXL_H_READ_END: {
+    case ECXI_NIXL_H_READ_END: {
         if (n != 4 || id == 0 || id > p->next_id) return die(p, "a READ_END it was not asked for");
         for (ecxi_nixl_proc_read *x = p->reads; x; x = x->next)
             if (x->id == id) {
@@ -298,13 +298,13 @@ static void handle(ecxi_nixl_proc *p, const uint8_t *m, size_t len)
             }
         return; /* a READ released meanwhile */
     }
-    case ECX_NIXL_H_NOTIF: {
+    case ECXI_NIXL_H_NOTIF: {
         uint32_t nl = n >= 8 ? ecxi_get_le32(b) : 0, ml = n >= 8 ? ecxi_get_le32(b + 4) : 0;
-        if (n < 8 || nl == 0 || nl > ECX_NIXL_NAME_MAX || ml == 0 || ml > ECX_NIXL_MSG_MAX ||
+        if (n < 8 || nl == 0 || nl > ECXI_NIXL_NAME_MAX || ml == 0 || ml > ECXI_NIXL_MSG_MAX ||
             n != 8 + (size_t)nl + ml)
             return die(p, "a malformed notification");
         if (p->q_len == NOTIF_QUEUE) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: notification dropped (queue full)");
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: notification dropped (queue full)");
             return;
         }
         notif *q = &p->q[(p->q_head + p->q_len++) % NOTIF_QUEUE];
@@ -333,8 +333,8 @@ int ecxi_nixl_proc_new(int region_fd, uint64_t region_bytes, bool producer, ecxi
     p->region_bytes = region_bytes;
     p->region_fd = fcntl(region_fd, F_DUPFD_CLOEXEC, 10);
     p->epfd = epoll_create1(EPOLL_CLOEXEC);
-    p->rx = malloc(ECX_NIXL_PROC_MSG_MAX);
-    p->tx = malloc(ECX_NIXL_PROC_MSG_MAX);
+    p->rx = malloc(ECXI_NIXL_PROC_MSG_MAX);
+    p->tx = malloc(ECXI_NIXL_PROC_MSG_MAX);
     p->q = calloc(NOTIF_QUEUE, sizeof *p->q);
     int rc = p->region_fd < 0 || p->epfd < 0  ? ECX_ESYS
              : !p->rx || !p->tx || !p->q ? ECX_ENOMEM
@@ -472,11 +472,11 @@ int ecxi_nixl_proc_remote_add(ecxi_nixl_proc *p, const uint8_t *md, size_t md_le
                               uint64_t *handle)
 {
     ecxi_nixl_meta m;
-    if (md_len > ECX_NIXL_PROC_MSG_MAX - ECX_NIXL_PROC_HDR || ecxi_nixl_meta_decode(md, md_len, &m))
+    if (md_len > ECXI_NIXL_PROC_MSG_MAX - ECXI_NIXL_PROC_HDR || ecxi_nixl_meta_decode(md, md_len, &m))
         return ECX_EDATA_META;
     uint64_t h = verdict_key(&m);
     if (verdict_known(p, h)) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: agent metadata refused: its UCX address and "
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: agent metadata refused: its UCX address and "
                             "rkeys ended a NIXL agent process before");
         return ECX_EDATA_META;
     }
@@ -485,13 +485,13 @@ int ecxi_nixl_proc_remote_add(ecxi_nixl_proc *p, const uint8_t *md, size_t md_le
     uint64_t gen = p->gen;
     p->add_id = ++p->next_id;
     p->add_answered = false;
-    ecxi_nixl_proc_hdr_put(p->tx, ECX_NIXL_P_ADD, p->add_id);
-    memcpy(p->tx + ECX_NIXL_PROC_HDR, md, md_len);
-    if (send_all(p, p->tx, ECX_NIXL_PROC_HDR + md_len)) {
+    ecxi_nixl_proc_hdr_put(p->tx, ECXI_NIXL_P_ADD, p->add_id);
+    memcpy(p->tx + ECXI_NIXL_PROC_HDR, md, md_len);
+    if (send_all(p, p->tx, ECXI_NIXL_PROC_HDR + md_len)) {
         p->add_id = 0;
         return ECX_EDATA_PEER; /* gone before it had the bytes: not theirs */
     }
-    int64_t end = ecxi_now_ms(NULL) + ECX_NIXL_PROC_ADD_MS;
+    int64_t end = ecxi_now_ms(NULL) + ECXI_NIXL_PROC_ADD_MS;
     while (p->gen == gen && !p->add_answered) {
         if (ecxi_now_ms(NULL) >= end) {
             die(p, "an ADD unanswered");
@@ -505,7 +505,7 @@ int ecxi_nixl_proc_remote_add(ecxi_nixl_proc *p, const uint8_t *md, size_t md_le
     if (p->gen != gen) {
         /* it died with these bytes: never again to a helper */
         verdict_add(p, h);
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: agent metadata refused: the NIXL agent process "
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "nixl: agent metadata refused: the NIXL agent process "
                             "died adding it");
         return ECX_EDATA_META;
     }
@@ -522,8 +522,8 @@ bool ecxi_nixl_proc_remote_live(const ecxi_nixl_proc *p, uint64_t handle)
 void ecxi_nixl_proc_remote_drop(ecxi_nixl_proc *p, uint64_t handle)
 {
     if (!ecxi_nixl_proc_remote_live(p, handle)) return; /* its helper is gone */
-    uint8_t b[ECX_NIXL_PROC_HDR];
-    ecxi_nixl_proc_hdr_put(b, ECX_NIXL_P_DROP, handle & UINT32_MAX);
+    uint8_t b[ECXI_NIXL_PROC_HDR];
+    ecxi_nixl_proc_hdr_put(b, ECXI_NIXL_P_DROP, handle & UINT32_MAX);
     (void)send_all(p, b, sizeof b);
 }
 
@@ -533,7 +533,7 @@ int ecxi_nixl_proc_read_post(ecxi_nixl_proc *p, uint64_t handle, const uint64_t 
                              const uint64_t *local, const uint64_t *len, size_t n, const char *msg,
                              size_t msg_len, ecxi_nixl_proc_read **out)
 {
-    if (!n || n > ECX_NIXL_PROC_PIECES_MAX || !msg_len || msg_len > ECX_NIXL_MSG_MAX)
+    if (!n || n > ECXI_NIXL_PROC_PIECES_MAX || !msg_len || msg_len > ECXI_NIXL_MSG_MAX)
         return ECX_EINVAL;
     for (size_t i = 0; i < n; i++)
         if (!len[i] || local[i] > p->region_bytes || len[i] > p->region_bytes - local[i])
@@ -545,12 +545,12 @@ int ecxi_nixl_proc_read_post(ecxi_nixl_proc *p, uint64_t handle, const uint64_t 
     x->gen = p->gen;
     int rc = 0;
     for (size_t i = 0; i < n && !rc;) {
-        size_t k = n - i < ECX_NIXL_PROC_PIECES ? n - i : ECX_NIXL_PROC_PIECES;
+        size_t k = n - i < ECXI_NIXL_PROC_PIECES ? n - i : ECXI_NIXL_PROC_PIECES;
         bool last = i + k == n;
-        uint8_t *b = p->tx + ECX_NIXL_PROC_HDR;
-        ecxi_nixl_proc_hdr_put(p->tx, ECX_NIXL_P_READ, x->id);
+        uint8_t *b = p->tx + ECXI_NIXL_PROC_HDR;
+        ecxi_nixl_proc_hdr_put(p->tx, ECXI_NIXL_P_READ, x->id);
         ecxi_put_le64(b, handle & UINT32_MAX);
-        ecxi_put_le32(b + 8, last ? 0 : ECX_NIXL_READ_MORE);
+        ecxi_put_le32(b + 8, last ? 0 : ECXI_NIXL_READ_MORE);
         ecxi_put_le32(b + 12, (uint32_t)k);
         ecxi_put_le32(b + 16, last ? (uint32_t)msg_len : 0);
         b += 20;
@@ -585,8 +585,8 @@ void ecxi_nixl_proc_read_release(ecxi_nixl_proc *p, ecxi_nixl_proc_read *x)
         else p->reads = x->next;
         if (x->next) x->next->prev = x->prev;
         if (p->sock >= 0 && x->gen == p->gen) {
-            uint8_t b[ECX_NIXL_PROC_HDR];
-            ecxi_nixl_proc_hdr_put(b, ECX_NIXL_P_RELEASE, x->id);
+            uint8_t b[ECXI_NIXL_PROC_HDR];
+            ecxi_nixl_proc_hdr_put(b, ECXI_NIXL_P_RELEASE, x->id);
             (void)send_all(p, b, sizeof b);
         }
     }

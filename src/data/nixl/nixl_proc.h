@@ -10,8 +10,8 @@
  * docs/NIXL.md §5. Single-threaded like nixl_agent.h: every call from one
  * thread (the data context's, under its lock); every wait is bounded.
  */
-#ifndef ECX_NIXL_PROC_H
-#define ECX_NIXL_PROC_H
+#ifndef ECXI_NIXL_PROC_H
+#define ECXI_NIXL_PROC_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -20,25 +20,25 @@
 #include "helper_proc.h"
 #include "nixl_format.h"
 
-#define ECX_NIXL_PROC_VERSION 1
-#define ECX_NIXL_PROC_MAGIC 0x50584e45u /* "ENXP" */
-#define ECX_NIXL_PROC_MSG_MAX (96u << 10)
-#define ECX_NIXL_PROC_HDR 16
+#define ECXI_NIXL_PROC_VERSION 1
+#define ECXI_NIXL_PROC_MAGIC 0x50584e45u /* "ENXP" */
+#define ECXI_NIXL_PROC_MSG_MAX (96u << 10)
+#define ECXI_NIXL_PROC_HDR 16
 /* READ pieces in one message; a READ of more goes in several messages. */
-#define ECX_NIXL_PROC_PIECES                                                                       \
-    ((ECX_NIXL_PROC_MSG_MAX - ECX_NIXL_PROC_HDR - 20 - ECX_NIXL_MSG_MAX) / 24)
+#define ECXI_NIXL_PROC_PIECES                                                                       \
+    ((ECXI_NIXL_PROC_MSG_MAX - ECXI_NIXL_PROC_HDR - 20 - ECXI_NIXL_MSG_MAX) / 24)
 /* Pieces in one READ, all messages together. */
-#define ECX_NIXL_PROC_PIECES_MAX (1u << 22)
-#define ECX_NIXL_PROC_RESTARTS ECX_HELPER_RESTARTS
-#define ECX_NIXL_PROC_WINDOW_MS ECX_HELPER_WINDOW_MS
+#define ECXI_NIXL_PROC_PIECES_MAX (1u << 22)
+#define ECXI_NIXL_PROC_RESTARTS ECXI_HELPER_RESTARTS
+#define ECXI_NIXL_PROC_WINDOW_MS ECXI_HELPER_WINDOW_MS
 /* The helper's start (UCX set up, HELLO answered) and an ADD's answer. */
-#define ECX_NIXL_PROC_START_MS 10000
-#define ECX_NIXL_PROC_ADD_MS 5000
+#define ECXI_NIXL_PROC_START_MS 10000
+#define ECXI_NIXL_PROC_ADD_MS 5000
 /* A message the helper does not take within this is a hang. */
-#define ECX_NIXL_PROC_SEND_MS 5000
+#define ECXI_NIXL_PROC_SEND_MS 5000
 /* The helper's fds. */
-#define ECX_NIXL_PROC_SOCK_FD ECX_HELPER_SOCK_FD
-#define ECX_NIXL_PROC_REGION_FD ECX_HELPER_REGION_FD
+#define ECXI_NIXL_PROC_SOCK_FD ECXI_HELPER_SOCK_FD
+#define ECXI_NIXL_PROC_REGION_FD ECXI_HELPER_REGION_FD
 
 /* Messages (helper_proc.h's header "ENXP"; one per datagram, every field
  * little-endian, every length checked against the datagram). The helper's
@@ -49,7 +49,7 @@
  *              2 consumer), u64 region bytes, agent name
  *     ADD      metadata bytes                         -> ADDED
  *     DROP     id = remote handle
- *     READ     u64 handle, u32 flags (ECX_NIXL_READ_MORE: more pieces follow
+ *     READ     u64 handle, u32 flags (ECXI_NIXL_READ_MORE: more pieces follow
  *              in another READ of this id), u32 n, u32 msg_len, n x (u64
  *              remote addr, u64 local offset, u64 len), msg (last message
  *              only)                                  -> READ_END
@@ -60,18 +60,18 @@
  *     READ_END i32 rc (0 done: read, notified; else failed)
  *     NOTIF    u32 name_len, u32 msg_len, name, msg */
 enum {
-    ECX_NIXL_P_HELLO = 1,
-    ECX_NIXL_P_ADD,
-    ECX_NIXL_P_DROP,
-    ECX_NIXL_P_READ,
-    ECX_NIXL_P_RELEASE,
-    ECX_NIXL_H_HELLO = 64,
-    ECX_NIXL_H_ADDED,
-    ECX_NIXL_H_READ_END,
-    ECX_NIXL_H_NOTIF,
+    ECXI_NIXL_P_HELLO = 1,
+    ECXI_NIXL_P_ADD,
+    ECXI_NIXL_P_DROP,
+    ECXI_NIXL_P_READ,
+    ECXI_NIXL_P_RELEASE,
+    ECXI_NIXL_H_HELLO = 64,
+    ECXI_NIXL_H_ADDED,
+    ECXI_NIXL_H_READ_END,
+    ECXI_NIXL_H_NOTIF,
 };
-enum { ECX_NIXL_ROLE_PRODUCER = 1, ECX_NIXL_ROLE_CONSUMER = 2 };
-#define ECX_NIXL_READ_MORE 1u
+enum { ECXI_NIXL_ROLE_PRODUCER = 1, ECXI_NIXL_ROLE_CONSUMER = 2 };
+#define ECXI_NIXL_READ_MORE 1u
 
 /* Header codec (both sides): 0, or ECX_EPROTO for a datagram that is not
  * one of this version's. */

@@ -13,7 +13,7 @@
  * How, here: nothing blocks. A READ posted before the descriptor arrived
  * waits (RUNNING) on the peer while progress collects the answer from the
  * socket (SHM_HANDSHAKE_MS at most); the copy runs in slices (data.h),
- * ECX_DATA_CHUNK at a time, its XXH3 state carried from chunk to chunk; a
+ * ECXI_DATA_CHUNK at a time, its XXH3 state carried from chunk to chunk; a
  * READ released, or whose peer is dropped, leaves the queue at once and
  * nothing more is written for it. With no copy queued, progress faults in
  * a ready peer's mapping (prefault_some: only what the file holds, so a
@@ -48,8 +48,8 @@
 #define SHM_DONE 'D'
 #define SHM_FD 'F'
 #define SHM_REFUSED 'R'
-#define SHM_MSG_HEAD (2 + ECX_DATA_TOKEN_LEN)
-#define SHM_MSG_MAX (SHM_MSG_HEAD + ECX_DATA_NOTIF_MAX)
+#define SHM_MSG_HEAD (2 + ECXI_DATA_TOKEN_LEN)
+#define SHM_MSG_MAX (SHM_MSG_HEAD + ECXI_DATA_NOTIF_MAX)
 
 /* The data plane's own protocol bounds and timeouts: internal to this path
  * (no ecx_config knob, so no ECX_DEFAULT_* in ecx.h), and kept here, beside
@@ -69,14 +69,14 @@
  * its page tables cost the consumer 2 MiB per GiB mapped, and a fleet's
  * regions can be far larger than what one consumer ever reads. */
 #define SHM_PREFAULT_MAX (8ull << 30)
-/* How the copy runs (shm_copy.h); ECX_SHM_COPY_POPULATE measured no gain
+/* How the copy runs (shm_copy.h); ECXI_SHM_COPY_POPULATE measured no gain
  * on a first fetch (MADV_POPULATE_READ costs what the faults it saves do),
  * so it is off. */
 #ifndef SHM_COPY_MODE
-#define SHM_COPY_MODE ECX_SHM_COPY_AUTO
+#define SHM_COPY_MODE ECXI_SHM_COPY_AUTO
 #endif
 /* A READ at least this large from a peer whose mapping is not all faulted
- * in yet (its first READs) copies with ECX_SHM_COPY_AHEAD: a thread faults
+ * in yet (its first READs) copies with ECXI_SHM_COPY_AHEAD: a thread faults
  * the source in from the item's end while the copy runs from its start
  * (BENCHMARKS.md, issue 26: below this, starting the thread costs more
  * than it saves) — where this process may run on at least SHM_AHEAD_CPUS
@@ -134,7 +134,7 @@ struct shm_peer {
     size_t npending;          /* notifications queued for it */
     int64_t hello_by_ms;
     shm_xfer *wait_head, *wait_tail;
-    char sock_name[ECX_DATA_SOCK_MAX];
+    char sock_name[ECXI_DATA_SOCK_MAX];
     size_t sock_len;
     uint64_t dev, ino, map_len;
     ecxi_shm_src src; /* fd -1, map NULL until READY */
@@ -158,7 +158,7 @@ typedef struct shm_data {
     /* producer */
     int lsock, region_fd;
     uid_t uid;
-    char sock_name[ECX_DATA_SOCK_MAX + 1];
+    char sock_name[ECXI_DATA_SOCK_MAX + 1];
     conn *conns;
     size_t nconns;
     uint64_t refused_uid, refused_full, refused_grant, bad_msgs, hello_timeouts;
@@ -210,7 +210,7 @@ int ecxi_data_shm_new_producer(ecxi_region *r, ecxi_data_meta *m, ecxi_data_desc
 {
     (void)dd;
     const char *path = ecxi_region_path(r);
-    if (!path || path[0] != '/' || strlen(path) > ECX_DATA_PATH_MAX) return ECX_EINVAL;
+    if (!path || path[0] != '/' || strlen(path) > ECXI_DATA_PATH_MAX) return ECX_EINVAL;
     shm_data *s = shm_alloc();
     if (!s) return ECX_ESYS;
     int rc = ecxi_data_boot_id(s->boot_id);
@@ -274,7 +274,7 @@ static void accept_some(shm_data *s, int64_t now)
         if (fd < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR &&
                 errno != ECONNABORTED)
-                ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: accept: %s", strerror(errno));
+                ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: accept: %s", strerror(errno));
             if (errno == EINTR || errno == ECONNABORTED) continue;
             return;
         }
@@ -282,7 +282,7 @@ static void accept_some(shm_data *s, int64_t now)
         socklen_t cl = sizeof cr;
         if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cr.uid != s->uid) {
             s->refused_uid++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                                 "data shm: refused a connection from uid %u (not ours); "
                                 "%llu refused so far",
                                 (unsigned)cr.uid, (unsigned long long)s->refused_uid);
@@ -292,7 +292,7 @@ static void accept_some(shm_data *s, int64_t now)
         conn *c = s->nconns < SHM_MAX_CONNS ? calloc(1, sizeof *c) : NULL;
         if (!c || watch(s, EPOLL_CTL_ADD, fd, EPOLLIN, c) != 0) {
             s->refused_full++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                                 "data shm: refused a connection: %zu held; %llu refused so far",
                                 s->nconns, (unsigned long long)s->refused_full);
             free(c);
@@ -341,7 +341,7 @@ static void conn_service(shm_data *s, conn *c, ecxi_data_notif_cb cb, void *arg,
         if (n <= SHM_MSG_HEAD || n > SHM_MSG_MAX || b[0] != SHM_PROTO ||
             b[1] != (c->served ? SHM_DONE : SHM_HELLO)) {
             s->bad_msgs++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                                 "data shm: closed a connection that sent a malformed or "
                                 "unexpected packet (%zd bytes); %llu so far",
                                 n, (unsigned long long)s->bad_msgs);
@@ -359,7 +359,7 @@ static void conn_service(shm_data *s, conn *c, ecxi_data_notif_cb cb, void *arg,
         ecxi_data_grant g;
         if (ecxi_data_grant_check(&s->base, key, key_len, token, 0, &g) != 0) {
             s->refused_grant++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                                 "data shm: refused a connection that holds no live grant; "
                                 "%llu so far",
                                 (unsigned long long)s->refused_grant);
@@ -367,7 +367,7 @@ static void conn_service(shm_data *s, conn *c, ecxi_data_notif_cb cb, void *arg,
             break;
         }
         if (send_reply(c->fd, SHM_FD, s->region_fd) != 0) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: cannot send the region: %s",
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: cannot send the region: %s",
                                 strerror(errno));
             break;
         }
@@ -386,7 +386,7 @@ static int shm_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb, 
         nx = c->next;
         if (!c->served && now >= c->hello_by_ms) {
             s->hello_timeouts++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                                 "data shm: closed a connection that presented no grant in "
                                 "%d ms; %llu so far",
                                 SHM_HELLO_MS, (unsigned long long)s->hello_timeouts);
@@ -446,7 +446,7 @@ static int done_send(shm_peer *p, const uint8_t *msg, size_t len)
     ssize_t n = send(p->sock, msg, len, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n == (ssize_t)len) return 0;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS)) return 1;
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: notification not delivered: %s",
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: notification not delivered: %s",
                         n < 0 ? strerror(errno) : "short send");
     return 0;
 }
@@ -469,7 +469,7 @@ static void fail_waiting(shm_data *s, shm_peer *p)
         p->wait_head = x->next;
         x->waiting = false;
         x->peer = NULL;
-        x->state = ECX_XFER_FAILED;
+        x->state = ECXI_XFER_FAILED;
         if (x->released) xfer_put(s, x);
     }
     p->wait_tail = NULL;
@@ -487,7 +487,7 @@ static void peer_reset(shm_data *s, shm_peer *p)
         next = x->next;
         if (x->peer != p) continue;
         copy_unlink(s, x);
-        x->state = ECX_XFER_FAILED;
+        x->state = ECXI_XFER_FAILED;
         if (x->released) xfer_put(s, x);
     }
     for (shm_xfer **pp = &s->pending; *pp;) {
@@ -618,14 +618,14 @@ static void copy_end(shm_data *s, shm_xfer *x, int rc, uint64_t sum)
     shm_peer *p = x->peer;
     copy_unlink(s, x);
     if (rc < 0)
-        x->state = ECX_XFER_FAILED;
+        x->state = ECXI_XFER_FAILED;
     else if (rc == 0)
         ; /* cancelled (released): its state no longer matters */
     else if (sum != x->t.checksum) {
-        x->state = ECX_XFER_CORRUPT;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: an item's bytes do not match its checksum");
+        x->state = ECXI_XFER_CORRUPT;
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: an item's bytes do not match its checksum");
     } else
-        x->state = ECX_XFER_DONE;
+        x->state = ECXI_XFER_DONE;
     say_done(s, p, x);
 }
 
@@ -637,14 +637,14 @@ static void start_copy(shm_data *s, shm_peer *p, shm_xfer *x, const ecxi_block_r
                        const ecxi_block_run *local)
 {
     const uint64_t bs = ecxi_region_block_bytes(s->base.region);
-    x->state = ECX_XFER_RUNNING;
+    x->state = ECXI_XFER_RUNNING;
     int mode = SHM_COPY_MODE;
     if (x->nbytes >= SHM_AHEAD_MIN && p->warm < prefault_end(p) && ahead_cpus())
-        mode |= ECX_SHM_COPY_AHEAD;
+        mode |= ECXI_SHM_COPY_AHEAD;
     if (ecxi_shm_job_new(&p->src, bs, remote, x->nremote, local, x->nlocal, x->nbytes, mode,
                          &x->job) != 0) {
         x->job = NULL;
-        x->state = ECX_XFER_FAILED;
+        x->state = ECXI_XFER_FAILED;
         say_done(s, p, x);
         return;
     }
@@ -668,7 +668,7 @@ static int copy_some(shm_data *s, ecxi_slice *sl)
         if (ecxi_slice_spent(sl)) break;
         shm_xfer *x = s->copy_head;
         uint64_t moved = 0, sum = 0;
-        int rc = ecxi_shm_job_step(x->job, &x->peer->src, base, ECX_DATA_CHUNK, &moved, &sum);
+        int rc = ecxi_shm_job_step(x->job, &x->peer->src, base, ECXI_DATA_CHUNK, &moved, &sum);
         sl->bytes += moved;
         if (rc != 0) {
             copy_end(s, x, rc, sum);
@@ -719,7 +719,7 @@ static void prefault_some(shm_data *s, ecxi_slice *sl)
             off_t h = at < end ? lseek(p->src.fd, d, SEEK_HOLE) : -1;
             if (h >= 0 && (uint64_t)h > at && (uint64_t)h < end) stop = (uint64_t)h;
         }
-        uint64_t len = stop - at < ECX_DATA_CHUNK ? stop - at : ECX_DATA_CHUNK;
+        uint64_t len = stop - at < ECXI_DATA_CHUNK ? stop - at : ECXI_DATA_CHUNK;
         ecxi_shm_populate(p->src.map + at, len, false);
         p->warm = at + len;
         if (!s->base.background || ecxi_now_ns() - sl->start_ns >= sl->budget_ns) return;
@@ -743,13 +743,13 @@ static int take_region(shm_peer *p, int fd)
     else if (st.st_size < 0 || (uint64_t)st.st_size < p->map_len)
         why = "smaller than its region";
     if (why) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: refused the producer's descriptor: %s", why);
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: refused the producer's descriptor: %s", why);
         close(fd);
         return ECX_EDATA_PEER;
     }
     void *map = mmap(NULL, p->map_len, PROT_READ, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: cannot map the producer's region: %s",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: cannot map the producer's region: %s",
                             strerror(errno));
         close(fd);
         return ECX_ESYS;
@@ -794,9 +794,9 @@ static void peer_input(shm_data *s, shm_peer *p)
         for (int i = 0; i < nfd; i++)
             close(fds[i]);
         if (n == 2 && b[1] == SHM_REFUSED)
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: the producer refused our grant");
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: the producer refused our grant");
         else if (n != 0 || p->state == PEER_HELLO)
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: unexpected answer from the producer");
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: unexpected answer from the producer");
         peer_reset(s, p);
         return;
     }
@@ -829,7 +829,7 @@ static void peer_input(shm_data *s, shm_peer *p)
 static int shm_progress(ecxi_data *d, ecxi_slice *sl)
 {
     shm_data *s = (shm_data *)d;
-    if (s->base.role == ECX_DATA_PRODUCER) return 0; /* all in poll_notifs */
+    if (s->base.role == ECXI_DATA_PRODUCER) return 0; /* all in poll_notifs */
     int done = 0;
     struct epoll_event ev[SHM_EVENTS];
     int ne = epoll_wait(s->epfd, ev, SHM_EVENTS, 0);
@@ -843,7 +843,7 @@ static int shm_progress(ecxi_data *d, ecxi_slice *sl)
     int64_t now = (s->pending || s->peers) ? ecxi_now_ms(NULL) : 0;
     for (shm_peer *p = s->peers; p; p = p->next)
         if (p->state == PEER_HELLO && now >= p->hello_by_ms) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: the producer did not answer in %d ms",
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: the producer did not answer in %d ms",
                                 SHM_HANDSHAKE_MS);
             peer_reset(s, p);
             done++;
@@ -856,7 +856,7 @@ static int shm_progress(ecxi_data *d, ecxi_slice *sl)
             continue;
         }
         if (rc == 1)
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: producer never drained its "
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: producer never drained its "
                                               "notification queue; notification dropped");
         unpend(s, pp);
         done++;
@@ -890,7 +890,7 @@ static int post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const ecxi_block_
     x->nbytes = nbytes;
     x->msg[0] = SHM_PROTO;
     x->msg[1] = SHM_DONE;
-    memcpy(x->msg + 2, t->token, ECX_DATA_TOKEN_LEN);
+    memcpy(x->msg + 2, t->token, ECXI_DATA_TOKEN_LEN);
     memcpy(x->msg + SHM_MSG_HEAD, key, key_len);
     x->msg_len = SHM_MSG_HEAD + key_len;
     x->released = decline;
@@ -922,7 +922,7 @@ static int post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const ecxi_block_
         ssize_t k = send(p->sock, x->msg, x->msg_len, MSG_DONTWAIT | MSG_NOSIGNAL);
         x->msg[1] = SHM_DONE;
         if (k != (ssize_t)x->msg_len) {
-            ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data shm: hello not sent: %s",
+            ECXI_LOG_RATELIMITED(ECX_LOG_INFO, "data shm: hello not sent: %s",
                                 k < 0 ? strerror(errno) : "short send");
             peer_reset(s, p);
             continue;
@@ -937,7 +937,7 @@ static int post(ecxi_data_peer *hp, const ecxi_data_ticket *t, const ecxi_block_
     }
     x->waiting = true;
     x->peer = p;
-    x->state = ECX_XFER_RUNNING;
+    x->state = ECXI_XFER_RUNNING;
     if (p->wait_tail)
         p->wait_tail->next = x;
     else

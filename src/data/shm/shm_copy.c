@@ -98,7 +98,7 @@ static int pread_run(int fd, uint8_t *dst, uint64_t off, uint64_t len, ecxi_fsum
         ssize_t k = pread(fd, dst, want, (off_t)off);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: read of the producer's region %s",
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: read of the producer's region %s",
                                 k < 0 ? strerror(errno) : "ended early (file truncated?)");
             return ECX_ESYS;
         }
@@ -143,7 +143,7 @@ struct ecxi_shm_job {
     uint64_t run_off; /* into runs[run_i] */
     int mode;
     bool fast;
-    struct ahead *ahead; /* ECX_SHM_COPY_AHEAD: the fault-ahead thread's, while it runs */
+    struct ahead *ahead; /* ECXI_SHM_COPY_AHEAD: the fault-ahead thread's, while it runs */
     jrun runs[];
 };
 
@@ -173,7 +173,7 @@ void ecxi_shm_populate(const void *p, uint64_t len, bool write)
         atomic_store(&g_no_populate, true);
 }
 
-/* ---- fault-ahead (ECX_SHM_COPY_AHEAD) ------------------------------------
+/* ---- fault-ahead (ECXI_SHM_COPY_AHEAD) ------------------------------------
  * A detached thread per job faults the source in, the job's runs from the
  * last, each from its end, AHEAD_PIECE at a time, down to where the copy
  * has got, or until the job says stop (at its end or when it is freed:
@@ -322,10 +322,10 @@ static void job_reset(ecxi_shm_job *j, bool fast)
 
 static bool want_fast(const ecxi_shm_src *src, int mode)
 {
-    bool fast = (mode & ECX_SHM_COPY_PREAD) == 0 && src->map;
+    bool fast = (mode & ECXI_SHM_COPY_PREAD) == 0 && src->map;
     if (fast && !ecxi_shm_copy_guarded()) {
         fast = false;
-        ECX_LOG_RATELIMITED(ECX_LOG_INFO,
+        ECXI_LOG_RATELIMITED(ECX_LOG_INFO,
                             "data shm: copying with pread (another SIGBUS handler replaced "
                             "ecx's guard)");
     }
@@ -369,12 +369,12 @@ int ecxi_shm_job_step(ecxi_shm_job *j, const ecxi_shm_src *src, uint8_t *dst_bas
     if (j->fast && !ecxi_shm_copy_guarded()) {
         /* The guard went away under us (someone replaced the handler):
          * the bytes so far are ours to overwrite; start again with pread. */
-        ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data shm: SIGBUS guard replaced mid-copy; "
+        ECXI_LOG_RATELIMITED(ECX_LOG_INFO, "data shm: SIGBUS guard replaced mid-copy; "
                                           "copying again with pread");
         job_reset(j, false);
     }
     /* The first step of a guarded copy starts the fault-ahead thread. */
-    if ((j->mode & ECX_SHM_COPY_AHEAD) && j->fast && !j->ahead && j->done == 0 && j->nbytes)
+    if ((j->mode & ECXI_SHM_COPY_AHEAD) && j->fast && !j->ahead && j->done == 0 && j->nbytes)
         ahead_start(j, src);
     while (max_bytes && j->run_i < j->nruns) {
         const jrun *r = &j->runs[j->run_i];
@@ -382,7 +382,7 @@ int ecxi_shm_job_step(ecxi_shm_job *j, const ecxi_shm_src *src, uint8_t *dst_bas
         if (len > max_bytes) len = max_bytes;
         uint64_t so = r->src + j->run_off;
         uint8_t *dst = dst_base + r->dst + j->run_off;
-        if (j->mode & ECX_SHM_COPY_POPULATE) {
+        if (j->mode & ECXI_SHM_COPY_POPULATE) {
             if (j->fast) ecxi_shm_populate(src->map + so, len, false);
             ecxi_shm_populate(dst, len, true);
         }
@@ -390,7 +390,7 @@ int ecxi_shm_job_step(ecxi_shm_job *j, const ecxi_shm_src *src, uint8_t *dst_bas
         if (j->fast) {
             rc = copy_guarded(src, dst, src->map + so, len, &j->f);
             if (rc)
-                ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+                ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                                     "data shm: the producer's region faulted during a copy "
                                     "(file truncated?); read failed");
         } else

@@ -36,8 +36,8 @@
  * fresh mapping 1.9-2.1 on /dev/shm; 1.9-2.1 vs 0.73-0.81 on a huge-page
  * tmpfs, where a first touch maps 2 MiB; BENCHMARKS.md, "Cold fetch").
  */
-#ifndef ECX_SHM_COPY_H
-#define ECX_SHM_COPY_H
+#ifndef ECXI_SHM_COPY_H
+#define ECXI_SHM_COPY_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -65,10 +65,10 @@ typedef struct ecxi_shm_src {
  * source mapping with AHEAD copies may be unmapped only after
  * ecxi_shm_ahead_drain(). */
 enum ecxi_shm_copy_mode {
-    ECX_SHM_COPY_AUTO = 0,
-    ECX_SHM_COPY_PREAD = 1,
-    ECX_SHM_COPY_POPULATE = 2,
-    ECX_SHM_COPY_AHEAD = 4,
+    ECXI_SHM_COPY_AUTO = 0,
+    ECXI_SHM_COPY_PREAD = 1,
+    ECXI_SHM_COPY_POPULATE = 2,
+    ECXI_SHM_COPY_AHEAD = 4,
 };
 
 /* Install the SIGBUS guard (idempotent, thread-safe). 0 or ECX_ESYS. */

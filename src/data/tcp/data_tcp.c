@@ -39,7 +39,7 @@
 #define TCP_OK 0
 #define TCP_REFUSED 1
 #define TCP_REQ_HEAD 28 /* version, type, id, token, key_len */
-#define TCP_REQ_MAX (TCP_REQ_HEAD + ECX_DATA_NOTIF_MAX)
+#define TCP_REQ_MAX (TCP_REQ_HEAD + ECXI_DATA_NOTIF_MAX)
 #define TCP_REP_HEAD 9  /* id, status */
 #define TCP_REP_OK 17   /* id, status, nbytes */
 
@@ -60,7 +60,7 @@
 #define TCP_IOV 64                /* runs per sendmsg */
 /* Consumer. */
 #define TCP_CONS_IDLE_MS 20000 /* close an idle connection before the producer does */
-#define TCP_RECV_CHUNK ECX_DATA_CHUNK /* per recv: hashed while in cache */
+#define TCP_RECV_CHUNK ECXI_DATA_CHUNK /* per recv: hashed while in cache */
 #define TCP_SCRATCH 65536
 #define TCP_EVENTS 64
 #define TCP_SWEEP_MS 50
@@ -83,9 +83,9 @@ typedef struct tcp_peer tcp_peer;
 typedef struct tnotif {
     struct tnotif *next;
     int status;
-    uint8_t token[ECX_DATA_TOKEN_LEN];
+    uint8_t token[ECXI_DATA_TOKEN_LEN];
     size_t key_len;
-    char key[ECX_DATA_NOTIF_MAX + 1];
+    char key[ECXI_DATA_NOTIF_MAX + 1];
 } tnotif;
 
 /* The producer's side of one connection. */
@@ -170,7 +170,7 @@ static void set_events(tcp_data *t, int fd, uint32_t *cur, uint32_t ev, void *pt
     if (*cur == ev) return;
     struct epoll_event e = {.events = ev, .data.ptr = ptr};
     if (epoll_ctl(t->epfd, *cur ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &e) != 0)
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data tcp: epoll_ctl: %s", strerror(errno));
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data tcp: epoll_ctl: %s", strerror(errno));
     *cur = ev;
 }
 
@@ -210,7 +210,7 @@ static tnotif *notif_new(const uint8_t *token, const char *key, size_t key_len)
 {
     tnotif *n = malloc(sizeof *n);
     if (!n) return NULL;
-    memcpy(n->token, token, ECX_DATA_TOKEN_LEN);
+    memcpy(n->token, token, ECXI_DATA_TOKEN_LEN);
     memcpy(n->key, key, key_len);
     n->key[key_len] = 0;
     n->key_len = key_len;
@@ -301,7 +301,7 @@ static bool admit(tcp_data *t, const uint8_t key[16], int64_t now)
     if (rc != ECXI_CONN_EVICT || victim >= n) return false;
     tcp_conn *v = by_id[victim];
     t->c.evicted++;
-    ECX_LOG_RATELIMITED(ECX_LOG_INFO,
+    ECXI_LOG_RATELIMITED(ECX_LOG_INFO,
                         "data tcp: connection evicted for a newcomer (%s; %" PRIu64 " so far)",
                         v->hdr_len ? "the slowest reply" : v->in_len ? "unfinished request"
                                                                      : "idle",
@@ -320,7 +320,7 @@ static int accept_conns(tcp_data *t, int64_t now)
         if (fd < 0) {
             if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED &&
                 errno != EINTR)
-                ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data tcp: accept: %s", strerror(errno));
+                ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data tcp: accept: %s", strerror(errno));
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
             continue;
         }
@@ -330,7 +330,7 @@ static int accept_conns(tcp_data *t, int64_t now)
         if (!admit(t, key, now) || !(c = calloc(1, sizeof *c))) {
             close(fd);
             t->c.conns_refused++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                                 "data tcp: connection refused (%u held; its address or prefix "
                                 "holds its share; %" PRIu64 " refused so far)",
                                 t->nconns, t->c.conns_refused);
@@ -353,7 +353,7 @@ static int accept_conns(tcp_data *t, int64_t now)
     return n;
 }
 
-/* Hand c's reply to the kernel, at most ECX_DATA_CHUNK bytes per sendmsg,
+/* Hand c's reply to the kernel, at most ECXI_DATA_CHUNK bytes per sendmsg,
  * while the socket takes it and the slice lasts: 0 when all of it is sent,
  * 1 when the socket is full, 2 when the slice is spent, negative on error. */
 static int conn_flush(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
@@ -362,7 +362,7 @@ static int conn_flush(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
     for (;;) {
         struct iovec iov[TCP_IOV + 1];
         int k = 0;
-        size_t room = ECX_DATA_CHUNK;
+        size_t room = ECXI_DATA_CHUNK;
         if (c->hdr_off < c->hdr_len)
             iov[k++] = (struct iovec){c->hdr + c->hdr_off, c->hdr_len - c->hdr_off};
         for (size_t i = c->run_i; i < c->nruns && k < TCP_IOV + 1 && room; i++) {
@@ -404,14 +404,14 @@ static void conn_answer(tcp_data *t, tcp_conn *c, uint64_t id, const uint8_t *to
                         const char *key, size_t key_len)
 {
     ecxi_data_grant g;
-    int rc = ecxi_data_grant_check(&t->base, key, key_len, token, ECX_DATA_GRANT_CLAIM, &g);
+    int rc = ecxi_data_grant_check(&t->base, key, key_len, token, ECXI_DATA_GRANT_CLAIM, &g);
     ecxi_put_le64(c->hdr, id);
     c->hdr_off = 0;
     c->hdr_len = TCP_REP_HEAD;
     c->hdr[8] = TCP_REFUSED;
     if (rc) {
         t->c.refused++;
-        ECX_LOG_RATELIMITED(ECX_LOG_INFO,
+        ECXI_LOG_RATELIMITED(ECX_LOG_INFO,
                             "data tcp: request refused (no live grant with that key and "
                             "token; %" PRIu64 " refused so far)",
                             t->c.refused);
@@ -451,7 +451,7 @@ static long parse_request(tcp_conn *c, uint8_t *type, uint64_t *id, const uint8_
         return -1;
     if (c->in_len < TCP_REQ_HEAD) return 0;
     size_t kl = (size_t)b[26] | (size_t)b[27] << 8;
-    if (kl == 0 || kl > ECX_DATA_NOTIF_MAX) return -1;
+    if (kl == 0 || kl > ECXI_DATA_NOTIF_MAX) return -1;
     if (c->in_len < TCP_REQ_HEAD + kl) return 0;
     *type = b[1];
     *id = ecxi_get_le64(b + 2);
@@ -469,7 +469,7 @@ static int conn_step(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
     while (!c->dead) {
         int rc = conn_flush(t, c, now, sl);
         if (rc < 0) {
-            ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data tcp: send failed: %s", strerror(errno));
+            ECXI_LOG_RATELIMITED(ECX_LOG_INFO, "data tcp: send failed: %s", strerror(errno));
             conn_close(t, c);
             break;
         }
@@ -495,7 +495,7 @@ static int conn_step(tcp_data *t, tcp_conn *c, int64_t now, ecxi_slice *sl)
         long used = parse_request(c, &type, &id, &token, &key, &key_len);
         if (used < 0) {
             t->c.bad_requests++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                                 "data tcp: malformed request; connection closed (%" PRIu64
                                 " so far)",
                                 t->c.bad_requests);
@@ -572,7 +572,7 @@ static void sweep_conns(tcp_data *t, int64_t now)
             t->c.stalls++;
         else
             t->c.timeouts++;
-        ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data tcp: connection closed: %s", why);
+        ECXI_LOG_RATELIMITED(ECX_LOG_INFO, "data tcp: connection closed: %s", why);
         conn_close(t, c);
     }
 }
@@ -588,10 +588,10 @@ static int tcp_cut(ecxi_data *d, const char *key, size_t key_len, const uint8_t 
     for (tcp_conn *c = t->conns; c; c = c->next) {
         tnotif *n = c->pending;
         if (c->dead || !n || n->key_len != key_len ||
-            sodium_memcmp(n->token, token, ECX_DATA_TOKEN_LEN) != 0 || memcmp(n->key, key, key_len))
+            sodium_memcmp(n->token, token, ECXI_DATA_TOKEN_LEN) != 0 || memcmp(n->key, key, key_len))
             continue;
         t->c.cuts++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                             "data tcp: cut a send whose grant was let go (lease expired, "
                             "replaced or completed; %" PRIu64 " so far)",
                             t->c.cuts);
@@ -679,7 +679,7 @@ static void xfer_end(tcp_xfer *x, int state)
 /* Close p's connection and fail every READ on it. */
 static void peer_fail(tcp_data *t, tcp_peer *p, const char *why)
 {
-    if (why) ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data tcp: producer connection closed: %s", why);
+    if (why) ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data tcp: producer connection closed: %s", why);
     if (p->fd >= 0) close(p->fd);
     p->fd = -1;
     p->events = 0;
@@ -689,7 +689,7 @@ static void peer_fail(tcp_data *t, tcp_peer *p, const char *why)
     while (p->q) {
         tcp_xfer *x = p->q;
         p->q = x->next;
-        xfer_end(x, ECX_XFER_FAILED);
+        xfer_end(x, ECXI_XFER_FAILED);
     }
     p->q_tail = &p->q;
     (void)t;
@@ -711,7 +711,7 @@ static int peer_connect(tcp_data *t, tcp_peer *p)
         int e = errno;
         close(p->fd);
         p->fd = -1;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data tcp: connect: %s", strerror(e));
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data tcp: connect: %s", strerror(e));
         return e == ENETUNREACH || e == EHOSTUNREACH || e == ECONNREFUSED ? ECX_EDATA_NOPATH
                                                                            : ECX_EDATA_PEER;
     }
@@ -744,7 +744,7 @@ static int reply_head(tcp_peer *p)
     if (p->rh[8] == TCP_REFUSED) {
         p->q = x->next;
         if (!p->q) p->q_tail = &p->q;
-        xfer_end(x, ECX_XFER_FAILED);
+        xfer_end(x, ECXI_XFER_FAILED);
         p->rh_len = 0;
         return 0;
     }
@@ -790,9 +790,9 @@ static int recv_body(tcp_data *t, tcp_peer *p, ecxi_slice *sl)
         if (!p->q) p->q_tail = &p->q;
         p->in_body = false;
         p->rh_len = 0;
-        xfer_end(x, x->released                               ? ECX_XFER_FAILED
-                    : ecxi_fsum_digest(&p->sum) == x->checksum ? ECX_XFER_DONE
-                                                               : ECX_XFER_CORRUPT);
+        xfer_end(x, x->released                               ? ECXI_XFER_FAILED
+                    : ecxi_fsum_digest(&p->sum) == x->checksum ? ECXI_XFER_DONE
+                                                               : ECXI_XFER_CORRUPT);
     }
     return 0;
 }
@@ -957,7 +957,7 @@ static void request_put(tcp_peer *p, uint8_t type, uint64_t id, const uint8_t *t
     b[0] = TCP_PROTO;
     b[1] = type;
     ecxi_put_le64(b + 2, id);
-    memcpy(b + 10, token, ECX_DATA_TOKEN_LEN);
+    memcpy(b + 10, token, ECXI_DATA_TOKEN_LEN);
     b[26] = (uint8_t)key_len;
     b[27] = (uint8_t)(key_len >> 8);
     memcpy(b + TCP_REQ_HEAD, key, key_len);
@@ -999,7 +999,7 @@ static int tcp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *tk,
     }
     x->head.owner = hp->owner;
     x->peer = p;
-    x->state = ECX_XFER_RUNNING;
+    x->state = ECXI_XFER_RUNNING;
     x->nbytes = nbytes;
     x->checksum = tk->checksum;
     x->deadline_ms = ecxi_now_ms(NULL) + tk->lease_ms;

@@ -35,7 +35,7 @@
 #define AM_REQ_ID 0x3ed
 #define REQ_VERSION 1
 #define REQ_HDR 32
-#define REQ_MAX (REQ_HDR + ECX_DATA_NOTIF_MAX)
+#define REQ_MAX (REQ_HDR + ECXI_DATA_NOTIF_MAX)
 #define ADDR_VERSION 1
 /* This file's timeouts and bounds (CLOSE_WAIT_MS, SEND_STALL_MS, the MAX_*
  * below) are the data plane's own, internal to this path: no ecx_config
@@ -76,11 +76,11 @@ typedef struct conn {
 
 typedef struct request {
     conn *c;
-    bool asked; /* the grant check said ECX_DATA_GRANT_ASKED: wait for its answer */
+    bool asked; /* the grant check said ECXI_DATA_GRANT_ASKED: wait for its answer */
     uint64_t tag;
-    uint8_t token[ECX_DATA_TOKEN_LEN];
+    uint8_t token[ECXI_DATA_TOKEN_LEN];
     uint16_t key_len;
-    char key[ECX_DATA_NOTIF_MAX + 1];
+    char key[ECXI_DATA_NOTIF_MAX + 1];
 } request;
 
 /* One producer send, from post until poll_notifs hands its end over. */
@@ -95,9 +95,9 @@ typedef struct psend {
     bool running; /* UCX holds the request: it may still read the grant's blocks */
     ucp_dt_iov_t *iov;
     size_t iov_cap;
-    uint8_t token[ECX_DATA_TOKEN_LEN];
+    uint8_t token[ECXI_DATA_TOKEN_LEN];
     uint16_t key_len;
-    char key[ECX_DATA_NOTIF_MAX + 1];
+    char key[ECXI_DATA_NOTIF_MAX + 1];
 } psend;
 
 typedef struct ucx_peer ucx_peer;
@@ -303,7 +303,7 @@ static ucs_log_func_rc_t ucx_log(const char *file, unsigned line, const char *fu
     int lvl = level <= UCS_LOG_LEVEL_ERROR  ? ECX_LOG_WARN
               : level <= UCS_LOG_LEVEL_WARN ? ECX_LOG_INFO
                                             : ECX_LOG_DEBUG;
-    ECX_LOG_RATELIMITED(lvl, "data ucx: UCX says: %s", msg);
+    ECXI_LOG_RATELIMITED(lvl, "data ucx: UCX says: %s", msg);
     return UCS_LOG_FUNC_RC_STOP;
 }
 
@@ -473,7 +473,7 @@ int ecxi_data_ucx_new_producer(ecxi_region *r, const char *bind_host, uint16_t p
     m->has_ucx = true;
     m->ucx_addr = u->addr;
     m->ucx_addr_len = u->addr_len;
-    u->base.role = ECX_DATA_PRODUCER;
+    u->base.role = ECXI_DATA_PRODUCER;
     *out = &u->base;
     return 0;
 }
@@ -487,7 +487,7 @@ int ecxi_data_ucx_new_consumer(ecxi_region *r, ecxi_data **out)
         ucx_free(&u->base);
         return rc;
     }
-    u->base.role = ECX_DATA_CONSUMER;
+    u->base.role = ECXI_DATA_CONSUMER;
     *out = &u->base;
     return 0;
 }
@@ -499,7 +499,7 @@ static void conn_req_cb(ucp_conn_request_h req, void *arg)
     ucx_data *u = arg;
     if (u->naccepts == MAX_ACCEPTS || u->nconns + u->naccepts >= MAX_CONNS) {
         u->conns_refused++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: too many connections; rejected one");
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: too many connections; rejected one");
         (void)ucp_listener_reject(u->listener, req);
         return;
     }
@@ -511,7 +511,7 @@ static void conn_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     (void)ep;
     conn *c = arg;
     c->failed = true;
-    ECX_LOG_RATELIMITED(ECX_LOG_INFO, "data ucx: a consumer connection ended: %s",
+    ECXI_LOG_RATELIMITED(ECX_LOG_INFO, "data ucx: a consumer connection ended: %s",
                         ucs_status_string(status));
 }
 
@@ -564,7 +564,7 @@ static int accept_conns(ucx_data *u)
         conn *c = h && !full ? calloc(1, sizeof *c) : NULL;
         if (!c) {
             u->conns_refused++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: connection refused (%s)",
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: connection refused (%s)",
                                 full ? "per-host limit" : "no memory");
             (void)ucp_listener_reject(u->listener, req);
             if (h) host_unref(u, h);
@@ -579,7 +579,7 @@ static int accept_conns(ucx_data *u)
         };
         ucs_status_t st = ucp_ep_create(u->worker, &ep, &c->ep);
         if (st != UCS_OK) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: accept: %s", ucs_status_string(st));
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: accept: %s", ucs_status_string(st));
             host_unref(u, h);
             free(c);
             continue;
@@ -601,7 +601,7 @@ static void reap_conns(ucx_data *u)
         conn *c = *pp;
         if (!c->failed && c->sends && now - c->last_done_ms > SEND_STALL_MS) {
             u->stalled++;
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                                 "data ucx: closed a connection whose sends stalled (%" PRIu64
                                 " so far)",
                                 u->stalled);
@@ -641,21 +641,21 @@ static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_lengt
         length < REQ_HDR || length > REQ_MAX || b[0] != REQ_VERSION || b[1] != 0 ||
         get_le16(b + 2) != length - REQ_HDR || length == REQ_HDR) {
         u->dropped++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: dropped a malformed request (%zu bytes)",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: dropped a malformed request (%zu bytes)",
                             length);
         return UCS_OK;
     }
     if (u->nqueued == MAX_QUEUED || c->queued == MAX_QUEUED_PER_CONN ||
         c->h->queued == MAX_QUEUED_PER_HOST) {
         u->dropped++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: request queue full; dropped one");
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: request queue full; dropped one");
         return UCS_OK;
     }
     request *q = &u->queue[u->nqueued++];
     q->c = c;
     q->asked = false;
     q->tag = get_le64(b + 8);
-    memcpy(q->token, b + 16, ECX_DATA_TOKEN_LEN);
+    memcpy(q->token, b + 16, ECXI_DATA_TOKEN_LEN);
     q->key_len = (uint16_t)(length - REQ_HDR);
     memcpy(q->key, b + REQ_HDR, q->key_len);
     q->key[q->key_len] = 0;
@@ -670,7 +670,7 @@ static void send_done_cb(void *req, ucs_status_t status, void *user_data)
     ucp_request_free(req);
     s->running = false;
     if (status != UCS_OK)
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a send failed: %s", ucs_status_string(status));
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a send failed: %s", ucs_status_string(status));
     s->status = s->fail ? s->fail : status == UCS_OK ? 0 : ECX_EDATA_UCX;
     s->c->sends--, s->c->h->sends--;
     s->c->last_done_ms = ecxi_now_ms(NULL);
@@ -735,7 +735,7 @@ static void post_send(ucx_data *u, psend *s, uint64_t tag, void *buf, size_t cou
     s->running = false;
     ucs_status_t st = UCS_PTR_STATUS(req);
     if (st != UCS_OK)
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: tag_send: %s", ucs_status_string(st));
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: tag_send: %s", ucs_status_string(st));
     s->status = s->fail ? s->fail : st == UCS_OK ? 0 : ECX_EDATA_UCX;
     s->c->sends--, s->c->h->sends--;
     *u->done_tail = s;
@@ -787,8 +787,8 @@ static bool serve(ucx_data *u, request *q)
     psend *s = send_get(u, c);
     if (!s) return false;
     ecxi_data_grant g;
-    int rc = ecxi_data_grant_check(&u->base, q->key, q->key_len, q->token, ECX_DATA_GRANT_CLAIM, &g);
-    if (rc == ECX_DATA_GRANT_ASKED) {
+    int rc = ecxi_data_grant_check(&u->base, q->key, q->key_len, q->token, ECXI_DATA_GRANT_CLAIM, &g);
+    if (rc == ECXI_DATA_GRANT_ASKED) {
         /* The answer comes later (the session is in another process:
          * ucx_proc.h): the request waits for it in the queue. */
         send_unget(u, s);
@@ -797,7 +797,7 @@ static bool serve(ucx_data *u, request *q)
     }
     size_t count = 0;
     if (rc == 0) {
-        memcpy(s->token, q->token, ECX_DATA_TOKEN_LEN);
+        memcpy(s->token, q->token, ECXI_DATA_TOKEN_LEN);
         memcpy(s->key, q->key, q->key_len + 1u);
         s->key_len = q->key_len;
         rc = grant_iov(u, s, &g, &count);
@@ -818,7 +818,7 @@ static bool serve(ucx_data *u, request *q)
         return true;
     }
     u->refused++;
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: refused a request without a live grant (%" PRIu64
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: refused a request without a live grant (%" PRIu64
                                       " so far)", u->refused);
     s->refusal = true;
     post_send(u, s, q->tag, NULL, 0, ucp_dt_make_contig(1), false);
@@ -835,12 +835,12 @@ static int ucx_cut(ecxi_data *d, const char *key, size_t key_len, const uint8_t 
     ucx_data *u = (ucx_data *)d;
     for (psend *s = u->all_sends; s; s = s->all_next) {
         if (!s->running || s->refusal || s->key_len != key_len ||
-            sodium_memcmp(s->token, token, ECX_DATA_TOKEN_LEN) != 0 || memcmp(s->key, key, key_len))
+            sodium_memcmp(s->token, token, ECXI_DATA_TOKEN_LEN) != 0 || memcmp(s->key, key, key_len))
             continue;
         conn *c = s->c;
         if (c->failed && !c->ep) return 1; /* cut already: its end is on the way */
         u->cuts++;
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                             "data ucx: cut a send whose grant was let go (lease expired, "
                             "replaced or completed; %" PRIu64 " so far)",
                             u->cuts);
@@ -969,7 +969,7 @@ static void peer_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
     (void)ep;
     ucx_peer *p = arg;
     p->broken = true;
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: producer connection failed: %s",
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: producer connection failed: %s",
                         ucs_status_string(status));
 }
 
@@ -1086,7 +1086,7 @@ static ucx_xfer *xfer_get(ucx_data *u)
     x->next = NULL;
     x->peer = NULL;
     x->req = NULL;
-    x->state = ECX_XFER_RUNNING;
+    x->state = ECXI_XFER_RUNNING;
     x->released = x->recv_ok = x->recv_ended = x->am_pending = x->verifying = false;
     x->received = 0;
     return x;
@@ -1115,16 +1115,16 @@ static void xfer_land(ucx_data *u, ucx_xfer *x)
     }
     if (!x->recv_ok || x->received != x->nbytes) {
         if (x->recv_ok)
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN,
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN,
                                 "data ucx: producer sent %zu of %" PRIu64 " bytes (refused?)",
                                 x->received, x->nbytes);
-        x->state = ECX_XFER_FAILED;
+        x->state = ECXI_XFER_FAILED;
         return;
     }
     /* Checked in progress slices (an item's hash is milliseconds of work,
      * and this runs inside ucp_worker_progress). */
     if (!x->sum && !(x->sum = aligned_alloc(64, (sizeof(ecxi_sum) + 63) & ~(size_t)63))) {
-        x->state = ECX_XFER_FAILED;
+        x->state = ECXI_XFER_FAILED;
         return;
     }
     ecxi_sum_reset(x->sum);
@@ -1166,7 +1166,7 @@ static int verify_some(ucx_data *u, ecxi_slice *sl)
         if (x->v_i < x->niov) {
             const ucp_dt_iov_t *v = &x->iov[x->v_i];
             uint64_t len = v->length - x->v_off;
-            if (len > ECX_DATA_CHUNK) len = ECX_DATA_CHUNK;
+            if (len > ECXI_DATA_CHUNK) len = ECXI_DATA_CHUNK;
             ecxi_sum_update(x->sum, (const uint8_t *)v->buffer + x->v_off, (size_t)len);
             sl->bytes += len;
             x->v_off += len;
@@ -1174,7 +1174,7 @@ static int verify_some(ucx_data *u, ecxi_slice *sl)
             continue;
         }
         verify_unlink(u, x);
-        x->state = ecxi_sum_digest(x->sum) == x->checksum ? ECX_XFER_DONE : ECX_XFER_CORRUPT;
+        x->state = ecxi_sum_digest(x->sum) == x->checksum ? ECXI_XFER_DONE : ECXI_XFER_CORRUPT;
         n++;
     }
     return n;
@@ -1191,7 +1191,7 @@ static void recv_done_cb(void *req, ucs_status_t status, const ucp_tag_recv_info
     x->recv_ok = status == UCS_OK;
     x->received = x->recv_ok ? info->length : 0;
     if (status != UCS_OK && status != UCS_ERR_CANCELED)
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: receive failed: %s",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: receive failed: %s",
                             ucs_status_string(status));
     xfer_land(u, x);
 }
@@ -1200,7 +1200,7 @@ static void req_sent_cb(void *req, ucs_status_t status, void *user_data)
 {
     ucx_xfer *x = user_data;
     if (status != UCS_OK && status != UCS_ERR_CANCELED)
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: request not sent: %s",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: request not sent: %s",
                             ucs_status_string(status));
     ucp_request_free(req);
     x->am_pending = false;
@@ -1256,7 +1256,7 @@ static int ucx_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
         msg[0] = REQ_VERSION;
         put_le16(msg + 2, (uint16_t)key_len);
         put_le64(msg + 8, tag);
-        memcpy(msg + 16, t->token, ECX_DATA_TOKEN_LEN);
+        memcpy(msg + 16, t->token, ECXI_DATA_TOKEN_LEN);
         memcpy(msg + REQ_HDR, key, key_len);
         /* One run (the usual case) is received contiguously: only then
          * can UCX's rendezvous put straight into it (an IOV receive
@@ -1273,7 +1273,7 @@ static int ucx_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
                                                   tag, UINT64_MAX, &rp)
                                : ucp_tag_recv_nbx(u->worker, x->iov, count, tag, UINT64_MAX, &rp);
         if (UCS_PTR_IS_ERR(req)) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: tag_recv: %s",
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: tag_recv: %s",
                                 ucs_status_string(UCS_PTR_STATUS(req)));
             rc = ECX_EDATA_UCX;
         } else if (!x->recv_ended) {
@@ -1297,7 +1297,7 @@ static int ucx_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
     void *sr = ucp_am_send_nbx(p->ep, AM_REQ_ID, NULL, 0, msg, REQ_HDR + key_len, &sp);
     if (sr && !UCS_PTR_IS_ERR(sr)) x->am_pending = true;
     if (UCS_PTR_IS_ERR(sr)) {
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: request not sent: %s",
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: request not sent: %s",
                             ucs_status_string(UCS_PTR_STATUS(sr)));
         /* The receive is still posted: fail the xfer through it. */
         ucp_request_cancel(u->worker, x->req);

@@ -34,9 +34,9 @@
 typedef struct claim {
     struct claim *next;
     int status;
-    uint8_t token[ECX_DATA_TOKEN_LEN];
+    uint8_t token[ECXI_DATA_TOKEN_LEN];
     uint16_t key_len;
-    char key[ECX_DATA_NOTIF_MAX + 1];
+    char key[ECXI_DATA_NOTIF_MAX + 1];
 } claim;
 
 typedef struct up_peer {
@@ -123,7 +123,7 @@ static const struct ecxi_data_ops ucxp_ops;
 
 static void hdr_put(uint8_t *b, uint16_t type, uint64_t id)
 {
-    ecxi_helper_hdr_put(b, ECX_UCX_PROC_MAGIC, ECX_UCX_PROC_VERSION, type, id);
+    ecxi_helper_hdr_put(b, ECXI_UCX_PROC_MAGIC, ECXI_UCX_PROC_VERSION, type, id);
 }
 
 /* ---- the helper's life ----------------------------------------------- */
@@ -153,12 +153,12 @@ static void die(ucxp *p, const char *what)
         if (x->peer_key != only) only = 0;
     suspect *s = only ? suspect_of(p, only, true) : NULL;
     if (s && ++s->deaths == SUSPECT_DEATHS)
-        ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a producer's READs were the only ones in "
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a producer's READs were the only ones in "
                             "flight at %d deaths of the UCX process: it is refused for %d s",
                             SUSPECT_DEATHS, SUSPECT_MS / 1000);
     for (up_xfer *x = p->xfers, *n; x; x = n) {
         n = x->next;
-        x->state = ECX_XFER_FAILED;
+        x->state = ECXI_XFER_FAILED;
         x->prev = x->next = NULL;
         nx++;
     }
@@ -169,7 +169,7 @@ static void die(ucxp *p, const char *what)
         nc++;
     }
     p->claims = NULL;
-    ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: the UCX process (pid %d) ended: %s%s%s; %u "
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: the UCX process (pid %d) ended: %s%s%s; %u "
                         "READs and %u sends in flight failed; a new one starts",
                         (int)p->pid, why, what ? ": " : "", what ? what : "", nx, nc);
     p->pid = 0;
@@ -185,7 +185,7 @@ static void die(ucxp *p, const char *what)
  * helper never stops reading, so a full socket that stays full is a hang. */
 static int send_msg(ucxp *p, size_t len)
 {
-    int64_t end = ecxi_now_ms(NULL) + ECX_UCX_PROC_SEND_MS;
+    int64_t end = ecxi_now_ms(NULL) + ECXI_UCX_PROC_SEND_MS;
     while (p->sock >= 0) {
         if (send(p->sock, p->tx, len, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)len) return 0;
         if (errno == EINTR) continue;
@@ -217,25 +217,25 @@ static int start(ucxp *p)
     ecxi_helper_started(&p->starts, ecxi_now_ms(NULL));
     size_t hl = p->bind_host ? strlen(p->bind_host) : 0;
     uint8_t *b = p->tx;
-    hdr_put(b, ECX_UCX_P_HELLO, p->gens + 1);
-    ecxi_put_le32(b + ECX_HELPER_HDR, p->producer ? ECX_UCX_ROLE_PRODUCER : ECX_UCX_ROLE_CONSUMER);
-    ecxi_put_le64(b + ECX_HELPER_HDR + 4, ecxi_region_block_bytes(p->base.region));
-    memcpy(b + ECX_HELPER_HDR + 12, &p->port, 2);
-    if (hl) memcpy(b + ECX_HELPER_HDR + 14, p->bind_host, hl);
-    ssize_t sent = send(p->sock, b, ECX_HELPER_HDR + 14 + hl, MSG_NOSIGNAL | MSG_DONTWAIT);
+    hdr_put(b, ECXI_UCX_P_HELLO, p->gens + 1);
+    ecxi_put_le32(b + ECXI_HELPER_HDR, p->producer ? ECXI_UCX_ROLE_PRODUCER : ECXI_UCX_ROLE_CONSUMER);
+    ecxi_put_le64(b + ECXI_HELPER_HDR + 4, ecxi_region_block_bytes(p->base.region));
+    memcpy(b + ECXI_HELPER_HDR + 12, &p->port, 2);
+    if (hl) memcpy(b + ECXI_HELPER_HDR + 14, p->bind_host, hl);
+    ssize_t sent = send(p->sock, b, ECXI_HELPER_HDR + 14 + hl, MSG_NOSIGNAL | MSG_DONTWAIT);
     long n = sent < 0 ? -1
-                      : ecxi_helper_recv_wait(p->sock, p->rx, ECX_UCX_PROC_MSG_MAX,
-                                              ecxi_now_ms(NULL) + ECX_UCX_PROC_START_MS);
+                      : ecxi_helper_recv_wait(p->sock, p->rx, ECXI_UCX_PROC_MSG_MAX,
+                                              ecxi_now_ms(NULL) + ECXI_UCX_PROC_START_MS);
     uint16_t type;
     uint64_t id;
-    const uint8_t *r = p->rx + ECX_HELPER_HDR;
-    size_t rl = n >= ECX_HELPER_HDR + 4 ? (size_t)n - ECX_HELPER_HDR - 4 : 0;
-    int hrc = n >= ECX_HELPER_HDR + 4 ? (int32_t)ecxi_get_le32(r) : 0;
+    const uint8_t *r = p->rx + ECXI_HELPER_HDR;
+    size_t rl = n >= ECXI_HELPER_HDR + 4 ? (size_t)n - ECXI_HELPER_HDR - 4 : 0;
+    int hrc = n >= ECXI_HELPER_HDR + 4 ? (int32_t)ecxi_get_le32(r) : 0;
     const char *bad = NULL;
-    if (n < ECX_HELPER_HDR + 4 ||
-        ecxi_helper_hdr_get(p->rx, (size_t)n, ECX_UCX_PROC_MAGIC, ECX_UCX_PROC_VERSION, &type,
+    if (n < ECXI_HELPER_HDR + 4 ||
+        ecxi_helper_hdr_get(p->rx, (size_t)n, ECXI_UCX_PROC_MAGIC, ECXI_UCX_PROC_VERSION, &type,
                             &id) ||
-        type != ECX_UCX_H_HELLO)
+        type != ECXI_UCX_H_HELLO)
         bad = n < 0 ? "no answer" : "a bad answer";
     else if (hrc)
         bad = hrc < 0 ? ecx_strerror(hrc) : "a bad answer";
@@ -249,7 +249,7 @@ static int start(ucxp *p)
         close(p->sock);
         p->sock = -1;
         ecxi_helper_reap(p->pid, true, REAP_WAIT_MS, why, sizeof why);
-        ECX_LOG_RATELIMITED(ECX_LOG_ERROR, "data ucx: the UCX process %s did not start (%s)",
+        ECXI_LOG_RATELIMITED(ECX_LOG_ERROR, "data ucx: the UCX process %s did not start (%s)",
                             path, bad);
         p->pid = 0;
         return hrc < 0 ? hrc : ECX_EDATA_UCX;
@@ -285,8 +285,8 @@ static int ensure_up(ucxp *p)
         if (now - p->down_logged_ms >= 1000) {
             p->down_logged_ms = now;
             ecxi_log(ECX_LOG_WARN, "data ucx: the UCX process was started %d times in %d s: "
-                     "the ucx path fails for %lld ms more", ECX_HELPER_RESTARTS,
-                     ECX_HELPER_WINDOW_MS / 1000, (long long)left);
+                     "the ucx path fails for %lld ms more", ECXI_HELPER_RESTARTS,
+                     ECXI_HELPER_WINDOW_MS / 1000, (long long)left);
         }
         return ECX_EDATA_PEER;
     }
@@ -300,15 +300,15 @@ static int ensure_up(ucxp *p)
 /* The session's answer to the helper's ASK: claim, and tell it the runs. */
 static void on_ask(ucxp *p, uint64_t id, const uint8_t *b, size_t n)
 {
-    if (n <= ECX_DATA_TOKEN_LEN || n > ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX)
+    if (n <= ECXI_DATA_TOKEN_LEN || n > ECXI_DATA_TOKEN_LEN + ECXI_DATA_NOTIF_MAX)
         return die(p, "a malformed ASK");
     const uint8_t *token = b;
-    const char *key = (const char *)b + ECX_DATA_TOKEN_LEN;
-    size_t key_len = n - ECX_DATA_TOKEN_LEN;
+    const char *key = (const char *)b + ECXI_DATA_TOKEN_LEN;
+    size_t key_len = n - ECXI_DATA_TOKEN_LEN;
     /* the claim's record first: a claim must never go untracked */
     claim *c = calloc(1, sizeof *c);
     ecxi_data_grant g = {0};
-    int rc = c ? ecxi_data_grant_check(&p->base, key, key_len, token, ECX_DATA_GRANT_CLAIM, &g)
+    int rc = c ? ecxi_data_grant_check(&p->base, key, key_len, token, ECXI_DATA_GRANT_CLAIM, &g)
                : ECX_ENOMEM;
     if (rc > 0) rc = ECX_EDATA_GRANT;
     uint8_t *t = p->tx;
@@ -316,16 +316,16 @@ static void on_ask(ucxp *p, uint64_t id, const uint8_t *b, size_t n)
     const uint64_t nb = ecxi_region_num_blocks(p->base.region);
     if (rc) free(c);
     if (rc == 0) {
-        memcpy(c->token, token, ECX_DATA_TOKEN_LEN);
+        memcpy(c->token, token, ECXI_DATA_TOKEN_LEN);
         memcpy(c->key, key, key_len);
         c->key_len = (uint16_t)key_len;
-        uint8_t *run = t + ECX_HELPER_HDR + 16;
+        uint8_t *run = t + ECXI_HELPER_HDR + 16;
         if (g.n == 0) rc = ECX_EDATA_COUNT;
         for (size_t i = 0; i < g.n && rc == 0;) {
             size_t k = 1;
             while (i + k < g.n && g.blocks[i + k] == g.blocks[i] + k) k++;
             if (g.blocks[i] >= nb || k > nb - g.blocks[i]) rc = ECX_EDATA_INDEX;
-            else if (nruns == ECX_UCX_PROC_RUNS) rc = ECX_EDATA_COUNT;
+            else if (nruns == ECXI_UCX_PROC_RUNS) rc = ECX_EDATA_COUNT;
             else {
                 ecxi_put_le32(run + 8 * (size_t)nruns, (uint32_t)g.blocks[i]);
                 ecxi_put_le32(run + 8 * (size_t)nruns + 4, (uint32_t)k);
@@ -334,10 +334,10 @@ static void on_ask(ucxp *p, uint64_t id, const uint8_t *b, size_t n)
             i += k;
         }
         if (rc) {
-            ECX_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a grant that is empty, outside the "
+            ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a grant that is empty, outside the "
                                 "region or of more than %u runs of blocks cannot go through "
                                 "the UCX process (%s)",
-                                (unsigned)ECX_UCX_PROC_RUNS, ecx_strerror(rc));
+                                (unsigned)ECXI_UCX_PROC_RUNS, ecx_strerror(rc));
             end_claim(p, c, rc); /* claimed, never sent: it ends now */
             nruns = 0;
         } else {
@@ -345,25 +345,25 @@ static void on_ask(ucxp *p, uint64_t id, const uint8_t *b, size_t n)
             p->claims = c;
         }
     }
-    hdr_put(t, ECX_UCX_P_ANSWER, id);
-    ecxi_put_le32(t + ECX_HELPER_HDR, (uint32_t)rc);
-    ecxi_put_le64(t + ECX_HELPER_HDR + 4, rc ? 0 : g.nbytes);
-    ecxi_put_le32(t + ECX_HELPER_HDR + 12, nruns);
-    (void)send_msg(p, ECX_HELPER_HDR + 16 + 8 * (size_t)nruns);
+    hdr_put(t, ECXI_UCX_P_ANSWER, id);
+    ecxi_put_le32(t + ECXI_HELPER_HDR, (uint32_t)rc);
+    ecxi_put_le64(t + ECXI_HELPER_HDR + 4, rc ? 0 : g.nbytes);
+    ecxi_put_le32(t + ECXI_HELPER_HDR + 12, nruns);
+    (void)send_msg(p, ECXI_HELPER_HDR + 16 + 8 * (size_t)nruns);
 }
 
 static void on_end(ucxp *p, const uint8_t *b, size_t n)
 {
-    if (n <= 4 + ECX_DATA_TOKEN_LEN || n > 4 + ECX_DATA_TOKEN_LEN + ECX_DATA_NOTIF_MAX)
+    if (n <= 4 + ECXI_DATA_TOKEN_LEN || n > 4 + ECXI_DATA_TOKEN_LEN + ECXI_DATA_NOTIF_MAX)
         return die(p, "a malformed END");
     int status = (int32_t)ecxi_get_le32(b);
     const uint8_t *token = b + 4;
-    const char *key = (const char *)b + 4 + ECX_DATA_TOKEN_LEN;
-    size_t key_len = n - 4 - ECX_DATA_TOKEN_LEN;
+    const char *key = (const char *)b + 4 + ECXI_DATA_TOKEN_LEN;
+    size_t key_len = n - 4 - ECXI_DATA_TOKEN_LEN;
     for (claim **pp = &p->claims; *pp; pp = &(*pp)->next) {
         claim *c = *pp;
         if (c->key_len != key_len || memcmp(c->key, key, key_len) ||
-            sodium_memcmp(c->token, token, ECX_DATA_TOKEN_LEN))
+            sodium_memcmp(c->token, token, ECXI_DATA_TOKEN_LEN))
             continue;
         *pp = c->next;
         end_claim(p, c, status > 0 ? ECX_EDATA_UCX : status);
@@ -376,33 +376,33 @@ static void handle(ucxp *p, const uint8_t *m, size_t len)
 {
     uint16_t type;
     uint64_t id;
-    if (ecxi_helper_hdr_get(m, len, ECX_UCX_PROC_MAGIC, ECX_UCX_PROC_VERSION, &type, &id))
+    if (ecxi_helper_hdr_get(m, len, ECXI_UCX_PROC_MAGIC, ECXI_UCX_PROC_VERSION, &type, &id))
         return die(p, "a message not of its protocol");
-    const uint8_t *b = m + ECX_HELPER_HDR;
-    size_t n = len - ECX_HELPER_HDR;
+    const uint8_t *b = m + ECXI_HELPER_HDR;
+    size_t n = len - ECXI_HELPER_HDR;
     switch (type) {
-    case ECX_UCX_H_ASK:
+    case ECXI_UCX_H_ASK:
         if (!p->producer) break;
         return on_ask(p, id, b, n);
-    case ECX_UCX_H_END:
+    case ECXI_UCX_H_END:
         if (!p->producer) break;
         return on_end(p, b, n);
-    case ECX_UCX_H_ADDED:
+    case ECXI_UCX_H_ADDED:
         if (p->producer || n != 4 || !p->add_id || id != p->add_id || p->add_answered ||
             (int32_t)ecxi_get_le32(b) > 0)
             break;
         p->add_answered = true;
         p->add_rc = (int32_t)ecxi_get_le32(b);
         return;
-    case ECX_UCX_H_STATS:
+    case ECXI_UCX_H_STATS:
         if (n != 32) break;
         p->helper_counts = (ecxi_data_counts){ecxi_get_le64(b), ecxi_get_le64(b + 8),
                                               ecxi_get_le64(b + 16), ecxi_get_le64(b + 24)};
         return;
-    case ECX_UCX_H_READ_END: {
+    case ECXI_UCX_H_READ_END: {
         int32_t st = n == 4 ? (int32_t)ecxi_get_le32(b) : -1;
         if (p->producer || id == 0 || id > p->next_id ||
-            (st != ECX_XFER_DONE && st != ECX_XFER_FAILED && st != ECX_XFER_CORRUPT))
+            (st != ECXI_XFER_DONE && st != ECXI_XFER_FAILED && st != ECXI_XFER_CORRUPT))
             break;
         for (up_xfer *x = p->xfers; x; x = x->next)
             if (x->id == id) {
@@ -427,14 +427,14 @@ static int drain(ucxp *p, int max)
 {
     int n = 0;
     while (p->sock >= 0 && n < max) {
-        ssize_t k = recv(p->sock, p->rx, ECX_UCX_PROC_MSG_MAX, MSG_DONTWAIT | MSG_TRUNC);
+        ssize_t k = recv(p->sock, p->rx, ECXI_UCX_PROC_MSG_MAX, MSG_DONTWAIT | MSG_TRUNC);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0 && errno == EAGAIN) break;
         if (k <= 0) { /* EOF, or a reset: it ended by itself */
             die(p, k < 0 && errno != ECONNRESET ? strerror(errno) : NULL);
             return -1;
         }
-        if (k > (ssize_t)ECX_UCX_PROC_MSG_MAX) {
+        if (k > (ssize_t)ECXI_UCX_PROC_MSG_MAX) {
             die(p, "a message too large");
             return -1;
         }
@@ -494,13 +494,13 @@ static int ucxp_cut(ecxi_data *d, const char *key, size_t key_len, const uint8_t
     ucxp *p = (ucxp *)d;
     for (claim *c = p->claims; c; c = c->next) {
         if (c->key_len != key_len || memcmp(c->key, key, key_len) ||
-            sodium_memcmp(c->token, token, ECX_DATA_TOKEN_LEN))
+            sodium_memcmp(c->token, token, ECXI_DATA_TOKEN_LEN))
             continue;
         uint8_t *t = p->tx;
-        hdr_put(t, ECX_UCX_P_CUT, 0);
-        memcpy(t + ECX_HELPER_HDR, token, ECX_DATA_TOKEN_LEN);
-        memcpy(t + ECX_HELPER_HDR + ECX_DATA_TOKEN_LEN, key, key_len);
-        (void)send_msg(p, ECX_HELPER_HDR + ECX_DATA_TOKEN_LEN + key_len); /* or it died */
+        hdr_put(t, ECXI_UCX_P_CUT, 0);
+        memcpy(t + ECXI_HELPER_HDR, token, ECXI_DATA_TOKEN_LEN);
+        memcpy(t + ECXI_HELPER_HDR + ECXI_DATA_TOKEN_LEN, key, key_len);
+        (void)send_msg(p, ECXI_HELPER_HDR + ECXI_DATA_TOKEN_LEN + key_len); /* or it died */
         return 1;
     }
     return 0;
@@ -517,7 +517,7 @@ static void ucxp_free(ecxi_data *d)
     for (claim *c = p->claims, *n; c; c = n) n = c->next, free(c);
     for (claim *c = p->ends, *n; c; c = n) n = c->next, free(c);
     for (up_peer *x = p->peers, *n; x; x = n) n = x->next, free(x);
-    for (up_xfer *x = p->xfers; x; x = x->next) x->state = ECX_XFER_FAILED, x->prev = NULL;
+    for (up_xfer *x = p->xfers; x; x = x->next) x->state = ECXI_XFER_FAILED, x->prev = NULL;
     if (p->epfd >= 0) close(p->epfd);
     if (p->tfd >= 0) close(p->tfd);
     if (p->region_fd >= 0) close(p->region_fd);
@@ -547,12 +547,12 @@ static int add_in_helper(ucxp *p, up_peer *x)
     if (rc) return rc;
     x->id = ++p->next_id;
     uint8_t *t = p->tx;
-    hdr_put(t, ECX_UCX_P_ADD, x->id);
-    memcpy(t + ECX_HELPER_HDR, x->addr, x->addr_len);
+    hdr_put(t, ECXI_UCX_P_ADD, x->id);
+    memcpy(t + ECXI_HELPER_HDR, x->addr, x->addr_len);
     p->add_id = x->id;
     p->add_answered = false;
-    if ((rc = send_msg(p, ECX_HELPER_HDR + x->addr_len))) return rc;
-    int64_t end = ecxi_now_ms(NULL) + ECX_UCX_PROC_ADD_MS;
+    if ((rc = send_msg(p, ECXI_HELPER_HDR + x->addr_len))) return rc;
+    int64_t end = ecxi_now_ms(NULL) + ECXI_UCX_PROC_ADD_MS;
     while (!p->add_answered && p->sock >= 0) {
         if (ecxi_now_ms(NULL) >= end) {
             die(p, "no answer to an ADD");
@@ -602,8 +602,8 @@ static void ucxp_peer_drop(ecxi_data_peer *hp)
             break;
         }
     if (p->sock >= 0 && x->gen == p->gen) {
-        hdr_put(p->tx, ECX_UCX_P_DROP, x->id);
-        (void)send_msg(p, ECX_HELPER_HDR);
+        hdr_put(p->tx, ECXI_UCX_P_DROP, x->id);
+        (void)send_msg(p, ECXI_HELPER_HDR);
     }
     free(x);
 }
@@ -622,9 +622,9 @@ static int ucxp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
     if (s && s->deaths >= SUSPECT_DEATHS) return ECX_EDATA_PEER;
     if ((p->sock < 0 || x->gen != p->gen) && (rc = add_in_helper(p, x))) return rc;
     uint8_t *b = p->tx;
-    size_t fixed = ECX_HELPER_HDR + 8 * 3 + ECX_DATA_TOKEN_LEN + 8;
+    size_t fixed = ECXI_HELPER_HDR + 8 * 3 + ECXI_DATA_TOKEN_LEN + 8;
     uint8_t *run = b + fixed + key_len;
-    if (nlocal > ECX_UCX_PROC_RUNS) return ECX_EDATA_COUNT;
+    if (nlocal > ECXI_UCX_PROC_RUNS) return ECX_EDATA_COUNT;
     uint32_t nruns = (uint32_t)nlocal;
     for (size_t i = 0; i < nlocal; i++) {
         ecxi_put_le32(run + 8 * i, (uint32_t)local[i].first);
@@ -634,21 +634,21 @@ static int ucxp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
     if (!u) return ECX_ENOMEM;
     u->id = ++p->next_id;
     u->peer_key = skey;
-    hdr_put(b, ECX_UCX_P_READ, u->id);
-    uint8_t *f = b + ECX_HELPER_HDR;
+    hdr_put(b, ECXI_UCX_P_READ, u->id);
+    uint8_t *f = b + ECXI_HELPER_HDR;
     ecxi_put_le64(f, x->id);
     ecxi_put_le64(f + 8, nbytes);
     ecxi_put_le64(f + 16, t->checksum);
-    memcpy(f + 24, t->token, ECX_DATA_TOKEN_LEN);
-    ecxi_put_le32(f + 24 + ECX_DATA_TOKEN_LEN, (uint32_t)key_len);
-    ecxi_put_le32(f + 28 + ECX_DATA_TOKEN_LEN, nruns);
+    memcpy(f + 24, t->token, ECXI_DATA_TOKEN_LEN);
+    ecxi_put_le32(f + 24 + ECXI_DATA_TOKEN_LEN, (uint32_t)key_len);
+    ecxi_put_le32(f + 28 + ECXI_DATA_TOKEN_LEN, nruns);
     memcpy(b + fixed, key, key_len);
     if ((rc = send_msg(p, fixed + key_len + 8 * (size_t)nruns))) {
         free(u);
         return rc;
     }
     u->head.owner = hp->owner;
-    u->state = ECX_XFER_RUNNING;
+    u->state = ECXI_XFER_RUNNING;
     u->next = p->xfers;
     if (p->xfers) p->xfers->prev = u;
     p->xfers = u;
@@ -665,13 +665,13 @@ static void ucxp_read_release(ecxi_data_xfer *hx)
 {
     up_xfer *u = (up_xfer *)hx;
     ucxp *p = (ucxp *)hx->owner;
-    if (u->state == ECX_XFER_RUNNING) {
+    if (u->state == ECXI_XFER_RUNNING) {
         if (u->prev) u->prev->next = u->next;
         else if (p->xfers == u) p->xfers = u->next;
         if (u->next) u->next->prev = u->prev;
         if (p->sock >= 0) {
-            hdr_put(p->tx, ECX_UCX_P_RELEASE, u->id);
-            (void)send_msg(p, ECX_HELPER_HDR);
+            hdr_put(p->tx, ECXI_UCX_P_RELEASE, u->id);
+            (void)send_msg(p, ECXI_HELPER_HDR);
         }
     }
     free(u);
@@ -703,7 +703,7 @@ static int ucxp_new(ecxi_region *r, bool producer, const char *bind_host, ucxp *
     if (!p) return ECX_ENOMEM;
     p->base.ops = &ucxp_ops;
     p->base.region = r;
-    p->base.role = producer ? ECX_DATA_PRODUCER : ECX_DATA_CONSUMER;
+    p->base.role = producer ? ECXI_DATA_PRODUCER : ECXI_DATA_CONSUMER;
     p->producer = producer;
     p->sock = p->tfd = -1;
     p->ends_tail = &p->ends;
@@ -723,8 +723,8 @@ static int ucxp_new(ecxi_region *r, bool producer, const char *bind_host, ucxp *
         close(p->region_fd);
         p->region_fd = fd;
     }
-    p->rx = malloc(ECX_UCX_PROC_MSG_MAX);
-    p->tx = malloc(ECX_UCX_PROC_MSG_MAX);
+    p->rx = malloc(ECXI_UCX_PROC_MSG_MAX);
+    p->tx = malloc(ECXI_UCX_PROC_MSG_MAX);
     if (bind_host) p->bind_host = strdup(bind_host);
     int rc = p->region_fd < 0 || p->epfd < 0 ? ECX_ESYS
              : !p->rx || !p->tx || (bind_host && !p->bind_host) ? ECX_ENOMEM

@@ -9,28 +9,28 @@
  * helper's death costs, its memory bound and the restart rules:
  * docs/PROTOCOL.md §6.10.
  */
-#ifndef ECX_UCX_PROC_H
-#define ECX_UCX_PROC_H
+#ifndef ECXI_UCX_PROC_H
+#define ECXI_UCX_PROC_H
 
 #include "helper_proc.h"
 
-#define ECX_UCX_PROC_MAGIC 0x50585545u /* "EUXP" */
-#define ECX_UCX_PROC_VERSION 1
-#define ECX_UCX_PROC_MSG_MAX (128u << 10)
-#define ECX_UCX_PROC_RUNS ((ECX_UCX_PROC_MSG_MAX - ECX_HELPER_HDR - 64 - 512) / 8)
-#define ECX_UCX_AGENT_DATA_MB 512
+#define ECXI_UCX_PROC_MAGIC 0x50585545u /* "EUXP" */
+#define ECXI_UCX_PROC_VERSION 1
+#define ECXI_UCX_PROC_MSG_MAX (128u << 10)
+#define ECXI_UCX_PROC_RUNS ((ECXI_UCX_PROC_MSG_MAX - ECXI_HELPER_HDR - 64 - 512) / 8)
+#define ECXI_UCX_AGENT_DATA_MB 512
 /* The helper's start, and an ADD's answer. */
-#define ECX_UCX_PROC_START_MS 10000
-#define ECX_UCX_PROC_ADD_MS 5000
+#define ECXI_UCX_PROC_START_MS 10000
+#define ECXI_UCX_PROC_ADD_MS 5000
 /* A message the helper does not take within this is a hang. */
-#define ECX_UCX_PROC_SEND_MS 5000
+#define ECXI_UCX_PROC_SEND_MS 5000
 /* An ANSWER the helper's request no longer wants is given back after this. */
-#define ECX_UCX_PROC_ANSWER_MS 5000
+#define ECXI_UCX_PROC_ANSWER_MS 5000
 
 /* Messages (helper_proc.h's header; one per datagram, little-endian,
  * every length checked). The helper's messages are untrusted: anything out
  * of bounds or not asked for (an END of no claim) is handled like its
- * death. A grant or READ of more than ECX_UCX_PROC_RUNS runs of blocks does
+ * death. A grant or READ of more than ECXI_UCX_PROC_RUNS runs of blocks does
  * not fit one message and is refused (the item falls back).
  *   parent -> helper
  *     HELLO   id = generation; u32 role (1 producer, 2 consumer),
@@ -52,20 +52,20 @@
  *     STATS    u64 x 4: its path counters (data.h, ecxi_data_counts), at
  *              most once a second when they changed */
 enum {
-    ECX_UCX_P_HELLO = 1,
-    ECX_UCX_P_ANSWER,
-    ECX_UCX_P_CUT,
-    ECX_UCX_P_ADD,
-    ECX_UCX_P_DROP,
-    ECX_UCX_P_READ,
-    ECX_UCX_P_RELEASE,
-    ECX_UCX_H_HELLO = 64,
-    ECX_UCX_H_ASK,
-    ECX_UCX_H_END,
-    ECX_UCX_H_ADDED,
-    ECX_UCX_H_READ_END,
-    ECX_UCX_H_STATS,
+    ECXI_UCX_P_HELLO = 1,
+    ECXI_UCX_P_ANSWER,
+    ECXI_UCX_P_CUT,
+    ECXI_UCX_P_ADD,
+    ECXI_UCX_P_DROP,
+    ECXI_UCX_P_READ,
+    ECXI_UCX_P_RELEASE,
+    ECXI_UCX_H_HELLO = 64,
+    ECXI_UCX_H_ASK,
+    ECXI_UCX_H_END,
+    ECXI_UCX_H_ADDED,
+    ECXI_UCX_H_READ_END,
+    ECXI_UCX_H_STATS,
 };
-enum { ECX_UCX_ROLE_PRODUCER = 1, ECX_UCX_ROLE_CONSUMER = 2 };
+enum { ECXI_UCX_ROLE_PRODUCER = 1, ECXI_UCX_ROLE_CONSUMER = 2 };
 
 #endif
