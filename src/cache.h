@@ -6,9 +6,10 @@
  * Producer and consumer both keep one, over their own region; in ec_both
  * mode one cache is shared by both roles. Every call takes an internal
  * mutex, so that the cache is safe on its own (test_cache drives it from
- * four threads). Inside the library every call is already made under the
- * context's lock (connector.c), so there it is never contended and costs
- * an uncontended lock / unlock per call.
+ * four threads). Inside the library it is the one lock between the engine's
+ * per-step calls (ecx_load, ecx_release, a fetch's answer), which never take
+ * the context's lock, and the progress thread's work under that lock
+ * (loop.c): each call holds it for a lookup or an update, never for bytes.
  *
  * An entry is keyed by its mm_hash (any bytes, 1..ECX_MM_HASH_MAX long)
  * and is *not ready* (reserved, being written; never evicted), *ready*, and

@@ -12,136 +12,24 @@
  * copies it out, ecx_release unpins. In ECX_ROLE_BOTH the two share one
  * region and one cache.
  *
- * Threads (ecx.h's rule): public calls take ctx->mu, so calls from several
- * threads are serialised, except the ones an engine makes every step or
- * item, which never wait for it: ecx_fetch answers from the consumer's
- * front and the cache (fetch() below), ecx_load / ecx_release take only
- * omu (the open items) and the cache's own lock, and ecx_poll with the
- * progress thread reads what the thread did. ecx_poll waits without mu, on ctx->epfd:
- * an epoll set of every socket's ZMQ_FD, the data plane's descriptors and
- * ctx->kick, an eventfd another thread writes when its call may have
- * changed what the waiter should wait for (a new session socket, or a send
- * that consumed a socket's edge). ZMQ_FD is edge-like: it says "look", not
- * "a message is here", so before any wait every socket's ZMQ_EVENTS is
- * checked (wait_ms), and a wake only leads to a step.
+ * Threads, the lock rules and waiting: loop.c; the struct both share:
+ * context.h.
  *
  * Segment lists handed out by ecx_save_begin / ecx_load are owned here, in
  * a table of open items keyed by mm_hash with a count of the calls that
  * hold the list (one save, or nested loads), freed when the last ends.
  */
-#include <errno.h>
-#include <poll.h>
 #include <pthread.h>
-#include <sched.h>
 #include <sodium.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
-#include "announce.h"
-#include "cache.h"
 #include "checksum.h"
-#include "consumer.h"
-#include "ctrl.h"
-#include "data.h"
-#include "ecx.h"
-#include "events.h"
+#include "context.h"
 #include "metrics.h"
-#include "producer.h"
-#include "region.h"
-#include "table.h"
 #include "util.h"
-
-/* An item whose segment list the caller holds (ecx_save_begin / ecx_load). */
-typedef struct open_item {
-    ecxi_table_node node;
-    char key[ECX_MM_HASH_MAX];
-    uint32_t holds; /* 1 for a save; one per unreleased load */
-    bool committing; /* a save's checksum is being computed outside mu */
-    size_t n;
-    ecx_segment segs[];
-} open_item;
-
-struct ecx_ctx {
-    pthread_mutex_t mu;
-    int role;
-    uint64_t block_bytes;
-    ecxi_announce_rows rows; /* version 2's sizing; elem_size 0: version 1 */
-    char compat[ECX_COMPAT_HASH_HEX + 1];
-    char *info_labels; /* the ecx_info metric's labels: the four factors, hash, version */
-    char advertise[256];
-    int port;
-    void *zctx;
-    ecxi_region *region;
-    ecxi_cache *cache;
-    ecxi_data *pdata, *cdata; /* producer / consumer data-plane contexts */
-    ecxi_ctrl_server *srv;
-    ecxi_producer *prod;
-    ecxi_events *events;      /* NULL: events off */
-    ecxi_consumer *cons;
-    /* The open items, under omu (taken after mu where both are): loads and
-     * releases take omu alone, never mu (the cache they pin in has its own
-     * lock), so they do not wait for the progress thread. */
-    pthread_mutex_t omu;
-    ecxi_table open; /* open_item by mm_hash */
-    ecxi_cache_run *runs; /* scratch for segments */
-    size_t runs_cap;
-    /* Waiting (see the top of the file). */
-    int epfd, kick;
-    atomic_int callers;      /* public calls waiting for mu: the progress thread yields */
-    /* The progress thread (cfg.progress_thread): it runs step() under mu in
-     * bounded slices; `done` is an eventfd it writes when a step handled
-     * events, which is what the engine waits on in that mode. */
-    bool threaded;
-    pthread_t thread;
-    atomic_bool stopping;
-    int done;
-    atomic_int done_events;
-    /* kick / done hold a write not yet drained: one write per drain, and
-     * no read of an empty eventfd (signal_fd, drain_fd). */
-    atomic_bool kicked, done_set;
-    atomic_int waiters;      /* threads inside ecx_poll's wait */
-    int *watched;            /* fds in epfd besides kick */
-    size_t n_watched, watched_cap;
-    int *fds;                /* scratch: the fds to watch now */
-    size_t fds_cap;
-    uint64_t synced_gen;     /* the consumer's sessions_gen at the last sync */
-    zmq_pollitem_t *items;   /* scratch: the consumer's sockets */
-    size_t items_cap;
-    /* consumer CURVE keys, Z85, copied from the config ("": none) */
-    char curve_server[ECXI_CTRL_KEY_Z85 + 1], curve_secret[ECXI_CTRL_KEY_Z85 + 1];
-};
-
-/* Public calls take mu through these: a caller announces itself first, and
- * the progress thread, between two slices, lets announced callers in before
- * it takes mu again (a mutex is not fair: the thread would win most races). */
-static void lock(ecx_ctx *ctx)
-{
-    atomic_fetch_add_explicit(&ctx->callers, 1, memory_order_relaxed);
-    pthread_mutex_lock(&ctx->mu);
-    atomic_fetch_sub_explicit(&ctx->callers, 1, memory_order_relaxed);
-}
-
-static void unlock(ecx_ctx *ctx) { pthread_mutex_unlock(&ctx->mu); }
-
-/* Test seam (tests/unit/test_integration.c, test_pending_fetch_takes_no_lock):
- * hold or release mu from the caller's thread, as a progress thread busy
- * with a long step would hold it. Not exported. */
-void ecxi_ctx_hold_lock(ecx_ctx *ctx, bool hold)
-{
-    if (hold)
-        lock(ctx);
-    else
-        unlock(ctx);
-}
-
-static int start_thread(ecx_ctx *ctx);
-static void stop_thread(ecx_ctx *ctx);
 
 /* The size of ecx_config in ABI 1 as first released (up to n_curve_allow):
  * the least a caller may pass. */
@@ -409,15 +297,6 @@ static int start_consumer(ecx_ctx *ctx, const ecx_config *cfg, int backend)
     return ecxi_consumer_new(ctx->cache, ctx->cdata, &co, &ctx->cons);
 }
 
-static int start_waiting(ecx_ctx *ctx)
-{
-    ctx->epfd = epoll_create1(EPOLL_CLOEXEC);
-    ctx->kick = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (ctx->epfd < 0 || ctx->kick < 0) return ECX_ESYS;
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = ctx->kick};
-    return epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->kick, &ev) ? ECX_ESYS : 0;
-}
-
 int ecx_new(const ecx_config *in, ecx_ctx **out)
 {
     if (!in || !out) return ECX_EINVAL;
@@ -442,7 +321,7 @@ int ecx_new(const ecx_config *in, ecx_ctx **out)
         ctx->rows = (ecxi_announce_rows){cfg->block_bytes, ecx_dtype_size(cfg->dtype)};
     ecxi_log(ECX_LOG_INFO, "protocol version %d", cfg->connector_version);
     rc = ecxi_table_init(&ctx->open);
-    if (!rc) rc = start_waiting(ctx);
+    if (!rc) rc = ecxi_loop_init(ctx);
     if (!rc)
         rc = ecx_compat_hash(cfg->vllm_version, strlen(cfg->vllm_version), cfg->model,
                              strlen(cfg->model), cfg->dtype, strlen(cfg->dtype),
@@ -468,7 +347,7 @@ int ecx_new(const ecx_config *in, ecx_ctx **out)
     if (!rc && !(ctx->zctx = zmq_ctx_new())) rc = ECX_ESYS;
     if (!rc && (cfg->role & ECX_ROLE_PRODUCER)) rc = start_producer(ctx, cfg, backend);
     if (!rc && (cfg->role & ECX_ROLE_CONSUMER)) rc = start_consumer(ctx, cfg, backend);
-    if (!rc && cfg->progress_thread) rc = start_thread(ctx);
+    if (!rc && cfg->progress_thread) rc = ecxi_loop_start_thread(ctx);
     if (rc) {
         ecx_free(ctx);
         return rc;
@@ -491,7 +370,7 @@ static void open_free_all(ecx_ctx *ctx)
 void ecx_free(ecx_ctx *ctx)
 {
     if (!ctx) return;
-    stop_thread(ctx);
+    ecxi_loop_stop_thread(ctx);
     ecxi_events_free(ctx->events); /* its last event says "stop" */
     ctx->events = NULL;
     ecxi_consumer_free(ctx->cons);
@@ -503,12 +382,8 @@ void ecx_free(ecx_ctx *ctx)
     open_free_all(ctx);
     ecxi_cache_free(ctx->cache);
     ecxi_region_free(ctx->region);
-    if (ctx->epfd >= 0) close(ctx->epfd);
-    if (ctx->kick >= 0) close(ctx->kick);
+    ecxi_loop_fini(ctx);
     free(ctx->runs);
-    free(ctx->watched);
-    free(ctx->fds);
-    free(ctx->items);
     free(ctx->info_labels);
     sodium_memzero(ctx->curve_secret, sizeof ctx->curve_secret);
     pthread_mutex_destroy(&ctx->mu);
@@ -534,314 +409,6 @@ int ecx_region_info(const ecx_ctx *ctx, ecx_region_layout *out)
     return 0;
 }
 
-/* ---------- poll and wait ---------- */
-
-static int step(ecx_ctx *ctx)
-{
-    int ev = 0;
-    if (ctx->prod) ev += ecxi_producer_poll(ctx->prod);
-    if (ctx->cons) ev += ecxi_consumer_poll(ctx->cons);
-    return ev;
-}
-
-/* An eventfd with a flag that says a write is in it or on its way: the
- * first signal after a drain writes, the others see the flag and need not
- * (the descriptor is readable, or about to be); a drain reads only when
- * the flag is set, and clears it only once its read took the write, so a
- * readable descriptor always has the flag set (else a level-triggered
- * waiter on it would spin), and a read that came before the write leaves
- * the flag for the next drain. Whoever signals changed the state first,
- * and whoever drains looks at the state after: nothing is missed. */
-static void signal_fd(int fd, atomic_bool *flag)
-{
-    uint64_t one = 1;
-    if (atomic_exchange(flag, true)) return;
-    if (write(fd, &one, sizeof one) < 0) { /* full (2^64-2 writes): it is readable anyway */
-    }
-}
-
-static void drain_fd(int fd, atomic_bool *flag)
-{
-    uint64_t v;
-    if (atomic_load(flag) && read(fd, &v, sizeof v) == (ssize_t)sizeof v) atomic_store(flag, false);
-}
-
-static void kick(ecx_ctx *ctx) { signal_fd(ctx->kick, &ctx->kicked); }
-
-static void unkick(ecx_ctx *ctx) { drain_fd(ctx->kick, &ctx->kicked); }
-
-static int grow(void *pp, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap) return 0;
-    size_t c = *cap ? *cap : 16;
-    while (c < need) c *= 2;
-    void *m = realloc(*(void **)pp, c * elem);
-    if (!m) return ECX_ENOMEM;
-    *(void **)pp = m, *cap = c;
-    return 0;
-}
-
-/* Note socket s's descriptor for the wait; true if it has input now. */
-static bool watch_socket(ecx_ctx *ctx, void *s, size_t *n)
-{
-    int events = 0, fd = -1;
-    size_t len = sizeof events;
-    if (zmq_getsockopt(s, ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN)) return true;
-    len = sizeof fd;
-    if (zmq_getsockopt(s, ZMQ_FD, &fd, &len) == 0 && fd >= 0 &&
-        !grow(&ctx->fds, &ctx->fds_cap, *n + 1, sizeof *ctx->fds))
-        ctx->fds[(*n)++] = fd;
-    return false;
-}
-
-/* Note a data context's descriptor; *sleepable false if it has none (then
- * the wait is short). True if it has work now. */
-static bool watch_data(ecx_ctx *ctx, ecxi_data *d, size_t *n, bool *sleepable)
-{
-    if (!d) return false;
-    int fd = ecxi_data_fd(d);
-    if (fd < 0) {
-        *sleepable = false;
-        return false;
-    }
-    if (ecxi_data_arm(d) != 0) return true;
-    if (!grow(&ctx->fds, &ctx->fds_cap, *n + 1, sizeof *ctx->fds)) ctx->fds[(*n)++] = fd;
-    return false;
-}
-
-static int cmp_int(const void *a, const void *b)
-{
-    int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
-}
-
-/* Make epfd watch exactly fds[0..n) (and the kick). Sessions come and go,
- * so this diffs two sorted lists: O(n log n), no syscall when nothing
- * changed. A closed fd has left epoll by itself, so a failed DEL is fine.
- * With renew (sockets opened or closed since the last sync), fds in both
- * lists are registered again too: a new socket can reuse a closed one's
- * number, and the closed one's registration went with it. */
-static void sync_epoll(ecx_ctx *ctx, size_t n, bool renew)
-{
-    qsort(ctx->fds, n, sizeof *ctx->fds, cmp_int);
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) /* dedupe */
-        if (m == 0 || ctx->fds[m - 1] != ctx->fds[i]) ctx->fds[m++] = ctx->fds[i];
-    n = m;
-    size_t i = 0, j = 0;
-    while (i < n || j < ctx->n_watched) {
-        if (j == ctx->n_watched || (i < n && ctx->fds[i] < ctx->watched[j])) {
-            struct epoll_event ev = {.events = EPOLLIN, .data.fd = ctx->fds[i]};
-            if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->fds[i], &ev) && errno == EEXIST)
-                epoll_ctl(ctx->epfd, EPOLL_CTL_MOD, ctx->fds[i], &ev);
-            i++;
-        } else if (i == n || ctx->watched[j] < ctx->fds[i]) {
-            epoll_ctl(ctx->epfd, EPOLL_CTL_DEL, ctx->watched[j], NULL);
-            j++;
-        } else {
-            struct epoll_event ev = {.events = EPOLLIN, .data.fd = ctx->fds[i]};
-            if (renew && epoll_ctl(ctx->epfd, EPOLL_CTL_MOD, ctx->fds[i], &ev) && errno == ENOENT)
-                epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, ctx->fds[i], &ev);
-            i++, j++;
-        }
-    }
-    if (grow(&ctx->watched, &ctx->watched_cap, n, sizeof *ctx->watched)) {
-        ctx->n_watched = 0; /* forget: the next sync re-adds (EEXIST -> MOD) */
-        return;
-    }
-    memcpy(ctx->watched, ctx->fds, n * sizeof *ctx->fds);
-    ctx->n_watched = n;
-}
-
-static int64_t min_timeout(int64_t a, int64_t b)
-{
-    if (a < 0) return b;
-    if (b < 0) return a;
-    return a < b ? a : b;
-}
-
-/* Get ready to wait up to limit ms (-1: no limit): 0 if there is work now,
- * else how long to wait on epfd (-1: until woken). *nothing is set when
- * there is nothing at all to wait for. Called with the lock held. */
-static int64_t wait_ms(ecx_ctx *ctx, int64_t limit, bool *nothing)
-{
-    size_t n = 0;
-    bool sleepable = true;
-    *nothing = false;
-    if (ctx->srv) {
-        if (watch_socket(ctx, ecxi_ctrl_server_socket(ctx->srv), &n)) return 0;
-        void *zap = ecxi_ctrl_server_zap_socket(ctx->srv); /* CURVE handshakes wait on it */
-        if (zap && watch_socket(ctx, zap, &n)) return 0;
-        if (watch_socket(ctx, ecxi_ctrl_server_monitor_socket(ctx->srv), &n)) return 0;
-    }
-    if (ctx->cons) {
-        size_t want = ecxi_consumer_pollitems(ctx->cons, NULL, 0);
-        if (grow(&ctx->items, &ctx->items_cap, want, sizeof *ctx->items)) return 1;
-        ecxi_consumer_pollitems(ctx->cons, ctx->items, want);
-        for (size_t i = 0; i < want; i++)
-            if (watch_socket(ctx, ctx->items[i].socket, &n)) return 0;
-    }
-    if (watch_data(ctx, ctx->pdata, &n, &sleepable) || watch_data(ctx, ctx->cdata, &n, &sleepable))
-        return 0;
-    uint64_t gen = ctx->cons ? ecxi_consumer_sessions_gen(ctx->cons) : 0;
-    sync_epoll(ctx, n, gen != ctx->synced_gen);
-    ctx->synced_gen = gen;
-    int64_t wait = limit;
-    if (ctx->prod) wait = min_timeout(wait, ecxi_producer_next_timeout(ctx->prod));
-    if (ctx->srv) wait = min_timeout(wait, ecxi_ctrl_server_next_timeout(ctx->srv));
-    if (ctx->cons) wait = min_timeout(wait, ecxi_consumer_next_timeout(ctx->cons));
-    if (!sleepable) wait = min_timeout(wait, 1);
-    *nothing = n == 0 && wait < 0;
-    return wait;
-}
-
-/* How long one ecx_poll(ctx, 0) keeps stepping while work is ready, in the
- * no-thread mode: long enough to move a few slices of a READ per engine
- * step, short enough never to stall the step (issue 12: ≤ 1 ms). */
-#define POLL_BUDGET_NS 500000
-
-/* Wait on epfd for at most wait ms (-1: until woken) without the lock. */
-static void wait_unlocked(ecx_ctx *ctx, int64_t wait)
-{
-    atomic_fetch_add(&ctx->waiters, 1);
-    unlock(ctx);
-    struct epoll_event evs[8];
-    epoll_wait(ctx->epfd, evs, 8, wait > INT32_MAX ? INT32_MAX : (int)wait);
-    lock(ctx);
-    atomic_fetch_sub(&ctx->waiters, 1);
-    unkick(ctx);
-}
-
-/* Step while work is ready, for at most budget_ns. Lock held. */
-/* A data plane left work for another step at once (a READ's next slice).
- * The cheap test between two steps; wait_ms() is the full one before a
- * sleep. */
-static bool data_busy(ecx_ctx *ctx)
-{
-    return (ctx->pdata && ecxi_data_arm(ctx->pdata) == 1) ||
-           (ctx->cdata && ecxi_data_arm(ctx->cdata) == 1);
-}
-
-static int step_for(ecx_ctx *ctx, int64_t budget_ns)
-{
-    int64_t end = ecxi_now_ns() + budget_ns;
-    int ev = step(ctx);
-    while (data_busy(ctx) && ecxi_now_ns() < end) ev += step(ctx);
-    return ev;
-}
-
-/* The engine's call when the progress thread does the work: report what
- * it did since the last call, waiting up to timeout_ms for something. */
-static int poll_threaded(ecx_ctx *ctx, int timeout_ms)
-{
-    int ev = atomic_exchange(&ctx->done_events, 0);
-    if (ev == 0 && timeout_ms != 0) {
-        struct pollfd pfd = {ctx->done, POLLIN, 0};
-        poll(&pfd, 1, timeout_ms);
-    }
-    drain_fd(ctx->done, &ctx->done_set);
-    return ev + atomic_exchange(&ctx->done_events, 0);
-}
-
-int ecx_poll(ecx_ctx *ctx, int timeout_ms)
-{
-    if (!ctx) return ECX_EINVAL;
-    if (ctx->threaded) return poll_threaded(ctx, timeout_ms);
-    lock(ctx);
-    unkick(ctx);
-    int ev = step_for(ctx, POLL_BUDGET_NS);
-    if (ev || timeout_ms == 0) goto out;
-    bool nothing;
-    int64_t wait = wait_ms(ctx, timeout_ms < 0 ? -1 : timeout_ms, &nothing);
-    /* With nothing to wait on (a consumer before its first fetch) and no
-     * limit, return rather than block forever on nothing. */
-    if (wait != 0 && !nothing) wait_unlocked(ctx, wait);
-    ev = step_for(ctx, POLL_BUDGET_NS);
-out:
-    unlock(ctx);
-    return ev;
-}
-
-/* The progress thread: step, and between two steps let waiting callers in;
- * sleep on epfd when nothing is ready. Every step is bounded (the data
- * plane works in slices), so no call waits on the lock for long. */
-static void *progress_main(void *arg)
-{
-    ecx_ctx *ctx = arg;
-    lock(ctx);
-    for (;;) {
-        /* Drain the kick before looking at stopping: stop_thread sets stopping, then
-         * kicks; a kick drained after that store is seen below, one written after this
-         * drain wakes the wait (a drain after the test lost stop_thread's kick, and the
-         * thread slept for good: a hang seen under TSan in test_api). */
-        unkick(ctx);
-        if (atomic_load(&ctx->stopping)) break;
-        int ev = step(ctx);
-        if (ev > 0) {
-            atomic_fetch_add(&ctx->done_events, ev);
-            signal_fd(ctx->done, &ctx->done_set);
-        }
-        bool nothing, busy = data_busy(ctx);
-        int64_t wait = busy ? 0 : wait_ms(ctx, -1, &nothing);
-        if (wait != 0) {
-            wait_unlocked(ctx, wait); /* -1 with nothing: until a kick */
-            continue;
-        }
-        unlock(ctx);
-        /* A READ's next slice at once: first give the core to a thread
-         * that waits for one (on a loaded host, the engine's, runnable
-         * behind this one), so the thread holds a core for one slice at a
-         * time (not after a step of requests: short, and a yield each would
-         * slow a producer's control plane); then a caller that announced
-         * itself gets mu within a few yields (bounded: the thread never
-         * spins on its own). */
-        if (busy) sched_yield();
-        for (int i = 0; i < 64 && atomic_load_explicit(&ctx->callers, memory_order_relaxed); i++)
-            sched_yield();
-        lock(ctx);
-    }
-    unlock(ctx);
-    return NULL;
-}
-
-static int start_thread(ecx_ctx *ctx)
-{
-    ctx->done = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (ctx->done < 0) return ECX_ESYS;
-    if (pthread_create(&ctx->thread, NULL, progress_main, ctx)) return ECX_ESYS;
-    ctx->threaded = true;
-    return 0;
-}
-
-static void stop_thread(ecx_ctx *ctx)
-{
-    if (ctx->threaded) {
-        atomic_store(&ctx->stopping, true);
-        kick(ctx);
-        pthread_join(ctx->thread, NULL);
-        ctx->threaded = false;
-    }
-    if (ctx->done >= 0) close(ctx->done);
-    ctx->done = -1;
-}
-
-int ecx_fd(ecx_ctx *ctx)
-{
-    if (!ctx) return ECX_EINVAL;
-    return ctx->threaded ? ctx->done : ctx->epfd;
-}
-
-int ecx_next_timeout(ecx_ctx *ctx)
-{
-    if (!ctx) return ECX_EINVAL;
-    if (ctx->threaded) return ECX_NO_TIMEOUT; /* the thread keeps the timers */
-    lock(ctx);
-    bool nothing;
-    int64_t w = wait_ms(ctx, -1, &nothing);
-    unlock(ctx);
-    return w < 0 || w > ECX_NO_TIMEOUT ? ECX_NO_TIMEOUT : (int)w; /* -1: no timer */
-}
-
 /* ---------- items ---------- */
 
 static bool hash_ok(const char *h)
@@ -857,7 +424,7 @@ static int entry_runs(ecx_ctx *ctx, const char *h, size_t *n)
     int rc;
     while ((rc = ecxi_cache_runs(ctx->cache, h, strlen(h), ctx->runs, ctx->runs_cap, n)) ==
            ECX_ERANGE)
-        if (grow(&ctx->runs, &ctx->runs_cap, *n, sizeof *ctx->runs)) return ECX_ENOMEM;
+        if (ecxi_grow(&ctx->runs, &ctx->runs_cap, *n, sizeof *ctx->runs)) return ECX_ENOMEM;
     return rc;
 }
 
@@ -933,11 +500,11 @@ int ecx_save_begin(ecx_ctx *ctx, const char *mm_hash, uint64_t size_bytes,
 {
     if (!ctx || !hash_ok(mm_hash) || size_bytes == 0 || !segs || !n_segs) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EROLE;
-    lock(ctx);
+    ecxi_ctx_lock(ctx);
     pthread_mutex_lock(&ctx->omu);
     int rc = save_begin(ctx, mm_hash, size_bytes, segs, n_segs);
     pthread_mutex_unlock(&ctx->omu);
-    unlock(ctx);
+    ecxi_ctx_unlock(ctx);
     return rc;
 }
 
@@ -965,19 +532,19 @@ int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EROLE;
-    lock(ctx);
+    ecxi_ctx_lock(ctx);
     pthread_mutex_lock(&ctx->omu);
     int rc;
     open_item *it = open_save(ctx, mm_hash, &rc);
     if (it) it->committing = true;
     pthread_mutex_unlock(&ctx->omu);
-    unlock(ctx);
+    ecxi_ctx_unlock(ctx);
     if (!it) return rc;
     ecxi_sum sum;
     ecxi_sum_reset(&sum);
     for (size_t i = 0; i < it->n; i++) ecxi_sum_update(&sum, it->segs[i].ptr, it->segs[i].len);
     size_t hl = strlen(mm_hash);
-    lock(ctx);
+    ecxi_ctx_lock(ctx);
     pthread_mutex_lock(&ctx->omu);
     it->committing = false;
     rc = ecxi_cache_set_checksum(ctx->cache, mm_hash, hl, ecxi_sum_digest(&sum));
@@ -987,7 +554,7 @@ int ecx_save_commit(ecx_ctx *ctx, const char *mm_hash)
         ecxi_events_stored(ctx->events, mm_hash, hl, info.size_bytes, info.n_blocks);
     if (!rc) open_drop(ctx, mm_hash);
     pthread_mutex_unlock(&ctx->omu);
-    unlock(ctx);
+    ecxi_ctx_unlock(ctx);
     return rc;
 }
 
@@ -995,13 +562,13 @@ int ecx_save_abort(ecx_ctx *ctx, const char *mm_hash)
 {
     if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EROLE;
-    lock(ctx);
+    ecxi_ctx_lock(ctx);
     pthread_mutex_lock(&ctx->omu);
     int rc;
     if (open_save(ctx, mm_hash, &rc) && !(rc = ecxi_cache_discard(ctx->cache, mm_hash, strlen(mm_hash))))
         open_drop(ctx, mm_hash);
     pthread_mutex_unlock(&ctx->omu);
-    unlock(ctx);
+    ecxi_ctx_unlock(ctx);
     return rc;
 }
 
@@ -1039,9 +606,9 @@ int ecx_announce_info(ecx_ctx *ctx, const char *mm_hash, ecx_announcement *out)
 {
     if (!ctx || !hash_ok(mm_hash) || !out) return ECX_EINVAL;
     if (!ctx->prod) return ECX_EROLE;
-    lock(ctx);
+    ecxi_ctx_lock(ctx);
     int rc = announce_info(ctx, mm_hash, out, NULL);
-    unlock(ctx);
+    ecxi_ctx_unlock(ctx);
     return rc;
 }
 
@@ -1051,9 +618,9 @@ int ecx_announce(ecx_ctx *ctx, const char *mm_hash, char *buf, size_t cap, size_
     if (!ctx->prod) return ECX_EROLE;
     ecx_announcement a;
     uint64_t shape[2] = {0, 0};
-    lock(ctx);
+    ecxi_ctx_lock(ctx);
     int rc = announce_info(ctx, mm_hash, &a, shape);
-    unlock(ctx);
+    ecxi_ctx_unlock(ctx);
     if (rc && rc != ECX_ECACHE_MISSING) return rc;
     return ecxi_announce_json_shape(buf, cap, len, rc ? NULL : &a,
                                     ctx->rows.elem_size ? &ctx->rows : NULL, shape[0], shape[1]);
@@ -1099,18 +666,10 @@ int ecx_save_shape(ecx_ctx *ctx, const char *mm_hash, uint64_t rows, uint64_t wi
                             (unsigned long long)rows, (unsigned long long)width);
         return ECX_EINVAL;
     }
-    lock(ctx);
+    ecxi_ctx_lock(ctx);
     int rc = save_shape(ctx, mm_hash, rows, width);
-    unlock(ctx);
+    ecxi_ctx_unlock(ctx);
     return rc;
-}
-
-/* After a fetch that sent a request: a thread waiting in ecx_poll must look
- * again (the send may have created a socket or eaten its edge). */
-static void after_send(ecx_ctx *ctx, uint64_t requests_before)
-{
-    if (ecxi_consumer_requests(ctx->cons) != requests_before && atomic_load(&ctx->waiters))
-        kick(ctx);
 }
 
 /* Both fetches. The engine asks every step, so the answer never waits for
@@ -1130,13 +689,13 @@ static int fetch(ecx_ctx *ctx, const char *h, const char *json, const ecx_announ
     int st = ecxi_consumer_answer(ctx->cons, h, hl, json, from, expected_size, reason, &queued);
     if (!queued) return st;
     if (pthread_mutex_trylock(&ctx->mu) != 0) {
-        kick(ctx);
+        ecxi_loop_kick(ctx);
         return st;
     }
     uint64_t before = ecxi_consumer_requests(ctx->cons);
     ecxi_consumer_admit(ctx->cons);
-    after_send(ctx, before);
-    unlock(ctx);
+    ecxi_loop_sent(ctx, before);
+    ecxi_ctx_unlock(ctx);
     return ecxi_consumer_answer(ctx->cons, h, hl, json, from, expected_size, reason, NULL);
 }
 
@@ -1220,7 +779,7 @@ int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t cap)
 int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len)
 {
     if (!ctx || (!buf && cap) || !len) return ECX_EINVAL;
-    lock(ctx);
+    ecxi_ctx_lock(ctx);
     ecxi_producer_stats ps;
     ecxi_ctrl_stats cs;
     ecxi_consumer_stats us;
@@ -1248,6 +807,6 @@ int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len)
     ecxi_data_get_stats(ctx->cdata, &cds);
     m.nixl_agent_restarts = ds.nixl_agent_restarts + cds.nixl_agent_restarts;
     m.ucx_agent_restarts = ds.ucx_agent_restarts + cds.ucx_agent_restarts;
-    unlock(ctx);
+    ecxi_ctx_unlock(ctx);
     return ecxi_metrics_render(&m, buf, cap, len);
 }

@@ -216,3 +216,14 @@ long ecxi_hex_decode(const char *hex, size_t len, uint8_t *out)
     }
     return (long)(len / 2);
 }
+
+int ecxi_grow(void *pp, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    void *m = realloc(*(void **)pp, c * elem);
+    if (!m) return ECX_ENOMEM;
+    *(void **)pp = m, *cap = c;
+    return 0;
+}

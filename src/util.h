@@ -74,6 +74,10 @@ size_t ecxi_utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
 /* Lowercase hex of n bytes into out (2n chars + NUL). */
 void ecxi_hex_encode(const void *in, size_t n, char *out);
 
+/* Grow the array *pp of *cap elements of elem bytes to hold need (doubling;
+ * ECX_ENOMEM on failure, *pp unchanged). */
+int ecxi_grow(void *pp, size_t *cap, size_t need, size_t elem);
+
 /* Parse 2n hex digits (either case) into n bytes. Returns the byte count or
  * ECX_EINVAL on an odd length or a non-hex digit. out must hold len/2 bytes. */
 long ecxi_hex_decode(const char *hex, size_t len, uint8_t *out);

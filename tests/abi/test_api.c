@@ -832,7 +832,7 @@ static void test_thread_start_stop(void **state)
 
 /* Sessions closed when idle and replaced by sessions to new producers, in
  * both modes: every fetch still completes, well before the ack deadline.
- * (A new socket may reuse a closed one's descriptor number; connector.c
+ * (A new socket may reuse a closed one's descriptor number; loop.c
  * re-registers them all when sessions change. A missed registration would
  * not show here as a failure: the inflow guard's 20 ms timer wakes the
  * waiter anyway, so it would cost latency, not the fetch.) */

@@ -404,7 +404,7 @@ static void test_mm_hash_limit(void **state)
     ecx_free(prod);
 }
 
-/* connector.c's test seam: hold the context's lock as a busy progress
+/* loop.c's test seam: hold the context's lock as a busy progress
  * thread would. */
 void ecxi_ctx_hold_lock(ecx_ctx *ctx, bool hold);
 
