@@ -57,7 +57,9 @@ fuzz: deps
 	@cmake --build $(BUILD)-fuzz -j $(JOBS)
 	bash tests/fuzz/fuzz_run.sh $(BUILD)-fuzz/fuzz_wire $(FUZZ_SECONDS)
 	bash tests/fuzz/fuzz_run.sh $(BUILD)-fuzz/fuzz_data $(FUZZ_DATA_SECONDS) tests/fuzz/fuzz_data.seeds
-	bash tests/fuzz/fuzz_run.sh $(BUILD)-fuzz/fuzz_nixl $(FUZZ_DATA_SECONDS) tests/fuzz/fuzz_nixl.seeds
+	@if [ -x $(BUILD)-fuzz/fuzz_nixl ]; then \
+	  bash tests/fuzz/fuzz_run.sh $(BUILD)-fuzz/fuzz_nixl $(FUZZ_DATA_SECONDS) tests/fuzz/fuzz_nixl.seeds; \
+	else echo "fuzz_nixl: not built (NIXL is not built in: ECX_WITH_NIXL)"; fi
 
 # The Python package as a newcomer gets it: a fresh venv under $(BUILD),
 # `pip install .` from the checkout's tracked files, then python/tests.

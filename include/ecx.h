@@ -170,7 +170,7 @@ ECX_API const char *ecx_version(void);
     X(EDATA_MISMATCH, -63, "descriptor does not match the producer or block sizes differ")        \
     X(EDATA_INDEX, -64, "block index out of range")                                                \
     X(EDATA_COUNT, -65, "block count is zero or differs between the sides")                        \
-    X(EDATA_NOPATH, -66, "no data path reaches the peer")                                          \
+    X(EDATA_NOPATH, -66, "no data path reaches the peer, or that path is not built in")           \
     X(EDATA_UCX, -67, "UCX call failed")                                                           \
     X(EDATA_PEER, -68, "data-plane peer unreachable or broken")                                    \
     X(EDATA_FAULT, -69, "injected data-plane fault")                                               \

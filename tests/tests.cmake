@@ -204,11 +204,9 @@ if(NOT ECX_SANITIZE AND NOT ECX_TSAN)
   ecx_format_test(test_ctrl_instr ctrl_instr ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR})
   set_tests_properties(test_ctrl_instr PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()
-# ecx bench data over every path (ucx among them), ecx bench stall and its
-# usage errors, and bench/compare.sh in its quick mode.
-if(ECX_WITH_UCX)
-  ecx_format_test(test_bench_data bench_data_cli ${ECX})
-endif()
+# ecx bench data over every path built in (without UCX: ucx skipped), ecx
+# bench stall and its usage errors, and bench/compare.sh in its quick mode.
+ecx_format_test(test_bench_data bench_data_cli ${ECX})
 ecx_format_test(test_bench_stall bench_stall ${ECX})
 ecx_format_test(test_bench_stall_bad_args bench_stall_bad_args ${ECX})
 ecx_format_test(test_bench_compare bench_compare ${CMAKE_SOURCE_DIR} ${ECX})

@@ -103,8 +103,8 @@ static const char HELP[] =
     "\n"
     "Every fetch is a fresh mm_hash (a real transfer) and its bytes are verified.\n"
     "  --data LIST            comma-separated paths from shm, tcp, ucx, or all\n"
-    "                         (default all; auto means all); run in the order shm,\n"
-    "                         tcp, ucx\n"
+    "                         (default all; auto means all; all skips a path this\n"
+    "                         libecx is built without); run in the order shm, tcp, ucx\n"
     "  --size LIST            item sizes, comma-separated or repeated, up to 8, each\n"
     "                         1 byte to 1Gi (default 28.8M,256M). /dev/shm (or\n"
     "                         $ECX_SHM_DIR) must have room for 5 items of the\n"
@@ -218,7 +218,10 @@ static bool child_command(char *line, ecx_ctx **p, const ecx_config *base, int o
         pc.max_conn_pin_pct = 100;
         pc.instance = NULL;
         int e = ecx_new(&pc, p);
-        if (e) {
+        if (e == ECX_EDATA_NOPATH) {
+            *p = NULL;
+            child_reply(out, "nopath");
+        } else if (e) {
             *p = NULL;
             child_reply(out, "err cannot start the %s producer: %s", what, ecx_strerror(e));
         } else
@@ -348,6 +351,8 @@ static int producer_call(producer *pr, double limit_s, char *ans, size_t cap, co
     int rc = 0;
     if (!strncmp(pr->in, "ok", 2)) {
         if (ans) snprintf(ans, cap, "%s", pr->in + 2 + (pr->in[2] == ' '));
+    } else if (!strcmp(pr->in, "nopath")) {
+        rc = 1; /* the path is not built into this libecx */
     } else {
         fprintf(stderr, "ecx: bench stall: producer: %s\n",
                 strncmp(pr->in, "err ", 4) ? pr->in : pr->in + 4);
@@ -426,6 +431,7 @@ typedef struct stall {
     int iters, warmup;
     producer pr;
     const char *path; /* the one measured now */
+    bool all;         /* --data all: a path not built in is skipped */
     int port;         /* its producer's */
     uint8_t *src, *dst; /* the memcpy baseline's */
     uint64_t seq;       /* makes every mm_hash new */
@@ -731,9 +737,16 @@ static int run(stall *b, const char *const *paths, int npaths, const uint64_t *s
             uint64_t item = bench_blocks_of(sizes[s], bs);
             char port[32];
             bench_fill(b->src, 0, sizes[s], sizes[s]); /* the pattern of this size */
-            if (producer_call(&b->pr, OPEN_LIMIT_S, port, sizeof port, "open %s %llu", b->path,
-                              (unsigned long long)(PROD_SLOTS * item)))
-                goto out;
+            int o = producer_call(&b->pr, OPEN_LIMIT_S, port, sizeof port, "open %s %llu",
+                                  b->path, (unsigned long long)(PROD_SLOTS * item));
+            if (o == 1 && b->all) {
+                fprintf(stderr, "ecx: bench stall: %s is not built into this libecx; skipped\n",
+                        b->path);
+                break;
+            }
+            if (o == 1)
+                fprintf(stderr, "ecx: bench stall: %s is not built into this libecx\n", b->path);
+            if (o) goto out;
             b->port = atoi(port);
             if (cold_warm(b, sizes[s], item, &cons)) goto out;
             if (engine_steps(b, cons, sizes[s], steps, nsteps)) goto out;
@@ -771,6 +784,7 @@ typedef struct lists {
     int steps[MAX_LIST + 1];
     int nsteps;
     bool want[3]; /* shm, tcp, ucx */
+    bool all;     /* "all" (or the default): skip a path not built in */
     bool data_given;
 } lists;
 
@@ -804,7 +818,7 @@ static int add_path(const char *s, void *arg)
     lists *l = arg;
     if (!l->data_given) l->want[0] = l->want[1] = l->want[2] = false, l->data_given = true;
     if (!strcmp(s, "all") || !strcmp(s, "auto"))
-        l->want[0] = l->want[1] = l->want[2] = true;
+        l->want[0] = l->want[1] = l->want[2] = l->all = true;
     else if (!strcmp(s, "shm"))
         l->want[0] = true;
     else if (!strcmp(s, "tcp"))
@@ -874,5 +888,6 @@ int cmd_bench_stall(int argc, char **argv)
     for (int i = 0; i < 3; i++)
         if (l.want[i]) paths[np++] = names[i];
     b.base = &cfg;
+    b.all = l.all || !l.data_given;
     return run(&b, paths, np, l.sizes, l.nsizes, l.steps, l.nsteps) ? EXIT_FAIL : EXIT_OK;
 }

@@ -57,11 +57,17 @@ bench_vllm) # bench_vllm SOURCE_DIR ECX VENV_DIR: vLLM's own NIXL fetch rate, in
   in_order "the default transport first" "$T/cmd.stdout" '^pair=vllm-consumer:vllm-producer ' \
     '^pair=vllm-consumer:vllm-producer:ucx-tcp ' ;;
 
-bench_data_cli) # bench_data_cli ECX: `ecx bench data --data all`
+bench_data_cli) # bench_data_cli ECX: `ecx bench data --data all` (ucx skipped where not built in)
   EXPECT_TIMEOUT=120 expect 0 "" "ecx bench data tiny" -- "$1" bench data --size 300K --count 3 \
     --warmup 1 --block-bytes 64Ki --data all
   has_line "bench data's line" "$T/cmd.stdout" size=300000 shm_gbps=NUM ucx_gbps=NUM memcpy_gbps=NUM \
-    shm_ratio=NUM ucx_ratio=NUM tcp_gbps=NUM tcp_ratio=NUM ;;
+    shm_ratio=NUM ucx_ratio=NUM tcp_gbps=NUM tcp_ratio=NUM
+  skipped='bench: ucx is not built into this libecx; skipped'
+  if built ucx; then
+    check "ucx measured" "! grep -q '$skipped' '$T/cmd.stderr' && ! grep -q ' ucx_gbps=0.000 ' '$T/cmd.stdout'"
+  else
+    check "ucx skipped, said so" "grep -q '$skipped' '$T/cmd.stderr' && grep -q ' ucx_gbps=0.000 ' '$T/cmd.stdout'"
+  fi ;;
 
 bench_stall) # bench_stall ECX: every line and key of `ecx bench stall`, shm then tcp
   EXPECT_TIMEOUT=120 expect 0 "" "ecx bench stall tiny" -- "$1" bench stall --size 300K --count 2 \
