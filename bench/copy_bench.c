@@ -220,6 +220,7 @@ int main(int argc, char **argv)
         printf("\n");
         fflush(stdout);
     }
+    free(t);
     return 0;
 usage:
     fprintf(stderr, "usage: bench_copy [--size BYTES]... [--iters N] [--cold]\n");

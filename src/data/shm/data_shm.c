@@ -366,11 +366,14 @@ static void conn_service(shm_data *s, conn *c, ecxi_data_notif_cb cb, void *arg,
             (void)send_reply(c->fd, SHM_REFUSED, -1);
             break;
         }
-        if (send_reply(c->fd, SHM_FD, s->region_fd) != 0) {
+        if (send_reply(c->fd, SHM_FD, s->region_fd) != 0 && errno != EPIPE &&
+            errno != ECONNRESET) {
             ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data shm: cannot send the region: %s",
                                 strerror(errno));
             break;
         }
+        /* Served, or the consumer has gone (a hello and a decline's 'D',
+         * then exit): the packets it sent before it went are still read. */
         c->served = true;
     }
     conn_close(s, c);

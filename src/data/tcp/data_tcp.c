@@ -20,6 +20,7 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,7 @@
 #define TCP_BACKLOG 128
 #define TCP_IN_MAX 4096           /* request bytes read ahead per connection */
 #define TCP_DECLINES_PER_STEP 256 /* 'C' requests handled per connection per call */
+#define TCP_LINGER_MS 200 /* a dropped peer's unsent declines: at most this to leave */
 #define TCP_HELLO_MS 10000        /* connected, no whole request yet; idle, none served */
 #define TCP_REQ_MS 5000           /* a started request, first byte to last */
 #define TCP_IDLE_MS 60000         /* between requests */
@@ -919,10 +921,26 @@ static int tcp_peer_add(ecxi_data *d, const ecxi_data_meta *m, const ecxi_data_d
     return 0;
 }
 
+/* Requests still unsent when their peer is dropped are declines (a READ's
+ * request has its xfer, failed with the peer), and a consumer drops its
+ * peers as it ends, often right after a decline to a producer it has just
+ * connected to: give them up to TCP_LINGER_MS to leave, or the producer
+ * keeps the grant for its lease. */
+static void peer_linger(tcp_peer *p)
+{
+    int64_t end = ecxi_now_ms(NULL) + TCP_LINGER_MS;
+    for (int64_t left; p->fd >= 0 && p->out_len && (left = end - ecxi_now_ms(NULL)) > 0;) {
+        struct pollfd pf = {.fd = p->fd, .events = POLLOUT};
+        if (poll(&pf, 1, (int)left) < 0 && errno != EINTR) return;
+        if ((pf.revents & (POLLERR | POLLHUP)) || !peer_flush(p)) return;
+    }
+}
+
 static void tcp_peer_drop(ecxi_data_peer *hp)
 {
     tcp_peer *p = (tcp_peer *)hp;
     tcp_data *t = (tcp_data *)hp->owner;
+    if (!p->q) peer_linger(p);
     peer_fail(t, p, NULL);
     for (tcp_peer **pp = &t->peers; *pp; pp = &(*pp)->next)
         if (*pp == p) {
