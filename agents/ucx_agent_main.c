@@ -117,12 +117,19 @@ static void flush(void)
     }
 }
 
+/* A message of (prefix bytes the caller fills), 16B token, key: the prefix. */
+static uint8_t *out_token_key(uint16_t type, uint64_t id, size_t prefix, const uint8_t *token,
+                              const char *key, size_t key_len)
+{
+    uint8_t *b = out(type, id, prefix + ECXI_DATA_TOKEN_LEN + key_len);
+    memcpy(b + prefix, token, ECXI_DATA_TOKEN_LEN);
+    memcpy(b + prefix + ECXI_DATA_TOKEN_LEN, key, key_len);
+    return b;
+}
+
 static void send_end(int status, const uint8_t *token, const char *key, size_t key_len)
 {
-    uint8_t *b = out(ECXI_UCX_H_END, 0, 4 + ECXI_DATA_TOKEN_LEN + key_len);
-    ecxi_put_le32(b, (uint32_t)status);
-    memcpy(b + 4, token, ECXI_DATA_TOKEN_LEN);
-    memcpy(b + 4 + ECXI_DATA_TOKEN_LEN, key, key_len);
+    ecxi_put_le32(out_token_key(ECXI_UCX_H_END, 0, 4, token, key, key_len), (uint32_t)status);
 }
 
 /* ---- producer: the grant check is the parent's -------------------------- */
@@ -175,9 +182,7 @@ static int grant_fn(void *arg, const char *key, size_t key_len, const uint8_t *t
     a->next = g.asks;
     g.asks = a;
     g.nasks++;
-    uint8_t *b = out(ECXI_UCX_H_ASK, a->id, ECXI_DATA_TOKEN_LEN + key_len);
-    memcpy(b, token, ECXI_DATA_TOKEN_LEN);
-    memcpy(b + ECXI_DATA_TOKEN_LEN, key, key_len);
+    (void)out_token_key(ECXI_UCX_H_ASK, a->id, 0, token, key, key_len);
     return ECXI_DATA_GRANT_ASKED;
 }
 
@@ -232,11 +237,10 @@ static void expire_answers(void)
 
 static void on_cut(const uint8_t *b, size_t n)
 {
-    if (n <= ECXI_DATA_TOKEN_LEN || n > ECXI_DATA_TOKEN_LEN + ECXI_DATA_NOTIF_MAX)
-        bye("a malformed CUT");
     const uint8_t *token = b;
-    const char *key = (const char *)b + ECXI_DATA_TOKEN_LEN;
-    size_t key_len = n - ECXI_DATA_TOKEN_LEN;
+    const char *key;
+    size_t key_len;
+    if (!ecxi_ucx_proc_token_key(b, n, &key, &key_len)) bye("a malformed CUT");
     if (ecxi_data_cut(g.d, key, key_len, token)) return; /* its END follows */
     ask *a = ask_find(key, key_len, token, NULL);
     if (a && a->answered && a->rc == 0) {
@@ -251,10 +255,14 @@ static void on_cut(const uint8_t *b, size_t n)
     /* else its send has ended and its END is queued or sent */
 }
 
+/* A send's end, or a consumer's decline (not a claim's end: its own message). */
 static void on_notif(void *arg, const char *key, size_t key_len, const uint8_t *token, int status)
 {
     (void)arg;
-    send_end(status, token, key, key_len);
+    if (status == ECXI_DATA_DECLINED)
+        (void)out_token_key(ECXI_UCX_H_DECLINED, 0, 0, token, key, key_len);
+    else
+        send_end(status, token, key, key_len);
 }
 
 /* ---- consumer ----------------------------------------------------------- */
@@ -299,6 +307,38 @@ static void on_drop(uint64_t id)
     free(h);
 }
 
+/* A READ of nruns g.local runs (x), or with x NULL a decline, to h's
+ * producer, connecting again once if its connection failed (its UCX
+ * process was started again, on the same address: ucx_proc.h). */
+static int to_peer(hpeer *h, const ecxi_data_ticket *t, size_t nruns, const char *key,
+                   size_t key_len, ecxi_data_xfer **x)
+{
+    int rc = 0;
+    for (int try = 0; try < 2; try++) {
+        if (!h->p && (rc = connect_peer(h))) return rc; /* or its last reconnect failed */
+        rc = x ? g.d->ops->read_post(h->p, t, g.local, nruns, g.local, nruns, t->nbytes, key,
+                                     key_len, x)
+               : g.d->ops->decline(h->p, t, key, key_len);
+        if (rc != ECX_EDATA_PEER) return rc;
+        g.d->ops->peer_drop(h->p);
+        h->p = NULL;
+    }
+    return rc;
+}
+
+/* The consumer will not read a grant: tell its producer. Nothing is
+ * answered: if this fails, the producer's lease releases the grant. */
+static void on_decline(uint64_t id, const uint8_t *b, size_t n)
+{
+    const char *key;
+    size_t key_len;
+    if (!ecxi_ucx_proc_token_key(b, n, &key, &key_len)) bye("a malformed DECLINE");
+    ecxi_data_ticket t = {0};
+    memcpy(t.token, b, ECXI_DATA_TOKEN_LEN);
+    hpeer *h = peer_of(id, NULL);
+    if (h) (void)to_peer(h, &t, 0, key, key_len, NULL);
+}
+
 static void on_read(uint64_t id, const uint8_t *b, size_t n)
 {
     const size_t fixed = 8 * 3 + ECXI_DATA_TOKEN_LEN + 8;
@@ -330,19 +370,7 @@ static void on_read(uint64_t id, const uint8_t *b, size_t n)
     hxfer *x = h ? calloc(1, sizeof *x) : NULL;
     if (!rc && !h) rc = ECX_EDATA_PEER;
     if (!rc && !x) rc = ECX_ENOMEM;
-    if (!rc && !h->p) rc = connect_peer(h); /* its last reconnect failed */
-    if (!rc)
-        rc = g.d->ops->read_post(h->p, &t, g.local, nruns, g.local, nruns, t.nbytes,
-                                 (const char *)b + fixed, key_len, &x->x);
-    if (rc == ECX_EDATA_PEER && h->p) {
-        /* Its connection failed (the producer's UCX process was started
-         * again, on the same address: ucx_proc.h): connect again, once. */
-        g.d->ops->peer_drop(h->p);
-        h->p = NULL;
-        if (!(rc = connect_peer(h)))
-            rc = g.d->ops->read_post(h->p, &t, g.local, nruns, g.local, nruns, t.nbytes,
-                                     (const char *)b + fixed, key_len, &x->x);
-    }
+    if (!rc) rc = to_peer(h, &t, nruns, (const char *)b + fixed, key_len, &x->x);
     if (rc) {
         free(x);
         ecxi_put_le32(out(ECXI_UCX_H_READ_END, id, 4), (uint32_t)ECXI_XFER_FAILED);
@@ -425,6 +453,7 @@ static bool from_parent(void)
         else if (!g.producer && type == ECXI_UCX_P_DROP) on_drop(id);
         else if (!g.producer && type == ECXI_UCX_P_READ) on_read(id, b, len);
         else if (!g.producer && type == ECXI_UCX_P_RELEASE) on_release(id);
+        else if (!g.producer && type == ECXI_UCX_P_DECLINE) on_decline(id, b, len);
         else bye("an unexpected message");
     }
 }

@@ -181,9 +181,13 @@ int ecxi_data_cut(ecxi_data *d, const char *key, size_t key_len,
 
 /* Called once per completion: key is NUL-terminated (key_len excludes it);
  * status 0: the grant's transfer is complete (the consumer said so, or the
- * producer's own send finished); negative: the producer's send failed. The
- * token is the one the completion presented: the session must check it;
- * NULL from a tokenless path (ecxi_data_ack.tokenless). */
+ * producer's own send finished), or the consumer declined it; negative:
+ * the producer's send failed. The token is the one the completion
+ * presented: the session must check it; NULL from a tokenless path
+ * (ecxi_data_ack.tokenless). Inside the UCX process only, data_ucx.c
+ * reports a decline as ECXI_DATA_DECLINED, which that process tells its
+ * parent apart from a send's end (ucx_proc.h); the parent hands it on as 0. */
+#define ECXI_DATA_DECLINED 1
 typedef void (*ecxi_data_notif_cb)(void *arg, const char *key, size_t key_len,
                                   const uint8_t token[ECXI_DATA_TOKEN_LEN], int status);
 
@@ -289,11 +293,12 @@ int ecxi_data_read_post(ecxi_data_peer *p, const ecxi_data_desc *desc,
  * was read, its bytes will not be: the ack did not fit the item asked
  * for) is done with, so that it releases the grant now rather than at the
  * lease's end: on shm the consumer's 'D' (the one it sends after every
- * READ), on tcp a 'C' request (data_tcp.c). Nothing is read or written;
+ * READ), on tcp a 'C' request (data_tcp.c), on ucx a decline request
+ * (data_ucx.c, through the UCX process). Nothing is read or written;
  * the message goes out from this call or the progress calls after it,
  * best effort (a failure leaves the grant to its lease). 0 if said or
- * queued; ECX_EDATA_NOPATH on a path that cannot say it (ucx, nixl: the
- * lease releases the grant); ECX_EDATA_DESC, ECX_EDATA_MISMATCH,
+ * queued; ECX_EDATA_NOPATH on a path that cannot say it (nixl: the lease
+ * releases the grant); ECX_EDATA_DESC, ECX_EDATA_MISMATCH,
  * ECX_EDATA_NOTIF as read_post; ECX_ENOMEM, ECX_EDATA_PEER. */
 int ecxi_data_decline(ecxi_data_peer *p, const ecxi_data_desc *desc, const char *key,
                       size_t key_len);

@@ -117,15 +117,29 @@ expect 3 "is 65536 bytes, not the 65535 announced" "a wrong --size says so" -- \
   "$ECX" get --peer "127.0.0.1:$PORT" --mm-hash "$H0" --size 65535 --out "$T/w"
 check "a wrong --size is SIZE_MISMATCH" "grep -q ': SIZE_MISMATCH$' '$T/cmd.stderr'"
 # The consumer will not read what it was granted: it says so on the data plane and the
-# producer lets the grant go now, not at the end of its 30 s lease (ucx, nixl: the lease).
-active_grants() { metrics_of "$MPORT" | awk '$1 == "ecx_producer_active_grants" {print $2}'; }
-for d in shm tcp; do
-  expect 3 "SIZE_MISMATCH" "a wrong --size over $d" -- \
-    "$ECX" get --data "$d" --peer "127.0.0.1:$PORT" --mm-hash "$H0" --size 65535 --out "$T/w"
-  for _ in $(seq 20); do [ "$(active_grants)" = 0 ] && break; sleep 0.1; done
-  check "$d: the producer released the grant the consumer declined (active $(active_grants))" \
-    "[ '$(active_grants)' = 0 ] && metrics_of $MPORT | grep -q '^ecx_producer_expired_leases_total 0$'"
-done
+# producer lets the grant go now, not at the end of its 30 s lease (nixl: the lease).
+active_grants() { metrics_of "$1" | awk '$1 == "ecx_producer_active_grants" {print $2}'; }
+declined() { # PATH PORT METRICS_PORT MM_HASH
+  expect 3 "SIZE_MISMATCH" "a wrong --size over $1" -- \
+    "$ECX" get --data "$1" --peer "127.0.0.1:$2" --mm-hash "$4" --size 65535 --out "$T/w"
+  for _ in $(seq 50); do [ "$(active_grants "$3")" = 0 ] && break; sleep 0.1; done
+  check "$1: the producer released the grant the consumer declined (active $(active_grants "$3"))" \
+    "[ '$(active_grants "$3")' = 0 ] && metrics_of $3 | grep -q '^ecx_producer_expired_leases_total 0$'"
+}
+for d in shm tcp; do declined "$d" "$PORT" "$MPORT" "$H0"; done
+# The producer above serves auto, which never publishes ucx: one that serves ucx.
+if built ucx; then
+  UMPORT=$(free_port)
+  "$ECX" serve --data ucx --listen 127.0.0.1:0 --synthetic 1:64Ki --metrics "127.0.0.1:$UMPORT" \
+    --announce-out "$T/u.json" 2>"$T/userve.log" &
+  pids+=($!)
+  if wait_file "$T/u.json"; then
+    declined ucx "$(port_of "$T/u.json")" "$UMPORT" \
+      "$($PY -c 'import json,sys; print(next(iter(json.load(open(sys.argv[1])))))' "$T/u.json")"
+  else
+    bad "ecx serve --data ucx did not start: $(head -c 300 "$T/userve.log")"
+  fi
+fi
 expect 0 "" "get --json" -- "$ECX" get --json --peer "127.0.0.1:$PORT" --mm-hash "$H0" --size 64Ki --out "$T/j"
 check "--json says written and what verified means" \
   "grep -q '\"written\": *true' '$T/cmd.stdout' && grep -q '\"verified\": *false' '$T/cmd.stdout' && ecx_help_has get 'verified (compared with --verify-synthetic'"

@@ -5,7 +5,7 @@
 # UCX_TLS=tcp: well-behaved READs of every shape are byte-exact; a replayed
 # grant fails fast; an attacker holding one grant's ticket gets nothing
 # else with crafted rkeys (get / put in and around the region, the heap,
-# an unmapped address), wrong tokens, other keys, replays or garbage, and
+# an unmapped address), wrong tokens, other keys, forged declines, replays or garbage, and
 # the producer lives and serves on; it listens on lo only (the advertised
 # host's interface); a producer SIGSTOPped for 12 s under
 # 16 READs resumes and serves (issue 10 #4); 1000 mutated UCX addresses in
@@ -36,6 +36,7 @@ for tls in default tcp; do
     grep -v 'ecx warn\|UCX  WARN' "$DIR/attack.log" | sed 's/^/    /'
     [ $rc -eq 0 ] || fail "$tls: the attacker got something (rc $rc)"
     alive "after the attack"
+    # g6, whose grant the attacker declined with tokens not its own, is still there
     consume 6 1 reverse done 10000 || fail "$tls: a READ after the attack"
     # A hostile producer's acks (issue 10 #3): mutated UCX bytes with a
     # valid digest never reach UCX's parsers and never crash the consumer.

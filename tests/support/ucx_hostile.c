@@ -23,8 +23,9 @@
  *     a raw UCP client (RMA enabled) holding only grant g5's ticket:
  *     ucp_get / ucp_put with a crafted rkey at the region, below and past
  *     it, at the producer's heap and at an unmapped address; request AMs
- *     with a wrong token, another grant's key, a replayed token, and
- *     garbage. Exit 0 if it obtained nothing but g5 (once).
+ *     with a wrong token, another grant's key, declines of g6 (a wrong
+ *     token, g5's), a replayed token, and garbage. Exit 0 if it obtained
+ *     nothing but g5 (once).
  *   ucx_hostile mutate DIR FILE N
  *     a hostile producer's acks (issue 10 #3): N agent_metadata whose UCX
  *     bytes are mutated (flipped, truncated, extended, random) but carry a
@@ -453,6 +454,15 @@ static size_t req_msg(uint8_t *m, uint64_t tag, const uint8_t *token, const char
     return 32 + kl;
 }
 
+/* Send a request AM (eager, with a reply endpoint) and wait until it left. */
+static void am_send(ucp_ep_h ep, const void *msg, size_t len, int ms)
+{
+    ucp_request_param_t sp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                              .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER};
+    ucs_status_t st;
+    wait_req(ucp_am_send_nbx(ep, AM_REQ_ID, NULL, 0, msg, len, &sp), ms, &st);
+}
+
 /* A UCP context with `features` and one single-threaded worker; 0 or 1. */
 static int ucp_open(uint64_t features, ucp_context_h *ctx, ucp_worker_h *w)
 {
@@ -539,6 +549,15 @@ static int attack(const char *file, int timeout_ms)
     n = ask(e, tag, msg, req_msg(msg, tag, G[5].token, G[6].key), true, true, buf, sizeof buf, timeout_ms);
     printf("another grant's key: got %ld bytes\n", n);
     leaks += n > 0;
+    /* Declines (type 1, tag 0: nothing answers them) of g6, with a wrong
+     * token and with ours: the producer's session releases nothing
+     * (test_ucx_hostile.sh reads g6 after the attack). */
+    for (int i = 0; i < 2; i++) {
+        size_t l = req_msg(msg, 0, i ? G[5].token : bad, G[6].key);
+        msg[1] = 1;
+        am_send(e, msg, l, timeout_ms);
+    }
+    printf("forged declines of another grant: 2 sent\n");
     tag++;
     n = ask(e, tag, msg, req_msg(msg, tag, G[5].token, G[5].key), true, true, buf, sizeof buf, timeout_ms);
     printf("our own grant: got %ld bytes (expected %" PRIu64 ")\n", n, G[5].nbytes);
@@ -577,12 +596,8 @@ static int attack(const char *file, int timeout_ms)
     leaks += n > 0;
     /* A flood of valid-looking requests: bounded queue, all refused. */
     int answered = 0;
-    for (int i = 0; i < 2000; i++) {
-        ucp_request_param_t sp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                  .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER};
-        size_t l = req_msg(msg, 5000 + (uint64_t)i, bad, G[7].key);
-        wait_req(ucp_am_send_nbx(e, AM_REQ_ID, NULL, 0, msg, l, &sp), timeout_ms, &st);
-    }
+    for (int i = 0; i < 2000; i++)
+        am_send(e, msg, req_msg(msg, 5000 + (uint64_t)i, bad, G[7].key), timeout_ms);
     /* Collect the 0-byte refusals that came back (unexpected messages). */
     int64_t end = ecxi_now_ms(NULL) + 500;
     while (ecxi_now_ms(NULL) < end) ucp_worker_progress(wk);

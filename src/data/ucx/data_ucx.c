@@ -7,8 +7,8 @@
  * published and the producer's context has no RMA feature, so no peer can
  * name an address of ours (tests/support/ucx_hostile.c). This file owns both
  * sides: the listener, its connections and bounds (MAX_* below), the
- * request queue, sends and their cuts at lease end, and the consumer's
- * peers, READs and checksums. UCX 1.13's tcp transport is still open to a
+ * request queue (READs and declines), sends and their cuts at lease end,
+ * and the consumer's peers, READs, declines and checksums. UCX 1.13's tcp transport is still open to a
  * peer that speaks UCT/UCP directly, so this file runs only in the UCX
  * helper process (ucx_proc.h), never in an engine. The wire formats, the
  * bounds and what is left open: docs/PROTOCOL.md §6.8.
@@ -34,6 +34,8 @@
 
 #define AM_REQ_ID 0x3ed
 #define REQ_VERSION 1
+#define REQ_GET 0     /* b[1]: send me the grant under the tag */
+#define REQ_DECLINE 1 /* b[1]: I will not read it (tag 0, no reply) */
 #define REQ_HDR 32
 #define REQ_MAX (REQ_HDR + ECXI_DATA_NOTIF_MAX)
 #define ADDR_VERSION 1
@@ -41,6 +43,8 @@
  * below) are the data plane's own, internal to this path: no ecx_config
  * knob, so no ECX_DEFAULT_* in ecx.h. */
 #define CLOSE_WAIT_MS 2000
+/* A dropped peer's declines still in UCX's hands get this long to leave. */
+#define DECLINE_FLUSH_MS 250
 
 /* Producer bounds. */
 #define MAX_CONNS 256 /* connections in total */
@@ -76,7 +80,8 @@ typedef struct conn {
 
 typedef struct request {
     conn *c;
-    bool asked; /* the grant check said ECXI_DATA_GRANT_ASKED: wait for its answer */
+    bool asked;   /* the grant check said ECXI_DATA_GRANT_ASKED: wait for its answer */
+    bool decline; /* the consumer will not read the grant */
     uint64_t tag;
     uint8_t token[ECXI_DATA_TOKEN_LEN];
     uint16_t key_len;
@@ -112,6 +117,7 @@ typedef struct ucx_xfer {
     bool released;
     bool recv_ended; /* recv_done_cb ran */
     bool am_pending; /* the request AM (msg) is still UCX's */
+    bool decline;    /* msg is a decline: no receive, released at once */
     uint8_t msg[REQ_MAX];
     size_t received; /* bytes the receive reported */
     bool recv_ok;
@@ -638,7 +644,8 @@ static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_lengt
     /* A request is small and eager: a rendezvous one is not ours
      * (returning UCS_OK releases it unread). */
     if (!c || c->failed || header_length != 0 || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
-        length < REQ_HDR || length > REQ_MAX || b[0] != REQ_VERSION || b[1] != 0 ||
+        length < REQ_HDR || length > REQ_MAX || b[0] != REQ_VERSION ||
+        (b[1] != REQ_GET && (b[1] != REQ_DECLINE || get_le64(b + 8) != 0)) ||
         get_le16(b + 2) != length - REQ_HDR || length == REQ_HDR) {
         u->dropped++;
         ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: dropped a malformed request (%zu bytes)",
@@ -654,6 +661,7 @@ static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_lengt
     request *q = &u->queue[u->nqueued++];
     q->c = c;
     q->asked = false;
+    q->decline = b[1] == REQ_DECLINE;
     q->tag = get_le64(b + 8);
     memcpy(q->token, b + 16, ECXI_DATA_TOKEN_LEN);
     q->key_len = (uint16_t)(length - REQ_HDR);
@@ -663,20 +671,25 @@ static ucs_status_t am_req_cb(void *arg, const void *header, size_t header_lengt
     return UCS_OK;
 }
 
-static void send_done_cb(void *req, ucs_status_t status, void *user_data)
+/* s has ended with st: onto the done list, for poll_notifs. */
+static void send_ended(ucx_data *u, psend *s, ucs_status_t st)
 {
-    psend *s = user_data;
-    ucx_data *u = s->u;
-    ucp_request_free(req);
     s->running = false;
-    if (status != UCS_OK)
-        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a send failed: %s", ucs_status_string(status));
-    s->status = s->fail ? s->fail : status == UCS_OK ? 0 : ECX_EDATA_UCX;
+    s->status = s->fail ? s->fail : st == UCS_OK ? 0 : ECX_EDATA_UCX;
     s->c->sends--, s->c->h->sends--;
-    s->c->last_done_ms = ecxi_now_ms(NULL);
     s->next = NULL;
     *u->done_tail = s;
     u->done_tail = &s->next;
+}
+
+static void send_done_cb(void *req, ucs_status_t status, void *user_data)
+{
+    psend *s = user_data;
+    ucp_request_free(req);
+    if (status != UCS_OK)
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a send failed: %s", ucs_status_string(status));
+    s->c->last_done_ms = ecxi_now_ms(NULL);
+    send_ended(s->u, s, status);
 }
 
 static psend *send_get(ucx_data *u, conn *c)
@@ -732,14 +745,10 @@ static void post_send(ucx_data *u, psend *s, uint64_t tag, void *buf, size_t cou
     s->running = true; /* before the call: the callback may run inside it */
     void *req = ucp_tag_send_nbx(s->c->ep, buf, count, tag, &prm);
     if (req != NULL && !UCS_PTR_IS_ERR(req)) return;
-    s->running = false;
     ucs_status_t st = UCS_PTR_STATUS(req);
     if (st != UCS_OK)
         ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: tag_send: %s", ucs_status_string(st));
-    s->status = s->fail ? s->fail : st == UCS_OK ? 0 : ECX_EDATA_UCX;
-    s->c->sends--, s->c->h->sends--;
-    *u->done_tail = s;
-    u->done_tail = &s->next;
+    send_ended(u, s, st);
 }
 
 /* The grant's blocks as an IOV over the region: one entry per run of
@@ -776,10 +785,34 @@ static int grant_iov(ucx_data *u, psend *s, const ecxi_data_grant *g, size_t *co
     return 0;
 }
 
+/* The grant s is about, as q named it (its end reports it). */
+static void send_name(psend *s, const request *q)
+{
+    memcpy(s->token, q->token, ECXI_DATA_TOKEN_LEN);
+    memcpy(s->key, q->key, q->key_len + 1u);
+    s->key_len = q->key_len;
+}
+
+/* A decline: no grant check and no reply; its (key, token) goes to the
+ * session, which checks the token and releases the grant (data.h,
+ * ECXI_DATA_DECLINED). It waits in a send of its own, ended at once, so
+ * that the sends' total bounds what waits for poll_notifs; the
+ * connection may have failed since: nothing is sent to it. */
+static bool serve_decline(ucx_data *u, request *q)
+{
+    psend *s = u->nsends < MAX_SENDS ? send_get(u, q->c) : NULL;
+    if (!s) return false;
+    send_name(s, q);
+    s->fail = ECXI_DATA_DECLINED;
+    send_ended(u, s, UCS_OK);
+    return true;
+}
+
 /* Serve (or refuse) one request; false if it must wait for capacity. */
 static bool serve(ucx_data *u, request *q)
 {
     conn *c = q->c;
+    if (q->decline) return serve_decline(u, q);
     if (c->failed || !c->ep) return true; /* nobody to answer */
     if (u->nsends >= MAX_SENDS || c->sends >= MAX_SENDS_PER_CONN ||
         c->h->sends >= MAX_SENDS_PER_HOST)
@@ -797,9 +830,7 @@ static bool serve(ucx_data *u, request *q)
     }
     size_t count = 0;
     if (rc == 0) {
-        memcpy(s->token, q->token, ECXI_DATA_TOKEN_LEN);
-        memcpy(s->key, q->key, q->key_len + 1u);
-        s->key_len = q->key_len;
+        send_name(s, q);
         rc = grant_iov(u, s, &g, &count);
         if (rc) {
             /* Cannot happen with a sane session; the grant is claimed, so
@@ -927,7 +958,7 @@ static int ucx_arm(ecxi_data *d)
     /* Queued requests wait for a send to end, which wakes the fd. */
     if (u->nqueued && u->nsends < MAX_SENDS) {
         for (unsigned i = 0; i < u->nqueued; i++)
-            if (u->queue[i].c->failed || (!u->queue[i].asked &&
+            if (u->queue[i].c->failed || u->queue[i].decline || (!u->queue[i].asked &&
                                           u->queue[i].c->sends < MAX_SENDS_PER_CONN &&
                                           u->queue[i].c->h->sends < MAX_SENDS_PER_HOST))
                 return 1;
@@ -1053,12 +1084,28 @@ static void peer_unref(ucx_peer *p)
     free(p);
 }
 
+/* The forced close below would drop p's declines that UCX still holds
+ * (sent just before, while the connection was still being set up): they
+ * get DECLINE_FLUSH_MS to leave. */
+static void declines_flush(ucx_data *u, ucx_peer *p)
+{
+    int64_t end = ecxi_now_ms(NULL) + DECLINE_FLUSH_MS;
+    for (;;) {
+        bool held = false;
+        for (ucx_xfer *x = u->all_xfers; x && !held; x = x->all_next)
+            held = x->decline && x->am_pending && x->peer == p;
+        if (!held || p->broken || ecxi_now_ms(NULL) >= end) return;
+        ucp_worker_progress(u->worker);
+    }
+}
+
 static void ucx_peer_drop(ecxi_data_peer *hp)
 {
     ucx_peer *p = (ucx_peer *)hp;
     ucx_data *u = (ucx_data *)hp->owner;
     /* What UCX ended up using (after wire-up), for whoever debugs a path. */
     if (ecxi_log_level() >= ECX_LOG_DEBUG && p->ep) ucp_ep_print_info(p->ep, stderr);
+    if (p->ep) declines_flush(u, p);
     /* Receives are posted on the worker, not the endpoint: cancel them
      * (one already matched ends when the forced close purges it). */
     for (ucx_xfer *x = u->all_xfers; x; x = x->all_next)
@@ -1087,7 +1134,7 @@ static ucx_xfer *xfer_get(ucx_data *u)
     x->peer = NULL;
     x->req = NULL;
     x->state = ECXI_XFER_RUNNING;
-    x->released = x->recv_ok = x->recv_ended = x->am_pending = x->verifying = false;
+    x->released = x->recv_ok = x->recv_ended = x->am_pending = x->verifying = x->decline = false;
     x->received = 0;
     return x;
 }
@@ -1207,6 +1254,36 @@ static void req_sent_cb(void *req, ucs_status_t status, void *user_data)
     xfer_maybe_put((ucx_data *)x->head.owner, x);
 }
 
+/* Send x's request AM to p (x holds p from now on): 0, or ECX_EDATA_UCX
+ * if UCX refused it at once. */
+static int request_send(ucx_peer *p, ucx_xfer *x, uint8_t type, uint64_t tag,
+                        const uint8_t *token, const char *key, size_t key_len)
+{
+    uint8_t *msg = x->msg;
+    memset(msg, 0, REQ_HDR);
+    msg[0] = REQ_VERSION;
+    msg[1] = type;
+    put_le16(msg + 2, (uint16_t)key_len);
+    put_le64(msg + 8, tag);
+    memcpy(msg + 16, token, ECXI_DATA_TOKEN_LEN);
+    memcpy(msg + REQ_HDR, key, key_len);
+    x->peer = p;
+    p->refs++;
+    ucp_request_param_t sp = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
+        .cb.send = req_sent_cb,
+        .user_data = x,
+    };
+    void *sr = ucp_am_send_nbx(p->ep, AM_REQ_ID, NULL, 0, msg, REQ_HDR + key_len, &sp);
+    if (sr && !UCS_PTR_IS_ERR(sr)) x->am_pending = true;
+    if (!UCS_PTR_IS_ERR(sr)) return 0;
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: request not sent: %s",
+                        ucs_status_string(UCS_PTR_STATUS(sr)));
+    return ECX_EDATA_UCX;
+}
+
 /* The local runs as an IOV: one entry per run, the last cut to nbytes. */
 static int local_iov(ucx_data *u, ucx_xfer *x, const ecxi_block_run *local, size_t n,
                      size_t *count)
@@ -1248,16 +1325,9 @@ static int ucx_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
     x->checksum = t->checksum;
     int rc = local_iov(u, x, local, nlocal, &count);
     x->niov = count;
-    uint8_t *msg = x->msg;
     uint64_t tag;
     randombytes_buf(&tag, sizeof tag);
     if (rc == 0) {
-        memset(msg, 0, REQ_HDR);
-        msg[0] = REQ_VERSION;
-        put_le16(msg + 2, (uint16_t)key_len);
-        put_le64(msg + 8, tag);
-        memcpy(msg + 16, t->token, ECXI_DATA_TOKEN_LEN);
-        memcpy(msg + REQ_HDR, key, key_len);
         /* One run (the usual case) is received contiguously: only then
          * can UCX's rendezvous put straight into it (an IOV receive
          * makes the data come as active-message fragments). */
@@ -1285,25 +1355,27 @@ static int ucx_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
         xfer_put(u, x);
         return rc;
     }
-    x->peer = p;
-    p->refs++;
-    ucp_request_param_t sp = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
-        .cb.send = req_sent_cb,
-        .user_data = x,
-    };
-    void *sr = ucp_am_send_nbx(p->ep, AM_REQ_ID, NULL, 0, msg, REQ_HDR + key_len, &sp);
-    if (sr && !UCS_PTR_IS_ERR(sr)) x->am_pending = true;
-    if (UCS_PTR_IS_ERR(sr)) {
-        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: request not sent: %s",
-                            ucs_status_string(UCS_PTR_STATUS(sr)));
-        /* The receive is still posted: fail the xfer through it. */
-        ucp_request_cancel(u->worker, x->req);
-    }
+    if (request_send(p, x, REQ_GET, tag, t->token, key, key_len))
+        ucp_request_cancel(u->worker, x->req); /* still posted: fail the xfer through it */
     *out = &x->head;
     return 0;
+}
+
+/* The consumer will not read the grant: say so (fire and forget; if it is
+ * lost, the producer's lease releases the grant). An xfer released at once
+ * carries the message until UCX has sent it. */
+static int ucx_decline(ecxi_data_peer *hp, const ecxi_data_ticket *t, const char *key,
+                       size_t key_len)
+{
+    ucx_peer *p = (ucx_peer *)hp;
+    ucx_data *u = (ucx_data *)hp->owner;
+    if (p->broken || !p->ep) return ECX_EDATA_PEER;
+    ucx_xfer *x = xfer_get(u);
+    if (!x) return ECX_ENOMEM;
+    x->released = x->decline = true;
+    int rc = request_send(p, x, REQ_DECLINE, 0, t->token, key, key_len);
+    xfer_maybe_put(u, x);
+    return rc;
 }
 
 static int ucx_read_poll(ecxi_data_xfer *hx)
@@ -1411,6 +1483,7 @@ static const struct ecxi_data_ops ucx_ops = {
     .peer_add = ucx_peer_add,
     .peer_drop = ucx_peer_drop,
     .read_post = ucx_read_post,
+    .decline = ucx_decline,
     .read_poll = ucx_read_poll,
     .read_release = ucx_read_release,
 };

@@ -85,6 +85,7 @@ typedef struct ucxp {
     uint8_t *rx, *tx;
     claim *claims;
     claim *ends, **ends_tail;
+    size_t nends;
     up_peer *peers;
     up_xfer *xfers; /* running */
     uint64_t next_id;
@@ -134,6 +135,7 @@ static void end_claim(ucxp *p, claim *c, int status)
     c->next = NULL;
     *p->ends_tail = c;
     p->ends_tail = &c->next;
+    p->nends++;
 }
 
 /* The helper is gone or no longer trusted: kill, reap, then fail what it
@@ -201,6 +203,17 @@ static int send_msg(ucxp *p, size_t len)
         (void)poll(&q, 1, 50);
     }
     return ECX_EDATA_PEER;
+}
+
+/* Send a "16B token, key" message. */
+static int send_token_key(ucxp *p, uint16_t type, uint64_t id, const uint8_t *token,
+                          const char *key, size_t key_len)
+{
+    uint8_t *t = p->tx;
+    hdr_put(t, type, id);
+    memcpy(t + ECXI_HELPER_HDR, token, ECXI_DATA_TOKEN_LEN);
+    memcpy(t + ECXI_HELPER_HDR + ECXI_DATA_TOKEN_LEN, key, key_len);
+    return send_msg(p, ECXI_HELPER_HDR + ECXI_DATA_TOKEN_LEN + key_len);
 }
 
 /* Start a helper and wait for its HELLO. */
@@ -297,16 +310,38 @@ static int ensure_up(ucxp *p)
 
 /* ---- messages --------------------------------------------------------- */
 
+/* A record of the grant (token, key); NULL if out of memory. */
+static claim *claim_new(const uint8_t *token, const char *key, size_t key_len)
+{
+    claim *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    memcpy(c->token, token, ECXI_DATA_TOKEN_LEN);
+    memcpy(c->key, key, key_len);
+    c->key_len = (uint16_t)key_len;
+    return c;
+}
+
+/* The link to the claim of (key, token), or NULL if none. */
+static claim **claim_find(ucxp *p, const char *key, size_t key_len, const uint8_t *token)
+{
+    for (claim **pp = &p->claims; *pp; pp = &(*pp)->next) {
+        claim *c = *pp;
+        if (c->key_len == key_len && !memcmp(c->key, key, key_len) &&
+            !sodium_memcmp(c->token, token, ECXI_DATA_TOKEN_LEN))
+            return pp;
+    }
+    return NULL;
+}
+
 /* The session's answer to the helper's ASK: claim, and tell it the runs. */
 static void on_ask(ucxp *p, uint64_t id, const uint8_t *b, size_t n)
 {
-    if (n <= ECXI_DATA_TOKEN_LEN || n > ECXI_DATA_TOKEN_LEN + ECXI_DATA_NOTIF_MAX)
-        return die(p, "a malformed ASK");
     const uint8_t *token = b;
-    const char *key = (const char *)b + ECXI_DATA_TOKEN_LEN;
-    size_t key_len = n - ECXI_DATA_TOKEN_LEN;
+    const char *key;
+    size_t key_len;
+    if (!ecxi_ucx_proc_token_key(b, n, &key, &key_len)) return die(p, "a malformed ASK");
     /* the claim's record first: a claim must never go untracked */
-    claim *c = calloc(1, sizeof *c);
+    claim *c = claim_new(token, key, key_len);
     ecxi_data_grant g = {0};
     int rc = c ? ecxi_data_grant_check(&p->base, key, key_len, token, ECXI_DATA_GRANT_CLAIM, &g)
                : ECX_ENOMEM;
@@ -316,9 +351,6 @@ static void on_ask(ucxp *p, uint64_t id, const uint8_t *b, size_t n)
     const uint64_t nb = ecxi_region_num_blocks(p->base.region);
     if (rc) free(c);
     if (rc == 0) {
-        memcpy(c->token, token, ECXI_DATA_TOKEN_LEN);
-        memcpy(c->key, key, key_len);
-        c->key_len = (uint16_t)key_len;
         uint8_t *run = t + ECXI_HELPER_HDR + 16;
         if (g.n == 0) rc = ECX_EDATA_COUNT;
         for (size_t i = 0; i < g.n && rc == 0;) {
@@ -354,22 +386,37 @@ static void on_ask(ucxp *p, uint64_t id, const uint8_t *b, size_t n)
 
 static void on_end(ucxp *p, const uint8_t *b, size_t n)
 {
-    if (n <= 4 + ECXI_DATA_TOKEN_LEN || n > 4 + ECXI_DATA_TOKEN_LEN + ECXI_DATA_NOTIF_MAX)
+    const uint8_t *token = b + 4;
+    const char *key;
+    size_t key_len;
+    if (n < 4 || !ecxi_ucx_proc_token_key(token, n - 4, &key, &key_len))
         return die(p, "a malformed END");
     int status = (int32_t)ecxi_get_le32(b);
-    const uint8_t *token = b + 4;
-    const char *key = (const char *)b + 4 + ECXI_DATA_TOKEN_LEN;
-    size_t key_len = n - 4 - ECXI_DATA_TOKEN_LEN;
-    for (claim **pp = &p->claims; *pp; pp = &(*pp)->next) {
-        claim *c = *pp;
-        if (c->key_len != key_len || memcmp(c->key, key, key_len) ||
-            sodium_memcmp(c->token, token, ECXI_DATA_TOKEN_LEN))
-            continue;
-        *pp = c->next;
-        end_claim(p, c, status > 0 ? ECX_EDATA_UCX : status);
+    claim **pp = claim_find(p, key, key_len, token);
+    if (!pp) return die(p, "an END of no claim");
+    claim *c = *pp;
+    *pp = c->next;
+    end_claim(p, c, status > 0 ? ECX_EDATA_UCX : status);
+}
+
+/* A consumer declined a grant: the session hears of it as of a send that
+ * ended (status 0) and checks the token itself. Not if the grant is
+ * claimed: then its send may still read the blocks, and only the send's
+ * END may release them (the session would take the decline for the end
+ * of a send it cut). */
+static void on_declined(ucxp *p, const uint8_t *b, size_t n)
+{
+    const char *key;
+    size_t key_len;
+    if (!ecxi_ucx_proc_token_key(b, n, &key, &key_len)) return die(p, "a malformed DECLINED");
+    if (claim_find(p, key, key_len, b)) return; /* its END releases it */
+    claim *c = p->nends < ECXI_UCX_PROC_ENDS_MAX ? claim_new(b, key, key_len) : NULL;
+    if (!c) {
+        ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "data ucx: a decline was dropped (%zu notifications "
+                            "waiting, or no memory); its lease releases the grant", p->nends);
         return;
     }
-    die(p, "an END of no claim");
+    end_claim(p, c, 0);
 }
 
 static void handle(ucxp *p, const uint8_t *m, size_t len)
@@ -387,6 +434,9 @@ static void handle(ucxp *p, const uint8_t *m, size_t len)
     case ECXI_UCX_H_END:
         if (!p->producer) break;
         return on_end(p, b, n);
+    case ECXI_UCX_H_DECLINED:
+        if (!p->producer) break;
+        return on_declined(p, b, n);
     case ECXI_UCX_H_ADDED:
         if (p->producer || n != 4 || !p->add_id || id != p->add_id || p->add_answered ||
             (int32_t)ecxi_get_le32(b) > 0)
@@ -480,6 +530,7 @@ static int ucxp_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb,
     while (p->ends) {
         claim *c = p->ends;
         if (!(p->ends = c->next)) p->ends_tail = &p->ends;
+        p->nends--;
         cb(arg, c->key, c->key_len, c->token, c->status);
         free(c);
         count++;
@@ -492,18 +543,9 @@ static int ucxp_poll_notifs(ecxi_data *d, ecxi_slice *sl, ecxi_data_notif_cb cb,
 static int ucxp_cut(ecxi_data *d, const char *key, size_t key_len, const uint8_t *token)
 {
     ucxp *p = (ucxp *)d;
-    for (claim *c = p->claims; c; c = c->next) {
-        if (c->key_len != key_len || memcmp(c->key, key, key_len) ||
-            sodium_memcmp(c->token, token, ECXI_DATA_TOKEN_LEN))
-            continue;
-        uint8_t *t = p->tx;
-        hdr_put(t, ECXI_UCX_P_CUT, 0);
-        memcpy(t + ECXI_HELPER_HDR, token, ECXI_DATA_TOKEN_LEN);
-        memcpy(t + ECXI_HELPER_HDR + ECXI_DATA_TOKEN_LEN, key, key_len);
-        (void)send_msg(p, ECXI_HELPER_HDR + ECXI_DATA_TOKEN_LEN + key_len); /* or it died */
-        return 1;
-    }
-    return 0;
+    if (!claim_find(p, key, key_len, token)) return 0;
+    (void)send_token_key(p, ECXI_UCX_P_CUT, 0, token, key, key_len); /* or it died */
+    return 1;
 }
 
 static void ucxp_free(ecxi_data *d)
@@ -608,6 +650,14 @@ static void ucxp_peer_drop(ecxi_data_peer *hp)
     free(x);
 }
 
+/* x registered in the current helper, unless its producer is a suspect. */
+static int peer_ready(ucxp *p, up_peer *x, uint64_t skey)
+{
+    suspect *s = suspect_of(p, skey, false);
+    if (s && s->deaths >= SUSPECT_DEATHS) return ECX_EDATA_PEER;
+    return p->sock < 0 || x->gen != p->gen ? add_in_helper(p, x) : 0;
+}
+
 static int ucxp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
                           const ecxi_block_run *remote, size_t nremote,
                           const ecxi_block_run *local, size_t nlocal, uint64_t nbytes,
@@ -616,11 +666,9 @@ static int ucxp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
     (void)remote, (void)nremote; /* the producer sends the grant's blocks; it never takes ours */
     up_peer *x = (up_peer *)hp;
     ucxp *p = (ucxp *)hp->owner;
-    int rc;
     uint64_t skey = suspect_key(x->addr, x->addr_len);
-    suspect *s = suspect_of(p, skey, false);
-    if (s && s->deaths >= SUSPECT_DEATHS) return ECX_EDATA_PEER;
-    if ((p->sock < 0 || x->gen != p->gen) && (rc = add_in_helper(p, x))) return rc;
+    int rc = peer_ready(p, x, skey);
+    if (rc) return rc;
     uint8_t *b = p->tx;
     size_t fixed = ECXI_HELPER_HDR + 8 * 3 + ECXI_DATA_TOKEN_LEN + 8;
     uint8_t *run = b + fixed + key_len;
@@ -656,6 +704,17 @@ static int ucxp_read_post(ecxi_data_peer *hp, const ecxi_data_ticket *t,
     return 0;
 }
 
+/* The consumer will not read the grant: the helper tells the producer
+ * (no answer; if the message is lost, the lease releases the grant). */
+static int ucxp_decline(ecxi_data_peer *hp, const ecxi_data_ticket *t, const char *key,
+                        size_t key_len)
+{
+    up_peer *x = (up_peer *)hp;
+    ucxp *p = (ucxp *)hp->owner;
+    int rc = peer_ready(p, x, suspect_key(x->addr, x->addr_len));
+    return rc ? rc : send_token_key(p, ECXI_UCX_P_DECLINE, x->id, t->token, key, key_len);
+}
+
 static int ucxp_read_poll(ecxi_data_xfer *hx)
 {
     return ((up_xfer *)hx)->state;
@@ -689,6 +748,7 @@ static const struct ecxi_data_ops ucxp_ops = {
     .peer_add = ucxp_peer_add,
     .peer_drop = ucxp_peer_drop,
     .read_post = ucxp_read_post,
+    .decline = ucxp_decline,
     .read_poll = ucxp_read_poll,
     .read_release = ucxp_read_release,
 };

@@ -12,10 +12,13 @@
 #ifndef ECXI_UCX_PROC_H
 #define ECXI_UCX_PROC_H
 
+#include "data.h"
 #include "helper_proc.h"
 
 #define ECXI_UCX_PROC_MAGIC 0x50585545u /* "EUXP" */
-#define ECXI_UCX_PROC_VERSION 1
+/* 2: DECLINE and DECLINED. The two ship together; a pair of another
+ * version fails at the HELLO rather than at its first decline. */
+#define ECXI_UCX_PROC_VERSION 2
 #define ECXI_UCX_PROC_MSG_MAX (128u << 10)
 #define ECXI_UCX_PROC_RUNS ((ECXI_UCX_PROC_MSG_MAX - ECXI_HELPER_HDR - 64 - 512) / 8)
 #define ECXI_UCX_AGENT_DATA_MB 512
@@ -26,6 +29,9 @@
 #define ECXI_UCX_PROC_SEND_MS 5000
 /* An ANSWER the helper's request no longer wants is given back after this. */
 #define ECXI_UCX_PROC_ANSWER_MS 5000
+/* Ends and DECLINEDs waiting for poll_notifs, at most: a DECLINED past it
+ * is dropped (the lease releases its grant). */
+#define ECXI_UCX_PROC_ENDS_MAX 4096
 
 /* Messages (helper_proc.h's header; one per datagram, little-endian,
  * every length checked). The helper's messages are untrusted: anything out
@@ -43,10 +49,14 @@
  *     READ    id = xfer; u64 peer, u64 nbytes, u64 checksum, 16B token,
  *             u32 key_len, u32 nruns, key, runs (local)    -> READ_END
  *     RELEASE id = xfer
+ *     DECLINE id = peer; 16B token, key (the consumer will not read that
+ *             grant: the helper tells the producer; no answer)
  *   helper -> parent
  *     HELLO    i32 rc, UCX address bytes (producer)
  *     ASK      id; 16B token, key         (a request to serve: claim?)
  *     END      i32 status, 16B token, key (a claimed send ended)
+ *     DECLINED 16B token, key  (a consumer declined that grant: for the
+ *              session, which checks the token, as a completion)
  *     ADDED    id = peer; i32 rc
  *     READ_END id = xfer; i32 state (enum ecxi_xfer_state)
  *     STATS    u64 x 4: its path counters (data.h, ecxi_data_counts), at
@@ -59,13 +69,26 @@ enum {
     ECXI_UCX_P_DROP,
     ECXI_UCX_P_READ,
     ECXI_UCX_P_RELEASE,
+    ECXI_UCX_P_DECLINE,
     ECXI_UCX_H_HELLO = 64,
     ECXI_UCX_H_ASK,
     ECXI_UCX_H_END,
     ECXI_UCX_H_ADDED,
     ECXI_UCX_H_READ_END,
     ECXI_UCX_H_STATS,
+    ECXI_UCX_H_DECLINED,
 };
 enum { ECXI_UCX_ROLE_PRODUCER = 1, ECXI_UCX_ROLE_CONSUMER = 2 };
+
+/* A "16B token, key" body of n bytes: the key and its length, or false if
+ * the key is empty or longer than a grant key can be. */
+static inline bool ecxi_ucx_proc_token_key(const uint8_t *b, size_t n, const char **key,
+                                           size_t *key_len)
+{
+    if (n <= ECXI_DATA_TOKEN_LEN || n > ECXI_DATA_TOKEN_LEN + ECXI_DATA_NOTIF_MAX) return false;
+    *key = (const char *)b + ECXI_DATA_TOKEN_LEN;
+    *key_len = n - ECXI_DATA_TOKEN_LEN;
+    return true;
+}
 
 #endif
