@@ -76,20 +76,26 @@ static void stop(pid_t pid, int sig)
         assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-static ecx_ctx *consumer(const char *data, const char *model, uint64_t region)
+static ecx_ctx *consumer_acking(const char *data, const char *model, uint64_t region,
+                               int64_t ack_ms)
 {
     ecx_config cfg;
     ecx_config_init(&cfg);
     cfg.role = ECX_ROLE_CONSUMER;
     cfg.region_bytes = region;
     cfg.data = data;
-    cfg.ack_timeout_ms = 1000;
+    cfg.ack_timeout_ms = ack_ms;
     cfg.read_timeout_ms = 3000;
     cfg.quarantine_ms = 3000;
     if (model) cfg.model = model;
     ecx_ctx *ctx;
     assert_int_equal(ecx_new(&cfg, &ctx), 0);
     return ctx;
+}
+
+static ecx_ctx *consumer(const char *data, const char *model, uint64_t region)
+{
+    return consumer_acking(data, model, region, 1000);
 }
 
 /* One counter or gauge from the context's metrics text. */
@@ -258,7 +264,9 @@ static void test_producer_killed_mid_read(void **state)
     const char *k = json_object_iter_key(json_object_iter(ann));
     json_t *v = json_object_get(ann, k);
     char *text = json_dumps(v, JSON_COMPACT);
-    ecx_ctx *ctx = consumer("ucx", NULL, 600ull << 20);
+    /* The producer runs in 300 us slices below: on a loaded machine its ack
+     * can take longer than the others' 1 s (seen: ACK_TIMEOUT, no READ). */
+    ecx_ctx *ctx = consumer_acking("ucx", NULL, 600ull << 20, 15000);
     long long total = metric(ctx, "ecx_region_blocks{state=\"free\"}");
     int reason, st = ecx_fetch(ctx, k, text, 0, &reason);
     assert_int_equal(st, ECX_FETCH_PENDING);
