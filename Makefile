@@ -7,6 +7,8 @@ FUZZ_SECONDS ?= 60
 FUZZ_DATA_SECONDS ?= 30
 PREFIX     ?= /usr/local
 DESTDIR    ?=
+# Extra CMake options for make install's build, e.g. -DECX_WITH_UCX=OFF.
+CMAKE_ARGS ?=
 
 .PHONY: all deps build test unit sanitize tsan fuzz pytest wheel wheel-test vllm-test demo install uninstall clean
 
@@ -97,7 +99,7 @@ demo: build
 # is recorded, DESTDIR included, for uninstall (CMake's install_manifest.txt
 # omits DESTDIR, and test_install's own temporary installs overwrite it).
 install: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=$(PREFIX) $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS) --target ecx_installed
 	DESTDIR="$(DESTDIR)" cmake --install $(BUILD)
 	@sed 's|^|$(DESTDIR)|; $$a\' $(BUILD)/install_manifest.txt >$(BUILD)/make_install_manifest.txt
