@@ -323,12 +323,15 @@ enum ecx_role { ECX_ROLE_PRODUCER = 1, ECX_ROLE_CONSUMER = 2, ECX_ROLE_BOTH = 3 
  * library's internals fall back on. */
 #define ECX_DEFAULT_LISTEN "127.0.0.1:5601"
 #define ECX_DEFAULT_REGION_BYTES (1ull << 30)
-#define ECX_DEFAULT_BLOCK_BYTES (1ull << 20)
-/* A vLLM release that exists, the newest that speaks protocol version 1
- * (ecx_protocol_version_of; version 2 saves only whole blocks, which would
- * not suit a default), and dtype as vLLM hashes it. A consumer or producer
- * facing vLLM >= 0.32 sets vllm_version to that engine's. */
-#define ECX_DEFAULT_VLLM_VERSION "0.31.0"
+/* One row of the default model's encoder output: llava-1.5-7b's hidden size,
+ * 4096 elements of bfloat16, as vLLM's ECCPUConnector sizes its blocks
+ * (version 2 stores and announces whole rows: an item is whole blocks). */
+#define ECX_DEFAULT_BLOCK_BYTES 8192ull
+/* The newest vLLM release ecx is tested against, which speaks protocol
+ * version 2 (ecx_protocol_version_of derives it), and dtype as vLLM hashes
+ * it. Facing another vLLM, set vllm_version (and block_bytes, model, dtype)
+ * to that engine's. */
+#define ECX_DEFAULT_VLLM_VERSION "0.34.0"
 #define ECX_DEFAULT_MODEL "llava-hf/llava-1.5-7b-hf"
 #define ECX_DEFAULT_DTYPE "torch.bfloat16"
 #define ECX_DEFAULT_DATA "auto"

@@ -375,7 +375,7 @@ int cmd_bench_data(int argc, char **argv, const char *help, const char *help_tai
         return usage_error("bench data takes no arguments ('%s'); try 'ecx bench data --help'",
                            argv[optind]);
     if (common_finish(&cfg)) return EXIT_USAGE;
-    if (nsizes == 0) sizes[nsizes++] = 4700000, sizes[nsizes++] = 28800000;
+    if (nsizes == 0) sizes[nsizes++] = 4718592, sizes[nsizes++] = 28835840;
     b.bs = cfg.block_bytes;
     b.base = &cfg;
     return run(&b, sizes, nsizes, want) ? EXIT_FAIL : EXIT_OK;

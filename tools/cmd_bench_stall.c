@@ -880,7 +880,7 @@ int cmd_bench_stall(int argc, char **argv)
         return usage_error("bench stall takes no arguments ('%s'); try 'ecx bench stall --help'",
                            argv[optind]);
     if (common_finish(&cfg)) return EXIT_USAGE;
-    if (l.nsizes == 0) l.sizes[l.nsizes++] = 28800000, l.sizes[l.nsizes++] = 256000000;
+    if (l.nsizes == 0) l.sizes[l.nsizes++] = 28835840, l.sizes[l.nsizes++] = 256000000;
     if (!steps_given) l.steps[l.nsteps++] = 1, l.steps[l.nsteps++] = 20;
     static const char *const names[3] = {"shm", "tcp", "ucx"};
     const char *paths[3];

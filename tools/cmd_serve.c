@@ -51,9 +51,10 @@ static const char HELP[] =
     "                         whole blocks (zero padding after its bytes) and\n"
     "                         announced with shape [file bytes / (N x element size), N];\n"
     "                         a file that is not whole rows is skipped, with a message.\n"
-    "                         Without it a version-2 item is announced as\n"
-    "                         [blocks, block-bytes / element size] and must be whole\n"
-    "                         blocks. --synthetic items are not affected\n"
+    "                         Without it a version-2 file holds rows of one block\n"
+    "                         (--block-bytes / element size elements) and is announced\n"
+    "                         as [blocks, that width]. --synthetic items are not\n"
+    "                         affected: under version 2 their BYTES must be whole blocks\n"
     "\n"
     "network and output:\n"
     "  --listen HOST:PORT     control-plane address (default " ECX_DEFAULT_LISTEN ");\n"
@@ -221,16 +222,18 @@ static int load_file(const item *x, const ecx_segment *segs, size_t n)
 
 /* --width: each preloaded file becomes rows of width elements of elem bytes,
  * stored in whole blocks; a file that is not whole rows is dropped. */
-static void apply_width(items *it, uint64_t width, int elem, uint64_t block)
+static void apply_width(items *it, uint64_t width, bool given, int elem, uint64_t block)
 {
     uint64_t row = width * (uint64_t)elem; /* width <= 2^40, elem <= 8 */
     size_t kept = 0;
     for (size_t i = 0; i < it->n; i++) {
         item *x = &it->v[i];
         if (x->path && x->size % row) {
-            fprintf(stderr, "ecx: skipping '%s': %llu bytes are not whole rows of --width %llu "
-                    "(%llu bytes each)\n", x->hash, (unsigned long long)x->size,
-                    (unsigned long long)width, (unsigned long long)row);
+            fprintf(stderr, "ecx: skipping '%s': %llu bytes are not whole rows of %s %llu "
+                    "(%llu bytes each)%s\n", x->hash, (unsigned long long)x->size,
+                    given ? "--width" : "the default width, --block-bytes / element size,",
+                    (unsigned long long)width, (unsigned long long)row,
+                    given ? "" : ": give --width with the encoder output's row width");
             free(x->path);
             continue;
         }
@@ -666,7 +669,24 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "ecx: --width needs --connector-version 2 (version 1 has no shape)\n");
         goto usage;
     }
-    if (width) apply_width(&it, (uint64_t)width, ecx_dtype_size(cfg.dtype), cfg.block_bytes);
+    if (cfg.connector_version == 2) { /* items are whole rows: of --width, else of a block */
+        int elem = ecx_dtype_size(cfg.dtype);
+        if (!width && elem && cfg.block_bytes % (uint64_t)elem == 0)
+            apply_width(&it, cfg.block_bytes / (uint64_t)elem, false, elem, cfg.block_bytes);
+        else if (width)
+            apply_width(&it, (uint64_t)width, true, elem, cfg.block_bytes);
+        for (size_t i = 0; i < it.n; i++)
+            if (!it.v[i].path && it.v[i].size % cfg.block_bytes) {
+                uint64_t b = (it.v[i].size + cfg.block_bytes - 1) / cfg.block_bytes;
+                fprintf(stderr, "ecx: --synthetic: %llu bytes are not whole blocks of %llu: "
+                        "protocol version 2 (--vllm-version %s) stores whole rows; give %llu "
+                        "(%llu blocks), or --vllm-version 0.31.0 for version 1\n",
+                        (unsigned long long)it.v[i].size, (unsigned long long)cfg.block_bytes,
+                        cfg.vllm_version, (unsigned long long)(b * cfg.block_bytes),
+                        (unsigned long long)b);
+                goto usage;
+            }
+    }
     if (curve_allow_path && !curve_secret_path) {
         fprintf(stderr, "ecx: --curve-allow needs --curve-secret\n");
         goto usage;

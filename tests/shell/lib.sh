@@ -2,7 +2,8 @@
 # lib.sh — what the shell tests share: pass/fail counters and checks, a
 # private temp dir ($T), an optional private region dir ($SHM, exported as
 # ECX_SHM_DIR), child processes (pids+=($!)) killed and reaped on exit, and
-# which data paths this build has. Source it, then call `finish` last.
+# which data paths this build has, and ${V1[@]}: protocol version 1 on
+# purpose. Source it, then call `finish` last.
 PY=/usr/bin/python3
 T=$(mktemp -d /tmp/ecx-test.XXXXXX)
 SHM=
@@ -15,6 +16,13 @@ cleanup() {
 trap cleanup EXIT
 # Regions of this test's processes go to a private directory.
 private_shm() { SHM=$(mktemp -d /dev/shm/ecx-test-sh.XXXXXX); export ECX_SHM_DIR=$SHM; }
+# The defaults speak protocol version 2 (vLLM 0.34.0, 8 KiB blocks: one row of
+# llava-1.5's 4096 bf16), where every item is whole blocks. A test that speaks
+# version 1 on purpose (hand-written version-1 frames, its 2 s ack timeout,
+# items of any byte count) gives "${V1[@]}" to serve, get, ping and bench:
+# vLLM 0.31.0's factors with 1 MiB blocks, the defaults before version 2.
+V1=(--vllm-version 0.31.0 --block-bytes 1Mi)
+V1_COMPAT_ARGS=(0.31.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 1048576)
 ok() { pass=$((pass + 1)); }
 bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
 # check DESCRIPTION 'SHELL CONDITION'
