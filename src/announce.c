@@ -101,7 +101,7 @@ static bool shape_bytes(const json_t *shape, const ecxi_announce_rows *rows, uin
 /* The checks after "is there a peer_host at all": host, port, size, and
  * (version 2, rows given) the bytes the shape takes: shape_size NULL = no
  * usable shape; for the struct, which has none, the caller passes size
- * rounded to whole blocks, so only whole blocks pass. */
+ * rounded up to whole blocks, so only whole blocks pass. */
 static int check(const char *host, bool port_given, long long port, bool size_given, long long size,
                  uint64_t expected_size, uint64_t max_bytes, const ecxi_announce_rows *rows,
                  const uint64_t *shape_size, ecxi_announce_peer *out)
@@ -135,7 +135,7 @@ static int check(const char *host, bool port_given, long long port, bool size_gi
     if (expected_size && expected_size != out->size_bytes) return ECX_REASON_SIZE_MISMATCH;
     if (rows && *shape_size != out->size_bytes) {
         ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "announcement: size_bytes %llu is not the %llu bytes "
-                            "of whole blocks its shape takes", (unsigned long long)out->size_bytes,
+                            "of whole blocks its shape (or size) takes: version 2 moves whole rows", (unsigned long long)out->size_bytes,
                             (unsigned long long)*shape_size);
         return ECX_REASON_SIZE_MISMATCH;
     }
@@ -158,7 +158,8 @@ int ecxi_announce_parse(const char *json, const ecx_announcement *from, uint64_t
         /* A size beyond what a JSON integer (and a region) can hold is
          * refused as INVALID by max_bytes, or here when there is none. */
         long long size = from->size_bytes > (uint64_t)INT64_MAX ? -1 : (long long)from->size_bytes;
-        uint64_t whole = rows && from->size_bytes % rows->block_bytes ? 0 : from->size_bytes;
+        uint64_t bb = rows ? rows->block_bytes : 1;
+        uint64_t whole = from->size_bytes / bb * bb + (from->size_bytes % bb ? bb : 0);
         return check(from->peer_host, true, from->peer_port, true, size, expected_size, max_bytes, rows,
                      &whole, out);
     }

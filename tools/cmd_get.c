@@ -264,7 +264,7 @@ int cmd_get(int argc, char **argv)
         fprintf(stderr, "ecx: --peer needs exactly one --mm-hash and --size\n");
         goto usage;
     }
-    if (common_finish(&cfg)) goto usage;
+    if (common_finish(&cfg) || (peer && whole_blocks_check("--size", peer_size, &cfg))) goto usage;
     cfg.ack_timeout_ms = ack ? ack
                          : cfg.connector_version == 2 ? ECX_DEFAULT_ACK_TIMEOUT_V2_MS
                                                       : ECX_DEFAULT_ACK_TIMEOUT_MS;

@@ -676,16 +676,7 @@ int cmd_serve(int argc, char **argv)
         else if (width)
             apply_width(&it, (uint64_t)width, true, elem, cfg.block_bytes);
         for (size_t i = 0; i < it.n; i++)
-            if (!it.v[i].path && it.v[i].size % cfg.block_bytes) {
-                uint64_t b = (it.v[i].size + cfg.block_bytes - 1) / cfg.block_bytes;
-                fprintf(stderr, "ecx: --synthetic: %llu bytes are not whole blocks of %llu: "
-                        "protocol version 2 (--vllm-version %s) stores whole rows; give %llu "
-                        "(%llu blocks), or --vllm-version 0.31.0 for version 1\n",
-                        (unsigned long long)it.v[i].size, (unsigned long long)cfg.block_bytes,
-                        cfg.vllm_version, (unsigned long long)(b * cfg.block_bytes),
-                        (unsigned long long)b);
-                goto usage;
-            }
+            if (!it.v[i].path && whole_blocks_check("--synthetic", it.v[i].size, &cfg)) goto usage;
     }
     if (curve_allow_path && !curve_secret_path) {
         fprintf(stderr, "ecx: --curve-allow needs --curve-secret\n");

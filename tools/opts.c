@@ -153,6 +153,19 @@ int common_finish(ecx_config *cfg)
     return 0;
 }
 
+int whole_blocks_check(const char *what, uint64_t bytes, const ecx_config *cfg)
+{
+    if (cfg->connector_version != 2 || bytes % cfg->block_bytes == 0) return 0;
+    uint64_t blocks = bytes / cfg->block_bytes + 1;
+    fprintf(stderr, "ecx: %s: %llu bytes are not whole blocks of %llu: protocol version 2 "
+            "(--vllm-version %s) moves whole rows; give %llu (%llu block%s), or "
+            "--vllm-version 0.31.0 for version 1\n", what, (unsigned long long)bytes,
+            (unsigned long long)cfg->block_bytes, cfg->vllm_version,
+            (unsigned long long)(blocks * cfg->block_bytes), (unsigned long long)blocks,
+            blocks == 1 ? "" : "s");
+    return -1;
+}
+
 void print_factors(const char *who, const ecx_config *cfg)
 {
     const char *dt = ecx_dtype_name(cfg->dtype);

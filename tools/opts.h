@@ -72,6 +72,10 @@ int common_opt(int c, const char *arg, ecx_config *cfg, bool *region_given);
  * -1 (message printed: a usage error) if --connector-version 1 was given with a
  * vLLM that speaks 2. */
 int common_finish(ecx_config *cfg);
+/* Under protocol version 2 an item is whole blocks (whole rows): 0 if bytes
+ * is, or the version is 1; else -1 and a message naming `what` (an option)
+ * and the whole-block size to give instead (a usage error). */
+int whole_blocks_check(const char *what, uint64_t bytes, const ecx_config *cfg);
 /* True if s is one of ECX_DATA_PATHS. */
 bool data_path_ok(const char *s);
 /* "ecx: WHO: vllm-version V, model M, dtype D, block-bytes B, protocol version P,

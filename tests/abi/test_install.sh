@@ -134,7 +134,7 @@ elif [ -z "$uagent" ] || [ ! -x "$uagent" ]; then
   bad "libexec/ecx/ecx-ucx-agent not installed"
 elif [ -n "$cli" ] && [ "$CLI_SHARED" = 1 ]; then
   env -u LD_LIBRARY_PATH -u ECX_UCX_AGENT "$cli" serve --data ucx --listen 127.0.0.1:0 \
-    --block-bytes 64Ki --synthetic 1:1000 --announce-out "$T/ucx.json" >"$T/ucx.log" 2>&1 &
+    --block-bytes 64Ki --synthetic 1:64Ki --announce-out "$T/ucx.json" >"$T/ucx.log" 2>&1 &
   spid=$!
   for _ in $(seq 100); do [ -s "$T/ucx.json" ] && break; sleep 0.1; done
   [ -s "$T/ucx.json" ] ||

@@ -64,7 +64,7 @@ expect 2 "" "proto without sub" -- "$ECX" proto
 expect 2 "" "serve --connector-version 3" -- "$ECX" serve --connector-version 3
 expect 2 "" "get --connector-version 3" -- "$ECX" get --connector-version 3 --peer 127.0.0.1:1 --mm-hash h --size 1 --out /dev/null
 expect 2 "" "serve with a dtype ecx does not know" -- "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1Mi --connector-version 2 --dtype mystery
-expect 1 "" "serve v2 with items that are not whole blocks" -- "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1000 --connector-version 2
+expect 2 "1000 bytes are not whole blocks of 8192" "serve v2 with items that are not whole blocks" -- "$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1000 --connector-version 2
 expect 2 "" "compat-hash arg count" -- "$ECX" compat-hash a b c
 expect 2 "" "compat-hash bad number" -- "$ECX" compat-hash a b c 12x
 expect 2 "" "compat-hash number too big" -- "$ECX" compat-hash a b c 9223372036854775808

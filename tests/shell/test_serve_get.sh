@@ -10,25 +10,33 @@ ECX=$1
 . "$(dirname "$0")/lib.sh"
 private_shm
 
-# --preload: regular files are served; bad names, links, directories and
-# empty files are skipped with a message.
+# --preload with the defaults (vLLM 0.34.0: protocol version 2, blocks of one
+# 8 KiB row): regular files of whole rows are served; bad names, links,
+# directories, empty files and files that are not whole rows are skipped
+# with a message (the last names --width).
 mkdir -p "$T/in/subdir" "$T/out"
-head -c 3000000 /dev/urandom >"$T/in/item-a.bin"
-head -c 1 /dev/urandom >"$T/in/tiny"
-head -c 70000 /dev/urandom >"$T/in/has space"
+head -c $((366 * 8192)) /dev/urandom >"$T/in/item-a.bin"
+head -c 8192 /dev/urandom >"$T/in/tiny"
+head -c 73728 /dev/urandom >"$T/in/has space"
+head -c 3000000 /dev/urandom >"$T/in/ragged"
 ln -s "$T/in/item-a.bin" "$T/in/link"
 : >"$T/in/empty"
 MPORT=$(free_port)
-"$ECX" serve --listen 127.0.0.1:0 --preload "$T/in" --block-bytes 64Ki --announce-out "$T/ann.json" \
+"$ECX" serve --listen 127.0.0.1:0 --preload "$T/in" --announce-out "$T/ann.json" \
   --metrics "127.0.0.1:$MPORT" 2>"$T/serve.log" &
 spid=$!
 pids+=($spid)
 wait_file "$T/ann.json" || { echo "FAIL: serve did not start" >&2; cat "$T/serve.log" >&2; exit 1; }
-check "announces exactly the two regular files" '[ "$($PY -c "import json,sys; print(sorted(json.load(open(sys.argv[1]))))" "$T/ann.json")" = "['"'"'item-a.bin'"'"', '"'"'tiny'"'"']" ]'
-for n in "has space" link subdir empty; do
+check "announces exactly the two regular files of whole rows" '[ "$($PY -c "import json,sys; print(sorted(json.load(open(sys.argv[1]))))" "$T/ann.json")" = "['"'"'item-a.bin'"'"', '"'"'tiny'"'"']" ]'
+for n in "has space" link subdir empty ragged; do
   check "skip message for '$n'" 'grep -q "skipping '"'"'$n'"'"'" "$T/serve.log"'
 done
-"$ECX" get --params "$T/ann.json" --out "$T/out" --block-bytes 64Ki >"$T/get.out" 2>"$T/get.err"
+check "the ragged file's message names --width" 'grep -q "skipping '"'"'ragged'"'"': 3000000 bytes are not whole rows of the default width.*give --width" "$T/serve.log"'
+check "the producer says what it is: protocol version 2 of vLLM 0.34.0, 8 KiB blocks" \
+  'grep -q "producer: vllm-version 0.34.0, model llava-hf/llava-1.5-7b-hf, dtype torch.bfloat16, block-bytes 8192, protocol version 2" "$T/serve.log"'
+check "announced with the shape [rows, 4096]" '$PY -c "import json,sys
+a = json.load(open(sys.argv[1])); assert a[\"item-a.bin\"][\"shape\"] == [366, 4096] and a[\"tiny\"][\"shape\"] == [1, 4096], a" "$T/ann.json"'
+"$ECX" get --params "$T/ann.json" --out "$T/out" >"$T/get.out" 2>"$T/get.err"
 rc=$?
 check "get exits 0 (got $rc)" '[ $rc = 0 ]'
 check "item-a.bin byte-exact" 'cmp -s "$T/in/item-a.bin" "$T/out/item-a.bin"'
@@ -36,11 +44,12 @@ check "tiny byte-exact" 'cmp -s "$T/in/tiny" "$T/out/tiny"'
 check "no temporary files left" '[ "$(ls "$T/out" | wc -l)" = 2 ]'
 # One item by --peer into a file.
 PORT=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["tiny"]["peer_port"])' "$T/ann.json")
-expect 0 "1 fetched" "get --peer" -- "$ECX" get --peer "127.0.0.1:$PORT" --mm-hash item-a.bin --size 3M \
-  --block-bytes 64Ki --out "$T/one.bin"
+expect 0 "1 fetched" "get --peer" -- "$ECX" get --peer "127.0.0.1:$PORT" --mm-hash item-a.bin \
+  --size $((366 * 8192)) --out "$T/one.bin"
 check "--peer output byte-exact" 'cmp -s "$T/in/item-a.bin" "$T/one.bin"'
 # A wrong block size is another compatibility hash: NACK_INCOMPAT, exit 3.
-expect 3 "tiny: NACK_INCOMPAT" "block size differs" -- "$ECX" get --params "$T/ann.json" --mm-hash tiny --out "$T/out"
+expect 3 "tiny: NACK_INCOMPAT" "block size differs" -- "$ECX" get --params "$T/ann.json" --mm-hash tiny \
+  --block-bytes 4Ki --out "$T/out"
 # Metrics over HTTP, and 404 elsewhere.
 metrics=$(metrics_of "$MPORT")
 check "metrics count the grants" 'echo "$metrics" | grep -qE "^ecx_producer_grants_total [3-9]"'
@@ -65,14 +74,14 @@ check "region file removed" '[ -z "$(ls "$SHM" | grep "\.mmap$")" ]'
 # --preload and written by get --out DIR; one byte more cannot be.
 LONG=$(printf 'n%.0s' $(seq 255))
 mkdir -p "$T/long" "$T/long-out"
-head -c 70000 /dev/urandom >"$T/long/$LONG"
-"$ECX" serve --listen 127.0.0.1:0 --preload "$T/long" --block-bytes 64Ki \
+head -c 73728 /dev/urandom >"$T/long/$LONG"
+"$ECX" serve --listen 127.0.0.1:0 --preload "$T/long" \
   --announce-out "$T/long.json" 2>"$T/long.log" &
 lpid=$!
 pids+=($lpid)
 if wait_file "$T/long.json"; then
   expect 0 "1 fetched" "get of a 255-byte mm_hash" -- "$ECX" get --params "$T/long.json" \
-    --out "$T/long-out" --block-bytes 64Ki
+    --out "$T/long-out"
   check "255-byte name byte-exact" 'cmp -s "$T/long/$LONG" "$T/long-out/$LONG"'
 else
   bad "serve --preload of a 255-byte name did not start: $(cat "$T/long.log")"
@@ -133,8 +142,12 @@ expect 2 "not a size" "bad --block-bytes" -- "$ECX" serve --block-bytes 12x
 expect 2 "at least 1" "zero --block-bytes" -- "$ECX" serve --block-bytes 0
 expect 2 "COUNT:BYTES" "bad --synthetic" -- "$ECX" serve --synthetic 3
 expect 2 "COUNT" "zero --synthetic count" -- "$ECX" serve --synthetic 0:1M
-expect 2 "needs --connector-version 2" "--width in version 1" -- "$ECX" serve --width 4096
-expect 2 "width" "zero --width" -- "$ECX" serve --connector-version 2 --width 0
+expect 2 "needs --connector-version 2" "--width in version 1" -- "$ECX" serve "${V1[@]}" --width 4096
+expect 2 "width" "zero --width" -- "$ECX" serve --width 0
+expect 2 "4700000 bytes are not whole blocks of 8192.*give 4702208 \(574 blocks\)" \
+  "version 2: --synthetic BYTES not whole blocks" -- "$ECX" serve --synthetic 1:4.7M
+expect 2 "speaks protocol version 2, not the --connector-version 1 given" \
+  "a contradictory explicit pair" -- "$ECX" serve --vllm-version 0.34.0 --connector-version 1
 expect 2 "one of auto, shm, tcp, ucx, nixl" "bad --data" -- "$ECX" serve --data rdma
 expect 2 "no arguments" "stray argument" -- "$ECX" serve extra
 expect 2 "takes HOST:PORT" "bad --listen" -- "$ECX" serve --listen nonsense
@@ -152,7 +165,9 @@ check "nothing written outside --out" '[ ! -e "$T/etc" ]'
 echo '{"h":{"metadata":{}}}' >"$T/nopeer.json"
 expect 3 "h: NO_PEER" "announcement without a peer" -- "$ECX" get --params "$T/nopeer.json" --out "$T/out"
 DEAD=$(free_port)
-expect 3 "h: REFUSED" "nobody listening: REFUSED at once" -- "$ECX" get --peer "127.0.0.1:$DEAD" --mm-hash h --size 10 \
+expect 2 "--size: 10 bytes are not whole blocks of 8192.*give 8192 \(1 block\)" "version 2: get --size not whole blocks" \
+  -- "$ECX" get --peer "127.0.0.1:$DEAD" --mm-hash h --size 10 --out "$T/x"
+expect 3 "h: REFUSED" "nobody listening: REFUSED at once" -- "$ECX" get --peer "127.0.0.1:$DEAD" --mm-hash h --size 8Ki \
   --ack-timeout-ms 300 --out "$T/x"
 check "no region files left behind" '[ -z "$(ls "$SHM" | grep "\.mmap$")" ]'
 
