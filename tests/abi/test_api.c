@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "ecx.h"
+#include "../support/speak_v1.h"
 
 #define BLOCK (64u << 10)
 #define REGION (16u << 20)
@@ -31,9 +32,13 @@
 /* Contexts made by make() run the progress thread or not (tests run both). */
 static int g_thread = 1;
 
+/* Protocol version 1 (vLLM 0.31.0) with 64 KiB blocks: the API's items of
+ * any byte count (a last block part full, segments that end inside one) are
+ * version 1's; make_v(role, 2) speaks 2 with the same factors (and so the
+ * same compat hash), test_factors checks the defaults. */
 static void base_config(ecx_config *c, int role)
 {
-    ecx_config_init(c);
+    ecxt_config_v1(c);
     c->progress_thread = g_thread;
     c->role = role;
     c->listen = "127.0.0.1:0";
@@ -252,12 +257,15 @@ static void test_factors(void **state)
         /* 0.34 speaks version 2 unless told */
         assert_non_null(strstr(a, "protocol_version=\"2\""));
     }
-    /* The defaults: a vLLM that exists, dtype in vLLM's spelling, its version. */
-    base_config(&c, ECX_ROLE_PRODUCER);
+    /* The defaults: a vLLM that exists (0.34.0), dtype in vLLM's spelling, the
+     * version it speaks (2), one row of llava-1.5 per block (4096 x bf16). */
+    ecx_config_init(&c);
+    c.role = ECX_ROLE_PRODUCER, c.listen = "127.0.0.1:0", c.region_bytes = REGION;
     info_line(&c, b, sizeof b);
-    assert_non_null(strstr(b, "vllm_version=\"" ECX_DEFAULT_VLLM_VERSION "\""));
+    assert_non_null(strstr(b, "vllm_version=\"0.34.0\""));
     assert_non_null(strstr(b, "dtype=\"torch.bfloat16\""));
-    assert_non_null(strstr(b, "protocol_version=\"1\""));
+    assert_non_null(strstr(b, "block_bytes=\"8192\""));
+    assert_non_null(strstr(b, "protocol_version=\"2\""));
     /* A model name is escaped as a Prometheus label value. */
     c.model = "a\"b\\c\nd";
     info_line(&c, b, sizeof b);
@@ -279,7 +287,7 @@ static ecx_ctx *make_v(int role, int version)
 {
     ecx_config c;
     base_config(&c, role);
-    c.connector_version = version;
+    c.connector_version = version; /* explicit 2 with vLLM 0.31.0: the same hash */
     ecx_ctx *ctx = NULL;
     assert_int_equal(ecx_new(&c, &ctx), 0);
     return ctx;

@@ -20,8 +20,7 @@ static inline void ecxt_config_v1(ecx_config *c)
 {
     ecx_config_init(c);
     c->vllm_version = ECXT_V1_VLLM_VERSION;
-    c->block_bytes = ECXT_V1_BLOCK_BYTES;
-    c->connector_version = 1;
+    c->block_bytes = ECXT_V1_BLOCK_BYTES; /* connector_version 0: 0.31.0 speaks 1 */
 }
 
 #endif

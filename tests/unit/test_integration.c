@@ -156,7 +156,7 @@ static bool synthetic_ok(const char *hash, const uint8_t *p, size_t n)
 static void many_items(const char *data)
 {
     json_t *ann;
-    const char *args[] = {"--synthetic", "12:700K", "--block-bytes", "64Ki", "--data", data, NULL};
+    const char *args[] = {"--synthetic", "12:704Ki", "--block-bytes", "64Ki", "--data", data, NULL};
     pid_t pid = serve(&ann, args);
     ecx_config cfg;
     ecx_config_init(&cfg);
@@ -169,10 +169,10 @@ static void many_items(const char *data)
     assert_int_equal(ready, 12);
     const char *k;
     json_t *v;
-    static uint8_t buf[700000];
+    static uint8_t buf[704 << 10]; /* whole 64 KiB blocks: version 2 */
     json_object_foreach(ann, k, v)
     {
-        assert_int_equal(ecx_read(ctx, k, buf, sizeof buf), 700000);
+        assert_int_equal(ecx_read(ctx, k, buf, sizeof buf), (int64_t)sizeof buf);
         assert_true(synthetic_ok(k, buf, sizeof buf));
     }
     assert_int_equal(metric(ctx, "ecx_consumer_in_flight"), 0);
@@ -198,7 +198,7 @@ static void test_not_ready_then_ready(void **state)
 {
     (void)state;
     json_t *ann;
-    const char *args[] = {"--synthetic", "3:1M", "--ready-delay-ms", "800", NULL};
+    const char *args[] = {"--synthetic", "3:1Mi", "--ready-delay-ms", "800", NULL};
     pid_t pid = serve(&ann, args);
     ecx_ctx *ctx = consumer("auto", NULL, 8 << 20);
     int ready, reasons[ECX_REASON_COUNT] = {0};
@@ -214,7 +214,7 @@ static void test_miss_and_incompat(void **state)
 {
     (void)state;
     json_t *ann;
-    const char *args[] = {"--synthetic", "1:1M", NULL};
+    const char *args[] = {"--synthetic", "1:1Mi", NULL};
     pid_t pid = serve(&ann, args);
     const char *k = json_object_iter_key(json_object_iter(ann));
     json_t *v = json_object_get(ann, k);
@@ -317,7 +317,7 @@ static void test_producer_restart(void **state)
 {
     (void)state;
     json_t *ann;
-    const char *args[] = {"--synthetic", "1:300K", NULL};
+    const char *args[] = {"--synthetic", "1:296Ki", NULL};
     pid_t pid = serve(&ann, args);
     ecx_ctx *ctx = consumer("auto", NULL, 8 << 20);
     int ready, reasons[ECX_REASON_COUNT] = {0};
@@ -330,7 +330,7 @@ static void test_producer_restart(void **state)
              (long long)json_integer_value(json_object_get(v, "peer_port")));
     stop(pid, SIGTERM);
     json_t *ann2;
-    const char *args2[] = {"--synthetic", "2:300K", "--listen", port, NULL};
+    const char *args2[] = {"--synthetic", "2:296Ki", "--listen", port, NULL};
     pid = serve(&ann2, args2);
     /* Item 0 is the same as before and already local; item 1 is new. */
     assert_int_equal(fetch_all(ctx, ann2, &ready, reasons), 0);
@@ -362,11 +362,11 @@ static void test_mm_hash_limit(void **state)
     static char h[ECX_MM_HASH_MAX + 2], h2[ECX_MM_HASH_MAX + 1];
     memset(h, 'a', ECX_MM_HASH_MAX);
     memset(h2, 'b', ECX_MM_HASH_MAX);
-    static uint8_t bytes[300000], got[300000];
+    static uint8_t bytes[37 * 8192], got[37 * 8192]; /* whole blocks: version 2 */
     for (size_t i = 0; i < sizeof bytes; i++)
         bytes[i] = (uint8_t)(i * 7 + i / 1000);
     assert_int_equal(ecx_save(prod, h, bytes, sizeof bytes), 0);
-    assert_int_equal(ecx_save(prod, h2, bytes, 1000), 0);
+    assert_int_equal(ecx_save(prod, h2, bytes, 8192), 0);
     char ann[512];
     size_t len = 0;
     assert_int_equal(ecx_announce(prod, h, ann, sizeof ann, &len), 0);
@@ -375,12 +375,12 @@ static void test_mm_hash_limit(void **state)
     assert_int_equal(ecx_announce_info(prod, h2, &info), 0);
     assert_string_equal(info.peer_host, "127.0.0.1");
     assert_int_equal(info.peer_port, ecx_listen_port(prod));
-    assert_int_equal(info.size_bytes, 1000);
+    assert_int_equal(info.size_bytes, 8192);
     int reason = -1, st = ECX_FETCH_PENDING, st2 = ECX_FETCH_PENDING;
     for (double end = now_s() + 10;
          (st == ECX_FETCH_PENDING || st2 == ECX_FETCH_PENDING) && now_s() < end;) {
         st = ecx_fetch(cons, h, ann, sizeof bytes, &reason);
-        st2 = ecx_fetch_from(cons, h2, &info, 1000, &reason);
+        st2 = ecx_fetch_from(cons, h2, &info, 8192, &reason);
         ecx_poll(prod, 0);
         ecx_poll(cons, 1);
     }
@@ -388,8 +388,8 @@ static void test_mm_hash_limit(void **state)
     assert_int_equal(st2, ECX_FETCH_READY);
     assert_int_equal(ecx_read(cons, h, got, sizeof got), sizeof bytes);
     assert_memory_equal(got, bytes, sizeof bytes);
-    assert_int_equal(ecx_read(cons, h2, got, sizeof got), 1000);
-    assert_memory_equal(got, bytes, 1000);
+    assert_int_equal(ecx_read(cons, h2, got, sizeof got), 8192);
+    assert_memory_equal(got, bytes, 8192);
 
     /* One byte more. */
     h[ECX_MM_HASH_MAX] = 'a';
