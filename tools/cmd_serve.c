@@ -577,7 +577,7 @@ static int parse_synthetic(const char *s, items *it)
     }
     return 0;
 bad:
-    fprintf(stderr, "ecx: --synthetic takes COUNT:BYTES (e.g. 8:4.7M), not '%s'\n", s);
+    fprintf(stderr, "ecx: --synthetic takes COUNT:BYTES (e.g. 8:4718592), not '%s'\n", s);
     return -1;
 }
 

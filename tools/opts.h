@@ -43,13 +43,14 @@ enum {
         {"connector-version", required_argument, 0, OPT_CONNECTOR_VERSION}
 
 #define COMMON_HELP                                                                                \
-    "  --block-bytes SIZE     block size (default 1Mi); peers must agree\n"                       \
+    "  --block-bytes SIZE     block size (default 8Ki: one row of the default model,\n"          \
+    "                         4096 x bfloat16, as vLLM sizes it); peers must agree\n"           \
     "  --vllm-version TEXT    compatibility factor (default " ECX_DEFAULT_VLLM_VERSION ")\n"      \
     "  --model TEXT           compatibility factor (default " ECX_DEFAULT_MODEL ")\n"             \
     "  --dtype NAME           compatibility factor (default " ECX_DEFAULT_DTYPE "), hashed\n" \
     "                         as vLLM does: bfloat16, bf16, torch.bfloat16 are one dtype\n" \
     "  --connector-version 1|2  protocol version (default: the one --vllm-version\n" \
-    "                         speaks, 2 from vLLM 0.34 on, else 1); 2 speaks to vLLM >= 0.34:\n" \
+    "                         speaks, 2 from vLLM 0.32 on, else 1); 2 speaks to vLLM >= 0.32:\n" \
     "                         announcements carry shape [rows, block-bytes / element\n"         \
     "                         size of --dtype] (serve: or [rows, --width]) and items are\n"     \
     "                         whole blocks; peers must agree\n"                                 \
