@@ -113,8 +113,9 @@ extern "C" {
 /* Protocol versions (docs/PROTOCOL.md, "Versions"): 1 is the reference's
  * ECCPUConnector before vLLM 0.32, 2 that of vLLM >= 0.32 (the same
  * messages; the announcement carries the item's shape and whole blocks).
- * ECX_CONNECTOR_VERSION is the default, and the version of the wire
- * functions without _v. */
+ * ECX_CONNECTOR_VERSION is the version of the wire functions without _v
+ * and of ecx_req_init; a context's version is the one its vllm_version
+ * speaks (2 with the defaults) unless connector_version says. */
 #define ECX_CONNECTOR_VERSION 1
 #define ECX_CONNECTOR_VERSION_MAX 2
 
