@@ -43,7 +43,7 @@ enum {
         {"connector-version", required_argument, 0, OPT_CONNECTOR_VERSION}
 
 #define COMMON_HELP                                                                                \
-    "  --block-bytes SIZE     block size (default 1Mi); peers must agree\n"                       \
+    "  --block-bytes SIZE     block size (default 8Ki); peers must agree\n"                       \
     "  --vllm-version TEXT    compatibility factor (default " ECX_DEFAULT_VLLM_VERSION ")\n"      \
     "  --model TEXT           compatibility factor (default " ECX_DEFAULT_MODEL ")\n"             \
     "  --dtype NAME           compatibility factor (default " ECX_DEFAULT_DTYPE "), hashed\n" \
