@@ -87,7 +87,7 @@ static const char DATA_HELP[] =
     "  --warmup N             untimed fetches first (default 3)\n"
     "  --data all|shm|tcp|ucx paths to measure (default all; auto means all; all\n"
     "                         skips a path this libecx is built without)\n"
-    "  --block-bytes SIZE     block size of the regions (default 1Mi)\n"
+    "  --block-bytes SIZE     block size of the regions (default 8Ki)\n"
     "  Output: one line per size, the last being the last size:\n"
     "    size=<bytes> shm_gbps=<x> ucx_gbps=<x> memcpy_gbps=<x> shm_ratio=<x> ucx_ratio=<x>\n"
     "      tcp_gbps=<x> tcp_ratio=<x> rawtcp_gbps=<x> tcp_vs_raw=<x>   (on the same line)\n"

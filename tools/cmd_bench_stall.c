@@ -115,7 +115,7 @@ static const char HELP[] =
     "  --count N              timed fetches per path, size and step, and timed\n"
     "                         cold/warm contexts per path and size (default 5)\n"
     "  --warmup N             untimed ones before them (default 1)\n"
-    "  --block-bytes SIZE     block size of the regions (default 1Mi)\n"
+    "  --block-bytes SIZE     block size of the regions (default 8Ki)\n"
     "  --vllm-version, --model, --dtype  compatibility factors (both sides use them);\n"
     "                         --region-bytes is accepted and ignored (regions are\n"
     "                         sized from --size)\n"

@@ -11,6 +11,9 @@
 # inflow guard's watchdog drops a connection past 32 MiB undelivered while
 # the consumer does not call in), the hostile item ended in a reason and a
 # well-behaved producer still usable.
+# Protocol version 1 on purpose ("${V1[@]}", with 64 KiB blocks as
+# flood_consumer.c has them): the hostile item (1000 bytes, no shape) ends on
+# version 1's 2 s ack timeout if nothing else ends it.
 # usage: test_ack_flood.sh ECX FLOOD_CONSUMER
 set -u
 ECX=$1 PROG=$2
@@ -18,7 +21,7 @@ here=$(dirname "$0")
 . "$here/lib.sh"
 private_shm
 RSS_LIMIT_KIB=$((256 * 1024))
-"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1M --block-bytes 64Ki --announce-out "$T/ann.json" \
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1M "${V1[@]}" --block-bytes 64Ki --announce-out "$T/ann.json" \
   2>"$T/serve.log" &
 pids+=($!)
 wait_file "$T/ann.json" || { echo "FAIL: serve did not start" >&2; exit 1; }

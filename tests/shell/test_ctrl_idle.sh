@@ -9,6 +9,7 @@
 # Throughout, `ecx get --data tcp` fetches all 4 items, byte-exact; the
 # producer lives, never holds more than its bound of descriptors, and counts
 # the connections it refused or evicted.
+# The defaults: protocol version 2, 8 KiB blocks (items of 37 blocks).
 # usage: test_ctrl_idle.sh PATH_TO_ECX
 set -u
 ECX=$1
@@ -16,7 +17,7 @@ ECX=$1
 private_shm
 HOG="$(dirname "$0")/../support/conn_hog.py"
 MPORT=$(free_port)
-(ulimit -n 1024 && exec "$ECX" serve --listen 127.0.0.1:0 --synthetic 4:300K --block-bytes 64Ki \
+(ulimit -n 1024 && exec "$ECX" serve --listen 127.0.0.1:0 --synthetic 4:296Ki \
   --data tcp --announce-out "$T/ann.json" --metrics "127.0.0.1:$MPORT") 2>"$T/serve.log" &
 spid=$!
 pids+=($spid)
@@ -31,7 +32,7 @@ good() {
   rm -rf "$T/out"; mkdir -p "$T/out"
   fds
   expect 0 "" "$1: ecx get --data tcp gets 4 of 4" -- "$ECX" get --params "$T/ann.json" \
-    --out "$T/out" --block-bytes 64Ki --data tcp --verify-synthetic
+    --out "$T/out" --data tcp --verify-synthetic
   check "$1: 4 files written" '[ "$(ls "$T/out" | wc -l)" = 4 ]'
   fds
 }

@@ -4,11 +4,13 @@
 # (the library, in a real process) able to reach a live one, with bounded
 # descriptors (issue 10, item 5), and a live producer's item asked for in the
 # same batch as 300 dead ones is not held up by them (issue 20, item 6). usage: test_dead_producers.sh ECX DEAD_PRODUCERS
+# Protocol version 1 on purpose ("${V1[@]}", with 64 KiB blocks as
+# dead_producers.c has them): the dead items end on version 1's ack timeout.
 set -u
 ECX=$1 PROG=$2
 . "$(dirname "$0")/lib.sh"
 private_shm
-"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1M --block-bytes 64Ki --announce-out "$T/ann.json" \
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:1M "${V1[@]}" --block-bytes 64Ki --announce-out "$T/ann.json" \
   2>"$T/serve.log" &
 pids+=($!)
 wait_file "$T/ann.json" || { echo "FAIL: serve did not start" >&2; exit 1; }

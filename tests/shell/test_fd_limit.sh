@@ -5,13 +5,14 @@
 # until peers left). With a 128-descriptor limit, 300 idle TCP connections
 # to `ecx serve` are refused beyond its cap and counted, the producer does
 # not spin, and a well-behaved consumer is served meanwhile.
+# The defaults: protocol version 2, 8 KiB blocks (items of 1 MiB).
 # usage: test_fd_limit.sh PATH_TO_ECX
 set -u
 ECX=$1
 . "$(dirname "$0")/lib.sh"
 private_shm
 MPORT=$(free_port)
-(ulimit -n 128 && exec "$ECX" serve --listen 127.0.0.1:0 --synthetic 2:1M --block-bytes 64Ki \
+(ulimit -n 128 && exec "$ECX" serve --listen 127.0.0.1:0 --synthetic 2:1Mi \
   --announce-out "$T/ann.json" --metrics "127.0.0.1:$MPORT") 2>"$T/serve.log" &
 spid=$!
 pids+=($spid)
@@ -38,7 +39,7 @@ hz=$(getconf CLK_TCK)
 check "the producer does not spin while flooded ($((t1 - t0)) ticks of $((2 * hz)) in 2 s)" '[ $((t1 - t0)) -lt $hz ]'
 mkdir -p "$T/out"
 expect 0 "" "a consumer is served during the flood" -- "$ECX" get --params "$T/ann.json" --out "$T/out" \
-  --block-bytes 64Ki --verify-synthetic
+  --verify-synthetic
 m=$(metrics_of "$MPORT")
 # Beyond the cap each newcomer from the flood's address replaces the flood's
 # own oldest idle connection (conn_budget.h), or is refused.

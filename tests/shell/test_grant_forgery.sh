@@ -5,6 +5,7 @@
 # cannot take its grant over from another connection, nor release it with
 # forged completions on the same-host path or forged declines on tcp; all are counted; nothing is
 # released; and `ecx serve` never logs a session id at the default level.
+# The defaults: protocol version 2, 8 KiB blocks (the item is 25 of them).
 # usage: test_grant_forgery.sh PATH_TO_ECX
 set -u
 ECX=$1
@@ -12,15 +13,17 @@ ECX=$1
 private_shm
 
 mkdir -p "$T/in"
-head -c 200000 /dev/urandom >"$T/in/item"
+head -c 204800 /dev/urandom >"$T/in/item"
 MPORT=$(free_port)
-"$ECX" serve --listen 127.0.0.1:0 --preload "$T/in" --block-bytes 64Ki --lease-ms 1500 \
+"$ECX" serve --listen 127.0.0.1:0 --preload "$T/in" --lease-ms 1500 \
   --announce-out "$T/ann.json" --metrics "127.0.0.1:$MPORT" 2>"$T/serve.log" &
 spid=$!
 pids+=($spid)
 wait_file "$T/ann.json" || { echo "FAIL: serve did not start" >&2; cat "$T/serve.log" >&2; exit 1; }
 PORT=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["item"]["peer_port"])' "$T/ann.json")
-COMPAT=$("$ECX" compat-hash 0.31.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 65536)
+# The forger's hand-written requests carry the hash of serve's factors: the
+# defaults (vLLM 0.34.0, protocol version 2, 8 KiB blocks).
+COMPAT=$("$ECX" compat-hash 0.34.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 8192)
 
 timeout 20 $PY "$(dirname "$0")/../support/grant_forger.py" "$PORT" "$COMPAT" item >"$T/forger.out" 2>&1
 rc=$?
@@ -43,6 +46,6 @@ check "the leases release them" 'echo "$m" | grep -q "^ecx_producer_active_grant
 check "lease expiries were logged" 'grep -q "lease expired for item" "$T/serve.log"'
 check "no session id in the producer's log" '! grep -q "victim-session\|attacker-session" "$T/serve.log"'
 mkdir -p "$T/out"
-expect 0 "" "a real consumer is served after all that" -- "$ECX" get --params "$T/ann.json" --out "$T/out" --block-bytes 64Ki
+expect 0 "" "a real consumer is served after all that" -- "$ECX" get --params "$T/ann.json" --out "$T/out"
 check "its bytes are exact" 'cmp -s "$T/in/item" "$T/out/item"'
 finish

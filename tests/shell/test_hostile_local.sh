@@ -23,7 +23,7 @@ kib() { awk -v k="$2" '$1 == k":" {print $2}' "/proc/$1/status"; }
 umask 022
 mkdir -p "$T/out"
 MPORT=$(free_port)
-"$ECX" serve --listen 127.0.0.1:0 --synthetic 8:1M --announce-out "$T/ann.json" \
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 8:1Mi --announce-out "$T/ann.json" \
   --metrics "127.0.0.1:$MPORT" 2>"$T/serve.log" &
 spid=$!
 pids+=($spid)
@@ -86,9 +86,12 @@ check "serve exits 0 after all that (got $rc)" '[ $rc = 0 ]'
 
 # 3. A hostile producer floods `ecx get`: bounded, and its item falls back.
 # The baseline is the same fetch from a producer that never answers.
+# Protocol version 1 on purpose ("${V1[@]}"): both gets end on the 3 s ack
+# timeout (then a tombstone) within the 15 s watch; under version 2 an ack
+# timeout is retried for the 60 s per-item wait. (--size 10: any byte count.)
 peak_of_get() { # PORT: peak RSS (KiB) of a get from it; its stderr in $T/hget.err
-  "$ECX" get --peer "127.0.0.1:$1" --mm-hash h --size 10 --ack-timeout-ms 3000 --out "$T/h.bin" \
-    2>"$T/hget.err" &
+  "$ECX" get "${V1[@]}" --peer "127.0.0.1:$1" --mm-hash h --size 10 --ack-timeout-ms 3000 \
+    --out "$T/h.bin" 2>"$T/hget.err" &
   local gpid=$!
   $PY "$HOSTILE" rss "$gpid" 15
   wait "$gpid"

@@ -5,7 +5,8 @@
 # in transit would) makes `ecx get` fall back with CORRUPT on every data path,
 # never write the item out as ready (the same fetch before the flip is
 # byte-exact), and the producer keeps serving. Both kinds of producer: auto
-# (shm + tcp) and ucx.
+# (shm + tcp) and ucx. The defaults (protocol version 2, 8 KiB blocks): the
+# item is whole blocks (3 MiB, 384 blocks).
 # usage: test_integrity.sh PATH_TO_ECX
 set -u
 ECX=$1
@@ -13,7 +14,7 @@ ECX=$1
 private_shm
 
 mkdir -p "$T/in"
-head -c 3000000 /dev/urandom >"$T/in/aaa"
+head -c 3145728 /dev/urandom >"$T/in/aaa"
 
 # producer DATA PATH...: serve the item with --data DATA, fetch it clean over
 # each consumer PATH, flip a byte of it in the producer's region, fetch again.
@@ -21,7 +22,7 @@ producer() {
   local data=$1; shift
   local before; before=$(ls "$SHM")
   rm -f "$T/ann.json"
-  "$ECX" serve --listen 127.0.0.1:0 --preload "$T/in" --block-bytes 64Ki --data "$data" \
+  "$ECX" serve --listen 127.0.0.1:0 --preload "$T/in" --data "$data" \
     --announce-out "$T/ann.json" 2>"$T/serve-$data.log" &
   local spid=$!
   pids+=($spid)
@@ -31,7 +32,7 @@ producer() {
   for path in "$@"; do
     rm -rf "$T/out" && mkdir -p "$T/out"
     expect 0 "" "clean fetch from --data $data over $path" -- "$ECX" get --params "$T/ann.json" \
-      --out "$T/out" --block-bytes 64Ki --data "$path"
+      --out "$T/out" --data "$path"
     check "clean fetch from --data $data over $path is byte-exact" 'cmp -s "$T/in/aaa" "$T/out/aaa"'
   done
   # The only item starts at block 0: flip one byte in its middle.
@@ -43,7 +44,7 @@ PY
   for path in "$@"; do
     rm -rf "$T/out" && mkdir -p "$T/out"
     expect 3 "aaa: CORRUPT" "flipped byte, --data $data over $path" -- "$ECX" get --params "$T/ann.json" \
-      --out "$T/out" --block-bytes 64Ki --data "$path"
+      --out "$T/out" --data "$path"
     check "nothing written out as ready (--data $data over $path)" '[ ! -e "$T/out/aaa" ]'
   done
   check "serve --data $data is still serving" 'kill -0 $spid'

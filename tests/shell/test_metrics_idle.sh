@@ -5,6 +5,7 @@
 # cap) that send half an HTTP request and then drip a header byte a second,
 # reopened whenever closed, for 12 s. A scraper gets the metrics throughout;
 # the server counts what it evicted and timed out, and lives.
+# The defaults: protocol version 2, 8 KiB blocks (an item of 8 blocks).
 # usage: test_metrics_idle.sh PATH_TO_ECX
 set -u
 ECX=$1
@@ -12,7 +13,7 @@ ECX=$1
 private_shm
 HOG="$(dirname "$0")/../support/conn_hog.py"
 MPORT=$(free_port)
-"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:64K --block-bytes 64Ki \
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:64Ki \
   --announce-out "$T/ann.json" --metrics "127.0.0.1:$MPORT" 2>"$T/serve.log" &
 spid=$!
 pids+=($spid)

@@ -11,6 +11,7 @@
 # counted; x is exact; B's acks were relayed; A serves on.
 # Before the fix: on shm y and w were ready, w byte for byte A's x; on tcp y
 # was ready (w READ_FAILED: A's grant check wants w's own key).
+# The defaults: protocol version 2, 8 KiB blocks (items of 25 blocks).
 # usage: test_relay.sh PATH_TO_ECX [KEEP=DIR in the environment: copies of the outputs]
 set -u
 ECX=$1
@@ -18,9 +19,9 @@ ECX=$1
 private_shm
 
 mkdir -p "$T/in"
-head -c 200000 /dev/urandom >"$T/in/x"
-head -c 200000 /dev/urandom >"$T/in/y"
-"$ECX" serve --listen 127.0.0.1:0 --preload "$T/in" --block-bytes 64Ki \
+head -c 204800 /dev/urandom >"$T/in/x"
+head -c 204800 /dev/urandom >"$T/in/y"
+"$ECX" serve --listen 127.0.0.1:0 --preload "$T/in" \
   --announce-out "$T/ann.json" 2>"$T/serve.log" &
 spid=$!
 pids+=($spid)
@@ -42,7 +43,7 @@ b = dict(a["x"], peer_port=int(sys.argv[2]))
 json.dump({"x": a["x"], "y": b, "w": b}, open(sys.argv[3], "w"))
 PY
   rm -rf "$T/out" && mkdir -p "$T/out"
-  timeout 30 "$ECX" get --params "$T/params.json" --out "$T/out" --block-bytes 64Ki --data $data \
+  timeout 30 "$ECX" get --params "$T/params.json" --out "$T/out" --data $data \
     --json >"$T/get-$data.json" 2>"$T/get-$data.log"
   check "$data: x from A is exact" 'cmp -s "$T/in/x" "$T/out/x"'
   check "$data: y from B (A's y, relayed) is not fetched" '[ ! -s "$T/out/y" ]'

@@ -13,6 +13,8 @@
 # run out) A's metrics account for every grant and block: no grant active,
 # nothing pinned or not ready, free + ready == the region's blocks. A still
 # serves, exits 0 on SIGTERM, and no region file is left.
+# The defaults: protocol version 2 (8 KiB blocks, whole-block items; B's
+# items retry an ack timeout while B is down, as vLLM >= 0.32 re-requests).
 # usage: test_soak.sh PATH_TO_ECX   (env: SOAK_SECONDS, SOAK_CONSUMERS, SOAK_SEED)
 set -u
 ECX=$1
@@ -22,10 +24,10 @@ private_shm
 SECS=${SOAK_SECONDS:-60}
 NCONS=${SOAK_CONSUMERS:-4}
 SEED=${SOAK_SEED:-$RANDOM}
-BB=64Ki          # block size: items span several blocks
+BB=8Ki           # block size, the default (protocol version 2): items span many blocks
 LEASE=2000       # ms: grants of killed consumers run out within the test
-A_ITEMS="16:1M 8:2.5M"
-B_ITEMS="12:300K"
+A_ITEMS="16:1Mi 8:2560Ki" # version 2: whole blocks
+B_ITEMS="12:296Ki"
 echo "soak: ${SECS}s, $NCONS consumers, seed $SEED"
 
 # ---- producer A: never killed ------------------------------------------
@@ -272,7 +274,7 @@ pinned=$(val 'ecx_region_blocks{state="pinned"}') notready=$(val 'ecx_region_blo
 notready_nacks=$(val 'ecx_producer_nacks_total{status="NACK_NOT_READY"}')
 missing_nacks=$(val 'ecx_producer_nacks_total{status="NACK_MISSING"}')
 bb=$(val ecx_region_block_bytes)
-total=$($PY -c 'import sys; bb=int(sys.argv[1]); print(sum(int(n) * -(-int(float(s[:-1]) * 1e6) // bb) for n, s in (x.split(":") for x in sys.argv[2:])))' "${bb:-1}" $A_ITEMS)
+total=$($PY -c 'import sys; bb=int(sys.argv[1]); u={"Ki": 1 << 10, "Mi": 1 << 20}; print(sum(int(n) * -(-int(s[:-2]) * u[s[-2:]] // bb) for n, s in (x.split(":") for x in sys.argv[2:])))' "${bb:-1}" $A_ITEMS)
 check "A: no grant active (got $active)" '[ "$active" = 0 ]'
 check "A: nothing pinned (got $pinned)" '[ "$pinned" = 0 ]'
 check "A: nothing not ready (got $notready)" '[ "$notready" = 0 ]'

@@ -10,6 +10,7 @@
 # Throughout, `ecx get --data tcp` fetches all 4 items, byte-exact, three
 # times per attack; the producer lives, holds at most its bound of
 # descriptors, and counts the evictions.
+# The defaults: protocol version 2, 8 KiB blocks (items of 37 blocks).
 # usage: test_tcp_drip.sh PATH_TO_ECX
 set -u
 ECX=$1
@@ -17,7 +18,7 @@ ECX=$1
 private_shm
 HOG="$(dirname "$0")/../support/conn_hog.py"
 MPORT=$(free_port)
-"$ECX" serve --listen 127.0.0.1:0 --synthetic 4:300K --block-bytes 64Ki --data tcp \
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 4:296Ki --data tcp \
   --announce-out "$T/ann.json" --metrics "127.0.0.1:$MPORT" 2>"$T/serve.log" &
 spid=$!
 pids+=($spid)
@@ -37,7 +38,7 @@ fds_max=0
 good() { # WHAT: a consumer fetches all 4 items over tcp, byte-exact
   rm -rf "$T/out"; mkdir -p "$T/out"
   expect 0 "" "$1: ecx get --data tcp gets 4 of 4" -- "$ECX" get --params "$T/ann.json" \
-    --out "$T/out" --block-bytes 64Ki --data tcp --verify-synthetic
+    --out "$T/out" --data tcp --verify-synthetic
   check "$1: 4 files written" '[ "$(ls "$T/out" | wc -l)" = 4 ]'
   local n
   n=$(ls /proc/$spid/fd 2>/dev/null | wc -l)

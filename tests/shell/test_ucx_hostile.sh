@@ -93,9 +93,9 @@ done
 unset UCX_TLS
 export ECX_SHM_DIR=$DIR
 mkdir -p "$DIR/in"
-head -c 200000 /dev/urandom >"$DIR/in/good"
+head -c 204800 /dev/urandom >"$DIR/in/good" # 25 blocks: serve's defaults (protocol version 2, 8 KiB)
 MPORT=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$ECX" serve --listen 127.0.0.1:0 --preload "$DIR/in" --block-bytes 64Ki --data ucx \
+"$ECX" serve --listen 127.0.0.1:0 --preload "$DIR/in" --data ucx \
     --metrics 127.0.0.1:$MPORT --announce-out "$DIR/ann.json" 2>"$DIR/serve.log" &
 SERVE=$!
 trap 'kill -9 $SERVE 2>/dev/null; cleanup' EXIT
@@ -113,7 +113,9 @@ APORT=$($PY -c 'import json,sys; print(json.load(open(sys.argv[1]))["good"]["pee
 for mode in am-flood eager-flood; do
     echo "== a hostile UCX producer: $mode"
     rm -f "$DIR/evil" "$DIR/ctrl.port"
-    timeout 120 "$BIN" evil-ucx "$DIR/evil" $mode 200000 4 >"$DIR/evil.log" 2>&1 &
+    # Its grant is the size and block size the consumer expects (204800 bytes,
+    # 8 KiB blocks), else the consumer declines it and never READs.
+    timeout 120 "$BIN" evil-ucx "$DIR/evil" $mode 204800 4 8192 >"$DIR/evil.log" 2>&1 &
     EVIL=$!
     for _ in $(seq 100); do [ -s "$DIR/evil" ] && break; sleep 0.1; done
     [ -s "$DIR/evil" ] || fail "$mode: the hostile producer did not start"
@@ -129,7 +131,7 @@ e = dict(a, peer_port=int(sys.argv[2]))
 json.dump({"bad": e, "good": e}, open(sys.argv[3], "w"))
 PY
     rm -rf "$DIR/out" && mkdir -p "$DIR/out"
-    "$ECX" get --params "$DIR/params.json" --out "$DIR/out" --block-bytes 64Ki \
+    "$ECX" get --params "$DIR/params.json" --out "$DIR/out" \
         --data ucx --json --ack-timeout-ms 30000 >"$DIR/get.json" 2>"$DIR/get.log" &
     GET=$!
     $PY "$HERE/../support/rss_watch.py" $GET ecx-ucx-agent 90 >"$DIR/rss.txt" # until it ends, 90 s at most
@@ -157,7 +159,7 @@ done
 # again on the same port): serve lives, the per-address bound (32) refused
 # the rest, and a well-behaved consumer is served after.
 echo "== 300 UCX connections from one address at ecx serve"
-COMPAT=$("$ECX" compat-hash 0.31.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 65536) # serve's defaults
+COMPAT=$("$ECX" compat-hash 0.34.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 8192) # serve's defaults
 META=$($PY - "$APORT" "$COMPAT" <<'PY'
 import sys, msgpack, zmq
 s = zmq.Context().socket(zmq.DEALER)
@@ -175,7 +177,7 @@ grep -o 'the UCX process (pid [0-9]*) ended: [^;]*' "$DIR/serve.log" | head -3 |
 rm -rf "$DIR/out" && mkdir -p "$DIR/out"
 ok=
 for _ in 1 2 3; do # a UCX process that died is started again within a second
-    timeout 30 "$ECX" get --params "$DIR/ann.json" --out "$DIR/out" --block-bytes 64Ki --data ucx \
+    timeout 30 "$ECX" get --params "$DIR/ann.json" --out "$DIR/out" --data ucx \
         >"$DIR/get.log" 2>&1 && cmp -s "$DIR/in/good" "$DIR/out/good" && ok=1 && break
     sleep 1
 done

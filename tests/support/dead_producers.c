@@ -13,6 +13,12 @@
  * session cap and a 10 s ack timeout: it must arrive within BATCH_LIVE_S,
  * not wait (or fall back) until the dead producers' ack timeout ends.
  *
+ * Protocol version 1 on purpose (ecxt_config_v1; the live producer is `ecx
+ * serve` with version 1's factors): every dead item must end on its ack
+ * timeout (version 1 then leaves a tombstone; version 2 retries for the 60 s
+ * per-item wait, as vLLM >= 0.32 re-requests), and the dead announcements are
+ * 1000 bytes with no shape.
+ *
  * usage: dead_producers ANNOUNCEMENT_JSON MM_HASH COUNT [batch] */
 #include <dirent.h>
 #include <stdbool.h>
@@ -26,6 +32,7 @@
 #include <unistd.h>
 
 #include "ecx.h"
+#include "speak_v1.h"
 
 /* The live item's limit in batch mode: well under the 10 s ack timeout. */
 #define BATCH_LIVE_S 4.0
@@ -71,7 +78,7 @@ int main(int argc, char **argv)
     }
     int base_fds = open_fds();
     ecx_config cfg;
-    ecx_config_init(&cfg);
+    ecxt_config_v1(&cfg);
     cfg.role = ECX_ROLE_CONSUMER;
     cfg.block_bytes = 65536;
     cfg.region_bytes = 64 << 20;

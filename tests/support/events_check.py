@@ -23,7 +23,7 @@ events = importlib.util.module_from_spec(spec)
 sys.modules["ecx_events"] = events
 spec.loader.exec_module(events)
 
-BLOCK = 4096
+BLOCK = 8192  # the default: one row of llava-1.5 (protocol version 2, whole-block saves)
 REGION = 64 * BLOCK  # 64 blocks: saves of 4 blocks evict after 16
 
 
@@ -88,7 +88,7 @@ for i in range(40):  # 40 x 4 blocks in 64: A evicts 24
     if A.cmd("save a%d %d" % (i, 4 * BLOCK)) != "ok":
         fail("save a%d" % i)
 for i in range(5):
-    if B.cmd("save b%d 100" % i) != "ok":
+    if B.cmd("save b%d %d" % (i, BLOCK)) != "ok":
         fail("save b%d" % i)
 truth_a, truth_b = A.held(), B.held()
 if len(truth_a) != 16:
@@ -137,7 +137,7 @@ drain(sb, hb, lambda h: not h.up, 5)
 if hb.up or hb.items:
     fail("B's stop not seen: %r" % hb)
 B = Producer(port_b)
-B.cmd("save b-new 100")
+B.cmd("save b-new %d" % BLOCK)
 drain(sb, hb, lambda h: set(h.items) == {"b-new"})
 if set(hb.items) != {"b-new"} or not hb.up:
     fail("after B's restart the view is %s" % sorted(hb.items))
@@ -187,7 +187,7 @@ slow.sub.setsockopt(zmq.RCVHWM, 2)
 slow.sub.setsockopt(zmq.RCVBUF, 4096)
 slow.sub.connect(ep)
 time.sleep(0.3)
-A.cmd("fill %sburst 100000 64" % ("d" * 200))  # ~25 MB of events (over 1000 batches) while slow does not read
+A.cmd("fill %sburst 100000 %d" % ("d" * 200, BLOCK))  # ~25 MB of events (over 1000 batches) while slow does not read
 truth_a = A.held()
 drain(slow, hs, lambda h: set(h.items) == truth_a, 30)
 if set(hs.items) != truth_a:
@@ -205,12 +205,12 @@ dead.setsockopt(zmq.RCVBUF, 4096)
 dead.setsockopt(zmq.SUBSCRIBE, b"")
 dead.connect("tcp://127.0.0.1:%d" % port_a)
 time.sleep(0.3)
-A.cmd("fill %swarm 160000 64" % ("d" * 200))  # past the ring's bound: it is full from here on
+A.cmd("fill %swarm 160000 %d" % ("d" * 200, BLOCK))  # past the ring's bound: it is full from here on
 for r in range(3):  # the ring (16 MiB) and the dead subscriber's queue fill up
-    A.cmd("fill %s%d- 20000 64" % ("d" * 200, r))
+    A.cmd("fill %s%d- 20000 %d" % ("d" * 200, r, BLOCK))
 rss0 = int(A.cmd("rss").split()[1])
 for r in range(3, 8):
-    A.cmd("fill %s%d- 20000 64" % ("d" * 200, r))  # long keys: ~25 MB more events
+    A.cmd("fill %s%d- 20000 %d" % ("d" * 200, r, BLOCK))  # long keys: ~25 MB more events
 rss1 = int(A.cmd("rss").split()[1])
 drops = A.metric("ecx_events_hwm_drops_total")
 if rss1 - rss0 > 8 * 1024:  # the ring and the queues are full: no growth with saves
@@ -256,7 +256,7 @@ flood.connect("tcp://127.0.0.1:%d" % (port_a + 1))
 t0 = time.monotonic()
 for _ in range(3000):
     flood.send_multipart([b"", events.SNAPSHOT.to_bytes(8, "big")])
-A.cmd("save after-flood 100")
+A.cmd("save after-flood %d" % BLOCK)
 if A.p.poll() is not None:
     fail("producer died under hostile replay input")
 bad = A.metric("ecx_events_bad_requests_total")
@@ -277,8 +277,8 @@ sys.modules["ecx"], sys.modules["ecx.events"] = pkg, events  # the shipped files
 rspec = importlib.util.spec_from_file_location("router", os.path.join(src, "examples/encoder-router/router.py"))
 router_mod = importlib.util.module_from_spec(rspec)
 rspec.loader.exec_module(router_mod)
-B.cmd("save shared 100")
-A.cmd("save shared 100")
+B.cmd("save shared %d" % BLOCK)
+A.cmd("save shared %d" % BLOCK)
 router = router_mod.Router(["127.0.0.1:%d" % port_a, "127.0.0.1:%d" % port_b], "enc")
 truth_a, truth_b = A.held(), B.held()
 end = time.monotonic() + 15
@@ -303,7 +303,7 @@ print("ok 7 router: where(shared) names both encoders; holdings equal both produ
 cli = subprocess.Popen([ecx_cli, "events", "127.0.0.1:%d" % port_b, "--topic", "enc", "--json",
                         "--count", str(len(truth_b) + 2)], stdout=subprocess.PIPE, text=True)
 time.sleep(1.0)
-B.cmd("save cli-item 100")
+B.cmd("save cli-item %d" % BLOCK)
 try:
     out, _ = cli.communicate(timeout=20)
 except subprocess.TimeoutExpired:
@@ -322,7 +322,7 @@ print("ok 8 ecx events --json: snapshot of %d items, then the new save" % len(tr
 #    subscriber without the key gets nothing, one with it gets everything.
 pub, sec = zmq.curve_keypair()
 C = Producer(port_c, "enc", sec.decode())
-C.cmd("save secret-item 100")
+C.cmd("save secret-item %d" % BLOCK)
 plain = ctx.socket(zmq.DEALER)
 plain.setsockopt(zmq.LINGER, 0)
 plain.connect("tcp://127.0.0.1:%d" % (port_c + 1))

@@ -10,6 +10,11 @@
  * announcement is GOOD_ANN) must still arrive. Prints one line of results,
  * the peak RSS among them. Every wait is bounded.
  *
+ * Protocol version 1 on purpose (ecxt_config_v1; the good producer is `ecx
+ * serve` with version 1's factors): the hostile item, announced as 1000 bytes
+ * with no shape, must end in a reason within 30 s, on the 2 s ack timeout
+ * if nothing else (version 2 retries an ack timeout for the 60 s per-item wait).
+ *
  * usage: flood_consumer HOSTILE_PORT GOOD_ANN GOOD_HASH STALL_MS mid|between */
 #include <stdbool.h>
 #include <stdio.h>
@@ -19,6 +24,7 @@
 #include <unistd.h>
 
 #include "ecx.h"
+#include "speak_v1.h"
 
 static int stall_ms, stall_armed;
 
@@ -89,7 +95,7 @@ int main(int argc, char **argv)
     ecx_set_logger(logger, NULL);
     ecx_set_log_level(ECX_LOG_INFO);
     ecx_config cfg;
-    ecx_config_init(&cfg);
+    ecxt_config_v1(&cfg);
     cfg.role = ECX_ROLE_CONSUMER;
     cfg.block_bytes = 65536;
     cfg.region_bytes = 64 << 20;

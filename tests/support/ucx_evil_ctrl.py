@@ -22,6 +22,7 @@ import zmq
 port_file, evil_file, upstream, bad, good, delay = sys.argv[1:7]
 delay = float(delay)
 evil = dict(line.split() for line in open(evil_file) if line.strip())
+nblocks = int(evil["blocks"])  # the hostile grant's blocks, as the consumer counts them
 meta, desc = bytes.fromhex(evil["meta"]), bytes.fromhex(evil["desc"])
 
 ctx = zmq.Context()
@@ -63,7 +64,7 @@ while time.time() < end:
     h = req.get("mm_hash")
     if h == bad:
         ack = {"type": "ack", "mm_hash": bad, "status": 0, "session_id": req.get("session_id", ""),
-               "src_block_indices": list(range(4)), "agent_metadata": meta,
+               "src_block_indices": list(range(nblocks)), "agent_metadata": meta,
                "mem_descriptor": desc}
         front.send_multipart([frames[0], b"", msgpack.packb(ack)])
         print("answered %s with the hostile grant" % bad, file=sys.stderr, flush=True)

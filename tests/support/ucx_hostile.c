@@ -37,7 +37,7 @@
  *     UCT said.
  * attack and uct-put aim at the region's address in the producer, or,
  * with HOSTILE_UCX_BASE (hex) set, at that one: its UCX process's mapping.
- *   ucx_hostile evil-ucx FILE MODE SIZE SECONDS
+ *   ucx_hostile evil-ucx FILE MODE SIZE SECONDS BLOCK_BYTES
  *     a hostile UCX producer: floods the consumer that asks it for a READ
  *     with active messages or 1 GiB of eager messages (issue 20 #5; see
  *     evil_ucx below).
@@ -1189,17 +1189,20 @@ static bool evil_track(void *r)
     return !evil_ep_failed;
 }
 
-/*   ucx_hostile evil-ucx FILE MODE SIZE SECONDS
- *     a hostile UCX producer on 127.0.0.1: writes "meta HEX" and "desc HEX"
- *     (a grant of SIZE bytes in 64 KiB blocks, random token and checksum)
- *     to FILE, then answers the first READ request: MODE am-flood: active
+/*   ucx_hostile evil-ucx FILE MODE SIZE SECONDS BLOCK_BYTES
+ *     a hostile UCX producer on 127.0.0.1: writes "meta HEX", "desc HEX"
+ *     (a grant of SIZE bytes in blocks of BLOCK_BYTES, the consumer's, so
+ *     that it asks for the READ; random token and checksum) and "blocks N"
+ *     (the grant's block count) to FILE, then answers the first READ request: MODE am-flood: active
  *     messages of every kind (random ids, headers, sizes, reply / eager /
  *     rendezvous flags) for SECONDS; eager-flood: 1 GiB of eager tagged
  *     messages (64 KiB) under random tags. Then a 0-byte reply under the
  *     request's tag, and it waits SECONDS for more requests (ignored).
  *     Prints what it sent. */
-static int evil_ucx(const char *file, const char *mode, uint64_t size, int seconds)
+static int evil_ucx(const char *file, const char *mode, uint64_t size, int seconds,
+                    uint64_t block)
 {
+    if (!block || size > (uint64_t)NB * block) return 2;
     bool eager = !strcmp(mode, "eager-flood");
     if (!eager && strcmp(mode, "am-flood")) return 2;
     if (eager) setenv("UCX_RNDV_THRESH", "inf", 1); /* every tagged send eager */
@@ -1226,8 +1229,8 @@ static int evil_ucx(const char *file, const char *mode, uint64_t size, int secon
     memcpy(addr + 4, &sa.sin_addr, 4);
     ecxi_data_meta m = {.has_ucx = true, .ucx_addr = addr, .ucx_addr_len = 8};
     randombytes_buf(&m.nonce, sizeof m.nonce);
-    ecxi_data_desc dd = {.nonce = m.nonce, .block_bytes = BS, .num_blocks = NB, .has_ticket = true,
-                        .ticket = {.nbytes = size, .lease_ms = 30000}};
+    ecxi_data_desc dd = {.nonce = m.nonce, .block_bytes = block, .num_blocks = NB,
+                         .has_ticket = true, .ticket = {.nbytes = size, .lease_ms = 30000}};
     randombytes_buf(dd.ticket.token, sizeof dd.ticket.token);
     randombytes_buf(&dd.ticket.checksum, sizeof dd.ticket.checksum);
     uint8_t mb[ECXI_DATA_META_MAX], db[ECXI_DATA_DESC_MAX];
@@ -1239,7 +1242,8 @@ static int evil_ucx(const char *file, const char *mode, uint64_t size, int secon
     snprintf(tmp, sizeof tmp, "%s.tmp", file);
     FILE *f = fopen(tmp, "w");
     if (!f) return perror(tmp), 1;
-    fprintf(f, "meta %s\ndesc %s\n", mh, dh);
+    fprintf(f, "meta %s\ndesc %s\nblocks %llu\n", mh, dh,
+            (unsigned long long)((size + block - 1) / block));
     fclose(f);
     if (rename(tmp, file)) return perror("rename"), 1;
     printf("evil producer ready\n");
@@ -1368,8 +1372,9 @@ int main(int argc, char **argv)
     if (argc == 3 && !strcmp(argv[1], "tcp-attack")) return tcp_attack(argv[2]);
     if (argc == 3 && !strcmp(argv[1], "tcp-evil")) return tcp_evil(argv[2]);
 #ifdef ECX_WITH_UCX
-    if (argc == 6 && !strcmp(argv[1], "evil-ucx"))
-        return evil_ucx(argv[2], argv[3], strtoull(argv[4], NULL, 10), atoi(argv[5]));
+    if (argc == 7 && !strcmp(argv[1], "evil-ucx"))
+        return evil_ucx(argv[2], argv[3], strtoull(argv[4], NULL, 10), atoi(argv[5]),
+                        strtoull(argv[6], NULL, 10));
     if (argc == 5 && !strcmp(argv[1], "conns")) return conns(argv[2], atoi(argv[3]), atoi(argv[4]));
 #endif
     fprintf(stderr, "usage: see the top of tests/support/ucx_hostile.c\n");
