@@ -81,10 +81,19 @@ def test_a_raised_error_is_not_also_logged():
     try:
         with pytest.raises(ecx.Error, match="bfloat17"):
             ecx.Context("consumer", dtype="bfloat17", **KW)
+        # protocol version 2's whole blocks: the save's own line is the exception's
+        with ecx.Context("producer", listen="127.0.0.1:0", **KW) as p:
+            with pytest.raises(ecx.Error, match="100 bytes are not whole blocks of 8192"):
+                p.save("a", b"x" * 100)
+            with pytest.raises(ecx.Error, match="1000 bytes are not whole blocks of 8192"):
+                p.save_into("b", 1000)
+            p.save("c", bytes(BLOCK))
+            with pytest.raises(ecx.Error, match=r"\[3, 4096\] of 2-byte elements"):
+                p.save_shape("c", 3, 4096)
         ecx.Context("consumer", **KW).close()  # a later call drains the queue
     finally:
         logging.getLogger("ecx").removeHandler(h)
-    assert not [m for m in seen if "bfloat17" in m]
+    assert not [m for m in seen if "bfloat17" in m or "not whole blocks" in m or "[3, 4096]" in m]
 
 
 def test_unconfigured_logging_prints_tagged_lines():
