@@ -177,7 +177,8 @@ static void unqueue(const char *text)
 }
 
 /* Raise ecx.Error for rc; the thread's last logged line since seq0 is the
- * detail. Returns NULL. */
+ * detail. Returns NULL. Call it before any DRAIN() after the failed call:
+ * that line must still be queued to be taken out; it drains the rest. */
 static PyObject *raise_rc(int rc, unsigned seq0)
 {
     if (tl_seq != seq0) unqueue(tl_last); /* it is the exception's detail: not logged too */
@@ -629,8 +630,8 @@ static PyObject *hold_release(Hold *h, PyObject *unused)
     if (h->state != ST_ACTIVE) Py_RETURN_NONE;
     unsigned seq0 = tl_seq;
     int rc = hold_end(h, h->kind == HOLD_LOAD ? ACT_RELEASE : ACT_ABORT);
+    if (rc < 0) return raise_rc(rc, seq0); /* drains the rest */
     DRAIN();
-    if (rc < 0) return raise_rc(rc, seq0);
     Py_RETURN_NONE;
 }
 
@@ -1085,14 +1086,15 @@ static PyObject *ctx_fetch(Ctx *self, PyObject *const *args, Py_ssize_t nargs, P
     int st = json ? ecx_fetch(self->ctx, h, json, expected, &reason)
                   : ecx_fetch_from(self->ctx, h, fromp, expected, &reason);
     Py_XDECREF(text);
+    if (st != ECX_FETCH_READY && st != ECX_FETCH_PENDING && st != ECX_FETCH_LOCAL)
+        return raise_rc(st < 0 ? st : ECX_EINVAL, seq0); /* drains the rest */
     DRAIN();
     switch (st) {
     case ECX_FETCH_READY: return Py_NewRef(fetch_ready);
     case ECX_FETCH_PENDING: return Py_NewRef(fetch_pending);
-    case ECX_FETCH_LOCAL:
+    default:
         return Py_NewRef(fetch_local[reason >= 0 && reason < ECX_REASON_COUNT ? reason : 0]);
     }
-    return raise_rc(st < 0 ? st : ECX_EINVAL, seq0);
 }
 
 static long long mono_ns(void)
@@ -1136,8 +1138,8 @@ static PyObject *ctx_poll(Ctx *self, PyObject *const *args, Py_ssize_t nargs, Py
             if (PyErr_CheckSignals() < 0) return NULL;
         }
     }
+    if (ev < 0) return raise_rc(ev, seq0); /* drains the rest */
     DRAIN();
-    if (ev < 0) return raise_rc(ev, seq0);
     return PyLong_FromLong(ev);
 }
 
@@ -1183,8 +1185,8 @@ static PyObject *ctx_save(Ctx *self, PyObject *const *args, Py_ssize_t nargs, Py
         if (rc < 0) ecx_save_abort(self->ctx, h);
     }
     PyBuffer_Release(&buf);
+    if (rc < 0) return raise_rc(rc, seq0); /* drains the rest */
     DRAIN();
-    if (rc < 0) return raise_rc(rc, seq0);
     Py_RETURN_NONE;
 }
 
@@ -1201,8 +1203,8 @@ static PyObject *ctx_save_shape(Ctx *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     unsigned seq0 = tl_seq;
     int rc = ecx_save_shape(self->ctx, h, rows, width);
+    if (rc < 0) return raise_rc(rc, seq0); /* drains the rest */
     DRAIN();
-    if (rc < 0) return raise_rc(rc, seq0);
     Py_RETURN_NONE;
 }
 
@@ -1232,8 +1234,8 @@ static PyObject *ctx_hold(Ctx *self, PyObject *const *args, Py_ssize_t nargs, Py
     size_t n;
     int rc = kind == HOLD_LOAD ? ecx_load(self->ctx, h, &segs, &n, &size)
                                : ecx_save_begin(self->ctx, h, size, &segs, &n);
+    if (rc < 0) return raise_rc(rc, seq0); /* drains the rest */
     DRAIN();
-    if (rc < 0) return raise_rc(rc, seq0);
     return (PyObject *)hold_new(self, h, kind, segs, n, size);
 }
 
@@ -1304,12 +1306,12 @@ static PyObject *ctx_copy_out(Ctx *self, PyObject *hobj, Py_buffer *dst)
         NOGIL_END(self)
     }
     int rrc = ecx_release(self->ctx, h);
-    DRAIN();
     if (rc == 0 && rrc < 0) rc = rrc;
     if (rc < 0) {
         Py_XDECREF(out);
-        return raise_rc(rc, seq0);
+        return raise_rc(rc, seq0); /* drains the rest */
     }
+    DRAIN();
     if (!d) return NULL; /* MemoryError */
     return out ? out : PyLong_FromUnsignedLongLong(size);
 }
@@ -1349,8 +1351,8 @@ static PyObject *ctx_announce(Ctx *self, PyObject *arg)
     char buf[1024]; /* a host is at most 255 bytes: the JSON always fits */
     size_t len = 0;
     int rc = ecx_announce(self->ctx, h, buf, sizeof buf, &len);
+    if (rc < 0) return raise_rc(rc, seq0); /* drains the rest */
     DRAIN();
-    if (rc < 0) return raise_rc(rc, seq0);
     PyObject *json = PyImport_ImportModule("json");
     if (!json) return NULL;
     PyObject *d = PyObject_CallMethod(json, "loads", "s#", buf, (Py_ssize_t)len);
@@ -1418,9 +1420,9 @@ static PyObject *ctx_next_timeout(Ctx *self, PyObject *unused)
     if (ctx_ok(self)) return NULL;
     unsigned seq0 = tl_seq;
     int t = ecx_next_timeout(self->ctx);
+    if (t < 0 && t != ECX_NO_TIMEOUT) return raise_rc(t, seq0); /* drains the rest */
     DRAIN();
     if (t == ECX_NO_TIMEOUT) return PyLong_FromLong(-1); /* Python's "none": errors raise */
-    if (t < 0) return raise_rc(t, seq0);
     return PyLong_FromLong(t);
 }
 
@@ -1534,8 +1536,8 @@ static PyObject *mod_compat_hash(PyObject *m, PyObject *const *args, Py_ssize_t 
     char out[ECX_COMPAT_HASH_HEX + 1];
     unsigned seq0 = tl_seq;
     int rc = ecx_compat_hash(s[0], (size_t)n[0], s[1], (size_t)n[1], s[2], (size_t)n[2], bs, out);
+    if (rc < 0) return raise_rc(rc, seq0); /* drains the rest */
     DRAIN();
-    if (rc < 0) return raise_rc(rc, seq0);
     return PyUnicode_FromStringAndSize(out, ECX_COMPAT_HASH_HEX);
 }
 
@@ -1610,8 +1612,8 @@ static PyObject *mod_reap_regions(PyObject *m, PyObject *const *args, Py_ssize_t
     rc = ecx_reap_regions(dir);
     Py_END_ALLOW_THREADS
     Py_XDECREF(bytes);
+    if (rc < 0) return raise_rc(rc, seq0); /* drains the rest */
     DRAIN();
-    if (rc < 0) return raise_rc(rc, seq0);
     return PyLong_FromLong(rc);
 }
 

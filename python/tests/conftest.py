@@ -15,6 +15,19 @@ import ecx
 HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "peer.py")
 
+# The one place the Python tests name protocol version 1. The library's
+# defaults speak version 2 (vLLM 0.34.0, 8 KiB blocks: one row of llava-1.5's
+# 4096 bf16), where every item is whole blocks (a save of another size is
+# ECX_EINVAL, a fetch of another size SIZE_MISMATCH), an announcement carries
+# a shape and a consumer asks again after an ack timeout, within item_wait_ms
+# (60 s). A test that speaks version 1 on purpose (items of any byte count, its
+# 2 s ack timeout with no second request, save_shape refused) gives **V1 to
+# both ends' Contexts (and "v1" to peer.py): vLLM 0.31.0's factors with 1 MiB
+# blocks, the defaults before version 2; dict(V1, block_bytes=...) to set its
+# own blocks. (tests/support/speak_v1.h and tests/shell/lib.sh's V1 are the
+# same for the C tests.)
+V1 = dict(vllm_version="0.31.0", block_bytes=1 << 20, connector_version=1)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def shm_dir():

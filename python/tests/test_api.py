@@ -16,6 +16,8 @@ import pytest
 import ecx
 from conftest import wait_fetch
 
+BLOCK = 8192  # the default block (protocol version 2: every item is whole blocks)
+
 
 def test_installed_package():
     assert re.fullmatch(r"\d+\.\d+\.\d+", ecx.__version__)
@@ -43,10 +45,10 @@ def test_compat_hash_matches_reference():
 def test_errors_and_names():
     assert ecx.errname(-50) == "ECX_ECACHE_FULL" and ecx.ERRORS["ECX_ECACHE_FULL"] == -50
     assert "NACK_MISSING" in ecx.REASONS and ecx.REASONS[0] == "NONE"
-    with ecx.Context("producer", listen="127.0.0.1:0", region_bytes=4 << 20, block_bytes=1 << 20) as p:
-        p.save("a", b"1")
+    with ecx.Context("producer", listen="127.0.0.1:0", region_bytes=4 << 20) as p:
+        p.save("a", b"1" * BLOCK)
         with pytest.raises(ecx.Error) as e:
-            p.save("a", b"2")
+            p.save("a", b"2" * BLOCK)
         assert (e.value.code, e.value.name) == (-51, "ECX_ECACHE_EXISTS")
         with pytest.raises(ecx.Error) as e:
             p.save("big", bytes(5 << 20))
@@ -109,17 +111,17 @@ def test_bad_arguments_raise_before_the_library():
             c.read_into("a", b"immutable")
         with pytest.raises(TypeError):
             c.fetch("a", announcement=None, nope=1)
-        c.save("a", np.arange(10, dtype=np.int64))  # any C-contiguous buffer
-        assert c.read("a") == np.arange(10, dtype=np.int64).tobytes()
-        out = bytearray(100)
-        assert c.read_into("a", out) == 80 and out[:80] == c.read("a")
+        c.save("a", np.arange(1024, dtype=np.int64))  # any C-contiguous buffer (one block)
+        assert c.read("a") == np.arange(1024, dtype=np.int64).tobytes()
+        out = bytearray(BLOCK + 20)
+        assert c.read_into("a", out) == BLOCK and out[:BLOCK] == c.read("a")
         with pytest.raises(ecx.Error) as e:
-            c.read_into("a", bytearray(79))
+            c.read_into("a", bytearray(BLOCK - 1))
         assert e.value.name == "ECX_ERANGE"
 
 
 def test_save_into_aborted_by_an_exception_leaves_nothing():
-    with ecx.Context("both", listen="127.0.0.1:0", region_bytes=8 << 20, block_bytes=1 << 20) as c:
+    with ecx.Context("both", listen="127.0.0.1:0", region_bytes=8 << 20) as c:
         with pytest.raises(RuntimeError):
             with c.save_into("s", 8 << 20) as views:  # the whole region
                 views[0][:4] = b"half"
@@ -127,7 +129,8 @@ def test_save_into_aborted_by_an_exception_leaves_nothing():
         assert c.announce("s") == {"metadata": {}}
         with ecx.Context("consumer") as other:
             assert wait_fetch(other, "s", {"peer_host": "127.0.0.1", "peer_port": c.port,
-                                           "size_bytes": 5, "metadata": {}}) == ("local", "NACK_MISSING")
+                                           "size_bytes": BLOCK, "shape": [1, BLOCK // 2],
+                                           "metadata": {}}) == ("local", "NACK_MISSING")
         with pytest.raises(ValueError):
             bytes(views[0])  # released with the save
         c.save("whole", bytes(8 << 20))  # all its blocks are free again
@@ -151,7 +154,7 @@ def test_connector_version_2():
 
 def test_views_after_release_raise_and_exports_defer():
     with ecx.Context("both", listen="127.0.0.1:0", region_bytes=8 << 20) as c:
-        c.save("v", b"abcdef" * 1000)
+        c.save("v", (b"abcdef" * 2000)[:BLOCK])
         with c.load("v") as views:
             assert views[0].readonly and bytes(views[0][:6]) == b"abcdef"
             with pytest.raises(TypeError):
@@ -173,26 +176,26 @@ def test_views_after_release_raise_and_exports_defer():
             c.release("v")  # no load of it left
         # save_into committed with a buffer still exported: refused, aborted
         with pytest.raises(BufferError):
-            with c.save_into("w", 100) as views:
+            with c.save_into("w", BLOCK) as views:
                 kept = np.frombuffer(views[0], dtype=np.uint8)
-        assert c.announce("w")["size_bytes"] == 100  # reserved until kept goes
+        assert c.announce("w")["size_bytes"] == BLOCK  # reserved until kept goes
         del kept
         assert c.announce("w") == {"metadata": {}}
         # explicit commit, without a with block
-        s = c.save_into("x", 3)
-        s.views[0][:] = b"xyz"
+        s = c.save_into("x", BLOCK)
+        s.views[0][:] = (b"xyz" * 3000)[:BLOCK]
         s.commit()
-        assert c.read("x") == b"xyz"
+        assert c.read("x") == (b"xyz" * 3000)[:BLOCK]
         with pytest.raises(ValueError):
             s.commit()
 
 
 def test_metrics_region_info_fd():
-    with ecx.Context("both", listen="127.0.0.1:0", region_bytes=4 << 20, block_bytes=1 << 20) as c:
+    with ecx.Context("both", listen="127.0.0.1:0", region_bytes=4 << 20) as c:
         info = c.region_info()
-        assert (info.size_bytes, info.block_bytes, info.num_blocks) == (4 << 20, 1 << 20, 4)
+        assert (info.size_bytes, info.block_bytes, info.num_blocks) == (4 << 20, BLOCK, 512)
         assert os.path.exists(info.path) and info.base > 0
-        c.save("m", b"1" * 100)
+        c.save("m", b"1" * BLOCK)
         with c.load("m") as views:  # every view lies inside the region
             addr = np.frombuffer(views[0], dtype=np.uint8).ctypes.data
             assert info.base <= addr < info.base + info.size_bytes
@@ -209,8 +212,8 @@ def _refused_fetch():
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    with ecx.Context("consumer", region_bytes=4 << 20, block_bytes=1 << 20) as c:
-        ann = dict(peer_host="127.0.0.1", peer_port=port, size_bytes=10)
+    with ecx.Context("consumer", region_bytes=4 << 20) as c:
+        ann = dict(peer_host="127.0.0.1", peer_port=port, size_bytes=BLOCK, shape=[1, BLOCK // 2])
         assert wait_fetch(c, "h", ann) == ("local", "REFUSED")
     return port
 
@@ -254,11 +257,11 @@ def test_curve_key_files(tmp_path):
                      curve_allow_file=allow) as p, \
          ecx.Context("consumer", curve_server_key_file=tmp_path / "prod.pub",
                      curve_secret_key_file=tmp_path / "cons.key") as c, \
-         ecx.Context("consumer", ack_timeout_ms=300,
+         ecx.Context("consumer", ack_timeout_ms=300, item_wait_ms=300,  # no second request
                      curve_server_key_file=tmp_path / "prod.pub") as stranger:
-        p.save("k", b"secret")
+        p.save("k", b"secret" + bytes(BLOCK - 6))
         assert wait_fetch(c, "k", p.announce("k")) == ("ready", None)
-        assert c.read("k") == b"secret"
+        assert c.read("k") == b"secret" + bytes(BLOCK - 6)
         assert wait_fetch(stranger, "k", p.announce("k")) == ("local", "ACK_TIMEOUT")
     bad = tmp_path / "bad"
     bad.write_text("not a key\n")

@@ -33,9 +33,10 @@ def free_pair() -> int:
 
 def test_events_follow_the_cache():
     port = free_pair()
-    with ecx.Context("producer", listen="127.0.0.1:0", region_bytes=4 * 4096, block_bytes=4096,
+    block = 8192  # the default: every item is whole blocks
+    with ecx.Context("producer", listen="127.0.0.1:0", region_bytes=4 * block,
                      events_endpoint=f"127.0.0.1:{port}", events_topic="enc") as c:
-        c.save("a", b"x" * 5000)  # 2 blocks
+        c.save("a", b"x" * (2 * block))  # 2 blocks
         with ecx.events.Subscriber(f"127.0.0.1:{port}", "enc") as s:
             held = ecx.events.Holdings()
             first = s.poll(5000)
@@ -43,9 +44,9 @@ def test_events_follow_the_cache():
             assert first[0].items == 1 and first[0].peer_port == c.port
             for e in first:
                 held.apply(e)
-            assert held.items == {"a": 5000}
-            c.save("b", b"y" * 8192)  # 2 more: the region is full
-            c.save("c", b"z" * 100)   # evicts a
+            assert held.items == {"a": 2 * block}
+            c.save("b", b"y" * (2 * block))  # 2 more: the region is full
+            c.save("c", b"z" * block)        # evicts a
 
             async def take(n):
                 got = []
@@ -60,7 +61,7 @@ def test_events_follow_the_cache():
             assert got[1].reason == "evicted" and got[0].n_blocks == 2
             for e in got:
                 held.apply(e)
-            assert held.items == {"b": 8192, "c": 100}
+            assert held.items == {"b": 2 * block, "c": block}
         assert "ecx_events_total" in c.metrics()
 
 

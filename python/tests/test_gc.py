@@ -16,7 +16,7 @@ def regions(shm_dir):
 
 
 def test_gc_with_transfers_in_flight(shm_dir, peer):
-    prod = peer("produce", "21", ",".join(["3000000"] * 8), "auto")
+    prod = peer("produce", "21", ",".join([str(366 * 8192)] * 8), "auto")  # whole blocks
     anns = prod.info["announcements"]
     # warm up: libraries' one-time descriptors (UCX, ZeroMQ) are not leaks
     with ecx.Context("consumer") as c:
@@ -29,9 +29,9 @@ def test_gc_with_transfers_in_flight(shm_dir, peer):
         for h, a in anns.items():
             c.fetch(h, a)  # requests out, READs starting
         p = ecx.Context("both", listen="127.0.0.1:0")
-        p.save("mine", b"x" * 5000)
+        p.save("mine", b"x" * 8192)
         held = p.load("mine")  # a load, never released
-        saving = p.save_into("half", 10000)  # a save, never committed
+        saving = p.save_into("half", 2 * 8192)  # a save, never committed
         cycle = [c, p, held, saving]
         cycle.append(cycle)  # and a reference cycle, for the collector
         assert len(regions(shm_dir)) == len(files0) + 2
@@ -44,7 +44,7 @@ def test_gc_with_transfers_in_flight(shm_dir, peer):
 def test_exported_buffer_outlives_close(shm_dir):
     files0 = regions(shm_dir)
     c = ecx.Context("both", listen="127.0.0.1:0")
-    data = item_bytes(22, 0, 2_000_000)
+    data = item_bytes(22, 0, 244 * 8192)  # whole blocks
     c.save("a", data)
     with c.load("a") as views:
         arr = np.frombuffer(views[0], dtype=np.uint8)

@@ -13,7 +13,9 @@ import pytest
 import ecx
 from conftest import wait_fetch
 
-KW = dict(region_bytes=4 << 20, block_bytes=1 << 20)
+KW = dict(region_bytes=4 << 20)
+BLOCK = 8192  # the default block (protocol version 2: every item is whole blocks)
+ONE_BLOCK = dict(size_bytes=BLOCK, shape=[1, BLOCK // 2])  # as a version-2 announcement says it
 
 
 def dead_port() -> int:
@@ -33,9 +35,10 @@ def test_not_a_zeromq_peer_with_its_own_reason():
     try:
         with ecx.Context("consumer", **KW) as c:
             t0 = time.monotonic()
-            ann = dict(peer_host="127.0.0.1", peer_port=srv.getsockname()[1], size_bytes=10)
+            ann = dict(peer_host="127.0.0.1", peer_port=srv.getsockname()[1], **ONE_BLOCK)
             assert wait_fetch(c, "h", ann) == ("local", "NOT_ZMQ")
             assert time.monotonic() - t0 < 1.9  # the greeting's 1 s, not the 2 s ack timeout
+            # (nor version 2's asking again after it for item_wait_ms)
             assert 'ecx_consumer_fetches_total{outcome="NOT_ZMQ"} 1' in c.metrics()
     finally:
         srv.close()
@@ -45,7 +48,7 @@ def test_refused_at_once_with_its_own_reason():
     assert "REFUSED" in ecx.REASONS
     with ecx.Context("consumer", **KW) as c:
         t0 = time.monotonic()
-        ann = dict(peer_host="127.0.0.1", peer_port=dead_port(), size_bytes=10)
+        ann = dict(peer_host="127.0.0.1", peer_port=dead_port(), **ONE_BLOCK)
         assert wait_fetch(c, "h", ann) == ("local", "REFUSED")
         assert time.monotonic() - t0 < 1.0  # not the 2 s ack timeout
         assert 'ecx_consumer_fetches_total{outcome="REFUSED"} 1' in c.metrics()
@@ -54,10 +57,12 @@ def test_refused_at_once_with_its_own_reason():
 def test_dtype_spellings_are_one_dtype():
     with ecx.Context("producer", listen="127.0.0.1:0", dtype="bf16", **KW) as p, \
          ecx.Context("consumer", dtype="torch.bfloat16", **KW) as c:
-        p.save("h", b"x" * 100)
+        p.save("h", b"x" * BLOCK)
         assert wait_fetch(c, "h", p.announce("h")) == ("ready", None)
         assert 'dtype="torch.bfloat16"' in p.metrics()
-        assert 'protocol_version="1"} 1' in p.metrics()
+        # the defaults: vLLM 0.34.0, which speaks protocol version 2, 8 KiB blocks
+        assert 'vllm_version="0.34.0"' in p.metrics() and 'block_bytes="8192"' in p.metrics()
+        assert 'protocol_version="2"} 1' in p.metrics()
     with pytest.raises(ecx.Error, match="accepted: .*torch.bfloat16"):
         ecx.Context("consumer", dtype="bfloat17", **KW)
     with pytest.raises(ecx.Error, match="speaks protocol version 2"):
@@ -76,17 +81,26 @@ def test_a_raised_error_is_not_also_logged():
     try:
         with pytest.raises(ecx.Error, match="bfloat17"):
             ecx.Context("consumer", dtype="bfloat17", **KW)
+        # protocol version 2's whole blocks: the save's own line is the exception's
+        with ecx.Context("producer", listen="127.0.0.1:0", **KW) as p:
+            with pytest.raises(ecx.Error, match="100 bytes are not whole blocks of 8192"):
+                p.save("a", b"x" * 100)
+            with pytest.raises(ecx.Error, match="1000 bytes are not whole blocks of 8192"):
+                p.save_into("b", 1000)
+            p.save("c", bytes(BLOCK))
+            with pytest.raises(ecx.Error, match=r"\[3, 4096\] of 2-byte elements"):
+                p.save_shape("c", 3, 4096)
         ecx.Context("consumer", **KW).close()  # a later call drains the queue
     finally:
         logging.getLogger("ecx").removeHandler(h)
-    assert not [m for m in seen if "bfloat17" in m]
+    assert not [m for m in seen if "bfloat17" in m or "not whole blocks" in m or "[3, 4096]" in m]
 
 
 def test_unconfigured_logging_prints_tagged_lines():
     code = ("import ecx, socket, time\n"
             "s = socket.socket(); s.bind(('127.0.0.1', 0)); port = s.getsockname()[1]; s.close()\n"
-            "c = ecx.Context('consumer', region_bytes=4 << 20, block_bytes=1 << 20)\n"
-            "ann = dict(peer_host='127.0.0.1', peer_port=port, size_bytes=10)\n"
+            "c = ecx.Context('consumer', region_bytes=4 << 20)\n"
+            "ann = dict(peer_host='127.0.0.1', peer_port=port, size_bytes=8192, shape=[1, 4096])\n"
             "for _ in range(200):\n"
             "    if c.fetch('h', ann).state != 'pending': break\n"
             "    c.poll(10)\n"
@@ -99,7 +113,7 @@ def test_unconfigured_logging_prints_tagged_lines():
 
 def test_a_forked_child_is_told_and_leaves_the_parent_alone():
     with ecx.Context("producer", listen="127.0.0.1:0", **KW) as p:
-        p.save("h", b"abc")
+        p.save("h", b"abc" + bytes(BLOCK - 3))
         region = p.region_info().path
         r, w = os.pipe()
         pid = os.fork()
@@ -124,7 +138,7 @@ def test_a_forked_child_is_told_and_leaves_the_parent_alone():
         assert status == 0
         assert b"fork()ed child" in msg and b"its own Context" in msg, msg
         assert os.path.exists(region)  # the child did not remove the parent's region
-        assert p.announce("h")["size_bytes"] == 3  # and the parent works on
+        assert p.announce("h")["size_bytes"] == BLOCK  # and the parent works on
 
 
 def test_key_files_in_the_wrong_role(tmp_path):
@@ -140,7 +154,7 @@ def test_key_files_in_the_wrong_role(tmp_path):
 def test_malformed_announcements_are_invalid():
     with ecx.Context("consumer", **KW) as c:
         assert c.fetch("x", "{not json") == ("local", "INVALID")
-        assert c.fetch("x", dict(peer_host="127.0.0.1", peer_port="5601", size_bytes=10)) == \
+        assert c.fetch("x", dict(peer_host="127.0.0.1", peer_port="5601", **ONE_BLOCK)) == \
             ("local", "INVALID")
         assert c.fetch("x", {"metadata": {}}) == ("local", "NO_PEER")
 
@@ -152,8 +166,8 @@ def test_entry_states_are_disjoint():
                 for s in ("not_ready", "ready", "pinned")}
 
     with ecx.Context("producer", listen="127.0.0.1:0", **KW) as p:
-        p.save("a", b"1")
-        p.save("b", b"2")
+        p.save("a", b"1" * BLOCK)
+        p.save("b", b"2" * BLOCK)
         assert entries(p.metrics()) == {"not_ready": 0, "ready": 2, "pinned": 0}
         with p.load("a"):  # a load pins the entry
             assert entries(p.metrics()) == {"not_ready": 0, "ready": 1, "pinned": 1}

@@ -11,7 +11,7 @@ import pytest
 import ecx
 from conftest import wait_fetch
 
-BLOCK = 4096
+BLOCK = 4096  # the contexts' blocks (protocol version 2, the default: items of whole blocks)
 
 
 def _fill(path, block, places, seed, q):
@@ -45,7 +45,7 @@ def _in_process(target, *args):
 
 
 def test_save_filled_by_another_process_is_fetched():
-    size = 3 * BLOCK + 100
+    size = 4 * BLOCK
     want = bytes((7 + i) % 251 for i in range(size))
     with ecx.Context("producer", listen="127.0.0.1:0", region_bytes=64 * BLOCK,
                      block_bytes=BLOCK) as prod, ecx.Context("consumer", block_bytes=BLOCK) as cons:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import ecx
-from conftest import wait_fetch
+from conftest import V1, wait_fetch
 
 BLOCK = 8192  # one row of a 4096-wide bfloat16 hidden state, as vLLM sizes its blocks
 KW = dict(listen="127.0.0.1:0", region_bytes=8 << 20, block_bytes=BLOCK, dtype="bfloat16",
@@ -50,7 +50,7 @@ def test_save_shape_wider_than_a_block():
 
 
 def test_save_shape_version_1_raises():
-    kw = dict(KW, connector_version=1)
+    kw = dict(KW, **V1)  # version 1 on purpose: it announces no shape
     with ecx.Context("producer", **kw) as p:
         p.save("a", bytes(BLOCK))
         with pytest.raises(ecx.Error) as e:

@@ -12,7 +12,7 @@ from conftest import item_bytes
 
 @pytest.mark.parametrize("progress_thread", [True, False])
 def test_poll_threads_while_fetching(progress_thread):
-    sizes = [100_000 * (k + 1) for k in range(24)]
+    sizes = [12 * 8192 * (k + 1) for k in range(24)]  # whole blocks
     with ecx.Context("producer", listen="127.0.0.1:0", region_bytes=256 << 20) as p, \
          ecx.Context("consumer", region_bytes=256 << 20, progress_thread=progress_thread) as c:
         for i, s in enumerate(sizes):
