@@ -153,6 +153,19 @@ int common_finish(ecx_config *cfg)
     return 0;
 }
 
+int whole_blocks_ok(const char *opt, const ecx_config *cfg, uint64_t bytes)
+{
+    if (cfg->connector_version != 2 || !cfg->block_bytes || bytes % cfg->block_bytes == 0)
+        return 0;
+    uint64_t b = (bytes + cfg->block_bytes - 1) / cfg->block_bytes;
+    fprintf(stderr, "ecx: %s: %llu bytes are not whole blocks of %llu: protocol version 2 "
+            "(--vllm-version %s) stores whole rows; give %llu (%llu blocks), or "
+            "--vllm-version 0.31.0 for version 1\n", opt, (unsigned long long)bytes,
+            (unsigned long long)cfg->block_bytes, cfg->vllm_version,
+            (unsigned long long)(b * cfg->block_bytes), (unsigned long long)b);
+    return -1;
+}
+
 void print_factors(const char *who, const ecx_config *cfg)
 {
     const char *dt = ecx_dtype_name(cfg->dtype);

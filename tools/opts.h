@@ -43,13 +43,14 @@ enum {
         {"connector-version", required_argument, 0, OPT_CONNECTOR_VERSION}
 
 #define COMMON_HELP                                                                                \
-    "  --block-bytes SIZE     block size (default 1Mi); peers must agree\n"                       \
+    "  --block-bytes SIZE     block size (default 8Ki: one row of llava-1.5's 4096\n"          \
+    "                         bf16, as vLLM >= 0.32 sizes it); peers must agree\n"            \
     "  --vllm-version TEXT    compatibility factor (default " ECX_DEFAULT_VLLM_VERSION ")\n"      \
     "  --model TEXT           compatibility factor (default " ECX_DEFAULT_MODEL ")\n"             \
     "  --dtype NAME           compatibility factor (default " ECX_DEFAULT_DTYPE "), hashed\n" \
     "                         as vLLM does: bfloat16, bf16, torch.bfloat16 are one dtype\n" \
     "  --connector-version 1|2  protocol version (default: the one --vllm-version\n" \
-    "                         speaks, 2 from vLLM 0.34 on, else 1); 2 speaks to vLLM >= 0.34:\n" \
+    "                         speaks, 2 from vLLM 0.32 on, else 1); 2 speaks to vLLM >= 0.32:\n" \
     "                         announcements carry shape [rows, block-bytes / element\n"         \
     "                         size of --dtype] (serve: or [rows, --width]) and items are\n"     \
     "                         whole blocks; peers must agree\n"                                 \
@@ -72,6 +73,11 @@ int common_opt(int c, const char *arg, ecx_config *cfg, bool *region_given);
  * -1 (message printed: a usage error) if --connector-version 1 was given with a
  * vLLM that speaks 2. */
 int common_finish(ecx_config *cfg);
+/* Under protocol version 2 an item is whole blocks: 0 if bytes is (or the
+ * version is 1), else -1 with a usage message naming OPT, the whole-block
+ * size to give instead and --vllm-version 0.31.0 for version 1 (as serve
+ * --synthetic says). Call after common_finish. */
+int whole_blocks_ok(const char *opt, const ecx_config *cfg, uint64_t bytes);
 /* True if s is one of ECX_DATA_PATHS. */
 bool data_path_ok(const char *s);
 /* "ecx: WHO: vllm-version V, model M, dtype D, block-bytes B, protocol version P,
