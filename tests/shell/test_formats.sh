@@ -31,15 +31,19 @@ bench_copy) # bench_copy BENCH_COPY: the copy kernels against memcpy, one line p
   expect 0 "" "bench_copy tiny" -- "$1" --size 300000 --size 1000 --iters 3
   has_line "bench_copy's 1000-byte line" "$T/cmd.stdout" size=1000 memcpy_ms=NUM copy_ratio=NUM ;;
 
-call_overhead) # call_overhead CALL_OVERHEAD: the C baseline's one line
-  expect 0 "" "call_overhead tiny" -- "$1" --calls 2000 --items 10 --size 3000000 --xfer-iters 2
+call_overhead) # call_overhead CALL_OVERHEAD: the C baseline's one line (the defaults,
+  # protocol version 2: sizes are whole 8 KiB blocks; 2949120 = 360 rows)
+  expect 0 "" "call_overhead tiny" -- "$1" --calls 2000 --items 10 --size 2949120 --xfer-iters 2
   has_line "call_overhead's line" "$T/cmd.stdout" c fetch_pending_ns=NUM poll0_ns=NUM \
-    poll0_nothread_ns=NUM size=3000000 save_ms=NUM fetch_ms=NUM read_ms=NUM xfer_ms=NUM ;;
+    poll0_nothread_ns=NUM size=2949120 save_ms=NUM fetch_ms=NUM read_ms=NUM xfer_ms=NUM
+  expect 2 "whole blocks of 8192" "call_overhead, not whole blocks" -- "$1" --size 3000000 ;;
 
 startup) # startup STARTUP: what a new context costs before its first item is in, one line
-  expect 0 "" "startup tiny" -- "$1" --rounds 1 --size 3000000 --idle-ms 0
+  # (the defaults, protocol version 2: whole 8 KiB blocks; 2949120 = 360 rows)
+  expect 0 "" "startup tiny" -- "$1" --rounds 1 --size 2949120 --idle-ms 0
   has_line "startup's line" "$T/cmd.stdout" create_ms=NUM first_save_ms=NUM held_ms=NUM \
-    idle_save_ms=NUM free_ms=NUM size=3000000 rounds=1 ;;
+    idle_save_ms=NUM free_ms=NUM size=2949120 rounds=1
+  expect 2 "whole blocks of 8192" "startup, not whole blocks" -- "$1" --size 3000000 ;;
 
 ctrl_instr) # ctrl_instr SOURCE_DIR BUILD_DIR: instructions per request (77: no valgrind)
   timeout 280 env CTRL_N1=40 CTRL_N2=120 CTRL_ITEMS=4 CTRL_REPEAT=1 \
