@@ -99,7 +99,7 @@ int main(int argc, char **argv)
 {
     long calls = 200000;
     int items = 100, iters = 10;
-    uint64_t size = 28800000;
+    uint64_t size = 28835840; /* llava-1.5's 3520 rows of 4096 bf16 */
     const char *data = "auto";
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--calls")) calls = atol(argv[i + 1]);
@@ -109,17 +109,23 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--data")) data = argv[i + 1];
         else break;
     }
+    /* The default contexts speak protocol version 2: an item is whole blocks. */
     if (argc % 2 == 0 || calls < 1 || items < 1 || items > 10000 || iters < 1 || iters > 1000 ||
-        size < 1) {
+        size < 1 || size % ECX_DEFAULT_BLOCK_BYTES) {
         fprintf(stderr, "usage: call_overhead [--calls N] [--items K] [--size BYTES] "
-                        "[--xfer-iters M] [--data PATH]\nPATH: one of " ECX_DATA_PATHS "\n");
+                        "[--xfer-iters M] [--data PATH]\nBYTES: whole blocks of %llu "
+                        "(protocol version 2); PATH: one of " ECX_DATA_PATHS "\n",
+                (unsigned long long)ECX_DEFAULT_BLOCK_BYTES);
         return 2;
     }
 
     /* fetch of pending items */
     int sfd, port = silent_port(&sfd);
     ecx_ctx *c = make(ECX_ROLE_CONSUMER, 1, (uint64_t)(items + 8) << 20, data); /* a block each */
-    ecx_announcement from = {.peer_host = "127.0.0.1", .peer_port = port, .size_bytes = 1000};
+    /* One block: under version 2 a size that is not whole blocks is refused
+     * locally (SIZE_MISMATCH) and never pends. */
+    ecx_announcement from = {.peer_host = "127.0.0.1", .peer_port = port,
+                             .size_bytes = ECX_DEFAULT_BLOCK_BYTES};
     char (*h)[32] = malloc((size_t)items * sizeof *h);
     int reason;
     for (int k = 0; k < items; k++) {

@@ -12,7 +12,11 @@
 #
 # usage: bench/compare.sh [PATH_TO_ECX]        (default: build/ecx)
 # env:   COMPARE_RUNS (5), COMPARE_REQ64 (20000), COMPARE_REQ1 (3000),
-#        COMPARE_ITEMS (32:4.7M, as for serve --synthetic),
+#        COMPARE_ITEMS (32:4718592, llava-1.5's 576 rows, as for serve --synthetic:
+#        whole blocks under version 2), COMPARE_ARGS (factors given to both
+#        producers and bench ctrl; default none: vLLM 0.34.0, version 2, 8 KiB
+#        blocks. The figures before version 2: COMPARE_ARGS="--vllm-version
+#        0.31.0 --block-bytes 1Mi" COMPARE_ITEMS=32:4.7M),
 #        COMPARE_QUICK=1 (1 run, 400 / 100 requests: checks it works)
 # Output: one line per producer and window, then the ratios:
 #   producer=ecx window=64 runs=5 req_per_s=<n> p50_us=<n> p99_us=<n> ack_bytes=<n>
@@ -23,7 +27,8 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 ECX=${1:-$here/../build/ecx}
 RUNS=${COMPARE_RUNS:-5} REQ64=${COMPARE_REQ64:-20000} REQ1=${COMPARE_REQ1:-3000}
-ITEMS=${COMPARE_ITEMS:-32:4.7M}
+ITEMS=${COMPARE_ITEMS:-32:4718592}
+read -r -a ARGS <<<"${COMPARE_ARGS:-}"
 if [ "${COMPARE_QUICK:-0}" = 1 ]; then RUNS=1 REQ64=400 REQ1=100; fi
 PY=/usr/bin/python3
 [ -x "$ECX" ] || { echo "compare: no ecx binary at $ECX" >&2; exit 1; }
@@ -47,11 +52,11 @@ wait_file() { # FILE PID: up to 20 s for FILE, while PID lives
   return 1
 }
 
-"$ECX" serve --listen 127.0.0.1:0 --synthetic "$ITEMS" --announce-out "$tmp/ecx.json" \
+"$ECX" serve "${ARGS[@]}" --listen 127.0.0.1:0 --synthetic "$ITEMS" --announce-out "$tmp/ecx.json" \
   2>"$tmp/ecx.log" &
 pids+=($!)
 wait_file "$tmp/ecx.json" $! || { echo "compare: ecx serve did not start:" >&2; cat "$tmp/ecx.log" >&2; exit 1; }
-"$PY" "$here/py_producer.py" --synthetic "$ITEMS" --announce-out "$tmp/py.json" --seconds 300 \
+"$PY" "$here/py_producer.py" "${ARGS[@]}" --synthetic "$ITEMS" --announce-out "$tmp/py.json" --seconds 300 \
   2>"$tmp/py.log" &
 pids+=($!)
 wait_file "$tmp/py.json" $! || { echo "compare: py_producer did not start:" >&2; cat "$tmp/py.log" >&2; exit 1; }
@@ -60,7 +65,7 @@ fail=0
 # bench NAME WINDOW REQUESTS: one run; appends its last line to $tmp/NAME.wWINDOW
 bench() {
   local out
-  if out=$("$ECX" bench ctrl --params "$tmp/$1.json" --window "$2" --requests "$3" \
+  if out=$("$ECX" bench ctrl "${ARGS[@]}" --params "$tmp/$1.json" --window "$2" --requests "$3" \
     --warmup 200 --timeout-ms 60000 --require-ok 2>"$tmp/bench.err"); then
     tail -n 1 <<<"$out" >>"$tmp/$1.w$2"
   else

@@ -44,8 +44,10 @@ def py_round(calls, items, size, iters, data):
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(64)
-    ann = {"peer_host": "127.0.0.1", "peer_port": srv.getsockname()[1], "size_bytes": 1000,
-           "metadata": {}}
+    # One block of the defaults (protocol version 2: 8 KiB, one row of 4096
+    # bf16, with its shape); another size would be refused locally, not pend.
+    ann = {"peer_host": "127.0.0.1", "peer_port": srv.getsockname()[1], "size_bytes": 8192,
+           "shape": [1, 4096], "metadata": {}}
     with ecx.Context("consumer", region_bytes=(items + 8) << 20, ack_timeout_ms=600000,
                      data=data) as c:
         hashes = [f"pending-{k}" for k in range(items)]
@@ -115,7 +117,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=200000)
     ap.add_argument("--items", type=int, default=100)
-    ap.add_argument("--size", type=int, default=28_800_000)
+    ap.add_argument("--size", type=int, default=28_835_840)  # llava-1.5: 3520 rows, whole blocks
     ap.add_argument("--xfer-iters", type=int, default=10)
     ap.add_argument("--data", default="auto", choices=ecx.DATA_PATHS)
     o = ap.parse_args()

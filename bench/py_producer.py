@@ -59,6 +59,20 @@ def parse_size(s):
     return int(v)
 
 
+# Element sizes of the dtypes a version-2 shape's width is counted in.
+ELEM_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "fp16": 2, "float32": 4,
+              "float": 4, "fp32": 4, "float64": 8, "double": 8, "int8": 1, "uint8": 1}
+
+
+def version2(vllm_version):
+    """vLLM 0.32 and later speak protocol version 2 (docs/PROTOCOL.md §3.7)."""
+    try:
+        major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", vllm_version).groups())
+    except (AttributeError, ValueError):
+        return False
+    return (major, minor) >= (0, 32)
+
+
 def synthetic(spec):
     count, _, size = spec.partition(":")
     if not count.isdigit() or int(count) < 1:
@@ -71,9 +85,9 @@ def main():
     ap.add_argument("--synthetic", type=synthetic, required=True, metavar="COUNT:BYTES")
     ap.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT")
     ap.add_argument("--announce-out", metavar="FILE")
-    ap.add_argument("--block-bytes", type=parse_size, default=1 << 20)
+    ap.add_argument("--block-bytes", type=parse_size, default=8 << 10)  # ecx serve's default
     ap.add_argument("--lease-ms", type=int, default=30000)
-    ap.add_argument("--vllm-version", default="0.31.0")  # ecx serve's default
+    ap.add_argument("--vllm-version", default="0.34.0")  # ecx serve's default
     ap.add_argument("--model", default="llava-hf/llava-1.5-7b-hf")
     ap.add_argument("--dtype", default="torch.bfloat16")
     ap.add_argument("--seconds", type=float, default=600, help="exit after this long")
@@ -82,6 +96,7 @@ def main():
     count, size = a.synthetic
     bs = a.block_bytes
     compat = w.compat_hash(a.vllm_version, a.model, a.dtype, bs)
+    own = 2 if version2(a.vllm_version) else 1  # the version it speaks, as the reference's
     # The cache: mm_hash -> block indices, ascending runs as ecx's cache hands out.
     blocks, sizes, pins, nxt = {}, {}, {}, 0
     for i in range(count):
@@ -106,6 +121,10 @@ def main():
     if a.announce_out:
         ann = {h: {"peer_host": host, "peer_port": port, "size_bytes": sizes[h], "metadata": {}}
                for h in blocks}
+        if version2(a.vllm_version):  # as ecx serve: shape [blocks, block width]
+            elem = ELEM_BYTES.get(a.dtype.removeprefix("torch."), 2)
+            for h in blocks:
+                ann[h]["shape"] = [len(blocks[h]), bs // elem]
         tmp = "%s.tmp.%d" % (a.announce_out, os.getpid())
         with open(tmp, "w") as f:
             json.dump(ann, f, indent=1, sort_keys=True)
@@ -143,7 +162,7 @@ def main():
                 continue
             ident, _, payload = frames
             try:
-                req = w.decode(payload, "req")
+                req = w.decode(payload, "req", own)
             except ValueError:
                 stats["malformed"] += 1
                 continue
@@ -152,7 +171,7 @@ def main():
                     and isinstance(sid, str) and type(ver) is int):
                 stats["malformed"] += 1  # msgspec's type checks
                 continue
-            if ver != w.EC_CONNECTOR_VERSION:
+            if ver != own:
                 nack(ident, h, w.NACK_VERSION)
             elif req["compatibility_hash"] != compat:
                 nack(ident, h, w.NACK_INCOMPAT)

@@ -9,7 +9,9 @@
  *
  * Each round: ecx_new() of a default producer context (listen 127.0.0.1:0,
  * every other field as ecx_config_init() leaves it: a 1 GiB region), then
- * ecx_save() of a fresh BYTES item (default 28.8 MB) at once, then MS
+ * ecx_save() of a fresh BYTES item (default 28835840: llava-1.5's 3520 rows
+ * of 4096 bf16; whole blocks of the default 8 KiB, as protocol version 2,
+ * the default, saves only whole blocks) at once, then MS
  * milliseconds idle (default 500) once the region file is held whole
  * (its allocated size, st_blocks, is its size: whatever the library
  * faults in in the background is in; at most 60 s), then ecx_save() of a
@@ -50,8 +52,8 @@ static double median(double *v, int n)
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: startup [--rounds N (1..100)] [--size BYTES (1..1e9)] "
-                    "[--idle-ms MS (0..60000)]\n");
+    fprintf(stderr, "usage: startup [--rounds N (1..100)] [--size BYTES (1..1e9, whole blocks of "
+                    "%llu)] [--idle-ms MS (0..60000)]\n", (unsigned long long)ECX_DEFAULT_BLOCK_BYTES);
     return 2;
 }
 
@@ -66,7 +68,7 @@ static int num(const char *s, long long lo, long long hi, long long *out)
 
 int main(int argc, char **argv)
 {
-    long long rounds = 5, size = 28800000, idle = 500;
+    long long rounds = 5, size = 28835840, idle = 500;
     for (int i = 1; i < argc; i++) {
         long long *dst = !strcmp(argv[i], "--rounds")    ? &rounds
                          : !strcmp(argv[i], "--size")    ? &size
@@ -75,6 +77,8 @@ int main(int argc, char **argv)
         long long hi = dst == &rounds ? 100 : dst == &size ? 1000000000 : 60000;
         if (!dst || i + 1 == argc || num(argv[++i], dst == &idle ? 0 : 1, hi, dst)) return usage();
     }
+    /* The default context speaks protocol version 2: an item is whole blocks. */
+    if ((uint64_t)size % ECX_DEFAULT_BLOCK_BYTES) return usage();
     char *buf = malloc((size_t)size);
     if (!buf) return 1;
     memset(buf, 0x5a, (size_t)size);

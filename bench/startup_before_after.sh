@@ -7,7 +7,7 @@
 #
 # usage: bench/startup_before_after.sh BEFORE_BUILD_DIR AFTER_BUILD_DIR
 #   (each a CMake build dir holding libecx.so; include/ecx.h of this tree)
-# env:   SBA_RUNS (3), SBA_ROUNDS (3: rounds per run), SBA_SIZE (28800000),
+# env:   SBA_RUNS (3), SBA_ROUNDS (3: rounds per run), SBA_SIZE (28835840: whole 8 KiB blocks),
 #        SBA_IDLE_MS (500)
 # Output: one line per run and build (bench/startup.c's figures), then the
 # medians of each figure and after ÷ before:
@@ -15,7 +15,7 @@
 set -u
 [ $# = 2 ] || { echo "usage: $0 BEFORE_BUILD_DIR AFTER_BUILD_DIR" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
-RUNS=${SBA_RUNS:-3} ROUNDS=${SBA_ROUNDS:-3} SIZE=${SBA_SIZE:-28800000} IDLE=${SBA_IDLE_MS:-500}
+RUNS=${SBA_RUNS:-3} ROUNDS=${SBA_ROUNDS:-3} SIZE=${SBA_SIZE:-28835840} IDLE=${SBA_IDLE_MS:-500}
 T=$(mktemp -d /tmp/ecx-sba.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 for side in before after; do

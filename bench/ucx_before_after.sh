@@ -6,12 +6,12 @@
 # between them RUNS times, so drift on a shared machine hits both alike.
 #
 # usage: bench/ucx_before_after.sh BEFORE_ECX AFTER_ECX
-# env:   UBA_RUNS (3), UBA_SIZE (28.8M), UBA_COUNT (20)
+# env:   UBA_RUNS (3), UBA_SIZE (28835840: whole 8 KiB blocks, as version 2, the default, needs), UBA_COUNT (20)
 # Output: one line per run and build, then the medians and their ratio:
 #   before_ucx_gbps=<x> after_ucx_gbps=<x> ratio_after_before=<x>
 set -u
 BEFORE=$1 AFTER=$2
-RUNS=${UBA_RUNS:-3} SIZE=${UBA_SIZE:-28.8M} COUNT=${UBA_COUNT:-20}
+RUNS=${UBA_RUNS:-3} SIZE=${UBA_SIZE:-28835840} COUNT=${UBA_COUNT:-20}
 b=() a=()
 gbps() { "$1" bench data --data ucx --size "$SIZE" --count "$COUNT" 2>/dev/null |
            tail -1 | tr ' ' '\n' | sed -n 's/^ucx_gbps=//p'; }

@@ -941,7 +941,9 @@ int ecxi_consumer_answer(ecxi_consumer *c, const char *mm_hash, size_t hash_len,
     ecxi_announce_rows rows = {c->o.block_bytes, c->o.elem_size};
     int why = ecxi_announce_parse(json, from, expected_size, c->max_item_bytes,
                                   c->o.connector_version == 2 ? &rows : NULL, &ap);
-    if (why == ECX_REASON_SIZE_MISMATCH && expected_size) /* else the parse said why */
+    /* (A version-2 size that is not its shape's whole blocks is also
+     * SIZE_MISMATCH; announce.c has said so, with the numbers.) */
+    if (why == ECX_REASON_SIZE_MISMATCH && expected_size && expected_size != ap.size_bytes)
         ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %.*s announced as %llu bytes, expected %llu",
                             (int)hash_len, mm_hash, (unsigned long long)ap.size_bytes,
                             (unsigned long long)expected_size);

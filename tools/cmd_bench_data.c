@@ -376,6 +376,8 @@ int cmd_bench_data(int argc, char **argv, const char *help, const char *help_tai
                            argv[optind]);
     if (common_finish(&cfg)) return EXIT_USAGE;
     if (nsizes == 0) sizes[nsizes++] = 4718592, sizes[nsizes++] = 28835840;
+    for (int i = 0; i < nsizes; i++)
+        if (whole_blocks_check("bench data --size", sizes[i], &cfg)) return EXIT_USAGE;
     b.bs = cfg.block_bytes;
     b.base = &cfg;
     return run(&b, sizes, nsizes, want) ? EXIT_FAIL : EXIT_OK;

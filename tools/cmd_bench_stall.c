@@ -106,7 +106,10 @@ static const char HELP[] =
     "                         (default all; auto means all; all skips a path this\n"
     "                         libecx is built without); run in the order shm, tcp, ucx\n"
     "  --size LIST            item sizes, comma-separated or repeated, up to 8, each\n"
-    "                         1 byte to 1Gi (default 28.8M,256M). /dev/shm (or\n"
+    "                         1 byte to 1Gi (default 28835840,256000000: llava-1.5's\n"
+    "                         3520 rows of 4096 bf16, and 31250 rows); under protocol\n"
+    "                         version 2 (the default) whole blocks of --block-bytes,\n"
+    "                         else a usage error naming the size to give. /dev/shm (or\n"
     "                         $ECX_SHM_DIR) must have room for 5 items of the\n"
     "                         largest size (producer region 3, consumer 2), and\n"
     "                         memory for 7: checked before anything runs\n"
@@ -115,7 +118,9 @@ static const char HELP[] =
     "  --count N              timed fetches per path, size and step, and timed\n"
     "                         cold/warm contexts per path and size (default 5)\n"
     "  --warmup N             untimed ones before them (default 1)\n"
-    "  --block-bytes SIZE     block size of the regions (default 8Ki)\n"
+    "  --block-bytes SIZE     block size of the regions (default 8Ki: one row of\n"
+    "                         4096 bf16; the figures before version 2 used 1Mi:\n"
+    "                         --vllm-version 0.31.0 --block-bytes 1Mi)\n"
     "  --vllm-version, --model, --dtype  compatibility factors (both sides use them);\n"
     "                         --region-bytes is accepted and ignored (regions are\n"
     "                         sized from --size)\n"
@@ -530,10 +535,14 @@ static double rtt_once(stall *b, ecx_ctx *cons)
     char name[ECX_MM_HASH_MAX + 1];
     snprintf(name, sizeof name, "ecx-stall-missing-%d-%llu", (int)getpid(),
              (unsigned long long)++b->seq);
-    ecx_announcement from = {.peer_host = "127.0.0.1", .peer_port = b->port, .size_bytes = 1};
+    /* Announced as one block: under version 2 a size that is not whole
+     * blocks is refused locally (SIZE_MISMATCH) before any request. */
+    ecx_announcement from = {.peer_host = "127.0.0.1", .peer_port = b->port,
+                             .size_bytes = b->base->block_bytes};
     int st, reason = 0;
     double t0 = mono_s(), limit = t0 + FETCH_LIMIT_S;
-    while ((st = ecx_fetch_from(cons, name, &from, 1, &reason)) == ECX_FETCH_PENDING &&
+    while ((st = ecx_fetch_from(cons, name, &from, from.size_bytes, &reason)) ==
+               ECX_FETCH_PENDING &&
            mono_s() < limit)
         ecx_poll(cons, 0);
     double t = mono_s() - t0;
@@ -881,6 +890,8 @@ int cmd_bench_stall(int argc, char **argv)
                            argv[optind]);
     if (common_finish(&cfg)) return EXIT_USAGE;
     if (l.nsizes == 0) l.sizes[l.nsizes++] = 28835840, l.sizes[l.nsizes++] = 256000000;
+    for (int i = 0; i < l.nsizes; i++)
+        if (whole_blocks_check("bench stall --size", l.sizes[i], &cfg)) return EXIT_USAGE;
     if (!steps_given) l.steps[l.nsteps++] = 1, l.steps[l.nsteps++] = 20;
     static const char *const names[3] = {"shm", "tcp", "ucx"};
     const char *paths[3];

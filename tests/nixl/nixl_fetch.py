@@ -2,7 +2,9 @@
 """A real nixl agent fetching from `ecx serve --data nixl`, the way vLLM's
 ECCPUConnector consumer does (tests/shell/test_nixl_serve.sh).
 
-Usage: nixl_fetch.py ANNOUNCE_JSON ITEMS_DIR BLOCK_BYTES
+Usage: nixl_fetch.py ANNOUNCE_JSON ITEMS_DIR BLOCK_BYTES [VLLM_VERSION]
+
+VLLM_VERSION (default 0.34.0, ecx's default) is the compat hash's first factor.
 
 For each announced item: an XferReq over ZeroMQ (msgspec, as vLLM encodes
 it), the XferAck; add_remote_agent(agent_metadata) (again whenever the bytes
@@ -29,9 +31,9 @@ DESC = msgspec.msgpack.Decoder(list[tuple[int, int, int]])
 ACK = msgspec.msgpack.Decoder(XferAck)
 
 
-def compat_hash(bs):
+def compat_hash(version, bs):
     # ecx's defaults (include/ecx.h) and the reference's hash (tests/pyref/ref_wire.py)
-    factors = json.dumps(["0.31.0", "llava-hf/llava-1.5-7b-hf", "torch.bfloat16", bs],
+    factors = json.dumps([version, "llava-hf/llava-1.5-7b-hf", "torch.bfloat16", bs],
                          separators=(",", ":"))
     return hashlib.sha256(factors.encode()).hexdigest()
 
@@ -39,7 +41,8 @@ def compat_hash(bs):
 def main():
     ann = json.load(open(sys.argv[1]))
     items, bs = sys.argv[2], int(sys.argv[3])
-    nb = 16
+    version = sys.argv[4] if len(sys.argv) > 4 else "0.34.0"
+    nb = max([16] + [-(-a["size_bytes"] // bs) for a in ann.values()])  # room for the largest
     buf = ctypes.create_string_buffer(nb * bs)
     base = ctypes.addressof(buf)
     ag = nixl_api.nixl_agent("vllm-consumer", nixl_api.nixl_agent_config(num_threads=0))
@@ -54,7 +57,7 @@ def main():
         s = zctx.socket(zmq.DEALER)
         s.connect(f"tcp://{a['peer_host']}:{a['peer_port']}")
         s.send_multipart([b"", msgspec.msgpack.encode(
-            XferReq(mm_hash=mm_hash, compatibility_hash=compat_hash(bs), session_id=sid))])
+            XferReq(mm_hash=mm_hash, compatibility_hash=compat_hash(version, bs), session_id=sid))])
         if not s.poll(10000):
             sys.exit(f"{mm_hash}: no ack")
         ack = ACK.decode(s.recv_multipart()[-1])

@@ -2,14 +2,19 @@
 """A real nixl agent as a producer the way vLLM's ECCPUConnector is one, for
 `ecx get --data nixl` (tests/shell/test_nixl_get.sh).
 
-Usage: nixl_producer.py DIR PORT BLOCK_BYTES NUM_BLOCKS SECONDS
+Usage: nixl_producer.py DIR PORT BLOCK_BYTES NUM_BLOCKS SECONDS [VERSION]
+
+VERSION (default 2, as vLLM 0.34 speaks): under 2 every item is whole blocks
+and its announcement carries shape [blocks, BLOCK_BYTES / 2] (bf16 rows of one
+block), as vLLM 0.34's producer announces; under 1 the good items end inside
+their last block and announcements have no shape.
 
 Fills NUM_BLOCKS blocks with random bytes, registers them as one DRAM
 descriptor, and answers XferReqs on a ZeroMQ ROUTER at 127.0.0.1:PORT with
 XferAcks as vLLM does: src_block_indices, agent_metadata =
 get_agent_metadata(), mem_descriptor = msgspec of [(addr, len, 0)] per block.
 Items (written to DIR/announce.json and DIR/items/<mm_hash>):
-  good-<k>      k + 1 blocks starting at block 2k (the last one partial)
+  good-<k>      k + 1 blocks starting at block 2k (version 1: the last partial)
   meta-<p>-<x>  one block, whose ack's agent_metadata has byte p xor x (every
                 byte outside the UCX worker address and rkeys)
   ucx-<p>-<x>   the same for every byte inside them (opaque to NIXL's format:
@@ -64,6 +69,7 @@ def blob_spans(md):
 def main():
     d, port, bs, nb, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), \
         float(sys.argv[5])
+    version = int(sys.argv[6]) if len(sys.argv) > 6 else 2
     os.makedirs(d + "/items", exist_ok=True)
     data = os.urandom(nb * bs)
     buf = ctypes.create_string_buffer(data, nb * bs)
@@ -76,7 +82,7 @@ def main():
     items = {}  # mm_hash -> (indices, size, metadata, descriptor)
     for k in range(3):
         idx = list(range(2 * k, 3 * k + 1))
-        items[f"good-{k}"] = (idx, (k + 1) * bs - 1000, md, desc)
+        items[f"good-{k}"] = (idx, (k + 1) * bs - (0 if version == 2 else 1000), md, desc)
     spans = blob_spans(md)
     for p in range(11, len(md)):
         kind = "ucx" if any(a <= p < b for a, b in spans) else "meta"
@@ -95,6 +101,8 @@ def main():
         got = b"".join(data[i * bs:(i + 1) * bs] for i in idx)[:size]
         open(f"{d}/items/{h}", "wb").write(got)
         ann[h] = {"metadata": {}, "peer_host": "127.0.0.1", "peer_port": port, "size_bytes": size}
+        if version == 2:
+            ann[h]["shape"] = [len(idx), bs // 2]
     zctx = zmq.Context()
     srv = zctx.socket(zmq.ROUTER)
     srv.bind(f"tcp://127.0.0.1:{port}")

@@ -44,8 +44,10 @@ def encode_ack(**values):
     return _encode("ack", ACK_FIELDS, values)
 
 
-def decode(frame, tag):
-    """Decode like msgspec.msgpack.Decoder(XferReq|XferAck); raises ValueError."""
+def decode(frame, tag, version=EC_CONNECTOR_VERSION):
+    """Decode like msgspec.msgpack.Decoder(XferReq|XferAck); raises ValueError.
+    An absent connector_version is the decoder's own: version (a version-2
+    reference decodes it as 2; docs/PROTOCOL.md §3.7)."""
     fields = REQ_FIELDS if tag == "req" else ACK_FIELDS
     try:
         obj = msgpack.unpackb(frame, raw=False, strict_map_key=True)
@@ -62,7 +64,7 @@ def decode(frame, tag):
         elif default is None:
             raise ValueError("missing " + name)
         else:
-            out[name] = default
+            out[name] = version if name == "connector_version" else default
     return out
 
 

@@ -12,7 +12,9 @@ ECX=$1
 err_has() { grep -qi -- "$1" "$T/cmd.stderr" && ok || bad "$2: stderr lacks '$1': $(head -c 400 "$T/cmd.stderr")"; }
 LINE='^requests=[0-9]+ ok=[0-9]+ nack=[0-9]+ window=[0-9]+ ack_bytes=[0-9]+ req_per_s=[0-9]+ p50_us=[0-9.]+ p99_us=[0-9.]+$'
 
-"$ECX" serve --listen 127.0.0.1:0 --synthetic 4:100K --block-bytes 64Ki \
+# The defaults on both sides (protocol version 2, 8 KiB blocks): items are
+# whole blocks, 96Ki = 12 rows.
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 4:96Ki \
   --announce-out "$T/ann.json" 2>"$T/serve.log" &
 pids+=($!)
 for _ in $(seq 100); do [ -s "$T/ann.json" ] && break; sleep 0.1; done
@@ -21,7 +23,7 @@ for _ in $(seq 100); do [ -s "$T/ann.json" ] && break; sleep 0.1; done
 # 1. Every request answered OK, at window 8 and 1; the last line's format.
 for w in 8 1; do
   expect 0 "" "bench ctrl window $w" -- "$ECX" bench ctrl --params "$T/ann.json" --requests 300 \
-    --warmup 10 --window $w --block-bytes 64Ki --require-ok --timeout-ms 20000
+    --warmup 10 --window $w --require-ok --timeout-ms 20000
   last=$(tail -n 1 "$T/cmd.stdout")
   [[ $last =~ $LINE ]] && ok || bad "window $w: last line '$last'"
   [[ $last == "requests=300 ok=300 nack=0 window=$w "* ]] && ok || bad "window $w: not all OK: '$last'"
@@ -30,15 +32,15 @@ done
 # 2. Another compat factor: the producer NACKs every request INCOMPAT; still
 #    all answered (exit 0) unless --require-ok.
 expect 0 "" "bench ctrl, other model" -- "$ECX" bench ctrl --params "$T/ann.json" --requests 50 \
-  --warmup 0 --window 4 --block-bytes 64Ki --model other --timeout-ms 20000
+  --warmup 0 --window 4 --model other --timeout-ms 20000
 [[ $(tail -n 1 "$T/cmd.stdout") == "requests=50 ok=0 nack=50 "* ]] && ok || bad "other model: $(tail -n 1 "$T/cmd.stdout")"
 err_has NACK_INCOMPAT "other model"
 expect 1 "" "--require-ok with NACKs" -- "$ECX" bench ctrl --params "$T/ann.json" --requests 20 \
-  --warmup 0 --block-bytes 64Ki --model other --require-ok --timeout-ms 20000
+  --warmup 0 --model other --require-ok --timeout-ms 20000
 err_has "require-ok" "--require-ok with NACKs"
 # An empty session id is NACK_INTERNAL (docs/PROTOCOL.md §4.3), not a grant.
 expect 0 "" "empty session id" -- "$ECX" bench ctrl --params "$T/ann.json" --requests 20 \
-  --warmup 0 --block-bytes 64Ki --session-id "" --timeout-ms 20000
+  --warmup 0 --session-id "" --timeout-ms 20000
 err_has NACK_INTERNAL "empty session id"
 
 # 3. Bad input.

@@ -31,15 +31,19 @@ bench_copy) # bench_copy BENCH_COPY: the copy kernels against memcpy, one line p
   expect 0 "" "bench_copy tiny" -- "$1" --size 300000 --size 1000 --iters 3
   has_line "bench_copy's 1000-byte line" "$T/cmd.stdout" size=1000 memcpy_ms=NUM copy_ratio=NUM ;;
 
-call_overhead) # call_overhead CALL_OVERHEAD: the C baseline's one line
-  expect 0 "" "call_overhead tiny" -- "$1" --calls 2000 --items 10 --size 3000000 --xfer-iters 2
+call_overhead) # call_overhead CALL_OVERHEAD: the C baseline's one line (the defaults,
+  # protocol version 2: sizes are whole 8 KiB blocks; 2949120 = 360 rows)
+  expect 0 "" "call_overhead tiny" -- "$1" --calls 2000 --items 10 --size 2949120 --xfer-iters 2
   has_line "call_overhead's line" "$T/cmd.stdout" c fetch_pending_ns=NUM poll0_ns=NUM \
-    poll0_nothread_ns=NUM size=3000000 save_ms=NUM fetch_ms=NUM read_ms=NUM xfer_ms=NUM ;;
+    poll0_nothread_ns=NUM size=2949120 save_ms=NUM fetch_ms=NUM read_ms=NUM xfer_ms=NUM
+  expect 2 "whole blocks of 8192" "call_overhead, not whole blocks" -- "$1" --size 3000000 ;;
 
 startup) # startup STARTUP: what a new context costs before its first item is in, one line
-  expect 0 "" "startup tiny" -- "$1" --rounds 1 --size 3000000 --idle-ms 0
+  # (the defaults, protocol version 2: whole 8 KiB blocks; 2949120 = 360 rows)
+  expect 0 "" "startup tiny" -- "$1" --rounds 1 --size 2949120 --idle-ms 0
   has_line "startup's line" "$T/cmd.stdout" create_ms=NUM first_save_ms=NUM held_ms=NUM \
-    idle_save_ms=NUM free_ms=NUM size=3000000 rounds=1 ;;
+    idle_save_ms=NUM free_ms=NUM size=2949120 rounds=1
+  expect 2 "whole blocks of 8192" "startup, not whole blocks" -- "$1" --size 3000000 ;;
 
 ctrl_instr) # ctrl_instr SOURCE_DIR BUILD_DIR: instructions per request (77: no valgrind)
   timeout 280 env CTRL_N1=40 CTRL_N2=120 CTRL_ITEMS=4 CTRL_REPEAT=1 \
@@ -57,30 +61,39 @@ bench_vllm) # bench_vllm SOURCE_DIR ECX VENV_DIR: vLLM's own NIXL fetch rate, in
   in_order "the default transport first" "$T/cmd.stdout" '^pair=vllm-consumer:vllm-producer ' \
     '^pair=vllm-consumer:vllm-producer:ucx-tcp ' ;;
 
-bench_data_cli) # bench_data_cli ECX: `ecx bench data --data all` (ucx skipped where not built in)
-  EXPECT_TIMEOUT=120 expect 0 "" "ecx bench data tiny" -- "$1" bench data --size 300K --count 3 \
-    --warmup 1 --block-bytes 64Ki --data all
-  has_line "bench data's line" "$T/cmd.stdout" size=300000 shm_gbps=NUM ucx_gbps=NUM memcpy_gbps=NUM \
+bench_data_cli) # bench_data_cli ECX: `ecx bench data --data all` (ucx skipped where not built in),
+  # at the defaults (protocol version 2, 8 KiB blocks): 288Ki = 36 whole blocks
+  EXPECT_TIMEOUT=120 expect 0 "" "ecx bench data tiny" -- "$1" bench data --size 288Ki --count 3 \
+    --warmup 1 --data all
+  has_line "bench data's line" "$T/cmd.stdout" size=294912 shm_gbps=NUM ucx_gbps=NUM memcpy_gbps=NUM \
     shm_ratio=NUM ucx_ratio=NUM tcp_gbps=NUM tcp_ratio=NUM
   skipped='bench: ucx is not built into this libecx; skipped'
   if built ucx; then
     check "ucx measured" "! grep -q '$skipped' '$T/cmd.stderr' && ! grep -q ' ucx_gbps=0.000 ' '$T/cmd.stdout'"
   else
     check "ucx skipped, said so" "grep -q '$skipped' '$T/cmd.stderr' && grep -q ' ucx_gbps=0.000 ' '$T/cmd.stdout'"
-  fi ;;
+  fi
+  # a size that is not whole blocks: a usage error naming the whole-block size
+  expect 2 "not whole blocks of 8192.*give 303104 \\(37 blocks\\)" "bench data, not whole blocks" -- \
+    "$1" bench data --size 300K --data shm
+  # version 1 on purpose: any byte count is an item there
+  EXPECT_TIMEOUT=60 expect 0 "" "bench data, version 1, 300K" -- "$1" bench data --size 300K \
+    --count 1 --warmup 0 --data shm "${V1[@]}"
+  has_line "bench data's line, version 1" "$T/cmd.stdout" size=300000 shm_gbps=NUM ;;
 
-bench_stall) # bench_stall ECX: every line and key of `ecx bench stall`, shm then tcp
-  EXPECT_TIMEOUT=120 expect 0 "" "ecx bench stall tiny" -- "$1" bench stall --size 300K --count 2 \
-    --warmup 1 --block-bytes 64Ki --data shm,tcp --step-ms 0,5
+bench_stall) # bench_stall ECX: every line and key of `ecx bench stall`, shm then tcp, at the
+  # defaults (protocol version 2, 8 KiB blocks): 288Ki = 36 whole blocks
+  EXPECT_TIMEOUT=120 expect 0 "" "ecx bench stall tiny" -- "$1" bench stall --size 288Ki --count 2 \
+    --warmup 1 --data shm,tcp --step-ms 0,5
   o=$T/cmd.stdout
   for p in shm tcp; do
-    has_line "$p: the fetch line" "$o" path=$p size=300000 memcpy_ms=NUM rtt_ms=NUM cold_ms=NUM \
+    has_line "$p: the fetch line" "$o" path=$p size=294912 memcpy_ms=NUM rtt_ms=NUM cold_ms=NUM \
       warm_ms=NUM cold_ratio=NUM warm_ratio=NUM after_idle_ms=NUM after_idle_ratio=NUM after_idle_minflt=INT
     # polling without pause is the reference: its ratios are 1
-    has_line "$p: step 0" "$o" path=$p size=300000 step_ms=0 polls=INT poll_max_ms=NUM \
+    has_line "$p: step 0" "$o" path=$p size=294912 step_ms=0 polls=INT poll_max_ms=NUM \
       poll_p999_ms=NUM poll_p50_ms=NUM fetch_max_ms=NUM ready_ms=NUM \
       ready_ratio_vs_continuous=1.000 ready_floor_ratio=1.000
-    has_line "$p: step 5" "$o" path=$p size=300000 step_ms=5 polls=INT poll_max_ms=NUM \
+    has_line "$p: step 5" "$o" path=$p size=294912 step_ms=5 polls=INT poll_max_ms=NUM \
       poll_p999_ms=NUM poll_p50_ms=NUM fetch_max_ms=NUM ready_ms=NUM \
       ready_ratio_vs_continuous=NUM ready_floor_ratio=NUM
   done
@@ -94,7 +107,11 @@ bench_stall_bad_args) # bench_stall_bad_args ECX: usage errors, exit 2 and the m
   expect 2 "--step-ms: '1001' is not an integer" "step too long" -- "$1" bench stall --step-ms 5,1001
   expect 2 "--data takes all, shm, tcp or ucx.*'foo'" "unknown path" -- "$1" bench stall --data shm,foo
   expect 2 "--count: '0' is not an integer" "count 0" -- "$1" bench stall --count 0
-  expect 2 "takes no arguments .'extra'" "stray argument" -- "$1" bench stall extra ;;
+  expect 2 "takes no arguments .'extra'" "stray argument" -- "$1" bench stall extra
+  expect 2 "not whole blocks of 8192.*give 303104 \\(37 blocks\\)" "size not whole blocks" -- \
+    "$1" bench stall --size 300K
+  "$1" bench stall --help >"$T/help.txt"
+  check "--help names the default block size" 'grep -q "(default 8Ki" "$T/help.txt"' ;;
 
 bench_compare) # bench_compare SOURCE_DIR ECX: bench/compare.sh quick, both producers and the ratios
   EXPECT_TIMEOUT=280 COMPARE_QUICK=1 expect 0 "" "compare.sh quick" -- bash "$1/bench/compare.sh" "$2"

@@ -26,14 +26,19 @@ else:
     print("missing")
 PY
 }
-COMPAT=$("$ECX" compat-hash 0.31.0 llava-hf/llava-1.5-7b-hf torch.bfloat16 1048576)
+# Version 1 on purpose: tests/pyref speaks the version-1 reference's format
+# (ref_wire.EC_CONNECTOR_VERSION = 1, vLLM 0.31's protocol.py): a request with
+# an explicit connector_version 2 must be NACK_VERSION, its producer announces
+# no shape and items of any byte count, and its compat hash is vLLM 0.31.0's.
+# So every ecx here gets "${V1[@]}" (--vllm-version 0.31.0 --block-bytes 1Mi).
+COMPAT=$("$ECX" compat-hash "${V1_COMPAT_ARGS[@]}")
 
 # ---------- A. Python consumer against ecx serve ----------
 MPORT=$(free_port)
-"$ECX" serve --listen 127.0.0.1:0 --synthetic 2:100K --announce-out "$T/ann.json" \
+"$ECX" serve "${V1[@]}" --listen 127.0.0.1:0 --synthetic 2:100K --announce-out "$T/ann.json" \
   --metrics "127.0.0.1:$MPORT" --lease-ms 5000 2>"$T/serve.log" &
 pids+=($!)
-"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:100K --ready-delay-ms 600000 \
+"$ECX" serve "${V1[@]}" --listen 127.0.0.1:0 --synthetic 1:100K --ready-delay-ms 600000 \
   --announce-out "$T/slow.json" 2>"$T/slow.log" &
 pids+=($!)
 wait_file "$T/ann.json" && wait_file "$T/slow.json" || { echo "FAIL: servers did not start" >&2; cat "$T"/*.log >&2; exit 1; }
@@ -113,7 +118,7 @@ out[sys.argv[3]] = real[sys.argv[3]]
 json.dump(out, sys.stdout)
 PY
 mkdir -p "$T/out"
-"$ECX" get --params "$T/params.json" --out "$T/out" --json --ack-timeout-ms 500 \
+"$ECX" get "${V1[@]}" --params "$T/params.json" --out "$T/out" --json --ack-timeout-ms 500 \
   >"$T/get.out" 2>"$T/get.err"
 rc=$?
 check "ecx get exits 3 when items fell back (got $rc)" '[ $rc = 3 ]'

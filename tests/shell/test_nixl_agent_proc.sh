@@ -36,13 +36,14 @@ wait_long() { for _ in $(seq 600); do [ -s "$1" ] && return 0; sleep 0.1; done; 
 
 # ---- A: the producer's helper ------------------------------------------------
 mkdir "$T/items"
-head -c 2500000 /dev/urandom >"$T/items/item-multi"
-head -c 1048576 /dev/urandom >"$T/items/item-one"
-head -c 1000 /dev/urandom >"$T/items/item-small"
+# The defaults (protocol version 2, 8 KiB blocks): items are whole rows of a block.
+head -c 4718592 /dev/urandom >"$T/items/item-multi"   # llava-1.5's 576 rows
+head -c 8192 /dev/urandom >"$T/items/item-one"
+head -c 24576 /dev/urandom >"$T/items/item-small"
 port=$(free_port) mport=$(free_port)
 ECX_NIXL_AGENT_FAULT=abort-notif:3 "$ecx" serve --data nixl --preload "$T/items" \
   --listen "127.0.0.1:$port" --announce-out "$T/ann.json" --metrics "127.0.0.1:$mport" \
-  --block-bytes 1Mi >"$T/serve.log" 2>&1 &
+  >"$T/serve.log" 2>&1 &
 serve=$!
 pids+=($serve)
 wait_file "$T/ann.json" || { cat "$T/serve.log" >&2; exit 1; }
@@ -51,7 +52,7 @@ wait_restarts() { # N: until the metric says N (10 s)
   for _ in $(seq 100); do [ "$(restarts)" = "$1" ] && return 0; sleep 0.1; done; return 1
 }
 helper() { pgrep -P "$serve" -x ecx-nixl-agent; }
-fetch() { timeout 120 "$NIXL_PY" "$here/../nixl/nixl_fetch.py" "$T/ann.json" "$T/items" 1048576 \
+fetch() { timeout 120 "$NIXL_PY" "$here/../nixl/nixl_fetch.py" "$T/ann.json" "$T/items" 8192 \
             2>>"$T/py.log" | grep -v "NIXL INFO"; }
 out=$(fetch)
 check "a nixl agent fetches 3 items while the helper aborts on the last notification: $out" \
@@ -83,7 +84,7 @@ grep -E "ended|publishes new" "$T/serve.log" | sed 's/^/  serve: /'
 
 # ---- B: the consumer's helper ------------------------------------------------
 pport=$(free_port)
-timeout 200 "$NIXL_PY" "$here/../nixl/nixl_producer.py" "$T/p" "$pport" 1048576 8 150 \
+timeout 200 "$NIXL_PY" "$here/../nixl/nixl_producer.py" "$T/p" "$pport" 8192 8 150 \
   >"$T/prod.out" 2>"$T/prod.err" &
 pids+=($!)
 wait_long "$T/p/announce.json" || { echo "FAIL: nixl_producer.py did not start" >&2; cat "$T/prod.err" >&2; exit 1; }
@@ -126,7 +127,7 @@ check "bound: the log says NIXL fetches fail for a while" \
 
 # ---- D: no helper ------------------------------------------------------------
 ECX_NIXL_AGENT=/nonexistent/ecx-nixl-agent timeout 20 "$ecx" serve --data nixl \
-  --listen "127.0.0.1:$(free_port)" --block-bytes 1Mi >"$T/none.out" 2>&1
+  --listen "127.0.0.1:$(free_port)" >"$T/none.out" 2>&1
 rc=$?
 check "no helper: ecx serve --data nixl exits non-zero, no crash (rc $rc)" '[ $rc -ne 0 ] && [ $rc -lt 128 ]'
 check "no helper: the message names the path and ECX_NIXL_AGENT: $(head -3 "$T/none.out")" \
@@ -134,7 +135,7 @@ check "no helper: the message names the path and ECX_NIXL_AGENT: $(head -3 "$T/n
 
 # a program that is not the helper (ends at once, says nothing): the start fails cleanly
 ECX_NIXL_AGENT=/bin/false timeout 20 "$ecx" serve --data nixl \
-  --listen "127.0.0.1:$(free_port)" --block-bytes 1Mi >"$T/false.out" 2>&1
+  --listen "127.0.0.1:$(free_port)" >"$T/false.out" 2>&1
 rc=$?
 check "a helper that ends at once: ecx serve --data nixl exits non-zero, no crash (rc $rc)" '[ $rc -ne 0 ] && [ $rc -lt 128 ]'
 check "a helper that ends at once: 'did not start': $(head -3 "$T/false.out")" 'grep -q "did not start" "$T/false.out"'

@@ -3,7 +3,8 @@
 # `ecx get --data nixl` from a real nixl agent serving the way vLLM's
 # ECCPUConnector producer does (tests/nixl/nixl_producer.py: XferAcks with
 # NIXL agent metadata and vLLM's descriptor list over ZeroMQ):
-#   1. three items (1, 2 and 3 blocks, the last partial) are fetched and
+#   1. three items (1, 2 and 3 blocks: whole blocks, announced with shape, as
+#      vLLM 0.34 does; ecx's defaults speak its version 2) are fetched and
 #      equal the producer's bytes; the producer receives each READ's
 #      notification "{session_id}:{mm_hash}";
 #   2. acks whose agent_metadata has one byte mutated (every byte, two ways;
@@ -27,7 +28,7 @@ tmp=$(mktemp -d /tmp/ecx-nixl-get.XXXXXX)
 pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
 port=$(free_port)
-timeout 300 "$NIXL_PY" "$here/../nixl/nixl_producer.py" "$tmp" "$port" 1048576 8 280 \
+timeout 300 "$NIXL_PY" "$here/../nixl/nixl_producer.py" "$tmp" "$port" 8192 8 280 \
   >"$tmp/prod.out" 2>"$tmp/prod.err" &
 pid=$!
 for _ in $(seq 300); do [ -f "$tmp/announce.json" ] && break; sleep 0.1; done
@@ -36,7 +37,7 @@ mkdir "$tmp/got"
 # The ack timeout is long: a loaded machine's Python producer answering a
 # hundred mutants at once is slow, and an ACK_TIMEOUT says nothing of them.
 get() { ECX_SHM_DIR=$tmp "$ecx" get --data nixl --params "$tmp/${ann:-announce}.json" --out "$tmp/got" \
-          --block-bytes 1Mi --ack-timeout-ms 30000 --json "$@"; }
+          --ack-timeout-ms 30000 --json "$@"; }
 # The mutants in two gets, each of fewer items than ZeroMQ's receive HWM
 # (1000): past it, a consumer slower than its acks (under ASan) can meet
 # libzmq's `_input_stopped` assertion (zeromq/libzmq#3937; since avoided, see

@@ -22,17 +22,19 @@ shm=$(mktemp -d /dev/shm/ecx-nixl-serve.XXXXXX) # the shm path wants tmpfs
 pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp" "$shm"' EXIT
 mkdir "$tmp/items"
-head -c 2500000 /dev/urandom >"$tmp/items/item-multi"   # 3 blocks, the last partial
-head -c 1048576 /dev/urandom >"$tmp/items/item-one"     # exactly 1 block
-head -c 1000 /dev/urandom >"$tmp/items/item-small"
+# The defaults (vLLM 0.34.0, protocol version 2, 8 KiB blocks): an item is
+# whole rows of one block (serve --preload), so no item ends inside a block.
+head -c 4718592 /dev/urandom >"$tmp/items/item-multi"   # llava-1.5's 576 rows
+head -c 8192 /dev/urandom >"$tmp/items/item-one"        # exactly 1 block
+head -c 24576 /dev/urandom >"$tmp/items/item-small"     # 3 blocks
 port=$(free_port) mport=$(free_port)
 ECX_SHM_DIR=$shm "$ecx" serve --data nixl --preload "$tmp/items" --listen "127.0.0.1:$port" \
-  --announce-out "$tmp/ann.json" --metrics "127.0.0.1:$mport" --block-bytes 1Mi \
+  --announce-out "$tmp/ann.json" --metrics "127.0.0.1:$mport" \
   >"$tmp/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 200); do [ -f "$tmp/ann.json" ] && break; sleep 0.05; done
 [ -f "$tmp/ann.json" ] || { cat "$tmp/serve.log" >&2; exit 1; }
-timeout 120 "$NIXL_PY" "$here/../nixl/nixl_fetch.py" "$tmp/ann.json" "$tmp/items" 1048576 \
+timeout 120 "$NIXL_PY" "$here/../nixl/nixl_fetch.py" "$tmp/ann.json" "$tmp/items" 8192 \
   2>"$tmp/py.log" | grep -v "NIXL INFO" || { cat "$tmp/py.log" "$tmp/serve.log" >&2; exit 1; }
 metrics() { /usr/bin/python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://127.0.0.1:$mport/metrics"; }
 # ecx get, nixl mode then auto: ecx's form, over shm, checksums verified
@@ -40,7 +42,7 @@ metrics() { /usr/bin/python3 -c 'import sys, urllib.request; print(urllib.reques
 for mode in nixl auto; do
   rm -rf "$tmp/got" && mkdir "$tmp/got"
   ECX_LOG=debug ECX_SHM_DIR=$shm "$ecx" get --data $mode --params "$tmp/ann.json" --out "$tmp/got" \
-    --block-bytes 1Mi >"$tmp/get.out" 2>&1 || { cat "$tmp/get.out" >&2; exit 1; }
+    >"$tmp/get.out" 2>&1 || { cat "$tmp/get.out" >&2; exit 1; }
   for f in "$tmp"/items/*; do cmp "$f" "$tmp/got/$(basename "$f")"; done
   grep -q "data: producer registered, path shm" "$tmp/get.out" ||
     { echo "ecx get --data $mode did not use shm:" >&2; cat "$tmp/get.out" >&2; exit 1; }

@@ -59,7 +59,8 @@ int main(int argc, char **argv)
     cfg.role = ECX_ROLE_CONSUMER;
     cfg.data = "nixl";
     cfg.region_bytes = 64u << 20;
-    cfg.block_bytes = 1u << 20;
+    /* the defaults otherwise: vLLM 0.34.0, version 2, 8 KiB blocks, as
+     * nixl_producer.py's default */
     ecx_ctx *ctx;
     int rc = ecx_new(&cfg, &ctx);
     if (rc) return fprintf(stderr, "ecx_new: %s\n", ecx_strerror(rc)), 1;
