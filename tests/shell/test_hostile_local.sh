@@ -124,9 +124,9 @@ for bad in "$T/fifo:not a regular file" "/dev/zero:not a regular file" "$T/dir:i
   expect 1 "--curve-allow '$f': cannot read: .*$why" "serve --curve-allow $f" -- \
     "$ECX" serve --listen 127.0.0.1:0 --curve-secret "$T/k.key" --curve-allow "$f"
   expect 1 "--curve-server-key '$f': cannot read: .*$why" "get --curve-server-key $f" -- \
-    "$ECX" get --peer 127.0.0.1:1 --mm-hash h --size 1 --out "$T/x" --curve-server-key "$f"
+    "$ECX" get --peer 127.0.0.1:1 --mm-hash h --size 8Ki --out "$T/x" --curve-server-key "$f"
   expect 1 "--curve-secret '$f': cannot read: .*$why" "get --curve-secret $f" -- \
-    "$ECX" get --peer 127.0.0.1:1 --mm-hash h --size 1 --out "$T/x" \
+    "$ECX" get --peer 127.0.0.1:1 --mm-hash h --size 8Ki --out "$T/x" \
     --curve-server-key "$T/k.pub" --curve-secret "$f"
   expect 1 "--params '$f': cannot read: .*$why" "get --params $f" -- \
     "$ECX" get --params "$f" --out "$T/out"

@@ -27,6 +27,10 @@ d = sys.argv[1]
 secs = float(sys.argv[2]) if len(sys.argv) > 2 else 20.0
 ann = __import__("json").load(open(os.path.join(d, "ann.json")))["victim"]
 compat = open(os.path.join(d, "compat")).read().strip()
+nbytes = ann["size_bytes"]
+# Before the request: building these 16 MiB takes Python up to a second on a
+# loaded machine, and the grant's lease is 1 s from the ack.
+want = array("Q", ((1 << 56) | i for i in range(nbytes // 8))).tobytes()
 ctx = zmq.Context()
 s = ctx.socket(zmq.DEALER)
 s.setsockopt(zmq.LINGER, 0)
@@ -57,8 +61,6 @@ token = sections(a["mem_descriptor"], 40)[3][:16]
 tcp = sections(a["agent_metadata"], 24)[4]
 family, tport = tcp[0], struct.unpack_from("<H", tcp, 1)[0]
 host = socket.inet_ntop(socket.AF_INET if family == 4 else socket.AF_INET6, tcp[3:])
-nbytes = ann["size_bytes"]
-want = array("Q", ((1 << 56) | i for i in range(nbytes // 8))).tobytes()
 
 open(os.path.join(d, "go"), "w").close()  # the producer starts saving
 c = socket.socket(socket.AF_INET if family == 4 else socket.AF_INET6, socket.SOCK_STREAM)
@@ -69,7 +71,11 @@ key = b"slow-session:victim"
 c.sendall(b"\x01G" + struct.pack("<Q", 7) + token + struct.pack("<H", len(key)) + key)
 head = b""
 while len(head) < 17:
-    b = c.recv(17 - len(head))
+    try:
+        b = c.recv(17 - len(head))
+    except socket.timeout:  # the lease ran out before the request: set-up too slow
+        print("no reply in 5 s (the grant's lease expired before the request?)")
+        sys.exit(2)
     if not b:
         print("no reply")
         sys.exit(2)
