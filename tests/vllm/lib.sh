@@ -102,11 +102,12 @@ ec_params() { "$PY" -c 'import json,sys; print(json.dumps(json.load(open(sys.arg
 # shared memory (psm_*, vLLM's engine: ~400 MB a run) and semaphores (sem.mp-*) in
 # /dev/shm, with no name of the run's in them. Only this run's are removed, never another
 # run's (runs may go side by side):
-#   shm_mark DIR   at the start: marks the run (ECX_VLLM_RUN, which every process it starts
-#                  inherits) and records in DIR what exists already;
+#   shm_mark DIR   at the start: records in DIR what exists already;
 #   shm_claim      while servers run (after they start, before a kill, before stopping
-#                  them): records the entries that processes carrying the mark map or
-#                  hold open;
+#                  them): records the entries that this run's processes map or hold open;
+#                  the run's processes are those in a server's process group
+#                  (SERVER_PIDS) or below this script (not its environment: vLLM's
+#                  setproctitle overwrites /proc/PID/environ);
 #   shm_sweep [--dry-run]  removes (or only lists) the claimed entries that did not exist
 #                  at the start and that no live process maps or holds open any more.
 ECX_SHM_NAMES='^(psm_|sem\.mp-)'
@@ -119,18 +120,27 @@ shm_held() {  # shm_held PID...: the entries (names) those processes map or hold
       find "${fds[@]}" -maxdepth 1 -lname '/dev/shm/*' -printf '%l\n' 2>/dev/null; } |
         sed -n 's#^/dev/shm/##p' | grep -E "$ECX_SHM_NAMES" | grep -v '[ /]' | LC_ALL=C sort -u
 }
+shm_ours() {  # this run's live processes: in a server's process group, or below $$
+    ps -eo pid=,ppid=,pgid= | awk -v top="$$" -v groups="${SERVER_PIDS[*]}" '
+        BEGIN { n = split(groups, g, " "); for (i = 1; i <= n; i++) grp[g[i]] = 1 }
+        { par[$1] = $2; pg[$1] = $3 }
+        END {
+            for (p in par) {
+                if (pg[p] in grp) { print p; continue }
+                for (q = p; q != top && q in par && par[q] != q && q > 1; q = par[q]) {}
+                if (q == top) print p
+            }
+        }'
+}
 shm_mark() {
     ECX_SHM_STATE=$1
-    export ECX_VLLM_RUN="$$-$(date +%s%N)"
     shm_list >"$ECX_SHM_STATE/shm.before"
     : >"$ECX_SHM_STATE/shm.claimed"
 }
 shm_claim() {
     [ -n "${ECX_SHM_STATE:-}" ] || return 0
-    local ours
-    ours=$(grep -lzxF "ECX_VLLM_RUN=$ECX_VLLM_RUN" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)
-    # shellcheck disable=SC2086
-    shm_held $ours >>"$ECX_SHM_STATE/shm.claimed"
+    # shellcheck disable=SC2046
+    shm_held $(shm_ours) >>"$ECX_SHM_STATE/shm.claimed"
 }
 shm_sweep() {
     [ -n "${ECX_SHM_STATE:-}" ] || return 0
