@@ -144,20 +144,20 @@ shm_claim() {
 }
 shm_sweep() {
     [ -n "${ECX_SHM_STATE:-}" ] || return 0
-    local dry=${1:-} n kib=0 count=0 s
+    local dry=${1:-} n bytes=0 count=0 s
     # shellcheck disable=SC2046
     shm_held $(ls /proc | grep -E '^[0-9]+$') >"$ECX_SHM_STATE/shm.held"
     LC_ALL=C sort -u "$ECX_SHM_STATE/shm.claimed" | LC_ALL=C comm -23 - "$ECX_SHM_STATE/shm.before" |
         LC_ALL=C comm -23 - "$ECX_SHM_STATE/shm.held" >"$ECX_SHM_STATE/shm.sweep"
     while read -r n; do
         [ -e "/dev/shm/$n" ] || continue
-        s=$(du -k "/dev/shm/$n" 2>/dev/null | cut -f1)
+        s=$(stat -c %s "/dev/shm/$n" 2>/dev/null)
         if [ "$dry" = --dry-run ]; then
             echo "would remove /dev/shm/$n"
         else
             rm -f "/dev/shm/$n" || continue
         fi
-        kib=$((kib + ${s:-0})); count=$((count + 1))
+        bytes=$((bytes + ${s:-0})); count=$((count + 1))
     done <"$ECX_SHM_STATE/shm.sweep"
-    [ "$count" -eq 0 ] || log "/dev/shm: $count entries this run's servers left ($((kib / 1024)) MiB): $([ "$dry" = --dry-run ] && echo "to remove (dry run)" || echo removed)"
+    [ "$count" -eq 0 ] || log "/dev/shm: $count entries this run's servers left ($((bytes >> 20)) MiB in size): $([ "$dry" = --dry-run ] && echo "to remove (dry run)" || echo removed)"
 }
