@@ -6,7 +6,8 @@
 # grant fails fast; an attacker holding one grant's ticket gets nothing
 # else with crafted rkeys (get / put in and around the region, the heap,
 # an unmapped address), wrong tokens, other keys, forged declines, replays or garbage, and
-# the producer lives and serves on; it listens on lo only (the advertised
+# the producer lives and serves on; malformed declines (a decline with a tag,
+# an unknown type) are dropped, counted (requests_dropped) and release nothing; it listens on lo only (the advertised
 # host's interface); a producer SIGSTOPped for 12 s under
 # 16 READs resumes and serves (issue 10 #4); 1000 mutated UCX addresses in
 # the metadata (digest-valid) never crash a consumer (issue 10 #3). It also shows the hole UCX
@@ -31,6 +32,29 @@ for tls in default tcp; do
     start_producer
     listens_on_lo_only "$tls"
     reads_and_replay "$tls"
+    # Malformed declines of g9 with its own token (type 1 with a tag, type 2
+    # with and without one): dropped and counted (the UCX process's
+    # requests_dropped, which reaches the producer in its STATS: /metrics'
+    # ecx_producer_data_requests_dropped_total{path="ucx"}), nothing comes
+    # back, and g9 is not released (read after); the control, a well-formed
+    # decline of g10, releases g10 and is not counted.
+    d0=$(sed -n 's/^requests_dropped //p' "$DIR/prod.log" | tail -1)
+    d0=${d0:-0}
+    timeout 30 "$BIN" bad-declines "$G" 9 10 5000 >"$DIR/decl.log" 2>&1 ||
+        fail "$tls: malformed declines (rc $?): $(tail -3 "$DIR/decl.log")"
+    grep -v 'ecx warn\|UCX  WARN' "$DIR/decl.log" | sed 's/^/    /'
+    for _ in $(seq 100); do # its STATS: at most once a second
+        d1=$(sed -n 's/^requests_dropped //p' "$DIR/prod.log" | tail -1)
+        d1=${d1:-0}
+        [ "$d1" -ge $((d0 + 3)) ] && grep -q '^notif sess10:item10 ' "$DIR/prod.log" && break
+        sleep 0.1
+    done
+    [ "$d1" -eq $((d0 + 3)) ] || fail "$tls: requests_dropped went $d0 -> $d1 (3 malformed declines)"
+    grep -q '^notif sess10:item10 status 0$' "$DIR/prod.log" ||
+        fail "$tls: the well-formed decline of g10 released nothing"
+    ! grep -q '^notif sess9:item9 ' "$DIR/prod.log" || fail "$tls: a malformed decline released g9"
+    consume 9 1 direct done 10000 || fail "$tls: g9 after its malformed declines"
+    echo "    3 malformed declines dropped and counted (requests_dropped $d0 -> $d1), g9 kept"
     timeout 90 "$BIN" attack "$G" 1000 >"$DIR/attack.log" 2>&1
     rc=$?
     grep -v 'ecx warn\|UCX  WARN' "$DIR/attack.log" | sed 's/^/    /'

@@ -35,7 +35,10 @@ if ! PY=$(bash "$HERE/../vllm/venv.sh" "$BUILD/vllm"); then
   exit 77
 fi
 source "$HERE/../vllm/lib.sh"
-trap 'stop_all_servers; rm -rf "$SHM"' EXIT
+# A killed engine's psm_* / sem.mp-* in /dev/shm (~400 MB a run): this run's are swept at
+# exit (lib.sh's shm_*; entries of other runs, or there before, are left alone).
+shm_mark "$WORK"
+trap 'shm_claim; stop_all_servers; shm_sweep; rm -rf "$SHM"' EXIT
 vllm_env
 export ECX_SHM_DIR="$SHM"   # every region of the run here, checked at the end
 FAILS=0
@@ -97,6 +100,7 @@ start_server con model "$P_CON" $NOPC --ec-transfer-config "$(ecxcfg ec_consumer
   "{\"ec_cpu_bytes\":67108864,\"consumer_ack_timeout_s\":5,\"item_wait_s\":10,\"metrics\":\"127.0.0.1:$MET\"}")"
 cd "$WORK"
 wait_server ref "$P_REF"; wait_server enc "$P_ENC"; wait_server con "$P_CON"
+shm_claim
 for n in ref enc con; do log "$n: $(group_rss_mb "$(cat "$WORK/$n.pid")") MiB"; done
 
 ids() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["token_ids"])' "$1"; }
@@ -134,6 +138,7 @@ chat "$P_CON" "$WORK/b2.json" --image-seed 2 --uuid b-2
 chat "$P_ENC" "$WORK/e2.json" --image-seed 2 --uuid k-2 --max-tokens 1
 P2=$(params "$WORK/e2.json")
 ENC_PID=$(cat "$WORK/enc.pid")
+shm_claim   # what the encoder holds, before it is killed
 kill -KILL -- "-$ENC_PID" 2>/dev/null
 for _ in $(seq 1 50); do kill -0 -- "-$ENC_PID" 2>/dev/null || break; sleep 0.2; done
 log "encoder killed"
@@ -153,6 +158,7 @@ VLLM_EC_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_EC_SIDE_CHANNEL_PORT=$SIDE2 \
   --ec-transfer-config "$(ecxcfg ec_producer '{"ec_cpu_bytes":67108864,"data":"tcp"}')"
 cd "$WORK"
 wait_server enc2 "$P_ENC2"
+shm_claim
 chat "$P_REF" "$WORK/a3.json" --image-seed 3
 chat "$P_ENC2" "$WORK/e3.json" --image-seed 3 --uuid t-3 --max-tokens 1
 chat "$P_CON" "$WORK/c3.json" --image-seed 3 --uuid t-3 --ec-transfer-params "$(params "$WORK/e3.json")"
@@ -161,7 +167,9 @@ check "over tcp: fetched (ready = 2)" eq "$(fetches ready)" 2
 check "no connector exception reached the logs" bash -c \
   "! grep -l 'ecx connector: .* failed; continuing' '$WORK'/{enc,enc2,con}.log"
 
+shm_claim
 stop_all_servers
+shm_sweep
 trap - EXIT
 # An engine killed (or stopped before its connector's shutdown ran) leaves its region file;
 # the next ecx context on the host reaps it (ecx.reap_regions, which ecx_new runs too).

@@ -12,7 +12,8 @@
  *     region of NB blocks in DIR with a known pattern, UCX producer bound
  *     to 127.0.0.1, grants g0..g(NG-1); serve until SIGTERM or timeout;
  *     print every notification, then which blocks differ from the pattern
- *     ("region intact" if none). Exit 0, or 1 on setup errors.
+ *     ("region intact" if none); "requests_dropped N" each time the path's
+ *     count of dropped requests changes. Exit 0, or 1 on setup errors.
  *   ucx_hostile consume DIR FILE FIRST COUNT LAYOUT EXPECT TIMEOUT_MS
  *     READ grants FIRST..FIRST+COUNT-1 at once (LAYOUT direct: into the
  *     same block indices; reverse: into NB-1-index) and expect each to end
@@ -26,6 +27,11 @@
  *     with a wrong token, another grant's key, declines of g6 (a wrong
  *     token, g5's), a replayed token, and garbage. Exit 0 if it obtained
  *     nothing but g5 (once).
+ *   ucx_hostile bad-declines FILE BAD GOOD TIMEOUT_MS
+ *     a raw UCP client holding grants BAD's and GOOD's tickets: declines of
+ *     BAD that the producer must drop (type 1 with a tag, type 2 with and
+ *     without one; nothing may come back under their tags), then one
+ *     well-formed decline of GOOD. Exit 0 if nothing came back.
  *   ucx_hostile mutate DIR FILE N
  *     a hostile producer's acks (issue 10 #3): N agent_metadata whose UCX
  *     bytes are mutated (flipped, truncated, extended, random) but carry a
@@ -241,9 +247,19 @@ static int produce(const char *dir, const char *file, int timeout_ms)
     printf("producer ready pid %d\n", (int)getpid());
     fflush(stdout);
     int64_t end = ecxi_now_ms(NULL) + timeout_ms;
+    uint64_t dropped = 0;
     while (!stop && ecxi_now_ms(NULL) < end) {
         if ((rc = ecxi_data_poll_notifs(d, on_notif, NULL)) < 0)
             fprintf(stderr, "poll_notifs: %s\n", ecx_strerror(rc));
+        /* The path's dropped requests (for ucx: the UCX process's count,
+         * which reaches us in its STATS at most once a second). */
+        ecxi_data_stats st = {0};
+        ecxi_data_get_stats(d, &st);
+        if (st.path[backend()].requests_dropped != dropped) {
+            dropped = st.path[backend()].requests_dropped;
+            printf("requests_dropped %" PRIu64 "\n", dropped);
+            fflush(stdout);
+        }
         wait_fd(d, 50);
     }
     ecxi_data_free(d);
@@ -623,6 +639,63 @@ static int attack(const char *file, int timeout_ms)
 }
 
 /* ---- a hostile producer's metadata ------------------------------------- */
+
+/* Declines that am_req_cb must drop (PROTOCOL.md §6.8: a decline is type
+ * 1 with tag 0; any other type, or a decline with a tag, is dropped), all
+ * of grant BAD with its own token, then one well-formed decline of grant
+ * GOOD, the control: the producer prints requests_dropped up by 3 and
+ * releases GOOD only (test_ucx_hostile.sh reads BAD afterwards). */
+static int bad_declines(const char *file, int bad_g, int good_g, int timeout_ms)
+{
+    if (load(file) || bad_g < 0 || bad_g >= NG || good_g < 0 || good_g >= NG) return 1;
+    ecxi_data_meta m;
+    if (ecxi_data_meta_decode(meta_b, meta_len, &m) || !m.has_ucx || m.ucx_addr_len != 8) return 1;
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    memcpy(&sa.sin_port, m.ucx_addr + 2, 2);
+    memcpy(&sa.sin_addr, m.ucx_addr + 4, 4);
+    if (ucp_open(UCP_FEATURE_AM | UCP_FEATURE_TAG, &ctx, &wk)) return 1;
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                          .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+                          .sockaddr = {.addr = (struct sockaddr *)&sa, .addrlen = sizeof sa},
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                          .err_handler = {.cb = noop_err}};
+    ucp_ep_h e;
+    if (ucp_ep_create(wk, &ep, &e) != UCS_OK) return 1;
+    static uint8_t buf[(size_t)NB * BS];
+    uint8_t msg[1024];
+    const struct {
+        const char *what;
+        uint8_t type;
+        uint64_t tag;
+    } bad[] = {
+        {"type 1 (decline) with tag 77", 1, 77},
+        {"type 2, tag 0", 2, 0},
+        {"type 2 with tag 78", 2, 78},
+    };
+    int got = 0;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t l = req_msg(msg, bad[i].tag, G[bad_g].token, G[bad_g].key);
+        msg[1] = bad[i].type;
+        /* Whatever comes back under the tag (a GET's data or refusal) is
+         * an answer the producer must not give. */
+        long n = ask(e, bad[i].tag, msg, l, true, true, buf, sizeof buf, 300);
+        printf("malformed decline of g%d (%s): got %ld\n", bad_g, bad[i].what, n);
+        got += n != -2;
+    }
+    size_t l = req_msg(msg, 0, G[good_g].token, G[good_g].key);
+    msg[1] = 1;
+    am_send(e, msg, l, timeout_ms);
+    printf("a well-formed decline of g%d: sent\n", good_g);
+    ucs_status_t st;
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = 0};
+    wait_req(ucp_ep_close_nbx(e, &cp), 1000, &st); /* a flush first: the decline leaves */
+    ucp_worker_destroy(wk);
+    ucp_cleanup(ctx);
+    printf("bad-declines: %s\n", got ? "SOMETHING CAME BACK" : "nothing came back");
+    return got ? 1 : 0;
+}
 
 static int mutate(const char *dir, const char *file, int count)
 {
@@ -1366,6 +1439,8 @@ int main(int argc, char **argv)
         return consume(argv[2], argv[3], atoi(argv[4]), atoi(argv[5]), argv[6], argv[7], atoi(argv[8]));
 #ifdef ECX_WITH_UCX
     if (argc == 4 && !strcmp(argv[1], "attack")) return attack(argv[2], atoi(argv[3]));
+    if (argc == 6 && !strcmp(argv[1], "bad-declines"))
+        return bad_declines(argv[2], atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
     if (argc == 5 && !strcmp(argv[1], "mutate")) return mutate(argv[2], argv[3], atoi(argv[4]));
     if (argc == 5 && !strcmp(argv[1], "uct-put")) return uct_put(argv[2], atoi(argv[3]), atoi(argv[4]));
 #endif

@@ -96,3 +96,68 @@ token_ids() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["tok
 
 # ec_params RESULT_JSON: the response's ec_transfer_params as compact JSON ("null" if none)
 ec_params() { "$PY" -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))["ec_transfer_params"], separators=(",", ":")))' "$1"; }
+
+# ---- /dev/shm left by killed servers ----------------------------------------------------
+# A server killed (SIGKILL, or a TERM that timed out) leaves its Python multiprocessing
+# shared memory (psm_*, vLLM's engine: ~400 MB a run) and semaphores (sem.mp-*) in
+# /dev/shm, with no name of the run's in them. Only this run's are removed, never another
+# run's (runs may go side by side):
+#   shm_mark DIR   at the start: records in DIR what exists already;
+#   shm_claim      while servers run (after they start, before a kill, before stopping
+#                  them): records the entries that this run's processes map or hold open;
+#                  the run's processes are those in a server's process group
+#                  (SERVER_PIDS) or below this script (not its environment: vLLM's
+#                  setproctitle overwrites /proc/PID/environ);
+#   shm_sweep [--dry-run]  removes (or only lists) the claimed entries that did not exist
+#                  at the start and that no live process maps or holds open any more.
+ECX_SHM_NAMES='^(psm_|sem\.mp-)'
+shm_list() { ls -1 /dev/shm 2>/dev/null | grep -E "$ECX_SHM_NAMES" | LC_ALL=C sort -u; }
+shm_held() {  # shm_held PID...: the entries (names) those processes map or hold open
+    local p maps=() fds=()
+    for p in "$@"; do maps+=("/proc/$p/maps"); fds+=("/proc/$p/fd"); done
+    [ ${#maps[@]} -gt 0 ] || return 0
+    { cat "${maps[@]}" 2>/dev/null | awk 'NF == 6 && $6 ~ /^\/dev\/shm\// {print $6}'
+      find "${fds[@]}" -maxdepth 1 -lname '/dev/shm/*' -printf '%l\n' 2>/dev/null; } |
+        sed -n 's#^/dev/shm/##p' | grep -E "$ECX_SHM_NAMES" | grep -v '[ /]' | LC_ALL=C sort -u
+}
+shm_ours() {  # this run's live processes: in a server's process group, or below $$
+    ps -eo pid=,ppid=,pgid= | awk -v top="$$" -v groups="${SERVER_PIDS[*]}" '
+        BEGIN { n = split(groups, g, " "); for (i = 1; i <= n; i++) grp[g[i]] = 1 }
+        { par[$1] = $2; pg[$1] = $3 }
+        END {
+            for (p in par) {
+                if (pg[p] in grp) { print p; continue }
+                for (q = p; q != top && q in par && par[q] != q && q > 1; q = par[q]) {}
+                if (q == top) print p
+            }
+        }'
+}
+shm_mark() {
+    ECX_SHM_STATE=$1
+    shm_list >"$ECX_SHM_STATE/shm.before"
+    : >"$ECX_SHM_STATE/shm.claimed"
+}
+shm_claim() {
+    [ -n "${ECX_SHM_STATE:-}" ] || return 0
+    # shellcheck disable=SC2046
+    shm_held $(shm_ours) >>"$ECX_SHM_STATE/shm.claimed"
+}
+shm_sweep() {
+    [ -n "${ECX_SHM_STATE:-}" ] || return 0
+    local dry=${1:-} n bytes=0 count=0 s
+    # shellcheck disable=SC2046
+    shm_held $(ls /proc | grep -E '^[0-9]+$') >"$ECX_SHM_STATE/shm.held"
+    LC_ALL=C sort -u "$ECX_SHM_STATE/shm.claimed" | LC_ALL=C comm -23 - "$ECX_SHM_STATE/shm.before" |
+        LC_ALL=C comm -23 - "$ECX_SHM_STATE/shm.held" >"$ECX_SHM_STATE/shm.sweep"
+    while read -r n; do
+        [ -e "/dev/shm/$n" ] || continue
+        s=$(stat -c %s "/dev/shm/$n" 2>/dev/null)
+        if [ "$dry" = --dry-run ]; then
+            echo "would remove /dev/shm/$n"
+        else
+            rm -f "/dev/shm/$n" || continue
+        fi
+        bytes=$((bytes + ${s:-0})); count=$((count + 1))
+    done <"$ECX_SHM_STATE/shm.sweep"
+    [ "$count" -eq 0 ] || log "/dev/shm: $count entries this run's servers left ($((bytes >> 20)) MiB in size): $([ "$dry" = --dry-run ] && echo "to remove (dry run)" || echo removed)"
+}

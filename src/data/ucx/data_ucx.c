@@ -18,6 +18,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sodium.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -45,6 +46,7 @@
 #define CLOSE_WAIT_MS 2000
 /* A dropped peer's declines still in UCX's hands get this long to leave. */
 #define DECLINE_FLUSH_MS 250
+#define DECLINE_FLUSH_SLICE_MS 10 /* its longest sleep on the worker's fd */
 
 /* Producer bounds. */
 #define MAX_CONNS 256 /* connections in total */
@@ -1086,7 +1088,9 @@ static void peer_unref(ucx_peer *p)
 
 /* The forced close below would drop p's declines that UCX still holds
  * (sent just before, while the connection was still being set up): they
- * get DECLINE_FLUSH_MS to leave. */
+ * get DECLINE_FLUSH_MS to leave. Between progress calls it sleeps on the
+ * worker's event fd (UCP_FEATURE_WAKEUP, as ucx_arm), never spinning; each
+ * sleep is capped at DECLINE_FLUSH_SLICE_MS in case a wakeup is missed. */
 static void declines_flush(ucx_data *u, ucx_peer *p)
 {
     int64_t end = ecxi_now_ms(NULL) + DECLINE_FLUSH_MS;
@@ -1094,8 +1098,17 @@ static void declines_flush(ucx_data *u, ucx_peer *p)
         bool held = false;
         for (ucx_xfer *x = u->all_xfers; x && !held; x = x->all_next)
             held = x->decline && x->am_pending && x->peer == p;
-        if (!held || p->broken || ecxi_now_ms(NULL) >= end) return;
-        ucp_worker_progress(u->worker);
+        int64_t left = end - ecxi_now_ms(NULL);
+        if (!held || p->broken || left <= 0) return;
+        if (ucp_worker_progress(u->worker)) continue; /* something moved: look again */
+        ucs_status_t st = ucp_worker_arm(u->worker);
+        if (st == UCS_ERR_BUSY) continue; /* events came in meanwhile */
+        if (st != UCS_OK) {
+            (void)ucx_err("worker_arm", st);
+            return;
+        }
+        struct pollfd q = {.fd = u->efd, .events = POLLIN};
+        (void)poll(&q, 1, (int)(left < DECLINE_FLUSH_SLICE_MS ? left : DECLINE_FLUSH_SLICE_MS));
     }
 }
 
