@@ -493,15 +493,16 @@ static int ucp_open(uint64_t features, ucp_context_h *ctx, ucp_worker_h *w)
     return ucp_worker_create(*ctx, &wp, w) != UCS_OK;
 }
 
-static int attack(const char *file, int timeout_ms)
+/* A UCP endpoint to the producer's ucx listener, whose address the loaded
+ * metadata gives (IPv4), on a fresh context (ctx, wk) with these features. */
+static int dial_producer(uint64_t features, ucp_ep_h *e)
 {
-    if (load(file)) return 1;
     ecxi_data_meta m;
     if (ecxi_data_meta_decode(meta_b, meta_len, &m) || !m.has_ucx || m.ucx_addr_len != 8) return 1;
     struct sockaddr_in sa = {.sin_family = AF_INET};
     memcpy(&sa.sin_port, m.ucx_addr + 2, 2);
     memcpy(&sa.sin_addr, m.ucx_addr + 4, 4);
-    if (ucp_open(UCP_FEATURE_AM | UCP_FEATURE_TAG | UCP_FEATURE_RMA, &ctx, &wk)) return 1;
+    if (ucp_open(features, &ctx, &wk)) return 1;
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLER,
@@ -509,8 +510,14 @@ static int attack(const char *file, int timeout_ms)
                           .sockaddr = {.addr = (struct sockaddr *)&sa, .addrlen = sizeof sa},
                           .err_mode = UCP_ERR_HANDLING_MODE_PEER,
                           .err_handler = {.cb = noop_err}};
+    return ucp_ep_create(wk, &ep, e) != UCS_OK;
+}
+
+static int attack(const char *file, int timeout_ms)
+{
     ucp_ep_h e;
-    if (ucp_ep_create(wk, &ep, &e) != UCS_OK) return 1;
+    if (load(file) || dial_producer(UCP_FEATURE_AM | UCP_FEATURE_TAG | UCP_FEATURE_RMA, &e))
+        return 1;
     int leaks = 0;
     ucs_status_t st;
 
@@ -647,22 +654,10 @@ static int attack(const char *file, int timeout_ms)
  * releases GOOD only (test_ucx_hostile.sh reads BAD afterwards). */
 static int bad_declines(const char *file, int bad_g, int good_g, int timeout_ms)
 {
-    if (load(file) || bad_g < 0 || bad_g >= NG || good_g < 0 || good_g >= NG) return 1;
-    ecxi_data_meta m;
-    if (ecxi_data_meta_decode(meta_b, meta_len, &m) || !m.has_ucx || m.ucx_addr_len != 8) return 1;
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    memcpy(&sa.sin_port, m.ucx_addr + 2, 2);
-    memcpy(&sa.sin_addr, m.ucx_addr + 4, 4);
-    if (ucp_open(UCP_FEATURE_AM | UCP_FEATURE_TAG, &ctx, &wk)) return 1;
-    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                                        UCP_EP_PARAM_FIELD_ERR_HANDLER,
-                          .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-                          .sockaddr = {.addr = (struct sockaddr *)&sa, .addrlen = sizeof sa},
-                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-                          .err_handler = {.cb = noop_err}};
     ucp_ep_h e;
-    if (ucp_ep_create(wk, &ep, &e) != UCS_OK) return 1;
+    if (load(file) || bad_g < 0 || bad_g >= NG || good_g < 0 || good_g >= NG ||
+        dial_producer(UCP_FEATURE_AM | UCP_FEATURE_TAG, &e))
+        return 1;
     static uint8_t buf[(size_t)NB * BS];
     uint8_t msg[1024];
     const struct {
