@@ -928,6 +928,7 @@ static void info_of(const ecxi_cache *c, const struct entry *e, ecxi_cache_info 
     info->checksum = c->sums[e - c->ents];
     info->shape_rows = c->shapes[e - c->ents].rows;
     info->shape_width = c->shapes[e - c->ents].width;
+    info->pinned_blocks = c->n - c->free_blocks - c->evictable_blocks - c->not_ready_blocks;
 }
 
 /* out[0..e->n_blocks): the entry's block indices, ascending. */

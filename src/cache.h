@@ -93,6 +93,10 @@ typedef struct ecxi_cache_info {
     uint64_t size_bytes; /* as set by ecxi_cache_set_size(); 0 if never set */
     uint64_t checksum;   /* as set by ecxi_cache_set_checksum(); 0 if never set */
     uint64_t shape_rows, shape_width; /* as set by ecxi_cache_set_shape(); 0, 0 if never set */
+    /* The whole cache's blocks in ready, pinned entries when this was read
+     * (what ecxi_cache_get_stats gives as owned - evictable - not_ready):
+     * a producer checks its pin share without a second lock. */
+    uint64_t pinned_blocks;
 } ecxi_cache_info;
 
 typedef struct ecxi_cache_stats {

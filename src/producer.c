@@ -539,9 +539,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     /* Pins in all stay within max_pin_pct of the region, so saves find
      * room (producer.h). Only a first pin of an entry takes room away. */
     if (info.pins == 1) {
-        ecxi_cache_stats cs;
-        ecxi_cache_get_stats(p->cache, &cs);
-        uint64_t pinned = cs.owned_blocks - cs.evictable_blocks - cs.not_ready_blocks;
+        uint64_t pinned = info.pinned_blocks; /* read with the pin, under its lock */
         if (pinned > p->pin_total && pinned > info.n_blocks) {
             ecxi_cache_unpin_ref(p->cache, ref);
             p->st.refused_pins++;
