@@ -404,11 +404,20 @@ ecxi_producer_stats ecxi_producer_get_stats(const ecxi_producer *p)
 
 /* ---------- requests ---------- */
 
-static void reply(ecxi_producer *p, const ecx_ack *a)
+static void reply_to(ecxi_producer *p, const ecx_ack *a, bool strs_decoded)
 {
-    int rc = ecxi_wire_encode_ack(a, &p->out);
-    if (!rc)
-        rc = ecxi_ctrl_server_reply(p->srv, &p->msg, p->out.data, p->out.size);
+    /* Written straight into the reply's frame (no copy on sending). */
+    size_t len;
+    int rc = ecxi_wire_ack_size(a, strs_decoded, &len);
+    if (!rc) {
+        void *out = ecxi_ctrl_server_reply_buf(p->srv, &p->msg, len);
+        if (out) {
+            ecxi_wire_ack_put(a, out);
+            rc = ecxi_ctrl_server_reply_sent(p->srv, &p->msg);
+        } else {
+            rc = ECX_ENOMEM;
+        }
+    }
     if (rc) {
         p->st.reply_failed++;
         ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "producer: ack not sent: %s", ecx_strerror(rc));
@@ -428,7 +437,7 @@ static void nack(ecxi_producer *p, ecx_span hash, int status, const char *why)
     ecx_ack_init(&a);
     a.mm_hash = hash;
     a.status = status;
-    reply(p, &a);
+    reply_to(p, &a, false);
 }
 
 /* Pin the entry if it is ready and copy its block indices into p->idx,
@@ -592,7 +601,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     a.agent_metadata = (ecx_span){(const char *)da.meta, da.meta_len};
     a.mem_descriptor = (ecx_span){(const char *)da.desc, da.desc_len};
     uint64_t failed_before = p->st.reply_failed;
-    reply(p, &a);
+    reply_to(p, &a, true); /* its strs are r's: ecx_wire_decode_req_v checked their UTF-8 */
     if (p->st.reply_failed != failed_before) {
         grant_release(p, g); /* nobody will read it */
         return;

@@ -75,17 +75,32 @@ static int pack_req(const ecx_req *r, int version, msgpack_packer *pkp)
     return fail ? ECX_ENOMEM : 0;
 }
 
-static int check_ack(const ecx_ack *a)
+/* A str field without its UTF-8 check (a decoder's span, checked there). */
+static int check_str_len(ecx_span s)
+{
+    if (s.n > UINT32_MAX) return ECX_EWIRE_TOO_LARGE;
+    if (s.n && !s.p) return ECX_EINVAL;
+    return 0;
+}
+
+static int check_ack_strs(const ecx_ack *a, bool strs_decoded)
 {
     int rc;
-    if ((rc = check_str(a->mm_hash)) || (rc = check_str(a->session_id)) ||
-        (rc = check_bin(a->agent_metadata)) || (rc = check_bin(a->mem_descriptor)))
+    if (strs_decoded) {
+        if ((rc = check_str_len(a->mm_hash)) || (rc = check_str_len(a->session_id)) ||
+            (rc = check_bin(a->agent_metadata)) || (rc = check_bin(a->mem_descriptor)))
+            return rc;
+    } else if ((rc = check_str(a->mm_hash)) || (rc = check_str(a->session_id)) ||
+               (rc = check_bin(a->agent_metadata)) || (rc = check_bin(a->mem_descriptor))) {
         return rc;
+    }
     if (a->status < 0 || a->status > ECX_STATUS_MAX) return ECX_EINVAL;
     if (a->n_indices > UINT32_MAX) return ECX_EWIRE_TOO_LARGE;
     if (a->n_indices && !a->indices) return ECX_EINVAL;
     return 0;
 }
+
+static int check_ack(const ecx_ack *a) { return check_ack_strs(a, false); }
 
 /*
  * The ack is encoded by hand: one pass to size it, one to write it, with
@@ -239,6 +254,16 @@ int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf)
     buf->size = (size_t)((char *)put_ack((uint8_t *)buf->data, a) - buf->data);
     return 0;
 }
+
+int ecxi_wire_ack_size(const ecx_ack *a, bool strs_decoded, size_t *len)
+{
+    int rc = check_ack_strs(a, strs_decoded);
+    if (rc) return rc;
+    *len = ack_len(a);
+    return 0;
+}
+
+void ecxi_wire_ack_put(const ecx_ack *a, void *out) { put_ack(out, a); }
 
 /* The public encoders write into the caller's buffer: the packer's writes
  * are counted always and copied only while they fit. */

@@ -27,6 +27,7 @@
 #define ECXI_WIRE_H
 
 #include <msgpack.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,5 +45,15 @@
  */
 int ecxi_wire_encode_req(const ecx_req *r, int version, msgpack_sbuffer *buf);
 int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf);
+
+/* An ack in two steps, for a caller that writes it straight into its
+ * frame: ecxi_wire_ack_size() checks it as ecxi_wire_encode_ack() does and
+ * gives its exact length; ecxi_wire_ack_put() then writes those bytes (the
+ * same as every other encoder's). strs_decoded: a->mm_hash and
+ * a->session_id are spans of a request that ecx_wire_decode_req* accepted,
+ * whose UTF-8 that decoder checked; only that check is then not repeated
+ * (every other one is). */
+int ecxi_wire_ack_size(const ecx_ack *a, bool strs_decoded, size_t *len);
+void ecxi_wire_ack_put(const ecx_ack *a, void *out);
 
 #endif
