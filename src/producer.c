@@ -493,6 +493,18 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "grant held by another connection");
         return;
     }
+    /* A re-grant's entry is the one the old grant pins (the same mm_hash):
+     * pinned again by that pin's reference before the old pin goes, which
+     * keeps the entry (and its key) in place, so neither hashing nor
+     * comparing the key is needed. The cache's info then counts the old
+     * pin too (taken off below). Not for a grant whose send drains (its pin stays
+     * until that send ends). */
+    size_t n = 0;
+    ecxi_cache_info info;
+    uint32_t ref = 0;
+    bool repinned = old && !old->sending &&
+                    ecxi_cache_pin_ready_ref(p->cache, old->cache_ref, &info, p->idx, p->idx_cap,
+                                             &n, &ref) == 0;
     if (old) { /* the consumer asked again: its old pin goes first */
         grant_release(p, old);
         p->st.regrants++;
@@ -501,6 +513,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     /* Per-connection cap, then the shared table (see producer.h). */
     uint32_t held = c ? c->count : 0;
     if (held >= p->o.max_conn_grants) {
+        if (repinned) ecxi_cache_unpin_ref(p->cache, ref);
         p->st.refused_conn_grants++;
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "connection holds too many grants");
         return;
@@ -510,6 +523,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
         size_t conns = p->conns.count + (c ? 0 : 1);
         uint64_t fair = p->o.max_grants / conns;
         if (held >= (fair ? fair : 1)) {
+            if (repinned) ecxi_cache_unpin_ref(p->cache, ref);
             p->st.refused_conn_grants++;
             nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "too many active grants");
             return;
@@ -519,11 +533,12 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
 
     /* One cache lookup pins the entry and reads its size, checksum and
      * blocks; the grant then unpins it by reference. */
-    size_t n = 0;
     grant *g = NULL;
-    ecxi_cache_info info;
-    uint32_t ref = 0;
-    int rc = pin_blocks(p, r->mm_hash, &info, &n, &ref);
+    int rc = 0;
+    if (repinned)
+        info.pins--; /* as if the old pin had gone first */
+    else
+        rc = pin_blocks(p, r->mm_hash, &info, &n, &ref);
     if (rc == ECX_ECACHE_MISSING || rc == ECX_EINVAL) {
         nack(p, r->mm_hash, ECX_STATUS_NACK_MISSING, "not held");
         return;
