@@ -914,14 +914,12 @@ void ecxi_ctrl_msg_init(ecxi_ctrl_msg *m)
     memset(m, 0, sizeof *m);
     for (int i = 0; i < 3; i++)
         zmq_msg_init(&m->parts[i]);
-    zmq_msg_init(&m->out);
 }
 
 void ecxi_ctrl_msg_fini(ecxi_ctrl_msg *m)
 {
     for (int i = 0; i < 3; i++)
         zmq_msg_close(&m->parts[i]);
-    zmq_msg_close(&m->out);
 }
 
 int ecxi_ctrl_server_send(ecxi_ctrl_server *s, const void *identity, size_t identity_len,
@@ -943,33 +941,6 @@ int ecxi_ctrl_server_reply(ecxi_ctrl_server *s, ecxi_ctrl_msg *m, const void *pa
     if (zmq_msg_send(&m->parts[0], s->sock, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_msg_send(&m->parts[1], s->sock, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(s->sock, payload, len, ZMQ_DONTWAIT) < 0) {
-        s->stats.send_failed++;
-        ecxi_log(ECX_LOG_DEBUG, "ctrl: reply not sent: %s", zmq_strerror(zmq_errno()));
-        rc = ECX_ESYS;
-    }
-    m->identity = NULL, m->identity_len = 0;
-    return rc;
-}
-
-void *ecxi_ctrl_server_reply_buf(ecxi_ctrl_server *s, ecxi_ctrl_msg *m, size_t len)
-{
-    zmq_msg_close(&m->out);
-    if (zmq_msg_init_size(&m->out, len)) {
-        zmq_msg_init(&m->out);
-        s->stats.send_failed++;
-        return NULL;
-    }
-    return zmq_msg_data(&m->out);
-}
-
-int ecxi_ctrl_server_reply_sent(ecxi_ctrl_server *s, ecxi_ctrl_msg *m)
-{
-    int rc = 0;
-    /* zmq_msg_send takes m->out only when it succeeds (then leaves it
-     * empty); a failed one keeps it, for the next reply_buf to close. */
-    if (zmq_msg_send(&m->parts[0], s->sock, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_msg_send(&m->parts[1], s->sock, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_msg_send(&m->out, s->sock, ZMQ_DONTWAIT) < 0) {
         s->stats.send_failed++;
         ecxi_log(ECX_LOG_DEBUG, "ctrl: reply not sent: %s", zmq_strerror(zmq_errno()));
         rc = ECX_ESYS;

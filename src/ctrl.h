@@ -127,7 +127,6 @@ typedef struct ecxi_ctrl_msg {
     size_t identity_len;
     const void *payload;
     size_t payload_len;
-    zmq_msg_t out; /* a reply being written (ecxi_ctrl_server_reply_buf) */
 } ecxi_ctrl_msg;
 
 /* Bind a ROUTER on host:port (port 0 picks a free one). With
@@ -151,11 +150,6 @@ void ecxi_ctrl_msg_fini(ecxi_ctrl_msg *m);
  * m->identity is not valid afterwards; m->payload still is), then payload.
  * Never blocks; 0 or ECX_ESYS (counted). */
 int ecxi_ctrl_server_reply(ecxi_ctrl_server *s, ecxi_ctrl_msg *m, const void *payload, size_t len);
-/* The same reply written in place: ecxi_ctrl_server_reply_buf() gives
- * len bytes to fill (NULL: no memory, counted as a failed send), which
- * ecxi_ctrl_server_reply_sent() then sends as the payload, without a copy. */
-void *ecxi_ctrl_server_reply_buf(ecxi_ctrl_server *s, ecxi_ctrl_msg *m, size_t len);
-int ecxi_ctrl_server_reply_sent(ecxi_ctrl_server *s, ecxi_ctrl_msg *m);
 /* Reply [identity, "", payload]. Never blocks; 0 or ECX_ESYS (counted). */
 int ecxi_ctrl_server_send(ecxi_ctrl_server *s, const void *identity, size_t identity_len,
                          const void *payload, size_t len);

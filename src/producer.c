@@ -53,6 +53,10 @@ typedef struct conn {
 } conn;
 
 struct ecxi_producer {
+    /* The last session id of ecx's length checked by
+     * ecxi_session_id_is_ecx, and its answer (a consumer sends one id). */
+    bool sid_memo, sid_memo_ecx;
+    char sid_memo_id[ECXI_SESSION_ID_LEN];
     ecxi_cache *cache;
     ecxi_data *data;
     ecxi_ctrl_server *srv;
@@ -406,18 +410,8 @@ ecxi_producer_stats ecxi_producer_get_stats(const ecxi_producer *p)
 
 static void reply_to(ecxi_producer *p, const ecx_ack *a, bool strs_decoded)
 {
-    /* Written straight into the reply's frame (no copy on sending). */
-    size_t len;
-    int rc = ecxi_wire_ack_size(a, strs_decoded, &len);
-    if (!rc) {
-        void *out = ecxi_ctrl_server_reply_buf(p->srv, &p->msg, len);
-        if (out) {
-            ecxi_wire_ack_put(a, out);
-            rc = ecxi_ctrl_server_reply_sent(p->srv, &p->msg);
-        } else {
-            rc = ECX_ENOMEM;
-        }
-    }
+    int rc = ecxi_wire_encode_ack_of(a, strs_decoded, &p->out);
+    if (!rc) rc = ecxi_ctrl_server_reply(p->srv, &p->msg, p->out.data, p->out.size);
     if (rc) {
         p->st.reply_failed++;
         ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "producer: ack not sent: %s", ecx_strerror(rc));
@@ -593,7 +587,17 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
                              .nbytes = info.size_bytes,
                              .lease_ms = (uint32_t)p->o.lease_ms};
         memcpy(t.token, g->token, sizeof t.token);
-        bool ecx_peer = ecxi_session_id_is_ecx(r->session_id.p, r->session_id.n);
+        bool ecx_peer;
+        if (r->session_id.n == ECXI_SESSION_ID_LEN && p->sid_memo &&
+            memcmp(r->session_id.p, p->sid_memo_id, ECXI_SESSION_ID_LEN) == 0) {
+            ecx_peer = p->sid_memo_ecx; /* the same id as the last one's: its answer */
+        } else {
+            ecx_peer = ecxi_session_id_is_ecx(r->session_id.p, r->session_id.n);
+            if (r->session_id.n == ECXI_SESSION_ID_LEN) {
+                memcpy(p->sid_memo_id, r->session_id.p, ECXI_SESSION_ID_LEN);
+                p->sid_memo = true, p->sid_memo_ecx = ecx_peer;
+            }
+        }
         rc = ecxi_data_grant_ack(p->data, ecx_peer, &t, p->desc, sizeof p->desc, &da);
     }
     if (rc) {

@@ -243,7 +243,12 @@ static size_t ack_len_bound(const ecx_ack *a)
 
 int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf)
 {
-    int rc = check_ack(a);
+    return ecxi_wire_encode_ack_of(a, false, buf);
+}
+
+int ecxi_wire_encode_ack_of(const ecx_ack *a, bool strs_decoded, msgpack_sbuffer *buf)
+{
+    int rc = check_ack_strs(a, strs_decoded);
     if (rc) return rc;
     size_t n = ack_len_bound(a); /* room enough; put_ack says how much it took */
     if (n > buf->alloc) {
@@ -254,16 +259,6 @@ int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf)
     buf->size = (size_t)((char *)put_ack((uint8_t *)buf->data, a) - buf->data);
     return 0;
 }
-
-int ecxi_wire_ack_size(const ecx_ack *a, bool strs_decoded, size_t *len)
-{
-    int rc = check_ack_strs(a, strs_decoded);
-    if (rc) return rc;
-    *len = ack_len(a);
-    return 0;
-}
-
-void ecxi_wire_ack_put(const ecx_ack *a, void *out) { put_ack(out, a); }
 
 /* The public encoders write into the caller's buffer: the packer's writes
  * are counted always and copied only while they fit. */

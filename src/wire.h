@@ -45,15 +45,10 @@
  */
 int ecxi_wire_encode_req(const ecx_req *r, int version, msgpack_sbuffer *buf);
 int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf);
-
-/* An ack in two steps, for a caller that writes it straight into its
- * frame: ecxi_wire_ack_size() checks it as ecxi_wire_encode_ack() does and
- * gives its exact length; ecxi_wire_ack_put() then writes those bytes (the
- * same as every other encoder's). strs_decoded: a->mm_hash and
- * a->session_id are spans of a request that ecx_wire_decode_req* accepted,
- * whose UTF-8 that decoder checked; only that check is then not repeated
- * (every other one is). */
-int ecxi_wire_ack_size(const ecx_ack *a, bool strs_decoded, size_t *len);
-void ecxi_wire_ack_put(const ecx_ack *a, void *out);
+/* The same, for a producer's ack whose a->mm_hash and a->session_id are
+ * spans of a request that ecx_wire_decode_req* accepted (strs_decoded):
+ * their UTF-8, checked by that decoder, is not checked again; every other
+ * check runs. The same bytes. */
+int ecxi_wire_encode_ack_of(const ecx_ack *a, bool strs_decoded, msgpack_sbuffer *buf);
 
 #endif
