@@ -965,10 +965,10 @@ int ecxi_cache_pin_ready_blocks(ecxi_cache *c, const char *key, size_t key_len,
     return rc;
 }
 
-int ecxi_cache_pin_ready_ref(ecxi_cache *c, uint32_t held, ecxi_cache_info *info, int64_t *out,
-                             size_t cap, size_t *n_blocks, uint32_t *ref)
+int ecxi_cache_held_ready_blocks(ecxi_cache *c, uint32_t held, ecxi_cache_info *info,
+                                 int64_t *out, size_t cap, size_t *n_blocks)
 {
-    if (!c || !info || (cap && !out) || !n_blocks || !ref) return ECX_EINVAL;
+    if (!c || !info || (cap && !out) || !n_blocks) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
     struct entry *e = held < c->ents_used ? &c->ents[held] : NULL;
     int rc = !e || e->state != ST_READY || e->pins == 0 ? ECX_ECACHE_STATE : 0;
@@ -976,10 +976,9 @@ int ecxi_cache_pin_ready_ref(ecxi_cache *c, uint32_t held, ecxi_cache_info *info
         *n_blocks = e->n_blocks;
         if (cap < e->n_blocks) rc = ECX_ERANGE;
     }
-    if (!rc && !(rc = pin_locked(c, held))) {
+    if (!rc) {
         info_of(c, e, info);
         blocks_of(c, e, out);
-        *ref = held;
     }
     pthread_mutex_unlock(&c->mu);
     return rc;

@@ -153,13 +153,16 @@ int ecxi_cache_pin_ready_blocks(ecxi_cache *c, const char *key, size_t key_len,
  * ecxi_cache_unpin() does with the key, without hashing it.
  * ECX_ECACHE_STATE if ref names no pinned entry. */
 int ecxi_cache_unpin_ref(ecxi_cache *c, uint32_t ref);
-/* ecxi_cache_pin_ready_blocks() for the entry that a pin the caller holds
- * (`held`, from that call) keeps: that entry cannot have gone or changed
- * its key meanwhile, so the key is neither hashed nor compared. The caller
- * still holds `held`'s pin (info->pins counts it). ECX_ECACHE_STATE if
- * held names no pinned ready entry (the caller then looks up by key). */
-int ecxi_cache_pin_ready_ref(ecxi_cache *c, uint32_t held, ecxi_cache_info *info, int64_t *out,
-                             size_t cap, size_t *n_blocks, uint32_t *ref);
+/* What ecxi_cache_pin_ready_blocks() reads (info, blocks), for the entry
+ * that a pin the caller holds (`held`, from that call) keeps, without
+ * taking another pin: that entry cannot have gone or changed its key
+ * meanwhile, so the key is neither hashed nor compared. A producer hands
+ * an old grant's pin on to its re-grant with it (pin and unpin of the same
+ * entry change nothing in the cache). ECX_ECACHE_STATE if held names no
+ * pinned ready entry (the caller then looks up by key); ECX_ERANGE (with
+ * *n_blocks) if cap is too small. */
+int ecxi_cache_held_ready_blocks(ecxi_cache *c, uint32_t held, ecxi_cache_info *info,
+                                 int64_t *out, size_t cap, size_t *n_blocks);
 
 /* Drop a pin; at zero a ready entry becomes evictable (at the FIFO tail).
  * ECX_ECACHE_MISSING, ECX_ECACHE_STATE if it has no pins. */

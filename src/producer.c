@@ -35,6 +35,7 @@ typedef struct grant {
                      still read the blocks (data.h, ECXI_DATA_GRANT_CLAIM) */
     bool tokenless; /* answered in NIXL's form: no token to check (data.h) */
     uint32_t cache_ref; /* the pinned cache entry (ecxi_cache_unpin_ref) */
+    bool pin_moved;     /* its pin went to its re-grant: releasing it unpins nothing */
     uint8_t token[ECXI_DATA_TOKEN_LEN];
     uint32_t hash_off; /* mm_hash starts at key + hash_off */
     uint32_t key_len;
@@ -213,6 +214,7 @@ static void grant_detach(ecxi_producer *p, grant *g)
 
 static void grant_unpin(ecxi_producer *p, grant *g)
 {
+    if (g->pin_moved) return;
     int rc = ecxi_cache_unpin_ref(p->cache, g->cache_ref);
     if (rc)
         ecxi_log(ECX_LOG_ERROR, "producer: unpin of a granted entry failed: %s", ecx_strerror(rc));
@@ -281,6 +283,7 @@ static grant *grant_add(ecxi_producer *p, conn *c, ecx_span sid, ecx_span hash, 
     g->n_blocks = n;
     g->nbytes = nbytes;
     g->cache_ref = ref;
+    g->pin_moved = false;
     g->claimed = false;
     g->sending = false;
     new_token(p, g->token);
@@ -488,17 +491,18 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
         return;
     }
     /* A re-grant's entry is the one the old grant pins (the same mm_hash):
-     * pinned again by that pin's reference before the old pin goes, which
-     * keeps the entry (and its key) in place, so neither hashing nor
-     * comparing the key is needed. The cache's info then counts the old
-     * pin too (taken off below). Not for a grant whose send drains (its pin stays
-     * until that send ends). */
+     * the old grant's pin passes to the new one (an unpin and a pin of one
+     * entry change nothing in the cache), and the entry is read by that
+     * pin's reference, so the key is neither hashed nor compared. The pin
+     * counts read are those the release and a new pin would leave. Not for
+     * a grant whose send drains (its pin stays until that send ends). */
     size_t n = 0;
     ecxi_cache_info info;
     uint32_t ref = 0;
     bool repinned = old && !old->sending &&
-                    ecxi_cache_pin_ready_ref(p->cache, old->cache_ref, &info, p->idx, p->idx_cap,
-                                             &n, &ref) == 0;
+                    ecxi_cache_held_ready_blocks(p->cache, old->cache_ref, &info, p->idx,
+                                                 p->idx_cap, &n) == 0;
+    if (repinned) ref = old->cache_ref, old->pin_moved = true;
     if (old) { /* the consumer asked again: its old pin goes first */
         grant_release(p, old);
         p->st.regrants++;
@@ -528,11 +532,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     /* One cache lookup pins the entry and reads its size, checksum and
      * blocks; the grant then unpins it by reference. */
     grant *g = NULL;
-    int rc = 0;
-    if (repinned)
-        info.pins--; /* as if the old pin had gone first */
-    else
-        rc = pin_blocks(p, r->mm_hash, &info, &n, &ref);
+    int rc = repinned ? 0 : pin_blocks(p, r->mm_hash, &info, &n, &ref);
     if (rc == ECX_ECACHE_MISSING || rc == ECX_EINVAL) {
         nack(p, r->mm_hash, ECX_STATUS_NACK_MISSING, "not held");
         return;
