@@ -778,14 +778,16 @@ static bool has_more(void *sock)
  * the guard a message from its connection was read. Returns 1 on a message
  * of that shape, 0 if none is waiting, -1 if one of another shape was
  * received and dropped. */
-static int recv_parts(void *sock, guard *g, zmq_msg_t *parts, int want)
+static int recv_parts(void *sock, guard *g, zmq_msg_t *parts, int want, size_t *sizes)
 {
     uint64_t bytes = 0;
     for (int i = 0;; i++) {
         /* Only the first part can be absent: ZMQ delivers a message's parts
          * together. */
-        if (zmq_msg_recv(&parts[i], sock, ZMQ_DONTWAIT) < 0) return i == 0 ? 0 : -1;
-        bytes += zmq_msg_size(&parts[i]);
+        int sz = zmq_msg_recv(&parts[i], sock, ZMQ_DONTWAIT); /* = zmq_msg_size */
+        if (sz < 0) return i == 0 ? 0 : -1;
+        if (sizes) sizes[i] = (size_t)sz;
+        bytes += (size_t)sz;
         bool more = zmq_msg_more(&parts[i]); /* = ZMQ_RCVMORE, without a getsockopt */
         if (more && i < want - 1) continue;
         if (more) { /* parts not counted: read the kernel's count */
@@ -892,16 +894,17 @@ int ecxi_ctrl_server_recv(ecxi_ctrl_server *s, ecxi_ctrl_msg *m)
     if (fresh) server_housekeeping(s);
     s->events_countdown--;
     for (;;) {
-        int rc = recv_parts(s->sock, &s->g, m->parts, 3);
+        size_t sz[3];
+        int rc = recv_parts(s->sock, &s->g, m->parts, 3, sz);
         if (rc == 0) {
             if (!fresh) server_housekeeping(s);
             return 0;
         }
-        if (rc == 1 && zmq_msg_size(&m->parts[1]) == 0) {
+        if (rc == 1 && sz[1] == 0) {
             m->identity = zmq_msg_data(&m->parts[0]);
-            m->identity_len = zmq_msg_size(&m->parts[0]);
+            m->identity_len = sz[0];
             m->payload = zmq_msg_data(&m->parts[2]);
-            m->payload_len = zmq_msg_size(&m->parts[2]);
+            m->payload_len = sz[2];
             return 1;
         }
         s->stats.bad_framing++;
@@ -1150,7 +1153,7 @@ int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len)
     peer_events(p);
     guard_check(&p->g, &p->stats);
     for (int dropped = 0; dropped < ECXI_CTRL_BAD_PER_RECV; dropped++) {
-        int rc = recv_parts(p->sock, &p->g, p->parts, 2);
+        int rc = recv_parts(p->sock, &p->g, p->parts, 2, NULL);
         if (rc == 0) return 0;
         if (rc == 1 && zmq_msg_size(&p->parts[0]) == 0) {
             *payload = zmq_msg_data(&p->parts[1]);
