@@ -928,6 +928,7 @@ static void info_of(const ecxi_cache *c, const struct entry *e, ecxi_cache_info 
     info->checksum = c->sums[e - c->ents];
     info->shape_rows = c->shapes[e - c->ents].rows;
     info->shape_width = c->shapes[e - c->ents].width;
+    info->pinned_blocks = c->n - c->free_blocks - c->evictable_blocks - c->not_ready_blocks;
 }
 
 /* out[0..e->n_blocks): the entry's block indices, ascending. */
@@ -959,6 +960,25 @@ int ecxi_cache_pin_ready_blocks(ecxi_cache *c, const char *key, size_t key_len,
         info_of(c, e, info);
         blocks_of(c, e, out);
         *ref = id;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int ecxi_cache_held_ready_blocks(ecxi_cache *c, uint32_t held, ecxi_cache_info *info,
+                                 int64_t *out, size_t cap, size_t *n_blocks)
+{
+    if (!c || !info || (cap && !out) || !n_blocks) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    struct entry *e = held < c->ents_used ? &c->ents[held] : NULL;
+    int rc = !e || e->state != ST_READY || e->pins == 0 ? ECX_ECACHE_STATE : 0;
+    if (!rc) {
+        *n_blocks = e->n_blocks;
+        if (cap < e->n_blocks) rc = ECX_ERANGE;
+    }
+    if (!rc) {
+        info_of(c, e, info);
+        blocks_of(c, e, out);
     }
     pthread_mutex_unlock(&c->mu);
     return rc;

@@ -93,6 +93,10 @@ typedef struct ecxi_cache_info {
     uint64_t size_bytes; /* as set by ecxi_cache_set_size(); 0 if never set */
     uint64_t checksum;   /* as set by ecxi_cache_set_checksum(); 0 if never set */
     uint64_t shape_rows, shape_width; /* as set by ecxi_cache_set_shape(); 0, 0 if never set */
+    /* The whole cache's blocks in ready, pinned entries when this was read
+     * (what ecxi_cache_get_stats gives as owned - evictable - not_ready):
+     * a producer checks its pin share without a second lock. */
+    uint64_t pinned_blocks;
 } ecxi_cache_info;
 
 typedef struct ecxi_cache_stats {
@@ -149,6 +153,16 @@ int ecxi_cache_pin_ready_blocks(ecxi_cache *c, const char *key, size_t key_len,
  * ecxi_cache_unpin() does with the key, without hashing it.
  * ECX_ECACHE_STATE if ref names no pinned entry. */
 int ecxi_cache_unpin_ref(ecxi_cache *c, uint32_t ref);
+/* What ecxi_cache_pin_ready_blocks() reads (info, blocks), for the entry
+ * that a pin the caller holds (`held`, from that call) keeps, without
+ * taking another pin: that entry cannot have gone or changed its key
+ * meanwhile, so the key is neither hashed nor compared. A producer hands
+ * an old grant's pin on to its re-grant with it (pin and unpin of the same
+ * entry change nothing in the cache). ECX_ECACHE_STATE if held names no
+ * pinned ready entry (the caller then looks up by key); ECX_ERANGE (with
+ * *n_blocks) if cap is too small. */
+int ecxi_cache_held_ready_blocks(ecxi_cache *c, uint32_t held, ecxi_cache_info *info,
+                                 int64_t *out, size_t cap, size_t *n_blocks);
 
 /* Drop a pin; at zero a ready entry becomes evictable (at the FIFO tail).
  * ECX_ECACHE_MISSING, ECX_ECACHE_STATE if it has no pins. */

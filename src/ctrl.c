@@ -40,6 +40,12 @@ typedef struct guard {
                                                the last one's undelivered bytes */
     struct guard *wd_next; /* in the watchdog's list */
     bool watched;
+    /* The last connection's fd, by its messages' metadata (see
+     * guard_srcfd); touched only by the thread receiving on the socket. */
+    bool meta_cached;
+    const void *meta;
+    int meta_fd;
+    zmq_msg_t meta_hold; /* a part holding a reference on meta */
 } guard;
 
 struct ecxi_ctrl_server {
@@ -240,6 +246,8 @@ static void watchdog_remove(guard *g);
 
 static void guard_fini(guard *g, void *sock)
 {
+    if (g->meta_cached) zmq_msg_close(&g->meta_hold);
+    g->meta_cached = false;
     if (g->watched) watchdog_remove(g);
     if (sock && g->monitor) zmq_socket_monitor(sock, NULL, 0);
     if (g->monitor) zmq_close(g->monitor);
@@ -334,9 +342,60 @@ static int guard_track(guard *g, int fd, bool open)
 
 /* A whole message of `bytes` (UINT64_MAX: unknown, read the kernel's count
  * now), of which part is a frame, was read from a connection. */
-static void guard_settle(guard *g, zmq_msg_t *part, uint64_t bytes)
+/* libzmq 4.2 and 4.3 keep a message's metadata pointer in the first
+ * bytes of zmq_msg_t, whatever the message's form (msg.hpp); elsewhere the
+ * cache below is off. */
+static bool meta_layout_known(void)
 {
+    static int known = -1;
+    if (known < 0) {
+        int major, minor, patch;
+        zmq_version(&major, &minor, &patch);
+        known = major == 4 && (minor == 2 || minor == 3);
+    }
+    return known;
+}
+
+static const void *msg_meta(const zmq_msg_t *m)
+{
+    const void *p;
+    memcpy(&p, m, sizeof p);
+    return p;
+}
+
+/* The fd a whole message came from; part is its last part, parts[0..n)
+ * all of it. libzmq gives every message of a connection the same metadata
+ * object (its engine's, holding "__fd", immutable), so the answer of the
+ * last lookup holds for every part carrying the same metadata pointer:
+ * the `"__fd"` lookup (a std::map find, ~340 instructions) runs once per
+ * run of messages from one connection. To keep the pointer from naming a
+ * new connection's metadata, allocated where a freed one was, the cache
+ * holds a reference on it (a copy of a small part of that message: no
+ * payload is kept). Equal to msg_srcfd(part) on every message. */
+static int guard_srcfd(guard *g, zmq_msg_t *parts, int n)
+{
+    zmq_msg_t *part = &parts[n - 1];
+    if (!meta_layout_known()) return msg_srcfd(part);
+    const void *meta = msg_meta(part);
+    if (meta && g->meta_cached && meta == g->meta) return g->meta_fd;
     int fd = msg_srcfd(part);
+    if (!meta || fd < 0) return fd;
+    for (int i = 0; i < n; i++) { /* a part with that metadata and no payload to hold */
+        if (msg_meta(&parts[i]) != meta || zmq_msg_size(&parts[i]) > 16) continue;
+        if (g->meta_cached) zmq_msg_close(&g->meta_hold);
+        zmq_msg_init(&g->meta_hold);
+        g->meta_cached = zmq_msg_copy(&g->meta_hold, &parts[i]) == 0 &&
+                         msg_meta(&g->meta_hold) == meta;
+        if (!g->meta_cached) zmq_msg_close(&g->meta_hold);
+        g->meta = meta, g->meta_fd = fd;
+        break;
+    }
+    return fd;
+}
+
+static void guard_settle(guard *g, zmq_msg_t *parts, int nparts, uint64_t bytes)
+{
+    int fd = guard_srcfd(g, parts, nparts);
     uint64_t rx;
     pthread_mutex_lock(&g->mu);
     if (fd >= 0 && fd < g->nconns && g->conns[fd].open) {
@@ -719,21 +778,23 @@ static bool has_more(void *sock)
  * the guard a message from its connection was read. Returns 1 on a message
  * of that shape, 0 if none is waiting, -1 if one of another shape was
  * received and dropped. */
-static int recv_parts(void *sock, guard *g, zmq_msg_t *parts, int want)
+static int recv_parts(void *sock, guard *g, zmq_msg_t *parts, int want, size_t *sizes)
 {
     uint64_t bytes = 0;
     for (int i = 0;; i++) {
         /* Only the first part can be absent: ZMQ delivers a message's parts
          * together. */
-        if (zmq_msg_recv(&parts[i], sock, ZMQ_DONTWAIT) < 0) return i == 0 ? 0 : -1;
-        bytes += zmq_msg_size(&parts[i]);
+        int sz = zmq_msg_recv(&parts[i], sock, ZMQ_DONTWAIT); /* = zmq_msg_size */
+        if (sz < 0) return i == 0 ? 0 : -1;
+        if (sizes) sizes[i] = (size_t)sz;
+        bytes += (size_t)sz;
         bool more = zmq_msg_more(&parts[i]); /* = ZMQ_RCVMORE, without a getsockopt */
         if (more && i < want - 1) continue;
         if (more) { /* parts not counted: read the kernel's count */
             drain(sock, &parts[i]);
             bytes = UINT64_MAX;
         }
-        guard_settle(g, &parts[i], bytes);
+        guard_settle(g, parts, i + 1, bytes);
         return more || i < want - 1 ? -1 : 1;
     }
 }
@@ -833,16 +894,17 @@ int ecxi_ctrl_server_recv(ecxi_ctrl_server *s, ecxi_ctrl_msg *m)
     if (fresh) server_housekeeping(s);
     s->events_countdown--;
     for (;;) {
-        int rc = recv_parts(s->sock, &s->g, m->parts, 3);
+        size_t sz[3];
+        int rc = recv_parts(s->sock, &s->g, m->parts, 3, sz);
         if (rc == 0) {
             if (!fresh) server_housekeeping(s);
             return 0;
         }
-        if (rc == 1 && zmq_msg_size(&m->parts[1]) == 0) {
+        if (rc == 1 && sz[1] == 0) {
             m->identity = zmq_msg_data(&m->parts[0]);
-            m->identity_len = zmq_msg_size(&m->parts[0]);
+            m->identity_len = sz[0];
             m->payload = zmq_msg_data(&m->parts[2]);
-            m->payload_len = zmq_msg_size(&m->parts[2]);
+            m->payload_len = sz[2];
             return 1;
         }
         s->stats.bad_framing++;
@@ -1091,7 +1153,7 @@ int ecxi_ctrl_peer_recv(ecxi_ctrl_peer *p, const void **payload, size_t *len)
     peer_events(p);
     guard_check(&p->g, &p->stats);
     for (int dropped = 0; dropped < ECXI_CTRL_BAD_PER_RECV; dropped++) {
-        int rc = recv_parts(p->sock, &p->g, p->parts, 2);
+        int rc = recv_parts(p->sock, &p->g, p->parts, 2, NULL);
         if (rc == 0) return 0;
         if (rc == 1 && zmq_msg_size(&p->parts[0]) == 0) {
             *payload = zmq_msg_data(&p->parts[1]);

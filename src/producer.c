@@ -35,6 +35,7 @@ typedef struct grant {
                      still read the blocks (data.h, ECXI_DATA_GRANT_CLAIM) */
     bool tokenless; /* answered in NIXL's form: no token to check (data.h) */
     uint32_t cache_ref; /* the pinned cache entry (ecxi_cache_unpin_ref) */
+    bool pin_moved;     /* its pin went to its re-grant: releasing it unpins nothing */
     uint8_t token[ECXI_DATA_TOKEN_LEN];
     uint32_t hash_off; /* mm_hash starts at key + hash_off */
     uint32_t key_len;
@@ -53,6 +54,10 @@ typedef struct conn {
 } conn;
 
 struct ecxi_producer {
+    /* The last session id of ecx's length checked by
+     * ecxi_session_id_is_ecx, and its answer (a consumer sends one id). */
+    bool sid_memo, sid_memo_ecx;
+    char sid_memo_id[ECXI_SESSION_ID_LEN];
     ecxi_cache *cache;
     ecxi_data *data;
     ecxi_ctrl_server *srv;
@@ -209,6 +214,7 @@ static void grant_detach(ecxi_producer *p, grant *g)
 
 static void grant_unpin(ecxi_producer *p, grant *g)
 {
+    if (g->pin_moved) return;
     int rc = ecxi_cache_unpin_ref(p->cache, g->cache_ref);
     if (rc)
         ecxi_log(ECX_LOG_ERROR, "producer: unpin of a granted entry failed: %s", ecx_strerror(rc));
@@ -277,6 +283,7 @@ static grant *grant_add(ecxi_producer *p, conn *c, ecx_span sid, ecx_span hash, 
     g->n_blocks = n;
     g->nbytes = nbytes;
     g->cache_ref = ref;
+    g->pin_moved = false;
     g->claimed = false;
     g->sending = false;
     new_token(p, g->token);
@@ -404,11 +411,10 @@ ecxi_producer_stats ecxi_producer_get_stats(const ecxi_producer *p)
 
 /* ---------- requests ---------- */
 
-static void reply(ecxi_producer *p, const ecx_ack *a)
+static void reply_to(ecxi_producer *p, const ecx_ack *a, bool strs_decoded)
 {
-    int rc = ecxi_wire_encode_ack(a, &p->out);
-    if (!rc)
-        rc = ecxi_ctrl_server_reply(p->srv, &p->msg, p->out.data, p->out.size);
+    int rc = ecxi_wire_encode_ack_of(a, strs_decoded, &p->out);
+    if (!rc) rc = ecxi_ctrl_server_reply(p->srv, &p->msg, p->out.data, p->out.size);
     if (rc) {
         p->st.reply_failed++;
         ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "producer: ack not sent: %s", ecx_strerror(rc));
@@ -428,7 +434,7 @@ static void nack(ecxi_producer *p, ecx_span hash, int status, const char *why)
     ecx_ack_init(&a);
     a.mm_hash = hash;
     a.status = status;
-    reply(p, &a);
+    reply_to(p, &a, false);
 }
 
 /* Pin the entry if it is ready and copy its block indices into p->idx,
@@ -484,6 +490,19 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "grant held by another connection");
         return;
     }
+    /* A re-grant's entry is the one the old grant pins (the same mm_hash):
+     * the old grant's pin passes to the new one (an unpin and a pin of one
+     * entry change nothing in the cache), and the entry is read by that
+     * pin's reference, so the key is neither hashed nor compared. The pin
+     * counts read are those the release and a new pin would leave. Not for
+     * a grant whose send drains (its pin stays until that send ends). */
+    size_t n = 0;
+    ecxi_cache_info info;
+    uint32_t ref = 0;
+    bool repinned = old && !old->sending &&
+                    ecxi_cache_held_ready_blocks(p->cache, old->cache_ref, &info, p->idx,
+                                                 p->idx_cap, &n) == 0;
+    if (repinned) ref = old->cache_ref, old->pin_moved = true;
     if (old) { /* the consumer asked again: its old pin goes first */
         grant_release(p, old);
         p->st.regrants++;
@@ -492,6 +511,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     /* Per-connection cap, then the shared table (see producer.h). */
     uint32_t held = c ? c->count : 0;
     if (held >= p->o.max_conn_grants) {
+        if (repinned) ecxi_cache_unpin_ref(p->cache, ref);
         p->st.refused_conn_grants++;
         nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "connection holds too many grants");
         return;
@@ -501,6 +521,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
         size_t conns = p->conns.count + (c ? 0 : 1);
         uint64_t fair = p->o.max_grants / conns;
         if (held >= (fair ? fair : 1)) {
+            if (repinned) ecxi_cache_unpin_ref(p->cache, ref);
             p->st.refused_conn_grants++;
             nack(p, r->mm_hash, ECX_STATUS_NACK_INTERNAL, "too many active grants");
             return;
@@ -510,11 +531,8 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
 
     /* One cache lookup pins the entry and reads its size, checksum and
      * blocks; the grant then unpins it by reference. */
-    size_t n = 0;
     grant *g = NULL;
-    ecxi_cache_info info;
-    uint32_t ref = 0;
-    int rc = pin_blocks(p, r->mm_hash, &info, &n, &ref);
+    int rc = repinned ? 0 : pin_blocks(p, r->mm_hash, &info, &n, &ref);
     if (rc == ECX_ECACHE_MISSING || rc == ECX_EINVAL) {
         nack(p, r->mm_hash, ECX_STATUS_NACK_MISSING, "not held");
         return;
@@ -539,9 +557,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     /* Pins in all stay within max_pin_pct of the region, so saves find
      * room (producer.h). Only a first pin of an entry takes room away. */
     if (info.pins == 1) {
-        ecxi_cache_stats cs;
-        ecxi_cache_get_stats(p->cache, &cs);
-        uint64_t pinned = cs.owned_blocks - cs.evictable_blocks - cs.not_ready_blocks;
+        uint64_t pinned = info.pinned_blocks; /* read with the pin, under its lock */
         if (pinned > p->pin_total && pinned > info.n_blocks) {
             ecxi_cache_unpin_ref(p->cache, ref);
             p->st.refused_pins++;
@@ -571,7 +587,17 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
                              .nbytes = info.size_bytes,
                              .lease_ms = (uint32_t)p->o.lease_ms};
         memcpy(t.token, g->token, sizeof t.token);
-        bool ecx_peer = ecxi_session_id_is_ecx(r->session_id.p, r->session_id.n);
+        bool ecx_peer;
+        if (r->session_id.n == ECXI_SESSION_ID_LEN && p->sid_memo &&
+            memcmp(r->session_id.p, p->sid_memo_id, ECXI_SESSION_ID_LEN) == 0) {
+            ecx_peer = p->sid_memo_ecx; /* the same id as the last one's: its answer */
+        } else {
+            ecx_peer = ecxi_session_id_is_ecx(r->session_id.p, r->session_id.n);
+            if (r->session_id.n == ECXI_SESSION_ID_LEN) {
+                memcpy(p->sid_memo_id, r->session_id.p, ECXI_SESSION_ID_LEN);
+                p->sid_memo = true, p->sid_memo_ecx = ecx_peer;
+            }
+        }
         rc = ecxi_data_grant_ack(p->data, ecx_peer, &t, p->desc, sizeof p->desc, &da);
     }
     if (rc) {
@@ -594,7 +620,7 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
     a.agent_metadata = (ecx_span){(const char *)da.meta, da.meta_len};
     a.mem_descriptor = (ecx_span){(const char *)da.desc, da.desc_len};
     uint64_t failed_before = p->st.reply_failed;
-    reply(p, &a);
+    reply_to(p, &a, true); /* its strs are r's: ecx_wire_decode_req_v checked their UTF-8 */
     if (p->st.reply_failed != failed_before) {
         grant_release(p, g); /* nobody will read it */
         return;

@@ -75,17 +75,32 @@ static int pack_req(const ecx_req *r, int version, msgpack_packer *pkp)
     return fail ? ECX_ENOMEM : 0;
 }
 
-static int check_ack(const ecx_ack *a)
+/* A str field without its UTF-8 check (a decoder's span, checked there). */
+static int check_str_len(ecx_span s)
+{
+    if (s.n > UINT32_MAX) return ECX_EWIRE_TOO_LARGE;
+    if (s.n && !s.p) return ECX_EINVAL;
+    return 0;
+}
+
+static int check_ack_strs(const ecx_ack *a, bool strs_decoded)
 {
     int rc;
-    if ((rc = check_str(a->mm_hash)) || (rc = check_str(a->session_id)) ||
-        (rc = check_bin(a->agent_metadata)) || (rc = check_bin(a->mem_descriptor)))
+    if (strs_decoded) {
+        if ((rc = check_str_len(a->mm_hash)) || (rc = check_str_len(a->session_id)) ||
+            (rc = check_bin(a->agent_metadata)) || (rc = check_bin(a->mem_descriptor)))
+            return rc;
+    } else if ((rc = check_str(a->mm_hash)) || (rc = check_str(a->session_id)) ||
+               (rc = check_bin(a->agent_metadata)) || (rc = check_bin(a->mem_descriptor))) {
         return rc;
+    }
     if (a->status < 0 || a->status > ECX_STATUS_MAX) return ECX_EINVAL;
     if (a->n_indices > UINT32_MAX) return ECX_EWIRE_TOO_LARGE;
     if (a->n_indices && !a->indices) return ECX_EINVAL;
     return 0;
 }
+
+static int check_ack(const ecx_ack *a) { return check_ack_strs(a, false); }
 
 /*
  * The ack is encoded by hand: one pass to size it, one to write it, with
@@ -228,7 +243,12 @@ static size_t ack_len_bound(const ecx_ack *a)
 
 int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf)
 {
-    int rc = check_ack(a);
+    return ecxi_wire_encode_ack_of(a, false, buf);
+}
+
+int ecxi_wire_encode_ack_of(const ecx_ack *a, bool strs_decoded, msgpack_sbuffer *buf)
+{
+    int rc = check_ack_strs(a, strs_decoded);
     if (rc) return rc;
     size_t n = ack_len_bound(a); /* room enough; put_ack says how much it took */
     if (n > buf->alloc) {

@@ -27,6 +27,7 @@
 #define ECXI_WIRE_H
 
 #include <msgpack.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,5 +45,10 @@
  */
 int ecxi_wire_encode_req(const ecx_req *r, int version, msgpack_sbuffer *buf);
 int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf);
+/* The same, for a producer's ack whose a->mm_hash and a->session_id are
+ * spans of a request that ecx_wire_decode_req* accepted (strs_decoded):
+ * their UTF-8, checked by that decoder, is not checked again; every other
+ * check runs. The same bytes. */
+int ecxi_wire_encode_ack_of(const ecx_ack *a, bool strs_decoded, msgpack_sbuffer *buf);
 
 #endif

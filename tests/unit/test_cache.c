@@ -831,6 +831,23 @@ static void test_pin_ready_blocks(void **state)
     assert_int_equal(ecxi_cache_blocks(c, K("aa"), want, 8, &wn), 0);
     assert_int_equal(wn, 3);
     assert_memory_equal(idx, want, 3 * sizeof *idx);
+    /* Read through the held pin's reference: the same entry, its blocks
+     * and info, no pin taken; pinned_blocks as the stats say. */
+    int64_t idx2[8];
+    assert_int_equal(ecxi_cache_held_ready_blocks(c, ref, &info, idx2, 2, &n), ECX_ERANGE);
+    assert_int_equal(n, 3);
+    assert_int_equal(ecxi_cache_held_ready_blocks(c, ref, &info, idx2, 8, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(info.pins, 1);
+    assert_int_equal(info.size_bytes, 12345);
+    assert_int_equal(info.checksum, 777);
+    assert_memory_equal(idx2, want, 3 * sizeof *idx2);
+    ecxi_cache_stats pst;
+    ecxi_cache_get_stats(c, &pst);
+    assert_int_equal(info.pinned_blocks,
+                     pst.owned_blocks - pst.evictable_blocks - pst.not_ready_blocks);
+    assert_int_equal(info.pinned_blocks, 3);
+    assert_int_equal(ecxi_cache_check(c), 0);
     /* Pinned: not evicted by a reserve that needs every other block. */
     assert_int_equal(ecxi_cache_reserve(c, K("bb"), 62), ECX_ECACHE_FULL);
     assert_int_equal(ecxi_cache_reserve(c, K("bb"), 61), 0);
@@ -840,6 +857,10 @@ static void test_pin_ready_blocks(void **state)
     /* No pin left, or no such entry: refused, nothing changes. */
     assert_int_equal(ecxi_cache_unpin_ref(c, ref), ECX_ECACHE_STATE);
     assert_int_equal(ecxi_cache_unpin_ref(c, 1000000), ECX_ECACHE_STATE);
+    /* By reference only while a pin holds the entry. */
+    assert_int_equal(ecxi_cache_held_ready_blocks(c, ref, &info, idx, 8, &n), ECX_ECACHE_STATE);
+    assert_int_equal(ecxi_cache_held_ready_blocks(c, 1000000, &info, idx, 8, &n),
+                     ECX_ECACHE_STATE);
     assert_int_equal(ecxi_cache_check(c), 0);
     ecxi_cache_free(c);
 }
