@@ -27,10 +27,19 @@ static int pack_key(msgpack_packer *pk, const char *key)
     return msgpack_pack_str(pk, n) || msgpack_pack_str_body(pk, key, n);
 }
 
-static int check_str(ecx_span s)
+/* A str field's size and pointer, without its UTF-8 (a decoder's span,
+ * checked there). */
+static int check_str_len(ecx_span s)
 {
     if (s.n > UINT32_MAX) return ECX_EWIRE_TOO_LARGE;
     if (s.n && !s.p) return ECX_EINVAL;
+    return 0;
+}
+
+static int check_str(ecx_span s)
+{
+    int rc = check_str_len(s);
+    if (rc) return rc;
     return ecxi_utf8_valid(s.p, s.n) ? 0 : ECX_EUTF8;
 }
 
@@ -75,32 +84,20 @@ static int pack_req(const ecx_req *r, int version, msgpack_packer *pkp)
     return fail ? ECX_ENOMEM : 0;
 }
 
-/* A str field without its UTF-8 check (a decoder's span, checked there). */
-static int check_str_len(ecx_span s)
+/* strs_decoded: mm_hash and session_id are spans a decoder accepted, whose
+ * UTF-8 is not checked again. */
+static int check_ack(const ecx_ack *a, bool strs_decoded)
 {
-    if (s.n > UINT32_MAX) return ECX_EWIRE_TOO_LARGE;
-    if (s.n && !s.p) return ECX_EINVAL;
-    return 0;
-}
-
-static int check_ack_strs(const ecx_ack *a, bool strs_decoded)
-{
+    int (*str)(ecx_span) = strs_decoded ? check_str_len : check_str;
     int rc;
-    if (strs_decoded) {
-        if ((rc = check_str_len(a->mm_hash)) || (rc = check_str_len(a->session_id)) ||
-            (rc = check_bin(a->agent_metadata)) || (rc = check_bin(a->mem_descriptor)))
-            return rc;
-    } else if ((rc = check_str(a->mm_hash)) || (rc = check_str(a->session_id)) ||
-               (rc = check_bin(a->agent_metadata)) || (rc = check_bin(a->mem_descriptor))) {
+    if ((rc = str(a->mm_hash)) || (rc = str(a->session_id)) ||
+        (rc = check_bin(a->agent_metadata)) || (rc = check_bin(a->mem_descriptor)))
         return rc;
-    }
     if (a->status < 0 || a->status > ECX_STATUS_MAX) return ECX_EINVAL;
     if (a->n_indices > UINT32_MAX) return ECX_EWIRE_TOO_LARGE;
     if (a->n_indices && !a->indices) return ECX_EINVAL;
     return 0;
 }
-
-static int check_ack(const ecx_ack *a) { return check_ack_strs(a, false); }
 
 /*
  * The ack is encoded by hand: one pass to size it, one to write it, with
@@ -248,7 +245,7 @@ int ecxi_wire_encode_ack(const ecx_ack *a, msgpack_sbuffer *buf)
 
 int ecxi_wire_encode_ack_of(const ecx_ack *a, bool strs_decoded, msgpack_sbuffer *buf)
 {
-    int rc = check_ack_strs(a, strs_decoded);
+    int rc = check_ack(a, strs_decoded);
     if (rc) return rc;
     size_t n = ack_len_bound(a); /* room enough; put_ack says how much it took */
     if (n > buf->alloc) {
@@ -296,7 +293,7 @@ int ecx_wire_encode_req(const ecx_req *r, void *buf, size_t cap, size_t *len)
 int ecx_wire_encode_ack(const ecx_ack *a, void *buf, size_t cap, size_t *len)
 {
     if (!a || !len || (!buf && cap)) return ECX_EINVAL;
-    int rc = check_ack(a);
+    int rc = check_ack(a, false);
     if (rc) return rc;
     *len = ack_len(a);
     if (*len > cap) return ECX_ERANGE;
