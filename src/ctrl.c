@@ -340,8 +340,6 @@ static int guard_track(guard *g, int fd, bool open)
     return rc;
 }
 
-/* A whole message of `bytes` (UINT64_MAX: unknown, read the kernel's count
- * now), of which part is a frame, was read from a connection. */
 /* libzmq 4.2 and 4.3 keep a message's metadata pointer in the first
  * bytes of zmq_msg_t, whatever the message's form (msg.hpp); elsewhere the
  * cache below is off. */
@@ -393,6 +391,8 @@ static int guard_srcfd(guard *g, zmq_msg_t *parts, int n)
     return fd;
 }
 
+/* A whole message of `bytes` (UINT64_MAX: unknown, read the kernel's count
+ * now), parts[0..nparts), was read from a connection. */
 static void guard_settle(guard *g, zmq_msg_t *parts, int nparts, uint64_t bytes)
 {
     int fd = guard_srcfd(g, parts, nparts);
