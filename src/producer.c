@@ -437,6 +437,19 @@ static void nack(ecxi_producer *p, ecx_span hash, int status, const char *why)
     reply_to(p, &a, false);
 }
 
+/* ecxi_session_id_is_ecx, with the answer for the last id of ecx's length
+ * kept: a consumer sends one id. */
+static bool session_is_ecx(ecxi_producer *p, ecx_span sid)
+{
+    if (sid.n != ECXI_SESSION_ID_LEN) return ecxi_session_id_is_ecx(sid.p, sid.n);
+    if (!p->sid_memo || memcmp(sid.p, p->sid_memo_id, ECXI_SESSION_ID_LEN) != 0) {
+        memcpy(p->sid_memo_id, sid.p, ECXI_SESSION_ID_LEN);
+        p->sid_memo_ecx = ecxi_session_id_is_ecx(sid.p, sid.n);
+        p->sid_memo = true;
+    }
+    return p->sid_memo_ecx;
+}
+
 /* Pin the entry if it is ready and copy its block indices into p->idx,
  * growing it if needed (ecxi_cache_pin_ready_blocks). */
 static int pin_blocks(ecxi_producer *p, ecx_span hash, ecxi_cache_info *info, size_t *n,
@@ -587,18 +600,8 @@ static void serve(ecxi_producer *p, const ecx_req *r, int64_t now)
                              .nbytes = info.size_bytes,
                              .lease_ms = (uint32_t)p->o.lease_ms};
         memcpy(t.token, g->token, sizeof t.token);
-        bool ecx_peer;
-        if (r->session_id.n == ECXI_SESSION_ID_LEN && p->sid_memo &&
-            memcmp(r->session_id.p, p->sid_memo_id, ECXI_SESSION_ID_LEN) == 0) {
-            ecx_peer = p->sid_memo_ecx; /* the same id as the last one's: its answer */
-        } else {
-            ecx_peer = ecxi_session_id_is_ecx(r->session_id.p, r->session_id.n);
-            if (r->session_id.n == ECXI_SESSION_ID_LEN) {
-                memcpy(p->sid_memo_id, r->session_id.p, ECXI_SESSION_ID_LEN);
-                p->sid_memo = true, p->sid_memo_ecx = ecx_peer;
-            }
-        }
-        rc = ecxi_data_grant_ack(p->data, ecx_peer, &t, p->desc, sizeof p->desc, &da);
+        rc = ecxi_data_grant_ack(p->data, session_is_ecx(p, r->session_id), &t, p->desc,
+                                 sizeof p->desc, &da);
     }
     if (rc) {
         if (g)
