@@ -671,10 +671,10 @@ int cmd_serve(int argc, char **argv)
     }
     if (cfg.connector_version == 2) { /* items are whole rows: of --width, else of a block */
         int elem = ecx_dtype_size(cfg.dtype);
-        if (!width && elem && cfg.block_bytes % (uint64_t)elem == 0)
-            apply_width(&it, cfg.block_bytes / (uint64_t)elem, false, elem, cfg.block_bytes);
-        else if (width)
-            apply_width(&it, (uint64_t)width, true, elem, cfg.block_bytes);
+        uint64_t row = width ? (uint64_t)width
+                       : elem && cfg.block_bytes % (uint64_t)elem == 0 ? cfg.block_bytes / (uint64_t)elem
+                                                                       : 0;
+        if (row) apply_width(&it, row, width != 0, elem, cfg.block_bytes);
         for (size_t i = 0; i < it.n; i++)
             if (!it.v[i].path && whole_blocks_check("--synthetic", it.v[i].size, &cfg)) goto usage;
     }
