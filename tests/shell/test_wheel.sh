@@ -129,7 +129,7 @@ def agents():  # this process's ecx-ucx-agent children: UCX runs there, not here
 
 with ecx.Context("producer", listen="127.0.0.1:0", data="ucx") as p, \
      ecx.Context("consumer", data="ucx") as c:
-    data = os.urandom(3_000_000)
+    data = os.urandom(366 * 8192)  # whole 8 KiB blocks: the default, protocol version 2
     p.save("w1", data)
     ann = p.announce("w1")
     for _ in range(500):
@@ -160,14 +160,14 @@ EOF
 
   # ecx serve --data nixl starts its helper, ecx-nixl-agent from the package,
   # which runs on the wheel's UCX.
-  mkdir -p "$w/items" && head -c 100000 /dev/urandom >"$w/items/item"
+  mkdir -p "$w/items" && head -c $((12 * 8192)) /dev/urandom >"$w/items/item"
   rm -f "$w/ann.json"
   "$venv/bin/ecx" serve --data nixl --preload "$w/items" --listen 127.0.0.1:0 \
     --announce-out "$w/ann.json" >"$w/serve.log" 2>&1 &
   spid=$!
   for _ in $(seq 100); do [ -s "$w/ann.json" ] && break; kill -0 $spid 2>/dev/null || break; sleep 0.1; done
   helper=$(pgrep -P $spid -x ecx-nixl-agent || true)
-  if [ -s "$w/ann.json" ] && [ -n "$helper" ] &&
+  if [ -s "$w/ann.json" ] && grep -q '"item"' "$w/ann.json" && [ -n "$helper" ] &&
      [ "$(readlink "/proc/$helper/exe")" = "$site/ecx/ecx-nixl-agent" ] &&
      grep -q "$site/ecx.libs/libucp-" "/proc/$helper/maps"; then
     pass "ecx serve --data nixl: helper $site/ecx/ecx-nixl-agent runs on the wheel's UCX"
