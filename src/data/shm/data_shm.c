@@ -695,6 +695,34 @@ static shm_peer *prefault_next(const shm_data *s)
     return NULL;
 }
 
+/* Fault in the pages of [map, map + len) that the file holds (len at most
+ * a chunk, map page-aligned). A hole faulted in through a shared mapping
+ * is a page allocated, charged to us, so a producer's sparse file (a
+ * 2 GiB memfd with nothing in it) must not make us allocate its size; a
+ * real region is allocated whole when it is made (region.c), so for it
+ * this changes nothing. mincore says which pages of a file mapping are in
+ * the file's cache, in time bounded by len (lseek's SEEK_HOLE, used
+ * before, walked the file to its next hole from every chunk: for a
+ * region with none, the whole file again per 256 KiB, 5x the copy's own
+ * time in a profile of a 768 MB region). Where mincore fails, nothing. */
+static void populate_data(const uint8_t *map, uint64_t len)
+{
+    long page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    unsigned char in[ECXI_DATA_CHUNK / 4096];
+    uint64_t pages = (len + (uint64_t)page - 1) / (uint64_t)page;
+    if (pages > sizeof in || mincore((void *)map, (size_t)len, in) != 0) return;
+    for (uint64_t i = 0; i < pages;) {
+        uint64_t j = i;
+        while (j < pages && (in[j] & 1))
+            j++;
+        if (j > i) {
+            uint64_t lo = i * (uint64_t)page, hi = j * (uint64_t)page;
+            ecxi_shm_populate(map + lo, (hi < len ? hi : len) - lo, false);
+        }
+        i = j + 1;
+    }
+}
+
 /* With nothing to copy, fault in more of a peer's mapping, a chunk at a
  * time, so that later READs of blocks never read before run at memory
  * speed (a first touch costs about as much again as the copy; see
@@ -707,23 +735,9 @@ static void prefault_some(shm_data *s, ecxi_slice *sl)
     if (s->copy_head || sl->bytes) return;
     shm_peer *p;
     while ((p = prefault_next(s))) {
-        uint64_t end = prefault_end(p), at = p->warm, stop = end;
-        /* Only what the file holds: a hole faulted in through a shared
-         * mapping is a page allocated, charged to us, so a producer's
-         * sparse file (a 2 GiB memfd with nothing in it) must not make us
-         * allocate its size. A real region is allocated whole when it is
-         * made (region.c), so for it this changes nothing. Where the file
-         * system cannot say (EINVAL), everything is taken as data. */
-        off_t d = lseek(p->src.fd, (off_t)at, SEEK_DATA);
-        if (d < 0 && errno == ENXIO) {
-            at = end; /* holes to the end (or the file shrank) */
-        } else if (d >= 0) {
-            at = (uint64_t)d < end ? (uint64_t)d : end;
-            off_t h = at < end ? lseek(p->src.fd, d, SEEK_HOLE) : -1;
-            if (h >= 0 && (uint64_t)h > at && (uint64_t)h < end) stop = (uint64_t)h;
-        }
-        uint64_t len = stop - at < ECXI_DATA_CHUNK ? stop - at : ECXI_DATA_CHUNK;
-        ecxi_shm_populate(p->src.map + at, len, false);
+        uint64_t at = p->warm, end = prefault_end(p);
+        uint64_t len = end - at < ECXI_DATA_CHUNK ? end - at : ECXI_DATA_CHUNK;
+        populate_data(p->src.map + at, len);
         p->warm = at + len;
         if (!s->base.background || ecxi_now_ns() - sl->start_ns >= sl->budget_ns) return;
     }
