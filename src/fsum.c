@@ -21,7 +21,15 @@
 #define STRIPES 16 /* per block: (default secret 192 - 64) / 8 */
 #define SCRAMBLE_SECRET (XXH3_kSecret + XXH_SECRET_DEFAULT_SIZE - 64)
 
-enum { ST_HASH = 0, ST_STORE = 1, ST_STREAM = 2 };
+enum { ST_HASH = 0, ST_STORE = 1, ST_STREAM = 2, ST_STREAM_PF = 3 };
+
+/* How far ahead of its loads a streaming AVX2 copy prefetches, on CPUs
+ * where that was measured faster: on an AMD EPYC (2 vCPUs, AVX2), 256 MB
+ * copied at 6.5-7.7 GB/s without and 8.5-9.3 GB/s with a prefetch 4 KiB
+ * ahead, as fast as glibc's memcpy (8.6-9.6 GB/s); on an Intel machine
+ * (AVX-512) the same prefetch made either kernel ~12% slower
+ * (BENCHMARKS.md, "Data-plane speed"), so elsewhere there is none. */
+#define PREFETCH_AHEAD 4096
 
 /* n full stripes from src (stored to dst per `store`), the first of them
  * stripe k of the stream; acc is the accumulators (unaligned). */
@@ -74,7 +82,7 @@ stripe256(__m256i *a0, __m256i *a1, uint8_t *dst, const uint8_t *src, unsigned j
 {
     __m256i d0 = _mm256_loadu_si256((const __m256i *)src);
     __m256i d1 = _mm256_loadu_si256((const __m256i *)(src + 32));
-    if (store == ST_STREAM) {
+    if (store == ST_STREAM || store == ST_STREAM_PF) {
         _mm256_stream_si256((__m256i *)dst, d0);
         _mm256_stream_si256((__m256i *)(dst + 32), d1);
     } else if (store == ST_STORE) {
@@ -93,6 +101,7 @@ run256(uint64_t *acc, uint8_t *dst, const uint8_t *src, uint64_t n, uint64_t k, 
     /* One stripe an iteration: unrolling a block measured slower here (its
      * 32 secret halves do not fit AVX2's 16 registers). */
     while (n) {
+        if (store == ST_STREAM_PF) _mm_prefetch((const char *)src + PREFETCH_AHEAD, _MM_HINT_T0);
         stripe256(&a0, &a1, dst, src, (unsigned)(k % STRIPES), store);
         if (k % STRIPES == STRIPES - 1) {
             a0 = scramble256(a0, SCRAMBLE_SECRET);
@@ -108,7 +117,8 @@ __attribute__((target("avx2"))) static void kernel_avx2(uint64_t *acc, uint8_t *
                                                         const uint8_t *src, uint64_t n,
                                                         uint64_t k, int store)
 {
-    if (store == ST_STREAM) run256(acc, dst, src, n, k, ST_STREAM);
+    if (store == ST_STREAM_PF) run256(acc, dst, src, n, k, ST_STREAM_PF);
+    else if (store == ST_STREAM) run256(acc, dst, src, n, k, ST_STREAM);
     else if (store == ST_STORE) run256(acc, dst, src, n, k, ST_STORE);
     else run256(acc, dst, src, n, k, ST_HASH);
 }
@@ -211,11 +221,26 @@ int ecxi_fsum_set_isa(int isa)
     return 0;
 }
 
-static kernel_fn *kernel(void)
+static int isa_now(void)
 {
     int isa = atomic_load_explicit(&g_isa, memory_order_relaxed);
     if (isa < 0) atomic_store(&g_isa, isa = ecxi_fsum_best_isa());
-    return kernels[isa];
+    return isa;
+}
+
+/* Whether a streaming copy on `isa` prefetches (PREFETCH_AHEAD): the AVX2
+ * kernel on an AMD CPU. */
+static bool stream_prefetch(int isa)
+{
+#if FSUM_X86
+    static atomic_int amd = -1;
+    int a = atomic_load_explicit(&amd, memory_order_relaxed);
+    if (a < 0) atomic_store(&amd, a = __builtin_cpu_is("amd"));
+    return a && isa == ECXI_FSUM_AVX2;
+#else
+    (void)isa;
+    return false;
+#endif
 }
 
 /* ---- the stream --------------------------------------------------------- */
@@ -266,15 +291,16 @@ static void feed(ecxi_fsum *f, uint8_t *dst, const uint8_t *src, uint64_t len)
         }
         uint64_t s = left / 64;
         if (s > f->K - f->k) s = f->K - f->k;
-        int store = ST_HASH;
+        int store = ST_HASH, isa = isa_now();
         if (dst) {
             store = ST_STORE;
 #if FSUM_X86
-            if (f->nt && ((uintptr_t)dst & 63) == 0) store = ST_STREAM, streamed = true;
+            if (f->nt && ((uintptr_t)dst & 63) == 0)
+                store = stream_prefetch(isa) ? ST_STREAM_PF : ST_STREAM, streamed = true;
 #endif
         }
         /* (hashing only: no store, and dst is never NULL inside a kernel) */
-        kernel()(f->acc, dst ? dst : (uint8_t *)src, src, s, f->k, store);
+        kernels[isa](f->acc, dst ? dst : (uint8_t *)src, src, s, f->k, store);
         f->k += s, src += s * 64, left -= s * 64;
         if (dst) dst += s * 64;
     }
