@@ -93,12 +93,17 @@ struct ecxi_consumer {
     size_t n_sessions;
     uint64_t sessions_gen; /* bumped when a session opens or closes */
     unsigned reads_started; /* by the acks of the current poll */
+    int64_t ctrl_read_ns;   /* when the poll last read the sessions' sockets */
     msgpack_sbuffer out;
     int64_t *idx;                   /* scratch: ack indices */
     ecxi_cache_run *cruns;          /* scratch: our entry's runs */
     ecxi_block_run *remote, *local; /* scratch for read_post: the two sides' runs */
     size_t scratch_cap;
 };
+
+/* How often a poll reads the sessions' sockets while a READ's bytes move
+ * (ecxi_consumer_poll). */
+#define CTRL_READ_EVERY_NS 500000
 
 /* ---------- small helpers ---------- */
 
@@ -835,24 +840,11 @@ static int advance(ecxi_consumer *c, xfer *x, int64_t now)
     return 0;
 }
 
-int ecxi_consumer_poll(ecxi_consumer *c)
+/* Each session's news: its connection's (lost, refused, not ZeroMQ: the
+ * session closes) and its acks. Returns events. */
+static int read_sessions(ecxi_consumer *c, int64_t now)
 {
-    ecxi_consumer_admit(c);
     int events = 0;
-    int64_t now = now_ms(c);
-    c->reads_started = 0;
-    /* One bounded slice of data-plane work per poll (data.h): a large
-     * READ moves on over many polls, each short. */
-    int64_t t0 = ecxi_now_ns();
-    int n = ecxi_data_progress(c->data, ECXI_DATA_SLICE_NS, NULL);
-    if (n > 0) events += n;
-    /* Timers first: an ack that waited in the socket past its transfer's
-     * deadline (say, while this process was stopped) finds the transfer
-     * timed out and is dropped as stale, never acted on. */
-    for (xfer *x = c->head, *next; x; x = next) {
-        next = x->next;
-        events += advance(c, x, now);
-    }
     for (session *s = c->sessions_list, *next; s; s = next) {
         next = s->next;
         /* The monitor first: an ack read after a disconnect may come from a
@@ -878,6 +870,36 @@ int ecxi_consumer_poll(ecxi_consumer *c)
             s->last_used_ms = now;
             on_ack(c, s, pl, len, now);
         }
+    }
+    return events;
+}
+
+int ecxi_consumer_poll(ecxi_consumer *c)
+{
+    ecxi_consumer_admit(c);
+    int events = 0;
+    int64_t now = now_ms(c);
+    c->reads_started = 0;
+    /* One bounded slice of data-plane work per poll (data.h): a large
+     * READ moves on over many polls, each short. */
+    int64_t t0 = ecxi_now_ns();
+    int n = ecxi_data_progress(c->data, ECXI_DATA_SLICE_NS, NULL);
+    if (n > 0) events += n;
+    /* Timers first: an ack that waited in the socket past its transfer's
+     * deadline (say, while this process was stopped) finds the transfer
+     * timed out and is dropped as stale, never acted on. */
+    for (xfer *x = c->head, *next; x; x = next) {
+        next = x->next;
+        events += advance(c, x, now);
+    }
+    /* While a READ's bytes move, its slices follow one another with no wait
+     * between them, and the sessions' sockets are read every
+     * CTRL_READ_EVERY_NS rather than every slice: each read that finds
+     * nothing is two system calls inside libzmq (a poll of its mailbox,
+     * getpid), ten per session per poll, ~15 us next to a slice's 150. */
+    if (!ecxi_data_moving(c->data) || t0 - c->ctrl_read_ns >= CTRL_READ_EVERY_NS) {
+        c->ctrl_read_ns = t0;
+        events += read_sessions(c, now);
     }
     /* READs the acks just started get what is left of this poll's slice
      * (a small item is then done, and reported in this call rather than

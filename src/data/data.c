@@ -499,6 +499,11 @@ int ecxi_data_progress(ecxi_data *d, int64_t budget_ns, bool *more)
     return rc;
 }
 
+bool ecxi_data_moving(const ecxi_data *d)
+{
+    return d && d->more;
+}
+
 int ecxi_data_fd(ecxi_data *d)
 {
     return d ? d->ops->fd(d) : -1;

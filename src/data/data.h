@@ -333,6 +333,10 @@ void ecxi_data_read_release(ecxi_data_xfer *x);
  * again rather than sleep). Never blocks. */
 int ecxi_data_progress(ecxi_data *d, int64_t budget_ns, bool *more);
 
+/* True when the last progress call stopped at its budget with bytes left
+ * to move: a READ's next slice is due at once. */
+bool ecxi_data_moving(const ecxi_data *d);
+
 /* A descriptor that becomes readable when progress may have work, or -1
  * if the context has none (then poll it on a timer). */
 int ecxi_data_fd(ecxi_data *d);
