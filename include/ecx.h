@@ -70,7 +70,8 @@
  *   - Each context faults its region's memory in on one more thread of its
  *     own, 2 MiB at a time, from ecx_new() until it is all in or ecx_free()
  *     (ECX_PREFAULT=0 in the environment: no such thread; a save then backs
- *     its own blocks as it always does first). Its signals are blocked.
+ *     its own blocks as it always does first). It pauses while a fetch
+ *     copies into the region. Its signals are blocked.
  *   - A producer with events_endpoint set runs one more thread, which
  *     publishes the events (docs/EVENTS.md).
  *   - No UCX runs in this process: the ucx and nixl data paths run it in

@@ -47,10 +47,12 @@ struct ecxi_region {
      * false in a joiner's or a helper's mapping. */
     _Atomic uint8_t *backed;
     uint64_t n_chunks;
+    _Atomic uint64_t n_backed; /* of backed[], set */
     pthread_t filler;
     bool filling;
     pid_t filler_pid; /* the process the filler runs in (not a forked child) */
     atomic_bool stop;
+    _Atomic int64_t quiet_from_ns; /* the filler waits until then (ecxi_region_busy) */
 };
 
 /* The unit of backing: a 2 MiB piece of the file (a huge page where the
@@ -241,7 +243,8 @@ static int back_chunk(ecxi_region *r, uint64_t i)
     if (atomic_load_explicit(&r->backed[i], memory_order_acquire)) return 0;
     uint64_t off = i * FILL_CHUNK, len = r->size - off < FILL_CHUNK ? r->size - off : FILL_CHUNK;
     int e = back_range(r, off, len);
-    if (!e) atomic_store_explicit(&r->backed[i], 1, memory_order_release);
+    if (!e && !atomic_exchange_explicit(&r->backed[i], 1, memory_order_acq_rel))
+        atomic_fetch_add_explicit(&r->n_backed, 1, memory_order_relaxed);
     return e;
 }
 
@@ -266,14 +269,45 @@ int ecxi_region_back(ecxi_region *r, uint64_t first_block, uint64_t n_blocks)
     return 0;
 }
 
+uint64_t ecxi_region_backed_bytes(const ecxi_region *r)
+{
+    if (!r) return 0;
+    if (!r->backed) return r->size;
+    uint64_t n = atomic_load_explicit(&r->n_backed, memory_order_relaxed);
+    return n >= r->n_chunks ? r->size : n * FILL_CHUNK;
+}
+
+void ecxi_region_busy(ecxi_region *r)
+{
+    if (r && r->filling)
+        atomic_store_explicit(&r->quiet_from_ns, ecxi_now_ns() + ECXI_REGION_QUIET_NS,
+                              memory_order_relaxed);
+}
+
+/* Wait while work on the region wants the CPU (ecxi_region_busy), in
+ * sleeps of at most the quiet time, so that a stop is seen. */
+static void fill_wait_quiet(ecxi_region *r)
+{
+    for (;;) {
+        int64_t left = atomic_load_explicit(&r->quiet_from_ns, memory_order_relaxed) - ecxi_now_ns();
+        if (left <= 0 || atomic_load(&r->stop)) return;
+        struct timespec ts = {0, left < ECXI_REGION_QUIET_NS ? left : ECXI_REGION_QUIET_NS};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* The creator's background filler: backs the region piece by piece, from
  * its start (where the cache's first reservations land), until done, told
  * to stop, or out of room (then the rest is backed as blocks are reserved,
- * and a reservation that finds no room fails: ecxi_region_back()). */
+ * and a reservation that finds no room fails: ecxi_region_back()). It
+ * steps aside while a copy into the region runs (ecxi_region_busy): on a
+ * host with no core to spare it took the copy's (a fresh consumer's first
+ * 256 MB fetch lost 100-400 ms, in scheduler ticks, to it). */
 static void *fill_main(void *arg)
 {
     ecxi_region *r = arg;
     for (uint64_t i = 0; i < r->n_chunks && !atomic_load(&r->stop); i++) {
+        fill_wait_quiet(r);
         int e = back_chunk(r, i);
         if (e) {
             ecxi_log(ECX_LOG_INFO,

@@ -119,6 +119,17 @@ bool ecxi_region_is_owner(const ecxi_region *r);    /* true for the creator */
  * (its creator backs what it reserves). */
 int ecxi_region_back(ecxi_region *r, uint64_t first_block, uint64_t n_blocks);
 
+/* Bytes of the region backed so far (the filler's and the reservations'
+ * pieces): its size once all are, and always in a joiner's mapping. */
+uint64_t ecxi_region_backed_bytes(const ecxi_region *r);
+
+/* A copy into the region is running and wants the CPU: the background
+ * filler pauses until ECXI_REGION_QUIET_NS after the last such call (the
+ * blocks a copy writes are backed already, by their reservation). Cheap:
+ * one atomic store; call it per chunk. */
+#define ECXI_REGION_QUIET_NS 2000000
+void ecxi_region_busy(ecxi_region *r);
+
 /* Reclaim orphaned region files (and leftover temporaries) of this user in
  * dir (NULL: ecxi_region_default_dir()). Returns how many were removed, or
  * a negative error if dir cannot be read. */

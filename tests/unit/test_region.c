@@ -388,12 +388,17 @@ static void test_backing(void **state)
     unsetenv("ECX_PREFAULT");
     const char *path = ecxi_region_path(r);
     assert_int_equal(held_bytes(path), 0);
+    assert_int_equal(ecxi_region_backed_bytes(r), 0);
     assert_int_equal(ecxi_region_back(r, 0, 1), 0);
     assert_int_equal(held_bytes(path), mib2); /* the first 2 MiB piece */
+    assert_int_equal(ecxi_region_backed_bytes(r), mib2);
     assert_int_equal(ecxi_region_back(r, 31, 1), 0); /* in it: nothing more */
     assert_int_equal(held_bytes(path), mib2);
     assert_int_equal(ecxi_region_back(r, 31, 2), 0); /* reaches the second */
     assert_int_equal(held_bytes(path), 4 * (uint64_t)1 << 20);
+    assert_int_equal(ecxi_region_backed_bytes(r), 4 * (uint64_t)1 << 20);
+    assert_int_equal(ecxi_region_back(r, 0, 64), 0); /* all of it (4 MiB) */
+    assert_int_equal(ecxi_region_backed_bytes(r), ecxi_region_size(r));
     assert_int_equal(ecxi_region_back(r, 64, 1), ECX_ERANGE);
     assert_int_equal(ecxi_region_back(r, 63, 2), ECX_ERANGE);
     assert_int_equal(ecxi_region_back(r, UINT64_MAX, 2), ECX_ERANGE);
@@ -401,6 +406,7 @@ static void test_backing(void **state)
     ecxi_region *j;
     assert_int_equal(ecxi_region_join_in(dir, "b", 0, bs, &j), 0);
     assert_int_equal(ecxi_region_back(j, 0, 64), 0); /* a joiner's: nothing to do */
+    assert_int_equal(ecxi_region_backed_bytes(j), ecxi_region_size(j));
     ecxi_region_free(j);
     ecxi_region_free(r);
 
@@ -411,6 +417,23 @@ static void test_backing(void **state)
     for (int i = 0; i < 2000 && (held = held_bytes(ecxi_region_path(r))) < big; i++)
         usleep(10000);
     assert_int_equal(held, big);
+    assert_int_equal(ecxi_region_backed_bytes(r), big);
+    ecxi_region_free(r);
+    /* It pauses while the region is busy (a copy into it says so at each
+     * chunk): 300 ms of calls every 100 us leave most of a 256 MiB region
+     * unbacked (the filler alone backs it in ~0.1-0.3 s; what it does in
+     * a moment this thread is not running is allowed for). */
+    assert_int_equal(ecxi_region_create_in(dir, "p", 0, 256u << 20, 1u << 20, &r), 0);
+    ecxi_region_busy(r);
+    uint64_t at0 = ecxi_region_backed_bytes(r);
+    for (int i = 0; i < 3000; i++) {
+        ecxi_region_busy(r);
+        usleep(100);
+    }
+    assert_true(ecxi_region_backed_bytes(r) - at0 < (128u << 20));
+    for (int i = 0; i < 2000 && ecxi_region_backed_bytes(r) < (256u << 20); i++)
+        usleep(10000); /* and goes on once it is quiet */
+    assert_int_equal(ecxi_region_backed_bytes(r), 256u << 20);
     ecxi_region_free(r);
     /* Freed while its filler runs (a 1 GiB region, at once): the filler
      * stops and the file goes. */

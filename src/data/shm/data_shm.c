@@ -671,6 +671,7 @@ static int copy_some(shm_data *s, ecxi_slice *sl)
         if (ecxi_slice_spent(sl)) break;
         shm_xfer *x = s->copy_head;
         uint64_t moved = 0, sum = 0;
+        ecxi_region_busy(s->base.region);
         int rc = ecxi_shm_job_step(x->job, &x->peer->src, base, ECXI_DATA_CHUNK, &moved, &sum);
         sl->bytes += moved;
         if (rc != 0) {

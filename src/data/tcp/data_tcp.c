@@ -783,6 +783,7 @@ static int recv_body(tcp_data *t, tcp_peer *p, ecxi_slice *sl)
     p->got += (uint64_t)r;
     sl->bytes += (uint64_t)r;
     if (!x->released) {
+        ecxi_region_busy(t->base.region);
         ecxi_fsum_update(&p->sum, dst, (uint64_t)r);
         p->run_off += (uint64_t)r;
         if (p->run_off == x->runs[p->run_i].len) p->run_i++, p->run_off = 0;
