@@ -787,6 +787,8 @@ int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len)
     ecxi_data_stats ds = {0};
     ecxi_cache_get_stats(ctx->cache, &st);
     ecxi_metrics_src m = {.cache = &st, .block_bytes = ctx->block_bytes,
+                          .region_bytes = ecxi_region_size(ctx->region),
+                          .region_backed_bytes = ecxi_region_backed_bytes(ctx->region),
                           .info_labels = ctx->info_labels};
     if (ctx->prod) {
         ps = ecxi_producer_get_stats(ctx->prod);

@@ -273,6 +273,11 @@ int ecxi_metrics_render(const ecxi_metrics_src *m, char *buf, size_t cap, size_t
     if (m->producer) producer(&o, m->producer, m->ctrl, m->data);
     if (m->consumer) consumer(&o, m->consumer);
     if (m->cache) cache(&o, m->cache, m->block_bytes);
+    gauge(&o, "ecx_region_bytes", "Size of the shared-memory region.", m->region_bytes);
+    gauge(&o, "ecx_region_backed_bytes",
+          "Bytes of the region allocated and faulted in so far, by the background fault-in "
+          "and by reservations; the region's size once all are (ECX_PREFAULT).",
+          m->region_backed_bytes);
     if (m->events) events(&o, m->events);
     counter(&o, "ecx_nixl_agent_restarts_total",
             "NIXL agent processes started again after one died (--data nixl; docs/NIXL.md §5).",

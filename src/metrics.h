@@ -28,6 +28,7 @@ typedef struct ecxi_metrics_src {
     const ecxi_cache_stats *cache;
     const ecxi_events_stats *events;     /* NULL if events are off */
     unsigned long long block_bytes;
+    uint64_t region_bytes, region_backed_bytes;
     const char *info_labels;             /* ecx_info's labels (escaped), NULL: none */
 } ecxi_metrics_src;
 
