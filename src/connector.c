@@ -688,7 +688,14 @@ static int fetch(ecx_ctx *ctx, const char *h, const char *json, const ecx_announ
     bool queued = false;
     int st = ecxi_consumer_answer(ctx->cons, h, hl, json, from, expected_size, reason, &queued);
     if (!queued) return st;
-    if (pthread_mutex_trylock(&ctx->mu) != 0) {
+    /* Its request reserves blocks, which back themselves first where the
+     * region's background fault-in has not reached them yet: on a fresh
+     * context that is up to the item's size in page faults (a 256 MB item
+     * right after ecx_new: 45-140 ms), never for the engine's call to pay
+     * while a progress thread can. */
+    if ((ctx->threaded &&
+         ecxi_region_backed_bytes(ctx->region) < ecxi_region_size(ctx->region)) ||
+        pthread_mutex_trylock(&ctx->mu) != 0) {
         ecxi_loop_kick(ctx);
         return st;
     }
