@@ -83,6 +83,9 @@ static const char HELP[] =
     "consumer. For each path and size:\n"
     "\n"
     "  cold/warm  COUNT fresh consumer contexts (after WARMUP untimed ones), each:\n"
+    "             its region faulted in first by its background thread, as an\n"
+    "             engine's is by its first request (backed_ms: how long that\n"
+    "             took; not in any other figure; ECX_PREFAULT=0: not waited for);\n"
     "             a timed memcpy of SIZE (destination overwritten first, buffers\n"
     "             already faulted in); RTT = a fetch of an item the producer does\n"
     "             not hold, XferReq -> NACK_MISSING (after one such fetch that opens\n"
@@ -127,7 +130,7 @@ static const char HELP[] =
     "\n"
     "Output (stdout), per path and size, first\n"
     "  path=P size=B memcpy_ms=X rtt_ms=X cold_ms=X warm_ms=X cold_ratio=X warm_ratio=X\n"
-    "    after_idle_ms=X after_idle_ratio=X after_idle_minflt=N\n"
+    "    after_idle_ms=X after_idle_ratio=X after_idle_minflt=N backed_ms=X\n"
     "    (on one line; medians over COUNT contexts; cold_ratio = cold_ms / (memcpy_ms\n"
     "    + rtt_ms), the others likewise; after_idle_minflt: this process's minor page\n"
     "    faults during the 2nd fetch), then one line per step interval, 0 first:\n"
@@ -574,6 +577,31 @@ static int new_consumer(const stall *b, uint64_t item, ecx_ctx **out)
     return e ? -1 : 0;
 }
 
+/* A metric's value from ecx_metrics' text, or -1. */
+static double metric(ecx_ctx *ctx, const char *name)
+{
+    char buf[65536];
+    size_t len;
+    if (ecx_metrics(ctx, buf, sizeof buf, &len) != 0) return -1;
+    size_t nl = strlen(name);
+    for (const char *p = buf; (p = strstr(p, name)); p += nl)
+        if ((p == buf || p[-1] == '\n') && p[nl] == ' ') return strtod(p + nl + 1, NULL);
+    return -1;
+}
+
+/* Wait (at most FETCH_LIMIT_S) until cons's region is all faulted in;
+ * seconds waited, or 0 with ECX_PREFAULT=0 (nothing faults it in). */
+static double wait_backed(ecx_ctx *cons)
+{
+    const char *pf = getenv("ECX_PREFAULT");
+    if (pf && !strcmp(pf, "0")) return 0;
+    double t0 = mono_s();
+    while (metric(cons, "ecx_region_backed_bytes") < metric(cons, "ecx_region_bytes") &&
+           mono_s() - t0 < FETCH_LIMIT_S)
+        sleep_until(bench_now_ns() + 2000000ull);
+    return mono_s() - t0;
+}
+
 /* Cold and warm fetches against memcpy + RTT; leaves the last (warm)
  * consumer in *keep. */
 static int cold_warm(stall *b, uint64_t size, uint64_t item, ecx_ctx **keep)
@@ -582,8 +610,9 @@ static int cold_warm(stall *b, uint64_t size, uint64_t item, ecx_ctx **keep)
     double *tm = calloc((size_t)n, sizeof *tm), *trtt = calloc((size_t)n, sizeof *trtt);
     double *tc = calloc((size_t)n, sizeof *tc), *tw = calloc((size_t)n, sizeof *tw);
     double *ti = calloc((size_t)n, sizeof *ti), *fi = calloc((size_t)n, sizeof *fi);
+    double *tb = calloc((size_t)n, sizeof *tb);
     ecx_ctx *cons = NULL;
-    if (!tm || !trtt || !tc || !tw || !ti || !fi) goto out;
+    if (!tm || !trtt || !tc || !tw || !ti || !fi || !tb) goto out;
     for (int it = 0; it < b->warmup + n; it++) {
         ecx_free(cons); /* its region goes before the next one is made */
         cons = NULL;
@@ -593,6 +622,7 @@ static int cold_warm(stall *b, uint64_t size, uint64_t item, ecx_ctx **keep)
             goto out;
         }
         if (new_consumer(b, item, &cons)) goto out;
+        double backed = wait_backed(cons);
         double r, cold, idle, warm = 0;
         if (rtt_once(b, cons) < 0 || (r = rtt_once(b, cons)) < 0) goto out;
         if ((cold = engine_fetch(b, cons, size, 0, NULL, NULL)) < 0) goto out;
@@ -607,10 +637,11 @@ static int cold_warm(stall *b, uint64_t size, uint64_t item, ecx_ctx **keep)
         tm[it - b->warmup] = m, trtt[it - b->warmup] = r;
         tc[it - b->warmup] = cold, tw[it - b->warmup] = warm, ti[it - b->warmup] = idle;
         fi[it - b->warmup] = (double)(ru1.ru_minflt - ru0.ru_minflt);
+        tb[it - b->warmup] = backed;
     }
     double m = bench_median(tm, n), r = bench_median(trtt, n);
     double c = bench_median(tc, n), w = bench_median(tw, n);
-    double i = bench_median(ti, n), f = bench_median(fi, n);
+    double i = bench_median(ti, n), f = bench_median(fi, n), bk = bench_median(tb, n);
     fprintf(stderr,
             "bench stall: %s %llu B: memcpy %.3f ms + RTT %.3f ms (missing item); first fetch of a "
             "fresh consumer %.3f ms, after %d ms idle %.3f ms (%.0f minor faults), warm %.3f ms "
@@ -619,16 +650,16 @@ static int cold_warm(stall *b, uint64_t size, uint64_t item, ecx_ctx **keep)
             f, w * 1e3, n);
     printf("path=%s size=%llu memcpy_ms=%.3f rtt_ms=%.3f cold_ms=%.3f warm_ms=%.3f "
            "cold_ratio=%.3f warm_ratio=%.3f after_idle_ms=%.3f after_idle_ratio=%.3f "
-           "after_idle_minflt=%.0f\n",
+           "after_idle_minflt=%.0f backed_ms=%.3f\n",
            b->path, (unsigned long long)size, m * 1e3, r * 1e3, c * 1e3, w * 1e3, c / (m + r),
-           w / (m + r), i * 1e3, i / (m + r), f);
+           w / (m + r), i * 1e3, i / (m + r), f, bk * 1e3);
     fflush(stdout);
     *keep = cons;
     cons = NULL;
     rc = 0;
 out:
     ecx_free(cons);
-    free(tm), free(trtt), free(tc), free(tw), free(ti), free(fi);
+    free(tm), free(trtt), free(tc), free(tw), free(ti), free(fi), free(tb);
     return rc;
 }
 
