@@ -793,8 +793,8 @@ static int take_region(shm_peer *p, int fd)
     }
 #ifdef MADV_HUGEPAGE
     /* Where the producer's region has huge pages (its directory is a tmpfs
-     * mounted huge=always|within_size|advise, which says so in st_blksize:
-     * 2 MiB), a first touch maps 2 MiB at once: a cold fetch then runs at
+     * mounted huge=always|within_size, whose files say so in st_blksize:
+     * 2 MiB, or huge=advise, which its mount options say), a first touch maps 2 MiB at once: a cold fetch then runs at
      * memory speed instead of paying a fault per 4 KiB page. The kernel
      * places the mapping at a 2 MiB boundary for such a mount by itself;
      * the hint is for kernels that also want it on the reader's side. On a
