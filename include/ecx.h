@@ -238,7 +238,9 @@ enum ecx_fetch_state {
     X(CORRUPT, "the bytes read do not match the producer's checksum")                              \
     X(LEASE_EXPIRED, "the READ ended after the producer's pin lease could have")                  \
     X(REFUSED, "the producer's address refused the connection: nothing listening there")         \
-    X(NOT_ZMQ, "the producer's address is not a ZeroMQ peer: it sent no ZeroMQ greeting")
+    X(NOT_ZMQ, "the producer's address is not a ZeroMQ peer: it sent no ZeroMQ greeting")       \
+    X(HANDSHAKE, "the producer's address hung up in the ZeroMQ handshake: CURVE keys or modes "    \
+                 "differ, or it is not a ZeroMQ peer")
 
 enum ecx_reason {
 #define ECX_REASON_ENUM_(name, meaning) ECX_REASON_##name,

@@ -417,6 +417,23 @@ static bool retire_if_refused(ecxi_consumer *c, session *s, int64_t now)
     return true;
 }
 
+/* Close a session whose producer hung up before a handshake completed
+ * (CURVE keys or modes differ, or not a ZeroMQ peer): its waiting transfers
+ * fall back at once (HANDSHAKE), not at the ack timeout (every try of it,
+ * on version 2: the per-item wait). A later fetch dials again, so fixed
+ * keys heal. */
+static bool retire_if_hung_up(ecxi_consumer *c, session *s, int64_t now)
+{
+    if (!ecxi_ctrl_peer_hung_up(s->peer)) return false;
+    for (xfer *x = c->head; x; x = x->next)
+        if (x->s == s && x->state == WAITING_ACK) tombstone(c, x, ECX_REASON_HANDSHAKE, now);
+    ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %s:%d hung up in the ZeroMQ handshake (CURVE "
+                        "keys or modes differ, or not a ZeroMQ peer; `ecx ping` tells which); "
+                        "session closed", s->host, s->port);
+    session_close(c, s, now);
+    return true;
+}
+
 /* Close a session whose producer's address is not a ZeroMQ peer (its TCP
  * connection sent no ZeroMQ greeting within ECXI_CTRL_GREETING_MS: an HTTP
  * server, a metrics port): its waiting transfers fall back at once
@@ -850,7 +867,7 @@ static int read_sessions(ecxi_consumer *c, int64_t now)
         /* The monitor first: an ack read after a disconnect may come from a
          * new producer that ZeroMQ reconnected to behind our back. */
         if (retire_if_lost(c, s, now) || retire_if_refused(c, s, now) ||
-            retire_if_silent(c, s, now)) {
+            retire_if_hung_up(c, s, now) || retire_if_silent(c, s, now)) {
             events++;
             continue;
         }

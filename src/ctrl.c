@@ -72,6 +72,7 @@ struct ecxi_ctrl_peer {
     bool heard;      /* the monitor said something about the last dial */
     bool connected;  /* the last dial's TCP connect succeeded */
     bool refused;    /* a dial's TCP connect failed (refused), and none succeeded since */
+    bool hung_up;    /* the peer closed a connection before any handshake completed */
     bool curve;      /* CURVE on (a handshake can fail on keys) */
     int64_t dialed_ms, redial_ms; /* the last dial; the next one (0: none due) */
     int64_t greeting_by_ms;       /* TCP up, no handshake yet: its deadline (0: none) */
@@ -1133,6 +1134,7 @@ static void peer_events(ecxi_ctrl_peer *p)
              * dials again, so a fixed key heals). */
             guard_track(&p->g, (int)v, false);
             p->stats.handshake_failed++;
+            p->hung_up = true;
             peer_failed(p);
             ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: handshake with %s failed: %s", p->ep,
                                 p->curve ? "wrong CURVE server key, not in its allow-list, "
@@ -1170,6 +1172,12 @@ bool ecxi_ctrl_peer_refused(ecxi_ctrl_peer *p)
 {
     peer_events(p);
     return p->refused;
+}
+
+bool ecxi_ctrl_peer_hung_up(ecxi_ctrl_peer *p)
+{
+    peer_events(p);
+    return p->hung_up && !p->handshaken;
 }
 
 bool ecxi_ctrl_peer_silent(ecxi_ctrl_peer *p)

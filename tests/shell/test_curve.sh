@@ -3,14 +3,12 @@
 # test_curve — the opt-in CURVE control plane with real `ecx serve` / `ecx
 # get` processes: keygen files and modes; an allowed consumer fetches
 # byte-exact; a consumer outside the allow-list, one with the wrong server
-# key and a plaintext one all fall back within the ack timeout (exit 3),
-# and the producer counts the refusals; without an allow-list any consumer
-# with the server key gets in; bad key files and option misuse exit 1 / 2;
-# no key is ever printed.
-# Protocol version 1 on purpose ("${V1[@]}", 1 MiB blocks): the refused
-# consumers must fall back ACK_TIMEOUT within seconds, on version 1's ack
-# timeout (then a tombstone); under version 2 an ack timeout is retried for
-# the 60 s per-item wait, as vLLM >= 0.32 re-requests.
+# key and a plaintext one all fall back at once (HANDSHAKE, exit 3: the
+# producer hangs up in the handshake), not after the ack timeout or, on
+# version 2 (the defaults, used here), the 60 s per-item wait, and the
+# producer counts the refusals; without an allow-list any consumer with the
+# server key gets in; bad key files and option misuse exit 1 / 2; no key is
+# ever printed.
 # usage: test_curve.sh PATH_TO_ECX
 set -u
 ECX=$1
@@ -34,25 +32,25 @@ check "keygen --help says what it writes" 'grep -q "OUT_PREFIX.key" "$T/cmd.stdo
 # A producer with an allow-list holding a's key only.
 { echo "# consumers allowed in"; key_of "$T/a.pub"; echo; } >"$T/allow"
 MPORT=$(free_port)
-"$ECX" serve --listen 127.0.0.1:0 --synthetic 3:200000 "${V1[@]}" --announce-out "$T/ann.json" \
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 3:204800 --announce-out "$T/ann.json" \
   --metrics "127.0.0.1:$MPORT" --curve-secret "$T/p.key" --curve-allow "$T/allow" 2>"$T/serve.log" &
 pids+=($!)
 wait_file "$T/ann.json" || { echo "FAIL: serve did not start" >&2; cat "$T/serve.log" >&2; exit 1; }
 mkdir -p "$T/o1" "$T/o2" "$T/o3" "$T/o4" "$T/o5"
 expect 0 "3 fetched" "allowed consumer fetches" -- "$ECX" get --params "$T/ann.json" --out "$T/o1" \
-  "${V1[@]}" --verify-synthetic --curve-server-key "$T/p.pub" --curve-secret "$T/a.key"
+  --verify-synthetic --curve-server-key "$T/p.pub" --curve-secret "$T/a.key"
 check "3 files fetched" '[ "$(ls "$T/o1" | wc -l)" = 3 ]'
 t0=$(date +%s)
-expect 3 "ACK_TIMEOUT" "consumer outside the allow-list falls back" -- "$ECX" get --params "$T/ann.json" \
-  --out "$T/o2" "${V1[@]}" --ack-timeout-ms 1000 --curve-server-key "$T/p.pub" --curve-secret "$T/b.key"
-check "refusal is prompt (<= 10 s)" '[ $(( $(date +%s) - t0 )) -le 10 ]'
+expect 3 "HANDSHAKE" "consumer outside the allow-list falls back" -- "$ECX" get --params "$T/ann.json" \
+  --out "$T/o2" --curve-server-key "$T/p.pub" --curve-secret "$T/b.key"
+check "refusal is prompt (<= 5 s, not the 60 s per-item wait)" '[ $(( $(date +%s) - t0 )) -le 5 ]'
 check "refused consumer wrote nothing" '[ -z "$(ls "$T/o2")" ]'
-expect 3 "ACK_TIMEOUT" "ephemeral key not in the allow-list falls back" -- "$ECX" get --params "$T/ann.json" \
-  --out "$T/o2" "${V1[@]}" --ack-timeout-ms 1000 --curve-server-key "$T/p.pub"
-expect 3 "ACK_TIMEOUT" "wrong server key falls back" -- "$ECX" get --params "$T/ann.json" \
-  --out "$T/o3" "${V1[@]}" --ack-timeout-ms 1000 --curve-server-key "$T/q.pub" --curve-secret "$T/a.key"
-expect 3 "fell back" "plaintext consumer gets nothing" -- "$ECX" get --params "$T/ann.json" \
-  --out "$T/o4" "${V1[@]}" --ack-timeout-ms 1000
+expect 3 "HANDSHAKE" "ephemeral key not in the allow-list falls back" -- "$ECX" get --params "$T/ann.json" \
+  --out "$T/o2" --curve-server-key "$T/p.pub"
+expect 3 "HANDSHAKE" "wrong server key falls back" -- "$ECX" get --params "$T/ann.json" \
+  --out "$T/o3" --curve-server-key "$T/q.pub" --curve-secret "$T/a.key"
+expect 3 "HANDSHAKE" "plaintext consumer gets nothing" -- "$ECX" get --params "$T/ann.json" \
+  --out "$T/o4"
 check "plaintext consumer wrote nothing" '[ -z "$(ls "$T/o4")" ]'
 metrics=$(metrics_of "$MPORT")
 fails=$(printf '%s\n' "$metrics" | awk '$1 == "ecx_producer_auth_failures_total" {print $2}')
@@ -61,14 +59,14 @@ check "grants only for the allowed consumer" 'printf "%s\n" "$metrics" | grep -q
 check "serve says CURVE is on" 'grep -q "control plane encrypted (CURVE), clients checked" "$T/serve.log"'
 
 # Without an allow-list: any consumer with the server key, even with a fresh key.
-"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:100000 "${V1[@]}" --announce-out "$T/ann2.json" \
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 1:98304 --announce-out "$T/ann2.json" \
   --curve-secret "$T/p.key" 2>"$T/serve2.log" &
 pids+=($!)
 wait_file "$T/ann2.json" || { echo "FAIL: serve 2 did not start" >&2; cat "$T/serve2.log" >&2; exit 1; }
 expect 0 "1 fetched" "any consumer with the server key" -- "$ECX" get --params "$T/ann2.json" --out "$T/o5" \
-  "${V1[@]}" --verify-synthetic --curve-server-key "$T/p.pub"
-expect 3 "fell back" "wrong server key, no allow-list" -- "$ECX" get --params "$T/ann2.json" --out "$T/o5" \
-  "${V1[@]}" --ack-timeout-ms 500 --curve-server-key "$T/q.pub"
+  --verify-synthetic --curve-server-key "$T/p.pub"
+expect 3 "HANDSHAKE" "wrong server key, no allow-list" -- "$ECX" get --params "$T/ann2.json" --out "$T/o5" \
+  --curve-server-key "$T/q.pub"
 
 # Bad files and options.
 echo "not-a-key" >"$T/bad.key"
