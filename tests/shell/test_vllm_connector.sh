@@ -86,8 +86,8 @@ fi
 ecxcfg() {  # ecxcfg ROLE EXTRA_JSON
   printf '{"ec_connector":"ECXConnector","ec_connector_module_path":"ecx.vllm","ec_role":"%s","ec_connector_extra_config":%s}' "$1" "$2"
 }
-P_REF=$(free_port); P_ENC=$(free_port); P_CON=$(free_port); P_ENC2=$(free_port)
-SIDE=$(free_port); SIDE2=$(free_port); MET=$(free_port)
+P_REF=$(free_port); P_ENC=$(free_port); P_CON=$(free_port)
+SIDE=$(free_port); MET=$(free_port)
 NOPC=--no-enable-prefix-caching   # a cached prefix would answer for the image tokens
 
 cd "$WORK/enc"
@@ -153,6 +153,9 @@ check "the consumer is still serving" "$PY" "$HERE/../vllm/client.py" health \
 
 # --- the data path forced to tcp, image 3 --------------------------------------------------
 cd "$WORK/enc"
+# Its ports picked now, not at the start: minutes of the servers above taking ephemeral
+# ports once took one picked then ("Address already in use").
+P_ENC2=$(free_port); SIDE2=$(free_port)
 VLLM_EC_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_EC_SIDE_CHANNEL_PORT=$SIDE2 \
   start_server enc2 model "$P_ENC2" $NOPC \
   --ec-transfer-config "$(ecxcfg ec_producer '{"ec_cpu_bytes":67108864,"data":"tcp"}')"
