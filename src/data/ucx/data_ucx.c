@@ -46,7 +46,7 @@
 #define CLOSE_WAIT_MS 2000
 /* A dropped peer's declines still in UCX's hands get this long to leave. */
 #define DECLINE_FLUSH_MS 250
-#define DECLINE_FLUSH_SLICE_MS 10 /* its longest sleep on the worker's fd */
+#define WAIT_SLICE_MS 10 /* worker_wait's longest sleep on the worker's fd */
 
 /* Producer bounds. */
 #define MAX_CONNS 256 /* connections in total */
@@ -209,6 +209,24 @@ static uint64_t get_le64(const uint8_t *b)
 
 /* ---- closing endpoints ------------------------------------------------ */
 
+/* One step of a bounded wait on the worker: progress it, and if nothing
+ * moved sleep on its event fd (UCP_FEATURE_WAKEUP, as ucx_arm) for at most
+ * left_ms, capped at WAIT_SLICE_MS in case a wakeup is missed: never a
+ * spin. False if the worker cannot be armed (then the caller stops). */
+static bool worker_wait(ucx_data *u, int64_t left_ms)
+{
+    if (ucp_worker_progress(u->worker)) return true; /* something moved: look again */
+    ucs_status_t st = ucp_worker_arm(u->worker);
+    if (st == UCS_ERR_BUSY) return true; /* events came in meanwhile */
+    if (st != UCS_OK) {
+        (void)ucx_err("worker_arm", st);
+        return false;
+    }
+    struct pollfd q = {.fd = u->efd, .events = POLLIN};
+    (void)poll(&q, 1, (int)(left_ms < WAIT_SLICE_MS ? left_ms : WAIT_SLICE_MS));
+    return true;
+}
+
 static void close_ep(ucx_data *u, ucp_ep_h ep, bool force)
 {
     ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
@@ -219,8 +237,12 @@ static void close_ep(ucx_data *u, ucp_ep_h ep, bool force)
     if (!c) {
         /* Cannot track it: wait here, bounded. */
         int64_t end = ecxi_now_ms(NULL) + CLOSE_WAIT_MS;
-        while (ucp_request_check_status(req) == UCS_INPROGRESS && ecxi_now_ms(NULL) < end)
-            ucp_worker_progress(u->worker);
+        for (;;) {
+            int64_t left = end - ecxi_now_ms(NULL);
+            if (ucp_request_check_status(req) != UCS_INPROGRESS || left <= 0 ||
+                !worker_wait(u, left))
+                break;
+        }
         if (ucp_request_check_status(req) != UCS_INPROGRESS) ucp_request_free(req);
         return;
     }
@@ -1088,9 +1110,7 @@ static void peer_unref(ucx_peer *p)
 
 /* The forced close below would drop p's declines that UCX still holds
  * (sent just before, while the connection was still being set up): they
- * get DECLINE_FLUSH_MS to leave. Between progress calls it sleeps on the
- * worker's event fd (UCP_FEATURE_WAKEUP, as ucx_arm), never spinning; each
- * sleep is capped at DECLINE_FLUSH_SLICE_MS in case a wakeup is missed. */
+ * get DECLINE_FLUSH_MS to leave, waiting as worker_wait does. */
 static void declines_flush(ucx_data *u, ucx_peer *p)
 {
     int64_t end = ecxi_now_ms(NULL) + DECLINE_FLUSH_MS;
@@ -1099,16 +1119,7 @@ static void declines_flush(ucx_data *u, ucx_peer *p)
         for (ucx_xfer *x = u->all_xfers; x && !held; x = x->all_next)
             held = x->decline && x->am_pending && x->peer == p;
         int64_t left = end - ecxi_now_ms(NULL);
-        if (!held || p->broken || left <= 0) return;
-        if (ucp_worker_progress(u->worker)) continue; /* something moved: look again */
-        ucs_status_t st = ucp_worker_arm(u->worker);
-        if (st == UCS_ERR_BUSY) continue; /* events came in meanwhile */
-        if (st != UCS_OK) {
-            (void)ucx_err("worker_arm", st);
-            return;
-        }
-        struct pollfd q = {.fd = u->efd, .events = POLLIN};
-        (void)poll(&q, 1, (int)(left < DECLINE_FLUSH_SLICE_MS ? left : DECLINE_FLUSH_SLICE_MS));
+        if (!held || p->broken || left <= 0 || !worker_wait(u, left)) return;
     }
 }
 
@@ -1430,9 +1441,10 @@ static void ucx_free(ecxi_data *d)
                 c->ep = NULL;
             }
         int64_t end = ecxi_now_ms(NULL) + CLOSE_WAIT_MS;
-        while (u->closing && ecxi_now_ms(NULL) < end) {
-            ucp_worker_progress(u->worker);
+        for (;;) {
             reap_closing(u);
+            int64_t left = end - ecxi_now_ms(NULL);
+            if (!u->closing || left <= 0 || !worker_wait(u, left)) break;
         }
         for (ucx_xfer *x = u->all_xfers; x; x = x->all_next)
             if (x->req) ucp_request_cancel(u->worker, x->req);
