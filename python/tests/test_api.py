@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -257,12 +258,16 @@ def test_curve_key_files(tmp_path):
                      curve_allow_file=allow) as p, \
          ecx.Context("consumer", curve_server_key_file=tmp_path / "prod.pub",
                      curve_secret_key_file=tmp_path / "cons.key") as c, \
-         ecx.Context("consumer", ack_timeout_ms=300, item_wait_ms=300,  # no second request
-                     curve_server_key_file=tmp_path / "prod.pub") as stranger:
+         ecx.Context("consumer", curve_server_key_file=tmp_path / "prod.pub") as stranger:
         p.save("k", b"secret" + bytes(BLOCK - 6))
         assert wait_fetch(c, "k", p.announce("k")) == ("ready", None)
         assert c.read("k") == b"secret" + bytes(BLOCK - 6)
-        assert wait_fetch(stranger, "k", p.announce("k")) == ("local", "ACK_TIMEOUT")
+        # Not in the allow-list: the producer hangs up in the handshake, and the item
+        # falls back at once, not after the ack timeout or version 2's 60 s per-item wait.
+        t0 = time.monotonic()
+        assert wait_fetch(stranger, "k", p.announce("k")) == ("local", "HANDSHAKE")
+        assert time.monotonic() - t0 < 10
+        assert 'ecx_consumer_fetches_total{outcome="HANDSHAKE"} 1' in stranger.metrics()
     bad = tmp_path / "bad"
     bad.write_text("not a key\n")
     with pytest.raises(ValueError):
