@@ -13,13 +13,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 RUNS=${FFBA_RUNS:-3} SIZE=${FFBA_SIZE:-256000000} DATA=${FFBA_DATA:-shm}
 T=$(mktemp -d /tmp/ecx-ffba.XXXXXX)
 trap 'rm -rf "$T"' EXIT
-for side in before after; do
-  dir=$1; [ $side = after ] && dir=$2
-  dir=$(cd "$dir" && pwd) || exit 1
-  [ -e "$dir/libecx.so" ] || { echo "first_fetch_before_after: no libecx.so in $dir" >&2; exit 1; }
-  cc -O2 "$HERE/first_fetch.c" -I"$HERE/../include" -L"$dir" -lecx -Wl,-rpath,"$dir" \
-    -o "$T/first_fetch-$side" || exit 1
-done
+. "$HERE/build_against.sh"
+build_against first_fetch.c first_fetch "$1" "$2" "$T" || exit 1
 rc=0
 for r in $(seq "$RUNS"); do
   for side in before after; do

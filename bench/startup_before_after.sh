@@ -18,13 +18,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 RUNS=${SBA_RUNS:-3} ROUNDS=${SBA_ROUNDS:-3} SIZE=${SBA_SIZE:-28835840} IDLE=${SBA_IDLE_MS:-500}
 T=$(mktemp -d /tmp/ecx-sba.XXXXXX)
 trap 'rm -rf "$T"' EXIT
-for side in before after; do
-  dir=$1; [ $side = after ] && dir=$2
-  dir=$(cd "$dir" && pwd) || exit 1
-  [ -e "$dir/libecx.so" ] || { echo "startup_before_after: no libecx.so in $dir" >&2; exit 1; }
-  cc -O2 "$HERE/startup.c" -I"$HERE/../include" -L"$dir" -lecx -Wl,-rpath,"$dir" \
-    -o "$T/startup-$side" || exit 1
-done
+. "$HERE/build_against.sh"
+build_against startup.c startup "$1" "$2" "$T" || exit 1
 for r in $(seq "$RUNS"); do
   for side in before after; do
     line=$("$T/startup-$side" --rounds "$ROUNDS" --size "$SIZE" --idle-ms "$IDLE") ||
