@@ -240,7 +240,7 @@ enum ecx_fetch_state {
     X(REFUSED, "the producer's address refused the connection: nothing listening there")         \
     X(NOT_ZMQ, "the producer's address is not a ZeroMQ peer: it sent no ZeroMQ greeting")       \
     X(HANDSHAKE, "the producer's address hung up in the ZeroMQ handshake: CURVE keys or modes "    \
-                 "differ, or it is not a ZeroMQ peer")
+                 "differ, it is at its connection cap, or it is not a ZeroMQ peer")
 
 enum ecx_reason {
 #define ECX_REASON_ENUM_(name, meaning) ECX_REASON_##name,

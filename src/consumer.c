@@ -418,7 +418,8 @@ static bool retire_if_refused(ecxi_consumer *c, session *s, int64_t now)
 }
 
 /* Close a session whose producer hung up before a handshake completed
- * (CURVE keys or modes differ, or not a ZeroMQ peer): its waiting transfers
+ * (CURVE keys or modes differ, it refused us at its connection cap, or not
+ * a ZeroMQ peer): its waiting transfers
  * fall back at once (HANDSHAKE), not at the ack timeout (every try of it,
  * on version 2: the per-item wait). A later fetch dials again, so fixed
  * keys heal. */
@@ -428,8 +429,8 @@ static bool retire_if_hung_up(ecxi_consumer *c, session *s, int64_t now)
     for (xfer *x = c->head; x; x = x->next)
         if (x->s == s && x->state == WAITING_ACK) tombstone(c, x, ECX_REASON_HANDSHAKE, now);
     ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "consumer: %s:%d hung up in the ZeroMQ handshake (CURVE "
-                        "keys or modes differ, or not a ZeroMQ peer; `ecx ping` tells which); "
-                        "session closed", s->host, s->port);
+                        "keys or modes differ, it is at its connection cap, or not a ZeroMQ "
+                        "peer; `ecx ping` tells which); session closed", s->host, s->port);
     session_close(c, s, now);
     return true;
 }

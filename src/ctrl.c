@@ -1138,9 +1138,10 @@ static void peer_events(ecxi_ctrl_peer *p)
             peer_failed(p);
             ECXI_LOG_RATELIMITED(ECX_LOG_WARN, "ctrl: handshake with %s failed: %s", p->ep,
                                 p->curve ? "wrong CURVE server key, not in its allow-list, "
-                                           "plaintext there, or not a ZeroMQ peer"
-                                         : "it encrypts (CURVE), or is not a ZeroMQ peer; "
-                                           "`ecx ping` tells which");
+                                           "plaintext there, at its connection cap, or not a "
+                                           "ZeroMQ peer"
+                                         : "it encrypts (CURVE), is at its connection cap, or "
+                                           "is not a ZeroMQ peer; `ecx ping` tells which");
         } else if (ev == ZMQ_EVENT_DISCONNECTED) {
             p->lost = true;
         }

@@ -199,8 +199,9 @@ bool ecxi_ctrl_peer_refused(ecxi_ctrl_peer *p);
 bool ecxi_ctrl_peer_silent(ecxi_ctrl_peer *p);
 /* True if the peer closed a connection before any ZMTP handshake with it
  * completed: CURVE keys or modes differ (one side encrypts, the server key
- * is wrong, the client is not in the allow-list), or it is not a ZeroMQ
- * peer and hung up on our greeting. ctrl still dials again. */
+ * is wrong, the client is not in the allow-list), an ecx producer refused
+ * it at its connection cap, or it is not a ZeroMQ peer and hung up on our
+ * greeting. ctrl still dials again. */
 bool ecxi_ctrl_peer_hung_up(ecxi_ctrl_peer *p);
 void *ecxi_ctrl_peer_socket(const ecxi_ctrl_peer *p); /* for zmq_poll */
 /* The peer's inflow guard, as for the server above. */

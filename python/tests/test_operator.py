@@ -44,6 +44,20 @@ def test_not_a_zeromq_peer_with_its_own_reason():
         srv.close()
 
 
+def test_refused_at_the_producers_cap_at_once():
+    # The producer's connection cap refuses a newcomer in the handshake: its item falls
+    # back HANDSHAKE at once, not after version 2's 60 s per-item wait.
+    assert "HANDSHAKE" in ecx.REASONS
+    with ecx.Context("producer", listen="127.0.0.1:0", max_connections=1, **KW) as p, \
+         ecx.Context("consumer", **KW) as a, ecx.Context("consumer", **KW) as b:
+        p.save("k", bytes(BLOCK))
+        assert wait_fetch(a, "k", p.announce("k")) == ("ready", None)  # holds the one
+        t0 = time.monotonic()
+        assert wait_fetch(b, "k", p.announce("k")) == ("local", "HANDSHAKE")
+        assert time.monotonic() - t0 < 10
+        assert 'ecx_consumer_fetches_total{outcome="HANDSHAKE"} 1' in b.metrics()
+
+
 def test_refused_at_once_with_its_own_reason():
     assert "REFUSED" in ecx.REASONS
     with ecx.Context("consumer", **KW) as c:
