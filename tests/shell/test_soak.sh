@@ -185,8 +185,10 @@ def near_kill(r): return any(r["t0"] < w1 and r["t1"] > w0 for w0, w1 in windows
 # reported as BAD_ACK, with UCX's "connect failed" on stdout (breaking
 # `ecx get --json`); both are fixed (READ_FAILED; UCX logs via ecx, stderr).
 # REFUSED: B is down between a kill and its restart, so its port refuses.
+# HANDSHAKE: B was killed while a consumer's connection to it was in its
+# ZeroMQ handshake (B hung up before the handshake completed).
 B_REASONS = {"ACK_TIMEOUT", "READ_FAILED", "QUARANTINED", "LEASE_EXPIRED", "SEND_FAILED",
-             "NOT_READY_TIMEOUT", "REFUSED"}
+             "NOT_READY_TIMEOUT", "REFUSED", "HANDSHAKE"}
 bad = Counter(); examples = {}
 cur = None
 def fail(what, ex):
