@@ -419,10 +419,9 @@ static bool retire_if_refused(ecxi_consumer *c, session *s, int64_t now)
 
 /* Close a session whose producer hung up before a handshake completed
  * (CURVE keys or modes differ, it refused us at its connection cap, or not
- * a ZeroMQ peer): its waiting transfers
- * fall back at once (HANDSHAKE), not at the ack timeout (every try of it,
- * on version 2: the per-item wait). A later fetch dials again, so fixed
- * keys heal. */
+ * a ZeroMQ peer): its waiting transfers fall back at once (HANDSHAKE), not
+ * at the ack timeout (every try of it, on version 2: the per-item wait). A
+ * later fetch dials again, so fixed keys heal. */
 static bool retire_if_hung_up(ecxi_consumer *c, session *s, int64_t now)
 {
     if (!ecxi_ctrl_peer_hung_up(s->peer)) return false;
@@ -858,8 +857,8 @@ static int advance(ecxi_consumer *c, xfer *x, int64_t now)
     return 0;
 }
 
-/* Each session's news: its connection's (lost, refused, not ZeroMQ: the
- * session closes) and its acks. Returns events. */
+/* Each session's news: its connection's (lost, refused, hung up in the
+ * handshake, not ZeroMQ: the session closes) and its acks. Returns events. */
 static int read_sessions(ecxi_consumer *c, int64_t now)
 {
     int events = 0;
