@@ -59,8 +59,8 @@
  *              session, which checks the token, as a completion)
  *     ADDED    id = peer; i32 rc
  *     READ_END id = xfer; i32 state (enum ecxi_xfer_state)
- *     STATS    u64 x 4: its path counters (data.h, ecxi_data_counts), at
- *              most once a second when they changed */
+ *     STATS    u64 x 4: its path counters (data.h, ecxi_data_counts), within
+ *              100 ms of a change (at most every 100 ms) */
 enum {
     ECXI_UCX_P_HELLO = 1,
     ECXI_UCX_P_ANSWER,
