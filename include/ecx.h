@@ -591,6 +591,17 @@ ECX_API int ecx_release(ecx_ctx *ctx, const char *mm_hash);
  * ECX_ERANGE (nothing copied) if cap is smaller. */
 ECX_API int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t cap);
 
+/* Remove a ready item from this context's region now, freeing its blocks
+ * (as the cache's own eviction does when it needs room; a producer's event
+ * subscribers get "EncoderCacheRemoved", reason "evicted"). For an engine
+ * that knows it will not need the item again: a consumer's next fetch of it
+ * asks a producer again; a producer answers later requests for it
+ * NACK_MISSING. 0, or ECX_ECACHE_MISSING (not held), ECX_ECACHE_NOT_READY
+ * (still being saved or fetched), ECX_ECACHE_STATE (loaded and not yet
+ * released, or granted to a consumer that is reading it: try again later).
+ * Takes the context's lock. Since 0.3.0. */
+ECX_API int ecx_evict(ecx_ctx *ctx, const char *mm_hash);
+
 /* Metrics of this context in Prometheus text format. Returns 0 with the
  * text in buf, or ECX_ERANGE if it does not fit cap bytes with its NUL (buf
  * then holds an empty string); either way *len gets its length, NUL

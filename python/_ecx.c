@@ -1277,6 +1277,18 @@ static PyObject *ctx_release(Ctx *self, PyObject *arg)
     return r;
 }
 
+/* evict(mm_hash): remove a ready item that is not loaded or granted. */
+static PyObject *ctx_evict(Ctx *self, PyObject *arg)
+{
+    const char *h = arg_hash(arg);
+    if (!h || ctx_ok(self)) return NULL;
+    unsigned seq0 = tl_seq;
+    int rc = ecx_evict(self->ctx, h);
+    if (rc < 0) return raise_rc(rc, seq0); /* drains the rest */
+    DRAIN();
+    Py_RETURN_NONE;
+}
+
 /* Copy an item's bytes out: into dst (cap bytes), or a new bytes object. */
 static PyObject *ctx_copy_out(Ctx *self, PyObject *hobj, Py_buffer *dst)
 {
@@ -1472,6 +1484,9 @@ static PyMethodDef ctx_methods[] = {
     {"load", METH(ctx_load), METH_FASTCALL | METH_KEYWORDS,
      "load(mm_hash) -> Hold: read-only views of a ready item; released on exit."},
     {"release", METH(ctx_release), METH_O, "release(mm_hash): end the latest load of mm_hash."},
+    {"evict", METH(ctx_evict), METH_O,
+     "evict(mm_hash): remove a ready item now, freeing its blocks (an Error if it is not held, "
+     "not ready, loaded, or granted to a consumer)."},
     {"read", METH(ctx_read), METH_O, "read(mm_hash) -> bytes"},
     {"read_into", METH(ctx_read_into), METH_FASTCALL | METH_KEYWORDS,
      "read_into(mm_hash, buffer) -> int: copy the item into a writable buffer."},

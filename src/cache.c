@@ -145,7 +145,7 @@ struct ecxi_cache {
     void *evict_arg;
     ecxi_cache_alloc_fn on_alloc;
     void *alloc_arg;
-    uint64_t reserves, reserve_full, evictions;
+    uint64_t reserves, reserve_full, evictions, dropped;
 };
 
 /* ---- big arrays -------------------------------------------------------- */
@@ -1032,6 +1032,28 @@ int ecxi_cache_discard(ecxi_cache *c, const char *key, size_t key_len)
     return rc;
 }
 
+int ecxi_cache_evict(ecxi_cache *c, const char *key, size_t key_len)
+{
+    if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    uint32_t id, h;
+    struct entry *e = find_locked(c, key, key_len, &id, &h);
+    if (!e)
+        rc = ECX_ECACHE_MISSING;
+    else if (not_ready(e))
+        rc = ECX_ECACHE_NOT_READY;
+    else if (e->pins)
+        rc = ECX_ECACHE_STATE;
+    else {
+        if (c->on_evict) c->on_evict(c->evict_arg, key, key_len, e->n_blocks);
+        entry_remove(c, id, h);
+        c->dropped++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 int ecxi_cache_set_size(ecxi_cache *c, const char *key, size_t key_len, uint64_t size_bytes)
 {
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
@@ -1141,6 +1163,7 @@ void ecxi_cache_get_stats(ecxi_cache *c, ecxi_cache_stats *st)
         .reserves = c->reserves,
         .reserve_full = c->reserve_full,
         .evictions = c->evictions,
+        .dropped = c->dropped,
     };
     /* owned is counted from the entries in ecxi_cache_check(); here it is
      * what the allocator says is not free. */

@@ -109,6 +109,7 @@ typedef struct ecxi_cache_stats {
     uint64_t entries, not_ready, ready, pinned; /* pinned: entries with pins, any state */
     uint64_t evictable;                         /* ready entries without pins */
     uint64_t reserves, reserve_full, evictions; /* counters since creation */
+    uint64_t dropped; /* ready entries removed by ecxi_cache_evict */
 } ecxi_cache_stats;
 
 int ecxi_cache_new(const ecxi_cache_opts *opts, ecxi_cache **out);
@@ -171,6 +172,12 @@ int ecxi_cache_unpin(ecxi_cache *c, const char *key, size_t key_len);
 /* Drop a not-ready, unpinned entry and free its blocks (a failed save or
  * fetch). ECX_ECACHE_MISSING, ECX_ECACHE_STATE if ready or pinned. */
 int ecxi_cache_discard(ecxi_cache *c, const char *key, size_t key_len);
+
+/* Remove a ready, unpinned entry now and free its blocks, as an eviction
+ * would (the eviction hook is told), for the engine that no longer needs
+ * it. ECX_ECACHE_MISSING; ECX_ECACHE_NOT_READY; ECX_ECACHE_STATE if pinned
+ * (loaded, or granted to a consumer). */
+int ecxi_cache_evict(ecxi_cache *c, const char *key, size_t key_len);
 
 /* Record the entry's size in bytes (the encoding it will hold; the cache
  * does not interpret it), while it is not ready: the writer sets it after

@@ -783,6 +783,17 @@ int64_t ecx_read(ecx_ctx *ctx, const char *mm_hash, void *dst, uint64_t cap)
     return rc ? rc : (int64_t)size;
 }
 
+int ecx_evict(ecx_ctx *ctx, const char *mm_hash)
+{
+    if (!ctx || !hash_ok(mm_hash)) return ECX_EINVAL;
+    /* Under mu: the eviction hook tells the routers, in order with the
+     * saves and evictions the progress thread makes. */
+    ecxi_ctx_lock(ctx);
+    int rc = ecxi_cache_evict(ctx->cache, mm_hash, strlen(mm_hash));
+    ecxi_ctx_unlock(ctx);
+    return rc;
+}
+
 int ecx_metrics(ecx_ctx *ctx, char *buf, size_t cap, size_t *len)
 {
     if (!ctx || (!buf && cap) || !len) return ECX_EINVAL;

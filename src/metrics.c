@@ -238,6 +238,8 @@ static void cache(out *o, const ecxi_cache_stats *c, unsigned long long block_by
     put(o, "ecx_cache_entries{state=\"pinned\"} %llu\n",
         (unsigned long long)(c->ready - c->evictable));
     counter(o, "ecx_cache_evictions_total", "Entries evicted to make room.", c->evictions);
+    counter(o, "ecx_cache_evicted_by_engine_total", "Ready entries the engine removed (ecx_evict).",
+            c->dropped);
     counter(o, "ecx_cache_reserve_full_total", "Reservations refused for lack of room.",
             c->reserve_full);
 }

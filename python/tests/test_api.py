@@ -153,6 +153,28 @@ def test_connector_version_2():
         ecx.Context("consumer", connector_version=3)
 
 
+def test_evict_removes_only_a_ready_unheld_item():
+    with ecx.Context("producer", listen="127.0.0.1:0", region_bytes=4 * BLOCK) as p:
+        p.save("a", b"1" * (2 * BLOCK))
+        with p.load("a"):
+            with pytest.raises(ecx.Error) as e:
+                p.evict("a")
+            assert e.value.name == "ECX_ECACHE_STATE"
+        p.evict("a")
+        for call in (p.read, p.evict):
+            with pytest.raises(ecx.Error) as e:
+                call("a")
+            assert e.value.name == "ECX_ECACHE_MISSING"
+        with p.save_into("b", BLOCK) as views:
+            with pytest.raises(ecx.Error) as e:
+                p.evict("b")
+            assert e.value.name == "ECX_ECACHE_NOT_READY"
+            views[0][:] = b"2" * BLOCK
+        p.save("c", b"3" * (3 * BLOCK))  # fits only because a left
+        assert "ecx_cache_evicted_by_engine_total 1" in p.metrics()
+        assert "ecx_cache_evictions_total 0" in p.metrics()
+
+
 def test_views_after_release_raise_and_exports_defer():
     with ecx.Context("both", listen="127.0.0.1:0", region_bytes=8 << 20) as c:
         c.save("v", (b"abcdef" * 2000)[:BLOCK])

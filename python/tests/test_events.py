@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """ecx.events against a real producer Context with events on (docs/EVENTS.md):
-the snapshot, live saves and evictions, the async iterator, the metrics."""
+the snapshot, live saves and evictions (the cache's and the engine's), the async iterator, the metrics."""
 import asyncio
 import socket
 
@@ -62,6 +62,11 @@ def test_events_follow_the_cache():
             for e in got:
                 held.apply(e)
             assert held.items == {"b": 2 * block, "c": block}
+            c.evict("b")  # the engine's own eviction: the same event
+            got = asyncio.run(asyncio.wait_for(take(1), 10))
+            assert [(e.type, e.mm_hash, e.reason) for e in got] == [("removed", "b", "evicted")]
+            held.apply(got[0])
+            assert held.items == {"c": block}
         assert "ecx_events_total" in c.metrics()
 
 

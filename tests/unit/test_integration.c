@@ -611,6 +611,83 @@ static void test_commit_hashes_without_lock(void **state)
     ecx_free(prod);
 }
 
+/* Fetch h from the producer until it is no longer pending (10 s). */
+static int fetch_until(ecx_ctx *prod, ecx_ctx *cons, const char *h, const ecx_announcement *from,
+                       int *reason)
+{
+    int st = ECX_FETCH_PENDING;
+    for (double end = now_s() + 10; st == ECX_FETCH_PENDING && now_s() < end;) {
+        st = ecx_fetch_from(cons, h, from, from->size_bytes, reason);
+        ecx_poll(prod, 0);
+        ecx_poll(cons, 1);
+    }
+    return st;
+}
+
+/* ecx_evict removes a ready item and nothing else: a loaded one is refused
+ * (ECX_ECACHE_STATE) until its release, one being saved is not ready, an
+ * unknown one is missing. Evicted on the consumer, the next fetch asks the
+ * producer again (one more request, the same bytes); evicted on the
+ * producer, a request for it is answered NACK_MISSING. */
+static void test_evict(void **state)
+{
+    (void)state;
+    ecx_config pc;
+    ecx_config_init(&pc);
+    pc.role = ECX_ROLE_PRODUCER;
+    pc.listen = "127.0.0.1:0";
+    pc.region_bytes = 8 << 20;
+    ecx_ctx *prod, *cons = consumer("auto", NULL, 8 << 20);
+    assert_int_equal(ecx_new(&pc, &prod), 0);
+    static uint8_t bytes[16 * 8192], got[16 * 8192];
+    for (size_t i = 0; i < sizeof bytes; i++)
+        bytes[i] = (uint8_t)(i * 13 + i / 997);
+    assert_int_equal(ecx_save(prod, "ev-1", bytes, sizeof bytes), 0);
+    assert_int_equal(ecx_save(prod, "ev-2", bytes, 8192), 0);
+    ecx_announcement a1, a2;
+    assert_int_equal(ecx_announce_info(prod, "ev-1", &a1), 0);
+    assert_int_equal(ecx_announce_info(prod, "ev-2", &a2), 0);
+    int reason = -1;
+    assert_int_equal(fetch_until(prod, cons, "ev-1", &a1, &reason), ECX_FETCH_READY);
+    long long requests = metric(cons, "ecx_consumer_requests_total");
+
+    const ecx_segment *segs;
+    size_t n_segs;
+    uint64_t size;
+    assert_int_equal(ecx_load(cons, "ev-1", &segs, &n_segs, &size), 0);
+    assert_int_equal(ecx_evict(cons, "ev-1"), ECX_ECACHE_STATE);
+    assert_int_equal(ecx_release(cons, "ev-1"), 0);
+    assert_int_equal(ecx_evict(cons, "ev-1"), 0);
+    assert_int_equal(ecx_evict(cons, "ev-1"), ECX_ECACHE_MISSING);
+    assert_true(ecx_read(cons, "ev-1", got, sizeof got) < 0);
+    assert_int_equal(metric(cons, "ecx_cache_evicted_by_engine_total"), 1);
+    assert_int_equal(metric(cons, "ecx_region_blocks{state=\"ready\"}"), 0);
+
+    /* Fetched again: pending at first (not READY from a stale record),
+     * from the producer, the same bytes. */
+    assert_int_equal(ecx_fetch_from(cons, "ev-1", &a1, sizeof bytes, &reason), ECX_FETCH_PENDING);
+    assert_int_equal(fetch_until(prod, cons, "ev-1", &a1, &reason), ECX_FETCH_READY);
+    assert_int_equal(metric(cons, "ecx_consumer_requests_total"), requests + 1);
+    assert_int_equal(ecx_read(cons, "ev-1", got, sizeof got), (int64_t)sizeof bytes);
+    assert_memory_equal(got, bytes, sizeof bytes);
+
+    /* Being saved: not ready; unknown: missing; bad arguments. */
+    assert_int_equal(ecx_save_begin(prod, "ev-3", 8192, &segs, &n_segs), 0);
+    assert_int_equal(ecx_evict(prod, "ev-3"), ECX_ECACHE_NOT_READY);
+    assert_int_equal(ecx_save_abort(prod, "ev-3"), 0);
+    assert_int_equal(ecx_evict(prod, "ev-3"), ECX_ECACHE_MISSING);
+    assert_int_equal(ecx_evict(prod, ""), ECX_EINVAL);
+    assert_int_equal(ecx_evict(NULL, "ev-2"), ECX_EINVAL);
+
+    /* Evicted on the producer: the consumer falls back, NACK_MISSING. */
+    assert_int_equal(ecx_evict(prod, "ev-2"), 0);
+    assert_int_equal(fetch_until(prod, cons, "ev-2", &a2, &reason), ECX_FETCH_LOCAL);
+    assert_int_equal(reason, ECX_REASON_NACK_MISSING);
+    assert_int_equal(metric(prod, "ecx_cache_evicted_by_engine_total"), 1);
+    ecx_free(cons);
+    ecx_free(prod);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -631,7 +708,7 @@ int main(void)
         cmocka_unit_test(test_not_ready_then_ready),     cmocka_unit_test(test_miss_and_incompat),
         cmocka_unit_test(test_producer_restart),
         cmocka_unit_test(test_mm_hash_limit),            cmocka_unit_test(test_engine_calls_take_no_lock),
-        cmocka_unit_test(test_commit_hashes_without_lock),
+        cmocka_unit_test(test_commit_hashes_without_lock), cmocka_unit_test(test_evict),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int i = 0; i < n_children; i++)
