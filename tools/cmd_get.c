@@ -39,10 +39,18 @@ static const char HELP[] =
     "  --out DIR|FILE         where the bytes go (files created mode 0600)\n"
     "  --json                 print one JSON result object per item on stdout:\n"
     "                         mm_hash, outcome (ready|local), reason (if local),\n"
-    "                         size_bytes, latency_ms, written (the file holds it),\n"
+    "                         size_bytes, latency_ms (from the start until the fetch\n"
+    "                         answered ready or local; files are written after all\n"
+    "                         items have finished), written (the file holds it),\n"
     "                         verified (compared with --verify-synthetic's content;\n"
     "                         false without it: every fetch is checksum-checked anyway)\n"
     "  --verify-synthetic     check each item's bytes against `ecx serve --synthetic`\n"
+    "  --rounds N             fetch the same items N times (default 1) over the same\n"
+    "                         sessions, for benchmarks: between rounds every fetched\n"
+    "                         item is evicted (ecx_evict) so the next round asks the\n"
+    "                         producer again. Each round ends with a line on stderr\n"
+    "                         (its median and longest latency); --json lines get a\n"
+    "                         \"round\" field; files hold the last round's bytes\n"
     "  --ack-timeout-ms MS    wait this long for each ack (default 2000; 30000 with\n"
     "                         --connector-version 2, as vLLM >= 0.32 waits)\n"
     "  --region-bytes SIZE    local region (default: what the items need)\n"
@@ -194,10 +202,33 @@ static json_t *load_params(const char *path)
     return j;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* --rounds: before round `round`, evict every item the last round fetched,
+ * so that its fetch asks the producer again. -1 (said why) if one cannot
+ * be evicted. */
+static int evict_fetched(ecx_ctx *ctx, const want *ws, size_t n, int64_t round)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (ws[i].state != ECX_FETCH_READY) continue;
+        int rc = ecx_evict(ctx, ws[i].hash);
+        if (rc) {
+            fprintf(stderr, "ecx: round %lld: cannot evict %s to fetch it again: %s\n",
+                    (long long)round, ws[i].hash, ecx_strerror(rc));
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int cmd_get(int argc, char **argv)
 {
     enum { O_PARAMS = 2000, O_HASH, O_PEER, O_SIZE, O_OUT, O_JSON, O_VERIFY, O_ACK,
-           O_CURVE_SERVER, O_CURVE_SECRET };
+           O_CURVE_SERVER, O_CURVE_SECRET, O_ROUNDS };
     static const struct option opts[] = {
         {"params", required_argument, 0, O_PARAMS},
         {"mm-hash", required_argument, 0, O_HASH},
@@ -206,6 +237,7 @@ int cmd_get(int argc, char **argv)
         {"out", required_argument, 0, O_OUT},
         {"json", no_argument, 0, O_JSON},
         {"verify-synthetic", no_argument, 0, O_VERIFY},
+        {"rounds", required_argument, 0, O_ROUNDS},
         {"ack-timeout-ms", required_argument, 0, O_ACK},
         {"curve-server-key", required_argument, 0, O_CURVE_SERVER},
         {"curve-secret", required_argument, 0, O_CURVE_SECRET},
@@ -221,6 +253,7 @@ int cmd_get(int argc, char **argv)
     uint64_t peer_size = 0;
     bool json = false, verify = false, region_given = false, have_size = false;
     int64_t ack = 0; /* 0: the version's default */
+    int64_t rounds = 1;
     const char *curve_server_path = NULL, *curve_secret_path = NULL;
     char curve_pub[KEY_Z85_LEN + 1], curve_sec[KEY_Z85_LEN + 1];
     int c;
@@ -246,6 +279,7 @@ int cmd_get(int argc, char **argv)
         case O_OUT: out = optarg; break;
         case O_JSON: json = true; break;
         case O_VERIFY: verify = true; break;
+        case O_ROUNDS: if (parse_int("--rounds", optarg, 1, 1000000, &rounds)) goto usage; break;
         case O_ACK: if (parse_int("--ack-timeout-ms", optarg, 1, 3600000, &ack)) goto usage; break;
         case O_CURVE_SERVER: curve_server_path = optarg; break;
         case O_CURVE_SECRET: curve_secret_path = optarg; break;
@@ -349,21 +383,60 @@ int cmd_get(int argc, char **argv)
         goto done;
     }
     bool tty = isatty(2) && !json;
-    size_t finished = 0, fetched = 0, fell_back = 0, incompat = 0, timeouts = 0;
-    uint64_t bytes = 0;
-    double start = mono_s();
-    for (size_t i = 0; i < n_hashes; i++) ws[i].state = -1, ws[i].t0 = start;
-    while (finished < n_hashes) {
+    size_t fetched = 0, fell_back = 0, unwritten = 0, incompat = 0, timeouts = 0;
+    bool any_bad = false;
+    double *lat = calloc(n_hashes + 1, sizeof *lat);
+    for (int64_t round = 1; lat && round <= rounds; round++) {
+        if (round > 1 && evict_fetched(ctx, ws, n_hashes, round)) {
+            any_bad = true;
+            break;
+        }
+        size_t finished = 0, r_fetched = 0, r_fell_back = 0;
+        uint64_t bytes = 0;
+        double start = mono_s();
+        for (size_t i = 0; i < n_hashes; i++) {
+            ws[i].state = -1, ws[i].t0 = start;
+            ws[i].bad = ws[i].write_failed = false;
+        }
+        /* Every item in flight at once; each one's latency ends when its
+         * fetch answers. The files are written after the last, so that a
+         * write does not delay seeing the next item's answer. */
+        while (finished < n_hashes) {
+            for (size_t i = 0; i < n_hashes; i++) {
+                want *w = &ws[i];
+                if (w->state == ECX_FETCH_READY || w->state == ECX_FETCH_LOCAL) continue;
+                w->state = w->from ? ecx_fetch_from(ctx, w->hash, w->from, 0, &w->reason)
+                                   : ecx_fetch(ctx, w->hash, w->announcement, 0, &w->reason);
+                if (w->state == ECX_FETCH_PENDING) continue;
+                if (w->state < 0) w->state = ECX_FETCH_LOCAL, w->reason = ECX_REASON_INVALID;
+                w->ms = (mono_s() - w->t0) * 1000;
+                lat[finished++] = w->ms;
+                if (w->state == ECX_FETCH_READY) {
+                    r_fetched++;
+                    bytes += w->size;
+                } else {
+                    fprintf(stderr, "%s%s: %s\n", tty ? "\n" : "", w->hash,
+                            ecx_reason_name(w->reason));
+                    r_fell_back++;
+                    if (w->reason == ECX_REASON_ACK_TIMEOUT && !timeouts++)
+                        fprintf(stderr, "ecx: no ack in time: `ecx ping HOST:PORT` with these "
+                                "options tells whether the producer is a ZeroMQ peer, its CURVE, "
+                                "protocol version and compatibility\n");
+                    if (w->reason == ECX_REASON_NACK_INCOMPAT && !incompat++) {
+                        print_factors("this consumer", &cfg);
+                        fprintf(stderr, "ecx: the producer's factors: its start-up line, the "
+                                "ecx_info metric on its /metrics, or `ecx ping HOST:PORT`\n");
+                    }
+                }
+                if (tty) progress(finished, n_hashes, bytes);
+            }
+            if (finished < n_hashes) ecx_poll(ctx, 10);
+        }
+        double secs = mono_s() - start;
         for (size_t i = 0; i < n_hashes; i++) {
             want *w = &ws[i];
-            if (w->state == ECX_FETCH_READY || w->state == ECX_FETCH_LOCAL) continue;
-            w->state = w->from ? ecx_fetch_from(ctx, w->hash, w->from, 0, &w->reason)
-                               : ecx_fetch(ctx, w->hash, w->announcement, 0, &w->reason);
-            if (w->state == ECX_FETCH_PENDING) continue;
-            if (w->state < 0) w->state = ECX_FETCH_LOCAL, w->reason = ECX_REASON_INVALID;
-            w->ms = (mono_s() - w->t0) * 1000;
-            finished++;
-            if (w->state == ECX_FETCH_READY) {
+            bool ready = w->state == ECX_FETCH_READY;
+            if (ready) {
                 char path[4200];
                 int pl = peer ? snprintf(path, sizeof path, "%s", out)
                               : snprintf(path, sizeof path, "%s/%s", out, w->hash);
@@ -373,47 +446,40 @@ int cmd_get(int argc, char **argv)
                 } else {
                     store(ctx, w, path, verify);
                 }
-                fetched++;
-                bytes += w->size;
-            } else {
-                fprintf(stderr, "%s%s: %s\n", tty ? "\n" : "", w->hash, ecx_reason_name(w->reason));
-                fell_back++;
-                if (w->reason == ECX_REASON_ACK_TIMEOUT && !timeouts++)
-                    fprintf(stderr, "ecx: no ack in time: `ecx ping HOST:PORT` with these options "
-                            "tells whether the producer is a ZeroMQ peer, its CURVE, protocol "
-                            "version and compatibility\n");
-                if (w->reason == ECX_REASON_NACK_INCOMPAT && !incompat++) {
-                    print_factors("this consumer", &cfg);
-                    fprintf(stderr, "ecx: the producer's factors: its start-up line, the ecx_info "
-                            "metric on its /metrics, or `ecx ping HOST:PORT`\n");
-                }
             }
+            any_bad |= w->bad;
+            unwritten += w->write_failed;
             if (json) {
                 /* "written": the file holds the bytes; "verified": they were compared
                  * with --verify-synthetic's content (checksums are checked always). */
-                bool ready = w->state == ECX_FETCH_READY;
                 json_t *o = json_pack("{s:s,s:s,s:s?,s:I,s:f,s:b,s:b}", "mm_hash", w->hash,
                                       "outcome", ready ? "ready" : "local", "reason",
                                       ready ? NULL : ecx_reason_name(w->reason), "size_bytes",
                                       (json_int_t)w->size, "latency_ms", w->ms, "written",
                                       ready && !w->write_failed, "verified",
                                       verify && !w->bad && ready);
-                char *t = json_dumps(o, JSON_COMPACT);
+                if (o && rounds > 1) json_object_set_new(o, "round", json_integer(round));
+                char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
                 if (t) puts(t);
                 free(t);
                 json_decref(o);
             }
-            if (tty) progress(finished, n_hashes, bytes);
         }
-        if (finished < n_hashes) ecx_poll(ctx, 10);
+        fflush(stdout);
+        fetched += r_fetched;
+        fell_back += r_fell_back;
+        if (rounds > 1) {
+            qsort(lat, finished, sizeof *lat, cmp_double);
+            fprintf(stderr, "ecx: round %lld: %zu fetched, %zu fell back, %.1f MB in %.3f s; "
+                    "latency median %.1f ms, longest %.1f ms\n", (long long)round, r_fetched,
+                    r_fell_back, bytes / 1e6, secs, lat[finished / 2], lat[finished - 1]);
+        } else if (!json) {
+            fprintf(stderr, "ecx: %zu fetched, %zu fell back, %.1f MB in %.3f s\n", fetched,
+                    fell_back, bytes / 1e6, secs);
+        }
     }
-    bool any_bad = false;
-    size_t unwritten = 0;
-    for (size_t i = 0; i < n_hashes; i++) any_bad |= ws[i].bad, unwritten += ws[i].write_failed;
-    double secs = mono_s() - start;
-    if (!json)
-        fprintf(stderr, "ecx: %zu fetched, %zu fell back, %.1f MB in %.3f s\n", fetched,
-                fell_back, bytes / 1e6, secs);
+    if (!lat) any_bad = true;
+    free(lat);
     if (unwritten) fprintf(stderr, "ecx: %zu fetched item(s) NOT written (above)\n", unwritten);
     rc = any_bad ? EXIT_FAIL : fell_back ? 3 : EXIT_OK;
     ecx_free(ctx);

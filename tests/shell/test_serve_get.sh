@@ -137,6 +137,34 @@ fi
 kill -INT "$ppid_"
 wait "$ppid_"
 
+# --rounds: the same items fetched three times over the same sessions, each
+# round from the producer again (ecx_evict between rounds): 3 x 4 requests,
+# every round's bytes checked, one summary line per round.
+RPORT=$(free_port)
+"$ECX" serve --listen 127.0.0.1:0 --synthetic 4:64Ki --announce-out "$T/rounds.json" \
+  --metrics "127.0.0.1:$RPORT" 2>"$T/rounds.log" &
+rpid=$!
+pids+=($rpid)
+if wait_file "$T/rounds.json"; then
+  mkdir -p "$T/orounds"
+  "$ECX" get --params "$T/rounds.json" --out "$T/orounds" --rounds 3 --json --verify-synthetic \
+    >"$T/rounds.out" 2>"$T/rounds.err"
+  rc=$?
+  check "get --rounds 3: exit 0 (rc $rc)" '[ $rc = 0 ]'
+  check "get --rounds 3: 4 ready, verified lines in each round" '$PY -c "import json,sys,collections
+c = collections.Counter(r[\"round\"] for r in map(json.loads, open(sys.argv[1])) if r[\"outcome\"] == \"ready\" and r[\"verified\"])
+assert c == {1: 4, 2: 4, 3: 4}, c" "$T/rounds.out"'
+  check "get --rounds 3: a summary line per round" \
+    '[ "$(grep -c "^ecx: round [123]: 4 fetched, 0 fell back.*latency median" "$T/rounds.err")" = 3 ]'
+  check "get --rounds 3: each round asked the producer again (12 requests)" \
+    'metrics_of $RPORT | grep -qx "ecx_producer_requests_total 12"'
+  check "get --rounds 3: the files hold the items" '[ "$(ls "$T/orounds" | wc -l)" = 4 ]'
+else
+  bad "serve --synthetic for --rounds did not start: $(tail -3 "$T/rounds.log")"
+fi
+kill $rpid 2>/dev/null; wait $rpid 2>/dev/null
+expect 2 "--rounds: '0' is not an integer" "get --rounds 0" -- "$ECX" get --params "$T/rounds.json" --out "$T/orounds" --rounds 0
+
 # Bad options and inputs.
 expect 2 "not a size" "bad --block-bytes" -- "$ECX" serve --block-bytes 12x
 expect 2 "at least 1" "zero --block-bytes" -- "$ECX" serve --block-bytes 0
