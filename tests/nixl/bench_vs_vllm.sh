@@ -6,10 +6,11 @@
 # up to whole 8 KiB rows) all requested at once, every byte checked after the timing.
 #   cold: the first fetch in a fresh consumer process (sessions, NIXL registration included);
 #   best: the best of ROUNDS fetches (default 5) with the same sessions and a cold cache
-#         (vLLM consumers only: `ecx get` is one fetch per process, so its rows are cold,
-#         best of ROUNDS processes).
-# Time runs from the first request to the last item landed (vLLM: fetch(); ecx get: its
-# largest per-item latency, all items being in flight at once).
+#         (vLLM: rounds of one consumer; ecx: `ecx get --rounds ROUNDS`, which evicts
+#         every item between rounds so that each round asks the producer again).
+# Time runs from the first request to the last item landed (vLLM: fetch(); ecx get: the
+# round's largest per-item latency, all items being in flight at once; files are written
+# after the round).
 # vLLM's pair runs twice: with UCX's own choice of transports (shared memory + cma on one
 # host) and with UCX_TLS=tcp,self, the transport ecx's nixl path uses (Debian's UCX, tcp only).
 # Prints one line per pairing: pair=... items=N size=S cold_items_s= cold_gbps= best_items_s= best_gbps=
@@ -43,16 +44,17 @@ vllm_consumer() {
 t = [json.loads(l)["fetch_s"] for l in open(sys.argv[1]) if l.startswith("{\"round\"")]
 print(t[0], min(t))' "$T/vc.err"
 }
-# ecx_gets PARAMS: cold (first) and best of ROUNDS `ecx get` processes
+# ecx_gets PARAMS: cold (round 1) and best of ROUNDS rounds of one `ecx get` process
 ecx_gets() {
-  local i ts=()
-  for i in $(seq "$R"); do
-    rm -rf "$T/o"; mkdir -p "$T/o"
-    "$ECX" get --params "$1" --out "$T/o" --json --verify-synthetic --connector-version 2 "${F[@]}" \
-      --data nixl >"$T/g.out" 2>"$T/g.err" || { echo "bench: ecx get failed: $(tail -3 "$T/g.err")" >&2; return 1; }
-    ts+=("$("$VPY" -c 'import json, sys; print(max(json.loads(l)["latency_ms"] for l in open(sys.argv[1])) / 1e3)' "$T/g.out")")
-  done
-  printf '%s\n' "${ts[@]}" | sort -g | head -1 | { read -r best; echo "${ts[0]} $best"; }
+  rm -rf "$T/o"; mkdir -p "$T/o"
+  "$ECX" get --params "$1" --out "$T/o" --json --verify-synthetic --connector-version 2 "${F[@]}" \
+    --data nixl --rounds "$R" >"$T/g.out" 2>"$T/g.err" || { echo "bench: ecx get failed: $(tail -3 "$T/g.err")" >&2; return 1; }
+  "$VPY" -c 'import json, sys
+t = {}
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    t[r.get("round", 1)] = max(t.get(r.get("round", 1), 0), r["latency_ms"] / 1e3)
+print(t[1], min(t.values()))' "$T/g.out"
 }
 
 # vLLM producer, and (with nixl) ecx serve --data nixl, both serving the same items
