@@ -472,7 +472,8 @@ int cmd_get(int argc, char **argv)
             qsort(lat, finished, sizeof *lat, cmp_double);
             fprintf(stderr, "ecx: round %lld: %zu fetched, %zu fell back, %.1f MB in %.3f s; "
                     "latency median %.1f ms, longest %.1f ms\n", (long long)round, r_fetched,
-                    r_fell_back, bytes / 1e6, secs, lat[finished / 2], lat[finished - 1]);
+                    r_fell_back, bytes / 1e6, secs, finished ? lat[finished / 2] : 0,
+                    finished ? lat[finished - 1] : 0);
         } else if (!json) {
             fprintf(stderr, "ecx: %zu fetched, %zu fell back, %.1f MB in %.3f s\n", fetched,
                     fell_back, bytes / 1e6, secs);
