@@ -14,9 +14,12 @@
 # count / CTRL_REQUESTS. Medians over CTRL_ROUNDS rounds.
 #
 # usage: bench/ctrl_rate.sh [BUILD_DIR [BEFORE_BUILD_DIR]]   (default: build)
-# env:   CTRL_REQUESTS (20000), CTRL_WARMUP (2000), CTRL_WINDOW (64),
+# env:   CTRL_REQUESTS (200000: shorter rounds, 0.1 s at these rates, moved
+#        the ratio by +-0.15 between runs), CTRL_WARMUP (2000), CTRL_WINDOW (64),
 #        CTRL_ROUNDS (3), CTRL_ITEMS (32), CTRL_ITEM_BYTES (327680),
-#        CTRL_BLOCK_BYTES (65536)
+#        CTRL_BLOCK_BYTES (65536), CTRL_ECHO_ACK_BYTES (the echo's ack size;
+#        default its bare 92-byte ack; 432 is the size of ecx's acks here, so
+#        that ZeroMQ moves the same bytes for both)
 # Output (stdout): one line per server,
 #   server=<echo|before|ecx> req_per_s=<median> syscalls_per_req=<median>
 # then
@@ -27,7 +30,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 BUILD=${1:-$here/../build}
 BEFORE=${2:-}
-REQ=${CTRL_REQUESTS:-20000} WARM=${CTRL_WARMUP:-2000} W=${CTRL_WINDOW:-64}
+REQ=${CTRL_REQUESTS:-200000} WARM=${CTRL_WARMUP:-2000} W=${CTRL_WINDOW:-64}
 ROUNDS=${CTRL_ROUNDS:-3} ITEMS=${CTRL_ITEMS:-32} ITEM_BYTES=${CTRL_ITEM_BYTES:-327680}
 BLOCK=${CTRL_BLOCK_BYTES:-65536}
 command -v perf >/dev/null || { echo "ctrl_rate: perf not installed" >&2; exit 77; }
@@ -47,7 +50,7 @@ trap 'exit 1' INT TERM
 # run NAME: start it, warm it up, measure; prints "req_per_s syscalls_per_req".
 run() {
   local name=$1 ann="$tmp/$1.json"
-  local cmd=("$BUILD/zmq_echo" "$ann")
+  local cmd=("$BUILD/zmq_echo" "$ann" ${CTRL_ECHO_ACK_BYTES:+"$CTRL_ECHO_ACK_BYTES"})
   [ "$name" = ecx ] && cmd=("$BUILD/ctrl_serve" "$ann" "$ITEMS" "$ITEM_BYTES" "$BLOCK")
   [ "$name" = before ] && cmd=("$BEFORE/ctrl_serve" "$ann" "$ITEMS" "$ITEM_BYTES" "$BLOCK")
   rm -f "$ann"

@@ -6,7 +6,10 @@
  * OK, no blocks) for the one item the announcements file names, encoded
  * once at start, so `ecx bench ctrl` can drive it unchanged.
  *
- * usage: zmq_echo ANNOUNCE_OUT
+ * usage: zmq_echo ANNOUNCE_OUT [ACK_BYTES]
+ * ACK_BYTES: make the ack this large (its agent_metadata padded), as large
+ * as the producer's real acks, so that ZeroMQ moves the same bytes for
+ * both (default: the bare ack, 92 bytes).
  * Binds 127.0.0.1 on a free port, writes {mm_hash: announcement} for one
  * item to ANNOUNCE_OUT (atomically), serves until SIGTERM or SIGINT, then
  * prints "zmq_echo: requests=<n>" on stderr.
@@ -30,18 +33,26 @@ static void on_signal(int sig)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: zmq_echo ANNOUNCE_OUT\n");
+    char *end = NULL;
+    long want = argc == 3 ? strtol(argv[2], &end, 10) : 0;
+    if ((argc != 2 && argc != 3) || (argc == 3 && (*end || want < 1 || want > 65536))) {
+        fprintf(stderr, "usage: zmq_echo ANNOUNCE_OUT [ACK_BYTES (1..65536)]\n");
         return 2;
     }
     static const char hash[] = "9e3779b97f4a7c15000000000000000000000000000000000000000000000000";
-    uint8_t frame[256];
+    static uint8_t frame[65536 + 256];
+    static char pad[65536];
     size_t frame_len;
     ecx_ack a;
     ecx_ack_init(&a);
     a.mm_hash = (ecx_span){hash, sizeof hash - 1};
     a.status = ECX_STATUS_OK;
     if (ecx_wire_encode_ack(&a, frame, sizeof frame, &frame_len)) return 1;
+    /* Pad: msgpack's bin header grows with the length, so step up to it. */
+    for (size_t n = 0; want && (long)frame_len < want && n < sizeof pad; n++) {
+        a.agent_metadata = (ecx_span){pad, n + 1};
+        if (ecx_wire_encode_ack(&a, frame, sizeof frame, &frame_len)) return 1;
+    }
 
     void *zctx = zmq_ctx_new(), *sock = zmq_socket(zctx, ZMQ_ROUTER);
     int zero = 0;
