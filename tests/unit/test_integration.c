@@ -26,6 +26,7 @@
 
 #include <cmocka.h>
 #include <jansson.h>
+#include <zmq.h>
 
 #include "ecx.h"
 
@@ -624,11 +625,51 @@ static int fetch_until(ecx_ctx *prod, ecx_ctx *cons, const char *h, const ecx_an
     return st;
 }
 
+/* A bare DEALER asks prod for h (protocol version 2, prod's factors) and
+ * never reads it: the grant pins h until its lease ends. The ack's status. */
+static int grant_unread(ecx_ctx *prod, const char *h, void **zctx, void **sock)
+{
+    *zctx = zmq_ctx_new();
+    *sock = zmq_socket(*zctx, ZMQ_DEALER);
+    int zero = 0;
+    char ep[64], compat[ECX_COMPAT_HASH_HEX + 1];
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", ecx_listen_port(prod));
+    assert_int_equal(zmq_setsockopt(*sock, ZMQ_LINGER, &zero, sizeof zero), 0);
+    assert_int_equal(zmq_connect(*sock, ep), 0);
+    assert_int_equal(ecx_compat_hash(ECX_DEFAULT_VLLM_VERSION, strlen(ECX_DEFAULT_VLLM_VERSION),
+                                     ECX_DEFAULT_MODEL, strlen(ECX_DEFAULT_MODEL),
+                                     ECX_DEFAULT_DTYPE, strlen(ECX_DEFAULT_DTYPE), 8192, compat),
+                     0);
+    ecx_req r;
+    ecx_req_init(&r);
+    r.mm_hash = (ecx_span){h, strlen(h)};
+    r.compatibility_hash = (ecx_span){compat, ECX_COMPAT_HASH_HEX};
+    r.session_id = (ecx_span){"evict-test", 10};
+    r.connector_version = 2;
+    uint8_t req[512], ack[4096];
+    size_t len;
+    assert_int_equal(ecx_wire_encode_req_v(&r, 2, req, sizeof req, &len), 0);
+    assert_int_equal(zmq_send(*sock, "", 0, ZMQ_SNDMORE), 0);
+    assert_int_equal(zmq_send(*sock, req, len, 0), (int)len);
+    int n = -1;
+    for (double end = now_s() + 10; now_s() < end;) {
+        ecx_poll(prod, 5);
+        if ((n = zmq_recv(*sock, ack, sizeof ack, ZMQ_DONTWAIT)) == 0) /* the delimiter */
+            n = zmq_recv(*sock, ack, sizeof ack, 0);
+        if (n > 0) break;
+    }
+    ecx_ack a;
+    assert_true(n > 0 && n <= (int)sizeof ack);
+    assert_int_equal(ecx_wire_decode_ack(ack, (size_t)n, &a), 0);
+    return a.status;
+}
+
 /* ecx_evict removes a ready item and nothing else: a loaded one is refused
- * (ECX_ECACHE_STATE) until its release, one being saved is not ready, an
- * unknown one is missing. Evicted on the consumer, the next fetch asks the
- * producer again (one more request, the same bytes); evicted on the
- * producer, a request for it is answered NACK_MISSING. */
+ * (ECX_ECACHE_STATE) until its release, a granted one until the grant ends
+ * (its lease here), one being saved is not ready, an unknown one is
+ * missing. Evicted on the consumer, the next fetch asks the producer again
+ * (one more request, the same bytes); evicted on the producer, a request
+ * for it is answered NACK_MISSING. */
 static void test_evict(void **state)
 {
     (void)state;
@@ -637,6 +678,7 @@ static void test_evict(void **state)
     pc.role = ECX_ROLE_PRODUCER;
     pc.listen = "127.0.0.1:0";
     pc.region_bytes = 8 << 20;
+    pc.lease_ms = 300;
     ecx_ctx *prod, *cons = consumer("auto", NULL, 8 << 20);
     assert_int_equal(ecx_new(&pc, &prod), 0);
     static uint8_t bytes[16 * 8192], got[16 * 8192];
@@ -679,8 +721,20 @@ static void test_evict(void **state)
     assert_int_equal(ecx_evict(prod, ""), ECX_EINVAL);
     assert_int_equal(ecx_evict(NULL, "ev-2"), ECX_EINVAL);
 
+    /* Granted and never read: refused until the lease lets it go. */
+    void *zctx, *sock;
+    assert_int_equal(grant_unread(prod, "ev-2", &zctx, &sock), ECX_STATUS_OK);
+    assert_int_equal(ecx_evict(prod, "ev-2"), ECX_ECACHE_STATE);
+    int rc = ECX_ECACHE_STATE;
+    for (double end = now_s() + 10; rc == ECX_ECACHE_STATE && now_s() < end;) {
+        ecx_poll(prod, 20);
+        rc = ecx_evict(prod, "ev-2");
+    }
+    zmq_close(sock);
+    zmq_ctx_term(zctx);
+
     /* Evicted on the producer: the consumer falls back, NACK_MISSING. */
-    assert_int_equal(ecx_evict(prod, "ev-2"), 0);
+    assert_int_equal(rc, 0);
     assert_int_equal(fetch_until(prod, cons, "ev-2", &a2, &reason), ECX_FETCH_LOCAL);
     assert_int_equal(reason, ECX_REASON_NACK_MISSING);
     assert_int_equal(metric(prod, "ecx_cache_evicted_by_engine_total"), 1);
