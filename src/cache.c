@@ -1015,7 +1015,10 @@ int ecxi_cache_unpin(ecxi_cache *c, const char *key, size_t key_len)
     return rc;
 }
 
-int ecxi_cache_discard(ecxi_cache *c, const char *key, size_t key_len)
+/* Remove an unpinned entry: a not-ready one (ready false: a save or fetch
+ * given up) or a ready one (ready true: the engine's eviction, which the
+ * eviction hook hears of). */
+static int remove_unpinned(ecxi_cache *c, const char *key, size_t key_len, bool ready)
 {
     if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
     pthread_mutex_lock(&c->mu);
@@ -1024,34 +1027,27 @@ int ecxi_cache_discard(ecxi_cache *c, const char *key, size_t key_len)
     struct entry *e = find_locked(c, key, key_len, &id, &h);
     if (!e)
         rc = ECX_ECACHE_MISSING;
-    else if (!not_ready(e) || e->pins)
+    else if (not_ready(e) == ready)
+        rc = ready ? ECX_ECACHE_NOT_READY : ECX_ECACHE_STATE;
+    else if (e->pins)
         rc = ECX_ECACHE_STATE;
-    else
+    else {
+        if (ready && c->on_evict) c->on_evict(c->evict_arg, key, key_len, e->n_blocks);
+        c->dropped += ready;
         entry_remove(c, id, h);
+    }
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
 
+int ecxi_cache_discard(ecxi_cache *c, const char *key, size_t key_len)
+{
+    return remove_unpinned(c, key, key_len, false);
+}
+
 int ecxi_cache_evict(ecxi_cache *c, const char *key, size_t key_len)
 {
-    if (!c || !key_ok(key, key_len)) return ECX_EINVAL;
-    pthread_mutex_lock(&c->mu);
-    int rc = 0;
-    uint32_t id, h;
-    struct entry *e = find_locked(c, key, key_len, &id, &h);
-    if (!e)
-        rc = ECX_ECACHE_MISSING;
-    else if (not_ready(e))
-        rc = ECX_ECACHE_NOT_READY;
-    else if (e->pins)
-        rc = ECX_ECACHE_STATE;
-    else {
-        if (c->on_evict) c->on_evict(c->evict_arg, key, key_len, e->n_blocks);
-        entry_remove(c, id, h);
-        c->dropped++;
-    }
-    pthread_mutex_unlock(&c->mu);
-    return rc;
+    return remove_unpinned(c, key, key_len, true);
 }
 
 int ecxi_cache_set_size(ecxi_cache *c, const char *key, size_t key_len, uint64_t size_bytes)

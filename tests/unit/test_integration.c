@@ -99,6 +99,21 @@ static ecx_ctx *consumer(const char *data, const char *model, uint64_t region)
     return consumer_acking(data, model, region, 1000);
 }
 
+/* A producer in this process on loopback, an 8 MiB region; lease_ms 0:
+ * the default lease. */
+static ecx_ctx *producer_here(int64_t lease_ms)
+{
+    ecx_config pc;
+    ecx_config_init(&pc);
+    pc.role = ECX_ROLE_PRODUCER;
+    pc.listen = "127.0.0.1:0";
+    pc.region_bytes = 8 << 20;
+    if (lease_ms) pc.lease_ms = lease_ms;
+    ecx_ctx *prod = NULL;
+    assert_int_equal(ecx_new(&pc, &prod), 0);
+    return prod;
+}
+
 /* One counter or gauge from the context's metrics text. */
 static long long metric(ecx_ctx *ctx, const char *name)
 {
@@ -353,13 +368,7 @@ static void test_producer_restart(void **state)
 static void test_mm_hash_limit(void **state)
 {
     (void)state;
-    ecx_config pc;
-    ecx_config_init(&pc);
-    pc.role = ECX_ROLE_PRODUCER;
-    pc.listen = "127.0.0.1:0";
-    pc.region_bytes = 8 << 20;
-    ecx_ctx *prod, *cons = consumer("auto", NULL, 8 << 20);
-    assert_int_equal(ecx_new(&pc, &prod), 0);
+    ecx_ctx *prod = producer_here(0), *cons = consumer("auto", NULL, 8 << 20);
     static char h[ECX_MM_HASH_MAX + 2], h2[ECX_MM_HASH_MAX + 1];
     memset(h, 'a', ECX_MM_HASH_MAX);
     memset(h2, 'b', ECX_MM_HASH_MAX);
@@ -673,14 +682,7 @@ static int grant_unread(ecx_ctx *prod, const char *h, void **zctx, void **sock)
 static void test_evict(void **state)
 {
     (void)state;
-    ecx_config pc;
-    ecx_config_init(&pc);
-    pc.role = ECX_ROLE_PRODUCER;
-    pc.listen = "127.0.0.1:0";
-    pc.region_bytes = 8 << 20;
-    pc.lease_ms = 300;
-    ecx_ctx *prod, *cons = consumer("auto", NULL, 8 << 20);
-    assert_int_equal(ecx_new(&pc, &prod), 0);
+    ecx_ctx *prod = producer_here(300), *cons = consumer("auto", NULL, 8 << 20);
     static uint8_t bytes[16 * 8192], got[16 * 8192];
     for (size_t i = 0; i < sizeof bytes; i++)
         bytes[i] = (uint8_t)(i * 13 + i / 997);
