@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * bench_util — what `ecx bench data` and `ecx bench stall` share: medians,
- * block rounding, the content every benchmark item carries (and its check,
- * so a verification reads nothing but the bytes checked), and a timed
- * memcpy as the baseline.
+ * bench_util — what `ecx bench data` and `ecx bench stall` share: medians
+ * (`ecx get --rounds` uses them too), block rounding, the content every
+ * benchmark item carries (and its check, so a verification reads nothing
+ * but the bytes checked), and a timed memcpy as the baseline.
  */
 #ifndef ECX_BENCH_UTIL_H
 #define ECX_BENCH_UTIL_H

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "cli.h"
 #include "ecx.h"
 #include "file.h"
@@ -200,12 +201,6 @@ static json_t *load_params(const char *path)
         return NULL;
     }
     return j;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* --rounds: before round `round`, evict every item the last round fetched,
@@ -469,17 +464,19 @@ int cmd_get(int argc, char **argv)
         fetched += r_fetched;
         fell_back += r_fell_back;
         if (rounds > 1) {
-            qsort(lat, finished, sizeof *lat, cmp_double);
+            double median = finished ? bench_median(lat, (int)finished) : 0; /* sorts lat */
             fprintf(stderr, "ecx: round %lld: %zu fetched, %zu fell back, %.1f MB in %.3f s; "
                     "latency median %.1f ms, longest %.1f ms\n", (long long)round, r_fetched,
-                    r_fell_back, bytes / 1e6, secs, finished ? lat[finished / 2] : 0,
-                    finished ? lat[finished - 1] : 0);
+                    r_fell_back, bytes / 1e6, secs, median, finished ? lat[finished - 1] : 0);
         } else if (!json) {
             fprintf(stderr, "ecx: %zu fetched, %zu fell back, %.1f MB in %.3f s\n", fetched,
                     fell_back, bytes / 1e6, secs);
         }
     }
-    if (!lat) any_bad = true;
+    if (!lat) {
+        fprintf(stderr, "ecx: out of memory\n");
+        any_bad = true;
+    }
     free(lat);
     if (unwritten) fprintf(stderr, "ecx: %zu fetched item(s) NOT written (above)\n", unwritten);
     rc = any_bad ? EXIT_FAIL : fell_back ? 3 : EXIT_OK;
