@@ -170,6 +170,10 @@ add_executable(bench_copy bench/copy_bench.c tools/bench_util.c)
 target_include_directories(bench_copy PRIVATE tools)
 target_link_libraries(bench_copy PRIVATE ecx_internal)
 ecx_format_test(bench_copy_smoke bench_copy $<TARGET_FILE:bench_copy>)
+# Plain TCP between two processes: the baseline of bench/tcp_vs_raw.sh.
+add_executable(raw_tcp bench/raw_tcp.c tools/bench_util.c)
+target_include_directories(raw_tcp PRIVATE tools)
+ecx_format_test(test_tcp_vs_raw tcp_vs_raw ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR})
 ecx_format_test(bench_data_smoke bench_data $<TARGET_FILE:bench_data>)
 # Regions go under $ECX_SHM_DIR, as the library's do: a directory that is not there is named.
 add_test(NAME bench_data_shm_dir COMMAND bench_data --size 300000 --iters 1 --warmup 0 --path shm)

@@ -121,6 +121,27 @@ bench_compare) # bench_compare SOURCE_DIR ECX: bench/compare.sh quick, both prod
   in_order "ecx, python, then the ratios" "$T/cmd.stdout" '^producer=ecx window=64 ' \
     '^producer=python window=64 ' 'ratio_req_per_s_w64=' ;;
 
+tcp_vs_raw) # tcp_vs_raw SOURCE_DIR BUILD_DIR: raw_tcp's own runs and errors, then
+  # bench/tcp_vs_raw.sh tiny on loopback (no namespaces, not pinned)
+  port=$(free_port)
+  "$2/raw_tcp" serve "127.0.0.1:$port" 100000 >"$T/raw.out" 2>&1 &
+  rpid=$!
+  for _ in $(seq 50); do grep -q listening "$T/raw.out" && break; sleep 0.1; done
+  expect 0 "" "raw_tcp get" -- "$2/raw_tcp" get "127.0.0.1:$port" 99999 3
+  has_line "raw_tcp's last line" "$T/cmd.stdout" raw_tcp: size=99999 rounds=3 median_ms=NUM
+  has_line "raw_tcp's round line" "$T/cmd.stdout" round=3 ms=NUM
+  if wait $rpid; then ok; else bad "raw_tcp serve: exit $? when its peer closed (want 0)"; fi
+  expect 2 "usage: raw_tcp" "raw_tcp, size 0" -- "$2/raw_tcp" get "127.0.0.1:$port" 0 1
+  expect 2 "usage: raw_tcp" "raw_tcp, unknown command" -- "$2/raw_tcp" put x 1 1
+  expect 1 "not HOST:PORT" "raw_tcp, no port" -- "$2/raw_tcp" get 127.0.0.1 10 1
+  expect 1 "cannot connect" "raw_tcp, nobody listening" -- "$2/raw_tcp" get "127.0.0.1:$(free_port)" 10 1
+  EXPECT_TIMEOUT=120 TVR_NETNS=0 TVR_PIN=0 TVR_SIZES=65536 TVR_ROUNDS=3 TVR_PASSES=2 \
+    expect 0 "" "tcp_vs_raw.sh tiny" -- bash "$1/bench/tcp_vs_raw.sh" "$2"
+  has_line "a pass's line" "$T/cmd.stdout" size=65536 pass=2 raw_ms=NUM ecx_ms=NUM tcp_vs_raw=NUM
+  has_line "the summary" "$T/cmd.stdout" where=loopback pinned=no size=65536 tcp_vs_raw=NUM
+  TVR_NETNS=0 TVR_SIZES=64k expect 1 "is not a byte count" "tcp_vs_raw.sh, a bad size" -- \
+    bash "$1/bench/tcp_vs_raw.sh" "$2" ;;
+
 *) echo "test_formats: no case '$case'" >&2; exit 2 ;;
 esac
 finish
