@@ -42,18 +42,6 @@ static int usage(void)
     return 2;
 }
 
-static int io_all(int fd, void *b, size_t n, int wr)
-{
-    uint8_t *p = b;
-    while (n) {
-        ssize_t k = wr ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) return -1;
-        p += k, n -= (size_t)k;
-    }
-    return 0;
-}
-
 /* HOST:PORT ([v6]:PORT too) resolved, numeric only; NULL after a message. */
 static struct addrinfo *resolve(const char *spec, int passive)
 {
@@ -107,6 +95,7 @@ static int serve(const char *spec, uint64_t max)
         setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) ||
         bind(lfd, ai->ai_addr, ai->ai_addrlen) || listen(lfd, 1)) {
         fprintf(stderr, "raw_tcp: cannot listen on %s: %s\n", spec, strerror(errno));
+        if (lfd >= 0) close(lfd);
         freeaddrinfo(ai);
         free(content);
         return 1;
@@ -122,17 +111,7 @@ static int serve(const char *spec, uint64_t max)
         return 1;
     }
     setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    uint64_t size;
-    int rc = 0;
-    while (io_all(c, &size, sizeof size, 0) == 0) {
-        if (size == 0 || size > max) {
-            fprintf(stderr, "raw_tcp: asked for %llu bytes (most: %llu)\n",
-                    (unsigned long long)size, (unsigned long long)max);
-            rc = 1;
-            break;
-        }
-        if (io_all(c, content, size, 1)) break; /* the peer went away */
-    }
+    int rc = bench_raw_serve(c, content, max);
     close(c);
     free(content);
     return rc;
@@ -157,7 +136,7 @@ static int get(const char *spec, uint64_t size, int rounds)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     for (int r = 0; r < rounds; r++) {
         uint64_t t0 = bench_now_ns();
-        if (io_all(fd, &size, sizeof size, 1) || io_all(fd, dst, size, 0)) {
+        if (bench_io_all(fd, &size, sizeof size, true) || bench_io_all(fd, dst, size, false)) {
             fprintf(stderr, "raw_tcp: round %d: connection lost\n", r + 1);
             goto out;
         }

@@ -2,6 +2,7 @@
 /* bench_util — helpers the bench subcommands share; see bench_util.h. */
 #include "bench_util.h"
 
+#include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -85,13 +86,28 @@ double bench_time_memcpy(uint8_t *dst, const uint8_t *src, uint64_t size)
     return (double)(bench_now_ns() - t0) / 1e9;
 }
 
-static int io_all(int fd, void *b, size_t n, bool wr)
+int bench_io_all(int fd, void *b, size_t n, bool wr)
 {
     uint8_t *p = b;
     while (n) {
-        ssize_t k = wr ? write(fd, p, n) : read(fd, p, n);
+        ssize_t k = wr ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+        if (k < 0 && errno == EINTR) continue;
         if (k <= 0) return -1;
         p += k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+int bench_raw_serve(int c, const uint8_t *content, uint64_t max)
+{
+    uint64_t size;
+    while (bench_io_all(c, &size, sizeof size, false) == 0) {
+        if (size == 0 || size > max) {
+            fprintf(stderr, "raw TCP sender: asked for %llu bytes (most: %llu)\n",
+                    (unsigned long long)size, (unsigned long long)max);
+            return 1;
+        }
+        if (bench_io_all(c, (void *)content, size, true)) break; /* the peer went away */
     }
     return 0;
 }
@@ -101,11 +117,9 @@ static int raw_sender(int lfd, const uint8_t *content, uint64_t max)
     int c = accept(lfd, NULL, NULL);
     close(lfd);
     if (c < 0) return 1;
-    uint64_t size;
-    while (io_all(c, &size, sizeof size, false) == 0 && size && size <= max)
-        if (io_all(c, (void *)content, size, true)) break;
+    int rc = bench_raw_serve(c, content, max);
     close(c);
-    return 0;
+    return rc;
 }
 
 int bench_raw_tcp_open(bench_raw_tcp *r, const uint8_t *content, uint64_t max)
@@ -137,7 +151,8 @@ double bench_raw_tcp_once(bench_raw_tcp *r, uint8_t *dst, const uint8_t *expect,
 {
     memset(dst, 0x5a, size);
     uint64_t t0 = bench_now_ns();
-    if (io_all(r->fd, &size, sizeof size, true) || io_all(r->fd, dst, size, false)) return -1;
+    if (bench_io_all(r->fd, &size, sizeof size, true) || bench_io_all(r->fd, dst, size, false))
+        return -1;
     double t = (double)(bench_now_ns() - t0) / 1e9;
     if (memcmp(dst, expect, size) != 0) {
         fprintf(stderr, "bench: raw TCP delivered wrong bytes\n");

@@ -9,6 +9,7 @@
 #define ECX_BENCH_UTIL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Median of v[0..n) (n >= 1); sorts v. */
@@ -28,6 +29,14 @@ bool bench_check(const uint8_t *p, uint64_t off, uint64_t len, uint64_t total);
 /* Overwrite dst, then time one memcpy of size bytes from src into it;
  * seconds. The caller verifies dst. */
 double bench_time_memcpy(uint8_t *dst, const uint8_t *src, uint64_t size);
+
+/* Send (wr) or receive exactly n bytes on a blocking socket: 0, or -1 on an
+ * error or a close. */
+int bench_io_all(int fd, void *b, size_t n, bool wr);
+/* Answer raw TCP requests on the connection c until the peer closes: each
+ * an 8-byte size, answered with content's first size bytes. 0, or 1 after
+ * a message if a size is 0 or over max. */
+int bench_raw_serve(int c, const uint8_t *content, uint64_t max);
 
 /* Raw TCP, the tcp path's baseline: one loopback connection to a sender
  * process of its own (forked: it holds a copy of content, max bytes). Each
