@@ -12,10 +12,12 @@
  * with its secrets in registers), AVX2, or portable C. Copies of at least
  * ECXI_FSUM_NT_MIN bytes in all store with non-temporal stores where the
  * destination is 64-byte aligned (fenced before each call returns), as
- * memcpy does for copies past the cache. (Software prefetch ahead of the
- * loads, and a block unrolled on AVX2, were measured and made it slower:
- * BENCHMARKS.md.) Streams of at most 240 bytes (XXH3's short forms) are
- * gathered and hashed at the end.
+ * memcpy does for copies past the cache; such a copy reads ahead the way
+ * memcpy does too: on AVX-512 two 4 KiB streams at once, each prefetched a
+ * few lines ahead, hashed in order through a scratch copy in L1; on AVX2
+ * one stream, prefetched 4 KiB ahead on AMD CPUs only (BENCHMARKS.md has
+ * what each choice measured). Streams of at most 240 bytes (XXH3's short
+ * forms) are gathered and hashed at the end.
  */
 #ifndef ECXI_FSUM_H
 #define ECXI_FSUM_H
