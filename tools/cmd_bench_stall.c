@@ -56,6 +56,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_ctx.h"
 #include "bench_util.h"
 #include "cli.h"
 #include "ecx.h"
@@ -578,30 +579,6 @@ static int new_consumer(const stall *b, uint64_t item, ecx_ctx **out)
 }
 
 /* A metric's value from ecx_metrics' text, or -1. */
-static double metric(ecx_ctx *ctx, const char *name)
-{
-    char buf[65536];
-    size_t len;
-    if (ecx_metrics(ctx, buf, sizeof buf, &len) != 0) return -1;
-    size_t nl = strlen(name);
-    for (const char *p = buf; (p = strstr(p, name)); p += nl)
-        if ((p == buf || p[-1] == '\n') && p[nl] == ' ') return strtod(p + nl + 1, NULL);
-    return -1;
-}
-
-/* Wait (at most FETCH_LIMIT_S) until cons's region is all faulted in;
- * seconds waited, or 0 with ECX_PREFAULT=0 (nothing faults it in). */
-static double wait_backed(ecx_ctx *cons)
-{
-    const char *pf = getenv("ECX_PREFAULT");
-    if (pf && !strcmp(pf, "0")) return 0;
-    double t0 = mono_s();
-    while (metric(cons, "ecx_region_backed_bytes") < metric(cons, "ecx_region_bytes") &&
-           mono_s() - t0 < FETCH_LIMIT_S)
-        sleep_until(bench_now_ns() + 2000000ull);
-    return mono_s() - t0;
-}
-
 /* Cold and warm fetches against memcpy + RTT; leaves the last (warm)
  * consumer in *keep. */
 static int cold_warm(stall *b, uint64_t size, uint64_t item, ecx_ctx **keep)
@@ -622,7 +599,7 @@ static int cold_warm(stall *b, uint64_t size, uint64_t item, ecx_ctx **keep)
             goto out;
         }
         if (new_consumer(b, item, &cons)) goto out;
-        double backed = wait_backed(cons);
+        double backed = bench_wait_backed(cons, FETCH_LIMIT_S);
         double r, cold, idle, warm = 0;
         if (rtt_once(b, cons) < 0 || (r = rtt_once(b, cons)) < 0) goto out;
         if ((cold = engine_fetch(b, cons, size, 0, NULL, NULL)) < 0) goto out;
