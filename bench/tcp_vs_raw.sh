@@ -49,6 +49,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM
 
 if [ "$NETNS" = auto ]; then
   NETNS=0
@@ -74,8 +75,10 @@ if [ "$PIN" = auto ]; then
 fi
 cpu_a=() cpu_b=() pinned=no
 [ "$PIN" = 1 ] && cpu_a=(taskset -c 0) cpu_b=(taskset -c 1) pinned=yes
-in_a() { "${ns_a[@]}" "${cpu_a[@]}" "$@"; }
-in_b() { "${ns_b[@]}" "${cpu_b[@]}" "$@"; }
+# Prefixes that run a command on side A (producer) or B (consumer). Used
+# as "${in_a[@]}" CMD: a function run with & would be a subshell, whose pid
+# kill would not reach the command behind it.
+in_a=("${ns_a[@]}" "${cpu_a[@]}") in_b=("${ns_b[@]}" "${cpu_b[@]}")
 
 free_port() { # a port nobody listens on now (the namespaces are empty anyway)
   $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
@@ -87,7 +90,7 @@ start_serve() {
   local port
   port=$(free_port)
   rm -f "$work/$2.json"
-  in_a "$1/ecx" serve --listen "$host:$port" --data tcp --synthetic "1:$SIZE" \
+  "${in_a[@]}" "$1/ecx" serve --listen "$host:$port" --data tcp --synthetic "1:$SIZE" \
     --announce-out "$work/$2.json" >"$work/$2.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do [ -s "$work/$2.json" ] && return 0; sleep 0.1; done
@@ -99,7 +102,7 @@ start_serve() {
 # ecx_ms BUILD NAME: the median fetch-to-ready of ROUNDS rounds, in ms.
 ecx_ms() {
   mkdir -p "$work/out-$2"
-  in_b "$1/ecx" get --params "$work/$2.json" --out "$work/out-$2" --data tcp \
+  "${in_b[@]}" "$1/ecx" get --params "$work/$2.json" --out "$work/out-$2" --data tcp \
     --rounds "$ROUNDS" --json --verify-synthetic 2>"$work/$2.get" |
     $PY -c '
 import json, statistics, sys
@@ -114,10 +117,10 @@ print("%.3f" % statistics.median(r["latency_ms"] for r in v))' "$ROUNDS" ||
 raw_ms() {
   local port out
   port=$(free_port)
-  in_a "$BUILD/raw_tcp" serve "$host:$port" "$SIZE" >"$work/raw.log" 2>&1 &
+  "${in_a[@]}" "$BUILD/raw_tcp" serve "$host:$port" "$SIZE" >"$work/raw.log" 2>&1 &
   local spid=$!
   for _ in $(seq 50); do grep -q listening "$work/raw.log" 2>/dev/null && break; sleep 0.1; done
-  out=$(in_b "$BUILD/raw_tcp" get "$host:$port" "$SIZE" "$ROUNDS") ||
+  out=$("${in_b[@]}" "$BUILD/raw_tcp" get "$host:$port" "$SIZE" "$ROUNDS") ||
     { kill $spid 2>/dev/null; cat "$work/raw.log" >&2; return 1; }
   wait $spid
   echo "$out" | sed -n 's/.*median_ms=//p'

@@ -135,10 +135,14 @@ tcp_vs_raw) # tcp_vs_raw SOURCE_DIR BUILD_DIR: raw_tcp's own runs and errors, th
   expect 2 "usage: raw_tcp" "raw_tcp, unknown command" -- "$2/raw_tcp" put x 1 1
   expect 1 "not HOST:PORT" "raw_tcp, no port" -- "$2/raw_tcp" get 127.0.0.1 10 1
   expect 1 "cannot connect" "raw_tcp, nobody listening" -- "$2/raw_tcp" get "127.0.0.1:$(free_port)" 10 1
+  servers() { pgrep -f 'announce-out /dev/shm/ecx-tvr\.' | sort; }
+  before=$(servers)
   EXPECT_TIMEOUT=120 TVR_NETNS=0 TVR_PIN=0 TVR_SIZES=65536 TVR_ROUNDS=3 TVR_PASSES=2 \
     expect 0 "" "tcp_vs_raw.sh tiny" -- bash "$1/bench/tcp_vs_raw.sh" "$2"
   has_line "a pass's line" "$T/cmd.stdout" size=65536 pass=2 raw_ms=NUM ecx_ms=NUM tcp_vs_raw=NUM
   has_line "the summary" "$T/cmd.stdout" where=loopback pinned=no size=65536 tcp_vs_raw=NUM
+  left=$(comm -13 <(echo "$before") <(servers))
+  if [ -z "$left" ]; then ok; else bad "tcp_vs_raw.sh left its ecx serve running: $left"; fi
   TVR_NETNS=0 TVR_SIZES=64k expect 1 "is not a byte count" "tcp_vs_raw.sh, a bad size" -- \
     bash "$1/bench/tcp_vs_raw.sh" "$2" ;;
 
