@@ -12,9 +12,10 @@
 # path between hosts); else on loopback. With two CPUs or more, the
 # producer's side (ecx serve, raw_tcp serve) runs on CPU 0 and the
 # consumer's (ecx get, raw_tcp get) on CPU 1 (taskset), as two hosts would:
-# unpinned, a VM's scheduler tends to stack both on one vCPU (a TCP
-# receiver is woken on its sender's CPU, and an idle vCPU looks busy to
-# the guest), so the two sides take turns and the figure measures that.
+# unpinned, this VM's scheduler stacked both on one vCPU (likely: a TCP
+# receiver is woken on its sender's CPU, and a halted vCPU counts as
+# unavailable to the guest), so the two sides took turns and the figure
+# measured that (BENCHMARKS.md).
 #
 # usage: bench/tcp_vs_raw.sh [BUILD_DIR [BEFORE_BUILD_DIR]]   (default: build)
 #   BEFORE_BUILD_DIR: a second build's ecx, measured in the same passes.
