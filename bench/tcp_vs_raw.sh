@@ -40,10 +40,14 @@ for b in "$BUILD/ecx" "$BUILD/raw_tcp" ${BEFORE:+"$BEFORE/ecx"}; do
 done
 work=$(mktemp -d /dev/shm/ecx-tvr.XXXXXX) || exit 1
 A=ecxtvrA$$ B=ecxtvrB$$ VA=ecxtva$$ VB=ecxtvb$$
-pids=()
-cleanup() {
+pids=() # the servers running now
+stop_serves() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
+  pids=()
+}
+cleanup() {
+  stop_serves
   if [ "$NETNS" = 1 ]; then
     ip netns del "$A" 2>/dev/null; ip netns del "$B" 2>/dev/null; ip link del "$VA" 2>/dev/null
   fi
@@ -129,11 +133,6 @@ raw_ms() {
 
 ratio() { $PY -c 'import sys; print("%.3f" % (float(sys.argv[1]) / float(sys.argv[2])))' "$1" "$2"; }
 
-stop_serves() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  pids=()
-}
 med() { printf '%s\n' "$@" | $PY -c 'import statistics, sys; print("%.3f" % statistics.median(float(x) for x in sys.stdin))'; }
 
 IFS=, read -r -a size_list <<<"$SIZES"
@@ -145,12 +144,12 @@ for SIZE in "${size_list[@]}"; do
   for pass in $(seq "$PASSES"); do
     raw=$(raw_ms) || exit 1
     ecx=$(ecx_ms "$BUILD" ecx) || exit 1
-    line="size=$SIZE pass=$pass raw_ms=$raw ecx_ms=$ecx tcp_vs_raw=$(ratio "$raw" "$ecx")"
     r_all+=("$(ratio "$raw" "$ecx")")
+    line="size=$SIZE pass=$pass raw_ms=$raw ecx_ms=$ecx tcp_vs_raw=${r_all[-1]}"
     if [ -n "$BEFORE" ]; then
       before=$(ecx_ms "$BEFORE" before) || exit 1
-      line+=" before_ms=$before before_vs_raw=$(ratio "$raw" "$before")"
       b_all+=("$(ratio "$raw" "$before")")
+      line+=" before_ms=$before before_vs_raw=${b_all[-1]}"
     fi
     echo "$line"
   done
