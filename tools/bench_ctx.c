@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* bench_ctx — a context's metrics for the benchmarks; see bench_ctx.h. */
+/* bench_ctx — waiting for a context's region; see bench_ctx.h. */
 #include "bench_ctx.h"
 
 #include <stdlib.h>
@@ -10,7 +10,9 @@
 
 #define POLL_NS 2000000L /* 2 ms between looks */
 
-double bench_metric(ecx_ctx *ctx, const char *name)
+/* The value of the metric `name` (a line "name value" of ecx_metrics), or
+ * -1 if there is none. */
+static double metric(ecx_ctx *ctx, const char *name)
 {
     char buf[65536];
     size_t len;
@@ -26,7 +28,7 @@ double bench_wait_backed(ecx_ctx *ctx, double limit_s)
     const char *pf = getenv("ECX_PREFAULT");
     if (pf && !strcmp(pf, "0")) return 0;
     uint64_t t0 = bench_now_ns(), limit = t0 + (uint64_t)(limit_s * 1e9);
-    while (bench_metric(ctx, "ecx_region_backed_bytes") < bench_metric(ctx, "ecx_region_bytes") &&
+    while (metric(ctx, "ecx_region_backed_bytes") < metric(ctx, "ecx_region_bytes") &&
            bench_now_ns() < limit) {
         struct timespec ts = {0, POLL_NS};
         nanosleep(&ts, NULL);
