@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ecx-nixl-agent — the NIXL agent process (nixl_proc.h): one NIXL agent
- * (nixl_agent.c, Debian's UCX) serving its parent, the library, over the
+ * (nixl_agent.c; Debian's UCX, or with ECX_NIXL_UCX the UCX its peers run:
+ * peer_ucx.h) serving its parent, the library, over the
  * socket on fd 3, with the region file on fd 4. Started by libecx only.
  *
  * It ends when the socket says EOF (the parent closed it, or died) or its
@@ -26,8 +27,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <ucp/api/ucp.h>
+
 #include "nixl_agent.h"
 #include "nixl_proc.h"
+#include "peer_ucx.h"
 #include "util.h"
 
 #define S ECXI_NIXL_PROC_SOCK_FD
@@ -39,6 +43,7 @@ typedef struct hread {
 } hread;
 
 static struct {
+    bool peer_ucx; /* on ECX_NIXL_UCX's UCX (peer_ucx.h) */
     ecxi_nixl_agent *a;
     uint8_t *base;
     uint64_t size;
@@ -308,7 +313,8 @@ static void hello(void)
     close(ECXI_NIXL_PROC_REGION_FD);
     if (!rc)
         rc = ecxi_nixl_agent_new(name, producer ? g.base : NULL, producer ? (size_t)g.size : 0,
-                                 &g.a);
+                                 g.peer_ucx, &g.a);
+    if (g.peer_ucx) ecxi_peer_ucx_done(); /* its UCX and modules are loaded */
     size_t ml = 0;
     const uint8_t *md = !rc && producer ? ecxi_nixl_agent_metadata(g.a, &ml) : NULL;
     uint8_t *copy = ml ? malloc(ml) : NULL;
@@ -326,6 +332,9 @@ int main(int argc, char **argv)
                         "started by the library only (docs/NIXL.md §5)\n");
         return 2;
     }
+    if ((g.peer_ucx = ecxi_peer_ucx_enter(argv)))
+        ecxi_log(ECX_LOG_INFO, "nixl agent: on UCX %s from ECX_NIXL_UCX=%s", ucp_get_version_string(),
+                 getenv("ECX_NIXL_UCX"));
     signal(SIGPIPE, SIG_IGN);
     pid_t parent = getppid();
     hello();

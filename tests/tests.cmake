@@ -245,8 +245,10 @@ if(ECX_WITH_NIXL)
   ecx_shell_test(test_nixl_serve ${ECX} ${ECX_NIXL_VENV_DIR})
   # `ecx get --data nixl` from a real nixl agent serving vLLM's way; mutated acks.
   ecx_shell_test(test_nixl_get ${ECX} ${ECX_NIXL_VENV_DIR})
+  # The same two ways with ECX_NIXL_UCX: ecx's NIXL agent on the nixl wheel's own UCX.
+  ecx_shell_test(test_nixl_peer_ucx ${ECX} ${ECX_NIXL_VENV_DIR})
   set_tests_properties(test_nixl_format test_nixl_peer test_nixl_agent_proc test_nixl_serve
-    test_nixl_get PROPERTIES SKIP_RETURN_CODE 77 FIXTURES_REQUIRED nixl_venv)
+    test_nixl_get test_nixl_peer_ucx PROPERTIES SKIP_RETURN_CODE 77 FIXTURES_REQUIRED nixl_venv)
   # ecx against vLLM 0.34.0's own ECCPUConnector (sessions, ZeroMQ control, NIXL data) in a
   # pinned venv that tests/nixl/venv.sh builds once under ECX_NIXL_VENV_DIR (the first run
   # installs it: minutes, and PyPI or the local wheels); protocol version 2.

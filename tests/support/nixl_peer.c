@@ -92,7 +92,7 @@ static int serve(const char *dir, size_t nb, size_t bs, int secs)
     uint8_t *buf = aligned_alloc(4096, nb * bs);
     for (size_t i = 0; i < nb * bs; i++)
         buf[i] = pattern(i);
-    int rc = ecxi_nixl_agent_new("ecx-producer", buf, nb * bs, &agent);
+    int rc = ecxi_nixl_agent_new("ecx-producer", buf, nb * bs, false, &agent);
     if (rc) return fprintf(stderr, "agent: %s\n", ecx_strerror(rc)), 1;
     ecxi_nixl_block *blk = calloc(nb, sizeof *blk);
     for (size_t i = 0; i < nb; i++)
@@ -181,7 +181,7 @@ static int read_with(const char *dir, size_t nb, size_t bs, const char *text, ch
 static int read_blocks(const char *dir, size_t nb, size_t bs, const char *text, char **idx,
                        size_t n)
 {
-    int rc = ecxi_nixl_agent_new("ecx-consumer", NULL, 0, &agent);
+    int rc = ecxi_nixl_agent_new("ecx-consumer", NULL, 0, false, &agent);
     if (rc) return fprintf(stderr, "agent: %s\n", ecx_strerror(rc)), 1;
     rc = read_with(dir, nb, bs, text, idx, n);
     ecxi_nixl_agent_free(agent);

@@ -1130,7 +1130,7 @@ static void nixl_notify(world *w, const ecx_ack *nixl_ack, const char *key)
     ecxi_nixl_remote *r;
     ecxi_nixl_read *x;
     static uint8_t local[BLOCK];
-    assert_int_equal(ecxi_nixl_agent_new("test-forger", NULL, 0, &a), 0);
+    assert_int_equal(ecxi_nixl_agent_new("test-forger", NULL, 0, false, &a), 0);
     assert_int_equal(ecxi_nixl_remote_add(a, (const uint8_t *)nixl_ack->agent_metadata.p,
                                           nixl_ack->agent_metadata.n, &r),
                      0);

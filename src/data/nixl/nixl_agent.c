@@ -34,6 +34,9 @@ typedef struct notif {
 struct ecxi_nixl_agent {
     ucp_context_h ctx;
     ucp_worker_h worker;
+    bool peer_ucx;     /* on the peers' own UCX (nixl_agent.h) */
+    ucp_mem_h memh;    /* with peer_ucx: the offered range's registration */
+    void *rkey;        /* and its packed rkey */
     int efd;
     char name[ECXI_NIXL_NAME_MAX + 1];
     size_t name_len;
@@ -103,8 +106,8 @@ static int setup(ecxi_nixl_agent *a)
     ucp_config_t *cfg;
     ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
     if (st != UCS_OK) return ucx_fail("config_read", st);
-    /* tcp only (docs/NIXL.md §5), unless the operator chose. */
-    if (!getenv("UCX_TLS") && (st = ucp_config_modify(cfg, "TLS", "tcp")) != UCS_OK) {
+    /* On our own UCX, tcp only (docs/NIXL.md §5), unless the operator chose. */
+    if (!a->peer_ucx && !getenv("UCX_TLS") && (st = ucp_config_modify(cfg, "TLS", "tcp")) != UCS_OK) {
         ucp_config_release(cfg);
         return ucx_fail("config_modify", st);
     }
@@ -142,6 +145,22 @@ static int make_meta(ecxi_nixl_agent *a, const void *base, size_t len)
     ecxi_nixl_meta m = {.name = a->name, .name_len = a->name_len, .nregs = 1};
     m.ucx_addr = (const uint8_t *)addr, m.ucx_addr_len = alen;
     m.regs[0] = (ecxi_nixl_reg){(uintptr_t)base, len, 0, SW_RKEY, sizeof SW_RKEY};
+    if (a->peer_ucx) { /* the peers' UCX unpacks our rkey: a real one, read-only */
+        ucp_mem_map_params_t mp = {
+            .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                          UCP_MEM_MAP_PARAM_FIELD_PROT,
+            .address = (void *)base,
+            .length = len,
+            .prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ,
+        };
+        size_t klen;
+        if ((st = ucp_mem_map(a->ctx, &mp, &a->memh)) != UCS_OK ||
+            (st = ucp_rkey_pack(a->ctx, a->memh, &a->rkey, &klen)) != UCS_OK) {
+            ucp_worker_release_address(a->worker, addr);
+            return ucx_fail(a->memh ? "rkey_pack" : "mem_map", st);
+        }
+        m.regs[0].rkey = a->rkey, m.regs[0].rkey_len = klen;
+    }
     size_t cap = 1024 + alen + a->name_len;
     int rc = ECX_ENOMEM;
     if ((a->meta = malloc(cap))) {
@@ -153,7 +172,8 @@ static int make_meta(ecxi_nixl_agent *a, const void *base, size_t len)
     return rc;
 }
 
-int ecxi_nixl_agent_new(const char *name, const void *base, size_t len, ecxi_nixl_agent **out)
+int ecxi_nixl_agent_new(const char *name, const void *base, size_t len, bool peer_ucx,
+                        ecxi_nixl_agent **out)
 {
     if (!out || !name || !*name || strlen(name) > ECXI_NIXL_NAME_MAX || (len && !base))
         return ECX_EINVAL;
@@ -164,6 +184,7 @@ int ecxi_nixl_agent_new(const char *name, const void *base, size_t len, ecxi_nix
         return ECX_ENOMEM;
     }
     a->efd = -1;
+    a->peer_ucx = peer_ucx;
     a->name_len = strlen(name);
     memcpy(a->name, name, a->name_len);
     int rc = setup(a);
@@ -179,6 +200,8 @@ int ecxi_nixl_agent_new(const char *name, const void *base, size_t len, ecxi_nix
 void ecxi_nixl_agent_free(ecxi_nixl_agent *a)
 {
     if (!a) return;
+    if (a->rkey) ucp_rkey_buffer_release(a->rkey);
+    if (a->memh) ucp_mem_unmap(a->ctx, a->memh);
     if (a->worker) ucp_worker_destroy(a->worker);
     if (a->ctx) ucp_cleanup(a->ctx);
     free(a->meta);
@@ -264,8 +287,9 @@ static uint8_t *padded(const uint8_t *b, size_t n)
 
 /* An endpoint from m's worker address and its rkeys unpacked. UCS_OK, or
  * the failing step in *what. */
-static ucs_status_t open_ucx(ucp_worker_h w, const ecxi_nixl_meta *m, ucp_err_handler_cb_t cb,
-                             void *arg, ucp_ep_h *ep, ucp_rkey_h *rkey, const char **what)
+static ucs_status_t open_ucx(const ecxi_nixl_agent *a, const ecxi_nixl_meta *m,
+                             ucp_err_handler_cb_t cb, void *arg, ucp_ep_h *ep, ucp_rkey_h *rkey,
+                             const char **what)
 {
     *what = "ep_create";
     uint8_t *addr = padded(m->ucx_addr, m->ucx_addr_len);
@@ -274,10 +298,13 @@ static ucs_status_t open_ucx(ucp_worker_h w, const ecxi_nixl_meta *m, ucp_err_ha
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
         .address = (const ucp_address_t *)addr,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        /* On the peers' UCX, NIXL's default: no peer failure handling,
+         * which is what lets UCX pick its shared-memory transports (a
+         * failure then ends this process: the library starts another). */
+        .err_mode = a->peer_ucx ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {.cb = cb, .arg = arg},
     };
-    ucs_status_t st = ucp_ep_create(w, &p, ep);
+    ucs_status_t st = ucp_ep_create(a->worker, &p, ep);
     free(addr);
     if (st != UCS_OK) {
         *ep = NULL;
@@ -313,7 +340,7 @@ int ecxi_nixl_remote_add(ecxi_nixl_agent *a, const uint8_t *md, size_t md_len,
         rc = ECX_EDATA_META; /* NIXL refuses its own name too */
     const char *what;
     ucs_status_t st;
-    if (!rc && (st = open_ucx(a->worker, &r->m, remote_err, r, &r->ep, r->rkey, &what)) != UCS_OK) {
+    if (!rc && (st = open_ucx(a, &r->m, remote_err, r, &r->ep, r->rkey, &what)) != UCS_OK) {
         ucx_fail(what, st); /* bytes UCX cannot use: the metadata's fault */
         rc = st == UCS_ERR_NO_MEMORY ? ECX_ENOMEM : ECX_EDATA_META;
     }

@@ -11,10 +11,11 @@
  * behaviour (docs/NIXL.md §5, §6). Also used by tests/support/nixl_peer.c (both
  * sides, against real nixl agents).
  *
- * UCX settings (docs/NIXL.md §5): the context uses UCX's tcp transport
- * only, and the metadata carries the software-RMA rkey (no md entries):
- * that is what lets UCX 1.13.1 and the UCX 1.23.0 inside nixl_cu12 1.5.1
- * read from each other. The context has UCP_FEATURE_RMA, which the ucx
+ * UCX settings (docs/NIXL.md §5): on ecx's own UCX the context uses UCX's
+ * tcp transport only, and the metadata carries the software-RMA rkey (no
+ * md entries): that is what lets UCX 1.13.1 and the UCX 1.23.0 inside
+ * nixl_cu12 1.5.1 read from each other. On the peers' UCX (peer_ucx
+ * below), none of that. The context has UCP_FEATURE_RMA, which the ucx
  * data path (data_ucx.c) avoids on purpose: with it, UCP answers software
  * GET/PUT requests for any address of this process from anyone holding an
  * endpoint. NIXL's transfers are one-sided; this is for trusted networks
@@ -41,8 +42,13 @@ typedef struct ecxi_nixl_read ecxi_nixl_read;
 
 /* An agent named name (1..ECXI_NIXL_NAME_MAX bytes) whose metadata offers
  * [base, base + len) as one DRAM range (len 0: offers nothing; a consumer).
+ * peer_ucx: this process runs on the UCX its peers run (ECX_NIXL_UCX,
+ * agents/peer_ucx.h), so none of the settings above is needed: UCX picks
+ * its transports, the range is registered (read-only) and its real rkey
+ * published, endpoints have no peer failure handling (NIXL's default).
  * ECX_EINVAL, ECX_ENOMEM, ECX_EDATA_UCX. */
-int ecxi_nixl_agent_new(const char *name, const void *base, size_t len, ecxi_nixl_agent **out);
+int ecxi_nixl_agent_new(const char *name, const void *base, size_t len, bool peer_ucx,
+                        ecxi_nixl_agent **out);
 void ecxi_nixl_agent_free(ecxi_nixl_agent *a);
 
 /* Its metadata (NIXL's getLocalMD bytes); NULL for a consumer. */
