@@ -37,7 +37,8 @@ static const char HELP[] =
     "Environment: ECX_LOG=error|warn|info|debug sets the library's log level (default\n"
     "warn); ECX_SHM_DIR the directory of region files (default /dev/shm);\n"
     "ECX_PREFAULT=0 takes a region's memory as its blocks are first used, not in\n"
-    "the background.\n"
+    "the background; ECX_NIXL_UCX=DIR runs the nixl path's agent on the UCX\n"
+    "libraries in DIR (vLLM's: the nixl wheel's, docs/NIXL.md section 5).\n"
     "Exit status: 0 success, 1 failure, 2 usage error.\n";
 
 /* The commands, each a file of its own (cli.h): the one list of them. */

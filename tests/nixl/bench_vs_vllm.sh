@@ -12,7 +12,9 @@
 # round's largest per-item latency, all items being in flight at once; files are written
 # after the round).
 # vLLM's pair runs twice: with UCX's own choice of transports (shared memory + cma on one
-# host) and with UCX_TLS=tcp,self, the transport ecx's nixl path uses (Debian's UCX, tcp only).
+# host) and with UCX_TLS=tcp,self, the transport ecx's nixl path uses on its own UCX (Debian's,
+# tcp only). ecx's pairs with vLLM run twice too: on its own UCX, and (":peer-ucx") with
+# ECX_NIXL_UCX set to the nixl wheel's UCX, the one vLLM runs (docs/NIXL.md §5).
 # Prints one line per pairing: pair=... items=N size=S cold_items_s= cold_gbps= best_items_s= best_gbps=
 set -u
 ECX=$1
@@ -68,6 +70,13 @@ pids+=($!)
 wait_for "$T/vt.json" || exit 1
 read -r c b < <(UCX_TLS=tcp,self vllm_consumer "$T/vt.json") && line vllm-consumer:vllm-producer:ucx-tcp "$c" "$b"
 if [ "$NIXL" = 1 ]; then
+  PEER_UCX=$("$VPY" -c 'import nixl_cu12, os; print(os.path.dirname(nixl_cu12.__file__) + ".libs")')
+  ECX_NIXL_UCX=$PEER_UCX "$ECX" serve --listen 127.0.0.1:0 --synthetic "$N:$BYTES" --connector-version 2 \
+    "${F[@]}" --data nixl --announce-out "$T/ep.json" 2>"$T/esp.err" &
+  pids+=($!)
+  wait_for "$T/ep.json" || exit 1
+  read -r c b < <(ECX_NIXL_UCX=$PEER_UCX ecx_gets "$T/v.json") && line ecx-get:vllm-producer:peer-ucx "$c" "$b"
+  read -r c b < <(vllm_consumer "$T/ep.json") && line vllm-consumer:ecx-serve:peer-ucx "$c" "$b"
   "$ECX" serve --listen 127.0.0.1:0 --synthetic "$N:$BYTES" --connector-version 2 "${F[@]}" --data nixl \
     --announce-out "$T/e.json" 2>"$T/es.err" &
   pids+=($!)
