@@ -182,7 +182,11 @@ bool ecxi_peer_ucx_enter(char **argv)
         (!getenv("UCX_LOG_LEVEL") && setenv("UCX_LOG_LEVEL", "error", 1)))
         fail("cannot set its environment: %s", strerror(errno));
     free(path);
-    execv("/proc/self/exe", argv);
+    /* by its own file's name, so that it keeps its process name (ps, pgrep) */
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) self[n] = 0;
+    execv(n > 0 ? self : "/proc/self/exe", argv);
     fail("cannot run itself again: %s", strerror(errno));
 }
 

@@ -240,15 +240,18 @@ if(ECX_WITH_NIXL)
   add_dependencies(nixl_refetch ecx_nixl_agent)
   ecx_shell_test(test_nixl_agent_proc ${ECX} $<TARGET_FILE:nixl_refetch> $<TARGET_FILE:nixl_peer>
     ${ECX_NIXL_VENV_DIR})
-  set_tests_properties(test_nixl_agent_proc PROPERTIES TIMEOUT 300)
+  # The same with every helper on the nixl wheel's UCX (ECX_NIXL_UCX).
+  add_test(NAME test_nixl_agent_proc_peer_ucx COMMAND bash ${ECX_SHELL}/test_nixl_agent_proc.sh ${ECX}
+    $<TARGET_FILE:nixl_refetch> $<TARGET_FILE:nixl_peer> ${ECX_NIXL_VENV_DIR} peer-ucx)
+  set_tests_properties(test_nixl_agent_proc test_nixl_agent_proc_peer_ucx PROPERTIES TIMEOUT 300)
   # `ecx serve --data nixl` with a real nixl agent as its consumer, vLLM's way.
   ecx_shell_test(test_nixl_serve ${ECX} ${ECX_NIXL_VENV_DIR})
   # `ecx get --data nixl` from a real nixl agent serving vLLM's way; mutated acks.
   ecx_shell_test(test_nixl_get ${ECX} ${ECX_NIXL_VENV_DIR})
   # The same two ways with ECX_NIXL_UCX: ecx's NIXL agent on the nixl wheel's own UCX.
   ecx_shell_test(test_nixl_peer_ucx ${ECX} ${ECX_NIXL_VENV_DIR})
-  set_tests_properties(test_nixl_format test_nixl_peer test_nixl_agent_proc test_nixl_serve
-    test_nixl_get test_nixl_peer_ucx PROPERTIES SKIP_RETURN_CODE 77 FIXTURES_REQUIRED nixl_venv)
+  set_tests_properties(test_nixl_format test_nixl_peer test_nixl_agent_proc
+    test_nixl_agent_proc_peer_ucx test_nixl_serve test_nixl_get test_nixl_peer_ucx PROPERTIES SKIP_RETURN_CODE 77 FIXTURES_REQUIRED nixl_venv)
   # ecx against vLLM 0.34.0's own ECCPUConnector (sessions, ZeroMQ control, NIXL data) in a
   # pinned venv that tests/nixl/venv.sh builds once under ECX_NIXL_VENV_DIR (the first run
   # installs it: minutes, and PyPI or the local wheels); protocol version 2.

@@ -21,12 +21,20 @@
 #   D. ECX_NIXL_AGENT=/nonexistent: ecx serve --data nixl exits non-zero
 #      saying which path it tried and the variable; no crash; the same with
 #      a program that is not the helper (/bin/false).
-# usage: test_nixl_agent_proc.sh ECX_BINARY NIXL_REFETCH_BINARY NIXL_PEER_BINARY BUILD_DIR
+# With "peer-ucx", all of it with every helper on the nixl wheel's UCX
+# (ECX_NIXL_UCX, docs/NIXL.md §5: a helper runs itself again on it first),
+# and no helper may leave its link directory behind.
+# usage: test_nixl_agent_proc.sh ECX_BINARY NIXL_REFETCH_BINARY NIXL_PEER_BINARY BUILD_DIR [peer-ucx]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 ecx=$1 refetch=$2 peer=$3
 . "$here/../nixl/find_python.sh" "$4"
 . "$here/lib.sh"
+if [ "${5:-}" = peer-ucx ]; then
+  ECX_NIXL_UCX=$("$NIXL_PY" -c 'import nixl_cu12, os; print(os.path.dirname(nixl_cu12.__file__) + ".libs")')
+  mkdir "$T/tmp"
+  export ECX_NIXL_UCX TMPDIR=$T/tmp
+fi
 set +e
 shm=$(mktemp -d /dev/shm/ecx-nixl-proc.XXXXXX)
 export ECX_SHM_DIR=$shm
@@ -52,6 +60,10 @@ wait_restarts() { # N: until the metric says N (10 s)
   for _ in $(seq 100); do [ "$(restarts)" = "$1" ] && return 0; sleep 0.1; done; return 1
 }
 helper() { pgrep -P "$serve" -x ecx-nixl-agent; }
+if [ "${5:-}" = peer-ucx ]; then
+  check "peer-ucx: ecx serve's helper runs the libucp of $ECX_NIXL_UCX" \
+    'grep -q "$(realpath "$ECX_NIXL_UCX")/libucp" "/proc/$(helper)/maps"'
+fi
 fetch() { timeout 120 "$NIXL_PY" "$here/../nixl/nixl_fetch.py" "$T/ann.json" "$T/items" 8192 \
             2>>"$T/py.log" | grep -v "NIXL INFO"; }
 out=$(fetch)
@@ -139,6 +151,10 @@ ECX_NIXL_AGENT=/bin/false timeout 20 "$ecx" serve --data nixl \
 rc=$?
 check "a helper that ends at once: ecx serve --data nixl exits non-zero, no crash (rc $rc)" '[ $rc -ne 0 ] && [ $rc -lt 128 ]'
 check "a helper that ends at once: 'did not start': $(head -3 "$T/false.out")" 'grep -q "did not start" "$T/false.out"'
+
+if [ "${5:-}" = peer-ucx ]; then
+  check "peer-ucx: no link directory left: $(ls "$T/tmp")" '[ -z "$(ls "$T/tmp")" ]'
+fi
 
 echo "passed $pass, failed $failed"
 [ "$failed" = 0 ]
