@@ -298,9 +298,10 @@ static ucs_status_t open_ucx(const ecxi_nixl_agent *a, const ecxi_nixl_meta *m,
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
         .address = (const ucp_address_t *)addr,
-        /* On the peers' UCX, NIXL's default: no peer failure handling,
-         * which is what lets UCX pick its shared-memory transports (a
-         * failure then ends this process: the library starts another). */
+        /* On the peers' UCX, no peer failure handling (NIXL's UCX backend
+         * offers both modes): that is what lets UCX pick its shared-memory
+         * transports (a failure may then end this process: the library
+         * starts another). */
         .err_mode = a->peer_ucx ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {.cb = cb, .arg = arg},
     };

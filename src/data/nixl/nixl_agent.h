@@ -45,7 +45,8 @@ typedef struct ecxi_nixl_read ecxi_nixl_read;
  * peer_ucx: this process runs on the UCX its peers run (ECX_NIXL_UCX,
  * agents/peer_ucx.h), so none of the settings above is needed: UCX picks
  * its transports, the range is registered (read-only) and its real rkey
- * published, endpoints have no peer failure handling (NIXL's default).
+ * published, endpoints have no peer failure handling (one of the two modes of
+ * NIXL's own UCX backend).
  * ECX_EINVAL, ECX_ENOMEM, ECX_EDATA_UCX. */
 int ecxi_nixl_agent_new(const char *name, const void *base, size_t len, bool peer_ucx,
                         ecxi_nixl_agent **out);
