@@ -33,22 +33,25 @@ no_links() {
     echo "$1: a link directory was left: $(ls "$tmp/t")" >&2; exit 1
   fi
 }
-run() { TMPDIR=$tmp/t ECX_SHM_DIR=$shm ECX_NIXL_UCX=${dir:-$ucx} "$ecx" "$@"; }
+# (env, not a shell function: `run serve &` must leave ecx's own pid in $!)
+run() { env TMPDIR="$tmp/t" ECX_SHM_DIR="$shm" ECX_NIXL_UCX="${dir:-$ucx}" "$ecx" "$@"; }
 
 # 1. a real nixl agent reads from ecx serve
 mkdir "$tmp/items"
 head -c 4718592 /dev/urandom >"$tmp/items/item-multi"
 head -c 24576 /dev/urandom >"$tmp/items/item-small"
 port=$(free_port)
-ECX_LOG=info run serve --data nixl --preload "$tmp/items" --listen "127.0.0.1:$port" \
-  --announce-out "$tmp/ann.json" >"$tmp/serve.log" 2>&1 &
-pids+=($!)
+env ECX_LOG=info TMPDIR="$tmp/t" ECX_SHM_DIR="$shm" ECX_NIXL_UCX="$ucx" "$ecx" serve --data nixl \
+  --preload "$tmp/items" --listen "127.0.0.1:$port" --announce-out "$tmp/ann.json" >"$tmp/serve.log" 2>&1 &
+serve=$!
+pids+=($serve)
 for _ in $(seq 200); do [ -f "$tmp/ann.json" ] && break; sleep 0.05; done
 [ -f "$tmp/ann.json" ] || { cat "$tmp/serve.log" >&2; exit 1; }
 timeout 120 "$NIXL_PY" "$here/../nixl/nixl_fetch.py" "$tmp/ann.json" "$tmp/items" 8192 \
   2>"$tmp/fetch.log" | grep -v "NIXL INFO" || { cat "$tmp/fetch.log" "$tmp/serve.log" >&2; exit 1; }
 grep -E "nixl agent: on UCX [0-9.]+ from ECX_NIXL_UCX=" "$tmp/serve.log" ||
   { echo "ecx serve's agent did not say it runs the peers' UCX" >&2; cat "$tmp/serve.log" >&2; exit 1; }
+kill "$serve" && wait "$serve" || true
 no_links "ecx serve"
 
 # 2. ecx get reads from a real nixl agent
@@ -93,4 +96,7 @@ for h in good-0 good-1 good-2; do
     { cat "$tmp/prod.out" >&2; echo "no notification for $h" >&2; exit 1; }
 done
 echo "the nixl agent got each READ's notification"
+if pgrep -f "$tmp/items" >/dev/null; then
+  echo "this test's ecx serve still runs: $(pgrep -fa "$tmp/items")" >&2; exit 1
+fi
 echo ok
