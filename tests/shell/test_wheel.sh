@@ -17,7 +17,8 @@
 #    wheel's libraries; python/tests (pytest); `python -m ecx demo`. Then, in
 #    a namespace where ecx's own libraries are hidden and where a python with
 #    the real nixl package exists (tests/nixl/find_python.sh, the venv make
-#    unit builds), tests/shell/test_nixl_serve.sh on the wheel's CLI.
+#    unit builds), tests/shell/test_nixl_serve.sh and test_nixl_peer_ucx.sh
+#    (its agent on the nixl wheel's UCX) on the wheel's CLI.
 # 4. The sdist on a machine without the -dev packages (pkg-config finds
 #    nothing): pip stops with the message naming the Debian packages.
 set -euo pipefail
@@ -39,13 +40,17 @@ if [ "${1:-}" = --hidden ]; then
   if [ "$what" = nixl ]; then
     # A real nixl agent against the wheel's `ecx serve --data nixl` (needs the
     # venv tests/nixl/venv.sh builds, which make unit makes; else said and skipped).
-    rc=0
-    bash "$here/test_nixl_serve.sh" "$venv/bin/ecx" "$build" >"$w/nixl.out" 2>&1 || rc=$?
-    case $rc in
-      0) pass "test_nixl_serve.sh on the wheel's CLI, ecx's libraries hidden"; exit 0;;
-      77) echo "SKIPPED: test_nixl_serve.sh: $(tail -1 "$w/nixl.out")"; exit 0;;
-      *) fail "test_nixl_serve.sh on the wheel's CLI: $(tail -15 "$w/nixl.out")"; exit 1;;
-    esac
+    # Then the same two ways and back with the wheel's agent on the nixl wheel's UCX.
+    for t in test_nixl_serve test_nixl_peer_ucx; do
+      rc=0
+      bash "$here/$t.sh" "$venv/bin/ecx" "$build" >"$w/$t.out" 2>&1 || rc=$?
+      case $rc in
+        0) pass "$t.sh on the wheel's CLI, ecx's libraries hidden";;
+        77) echo "SKIPPED: $t.sh: $(tail -1 "$w/$t.out")"; exit 0;;
+        *) fail "$t.sh on the wheel's CLI: $(tail -15 "$w/$t.out")"; exit 1;;
+      esac
+    done
+    exit 0
   fi
   # The hiding works: the system's loader finds no libzmq, python3-zmq fails.
   if /usr/bin/python3 -c 'import ctypes; ctypes.CDLL("libzmq.so.5")' 2>/dev/null ||
