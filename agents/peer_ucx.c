@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -78,13 +79,55 @@ static void find_lib(const char *dir, const char *lib, char *out)
     if (!out[0]) fail("no lib%s there (the directory of the UCX libraries to run)", lib);
 }
 
-/* The file name (no directory) under which this process loaded sym's library. */
-static const char *loaded_name(void *sym)
+static const char *const LIBS[] = {"ucp", "ucs", "uct", "ucm"};
+
+/* Each UCX library this process has loaded (its path as loaded, and which
+ * of LIBS it is) to fn, until fn returns false. */
+typedef bool (*each_fn)(const char *path, const char *lib, void *arg);
+struct each {
+    each_fn fn;
+    void *arg;
+    bool stopped;
+};
+static int each_cb(struct dl_phdr_info *info, size_t size, void *arg)
 {
-    Dl_info info;
-    if (!dladdr(sym, &info) || !info.dli_fname) fail("cannot tell where UCX was loaded from");
-    const char *slash = strrchr(info.dli_fname, '/');
-    return slash ? slash + 1 : info.dli_fname;
+    (void)size;
+    struct each *e = arg;
+    const char *slash = strrchr(info->dlpi_name, '/');
+    const char *base = slash ? slash + 1 : info->dlpi_name;
+    for (size_t i = 0; i < sizeof LIBS / sizeof *LIBS; i++)
+        if (is_lib(base, LIBS[i]) && !e->fn(info->dlpi_name, LIBS[i], e->arg)) {
+            e->stopped = true;
+            return 1;
+        }
+    return 0;
+}
+static bool each_ucx(each_fn fn, void *arg)
+{
+    struct each e = {fn, arg, false};
+    dl_iterate_phdr(each_cb, &e);
+    return !e.stopped;
+}
+
+static void link_to(const char *target, const char *dir, const char *name);
+
+/* The link for one loaded UCX library: its file name, to DIR's (arg). */
+static bool link_loaded(const char *path, const char *lib, void *dir)
+{
+    char target[PATH_MAX];
+    find_lib(dir, lib, target);
+    const char *slash = strrchr(path, '/');
+    link_to(target, g_links, slash ? slash + 1 : path);
+    return true;
+}
+
+/* Whether a loaded UCX library is in DIR (arg: its real path). */
+static bool in_dir(const char *path, const char *lib, void *dir)
+{
+    (void)lib;
+    char real[PATH_MAX];
+    size_t n = strlen(dir);
+    return realpath(path, real) && !strncmp(real, dir, n) && real[n] == '/';
 }
 
 static void link_to(const char *target, const char *dir, const char *name)
@@ -151,16 +194,11 @@ bool ecxi_peer_ucx_enter(char **argv)
     const char *inherited = getenv(LINKS_ENV);
     if (inherited) { /* run again: on DIR's UCX, or not at all */
         snprintf(g_links, sizeof g_links, "%s", inherited);
-        Dl_info info;
-        char real_ucp[PATH_MAX];
-        if (!dladdr((void *)ucp_get_version, &info) || !realpath(info.dli_fname, real_ucp) ||
-            strncmp(real_ucp, real_dir, strlen(real_dir)) || real_ucp[strlen(real_dir)] != '/')
-            fail("libucp was not loaded from there");
+        if (!each_ucx(in_dir, real_dir)) fail("UCX was not all loaded from there");
         return true;
     }
-    char ucp[PATH_MAX], ucs[PATH_MAX];
+    char ucp[PATH_MAX];
     find_lib(real_dir, "ucp", ucp);
-    find_lib(real_dir, "ucs", ucs);
     check_loads(ucp);
     const char *tmp = getenv("TMPDIR");
     snprintf(g_links, sizeof g_links, "%s/" LINKS_PREFIX "XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -169,10 +207,12 @@ bool ecxi_peer_ucx_enter(char **argv)
         g_links[0] = 0;
         fail("cannot make a directory for its links: %s", strerror(e));
     }
-    const char *ucs_name = loaded_name((void *)ucs_status_string);
-    link_to(ucp, g_links, loaded_name((void *)ucp_get_version));
-    link_to(ucs, g_links, ucs_name);
-    link_modules(real_dir, ucs_name);
+    each_ucx(link_loaded, real_dir);
+    Dl_info ucs;
+    if (!dladdr((void *)ucs_status_string, &ucs) || !ucs.dli_fname)
+        fail("cannot tell where UCX was loaded from");
+    const char *slash = strrchr(ucs.dli_fname, '/');
+    link_modules(real_dir, slash ? slash + 1 : ucs.dli_fname);
     const char *old = getenv("LD_LIBRARY_PATH");
     size_t cap = strlen(g_links) + strlen(real_dir) + (old ? strlen(old) : 0) + 3;
     char *path = malloc(cap);

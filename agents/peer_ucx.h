@@ -11,15 +11,17 @@
  * nixl_cu12.libs), the agent re-executes itself on that UCX:
  *
  *   1. In a private directory (mkdtemp under $TMPDIR, else /tmp) it links
- *      the names under which this program loaded libucp and libucs to DIR's
- *      files, and each of DIR's modules to the name UCX will look for
- *      (UCX takes the modules' suffix from its libucs's file name).
+ *      the name of every UCX library this program loaded (libucp, libucs,
+ *      and libuct, libucm where it links them itself) to DIR's file of
+ *      that library, and each of DIR's modules to the name UCX will look
+ *      for (UCX takes the modules' suffix from its libucs's file name).
  *   2. It execs itself with that directory, then DIR, first in
  *      LD_LIBRARY_PATH (DIR for the libraries DIR's own load by their own
  *      names), ECX_NIXL_UCX_LINKS naming the directory, and UCX_LOG_LEVEL
  *      at "error" unless the operator set it (the level must not be poked
  *      into a libucs of another version).
- *   3. Run again, it checks that libucp really came from DIR (DIR's libucp
+ *   3. Run again, it checks that every UCX library it loaded came from
+ *      DIR, none from its own (DIR's libucp
  *      was loaded once in a child before step 1: one that does not load
  *      would fail in the dynamic loader, before this program could say
  *      why or remove its links).
