@@ -4,8 +4,8 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
-#include <link.h>
 #include <errno.h>
+#include <link.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,7 +13,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <ucp/api/ucp.h>
 #include <ucs/type/status.h>
 #include <unistd.h>
 
@@ -109,7 +108,13 @@ static bool each_ucx(each_fn fn, void *arg)
     return !e.stopped;
 }
 
-static void link_to(const char *target, const char *dir, const char *name);
+static void link_to(const char *target, const char *dir, const char *name)
+{
+    char at[2 * PATH_MAX];
+    snprintf(at, sizeof at, "%s/%s", dir, name);
+    if (symlink(target, at) != 0 && errno != EEXIST)
+        fail("cannot link %s: %s", at, strerror(errno));
+}
 
 /* The link for one loaded UCX library: its file name, to DIR's (arg). */
 static bool link_loaded(const char *path, const char *lib, void *dir)
@@ -128,14 +133,6 @@ static bool in_dir(const char *path, const char *lib, void *dir)
     char real[PATH_MAX];
     size_t n = strlen(dir);
     return realpath(path, real) && !strncmp(real, dir, n) && real[n] == '/';
-}
-
-static void link_to(const char *target, const char *dir, const char *name)
-{
-    char at[2 * PATH_MAX];
-    snprintf(at, sizeof at, "%s/%s", dir, name);
-    if (symlink(target, at) != 0 && errno != EEXIST)
-        fail("cannot link %s: %s", at, strerror(errno));
 }
 
 /* Link DIR/ucx's modules into links/ucx under the names UCX looks for: the

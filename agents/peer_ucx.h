@@ -21,10 +21,9 @@
  *      at "error" unless the operator set it (the level must not be poked
  *      into a libucs of another version).
  *   3. Run again, it checks that every UCX library it loaded came from
- *      DIR, none from its own (DIR's libucp
- *      was loaded once in a child before step 1: one that does not load
- *      would fail in the dynamic loader, before this program could say
- *      why or remove its links).
+ *      DIR. (DIR's libucp was loaded once in a child before step 1: one
+ *      that does not load would fail in the dynamic loader, before this
+ *      program could say why or remove its links.)
  * The directory is removed once the agent's UCX is up (ecxi_peer_ucx_done)
  * or when any step fails. Every failure is a line on stderr and exit
  * status 2: the library says the agent did not start (a context then fails
