@@ -96,7 +96,10 @@ grep -E "ended|publishes new" "$T/serve.log" | sed 's/^/  serve: /'
 
 # ---- B: the consumer's helper ------------------------------------------------
 pport=$(free_port)
-timeout 200 "$NIXL_PY" "$here/../nixl/nixl_producer.py" "$T/p" "$pport" 8192 8 150 \
+# (no `timeout` around the peers: they end by themselves, after 150 s and 60 s, and
+# lib.sh's cleanup SIGKILLs $!, which must be the python, not a timeout that would
+# leave it running)
+"$NIXL_PY" "$here/../nixl/nixl_producer.py" "$T/p" "$pport" 8192 8 150 \
   >"$T/prod.out" 2>"$T/prod.err" &
 pids+=($!)
 wait_long "$T/p/announce.json" || { echo "FAIL: nixl_producer.py did not start" >&2; cat "$T/prod.err" >&2; exit 1; }
@@ -124,7 +127,7 @@ done
 
 # ---- C: the restart bound --------------------------------------------------------
 mkdir "$T/c"
-timeout 120 "$NIXL_PY" "$here/../nixl/nixl_peer.py" serve "$T/c" 8 4096 60 >"$T/c/serve.out" 2>>"$T/py.log" &
+"$NIXL_PY" "$here/../nixl/nixl_peer.py" serve "$T/c" 8 4096 60 >"$T/c/serve.out" 2>>"$T/py.log" &
 pids+=($!)
 wait_long "$T/c/nixl.md" || { echo "FAIL: nixl_peer.py did not start" >&2; cat "$T/py.log" >&2; exit 1; }
 ECX_NIXL_AGENT_FAULT=abort-read:1:every timeout 120 "$peer" bound "$T/c" 8 4096 \
@@ -155,6 +158,9 @@ check "a helper that ends at once: 'did not start': $(head -3 "$T/false.out")" '
 if [ "${5:-}" = peer-ucx ]; then
   check "peer-ucx: no link directory left: $(ls "$T/tmp")" '[ -z "$(ls "$T/tmp")" ]'
 fi
+
+cleanup
+check "no nixl peer of this test left running: $(pgrep -fa "$T/" | head -3)" '! pgrep -f "$T/" >/dev/null'
 
 echo "passed $pass, failed $failed"
 [ "$failed" = 0 ]
