@@ -33,7 +33,7 @@ static void remove_links(void)
         DIR *d = opendir(dirs[i]);
         struct dirent *e;
         while (d && (e = readdir(d)))
-            if (e->d_type == DT_LNK) unlinkat(dirfd(d), e->d_name, 0);
+            if (e->d_type != DT_DIR) unlinkat(dirfd(d), e->d_name, 0); /* only links go here */
         if (d) closedir(d);
         rmdir(dirs[i]);
     }
@@ -204,6 +204,8 @@ bool ecxi_peer_ucx_enter(char **argv)
         g_links[0] = 0;
         fail("cannot make a directory for its links: %s", strerror(e));
     }
+    if (strchr(real_dir, ':') || strchr(g_links, ':'))
+        fail("a directory with ':' in its path cannot go in LD_LIBRARY_PATH");
     each_ucx(link_loaded, real_dir);
     Dl_info ucs;
     if (!dladdr((void *)ucs_status_string, &ucs) || !ucs.dli_fname)
