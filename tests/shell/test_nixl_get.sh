@@ -26,7 +26,7 @@ ecx=$1
 . "$here/lib.sh"
 tmp=$(mktemp -d /tmp/ecx-nixl-get.XXXXXX)
 pid=
-trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"; cleanup' EXIT # (and lib.sh's $T)
 port=$(free_port)
 timeout 300 "$NIXL_PY" "$here/../nixl/nixl_producer.py" "$tmp" "$port" 8192 8 280 \
   >"$tmp/prod.out" 2>"$tmp/prod.err" &

@@ -21,10 +21,10 @@ ecx=$1
 . "$here/../nixl/find_python.sh" "$2"
 . "$here/lib.sh"
 . "$here/../nixl/env.sh"
-tmp=$(mktemp -d /tmp/ecx-nixl-peer-ucx.XXXXXX)
-shm=$(mktemp -d /dev/shm/ecx-nixl-peer-ucx.XXXXXX)
-pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp" "$shm"' EXIT
+tmp=$T # lib.sh's: its cleanup kills $pids and removes it (errexit off for that)
+trap 'set +e; cleanup' EXIT
+private_shm
+shm=$SHM
 ucx=$("$NIXL_PY" -c 'import nixl_cu12, os; print(os.path.dirname(nixl_cu12.__file__) + ".libs")')
 ls "$ucx"/libucp* >/dev/null || { echo "no libucp in the nixl wheel's $ucx" >&2; exit 1; }
 mkdir "$tmp/t" # TMPDIR of every ecx: where the agent's link directories go
@@ -33,7 +33,6 @@ no_links() {
     echo "$1: a link directory was left: $(ls "$tmp/t")" >&2; exit 1
   fi
 }
-# (env, not a shell function: `run serve &` must leave ecx's own pid in $!)
 run() { env TMPDIR="$tmp/t" ECX_SHM_DIR="$shm" ECX_NIXL_UCX="${dir:-$ucx}" "$ecx" "$@"; }
 
 # 1. a real nixl agent reads from ecx serve
@@ -41,6 +40,7 @@ mkdir "$tmp/items"
 head -c 4718592 /dev/urandom >"$tmp/items/item-multi"
 head -c 24576 /dev/urandom >"$tmp/items/item-small"
 port=$(free_port)
+# (through env, not run(): a shell function started with & leaves its subshell's pid in $!)
 env ECX_LOG=info TMPDIR="$tmp/t" ECX_SHM_DIR="$shm" ECX_NIXL_UCX="$ucx" "$ecx" serve --data nixl \
   --preload "$tmp/items" --listen "127.0.0.1:$port" --announce-out "$tmp/ann.json" >"$tmp/serve.log" 2>&1 &
 serve=$!
@@ -56,7 +56,8 @@ no_links "ecx serve"
 
 # 2. ecx get reads from a real nixl agent
 port=$(free_port)
-timeout 120 "$NIXL_PY" "$here/../nixl/nixl_producer.py" "$tmp/p" "$port" 8192 8 120 \
+# (no timeout around it: it ends by itself after 120 s, and $! must be the python)
+"$NIXL_PY" "$here/../nixl/nixl_producer.py" "$tmp/p" "$port" 8192 8 120 \
   >"$tmp/prod.out" 2>"$tmp/prod.err" &
 pids+=($!)
 for _ in $(seq 300); do [ -f "$tmp/p/announce.json" ] && break; sleep 0.1; done

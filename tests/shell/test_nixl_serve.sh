@@ -20,7 +20,7 @@ ecx=$1
 tmp=$(mktemp -d /tmp/ecx-nixl-serve.XXXXXX)
 shm=$(mktemp -d /dev/shm/ecx-nixl-serve.XXXXXX) # the shm path wants tmpfs
 pid=
-trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp" "$shm"' EXIT
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp" "$shm"; cleanup' EXIT # (and lib.sh's $T)
 mkdir "$tmp/items"
 # The defaults (vLLM 0.34.0, protocol version 2, 8 KiB blocks): an item is
 # whole rows of one block (serve --preload), so no item ends inside a block.
