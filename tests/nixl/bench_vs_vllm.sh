@@ -70,7 +70,7 @@ pids+=($!)
 wait_for "$T/vt.json" || exit 1
 read -r c b < <(UCX_TLS=tcp,self vllm_consumer "$T/vt.json") && line vllm-consumer:vllm-producer:ucx-tcp "$c" "$b"
 if [ "$NIXL" = 1 ]; then
-  PEER_UCX=$("$VPY" -c 'import nixl_cu12, os; print(os.path.dirname(nixl_cu12.__file__) + ".libs")')
+  PEER_UCX=$(nixl_ucx_dir "$VPY")
   ECX_NIXL_UCX=$PEER_UCX "$ECX" serve --listen 127.0.0.1:0 --synthetic "$N:$BYTES" --connector-version 2 \
     "${F[@]}" --data nixl --announce-out "$T/ep.json" 2>"$T/esp.err" &
   pids+=($!)

@@ -14,3 +14,7 @@
 export UCX_MODULES=${UCX_MODULES:-^ib*,rdmacm,cuda*}
 export UCX_RCACHE_MAX_UNRELEASED=${UCX_RCACHE_MAX_UNRELEASED:-1024}
 export NIXL_LOG_LEVEL=${NIXL_LOG_LEVEL:-WARN}
+
+# nixl_ucx_dir PYTHON: the directory of the UCX that PYTHON's nixl wheel bundles, the one
+# vLLM's NIXL runs: what ECX_NIXL_UCX names to run ecx's NIXL agent on it (docs/NIXL.md §5).
+nixl_ucx_dir() { "$1" -c 'import nixl_cu12, os; print(os.path.dirname(nixl_cu12.__file__) + ".libs")'; }

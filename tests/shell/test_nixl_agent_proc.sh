@@ -31,7 +31,8 @@ ecx=$1 refetch=$2 peer=$3
 . "$here/../nixl/find_python.sh" "$4"
 . "$here/lib.sh"
 if [ "${5:-}" = peer-ucx ]; then
-  ECX_NIXL_UCX=$("$NIXL_PY" -c 'import nixl_cu12, os; print(os.path.dirname(nixl_cu12.__file__) + ".libs")')
+  . "$here/../nixl/env.sh" # (the environment test_nixl_peer_ucx.sh runs in, and nixl_ucx_dir)
+  ECX_NIXL_UCX=$(nixl_ucx_dir "$NIXL_PY")
   mkdir "$T/tmp"
   export ECX_NIXL_UCX TMPDIR=$T/tmp
 fi

@@ -25,7 +25,7 @@ tmp=$T # lib.sh's: its cleanup kills $pids and removes it (errexit off for that)
 trap 'set +e; cleanup' EXIT
 private_shm
 shm=$SHM
-ucx=$("$NIXL_PY" -c 'import nixl_cu12, os; print(os.path.dirname(nixl_cu12.__file__) + ".libs")')
+ucx=$(nixl_ucx_dir "$NIXL_PY")
 ls "$ucx"/libucp* >/dev/null || { echo "no libucp in the nixl wheel's $ucx" >&2; exit 1; }
 mkdir "$tmp/t" # TMPDIR of every ecx: where the agent's link directories go
 no_links() {
