@@ -59,7 +59,11 @@ bench_vllm) # bench_vllm SOURCE_DIR ECX VENV_DIR: vLLM's own NIXL fetch rate, in
     cold_items_s=NUM cold_gbps=NUM best_items_s=NUM best_gbps=NUM
   has_line "vLLM to vLLM over UCX's tcp" "$T/cmd.stdout" pair=vllm-consumer:vllm-producer:ucx-tcp items=2
   in_order "the default transport first" "$T/cmd.stdout" '^pair=vllm-consumer:vllm-producer ' \
-    '^pair=vllm-consumer:vllm-producer:ucx-tcp ' ;;
+    '^pair=vllm-consumer:vllm-producer:ucx-tcp '
+  if built nixl; then # ecx's pairs with vLLM on the nixl wheel's UCX too (ECX_NIXL_UCX)
+    has_line "ecx get from vLLM, peer UCX" "$T/cmd.stdout" pair=ecx-get:vllm-producer:peer-ucx items=2
+    has_line "vLLM from ecx serve, peer UCX" "$T/cmd.stdout" pair=vllm-consumer:ecx-serve:peer-ucx items=2
+  fi ;;
 
 bench_data_cli) # bench_data_cli ECX: `ecx bench data --data all` (ucx skipped where not built in),
   # at the defaults (protocol version 2, 8 KiB blocks): 288Ki = 36 whole blocks
