@@ -11,9 +11,9 @@
 #      tcp (what ecx's own UCX is held to); the agent gets each READ's
 #      notification;
 #   3. the agent says which UCX it runs, and leaves no link directory;
-#   4. ECX_NIXL_UCX naming no directory, one without libucp, or a libucp
-#      that does not load: `ecx get` exits 1 with a line saying so, and
-#      leaves no link directory either.
+#   4. ECX_NIXL_UCX naming no directory, one without libucp, a libucp that
+#      does not load, or a path with ':': `ecx get` exits 1 with a line
+#      saying so, and leaves no link directory either.
 # usage: test_nixl_peer_ucx.sh ECX_BINARY BUILD_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -75,10 +75,11 @@ grep -Eq "cfg#.*(sysv|posix|cma)/memory" <<<"$lanes" ||
 no_links "ecx get"
 
 # 4. what is not a UCX directory
-mkdir "$tmp/empty" "$tmp/bad"
+mkdir "$tmp/empty" "$tmp/bad" "$tmp/co:lon"
 printf 'not a library\n' >"$tmp/bad/libucp.so.0"
 cp "$ucx"/libucs* "$tmp/bad/"
-for dir in "$tmp/none" "$tmp/empty" "$tmp/bad"; do
+ln -s "$ucx"/lib* "$tmp/co:lon/" # a good UCX, in a path LD_LIBRARY_PATH cannot hold
+for dir in "$tmp/none" "$tmp/empty" "$tmp/bad" "$tmp/co:lon"; do
   set +e
   run get --data nixl --params "$tmp/p/announce.json" --out "$tmp/got" --mm-hash good-0 \
     >"$tmp/bad.out" 2>"$tmp/bad.err"
