@@ -27,7 +27,8 @@ list(JOIN ECX_PATHS_BUILT " " ECX_PATHS_BUILT)
 
 # The public API as an engine sees it: only <ecx.h>, linked against libecx.so
 # so that it can reach only what the library exports.
-add_executable(test_api tests/abi/test_api.c)
+add_executable(test_api tests/abi/test_api.c tools/bench_ctx.c tools/bench_util.c)
+target_include_directories(test_api PRIVATE tools)
 target_link_libraries(test_api PRIVATE ecx PkgConfig::CMOCKA)
 add_test(NAME test_api COMMAND test_api)
 # The build boundary: libecx.so exports exactly ecx.h's ECX_API names, and

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * bench_ctx — what `ecx bench data` and `ecx bench stall` ask of a
- * context besides fetches: waiting until its region is faulted in (as an
+ * bench_ctx — what `ecx bench data` and `ecx bench stall` (and test_api,
+ * for metrics that stay put) ask of a context besides fetches: waiting until its region is faulted in (as an
  * engine's is by its first request; its metrics say how far that got), so
  * that a timed fetch does not share the machine with the region's
  * background fault-in.
