@@ -46,6 +46,9 @@ typedef struct guard {
     const void *meta;
     int meta_fd;
     zmq_msg_t meta_hold; /* a part holding a reference on meta */
+    /* The last message came from a connection the guard does not track
+     * (yet): guard_settle counted nothing for it. */
+    bool untracked;
 } guard;
 
 struct ecxi_ctrl_server {
@@ -399,7 +402,8 @@ static void guard_settle(guard *g, zmq_msg_t *parts, int nparts, uint64_t bytes)
     int fd = guard_srcfd(g, parts, nparts);
     uint64_t rx;
     pthread_mutex_lock(&g->mu);
-    if (fd >= 0 && fd < g->nconns && g->conns[fd].open) {
+    g->untracked = fd >= 0 && (fd >= g->nconns || !g->conns[fd].open);
+    if (!g->untracked && fd >= 0) {
         struct conn *c = &g->conns[fd];
         c->unsettled = bytes > UINT64_MAX - SETTLE_OVERHEAD - c->unsettled
                            ? UINT64_MAX
@@ -839,7 +843,10 @@ static void server_admit(ecxi_ctrl_server *s, int fd)
         if (guard_owns(g, (int)victim)) shutdown((int)victim, SHUT_RDWR);
     }
     if (rc == ECXI_CONN_ADMIT || rc == ECXI_CONN_EVICT) {
-        if (guard_track_locked(g, fd, true) == 0) memcpy(g->conns[fd].key, key, 16);
+        if (guard_track_locked(g, fd, true) == 0)
+            memcpy(g->conns[fd].key, key, 16);
+        else /* untracked, it would be neither bounded nor served */
+            rc = ECXI_CONN_REFUSE_SHARE;
     }
     pthread_mutex_unlock(&g->mu);
     if (rc == ECXI_CONN_EVICT) {
@@ -900,6 +907,23 @@ int ecxi_ctrl_server_recv(ecxi_ctrl_server *s, ecxi_ctrl_msg *m)
         if (rc == 0) {
             if (!fresh) server_housekeeping(s);
             return 0;
+        }
+        if (rc == 1 && s->g.untracked) {
+            /* A message from a connection the guard does not track: a new
+             * one's first, read before the monitor's news of its accept
+             * (libzmq queues that news before the connection can deliver
+             * anything, so it is there now), or one from a connection
+             * closed since. Take the news, then count the message, or a
+             * new connection would stay "never spoke", the first evicted
+             * at the cap. Still untracked, its connection was refused at
+             * the cap or is closed: the message is not served. */
+            server_housekeeping(s);
+            guard_settle(&s->g, m->parts, 3, sz[0] + sz[1] + sz[2]);
+            if (s->g.untracked) {
+                ecxi_log(ECX_LOG_DEBUG, "ctrl: dropped a request from a refused or closed "
+                                        "connection");
+                continue;
+            }
         }
         if (rc == 1 && sz[1] == 0) {
             m->identity = zmq_msg_data(&m->parts[0]);
