@@ -20,6 +20,11 @@ vllm_env() {
     export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
     export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
     export PYTHONUNBUFFERED=1
+    # vLLM leaves files in the temp directory: its engines' IPC sockets and vllm_dist_*
+    # init files, ~35 a test run. This run's go in $WORK/tmp, which goes with $WORK,
+    # unless that path is too long for a unix socket's (107 bytes, vLLM's names are 36).
+    local t="$WORK/tmp"
+    if (( ${#t} + 37 <= 107 )) && mkdir -p "$t"; then export TMPDIR="$t"; fi
 }
 
 # run CMD... in the background and wait for it: a TERM/INT to the script then runs
